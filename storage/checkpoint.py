@@ -1,0 +1,120 @@
+"""Small checkpoint files, written atomically, in Kafka's plain-text layout.
+
+Every checkpoint is written by ``write_atomically``: write a temporary file,
+fsync it, rename it over the old one, fsync the directory. A crash at any
+point leaves either the old or the new file, never a mix.
+
+Layout (as Kafka's ``CheckpointFile``)::
+
+    <version>
+    <number of entries>
+    <entry>            one per line, fields separated by one space
+
+``OffsetCheckpoint`` entries are ``topic partition offset`` and serve the
+recovery point, log start offset and (later) high-watermark checkpoints of a
+log directory. ``LeaderEpochCheckpoint`` entries are ``epoch start_offset``.
+"""
+
+from __future__ import annotations
+
+import os
+
+VERSION = 0
+
+
+def fsync_directory(path: str) -> None:
+    """Make a directory's entries (created, renamed, deleted files) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    tmp_path = path + ".tmp"
+    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp_path, path)
+    fsync_directory(os.path.dirname(os.path.abspath(path)))
+
+
+class CheckpointFormatError(ValueError):
+    """A checkpoint file that does not parse; the caller decides whether to
+    fall back (for example to full recovery)."""
+
+
+def _format(entries: list[tuple]) -> bytes:
+    lines = [str(VERSION), str(len(entries))]
+    lines.extend(" ".join(str(field) for field in entry) for entry in entries)
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _parse(path: str, fields: int) -> list[list[str]]:
+    with open(path, "rb") as f:
+        text = f.read().decode("utf-8", errors="strict")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if len(lines) < 2:
+        raise CheckpointFormatError(f"{path}: missing version or count line")
+    if lines[0] != str(VERSION):
+        raise CheckpointFormatError(f"{path}: unknown checkpoint version {lines[0]!r}")
+    try:
+        count = int(lines[1])
+    except ValueError:
+        raise CheckpointFormatError(f"{path}: bad entry count {lines[1]!r}") from None
+    body = lines[2:]
+    if len(body) != count:
+        raise CheckpointFormatError(f"{path}: expected {count} entries, found {len(body)}")
+    rows = [line.split(" ") for line in body]
+    for row in rows:
+        if len(row) != fields:
+            raise CheckpointFormatError(f"{path}: malformed entry {' '.join(row)!r}")
+    return rows
+
+
+class OffsetCheckpoint:
+    """``{(topic, partition): offset}`` persisted in one file per log directory."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def write(self, offsets: dict[tuple[str, int], int]) -> None:
+        entries = [(topic, partition, offset)
+                   for (topic, partition), offset in sorted(offsets.items())]
+        write_atomically(self.path, _format(entries))
+
+    def read(self) -> dict[tuple[str, int], int]:
+        """The stored offsets; ``{}`` when the file does not exist."""
+        if not os.path.exists(self.path):
+            return {}
+        try:
+            return {(topic, int(partition)): int(offset)
+                    for topic, partition, offset in _parse(self.path, 3)}
+        except ValueError as exc:
+            raise CheckpointFormatError(f"{self.path}: {exc}") from exc
+
+
+class LeaderEpochCheckpoint:
+    """``[(epoch, start_offset), ...]`` for one partition."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def write(self, entries: list[tuple[int, int]]) -> None:
+        write_atomically(self.path, _format(entries))
+
+    def read(self) -> list[tuple[int, int]]:
+        if not os.path.exists(self.path):
+            return []
+        try:
+            return [(int(epoch), int(offset)) for epoch, offset in _parse(self.path, 2)]
+        except ValueError as exc:
+            raise CheckpointFormatError(f"{self.path}: {exc}") from exc

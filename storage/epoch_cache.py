@@ -1,0 +1,140 @@
+"""Leader-epoch cache: which leader epoch started at which offset.
+
+Kept on every replica of a partition and persisted beside its log (Kafka's
+``leader-epoch-checkpoint``). A follower that was behind asks the leader for
+the end offset of its latest epoch and truncates any suffix past it (KIP-101),
+instead of trusting its own high watermark, which can lose committed data
+across back-to-back leader changes.
+
+Invariants (checked by ``check_invariants``):
+  - entries are sorted with strictly increasing epochs;
+  - start offsets are non-decreasing.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+
+from storage.checkpoint import LeaderEpochCheckpoint
+
+log = logging.getLogger(__name__)
+
+UNDEFINED_EPOCH = -1
+UNDEFINED_OFFSET = -1
+
+
+class LeaderEpochCache:
+    """In-memory list of ``(epoch, start_offset)``, written through to a
+    checkpoint file on every change (changes happen once per leader change,
+    so the fsync cost is negligible)."""
+
+    def __init__(self, checkpoint: LeaderEpochCheckpoint | None) -> None:
+        self._checkpoint = checkpoint
+        self._entries: list[tuple[int, int]] = checkpoint.read() if checkpoint else []
+        self._epochs = [epoch for epoch, _ in self._entries]
+        self.check_invariants()
+
+    # -- queries ---------------------------------------------------------
+    @property
+    def entries(self) -> list[tuple[int, int]]:
+        return list(self._entries)
+
+    @property
+    def latest_epoch(self) -> int:
+        return self._entries[-1][0] if self._entries else UNDEFINED_EPOCH
+
+    @property
+    def earliest_entry(self) -> tuple[int, int] | None:
+        return self._entries[0] if self._entries else None
+
+    def end_offset_for(self, requested_epoch: int, log_end_offset: int) -> tuple[int, int]:
+        """``(epoch, end_offset)`` for ``requested_epoch`` (KIP-279).
+
+        ``epoch`` is the largest known epoch <= the request and ``end_offset``
+        the start offset of the first epoch after it, or the log end offset if
+        it is the latest. Unknown (older than every entry): both undefined.
+        """
+        if requested_epoch == UNDEFINED_EPOCH or not self._entries:
+            return UNDEFINED_EPOCH, UNDEFINED_OFFSET
+        if requested_epoch >= self._epochs[-1]:
+            return self._epochs[-1], log_end_offset
+        index = bisect.bisect_right(self._epochs, requested_epoch)
+        if index == 0:
+            return UNDEFINED_EPOCH, UNDEFINED_OFFSET
+        return self._epochs[index - 1], self._entries[index][1]
+
+    def epoch_for_offset(self, offset: int) -> int:
+        """The epoch whose range holds ``offset`` (UNDEFINED before the first)."""
+        starts = [start for _, start in self._entries]
+        index = bisect.bisect_right(starts, offset)
+        return self._entries[index - 1][0] if index else UNDEFINED_EPOCH
+
+    # -- changes ---------------------------------------------------------
+    def assign(self, epoch: int, start_offset: int) -> bool:
+        """Record that ``epoch`` starts at ``start_offset``. Returns whether the
+        cache changed. An epoch older than the latest, or a start offset below
+        the latest's, is a stale leader's batch: ignored with a warning, as
+        Kafka does, because the log itself stays correct."""
+        if epoch < 0:
+            return False
+        if self._entries:
+            latest_epoch, latest_start = self._entries[-1]
+            if epoch == latest_epoch:
+                return False
+            if epoch < latest_epoch or start_offset < latest_start:
+                log.warning("ignoring leader epoch %d at offset %d: latest is epoch %d at %d",
+                            epoch, start_offset, latest_epoch, latest_start)
+                return False
+        self._entries.append((epoch, start_offset))
+        self._epochs.append(epoch)
+        self._persist()
+        return True
+
+    def learn_from_recovery(self, header) -> None:
+        """Recovery re-reads unflushed batches whose epochs the checkpoint
+        may not have caught: assign those newer than the latest known."""
+        if header.partition_leader_epoch > self.latest_epoch:
+            self.assign(header.partition_leader_epoch, header.base_offset)
+
+    def truncate_from_end(self, end_offset: int) -> None:
+        """Forget epochs that start at or after ``end_offset`` (log truncated to it)."""
+        keep = len(self._entries)
+        while keep and self._entries[keep - 1][1] >= end_offset:
+            keep -= 1
+        if keep != len(self._entries):
+            del self._entries[keep:]
+            del self._epochs[keep:]
+            self._persist()
+
+    def truncate_from_start(self, start_offset: int) -> None:
+        """Drop epochs wholly below ``start_offset`` (log start moved up) and
+        clamp the first remaining one to start there."""
+        if not self._entries:
+            return
+        starts = [start for _, start in self._entries]
+        index = bisect.bisect_right(starts, start_offset) - 1
+        if index < 0:
+            return
+        epoch, start = self._entries[index]
+        new_entries = [(epoch, max(start, start_offset))] + self._entries[index + 1:]
+        if new_entries != self._entries:
+            self._entries = new_entries
+            self._epochs = [e for e, _ in new_entries]
+            self._persist()
+
+    def clear(self) -> None:
+        if self._entries:
+            self._entries = []
+            self._epochs = []
+            self._persist()
+
+    def check_invariants(self) -> None:
+        for (e1, s1), (e2, s2) in zip(self._entries, self._entries[1:]):
+            assert e1 < e2, f"epochs not increasing: {e1} then {e2}"
+            assert s1 <= s2, f"start offsets decreasing: {s1} then {s2}"
+        assert self._epochs == [e for e, _ in self._entries]
+
+    def _persist(self) -> None:
+        if self._checkpoint is not None:
+            self._checkpoint.write(self._entries)

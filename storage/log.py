@@ -1,0 +1,540 @@
+"""The log of one partition: ordered segments, offsets, epochs, retention.
+
+A ``Log`` knows nothing of the network, replication or metadata. The broker
+(``api/``) owns one per hosted partition and calls it from its event-loop
+thread. The only method meant for another thread is ``FlushTicket.sync`` (the
+fsyncs), so the event loop never blocks on the disk::
+
+    ticket = log.begin_flush()                 # owner thread: cheap
+    await loop.run_in_executor(None, ticket.sync)
+    log.end_flush(ticket)                      # owner thread: advance recovery point
+
+Directory layout (Kafka's)::
+
+    <topic>-<partition>/
+        00000000000000000000.log / .index / .timeindex
+        00000000000000004211.log / .index / .timeindex   (one per segment)
+        leader-epoch-checkpoint
+
+The recovery point and log start offset are kept per log directory by the
+``LogManager``; a ``Log`` is told them when it opens.
+
+Invariants (``check_invariants``):
+  - segments are contiguous: each starts where the previous one ends;
+  - ``first segment base <= log_start_offset <= log_end_offset``;
+  - ``recovery_point <= log_end_offset``; everything below it is fsynced;
+  - every epoch in the cache starts at or below the log end offset.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+import os
+import shutil
+import time
+from typing import Callable
+
+from storage import batch as fmt
+from storage.checkpoint import LeaderEpochCheckpoint, fsync_directory
+from storage.config import NO_LIMIT, LogConfig
+from storage.epoch_cache import LeaderEpochCache
+from storage.errors import InvalidOffsetError, OffsetOutOfRangeError
+from storage.segment import LOG_SUFFIX, BatchMeta, Segment
+
+log = logging.getLogger(__name__)
+
+EPOCH_CHECKPOINT_NAME = "leader-epoch-checkpoint"
+MAX_RELATIVE_OFFSET = 2**31 - 1  # relative offsets in the index are int32
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclasses.dataclass(frozen=True)
+class AppendInfo:
+    """What an append did: offsets assigned and the broker's clock then."""
+
+    base_offset: int
+    last_offset: int
+    append_time_ms: int
+    record_count: int
+    size_bytes: int
+    max_timestamp: int
+
+
+@dataclasses.dataclass
+class FlushTicket:
+    """Segments to fsync and the offset that becomes the recovery point once
+    they are. ``sync`` may run on any thread."""
+
+    segments: list[Segment]
+    offset: int
+    directory: str | None  # fsync it too when segment files were created
+
+    def sync(self) -> None:
+        for segment in self.segments:
+            segment.sync()
+        if self.directory is not None:
+            fsync_directory(self.directory)
+
+
+class Log:
+    """Segments of one partition, from ``log_start_offset`` to ``log_end_offset``."""
+
+    def __init__(self, directory: str, config: LogConfig, segments: list[Segment],
+                 epoch_cache: LeaderEpochCache, log_start_offset: int,
+                 recovery_point: int, clock: Callable[[], int]) -> None:
+        # Use Log.open; this only wires loaded parts together.
+        self.directory = directory
+        self.config = config
+        self.clock = clock
+        self._segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self.epoch_cache = epoch_cache
+        self.log_start_offset = log_start_offset
+        # Invariant: every byte below recovery_point is fsynced.
+        self.recovery_point = recovery_point
+        self._unflushed_messages = 0
+        self._first_unflushed_ms: int | None = None
+        self._dir_dirty = False
+        self.closed = False
+
+    # ------------------------------------------------------------------
+    # Opening and recovery
+    # ------------------------------------------------------------------
+    @classmethod
+    def open(cls, directory: str, config: LogConfig | None = None, *,
+             recovery_point: int = 0, log_start_offset: int | None = None,
+             clean_shutdown: bool = False,
+             clock: Callable[[], int] = wall_clock_ms) -> "Log":
+        """Open (or create) the log in ``directory``.
+
+        After a clean shutdown every segment is trusted. Otherwise data from
+        ``recovery_point`` on is re-validated batch by batch (CRC, header
+        sanity, offset contiguity) and the log is truncated at the first bad
+        byte; segments after a corrupt one are deleted. Recovery cost is
+        bounded by the unflushed bytes, not the log size.
+        """
+        config = config or LogConfig()
+        os.makedirs(directory, exist_ok=True)
+        cls._remove_leftovers(directory)
+        epoch_cache = LeaderEpochCache(
+            LeaderEpochCheckpoint(os.path.join(directory, EPOCH_CHECKPOINT_NAME)))
+        bases = sorted(int(name[:-len(LOG_SUFFIX)]) for name in os.listdir(directory)
+                       if name.endswith(LOG_SUFFIX) and name[:-len(LOG_SUFFIX)].isdigit())
+        interval = config.index_interval_bytes
+        segments: list[Segment] = []
+        recovered_any = False
+        for i, base in enumerate(bases):
+            if segments and base != segments[-1].next_offset:
+                cls._drop_segments(directory, bases[i:], interval,
+                                   f"segment {base} does not start at the previous end "
+                                   f"{segments[-1].next_offset}")
+                break
+            next_base = bases[i + 1] if i + 1 < len(bases) else None
+            if clean_shutdown or (next_base is not None and next_base <= recovery_point):
+                segments.append(Segment.open_clean(directory, base, interval))
+                continue
+            recovered_any = True
+            from_offset = max(base, recovery_point)
+            segment, truncated = Segment.open_for_recovery(
+                directory, base, interval, from_offset, epoch_cache.learn_from_recovery)
+            segments.append(segment)
+            if truncated and next_base is not None:
+                cls._drop_segments(directory, bases[i + 1:], interval,
+                                   f"corrupt data in segment {base}")
+                break
+        if not segments:
+            segments.append(Segment.create(directory, log_start_offset or 0, interval))
+        log_end_offset = segments[-1].next_offset
+        epoch_cache.truncate_from_end(log_end_offset)
+        start = segments[0].base_offset if log_start_offset is None else log_start_offset
+        start = min(max(start, segments[0].base_offset), log_end_offset)
+        epoch_cache.truncate_from_start(start)
+        trusted = log_end_offset if clean_shutdown else min(recovery_point, log_end_offset)
+        instance = cls(directory, config, segments, epoch_cache, start, trusted, clock)
+        if recovered_any:
+            # What recovery validated may still be only in the page cache.
+            instance.flush()
+        return instance
+
+    @staticmethod
+    def _remove_leftovers(directory: str) -> None:
+        """Delete files an interrupted operation left behind: temporary
+        checkpoints, and index files whose log file is gone."""
+        names = set(os.listdir(directory))
+        for name in names:
+            stem, _, suffix = name.rpartition(".")
+            if name.endswith(".tmp") or (
+                    suffix in ("index", "timeindex") and f"{stem}{LOG_SUFFIX}" not in names):
+                os.unlink(os.path.join(directory, name))
+
+    @staticmethod
+    def _drop_segments(directory: str, bases: list[int], interval: int, reason: str) -> None:
+        for base in bases:
+            log.warning("%s: deleting segment %d: %s", directory, base, reason)
+            Segment(directory, base, interval).delete()
+
+    # ------------------------------------------------------------------
+    # Queries
+    # ------------------------------------------------------------------
+    @property
+    def segments(self) -> list[Segment]:
+        return list(self._segments)
+
+    @property
+    def active_segment(self) -> Segment:
+        return self._segments[-1]
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size_bytes for s in self._segments)
+
+    @property
+    def latest_epoch(self) -> int:
+        return self.epoch_cache.latest_epoch
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """``(epoch, end_offset)`` a follower truncates to (KIP-101/279)."""
+        return self.epoch_cache.end_offset_for(epoch, self.log_end_offset)
+
+    # ------------------------------------------------------------------
+    # Appending
+    # ------------------------------------------------------------------
+    def append(self, records, leader_epoch: int) -> AppendInfo:
+        """Append producer batches as the partition leader.
+
+        ``records`` holds one or more whole batches. All are validated (header
+        sanity, CRC, size limit; records are not decoded) before any byte is
+        written, so a bad request never appends in part. Each batch is
+        stamped with its base offset and ``leader_epoch``.
+        """
+        view = memoryview(records)
+        validated = fmt.validate_batches(view, self.config.max_message_bytes, strict=True)
+        offset = self.log_end_offset
+        entries = []
+        for pos, header in validated:
+            prefix = fmt.stamped_prefix(header, offset, leader_epoch)
+            body = view[pos + fmt.MAGIC_OFFSET:pos + header.size_bytes]
+            last = offset + header.last_offset_delta
+            entries.append(([prefix, body], BatchMeta(offset, last, header.max_timestamp,
+                                                      header.size_bytes), header.record_count))
+            offset = last + 1
+        if leader_epoch >= 0:
+            self.epoch_cache.assign(leader_epoch, entries[0][1].base_offset)
+        return self._write(entries)
+
+    def append_as_follower(self, records) -> AppendInfo:
+        """Append a leader's batches unchanged (offsets and epochs as stamped).
+
+        The first batch must start at the log end offset and the batches must
+        be contiguous; the epoch cache learns each batch's leader epoch.
+        """
+        view = memoryview(records)
+        validated = fmt.validate_batches(view, fmt.MAX_BATCH_BYTES, strict=False)
+        expected = self.log_end_offset
+        entries = []
+        for pos, header in validated:
+            if header.base_offset != expected:
+                raise InvalidOffsetError(
+                    f"follower batch starts at offset {header.base_offset}, expected {expected}")
+            entries.append(([view[pos:pos + header.size_bytes]],
+                            BatchMeta(header.base_offset, header.last_offset,
+                                      header.max_timestamp, header.size_bytes),
+                            header.record_count))
+            expected = header.next_offset
+        info = self._write(entries)
+        for _pos, header in validated:
+            self.epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
+        return info
+
+    def _write(self, entries: list[tuple[list, BatchMeta, int]]) -> AppendInfo:
+        """Write validated batches, rolling segments where a batch does not fit."""
+        now_ms = self.clock()
+        pieces: list = []
+        metas: list[BatchMeta] = []
+        run_bytes = 0
+        messages = 0
+        for batch_pieces, meta, count in entries:
+            if self._should_roll(run_bytes, meta):
+                if metas:
+                    self.active_segment.append(pieces, metas)
+                    pieces, metas, run_bytes = [], [], 0
+                self.roll()
+            pieces.extend(batch_pieces)
+            metas.append(meta)
+            run_bytes += meta.size_bytes
+            messages += count
+        self.active_segment.append(pieces, metas)
+        if self._first_unflushed_ms is None:
+            self._first_unflushed_ms = now_ms
+        self._unflushed_messages += messages
+        first, last = entries[0][1], entries[-1][1]
+        return AppendInfo(first.base_offset, last.last_offset, now_ms, messages,
+                          sum(m.size_bytes for _, m, _ in entries),
+                          max(m.max_timestamp for _, m, _ in entries))
+
+    def _should_roll(self, pending_bytes: int, meta: BatchMeta) -> bool:
+        """Kafka's roll rules: size, age (by record timestamps, as Kafka
+        measures segment.ms), and the int32 range of relative offsets."""
+        segment = self.active_segment
+        if segment.is_empty and pending_bytes == 0:
+            return False
+        if segment.size_bytes + pending_bytes + meta.size_bytes > self.config.segment_bytes:
+            return True
+        first_ts = segment.first_batch_timestamp
+        if first_ts != fmt.NO_TIMESTAMP and meta.max_timestamp - first_ts > self.config.segment_ms:
+            return True
+        return meta.last_offset - segment.base_offset > MAX_RELATIVE_OFFSET
+
+    def roll(self) -> Segment:
+        """Start a new active segment at the log end offset (no-op when the
+        active segment is empty). The old segment's index entries are
+        written now; its fsync happens with the next flush."""
+        active = self.active_segment
+        if active.is_empty:
+            return active
+        active.write_index_entries()
+        segment = Segment.create(self.directory, self.log_end_offset,
+                                 self.config.index_interval_bytes)
+        self._segments = self._segments + [segment]
+        self._bases = self._bases + [segment.base_offset]
+        self._dir_dirty = True
+        return segment
+
+    # ------------------------------------------------------------------
+    # Reading
+    # ------------------------------------------------------------------
+    def read(self, offset: int, max_bytes: int, upper_bound_offset: int | None = None,
+             min_one_batch: bool = True) -> bytes:
+        """Whole batches from the one holding ``offset``, about ``max_bytes``
+        in all, none reaching ``upper_bound_offset`` (the high watermark, for
+        consumers). The first batch may hold offsets below ``offset``; the
+        reader skips them. With ``min_one_batch`` a first batch larger than
+        ``max_bytes`` is returned whole so a consumer always progresses."""
+        end = self.log_end_offset
+        if offset < self.log_start_offset or offset > end:
+            raise OffsetOutOfRangeError(offset, self.log_start_offset, end)
+        upper = end if upper_bound_offset is None else min(upper_bound_offset, end)
+        chunks: list[bytes] = []
+        remaining = max_bytes
+        segments = self._segments
+        index = max(bisect.bisect_right(self._bases, offset) - 1, 0)
+        for segment in segments[index:]:
+            if offset >= upper or remaining <= 0:
+                break
+            if offset < segment.next_offset:
+                data, next_offset = segment.read(offset, remaining, upper,
+                                                 min_one_batch and not chunks)
+                if data:
+                    chunks.append(data)
+                    remaining -= len(data)
+                if next_offset < segment.next_offset:
+                    break  # stopped inside this segment by a limit
+            offset = segment.next_offset
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
+        """Offset of the first record whose timestamp is >= ``timestamp_ms``
+        (at or after the log start), or None if there is none."""
+        for segment in self._segments:
+            if segment.next_offset <= self.log_start_offset:
+                continue
+            found = segment.find_offset_by_timestamp(timestamp_ms, self.log_start_offset)
+            if found is not None:
+                return found
+        return None
+
+    # ------------------------------------------------------------------
+    # Truncation and deletion
+    # ------------------------------------------------------------------
+    def truncate_to(self, offset: int) -> None:
+        """Remove every record at or above ``offset`` (a follower dropping a
+        divergent suffix). A batch holding ``offset`` goes whole, so the log
+        end may land below it. Below the log start: truncate fully."""
+        if offset >= self.log_end_offset:
+            return
+        if offset < self.log_start_offset:
+            self.truncate_fully_and_start_at(offset)
+            return
+        log.info("%s: truncating to offset %d (log end was %d)", self.directory, offset,
+                 self.log_end_offset)
+        # Segments starting below offset stay (the last of them is cut);
+        # the first segment always stays, emptied if need be.
+        keep = max(bisect.bisect_left(self._bases, offset), 1)
+        for segment in self._segments[keep:]:
+            segment.delete()
+        self._segments = self._segments[:keep]
+        self._bases = self._bases[:keep]
+        self.active_segment.truncate_to(offset)
+        end = self.log_end_offset
+        self.epoch_cache.truncate_from_end(end)
+        self.recovery_point = min(self.recovery_point, end)
+        self.log_start_offset = min(self.log_start_offset, end)
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Delete everything and restart the log empty at ``offset`` (a
+        follower whose data is all below the leader's log start, or all
+        divergent)."""
+        if offset < 0:
+            raise InvalidOffsetError(f"cannot start a log at negative offset {offset}")
+        log.info("%s: truncating fully and starting at offset %d", self.directory, offset)
+        for segment in self._segments:
+            segment.delete()
+        segment = Segment.create(self.directory, offset, self.config.index_interval_bytes)
+        self._segments = [segment]
+        self._bases = [offset]
+        self.epoch_cache.clear()
+        self.log_start_offset = offset
+        self.recovery_point = offset
+        self._dir_dirty = True
+
+    def delete_records_before(self, offset: int) -> int:
+        """Move the log start offset up to ``offset`` (Kafka's DeleteRecords)
+        and delete segments wholly below it. Returns the new log start."""
+        if offset > self.log_end_offset:
+            raise OffsetOutOfRangeError(offset, self.log_start_offset, self.log_end_offset)
+        if offset <= self.log_start_offset:
+            return self.log_start_offset
+        self.log_start_offset = offset
+        count = 0
+        while count < len(self._segments) and self._segments[count].next_offset <= offset:
+            count += 1
+        self._delete_oldest(count, "below the log start offset")
+        self.epoch_cache.truncate_from_start(offset)
+        return offset
+
+    def delete_retained_segments(self, now_ms: int | None = None,
+                                 upper_bound_offset: int | None = None) -> int:
+        """Apply retention: delete the oldest segments whose newest record is
+        older than ``retention.ms``, or while the log exceeds
+        ``retention.bytes``. Whole segments only, oldest first, never one
+        reaching past ``upper_bound_offset`` (the high watermark). Returns
+        how many were deleted."""
+        now_ms = self.clock() if now_ms is None else now_ms
+        upper = self.log_end_offset if upper_bound_offset is None else upper_bound_offset
+        retention_ms = self.config.retention_ms
+        retention_bytes = self.config.retention_bytes
+        excess_bytes = self.size_bytes - retention_bytes
+        count = 0
+        for segment in self._segments:
+            if segment.is_empty or segment.next_offset > upper:
+                break
+            by_time = retention_ms != NO_LIMIT and segment.max_timestamp < now_ms - retention_ms
+            by_size = retention_bytes != NO_LIMIT and excess_bytes >= segment.size_bytes
+            if not (by_time or by_size):
+                break
+            excess_bytes -= segment.size_bytes
+            count += 1
+        deleted = self._delete_oldest(count, "retention")
+        if deleted:
+            self.log_start_offset = max(self.log_start_offset, self._segments[0].base_offset)
+            self.epoch_cache.truncate_from_start(self.log_start_offset)
+        return deleted
+
+    def _delete_oldest(self, count: int, reason: str) -> int:
+        """Delete the ``count`` oldest segments. If that includes the active
+        one, roll first so the log keeps an (empty) active segment."""
+        if count >= len(self._segments):
+            self.roll()
+        count = min(count, len(self._segments) - 1)
+        for segment in self._segments[:count]:
+            log.info("%s: deleting segment %d..%d (%d bytes): %s", self.directory,
+                     segment.base_offset, segment.next_offset - 1, segment.size_bytes, reason)
+            segment.delete()
+        if count:
+            self._segments = self._segments[count:]
+            self._bases = self._bases[count:]
+            self.recovery_point = max(self.recovery_point, self._segments[0].base_offset)
+            self._dir_dirty = True
+        return count
+
+    # ------------------------------------------------------------------
+    # Flushing
+    # ------------------------------------------------------------------
+    def flush_due(self, now_ms: int | None = None) -> bool:
+        """Whether ``flush.messages`` or ``flush.ms`` asks for an fsync now."""
+        if self._first_unflushed_ms is None:
+            return False
+        if (self.config.flush_messages != NO_LIMIT
+                and self._unflushed_messages >= self.config.flush_messages):
+            return True
+        if self.config.flush_ms == NO_LIMIT:
+            return False
+        now_ms = self.clock() if now_ms is None else now_ms
+        return now_ms - self._first_unflushed_ms >= self.config.flush_ms
+
+    def begin_flush(self) -> FlushTicket:
+        """Owner thread: write pending index entries and name what to fsync."""
+        target = self.log_end_offset
+        todo = [s for s in self._segments if s.next_offset > self.recovery_point or
+                s is self.active_segment]
+        for segment in todo:
+            segment.write_index_entries()
+        directory = self.directory if self._dir_dirty else None
+        self._dir_dirty = False
+        self._unflushed_messages = 0
+        self._first_unflushed_ms = None
+        return FlushTicket(todo, target, directory)
+
+    def end_flush(self, ticket: FlushTicket) -> None:
+        """Owner thread: the ticket's data is durable; advance the recovery
+        point (never past a truncation that happened meanwhile)."""
+        self.recovery_point = min(max(self.recovery_point, ticket.offset), self.log_end_offset)
+
+    def flush(self) -> None:
+        """fsync everything appended so far, on the calling thread."""
+        ticket = self.begin_flush()
+        ticket.sync()
+        self.end_flush(ticket)
+
+    # ------------------------------------------------------------------
+    # Lifecycle
+    # ------------------------------------------------------------------
+    def close(self) -> None:
+        """Flush and close every file (a clean shutdown)."""
+        if self.closed:
+            return
+        self.flush()
+        for segment in self._segments:
+            segment.close()
+        self.closed = True
+
+    def abandon(self) -> None:
+        """Close file handles without flushing anything: what a crash leaves.
+        For tests and the chaos harness's in-process simulations."""
+        for segment in self._segments:
+            segment.close()
+        self.closed = True
+
+    def delete(self) -> None:
+        """Remove the whole partition directory."""
+        self.abandon()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def check_invariants(self) -> None:
+        segments = self._segments
+        assert segments, "a log always has an active segment"
+        assert self._bases == [s.base_offset for s in segments]
+        for previous, segment in zip(segments, segments[1:]):
+            assert segment.base_offset == previous.next_offset, (previous, segment)
+        assert segments[0].base_offset <= self.log_start_offset <= self.log_end_offset, (
+            segments[0].base_offset, self.log_start_offset, self.log_end_offset)
+        assert self.recovery_point <= self.log_end_offset, (self.recovery_point,
+                                                            self.log_end_offset)
+        for segment in segments:
+            segment.check_invariants()
+        self.epoch_cache.check_invariants()
+        for _epoch, start in self.epoch_cache.entries:
+            assert start <= self.log_end_offset, (start, self.log_end_offset)
+
+    def __repr__(self) -> str:
+        return (f"Log({self.directory!r}, start={self.log_start_offset}, "
+                f"end={self.log_end_offset}, segments={len(self._segments)})")

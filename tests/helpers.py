@@ -1,0 +1,31 @@
+"""Small builders shared by the storage tests."""
+
+from __future__ import annotations
+
+from storage.batch import BatchBuilder, decode_batches
+
+
+def make_batch(count: int = 3, *, value_bytes: int = 20, timestamp_ms: int = 1_000,
+               tag: str = "r") -> bytes:
+    """A batch of ``count`` records whose values name their position."""
+    builder = BatchBuilder()
+    for i in range(count):
+        value = f"{tag}{i}".encode().ljust(value_bytes, b".")
+        builder.append(f"k{i}".encode(), value, timestamp_ms=timestamp_ms)
+    return builder.build()
+
+
+def read_all(log, start: int | None = None, upper: int | None = None) -> list:
+    """Every record from ``start`` (default: log start) to the end, decoded,
+    skipping records before ``start`` in the first batch as a consumer does."""
+    start = log.log_start_offset if start is None else start
+    records = []
+    offset = start
+    while offset < (log.log_end_offset if upper is None else upper):
+        data = log.read(offset, 64 * 1024, upper_bound_offset=upper)
+        if not data:
+            break
+        batch_records = [r for r in decode_batches(data) if r.offset >= offset]
+        records.extend(batch_records)
+        offset = batch_records[-1].offset + 1
+    return records

@@ -1,0 +1,451 @@
+"""Unit tests of the partition log: offsets, reads, rolls, truncation,
+retention, epochs, flush policy and crash recovery."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import pytest
+
+from storage import batch as fmt
+from storage.batch import CorruptRecordError, RecordTooLargeError, decode_batches
+from storage.config import LogConfig
+from storage.errors import InvalidOffsetError, OffsetOutOfRangeError
+from storage.log import Log
+from tests.helpers import make_batch, read_all
+
+SMALL = LogConfig(segment_bytes=2048, index_interval_bytes=128, flush_ms=-1)
+
+
+class FakeClock:
+    def __init__(self, now_ms: int = 1_000_000) -> None:
+        self.now_ms = now_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+@pytest.fixture
+def log_dir(tmp_path):
+    return str(tmp_path / "orders-0")
+
+
+def open_log(log_dir, config=SMALL, **kwargs) -> Log:
+    return Log.open(log_dir, config, **kwargs)
+
+
+# -- appending -------------------------------------------------------------
+def test_append_assigns_contiguous_offsets_and_stamps_epoch(log_dir):
+    log = open_log(log_dir)
+    first = log.append(make_batch(3), leader_epoch=5)
+    second = log.append(make_batch(2), leader_epoch=5)
+    assert (first.base_offset, first.last_offset, first.record_count) == (0, 2, 3)
+    assert (second.base_offset, second.last_offset) == (3, 4)
+    assert log.log_end_offset == 5
+    data = log.read(0, 10_000)
+    headers = [h for h, _ in fmt.iter_batches(data)]
+    assert [(h.base_offset, h.partition_leader_epoch) for h in headers] == [(0, 5), (3, 5)]
+    # Re-stamped batches still pass full validation (CRC untouched).
+    fmt.validate_batches(data, strict=False)
+    assert [r.offset for r in decode_batches(data)] == [0, 1, 2, 3, 4]
+    log.check_invariants()
+
+
+def test_append_of_several_batches_in_one_request(log_dir):
+    log = open_log(log_dir)
+    info = log.append(make_batch(2) + make_batch(4) + make_batch(1), leader_epoch=0)
+    assert (info.base_offset, info.last_offset, info.record_count) == (0, 6, 7)
+    assert [r.offset for r in read_all(log)] == list(range(7))
+
+
+@pytest.mark.parametrize("corrupt", ["crc", "truncated", "too_large"])
+def test_bad_batch_in_a_request_appends_nothing(log_dir, corrupt):
+    log = open_log(log_dir, LogConfig(max_message_bytes=400, flush_ms=-1))
+    log.append(make_batch(2), leader_epoch=0)
+    good = make_batch(2)
+    if corrupt == "crc":
+        bad = bytearray(make_batch(2))
+        bad[-1] ^= 0xFF
+        error = CorruptRecordError
+    elif corrupt == "truncated":
+        bad = make_batch(2)[:-5]
+        error = CorruptRecordError
+    else:
+        bad = make_batch(5, value_bytes=200)
+        error = RecordTooLargeError
+    size_before = log.size_bytes
+    with pytest.raises(error):
+        log.append(good + bytes(bad), leader_epoch=0)
+    assert log.log_end_offset == 2
+    assert log.size_bytes == size_before == os.path.getsize(log.active_segment.log_path)
+    log.check_invariants()
+
+
+def test_follower_append_keeps_offsets_and_learns_epochs(tmp_path):
+    leader = open_log(str(tmp_path / "t-0"))
+    leader.append(make_batch(2), leader_epoch=1)
+    leader.append(make_batch(3), leader_epoch=4)
+    follower = open_log(str(tmp_path / "f-0"))
+    follower.append_as_follower(leader.read(0, 100_000))
+    assert follower.log_end_offset == 5
+    assert follower.epoch_cache.entries == [(1, 0), (4, 2)]
+    assert follower.read(0, 100_000) == leader.read(0, 100_000)
+
+
+def test_follower_append_refuses_a_gap(tmp_path):
+    leader = open_log(str(tmp_path / "t-0"))
+    leader.append(make_batch(2), leader_epoch=1)
+    leader.append(make_batch(2), leader_epoch=1)
+    follower = open_log(str(tmp_path / "f-0"))
+    second_batch = leader.read(2, 100_000)
+    with pytest.raises(InvalidOffsetError):
+        follower.append_as_follower(second_batch)
+    assert follower.log_end_offset == 0
+
+
+# -- rolling ---------------------------------------------------------------
+def test_rolls_by_size_and_reads_across_segments(log_dir):
+    log = open_log(log_dir)
+    for _ in range(40):
+        log.append(make_batch(3), leader_epoch=0)
+    assert len(log.segments) > 3
+    for segment in log.segments:
+        assert segment.size_bytes <= SMALL.segment_bytes
+    assert [r.offset for r in read_all(log)] == list(range(120))
+    assert sorted(os.listdir(log_dir))[0] == "00000000000000000000.index"
+    log.check_invariants()
+
+
+def test_rolls_by_segment_ms_measured_on_record_timestamps(log_dir):
+    log = open_log(log_dir, LogConfig(segment_ms=1000, flush_ms=-1))
+    log.append(make_batch(1, timestamp_ms=10_000), leader_epoch=0)
+    log.append(make_batch(1, timestamp_ms=10_900), leader_epoch=0)
+    assert len(log.segments) == 1
+    log.append(make_batch(1, timestamp_ms=11_001), leader_epoch=0)
+    assert [s.base_offset for s in log.segments] == [0, 2]
+
+
+# -- reading ---------------------------------------------------------------
+def test_read_out_of_range_raises_and_end_is_empty(log_dir):
+    log = open_log(log_dir)
+    log.append(make_batch(3), leader_epoch=0)
+    assert log.read(3, 1000) == b""
+    with pytest.raises(OffsetOutOfRangeError) as info:
+        log.read(4, 1000)
+    assert info.value.code == "OFFSET_OUT_OF_RANGE"
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(-1, 1000)
+
+
+def test_read_mid_batch_returns_the_whole_batch(log_dir):
+    log = open_log(log_dir)
+    log.append(make_batch(5), leader_epoch=0)
+    assert [r.offset for r in decode_batches(log.read(3, 1000))] == [0, 1, 2, 3, 4]
+
+
+def test_read_respects_max_bytes_but_returns_one_batch_at_least(log_dir):
+    log = open_log(log_dir)
+    for _ in range(5):
+        log.append(make_batch(3), leader_epoch=0)
+    batch_size = len(make_batch(3))
+    assert len(log.read(0, 1)) == batch_size
+    assert log.read(0, 1, min_one_batch=False) == b""
+    assert len(log.read(0, 2 * batch_size + 10)) == 2 * batch_size
+
+
+def test_read_never_returns_a_batch_reaching_the_upper_bound(log_dir):
+    log = open_log(log_dir)
+    for _ in range(4):
+        log.append(make_batch(3), leader_epoch=0)
+    # Upper bound (high watermark) 7 lies inside batch 6..8: only 0..5 visible.
+    assert [r.offset for r in decode_batches(log.read(0, 10**6, upper_bound_offset=7))] == \
+        list(range(6))
+    assert log.read(6, 10**6, upper_bound_offset=7) == b""
+    assert log.read(0, 10**6, upper_bound_offset=0) == b""
+
+
+def test_offset_for_timestamp_finds_first_record_at_or_after(log_dir):
+    log = open_log(log_dir)
+    for i in range(30):
+        log.append(make_batch(2, timestamp_ms=1_000 + 10 * i), leader_epoch=0)
+    assert log.offset_for_timestamp(0) == 0
+    assert log.offset_for_timestamp(1_000) == 0
+    assert log.offset_for_timestamp(1_001) == 2
+    assert log.offset_for_timestamp(1_150) == 30
+    assert log.offset_for_timestamp(1_290) == 58
+    assert log.offset_for_timestamp(1_291) is None
+
+
+# -- truncation --------------------------------------------------------------
+def test_truncate_to_across_segments_and_mid_batch(log_dir):
+    log = open_log(log_dir)
+    for epoch in range(30):
+        log.append(make_batch(3), leader_epoch=epoch // 10)
+    log.truncate_to(40)  # batch 39..41 holds 40: it goes whole
+    assert log.log_end_offset == 39
+    assert [r.offset for r in read_all(log)] == list(range(39))
+    assert log.epoch_cache.entries == [(0, 0), (1, 30)]
+    log.append(make_batch(1), leader_epoch=3)
+    assert log.log_end_offset == 40
+    log.check_invariants()
+
+
+def test_truncate_to_segment_boundary_and_to_zero(log_dir):
+    log = open_log(log_dir)
+    for _ in range(30):
+        log.append(make_batch(3), leader_epoch=0)
+    boundary = log.segments[2].base_offset
+    log.truncate_to(boundary)
+    assert log.log_end_offset == boundary
+    log.check_invariants()
+    log.truncate_to(0)
+    assert log.log_end_offset == 0 and log.size_bytes == 0
+    assert log.epoch_cache.entries == []
+    log.check_invariants()
+
+
+def test_truncate_fully_and_start_at(log_dir):
+    log = open_log(log_dir)
+    log.append(make_batch(3), leader_epoch=2)
+    log.truncate_fully_and_start_at(100)
+    assert (log.log_start_offset, log.log_end_offset) == (100, 100)
+    assert log.append(make_batch(1), leader_epoch=3).base_offset == 100
+    log.close()
+    reopened = open_log(log_dir, log_start_offset=100, clean_shutdown=True)
+    assert (reopened.log_start_offset, reopened.log_end_offset) == (100, 101)
+    assert reopened.epoch_cache.entries == [(3, 100)]
+
+
+# -- log start and retention ------------------------------------------------
+def test_delete_records_before_moves_log_start_and_drops_segments(log_dir):
+    log = open_log(log_dir)
+    for _ in range(30):
+        log.append(make_batch(3), leader_epoch=0)
+    segments_before = len(log.segments)
+    assert log.delete_records_before(50) == 50
+    assert log.log_start_offset == 50
+    assert len(log.segments) < segments_before
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(49, 100)
+    assert read_all(log)[0].offset == 50
+    with pytest.raises(OffsetOutOfRangeError):
+        log.delete_records_before(91)
+    assert log.delete_records_before(90) == 90  # everything: the log stays usable
+    assert log.size_bytes == 0
+    assert log.append(make_batch(1), leader_epoch=0).base_offset == 90
+    log.check_invariants()
+
+
+def test_retention_by_time_deletes_old_segments_only_below_the_bound(log_dir):
+    clock = FakeClock(100_000)
+    log = open_log(log_dir, LogConfig(segment_bytes=2048, retention_ms=10_000, flush_ms=-1),
+                   clock=clock)
+    for i in range(30):
+        log.append(make_batch(3, timestamp_ms=50_000 + i), leader_epoch=0)
+    for i in range(30):
+        log.append(make_batch(3, timestamp_ms=95_000 + i), leader_epoch=0)
+    old_segments = [s for s in log.segments if s.max_timestamp < 90_000]
+    assert old_segments
+    # An upper bound (high watermark) at offset 10 protects everything above.
+    assert log.delete_retained_segments(upper_bound_offset=10) == 0
+    deleted = log.delete_retained_segments()
+    assert deleted == len(old_segments)
+    assert log.log_start_offset == log.segments[0].base_offset
+    assert all(r.timestamp >= 95_000 or r.offset >= log.log_start_offset for r in read_all(log))
+    log.check_invariants()
+
+
+def test_retention_by_time_can_empty_the_log(log_dir):
+    clock = FakeClock(100_000)
+    log = open_log(log_dir, LogConfig(retention_ms=1_000, flush_ms=-1), clock=clock)
+    log.append(make_batch(3, timestamp_ms=1_000), leader_epoch=0)
+    assert log.delete_retained_segments() == 1
+    assert (log.log_start_offset, log.log_end_offset, log.size_bytes) == (3, 3, 0)
+    log.check_invariants()
+
+
+def test_retention_by_size_keeps_the_log_under_the_limit(log_dir):
+    config = LogConfig(segment_bytes=2048, retention_bytes=5000, retention_ms=-1, flush_ms=-1)
+    log = open_log(log_dir, config)
+    for _ in range(60):
+        log.append(make_batch(3), leader_epoch=0)
+    total = log.size_bytes
+    deleted = log.delete_retained_segments()
+    assert deleted > 0
+    assert log.size_bytes <= 5000 + config.segment_bytes
+    assert log.size_bytes < total
+    # Deleting one more segment would have gone under the limit needlessly.
+    assert log.size_bytes - log.segments[0].size_bytes < 5000
+    log.check_invariants()
+
+
+# -- epochs ------------------------------------------------------------------
+def test_end_offset_for_epoch_follows_kip_279(log_dir):
+    log = open_log(log_dir)
+    log.append(make_batch(3), leader_epoch=1)
+    log.append(make_batch(3), leader_epoch=3)
+    log.append(make_batch(3), leader_epoch=3)
+    assert log.end_offset_for_epoch(3) == (3, 9)
+    assert log.end_offset_for_epoch(2) == (1, 3)
+    assert log.end_offset_for_epoch(1) == (1, 3)
+    assert log.end_offset_for_epoch(0) == (-1, -1)
+
+
+# -- flushing --------------------------------------------------------------
+def test_flush_policy_by_messages_and_by_time(log_dir):
+    clock = FakeClock()
+    log = open_log(log_dir, LogConfig(flush_messages=5, flush_ms=1_000), clock=clock)
+    assert not log.flush_due()
+    log.append(make_batch(3), leader_epoch=0)
+    assert not log.flush_due()
+    log.append(make_batch(2), leader_epoch=0)
+    assert log.flush_due()
+    log.flush()
+    assert log.recovery_point == 5 and not log.flush_due()
+    log.append(make_batch(1), leader_epoch=0)
+    clock.now_ms += 999
+    assert not log.flush_due()
+    clock.now_ms += 1
+    assert log.flush_due()
+
+
+def test_flush_ticket_syncs_on_another_thread_while_appending(log_dir):
+    log = open_log(log_dir)
+    for _ in range(10):
+        log.append(make_batch(3), leader_epoch=0)
+    ticket = log.begin_flush()
+    worker = threading.Thread(target=ticket.sync)
+    worker.start()
+    for _ in range(10):
+        log.append(make_batch(3), leader_epoch=0)
+    worker.join(timeout=30)
+    assert not worker.is_alive()
+    log.end_flush(ticket)
+    assert log.recovery_point == 30  # what the ticket covered, not the appends after it
+    log.check_invariants()
+
+
+# -- restart and recovery ---------------------------------------------------
+def fill(log, batches: int, epoch: int = 0) -> None:
+    for _ in range(batches):
+        log.append(make_batch(3), leader_epoch=epoch)
+
+
+def test_clean_restart_keeps_everything(log_dir):
+    log = open_log(log_dir)
+    fill(log, 30, epoch=2)
+    expected = read_all(log)
+    log.close()
+    reopened = open_log(log_dir, clean_shutdown=True)
+    assert read_all(reopened) == expected
+    assert reopened.recovery_point == reopened.log_end_offset == 90
+    assert reopened.epoch_cache.entries == [(2, 0)]
+    reopened.check_invariants()
+
+
+def test_torn_tail_is_truncated_and_logged(log_dir, caplog):
+    log = open_log(log_dir)
+    fill(log, 10)
+    log.flush()
+    flushed = log.recovery_point
+    fill(log, 3)
+    path = log.active_segment.log_path
+    log.abandon()
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 7)  # cut the last batch in half
+    with caplog.at_level(logging.WARNING):
+        reopened = open_log(log_dir, recovery_point=flushed)
+    assert reopened.log_end_offset == 36
+    assert "truncating" in caplog.text and "torn or corrupt" in caplog.text
+    assert [r.offset for r in read_all(reopened)] == list(range(36))
+    reopened.check_invariants()
+
+
+def test_corrupt_byte_in_unflushed_data_truncates_there(log_dir):
+    log = open_log(log_dir)
+    fill(log, 10)
+    log.flush()
+    flushed = log.recovery_point
+    fill(log, 10)
+    segment = log.active_segment
+    pos = segment.find_batch(45)[0]
+    path = segment.log_path
+    log.abandon()
+    with open(path, "r+b") as f:
+        f.seek(pos + fmt.HEADER_SIZE + 2)
+        byte = f.read(1)
+        f.seek(pos + fmt.HEADER_SIZE + 2)
+        f.write(bytes([byte[0] ^ 0x40]))
+    reopened = open_log(log_dir, recovery_point=flushed)
+    assert reopened.log_end_offset == 45
+    assert reopened.recovery_point == 45  # what recovery kept is now fsynced
+    reopened.check_invariants()
+
+
+def test_corruption_deletes_later_segments(log_dir):
+    log = open_log(log_dir)
+    fill(log, 40)
+    segments = log.segments
+    assert len(segments) >= 3
+    victim = segments[1]
+    log.abandon()
+    with open(victim.log_path, "r+b") as f:
+        f.seek(fmt.HEADER_SIZE + 1)
+        f.write(b"\xff\xff")
+    reopened = open_log(log_dir, recovery_point=0)
+    assert reopened.log_end_offset == victim.base_offset
+    assert len(reopened.segments) == 2  # segment 0, and the emptied victim
+    assert [r.offset for r in read_all(reopened)] == list(range(victim.base_offset))
+    reopened.check_invariants()
+
+
+def test_unclean_restart_validates_only_unflushed_batches(log_dir, monkeypatch):
+    log = open_log(log_dir, LogConfig(segment_bytes=64 * 1024, flush_ms=-1))
+    fill(log, 300)
+    log.flush()
+    flushed = log.recovery_point
+    fill(log, 5)
+    log.abandon()
+    checked = []
+    real_crc = fmt.compute_crc
+
+    def counting_crc(buf, start, end):
+        checked.append(end - start)
+        return real_crc(buf, start, end)
+
+    monkeypatch.setattr(fmt, "compute_crc", counting_crc)
+    reopened = open_log(log_dir, LogConfig(segment_bytes=64 * 1024, flush_ms=-1),
+                        recovery_point=flushed)
+    assert reopened.log_end_offset == flushed + 15
+    assert len(checked) == 5  # the unflushed batches, not the 300 flushed ones
+
+
+def test_stale_index_files_are_rebuilt(log_dir):
+    log = open_log(log_dir)
+    fill(log, 12)
+    log.close()
+    index_path = log.segments[0].offset_index.path
+    with open(index_path, "r+b") as f:
+        f.truncate(5)  # not a whole number of entries
+    reopened = open_log(log_dir, clean_shutdown=True)
+    assert [r.offset for r in read_all(reopened)] == list(range(36))
+    reopened.check_invariants()
+
+
+def test_epoch_cache_survives_restart_and_follows_recovery(log_dir):
+    log = open_log(log_dir)
+    fill(log, 5, epoch=1)
+    log.flush()
+    flushed = log.recovery_point
+    fill(log, 5, epoch=2)
+    path = log.active_segment.log_path
+    log.abandon()
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 3)
+    reopened = open_log(log_dir, recovery_point=flushed)
+    assert reopened.log_end_offset == 27
+    assert reopened.epoch_cache.entries == [(1, 0), (2, 15)]
+    reopened.truncate_to(15)
+    assert reopened.epoch_cache.entries == [(1, 0)]
