@@ -336,9 +336,11 @@ def _decompress(codec: int, data, limit_bytes: int) -> bytes:
             out = inflater.decompress(data, limit_bytes)
         except zlib.error as exc:
             raise CorruptRecordError(f"gzip records section does not decompress: {exc}") from exc
-        if inflater.unconsumed_tail:
+        if inflater.unconsumed_tail or (not inflater.eof and len(out) >= limit_bytes):
             raise CorruptRecordError(
                 f"records section decompresses to more than {limit_bytes} bytes")
+        if not inflater.eof:
+            raise CorruptRecordError("gzip records section is truncated")
         return out
     raise UnsupportedCompressionTypeError(f"compression codec {codec} is not supported")
 
@@ -367,8 +369,10 @@ def iter_records(batch, *, verify_crc: bool = True,
     base_timestamp = header.base_timestamp
     count = 0
     last_delta = -1
+    decoded_bytes = 0  # end of the last whole record (tell() also counts a partial one)
     try:
         for item in unpacker:
+            decoded_bytes = unpacker.tell()
             timestamp_delta, offset_delta, key, value, headers = item
             if offset_delta <= last_delta or offset_delta > header.last_offset_delta:
                 raise CorruptRecordError(
@@ -381,6 +385,10 @@ def iter_records(batch, *, verify_crc: bool = True,
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise CorruptRecordError(
             f"records of batch at offset {base_offset} do not decode: {exc}") from exc
+    if decoded_bytes != len(section):
+        raise CorruptRecordError(
+            f"records of batch at offset {base_offset} end in "
+            f"{len(section) - decoded_bytes} undecodable bytes")
     if count != header.record_count:
         raise CorruptRecordError(
             f"batch at offset {base_offset} holds {count} records, header says "
@@ -460,7 +468,9 @@ class BatchBuilder:
         estimate += len(key) if key is not None else 0
         estimate += len(value) if value is not None else 0
         for hkey, hvalue in headers:
-            estimate += 10 + len(hkey) + (len(hvalue) if hvalue is not None else 0)
+            # Header keys are packed as UTF-8: count bytes, not characters.
+            estimate += 10 + len(hkey.encode("utf-8")) + (
+                len(hvalue) if hvalue is not None else 0)
         return self.size_bytes + estimate <= limit_bytes
 
     def append(self, key: bytes | None, value: bytes | None, *,
@@ -475,9 +485,11 @@ class BatchBuilder:
             _check_bytes("header value", hvalue)
         if timestamp_ms is None:
             timestamp_ms = int(time.time() * 1000)
-        if self._base_timestamp == NO_TIMESTAMP:
-            self._base_timestamp = timestamp_ms
-        if timestamp_ms > self._max_timestamp:
+        if not self._chunks:
+            # The first record fixes the base; test the count, not the value,
+            # since NO_TIMESTAMP (-1) is itself a timestamp a record may carry.
+            self._base_timestamp = self._max_timestamp = timestamp_ms
+        elif timestamp_ms > self._max_timestamp:
             self._max_timestamp = timestamp_ms
         offset_delta = len(self._chunks)
         packed = self._packer.pack(

@@ -58,7 +58,11 @@ def _format(entries: list[tuple]) -> bytes:
 
 def _parse(path: str, fields: int) -> list[list[str]]:
     with open(path, "rb") as f:
-        text = f.read().decode("utf-8", errors="strict")
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8", errors="strict")
+    except UnicodeDecodeError:
+        raise CheckpointFormatError(f"{path}: not UTF-8 text") from None
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -95,9 +99,9 @@ class OffsetCheckpoint:
         """The stored offsets; ``{}`` when the file does not exist."""
         if not os.path.exists(self.path):
             return {}
+        rows = _parse(self.path, 3)
         try:
-            return {(topic, int(partition)): int(offset)
-                    for topic, partition, offset in _parse(self.path, 3)}
+            return {(topic, int(partition)): int(offset) for topic, partition, offset in rows}
         except ValueError as exc:
             raise CheckpointFormatError(f"{self.path}: {exc}") from exc
 
@@ -114,7 +118,8 @@ class LeaderEpochCheckpoint:
     def read(self) -> list[tuple[int, int]]:
         if not os.path.exists(self.path):
             return []
+        rows = _parse(self.path, 2)
         try:
-            return [(int(epoch), int(offset)) for epoch, offset in _parse(self.path, 2)]
+            return [(int(epoch), int(offset)) for epoch, offset in rows]
         except ValueError as exc:
             raise CheckpointFormatError(f"{self.path}: {exc}") from exc

@@ -82,6 +82,15 @@ class LogConfig:
         ignores every other key (those belong to other parts of the node)."""
         picked = {BROKER_TO_TOPIC_KEYS[key]: value for key, value in settings.items()
                   if key in BROKER_TO_TOPIC_KEYS}
+        # Kafka also takes hours and minutes; the finest unit given wins.
+        for topic_key, coarse in COARSE_TIME_KEYS.items():
+            if topic_key in picked:
+                continue
+            for key, unit_ms in coarse:
+                if key in settings:
+                    value = _as_int(key, settings[key])
+                    picked[topic_key] = value * unit_ms if value >= 0 else NO_LIMIT
+                    break
         return cls.from_mapping(picked)
 
     def to_mapping(self) -> dict[str, int]:
@@ -108,6 +117,12 @@ BROKER_TO_TOPIC_KEYS = {
     "log.flush.interval.messages": "flush.messages",
     "log.flush.interval.ms": "flush.ms",
     "message.max.bytes": "max.message.bytes",
+}
+
+
+COARSE_TIME_KEYS = {
+    "retention.ms": (("log.retention.minutes", 60_000), ("log.retention.hours", 3_600_000)),
+    "segment.ms": (("log.roll.hours", 3_600_000),),
 }
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import logging
 
-from storage.checkpoint import LeaderEpochCheckpoint
+from storage.checkpoint import CheckpointFormatError, LeaderEpochCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,11 @@ class LeaderEpochCache:
         self._checkpoint = checkpoint
         self._entries: list[tuple[int, int]] = checkpoint.read() if checkpoint else []
         self._epochs = [epoch for epoch, _ in self._entries]
-        self.check_invariants()
+        for (e1, s1), (e2, s2) in zip(self._entries, self._entries[1:]):
+            if e1 >= e2 or s1 > s2:
+                raise CheckpointFormatError(
+                    f"{checkpoint.path}: entries out of order: epoch {e1} at {s1}, "
+                    f"then epoch {e2} at {s2}")
 
     # -- queries ---------------------------------------------------------
     @property
@@ -57,8 +61,11 @@ class LeaderEpochCache:
         """
         if requested_epoch == UNDEFINED_EPOCH or not self._entries:
             return UNDEFINED_EPOCH, UNDEFINED_OFFSET
-        if requested_epoch >= self._epochs[-1]:
+        if requested_epoch == self._epochs[-1]:
             return self._epochs[-1], log_end_offset
+        if requested_epoch > self._epochs[-1]:
+            # An epoch from the future: this replica cannot vouch for it.
+            return UNDEFINED_EPOCH, UNDEFINED_OFFSET
         index = bisect.bisect_right(self._epochs, requested_epoch)
         if index == 0:
             return UNDEFINED_EPOCH, UNDEFINED_OFFSET
@@ -86,6 +93,11 @@ class LeaderEpochCache:
                 log.warning("ignoring leader epoch %d at offset %d: latest is epoch %d at %d",
                             epoch, start_offset, latest_epoch, latest_start)
                 return False
+        # A newer epoch starting where the latest one did means the latest
+        # never held a record: it is replaced, as Kafka does.
+        while self._entries and self._entries[-1][1] >= start_offset:
+            self._entries.pop()
+            self._epochs.pop()
         self._entries.append((epoch, start_offset))
         self._epochs.append(epoch)
         self._persist()

@@ -37,7 +37,7 @@ import time
 from typing import Callable
 
 from storage import batch as fmt
-from storage.checkpoint import LeaderEpochCheckpoint, fsync_directory
+from storage.checkpoint import CheckpointFormatError, LeaderEpochCheckpoint, fsync_directory
 from storage.config import NO_LIMIT, LogConfig
 from storage.epoch_cache import LeaderEpochCache
 from storage.errors import InvalidOffsetError, OffsetOutOfRangeError
@@ -121,8 +121,15 @@ class Log:
         config = config or LogConfig()
         os.makedirs(directory, exist_ok=True)
         cls._remove_leftovers(directory)
-        epoch_cache = LeaderEpochCache(
-            LeaderEpochCheckpoint(os.path.join(directory, EPOCH_CHECKPOINT_NAME)))
+        epoch_checkpoint = LeaderEpochCheckpoint(os.path.join(directory, EPOCH_CHECKPOINT_NAME))
+        try:
+            epoch_cache = LeaderEpochCache(epoch_checkpoint)
+            rebuild_epochs = False
+        except CheckpointFormatError as exc:
+            log.warning("%s; rebuilding the leader-epoch cache from the log", exc)
+            os.unlink(epoch_checkpoint.path)
+            epoch_cache = LeaderEpochCache(epoch_checkpoint)
+            rebuild_epochs = True
         bases = sorted(int(name[:-len(LOG_SUFFIX)]) for name in os.listdir(directory)
                        if name.endswith(LOG_SUFFIX) and name[:-len(LOG_SUFFIX)].isdigit())
         interval = config.index_interval_bytes
@@ -149,6 +156,10 @@ class Log:
                 break
         if not segments:
             segments.append(Segment.create(directory, log_start_offset or 0, interval))
+        if rebuild_epochs:
+            for segment in segments:
+                for _pos, header in segment.iter_batch_headers():
+                    epoch_cache.learn_from_recovery(header)
         log_end_offset = segments[-1].next_offset
         epoch_cache.truncate_from_end(log_end_offset)
         start = segments[0].base_offset if log_start_offset is None else log_start_offset
@@ -156,6 +167,13 @@ class Log:
         epoch_cache.truncate_from_start(start)
         trusted = log_end_offset if clean_shutdown else min(recovery_point, log_end_offset)
         instance = cls(directory, config, segments, epoch_cache, start, trusted, clock)
+        if log_start_offset is not None and log_start_offset > log_end_offset:
+            # Recovery cut below the (durable) log start: everything left was
+            # already deleted logically. Restart empty at the log start.
+            log.warning("%s: recovered log ends at %d, below its start offset %d; "
+                        "restarting it empty there", directory, log_end_offset,
+                        log_start_offset)
+            instance.truncate_fully_and_start_at(log_start_offset)
         if recovered_any:
             # What recovery validated may still be only in the page cache.
             instance.flush()
@@ -375,9 +393,13 @@ class Log:
         self._bases = self._bases[:keep]
         self.active_segment.truncate_to(offset)
         end = self.log_end_offset
+        if end < self.log_start_offset:
+            # The cut batch began below the log start: nothing visible is
+            # left, and a log never ends below its start.
+            self.truncate_fully_and_start_at(self.log_start_offset)
+            return
         self.epoch_cache.truncate_from_end(end)
         self.recovery_point = min(self.recovery_point, end)
-        self.log_start_offset = min(self.log_start_offset, end)
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete everything and restart the log empty at ``offset`` (a
@@ -408,7 +430,7 @@ class Log:
         while count < len(self._segments) and self._segments[count].next_offset <= offset:
             count += 1
         self._delete_oldest(count, "below the log start offset")
-        self.epoch_cache.truncate_from_start(offset)
+        self._truncate_epochs_from_start()
         return offset
 
     def delete_retained_segments(self, now_ms: int | None = None,
@@ -436,8 +458,15 @@ class Log:
         deleted = self._delete_oldest(count, "retention")
         if deleted:
             self.log_start_offset = max(self.log_start_offset, self._segments[0].base_offset)
-            self.epoch_cache.truncate_from_start(self.log_start_offset)
+            self._truncate_epochs_from_start()
         return deleted
+
+    def _truncate_epochs_from_start(self) -> None:
+        """The log start moved: forget epochs wholly below it. An empty log
+        keeps no epochs (as after a restart, which drops epochs starting at
+        or past the log end)."""
+        self.epoch_cache.truncate_from_start(self.log_start_offset)
+        self.epoch_cache.truncate_from_end(self.log_end_offset)
 
     def _delete_oldest(self, count: int, reason: str) -> int:
         """Delete the ``count`` oldest segments. If that includes the active

@@ -336,6 +336,10 @@ class Segment:
             yield pos, header
             pos += header.size_bytes
 
+    def iter_batch_headers(self) -> Iterator[tuple[int, BatchHeader]]:
+        """``(position, header)`` of every batch, in order (no CRC checks)."""
+        return self._iter_headers(0)
+
     def find_batch(self, offset: int) -> tuple[int, BatchHeader] | None:
         """Position and header of the first batch whose last offset is
         >= ``offset`` (the batch holding it, or the next one), else None."""

@@ -449,3 +449,15 @@ def test_epoch_cache_survives_restart_and_follows_recovery(log_dir):
     assert reopened.epoch_cache.entries == [(1, 0), (2, 15)]
     reopened.truncate_to(15)
     assert reopened.epoch_cache.entries == [(1, 0)]
+
+
+def test_unreadable_epoch_checkpoint_is_rebuilt_from_the_log(log_dir):
+    log = open_log(log_dir)
+    fill(log, 3, epoch=1)
+    fill(log, 3, epoch=5)
+    log.close()
+    with open(os.path.join(log_dir, "leader-epoch-checkpoint"), "w") as f:
+        f.write("0\n2\n5 9\n1 0\n")  # out of order
+    reopened = open_log(log_dir, clean_shutdown=True)
+    assert reopened.epoch_cache.entries == [(1, 0), (5, 9)]
+    assert reopened.end_offset_for_epoch(1) == (1, 9)

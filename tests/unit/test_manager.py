@@ -1,0 +1,193 @@
+"""The log manager: directories, checkpoints, clean and unclean restarts,
+deletion, retention and background flushing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from storage.config import LogConfig
+from storage.errors import InvalidConfigError, InvalidTopicError, LogDirectoryError
+from storage.manager import (CLEAN_SHUTDOWN_FILE, LOG_START_FILE, RECOVERY_POINT_FILE,
+                             LogManager, LogManagerConfig, TopicPartition, parse_partition_dir)
+from tests.helpers import make_batch, read_all
+
+CONFIG = LogConfig(segment_bytes=4096, flush_ms=-1)
+
+
+def manager_for(*dirs, config=CONFIG, **kwargs) -> LogManager:
+    manager = LogManager(LogManagerConfig(log_dirs=tuple(str(d) for d in dirs), **kwargs),
+                         config)
+    manager.startup()
+    return manager
+
+
+def test_partition_dir_names_round_trip():
+    assert parse_partition_dir("orders-3") == TopicPartition("orders", 3)
+    assert parse_partition_dir("my-topic.v2-10") == TopicPartition("my-topic.v2", 10)
+    assert parse_partition_dir("orders-3.abc-delete") is None
+    assert parse_partition_dir("orders") is None
+    assert parse_partition_dir("bad name-1") is None
+    assert str(TopicPartition("orders", 3)) == "orders-3"
+
+
+@pytest.mark.parametrize("topic", ["", ".", "..", "a" * 250, "has space", "slash/no", "ü"])
+def test_invalid_topic_names_are_refused(tmp_path, topic):
+    manager = manager_for(tmp_path / "d1")
+    with pytest.raises(InvalidTopicError):
+        manager.get_or_create_log(TopicPartition(topic, 0))
+    assert manager.logs == {}
+    manager.shutdown()
+
+
+def test_negative_partition_and_bad_overrides_are_refused(tmp_path):
+    manager = manager_for(tmp_path / "d1")
+    with pytest.raises(InvalidTopicError):
+        manager.get_or_create_log(TopicPartition("t", -1))
+    with pytest.raises(InvalidConfigError):
+        manager.get_or_create_log(TopicPartition("t", 0), {"retention.ms": "soon"})
+    assert manager.logs == {}
+    manager.shutdown()
+
+
+def test_second_process_cannot_take_a_locked_dir(tmp_path):
+    first = manager_for(tmp_path / "d1")
+    with pytest.raises(LogDirectoryError, match="in use"):
+        manager_for(tmp_path / "d1")
+    first.shutdown()
+    manager_for(tmp_path / "d1").shutdown()  # free again once released
+
+
+def test_new_partitions_go_to_the_least_loaded_dir(tmp_path):
+    manager = manager_for(tmp_path / "d1", tmp_path / "d2")
+    for p in range(4):
+        manager.get_or_create_log(TopicPartition("t", p))
+    assert sorted(os.listdir(tmp_path / "d1")).count("t-0") == 1
+    per_dir = [sum(1 for n in os.listdir(tmp_path / d) if n.startswith("t-")) for d in ("d1", "d2")]
+    assert per_dir == [2, 2]
+    manager.shutdown()
+
+
+def test_clean_restart_trusts_data_and_removes_the_marker(tmp_path):
+    manager = manager_for(tmp_path / "d1")
+    tp = TopicPartition("orders", 0)
+    log = manager.get_or_create_log(tp)
+    for _ in range(20):
+        log.append(make_batch(3), leader_epoch=1)
+    log.delete_records_before(7)
+    manager.shutdown()
+    assert os.path.exists(tmp_path / "d1" / CLEAN_SHUTDOWN_FILE)
+    assert os.path.exists(tmp_path / "d1" / RECOVERY_POINT_FILE)
+
+    restarted = manager_for(tmp_path / "d1")
+    assert not os.path.exists(tmp_path / "d1" / CLEAN_SHUTDOWN_FILE)
+    reloaded = restarted.get_log(tp)
+    assert (reloaded.log_start_offset, reloaded.log_end_offset) == (7, 60)
+    assert reloaded.recovery_point == 60
+    assert [r.offset for r in read_all(reloaded)] == list(range(7, 60))
+    restarted.shutdown()
+
+
+def test_unclean_restart_recovers_from_the_checkpointed_recovery_point(tmp_path):
+    manager = manager_for(tmp_path / "d1")
+    tp = TopicPartition("orders", 0)
+    log = manager.get_or_create_log(tp)
+    for _ in range(10):
+        log.append(make_batch(3), leader_epoch=0)
+    log.flush()
+    manager.checkpoint()
+    for _ in range(5):
+        log.append(make_batch(3), leader_epoch=0)
+    path = log.active_segment.log_path
+    manager.abandon()  # crash: no flush, no marker
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 10)
+
+    restarted = manager_for(tmp_path / "d1")
+    reloaded = restarted.get_log(tp)
+    assert reloaded.log_end_offset == 42  # 14 whole batches survive the torn 15th
+    assert [r.offset for r in read_all(reloaded)] == list(range(42))
+    # Start-up checkpoints what recovery validated and fsynced.
+    restarted.abandon()
+    from storage.checkpoint import OffsetCheckpoint
+    assert OffsetCheckpoint(str(tmp_path / "d1" / RECOVERY_POINT_FILE)).read() == {
+        ("orders", 0): 42}
+
+
+def test_unreadable_checkpoint_costs_time_not_data(tmp_path):
+    manager = manager_for(tmp_path / "d1")
+    log = manager.get_or_create_log(TopicPartition("orders", 0))
+    for _ in range(10):
+        log.append(make_batch(3), leader_epoch=0)
+    log.delete_records_before(4)
+    manager.shutdown()
+    os.unlink(tmp_path / "d1" / CLEAN_SHUTDOWN_FILE)
+    (tmp_path / "d1" / RECOVERY_POINT_FILE).write_text("garbage\n")
+    (tmp_path / "d1" / LOG_START_FILE).write_text("0\n1\norders 0 nope\n")
+    restarted = manager_for(tmp_path / "d1")
+    reloaded = restarted.get_log(TopicPartition("orders", 0))
+    assert reloaded.log_end_offset == 30
+    # Without its checkpoint the log start falls back to the first segment.
+    assert reloaded.log_start_offset == 0
+    restarted.shutdown()
+
+
+def test_delete_log_removes_the_partition_and_leftovers_are_cleaned(tmp_path):
+    manager = manager_for(tmp_path / "d1")
+    tp = TopicPartition("orders", 0)
+    manager.get_or_create_log(tp).append(make_batch(3), leader_epoch=0)
+    assert manager.delete_log(tp)
+    assert not manager.delete_log(tp)
+    assert manager.get_log(tp) is None
+    assert not [n for n in os.listdir(tmp_path / "d1") if n.startswith("orders")]
+    os.makedirs(tmp_path / "d1" / "old-0.123-delete")
+    manager.shutdown()
+    restarted = manager_for(tmp_path / "d1")
+    assert restarted.logs == {}
+    assert not os.path.exists(tmp_path / "d1" / "old-0.123-delete")
+    restarted.shutdown()
+
+
+def test_retention_through_the_manager_respects_upper_bounds(tmp_path):
+    config = LogConfig(segment_bytes=2048, retention_bytes=2048, retention_ms=-1, flush_ms=-1)
+    manager = manager_for(tmp_path / "d1", config=config)
+    a, b = TopicPartition("a", 0), TopicPartition("b", 0)
+    for tp in (a, b):
+        log = manager.get_or_create_log(tp)
+        for _ in range(40):
+            log.append(make_batch(3), leader_epoch=0)
+    deleted = manager.run_retention(upper_bounds={a: 0})
+    assert deleted > 0
+    assert manager.get_log(a).log_start_offset == 0  # protected by its high watermark
+    assert manager.get_log(b).log_start_offset > 0
+    manager.shutdown()
+
+
+def test_manager_config_from_broker_keys(tmp_path):
+    config = LogManagerConfig.from_broker_config({
+        "log.dirs": f"{tmp_path}/a, {tmp_path}/b", "log.retention.check.interval.ms": 1000,
+        "node.id": 1})
+    assert config.log_dirs == (f"{tmp_path}/a", f"{tmp_path}/b")
+    assert config.retention_check_interval_ms == 1000
+    with pytest.raises(InvalidConfigError):
+        LogManagerConfig.from_broker_config({"log.dirs": ""})
+
+
+async def test_background_flush_fsyncs_off_the_event_loop(tmp_path):
+    config = LogConfig(flush_ms=50)
+    manager = manager_for(tmp_path / "d1", config=config, flush_check_interval_ms=10)
+    log = manager.get_or_create_log(TopicPartition("orders", 0))
+    await manager.start_background_tasks()
+    try:
+        log.append(make_batch(3), leader_epoch=0)
+        assert log.recovery_point == 0
+        deadline = asyncio.get_running_loop().time() + 10
+        while log.recovery_point < 3:
+            assert asyncio.get_running_loop().time() < deadline, "flush never happened"
+            await asyncio.sleep(0.01)
+        assert not log.flush_due()
+    finally:
+        await manager.stop_background_tasks()
+        manager.shutdown()
