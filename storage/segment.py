@@ -31,7 +31,8 @@ LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
 
-SCAN_CHUNK_BYTES = 64 * 1024  # read-ahead when walking batch headers
+SCAN_CHUNK_MIN_BYTES = 4 * 1024  # first read-ahead when walking batch headers
+SCAN_CHUNK_BYTES = 64 * 1024  # largest read-ahead when walking batch headers
 RECOVERY_CHUNK_BYTES = 4 * 1024 * 1024  # read size when validating whole batches
 IOV_MAX = 512  # pieces per writev call, well under Linux's 1024
 
@@ -324,10 +325,13 @@ class Segment:
         pos = start_pos
         buf = b""
         buf_pos = pos
+        # Start small (a lookup usually needs one header), grow for long walks.
+        chunk_bytes = SCAN_CHUNK_MIN_BYTES
         while pos < end:
             if pos + fmt.HEADER_SIZE > buf_pos + len(buf):
-                buf = os.pread(self._fd, SCAN_CHUNK_BYTES, pos)
+                buf = os.pread(self._fd, chunk_bytes, pos)
                 buf_pos = pos
+                chunk_bytes = min(chunk_bytes * 4, SCAN_CHUNK_BYTES)
                 if len(buf) < fmt.HEADER_SIZE:
                     raise CorruptRecordError(f"{self.log_path}: short header at {pos}")
             header = fmt.parse_header(buf, pos - buf_pos)
@@ -361,8 +365,11 @@ class Segment:
         start_pos, first = found
         if first.last_offset >= upper_bound_offset:
             return b"", first.base_offset
-        end_pos, end_offset = self._last_boundary(start_pos, start_pos + max_bytes,
-                                                  upper_bound_offset)
+        if first.size_bytes > max_bytes:  # a lookup, or one big batch: no walk needed
+            end_pos, end_offset = start_pos, first.base_offset
+        else:
+            end_pos, end_offset = self._last_boundary(start_pos, start_pos + max_bytes,
+                                                      upper_bound_offset)
         if end_pos == start_pos:
             if not min_one_batch:
                 return b"", first.base_offset

@@ -29,6 +29,14 @@ batch_specs = st.lists(
     min_size=1, max_size=40)
 
 
+# Batches larger than the header walk's read-ahead (4-64 KiB) take other
+# paths through the chunked walk; fewer of them keep examples fast.
+big_batch_specs = st.lists(
+    st.tuples(st.integers(1, 3), st.integers(0, 90_000),
+              st.lists(st.integers(0, 5000), min_size=5, max_size=5)),
+    min_size=1, max_size=12)
+
+
 def build_segment(directory: str, specs, interval: int):
     """A segment holding ``specs``; returns it with the reference list of
     ``(position, base_offset, next_offset, size, [(offset, timestamp)])``."""
@@ -80,7 +88,7 @@ def linear_read(reference, offset, max_bytes, upper):
     return start, end
 
 
-def check_lookups(segment, reference, data):
+def check_lookups(segment, reference, data, max_read_bytes=4000):
     last_offset = reference[-1][2]
     for offset in range(BASE_OFFSET - 1, last_offset + 2):
         found = segment.find_batch(offset)
@@ -91,7 +99,7 @@ def check_lookups(segment, reference, data):
             linear_timestamp(reference, target)
     for _ in range(10):
         offset = data.draw(st.integers(BASE_OFFSET, last_offset - 1))
-        max_bytes = data.draw(st.integers(1, 4000))
+        max_bytes = data.draw(st.integers(1, max_read_bytes))
         upper = data.draw(st.integers(offset, last_offset + 1))
         got, _next = segment.read(offset, max_bytes, upper, min_one_batch=True)
         expected = linear_read(reference, offset, max_bytes, upper)
@@ -119,6 +127,15 @@ def test_index_lookups_match_a_linear_scan(specs, interval, data):
         check_lookups(reopened, reference, data)
         reopened.check_invariants()
         reopened.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(specs=big_batch_specs, interval=st.integers(0, 200_000), data=st.data())
+def test_lookups_over_batches_larger_than_the_read_ahead(specs, interval, data):
+    with tempfile.TemporaryDirectory() as directory:
+        segment, reference = build_segment(directory, specs, interval)
+        check_lookups(segment, reference, data, max_read_bytes=400_000)
+        segment.close()
 
 
 @settings(max_examples=60, deadline=None)
