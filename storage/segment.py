@@ -113,6 +113,7 @@ class Segment:
             try:
                 segment._load_indexes()
                 start_pos = segment._trusted_position(from_offset)
+                segment._restore_prefix_state(start_pos)
             except (IndexCorruptError, CorruptRecordError) as exc:
                 log.warning("%s: cannot locate offset %d in the flushed prefix (%s); "
                             "validating the whole segment", segment.log_path, from_offset, exc)
@@ -131,7 +132,10 @@ class Segment:
         at or past ``offset``, which may be torn. Raises when ``offset`` is
         not a batch boundary."""
         file_size = os.fstat(self._fd).st_size
-        i = self.offset_index.floor(offset - self.base_offset)
+        # Only entries strictly below ``offset``: they describe flushed batches.
+        # An entry at ``offset`` itself was written with unflushed data and
+        # may be torn, so the position is derived from flushed headers.
+        i = self.offset_index.floor(offset - self.base_offset - 1)
         pos, expected = 0, self.base_offset
         if i >= 0:
             rel, pos = self.offset_index.entry(i)
@@ -184,13 +188,14 @@ class Segment:
     # -- recovery --------------------------------------------------------
     def recover(self, start_pos: int,
                 on_batch: Callable[[BatchHeader], None] | None = None) -> bool:
-        """Validate every batch from ``start_pos`` (a trusted batch boundary),
-        rebuild the index entries for them and truncate the file at the first
-        invalid byte. Returns whether anything was truncated."""
+        """Validate every batch from ``start_pos``, rebuild the index entries
+        for them and truncate the file at the first invalid byte. Returns
+        whether anything was truncated. ``start_pos`` is 0 or a trusted batch
+        boundary the in-memory state already describes
+        (``_restore_prefix_state``)."""
         if start_pos == 0:
             self._reset_state()
-        else:
-            self._restore_prefix_state(start_pos)
+        assert self.size_bytes == start_pos, (self.size_bytes, start_pos)
         pos = start_pos
         bad_reason = None
         for pos, header, error in self._iter_validated(start_pos):

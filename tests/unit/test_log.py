@@ -461,3 +461,28 @@ def test_unreadable_epoch_checkpoint_is_rebuilt_from_the_log(log_dir):
     reopened = open_log(log_dir, clean_shutdown=True)
     assert reopened.epoch_cache.entries == [(1, 0), (5, 9)]
     assert reopened.end_offset_for_epoch(1) == (1, 9)
+
+
+def test_torn_index_entry_at_the_recovery_point_does_not_mislead_recovery(log_dir):
+    # Power loss can keep an index entry written with unflushed data but tear
+    # it. Recovery must derive the flushed end from flushed headers instead.
+    config = LogConfig(segment_bytes=1 << 20, index_interval_bytes=0, flush_ms=-1)
+    log = open_log(log_dir, config)
+    fill(log, 10)
+    log.flush()
+    flushed = log.recovery_point
+    fill(log, 3)
+    segment = log.active_segment
+    segment.write_index_entries()  # entries for the unflushed batches reach the file
+    index_path = segment.offset_index.path
+    log.abandon()
+    from storage.index import OFFSET_ENTRY
+    with open(index_path, "r+b") as f:
+        entries = [OFFSET_ENTRY.unpack(chunk) for chunk in iter(lambda: f.read(8), b"")]
+        i = next(n for n, (rel, _pos) in enumerate(entries) if rel == flushed)
+        f.seek(i * OFFSET_ENTRY.size)
+        f.write(OFFSET_ENTRY.pack(flushed, entries[i][1] + 5))  # torn position
+    reopened = open_log(log_dir, config, recovery_point=flushed)
+    assert reopened.log_end_offset == 39
+    assert [r.offset for r in read_all(reopened)] == list(range(39))
+    reopened.check_invariants()
