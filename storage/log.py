@@ -161,10 +161,12 @@ class Log:
                 for _pos, header in segment.iter_batch_headers():
                     epoch_cache.learn_from_recovery(header)
         log_end_offset = segments[-1].next_offset
-        epoch_cache.truncate_from_end(log_end_offset)
         start = segments[0].base_offset if log_start_offset is None else log_start_offset
         start = min(max(start, segments[0].base_offset), log_end_offset)
+        # Clamp epochs to the log start first, then drop any at or past the
+        # log end: an empty log keeps none, however it became empty.
         epoch_cache.truncate_from_start(start)
+        epoch_cache.truncate_from_end(log_end_offset)
         trusted = log_end_offset if clean_shutdown else min(recovery_point, log_end_offset)
         instance = cls(directory, config, segments, epoch_cache, start, trusted, clock)
         if log_start_offset is not None and log_start_offset > log_end_offset:
