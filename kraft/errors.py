@@ -1,0 +1,81 @@
+"""Errors of the control plane, each with the stable code the API reports
+(Kafka's name where the meaning is the same)."""
+
+
+class KraftError(Exception):
+    """Base class: a request the controller refuses, with a reason."""
+
+    code = "UNKNOWN_SERVER_ERROR"
+
+
+class InvalidRecordError(KraftError):
+    """A metadata record that does not decode or names an unknown type."""
+
+    code = "INVALID_RECORD"
+
+
+class MetadataApplyError(KraftError):
+    """A record inconsistent with the image it is applied to. Every replica
+    holds the same image, so every replica refuses it alike."""
+
+    code = "INVALID_RECORD"
+
+
+class InvalidTopicError(KraftError):
+    code = "INVALID_TOPIC_EXCEPTION"
+
+
+class TopicAlreadyExistsError(KraftError):
+    code = "TOPIC_ALREADY_EXISTS"
+
+
+class UnknownTopicOrPartitionError(KraftError):
+    code = "UNKNOWN_TOPIC_OR_PARTITION"
+
+
+class InvalidPartitionsError(KraftError):
+    code = "INVALID_PARTITIONS"
+
+
+class InvalidReplicationFactorError(KraftError):
+    code = "INVALID_REPLICATION_FACTOR"
+
+
+class InvalidConfigError(KraftError):
+    code = "INVALID_CONFIG"
+
+
+class NotControllerError(KraftError):
+    """This controller is not the Raft leader; ``leader_id`` hints at who is."""
+
+    code = "NOT_CONTROLLER"
+
+    def __init__(self, message: str, leader_id: int | None = None) -> None:
+        super().__init__(message)
+        self.leader_id = leader_id
+
+
+class BrokerIdNotRegisteredError(KraftError):
+    code = "BROKER_ID_NOT_REGISTERED"
+
+
+class StaleBrokerEpochError(KraftError):
+    code = "STALE_BROKER_EPOCH"
+
+
+class InvalidUpdateVersionError(KraftError):
+    """AlterPartition against a partition epoch that is no longer current."""
+
+    code = "INVALID_UPDATE_VERSION"
+
+
+class FencedLeaderEpochError(KraftError):
+    code = "FENCED_LEADER_EPOCH"
+
+
+class NotLeaderOrFollowerError(KraftError):
+    code = "NOT_LEADER_OR_FOLLOWER"
+
+
+class InvalidRequestError(KraftError):
+    code = "INVALID_REQUEST"
