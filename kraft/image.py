@@ -1,0 +1,273 @@
+"""The metadata image: cluster state as of one metadata offset.
+
+Pure and deterministic: it changes only through ``apply(record, offset)``,
+never reads a clock, and two images that applied the same records at the same
+offsets are equal. Every controller holds one (applied from the Raft log) and
+every broker holds one (applied from the records it fetches).
+
+A record inconsistent with the image (unknown broker epoch, duplicate topic,
+ISR outside the replicas, ...) raises ``MetadataApplyError`` and leaves the
+image unchanged. The controller validates requests before proposing records,
+so this happens only for a bug or a corrupted record; since all replicas hold
+the same image, all refuse the same record alike.
+
+Invariants (``check_invariants``):
+  - ``offset`` only grows;
+  - every partition's replicas are distinct, ISR is a subset of replicas,
+    the leader is NO_LEADER or one of the replicas;
+  - topic names and ids map one-to-one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgpack
+
+from kraft.errors import MetadataApplyError
+from kraft.records import (NO_LEADER, BrokerRegistrationChangeRecord, ConfigRecord,
+                           FenceBrokerRecord, NoOpRecord, PartitionChangeRecord,
+                           PartitionRecord, ProducerIdsRecord, Record, RegisterBrokerRecord,
+                           RemoveTopicRecord, TopicRecord, UnfenceBrokerRecord,
+                           UnregisterBrokerRecord)
+
+TOPIC_RESOURCE = "topic"
+BROKER_RESOURCE = "broker"
+
+
+@dataclasses.dataclass
+class BrokerRegistration:
+    broker_id: int
+    incarnation_id: str
+    broker_epoch: int  # offset of the registration record
+    endpoints: dict[str, str]
+    rack: str | None
+    fenced: bool = True  # registered brokers start fenced until caught up
+    in_controlled_shutdown: bool = False
+
+
+@dataclasses.dataclass
+class PartitionRegistration:
+    replicas: list[int]
+    isr: list[int]
+    leader: int
+    leader_epoch: int
+    partition_epoch: int
+
+
+@dataclasses.dataclass
+class TopicImage:
+    name: str
+    topic_id: str
+    partitions: dict[int, PartitionRegistration] = dataclasses.field(default_factory=dict)
+
+
+class MetadataImage:
+    """Brokers, topics, partitions and configs as of ``offset``."""
+
+    def __init__(self) -> None:
+        # Offset of the last applied record; -1 before the first.
+        self.offset = -1
+        self.brokers: dict[int, BrokerRegistration] = {}
+        self.topics: dict[str, TopicImage] = {}
+        self.topic_names_by_id: dict[str, str] = {}
+        # (resource type, resource name) -> {config name: value}
+        self.configs: dict[tuple[str, str], dict[str, str]] = {}
+        self.next_producer_id = 0
+
+    # -- applying ----------------------------------------------------------
+    def apply(self, record: Record, offset: int) -> None:
+        """Apply one record committed at ``offset`` (strictly increasing)."""
+        assert offset > self.offset, f"metadata offset {offset} after {self.offset}"
+        handler = self._HANDLERS.get(type(record))
+        if handler is None:
+            raise MetadataApplyError(f"no handler for record type {type(record).__name__}")
+        handler(self, record, offset)  # validates fully before changing anything
+        self.offset = offset
+
+    def _register_broker(self, r: RegisterBrokerRecord, offset: int) -> None:
+        if r.broker_id < 0:
+            raise MetadataApplyError(f"broker id {r.broker_id} is negative")
+        self.brokers[r.broker_id] = BrokerRegistration(
+            r.broker_id, r.incarnation_id, offset, dict(r.endpoints), r.rack)
+
+    def _broker(self, broker_id: int, broker_epoch: int) -> BrokerRegistration:
+        broker = self.brokers.get(broker_id)
+        if broker is None:
+            raise MetadataApplyError(f"broker {broker_id} is not registered")
+        if broker.broker_epoch != broker_epoch:
+            raise MetadataApplyError(
+                f"broker {broker_id} epoch is {broker.broker_epoch}, record says {broker_epoch}")
+        return broker
+
+    def _unregister_broker(self, r: UnregisterBrokerRecord, offset: int) -> None:
+        self._broker(r.broker_id, r.broker_epoch)
+        del self.brokers[r.broker_id]
+
+    def _fence_broker(self, r: FenceBrokerRecord, offset: int) -> None:
+        broker = self._broker(r.broker_id, r.broker_epoch)
+        broker.fenced = True
+
+    def _unfence_broker(self, r: UnfenceBrokerRecord, offset: int) -> None:
+        broker = self._broker(r.broker_id, r.broker_epoch)
+        broker.fenced = False
+        broker.in_controlled_shutdown = False
+
+    def _change_registration(self, r: BrokerRegistrationChangeRecord, offset: int) -> None:
+        broker = self._broker(r.broker_id, r.broker_epoch)
+        broker.in_controlled_shutdown = r.in_controlled_shutdown
+
+    def _topic(self, r: TopicRecord, offset: int) -> None:
+        if r.name in self.topics:
+            raise MetadataApplyError(f"topic {r.name!r} already exists")
+        if r.topic_id in self.topic_names_by_id:
+            raise MetadataApplyError(f"topic id {r.topic_id} already in use")
+        self.topics[r.name] = TopicImage(r.name, r.topic_id)
+        self.topic_names_by_id[r.topic_id] = r.name
+
+    def _topic_by_id(self, topic_id: str) -> TopicImage:
+        name = self.topic_names_by_id.get(topic_id)
+        if name is None:
+            raise MetadataApplyError(f"unknown topic id {topic_id}")
+        return self.topics[name]
+
+    @staticmethod
+    def _check_assignment(replicas: list[int], isr: list[int], leader: int, where: str) -> None:
+        if not replicas or len(set(replicas)) != len(replicas):
+            raise MetadataApplyError(f"{where}: replicas {replicas} must be distinct, non-empty")
+        if len(set(isr)) != len(isr) or not set(isr) <= set(replicas):
+            raise MetadataApplyError(f"{where}: ISR {isr} must be distinct replicas")
+        if leader != NO_LEADER and leader not in replicas:
+            raise MetadataApplyError(f"{where}: leader {leader} is not a replica")
+
+    def _partition(self, r: PartitionRecord, offset: int) -> None:
+        topic = self._topic_by_id(r.topic_id)
+        where = f"{topic.name}-{r.partition}"
+        if r.partition < 0 or r.partition in topic.partitions:
+            raise MetadataApplyError(f"{where}: partition exists or is negative")
+        self._check_assignment(r.replicas, r.isr, r.leader, where)
+        topic.partitions[r.partition] = PartitionRegistration(
+            list(r.replicas), list(r.isr), r.leader, r.leader_epoch, r.partition_epoch)
+
+    def _partition_change(self, r: PartitionChangeRecord, offset: int) -> None:
+        topic = self._topic_by_id(r.topic_id)
+        where = f"{topic.name}-{r.partition}"
+        current = topic.partitions.get(r.partition)
+        if current is None:
+            raise MetadataApplyError(f"{where}: no such partition")
+        replicas = current.replicas if r.replicas is None else list(r.replicas)
+        isr = current.isr if r.isr is None else list(r.isr)
+        leader = current.leader if r.leader is None else r.leader
+        self._check_assignment(replicas, isr, leader, where)
+        leader_epoch = current.leader_epoch + (1 if leader != current.leader else 0)
+        topic.partitions[r.partition] = PartitionRegistration(
+            replicas, isr, leader, leader_epoch, current.partition_epoch + 1)
+
+    def _remove_topic(self, r: RemoveTopicRecord, offset: int) -> None:
+        topic = self._topic_by_id(r.topic_id)
+        del self.topics[topic.name]
+        del self.topic_names_by_id[r.topic_id]
+        self.configs.pop((TOPIC_RESOURCE, topic.name), None)
+
+    def _config(self, r: ConfigRecord, offset: int) -> None:
+        if r.resource_type == TOPIC_RESOURCE:
+            if r.resource_name not in self.topics:
+                raise MetadataApplyError(f"config for unknown topic {r.resource_name!r}")
+        elif r.resource_type != BROKER_RESOURCE:
+            raise MetadataApplyError(f"unknown config resource type {r.resource_type!r}")
+        key = (r.resource_type, r.resource_name)
+        if r.value is None:
+            self.configs.get(key, {}).pop(r.name, None)
+            if key in self.configs and not self.configs[key]:
+                del self.configs[key]
+        else:
+            self.configs.setdefault(key, {})[r.name] = r.value
+
+    def _producer_ids(self, r: ProducerIdsRecord, offset: int) -> None:
+        self._broker(r.broker_id, r.broker_epoch)
+        if r.next_producer_id <= self.next_producer_id:
+            raise MetadataApplyError(
+                f"producer id block must move forward: {r.next_producer_id} <= "
+                f"{self.next_producer_id}")
+        self.next_producer_id = r.next_producer_id
+
+    def _no_op(self, r: NoOpRecord, offset: int) -> None:
+        pass
+
+    _HANDLERS = {
+        RegisterBrokerRecord: _register_broker,
+        UnregisterBrokerRecord: _unregister_broker,
+        FenceBrokerRecord: _fence_broker,
+        UnfenceBrokerRecord: _unfence_broker,
+        BrokerRegistrationChangeRecord: _change_registration,
+        TopicRecord: _topic,
+        PartitionRecord: _partition,
+        PartitionChangeRecord: _partition_change,
+        RemoveTopicRecord: _remove_topic,
+        ConfigRecord: _config,
+        ProducerIdsRecord: _producer_ids,
+        NoOpRecord: _no_op,
+    }
+
+    # -- queries -----------------------------------------------------------
+    def topic_configs(self, name: str) -> dict[str, str]:
+        return dict(self.configs.get((TOPIC_RESOURCE, name), {}))
+
+    def partition(self, topic: str, partition: int) -> PartitionRegistration | None:
+        image = self.topics.get(topic)
+        return None if image is None else image.partitions.get(partition)
+
+    def unfenced_broker_ids(self) -> set[int]:
+        return {b.broker_id for b in self.brokers.values() if not b.fenced}
+
+    def partitions_led_by(self, broker_id: int) -> list[tuple[str, int]]:
+        return sorted((t.name, p) for t in self.topics.values()
+                      for p, reg in t.partitions.items() if reg.leader == broker_id)
+
+    def check_invariants(self) -> None:
+        assert set(self.topic_names_by_id.values()) == set(self.topics)
+        for topic_id, name in self.topic_names_by_id.items():
+            assert self.topics[name].topic_id == topic_id
+        for topic in self.topics.values():
+            for p, reg in topic.partitions.items():
+                self._check_assignment(reg.replicas, reg.isr, reg.leader, f"{topic.name}-{p}")
+
+    # -- snapshots ---------------------------------------------------------
+    def to_snapshot(self) -> bytes:
+        """The whole image as msgpack, for Raft snapshots and broker bootstrap."""
+        return msgpack.packb({
+            "offset": self.offset,
+            "brokers": [dataclasses.asdict(b) for b in self.brokers.values()],
+            "topics": [{"name": t.name, "topic_id": t.topic_id,
+                        "partitions": {p: dataclasses.asdict(reg)
+                                       for p, reg in t.partitions.items()}}
+                       for t in self.topics.values()],
+            "configs": [[rtype, rname, values] for (rtype, rname), values in
+                        self.configs.items()],
+            "next_producer_id": self.next_producer_id,
+        }, use_bin_type=True)
+
+    @classmethod
+    def from_snapshot(cls, data: bytes) -> "MetadataImage":
+        raw: dict[str, Any] = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        image = cls()
+        image.offset = raw["offset"]
+        for b in raw["brokers"]:
+            image.brokers[b["broker_id"]] = BrokerRegistration(**b)
+        for t in raw["topics"]:
+            topic = TopicImage(t["name"], t["topic_id"], {
+                int(p): PartitionRegistration(**reg) for p, reg in t["partitions"].items()})
+            image.topics[topic.name] = topic
+            image.topic_names_by_id[topic.topic_id] = topic.name
+        image.configs = {(rtype, rname): dict(values) for rtype, rname, values in raw["configs"]}
+        image.next_producer_id = raw["next_producer_id"]
+        image.check_invariants()
+        return image
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MetadataImage) and self.to_snapshot() == other.to_snapshot()
+
+    def __repr__(self) -> str:
+        return (f"MetadataImage(offset={self.offset}, brokers={sorted(self.brokers)}, "
+                f"topics={sorted(self.topics)})")

@@ -1,0 +1,226 @@
+"""Metadata records: the only way cluster metadata changes.
+
+The active controller turns requests into records, the Raft quorum orders
+them, and every controller and broker applies them, in order, to its own
+``MetadataImage``. Names follow KRaft's metadata records.
+
+Wire form (msgpack, never pickle)::
+
+    [type name, version, {field: value, ...}]
+
+``decode`` is strict: an unknown type, a missing or extra field, or a value of
+the wrong type raises ``InvalidRecordError``, so a malformed record is refused
+before it reaches the quorum.
+"""
+
+import dataclasses
+import typing
+from typing import Any, ClassVar, Optional
+
+import msgpack
+
+from kraft.errors import InvalidRecordError
+
+NO_LEADER = -1
+RECORD_VERSION = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """Base class. Subclasses are frozen dataclasses with a ``TYPE`` name."""
+
+    TYPE: ClassVar[str] = ""
+
+    def encode(self) -> bytes:
+        return msgpack.packb([self.TYPE, RECORD_VERSION, dataclasses.asdict(self)],
+                             use_bin_type=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class RegisterBrokerRecord(Record):
+    """A broker (re)registered. Its broker epoch is this record's offset."""
+
+    TYPE: ClassVar[str] = "register_broker"
+    broker_id: int
+    incarnation_id: str  # new per process start: tells a restart from a duplicate
+    endpoints: dict[str, str]  # listener name -> "host:port"
+    rack: Optional[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class UnregisterBrokerRecord(Record):
+    TYPE: ClassVar[str] = "unregister_broker"
+    broker_id: int
+    broker_epoch: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FenceBrokerRecord(Record):
+    """The broker's lease lapsed: it may lead nothing until unfenced."""
+
+    TYPE: ClassVar[str] = "fence_broker"
+    broker_id: int
+    broker_epoch: int
+
+
+@dataclasses.dataclass(frozen=True)
+class UnfenceBrokerRecord(Record):
+    """The broker heartbeats and has caught up with metadata."""
+
+    TYPE: ClassVar[str] = "unfence_broker"
+    broker_id: int
+    broker_epoch: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerRegistrationChangeRecord(Record):
+    """The broker entered (or left) controlled shutdown."""
+
+    TYPE: ClassVar[str] = "broker_registration_change"
+    broker_id: int
+    broker_epoch: int
+    in_controlled_shutdown: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class TopicRecord(Record):
+    TYPE: ClassVar[str] = "topic"
+    name: str
+    topic_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionRecord(Record):
+    """A new partition with its replica assignment and first leader."""
+
+    TYPE: ClassVar[str] = "partition"
+    topic_id: str
+    partition: int
+    replicas: list[int]
+    isr: list[int]
+    leader: int  # NO_LEADER when offline
+    leader_epoch: int
+    partition_epoch: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionChangeRecord(Record):
+    """A change to an existing partition; None fields are unchanged.
+
+    Applying it bumps the partition epoch, and the leader epoch too when the
+    leader changes, so every replica derives the same epochs."""
+
+    TYPE: ClassVar[str] = "partition_change"
+    topic_id: str
+    partition: int
+    leader: Optional[int] = None
+    isr: Optional[list[int]] = None
+    replicas: Optional[list[int]] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoveTopicRecord(Record):
+    TYPE: ClassVar[str] = "remove_topic"
+    topic_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigRecord(Record):
+    """Set (or, with value None, delete) one config of a topic or broker.
+    ``resource_name`` is a topic name, or a broker id as a string ("" for the
+    cluster-wide broker default)."""
+
+    TYPE: ClassVar[str] = "config"
+    resource_type: str  # "topic" or "broker"
+    resource_name: str
+    name: str
+    value: Optional[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProducerIdsRecord(Record):
+    """A block of producer ids handed to a broker: ids below
+    ``next_producer_id`` are taken."""
+
+    TYPE: ClassVar[str] = "producer_ids"
+    broker_id: int
+    broker_epoch: int
+    next_producer_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class NoOpRecord(Record):
+    """Written by a newly active controller so its term commits an entry."""
+
+    TYPE: ClassVar[str] = "no_op"
+
+
+RECORD_TYPES: dict[str, type[Record]] = {
+    cls.TYPE: cls for cls in (
+        RegisterBrokerRecord, UnregisterBrokerRecord, FenceBrokerRecord, UnfenceBrokerRecord,
+        BrokerRegistrationChangeRecord, TopicRecord, PartitionRecord, PartitionChangeRecord,
+        RemoveTopicRecord, ConfigRecord, ProducerIdsRecord, NoOpRecord)
+}
+_HINTS = {cls: typing.get_type_hints(cls) for cls in RECORD_TYPES.values()}
+
+
+def decode(data: bytes) -> Record:
+    """Bytes -> record, refusing anything not exactly one of ours."""
+    try:
+        decoded = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise InvalidRecordError(f"metadata record is not valid msgpack: {exc}") from None
+    if not (isinstance(decoded, list) and len(decoded) == 3):
+        raise InvalidRecordError("metadata record must be [type, version, fields]")
+    type_name, version, fields = decoded
+    cls = RECORD_TYPES.get(type_name) if isinstance(type_name, str) else None
+    if cls is None:
+        raise InvalidRecordError(f"unknown metadata record type {type_name!r}")
+    if version != RECORD_VERSION:
+        raise InvalidRecordError(f"unsupported {type_name} record version {version!r}")
+    return from_fields(cls, fields)
+
+
+def from_fields(cls: type[Record], fields: Any) -> Record:
+    """Build ``cls`` from a field dict, checking names and types."""
+    if not isinstance(fields, dict):
+        raise InvalidRecordError(f"{cls.TYPE} record fields must be a map")
+    hints = _HINTS[cls]
+    expected = [f.name for f in dataclasses.fields(cls)]
+    unknown = set(fields) - set(expected)
+    if unknown:
+        raise InvalidRecordError(f"{cls.TYPE} record has unknown fields {sorted(unknown)}")
+    for f in dataclasses.fields(cls):
+        if f.name not in fields:
+            if f.default is dataclasses.MISSING:
+                raise InvalidRecordError(f"{cls.TYPE} record lacks field {f.name!r}")
+            continue
+        if not _has_type(fields[f.name], hints[f.name]):
+            raise InvalidRecordError(
+                f"{cls.TYPE}.{f.name} must be {_type_name(hints[f.name])}, "
+                f"got {fields[f.name]!r}")
+    return cls(**fields)
+
+
+def _has_type(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin is typing.Union:
+        return any(_has_type(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint in (str, bool):
+        return isinstance(value, hint)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return isinstance(value, list) and all(_has_type(v, item) for v in value)
+    if origin is dict:
+        key, item = typing.get_args(hint)
+        return isinstance(value, dict) and all(
+            _has_type(k, key) and _has_type(v, item) for k, v in value.items())
+    raise TypeError(f"unsupported field type {hint!r}")  # a bug in a record definition
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
