@@ -73,6 +73,7 @@ class FlushTicket:
     segments: list[Segment]
     offset: int
     directory: str | None  # fsync it too when segment files were created
+    truncations: int  # the log's truncation count when the ticket was taken
 
     def sync(self) -> None:
         for segment in self.segments:
@@ -100,6 +101,9 @@ class Log:
         self._unflushed_messages = 0
         self._first_unflushed_ms: int | None = None
         self._dir_dirty = False
+        # Counts truncations from the end; a flush ticket taken before one
+        # must not advance the recovery point (see end_flush).
+        self._truncations = 0
         self.closed = False
 
     # ------------------------------------------------------------------
@@ -247,9 +251,10 @@ class Log:
             entries.append(([prefix, body], BatchMeta(offset, last, header.max_timestamp,
                                                       header.size_bytes), header.record_count))
             offset = last + 1
-        if leader_epoch >= 0:
-            self.epoch_cache.assign(leader_epoch, entries[0][1].base_offset)
-        return self._write(entries)
+        info = self._write(entries)
+        if leader_epoch >= 0:  # only once the bytes are written
+            self.epoch_cache.assign(leader_epoch, info.base_offset)
+        return info
 
     def append_as_follower(self, records) -> AppendInfo:
         """Append a leader's batches unchanged (offsets and epochs as stamped).
@@ -393,6 +398,7 @@ class Log:
             segment.delete()
         self._segments = self._segments[:keep]
         self._bases = self._bases[:keep]
+        self._truncations += 1
         self.active_segment.truncate_to(offset)
         end = self.log_end_offset
         if end < self.log_start_offset:
@@ -412,6 +418,7 @@ class Log:
         log.info("%s: truncating fully and starting at offset %d", self.directory, offset)
         for segment in self._segments:
             segment.delete()
+        self._truncations += 1
         segment = Segment.create(self.directory, offset, self.config.index_interval_bytes)
         self._segments = [segment]
         self._bases = [offset]
@@ -513,12 +520,16 @@ class Log:
         self._dir_dirty = False
         self._unflushed_messages = 0
         self._first_unflushed_ms = None
-        return FlushTicket(todo, target, directory)
+        return FlushTicket(todo, target, directory, self._truncations)
 
     def end_flush(self, ticket: FlushTicket) -> None:
         """Owner thread: the ticket's data is durable; advance the recovery
-        point (never past a truncation that happened meanwhile)."""
-        self.recovery_point = min(max(self.recovery_point, ticket.offset), self.log_end_offset)
+        point to it. If the log was truncated meanwhile, the offsets the
+        ticket covered may since hold new, unsynced bytes: leave the
+        recovery point where the truncation put it; the next flush advances
+        it."""
+        if ticket.truncations == self._truncations:
+            self.recovery_point = max(self.recovery_point, ticket.offset)
 
     def flush(self) -> None:
         """fsync everything appended so far, on the calling thread."""

@@ -206,8 +206,12 @@ class LogManager:
     def get_or_create_log(self, tp: TopicPartition,
                           overrides: Mapping[str, Any] | None = None) -> Log:
         """The partition's log, created (in the least-loaded log dir) if new.
-        ``overrides`` are topic-level configs (``{"retention.ms": ...}``)."""
+        ``overrides`` are topic-level configs (``{"retention.ms": ...}``);
+        given for an existing log they replace its overrides, omitted they
+        leave its config alone."""
         existing = self._logs.get(tp)
+        if existing is not None and overrides is None:
+            return existing
         config = LogConfig.from_mapping(overrides or {}, base=self.default_log_config)
         if existing is not None:
             existing.config = config

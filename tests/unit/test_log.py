@@ -486,3 +486,33 @@ def test_torn_index_entry_at_the_recovery_point_does_not_mislead_recovery(log_di
     assert reopened.log_end_offset == 39
     assert [r.offset for r in read_all(reopened)] == list(range(39))
     reopened.check_invariants()
+
+
+def test_flush_ticket_never_vouches_for_data_written_after_a_truncation(log_dir):
+    # A follower truncates while the flush thread is fsyncing, then appends
+    # past the ticket's offset: those new bytes were never fsynced, so the
+    # recovery point must not move over them.
+    log = open_log(log_dir)
+    fill(log, 10)
+    ticket = log.begin_flush()  # covers offsets below 30
+    log.truncate_to(15)
+    fill(log, 10)  # log end 45: offsets 15..29 are new, unflushed bytes
+    ticket.sync()
+    log.end_flush(ticket)
+    assert log.recovery_point <= 15
+    log.flush()
+    assert log.recovery_point == 45
+
+
+def test_failed_write_leaves_offsets_and_epochs_unchanged(log_dir, monkeypatch):
+    log = open_log(log_dir)
+    fill(log, 2, epoch=1)
+
+    def disk_full(pieces, metas):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(log.active_segment, "append", disk_full)
+    with pytest.raises(OSError):
+        log.append(make_batch(3), leader_epoch=2)
+    assert log.log_end_offset == 6
+    assert log.epoch_cache.entries == [(1, 0)]

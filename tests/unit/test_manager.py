@@ -191,3 +191,12 @@ async def test_background_flush_fsyncs_off_the_event_loop(tmp_path):
     finally:
         await manager.stop_background_tasks()
         manager.shutdown()
+
+
+def test_topic_overrides_survive_a_lookup_and_change_only_when_given(tmp_path):
+    manager = manager_for(tmp_path / "d1")
+    tp = TopicPartition("orders", 0)
+    manager.get_or_create_log(tp, {"retention.ms": 5000})
+    assert manager.get_or_create_log(tp).config.retention_ms == 5000
+    assert manager.get_or_create_log(tp, {}).config.retention_ms == CONFIG.retention_ms
+    manager.shutdown()
