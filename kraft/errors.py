@@ -79,3 +79,34 @@ class NotLeaderOrFollowerError(KraftError):
 
 class InvalidRequestError(KraftError):
     code = "INVALID_REQUEST"
+
+
+class RequestTimedOutError(KraftError):
+    """The quorum did not commit the request's records in time. The outcome is
+    unknown: the records may still commit (as with Kafka's REQUEST_TIMED_OUT)."""
+
+    code = "REQUEST_TIMED_OUT"
+
+
+class UnknownServerError(KraftError):
+    code = "UNKNOWN_SERVER_ERROR"
+
+
+class DuplicateBrokerRegistrationError(KraftError):
+    """Another live process registered this broker id with a different
+    incarnation: two brokers are configured with the same ``node.id``."""
+
+    code = "DUPLICATE_BROKER_REGISTRATION"
+
+
+class UnknownLeaderEpochError(KraftError):
+    """A request names a leader epoch newer than the controller's: the
+    sender is ahead of the metadata, which is a bug or a corrupt request."""
+
+    code = "UNKNOWN_LEADER_EPOCH"
+
+
+class IneligibleReplicaError(KraftError):
+    """AlterPartition tried to add a replica that is fenced or shutting down."""
+
+    code = "INELIGIBLE_REPLICA"

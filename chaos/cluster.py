@@ -1,0 +1,289 @@
+"""A cluster of real ``kraftlog node`` processes on loopback.
+
+Tests, benchmarks and the chaos harness start clusters with this; it sees the
+system as a user does: it writes TOML configs, runs ``python -m api.cli node
+--config ...`` per node (output in ``<dir>/node-<id>.log``), and talks HTTP to
+the inspection endpoints. Nothing here imports broker or controller code.
+
+Layouts: ``controllers`` dedicated controllers (ids 1..C) plus ``brokers``
+dedicated brokers (ids C+1..C+B), or, with ``combined=True``, ``controllers``
+nodes that are both. Ports are free ephemeral ports picked at construction; a
+controller takes two (HTTP, and Raft at HTTP + 1).
+
+Every wait is bounded: ``wait_until`` polls a condition until a deadline and
+raises ``TimeoutError`` saying what it waited for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: Settings that make a test cluster react in well under a second or two.
+FAST_SETTINGS: dict[str, Any] = {
+    "broker.session.timeout.ms": 1500,
+    "broker.heartbeat.interval.ms": 250,
+    "controller.quorum.election.timeout.ms": 300,
+    "controller.quorum.fetch.timeout.ms": 1000,
+    "log.flush.interval.ms": 1000,
+}
+
+
+def free_port(pair: bool = False) -> int:
+    """A port free now on 127.0.0.1 (and, with ``pair``, the next one too)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if not pair:
+            return port
+        if port < 65535:
+            try:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port + 1))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port pair found")
+
+
+def wait_until(condition: Callable[[], Any], timeout_s: float, what: str,
+               interval_s: float = 0.05) -> Any:
+    """Poll ``condition`` until it returns something truthy; that value."""
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while True:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception as exc:  # the condition is a probe: keep polling
+            last_error = exc
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_error})" if last_error else ""
+            raise TimeoutError(f"timed out after {timeout_s:.1f} s waiting for {what}{detail}")
+        time.sleep(interval_s)
+
+
+def http_json(url: str, body: Any = None, timeout_s: float = 5.0) -> tuple[int, Any]:
+    """GET (or POST ``body`` as JSON) and return (status, decoded JSON)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={
+        "Content-Type": "application/json", "Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+@dataclass
+class NodeProcess:
+    node_id: int
+    roles: tuple[str, ...]
+    config_path: str
+    log_path: str
+    broker_port: int | None
+    controller_port: int | None
+    process: subprocess.Popen | None = None
+    paused: bool = False
+
+    @property
+    def broker_url(self) -> str:
+        assert self.broker_port is not None, f"node {self.node_id} is not a broker"
+        return f"http://127.0.0.1:{self.broker_port}"
+
+    @property
+    def controller_url(self) -> str:
+        assert self.controller_port is not None, f"node {self.node_id} is not a controller"
+        return f"http://127.0.0.1:{self.controller_port}"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+@dataclass
+class ProcessCluster:
+    base_dir: str
+    controllers: int = 3
+    brokers: int = 3
+    combined: bool = False
+    settings: Mapping[str, Any] = field(default_factory=lambda: dict(FAST_SETTINGS))
+    nodes: dict[int, NodeProcess] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        os.makedirs(self.base_dir, exist_ok=True)
+        controller_ids = list(range(1, self.controllers + 1))
+        broker_ids = controller_ids if self.combined else list(
+            range(self.controllers + 1, self.controllers + self.brokers + 1))
+        for node_id in sorted(set(controller_ids) | set(broker_ids)):
+            roles = tuple(r for r, ids in (("broker", broker_ids),
+                                           ("controller", controller_ids)) if node_id in ids)
+            self.nodes[node_id] = NodeProcess(
+                node_id, roles,
+                config_path=os.path.join(self.base_dir, f"node-{node_id}.toml"),
+                log_path=os.path.join(self.base_dir, f"node-{node_id}.log"),
+                broker_port=free_port() if "broker" in roles else None,
+                controller_port=free_port(pair=True) if "controller" in roles else None)
+        for node in self.nodes.values():
+            self._write_config(node)
+
+    # -- configs ----------------------------------------------------------
+    @property
+    def voters(self) -> str:
+        return ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}"
+                        for n in self.nodes.values() if n.controller_port)
+
+    def _write_config(self, node: NodeProcess) -> None:
+        listeners = []
+        if node.broker_port:
+            listeners.append(f"BROKER://127.0.0.1:{node.broker_port}")
+        if node.controller_port:
+            listeners.append(f"CONTROLLER://127.0.0.1:{node.controller_port}")
+        values: dict[str, Any] = {
+            "node.id": node.node_id,
+            "process.roles": ",".join(node.roles),
+            "controller.quorum.voters": self.voters,
+            "listeners": ",".join(listeners),
+            "log.dirs": os.path.join(self.base_dir, f"data-{node.node_id}"),
+            **self.settings,
+        }
+        with open(node.config_path, "w") as f:
+            for key, value in values.items():
+                f.write(f"{json.dumps(key)} = {_toml_value(value)}\n")
+
+    # -- processes ----------------------------------------------------------
+    def start(self, node_ids: list[int] | None = None) -> None:
+        for node_id in node_ids or sorted(self.nodes):
+            node = self.nodes[node_id]
+            assert not node.running, f"node {node_id} is already running"
+            log = open(node.log_path, "ab")
+            node.process = subprocess.Popen(
+                [sys.executable, "-m", "api.cli", "node", "--config", node.config_path],
+                cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+            log.close()
+            node.paused = False
+
+    def kill(self, node_id: int, sig: int = signal.SIGKILL, timeout_s: float = 15.0) -> None:
+        """Send ``sig`` and wait for the process to end (SIGKILL: at once;
+        SIGTERM: after its graceful shutdown)."""
+        node = self.nodes[node_id]
+        if node.process is None:
+            return
+        if node.paused:
+            node.process.send_signal(signal.SIGCONT)
+            node.paused = False
+        if node.process.poll() is None:
+            node.process.send_signal(sig)
+            node.process.wait(timeout=timeout_s)
+
+    def pause(self, node_id: int) -> None:
+        node = self.nodes[node_id]
+        assert node.running
+        node.process.send_signal(signal.SIGSTOP)
+        node.paused = True
+
+    def resume(self, node_id: int) -> None:
+        node = self.nodes[node_id]
+        node.process.send_signal(signal.SIGCONT)
+        node.paused = False
+
+    def stop(self) -> None:
+        """Kill every node (SIGKILL: tests want speed, not grace)."""
+        for node_id in self.nodes:
+            try:
+                self.kill(node_id, signal.SIGKILL)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+
+    def __enter__(self) -> "ProcessCluster":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def log_tail(self, node_id: int, lines: int = 40) -> str:
+        try:
+            with open(self.nodes[node_id].log_path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+    # -- observation ------------------------------------------------------
+    @property
+    def controller_ids(self) -> list[int]:
+        return [n for n, node in sorted(self.nodes.items()) if node.controller_port]
+
+    @property
+    def broker_ids(self) -> list[int]:
+        return [n for n, node in sorted(self.nodes.items()) if node.broker_port]
+
+    def quorum(self, node_id: int, timeout_s: float = 2.0) -> dict | None:
+        node = self.nodes[node_id]
+        if not node.running or node.paused:
+            return None
+        try:
+            return http_json(node.controller_url + "/v1/quorum", timeout_s=timeout_s)[1]
+        except (OSError, ValueError):
+            return None
+
+    def active_controller(self) -> int | None:
+        """The controller that says it is active, if exactly one does."""
+        active = []
+        for node_id in self.controller_ids:
+            status = self.quorum(node_id)
+            if status and status.get("active"):
+                active.append(node_id)
+        return active[0] if len(active) == 1 else None
+
+    def wait_for_active_controller(self, timeout_s: float = 15.0,
+                                   exclude: tuple[int, ...] = ()) -> int:
+        return wait_until(lambda: (c := self.active_controller()) not in exclude and c,
+                          timeout_s, "an active controller")
+
+    def controller_call(self, path: str, body: Any, timeout_s: float = 10.0
+                        ) -> tuple[int, Any]:
+        """POST JSON to the active controller, waiting for one to exist."""
+        active = self.wait_for_active_controller(timeout_s)
+        return http_json(self.nodes[active].controller_url + path, body, timeout_s)
+
+    def metadata(self, node_id: int) -> dict:
+        """A controller's image (GET /v1/metadata)."""
+        return http_json(self.nodes[node_id].controller_url + "/v1/metadata")[1]
+
+    def broker_health(self, node_id: int) -> dict | None:
+        node = self.nodes[node_id]
+        if not node.running or node.paused:
+            return None
+        try:
+            return http_json(node.broker_url + "/healthz", timeout_s=2.0)[1]
+        except (OSError, ValueError):
+            return None
+
+    def wait_for_brokers_running(self, broker_ids: list[int] | None = None,
+                                 timeout_s: float = 20.0) -> None:
+        ids = broker_ids if broker_ids is not None else self.broker_ids
+        wait_until(lambda: all((self.broker_health(b) or {}).get("state") == "running"
+                               for b in ids), timeout_s, f"brokers {ids} running")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return json.dumps(str(value))

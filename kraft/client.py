@@ -1,0 +1,153 @@
+"""Calling the active controller: brokers, the CLI and tests use this.
+
+``ControllerClient.call(path, body)`` posts msgpack to the controller it
+believes active and follows the way to the active one: a ``NOT_CONTROLLER``
+answer names the leader (when known) and the call goes there; a controller
+that does not answer, or knows no leader, makes the call try the next voter.
+Retries stop at ``timeout_ms``, when the last error is raised. Errors the
+controller reports for the request itself (bad input, stale epochs, ...)
+are raised at once as ``ControllerError`` with the controller's code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import msgpack
+
+from kraft.errors import KraftError
+
+logger = logging.getLogger(__name__)
+
+#: Codes after which another controller (or a later try) may succeed.
+RETRIABLE_CODES = frozenset({"NOT_CONTROLLER", "REQUEST_TIMED_OUT"})
+#: Pause between rounds over all voters when none could answer.
+RETRY_BACKOFF_MS = 100
+HINT_BACKOFF_MS = 5
+
+
+class ControllerError(KraftError):
+    """An error answered by a controller, with its code."""
+
+    def __init__(self, code: str, message: str, body: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.body = dict(body or {})
+
+
+class ControllerUnavailableError(KraftError):
+    """No controller could be reached, or none was active, in time."""
+
+    code = "NOT_CONTROLLER"
+
+
+class ControllerClient:
+    """Finds and calls the active controller among ``voter_urls``."""
+
+    def __init__(self, voter_urls: Mapping[int, str], *, timeout_ms: int = 10_000,
+                 session: aiohttp.ClientSession | None = None) -> None:
+        if not voter_urls:
+            raise ValueError("at least one controller URL is needed")
+        self.voter_urls = dict(voter_urls)
+        self.timeout_ms = timeout_ms
+        self._session = session
+        self._owns_session = session is None
+        self.leader_id: int | None = None
+
+    async def __aenter__(self) -> "ControllerClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None and self._owns_session:
+            await self._session.close()
+            self._session = None
+
+    def _session_or_new(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    def _candidates(self) -> list[int]:
+        ids = sorted(self.voter_urls)
+        if self.leader_id in self.voter_urls:
+            ids.remove(self.leader_id)
+            ids.insert(0, self.leader_id)
+        return ids
+
+    async def call(self, path: str, body: Mapping[str, Any], *,
+                   timeout_ms: int | None = None, request_timeout_ms: int | None = None
+                   ) -> dict:
+        """POST ``body`` to ``path`` on the active controller; its answer.
+        ``request_timeout_ms`` bounds one HTTP exchange (long-polls pass
+        their wait plus a margin); ``timeout_ms`` bounds the whole call."""
+        total_ms = self.timeout_ms if timeout_ms is None else timeout_ms
+        deadline = time.monotonic() + total_ms / 1000
+        payload = msgpack.packb(dict(body), use_bin_type=True)
+        last_error: Exception | None = None
+        while True:
+            hinted = False
+            for node_id in self._candidates():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                per_request = remaining if request_timeout_ms is None else min(
+                    remaining, request_timeout_ms / 1000)
+                try:
+                    answer = await self._post(self.voter_urls[node_id] + path, payload,
+                                              per_request)
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                    last_error = exc
+                    if self.leader_id == node_id:
+                        self.leader_id = None
+                    continue
+                error = answer.get("error") if isinstance(answer, dict) else None
+                if error is None:
+                    self.leader_id = node_id
+                    return answer
+                last_error = ControllerError(error.get("code", "UNKNOWN_SERVER_ERROR"),
+                                             error.get("message", ""), error)
+                if last_error.code not in RETRIABLE_CODES:
+                    self.leader_id = node_id
+                    raise last_error
+                hint = error.get("leader_id")
+                if isinstance(hint, int) and hint in self.voter_urls and hint != node_id:
+                    self.leader_id = hint
+                    hinted = True
+                    break  # restart the round at the hinted leader
+            if time.monotonic() >= deadline:
+                break
+            # A hint is followed almost at once; a round that found nobody
+            # (an election under way) backs off longer.
+            backoff_s = (HINT_BACKOFF_MS if hinted else RETRY_BACKOFF_MS) / 1000
+            await asyncio.sleep(min(backoff_s, max(0.0, deadline - time.monotonic())))
+        raise ControllerUnavailableError(
+            f"no active controller answered {path} within {total_ms} ms "
+            f"(voters {self.voter_urls}); last error: {last_error}")
+
+    async def _post(self, url: str, payload: bytes, timeout_s: float) -> Any:
+        session = self._session_or_new()
+        async with session.post(
+                url, data=payload, timeout=aiohttp.ClientTimeout(total=timeout_s),
+                headers={"Content-Type": "application/msgpack",
+                         "Accept": "application/msgpack"}) as response:
+            raw = await response.read()
+            if response.content_type != "application/msgpack":
+                raise aiohttp.ClientResponseError(
+                    response.request_info, response.history, status=response.status,
+                    message=f"unexpected {response.content_type} answer: {raw[:200]!r}")
+            return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+
+    async def get_json(self, node_id: int, path: str, timeout_s: float = 5.0) -> Any:
+        """GET a JSON inspection endpoint of one controller."""
+        session = self._session_or_new()
+        async with session.get(self.voter_urls[node_id] + path,
+                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            return await response.json()

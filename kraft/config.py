@@ -1,0 +1,306 @@
+"""A node's configuration: one TOML file, keys spelled as Kafka spells them.
+
+``load_node_config(path, overrides)`` reads the file, applies ``key=value``
+overrides (the command line's ``--set``), and returns a ``NodeConfig`` that
+has checked everything the node's identity and control plane need. Storage
+settings stay in ``NodeConfig.settings`` and are validated by
+``storage.config`` / ``storage.manager`` when the broker starts, so each key
+is validated once, by the part of the system that owns it.
+
+Addresses. ``controller.quorum.voters`` (``1@127.0.0.1:9093,...``) names every
+controller by the address of its ``CONTROLLER`` listener: the HTTP API that
+brokers and the CLI call. A controller's Raft traffic (pysyncobj's own TCP
+protocol, which cannot share a port with HTTP) uses the same host and the port
+plus ``controller.quorum.raft.port.offset`` (default 1, so 9093 -> 9094).
+Deriving the Raft address keeps one list of voters to configure, as in Kafka.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import tomllib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kraft.errors import InvalidConfigError
+
+logger = logging.getLogger(__name__)
+
+BROKER_ROLE = "broker"
+CONTROLLER_ROLE = "controller"
+BROKER_LISTENER = "BROKER"
+CONTROLLER_LISTENER = "CONTROLLER"
+#: metadata.log.dir's default, inside the first log dir (not a partition name,
+#: so the log manager passes it by).
+METADATA_DIR_NAME = "__cluster_metadata"
+
+# Keys read outside this module (storage, the broker); listed so a typo in a
+# config file is reported instead of silently ignored.
+_OTHER_KNOWN_KEYS = frozenset({
+    "log.dir", "log.dirs", "log.segment.bytes", "log.roll.ms", "log.roll.hours",
+    "log.index.interval.bytes", "log.retention.ms", "log.retention.minutes",
+    "log.retention.hours", "log.retention.bytes", "log.retention.check.interval.ms",
+    "log.flush.interval.messages", "log.flush.interval.ms", "log.flush.scheduler.interval.ms",
+    "log.flush.offset.checkpoint.interval.ms", "message.max.bytes", "min.insync.replicas",
+    "replica.lag.time.max.ms", "replica.fetch.max.bytes", "replica.fetch.wait.max.ms",
+    "num.replica.fetchers", "offsets.topic.replication.factor", "offsets.topic.num.partitions",
+    "group.initial.rebalance.delay.ms", "group.min.session.timeout.ms",
+    "group.max.session.timeout.ms", "socket.request.max.bytes", "cluster.id",
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeConfig:
+    """What a node is and how its control plane behaves. Units in names."""
+
+    node_id: int                               # node.id
+    roles: frozenset[str]                      # process.roles
+    voters: Mapping[int, Endpoint]             # controller.quorum.voters (HTTP)
+    listeners: Mapping[str, Endpoint]          # listeners: name -> endpoint
+    metadata_log_dir: str                      # metadata.log.dir (see METADATA_DIR_NAME)
+    rack: str | None                           # broker.rack
+    # Broker leases (Kafka: 9000 / 2000).
+    session_timeout_ms: int                    # broker.session.timeout.ms
+    heartbeat_interval_ms: int                 # broker.heartbeat.interval.ms
+    # Raft timing: a follower that hears nothing from the leader for a random
+    # time in [election, 2 * election) starts an election; a leader that hears
+    # from no majority for fetch_timeout_ms steps down.
+    election_timeout_ms: int                   # controller.quorum.election.timeout.ms
+    fetch_timeout_ms: int                      # controller.quorum.fetch.timeout.ms
+    raft_port_offset: int                      # controller.quorum.raft.port.offset
+    # Topic defaults and leadership policy.
+    num_partitions: int                        # num.partitions
+    default_replication_factor: int            # default.replication.factor
+    unclean_leader_election_enable: bool       # unclean.leader.election.enable
+    auto_leader_rebalance_enable: bool         # auto.leader.rebalance.enable
+    leader_imbalance_check_interval_ms: int    # leader.imbalance.check.interval.seconds
+    # Every setting as read (after overrides), for the parts that own them.
+    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+
+    @property
+    def is_controller(self) -> bool:
+        return CONTROLLER_ROLE in self.roles
+
+    @property
+    def is_broker(self) -> bool:
+        return BROKER_ROLE in self.roles
+
+    def raft_endpoint(self, node_id: int) -> Endpoint:
+        voter = self.voters[node_id]
+        return Endpoint(voter.host, voter.port + self.raft_port_offset)
+
+    @property
+    def controller_urls(self) -> dict[int, str]:
+        return {node_id: endpoint.url for node_id, endpoint in sorted(self.voters.items())}
+
+
+_KEYS: dict[str, tuple[str, Any]] = {
+    # key: (kind, default)
+    "node.id": ("int", None),
+    "process.roles": ("str", "broker,controller"),
+    "controller.quorum.voters": ("str", None),
+    "listeners": ("str", None),
+    "metadata.log.dir": ("str", None),
+    "broker.rack": ("str", None),
+    "broker.session.timeout.ms": ("int", 9000),
+    "broker.heartbeat.interval.ms": ("int", 2000),
+    "controller.quorum.election.timeout.ms": ("int", 500),
+    "controller.quorum.fetch.timeout.ms": ("int", 2000),
+    "controller.quorum.raft.port.offset": ("int", 1),
+    "num.partitions": ("int", 1),
+    "default.replication.factor": ("int", 1),
+    "unclean.leader.election.enable": ("bool", False),
+    "auto.leader.rebalance.enable": ("bool", True),
+    "leader.imbalance.check.interval.seconds": ("int", 300),
+}
+KNOWN_KEYS = frozenset(_KEYS) | _OTHER_KNOWN_KEYS
+
+
+def load_node_config(path: str, overrides: Iterable[str] = ()) -> NodeConfig:
+    """Read a TOML config file and apply ``key=value`` overrides."""
+    try:
+        with open(path, "rb") as f:
+            settings = tomllib.load(f)
+    except FileNotFoundError:
+        raise InvalidConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep or not key.strip():
+            raise InvalidConfigError(f"override {override!r} must look like key=value")
+        settings[key.strip()] = _parse_override(value.strip())
+    return node_config_from_settings(settings)
+
+
+def node_config_from_settings(settings: Mapping[str, Any]) -> NodeConfig:
+    unknown = sorted(set(settings) - KNOWN_KEYS)
+    if unknown:
+        logger.warning("ignoring unknown config keys: %s", ", ".join(unknown))
+    values = {key: _typed(settings, key, kind, default)
+              for key, (kind, default) in _KEYS.items()}
+    node_id = values["node.id"]
+    if node_id is None or node_id < 0:
+        raise InvalidConfigError("node.id must be set to a non-negative integer")
+    roles = parse_roles(values["process.roles"])
+    listeners = parse_listeners(values["listeners"] or "")
+    voters = parse_voters(values["controller.quorum.voters"] or "")
+    log_dirs = settings.get("log.dirs", settings.get("log.dir"))
+    if isinstance(log_dirs, str):
+        log_dirs = [d.strip() for d in log_dirs.split(",") if d.strip()]
+    metadata_dir = values["metadata.log.dir"] or (
+        os.path.join(log_dirs[0], METADATA_DIR_NAME) if log_dirs else None)
+    if not metadata_dir:
+        raise InvalidConfigError("set metadata.log.dir or log.dirs: metadata needs a directory")
+    config = NodeConfig(
+        node_id=node_id,
+        roles=roles,
+        voters=voters,
+        listeners=listeners,
+        metadata_log_dir=metadata_dir,
+        rack=values["broker.rack"],
+        session_timeout_ms=values["broker.session.timeout.ms"],
+        heartbeat_interval_ms=values["broker.heartbeat.interval.ms"],
+        election_timeout_ms=values["controller.quorum.election.timeout.ms"],
+        fetch_timeout_ms=values["controller.quorum.fetch.timeout.ms"],
+        raft_port_offset=values["controller.quorum.raft.port.offset"],
+        num_partitions=values["num.partitions"],
+        default_replication_factor=values["default.replication.factor"],
+        unclean_leader_election_enable=values["unclean.leader.election.enable"],
+        auto_leader_rebalance_enable=values["auto.leader.rebalance.enable"],
+        leader_imbalance_check_interval_ms=values["leader.imbalance.check.interval.seconds"] * 1000,
+        settings=dict(settings),
+    )
+    _check(config)
+    return config
+
+
+def parse_roles(text: str) -> frozenset[str]:
+    roles = frozenset(r.strip() for r in text.split(",") if r.strip())
+    if not roles or not roles <= {BROKER_ROLE, CONTROLLER_ROLE}:
+        raise InvalidConfigError(
+            f"process.roles = {text!r}: use 'broker', 'controller' or 'broker,controller'")
+    return roles
+
+
+def parse_endpoint(text: str, what: str) -> Endpoint:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidConfigError(f"{what}: {text!r} is not host:port")
+    return Endpoint(host.strip("[]"), int(port))
+
+
+def parse_listeners(text: str) -> dict[str, Endpoint]:
+    """``BROKER://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093``."""
+    listeners = {}
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        name, sep, address = item.partition("://")
+        if not sep or not name:
+            raise InvalidConfigError(f"listeners: {item!r} is not NAME://host:port")
+        if name in listeners:
+            raise InvalidConfigError(f"listeners: {name} is given twice")
+        listeners[name] = parse_endpoint(address, f"listener {name}")
+    return listeners
+
+
+def parse_voters(text: str) -> dict[int, Endpoint]:
+    """``1@127.0.0.1:9093,2@127.0.0.1:9193``."""
+    voters = {}
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        node_id, sep, address = item.partition("@")
+        if not sep or not node_id.isdigit():
+            raise InvalidConfigError(
+                f"controller.quorum.voters: {item!r} is not id@host:port")
+        if int(node_id) in voters:
+            raise InvalidConfigError(f"controller.quorum.voters: id {node_id} is given twice")
+        voters[int(node_id)] = parse_endpoint(address, f"voter {node_id}")
+    if not voters:
+        raise InvalidConfigError("controller.quorum.voters must name at least one controller")
+    return voters
+
+
+def _check(config: NodeConfig) -> None:
+    if config.is_controller:
+        own = config.voters.get(config.node_id)
+        if own is None:
+            raise InvalidConfigError(
+                f"node {config.node_id} has the controller role but is not in "
+                "controller.quorum.voters")
+        listener = config.listeners.get(CONTROLLER_LISTENER)
+        if listener != own:
+            raise InvalidConfigError(
+                f"the CONTROLLER listener ({listener}) must be this node's voter address ({own})")
+    if config.is_broker and BROKER_LISTENER not in config.listeners:
+        raise InvalidConfigError("a broker needs a BROKER://host:port listener")
+    positive = {
+        "broker.session.timeout.ms": config.session_timeout_ms,
+        "broker.heartbeat.interval.ms": config.heartbeat_interval_ms,
+        "controller.quorum.election.timeout.ms": config.election_timeout_ms,
+        "controller.quorum.fetch.timeout.ms": config.fetch_timeout_ms,
+        "num.partitions": config.num_partitions,
+        "default.replication.factor": config.default_replication_factor,
+        "leader.imbalance.check.interval.seconds": config.leader_imbalance_check_interval_ms,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise InvalidConfigError(f"{key} must be at least 1, not {value}")
+    if config.heartbeat_interval_ms >= config.session_timeout_ms:
+        raise InvalidConfigError(
+            "broker.heartbeat.interval.ms must be below broker.session.timeout.ms "
+            f"({config.heartbeat_interval_ms} >= {config.session_timeout_ms})")
+    if config.fetch_timeout_ms < config.election_timeout_ms:
+        raise InvalidConfigError(
+            "controller.quorum.fetch.timeout.ms must be at least "
+            "controller.quorum.election.timeout.ms")
+    if not 1 <= config.raft_port_offset < 65535:
+        raise InvalidConfigError("controller.quorum.raft.port.offset must be between 1 and 65534")
+    for node_id, voter in config.voters.items():
+        if voter.port + config.raft_port_offset > 65535:
+            raise InvalidConfigError(f"voter {node_id}: Raft port {voter.port} + offset "
+                                     f"{config.raft_port_offset} is above 65535")
+
+
+def _typed(settings: Mapping[str, Any], key: str, kind: str, default: Any) -> Any:
+    value = settings.get(key, default)
+    if value is None:
+        return None
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise InvalidConfigError(f"{key} must be an integer, got {value!r}")
+        try:
+            return int(value)
+        except ValueError:
+            raise InvalidConfigError(f"{key} must be an integer, got {value!r}") from None
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise InvalidConfigError(f"{key} must be true or false, got {value!r}")
+    if not isinstance(value, str):
+        raise InvalidConfigError(f"{key} must be a string, got {value!r}")
+    return value
+
+
+def _parse_override(value: str) -> Any:
+    """``--set key=value``: TOML's reading of the value when it has one
+    (numbers, booleans, quoted strings), else the text itself."""
+    try:
+        return tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        return value

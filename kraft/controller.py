@@ -1,0 +1,1197 @@
+"""The active controller's pure core: requests in, metadata records out.
+
+Who calls what. The I/O shell (``kraft/server.py``) runs on the Raft leader.
+It decodes each HTTP request into a plain dict, takes its write lock (so calls
+into this core are serialised), calls one method here with the current
+``MetadataImage``, proposes the returned records as ONE atomic batch, waits
+until they are committed, and answers with the returned response. The shell
+guarantees the batch is applied on exactly the image the core saw (else it is
+rejected and the request retried), so the records of a batch land at offsets
+``image.offset + 1``, ``image.offset + 2``, ... in order; a
+``RegisterBrokerRecord`` at batch index i gives the broker epoch
+``image.offset + 1 + i``, which the response reports.
+
+Purity. No I/O, threads, sleeps or wall clock: time comes in as ``now_ms``
+(monotonic milliseconds) and topic ids from the injected ``id_factory``.
+The core never mutates the image it is given: it builds each batch against a
+scratch copy (``_Draft``), applying every record as it is emitted, so later
+decisions in the same batch see earlier ones and every returned record is
+known to apply. Its only own state is not replicated and is rebuilt by
+``become_active``: the broker leases (time of the last heartbeat) and the time
+of the last periodic preferred-leader check.
+
+Errors. A request that is refused as a whole raises a ``KraftError``
+subclass. A malformed body (wrong type, missing field, out-of-range number,
+over a limit) raises ``InvalidRequestError`` naming the field. Batch requests
+(create/delete topics, create partitions, describe/alter configs, elect
+leaders) report errors that depend on the cluster per item as
+``{"code": ..., "message": ...}`` and go on with the other items.
+
+Liveness. A broker is *live* when it is registered, unfenced and not in
+controlled shutdown; only live brokers take new replicas, lead, or join an ISR.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import dataclasses
+import secrets
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from kraft.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistrationError,
+                          FencedLeaderEpochError, IneligibleReplicaError, InvalidConfigError,
+                          InvalidPartitionsError, InvalidReplicationFactorError,
+                          InvalidRequestError, InvalidTopicError, InvalidUpdateVersionError,
+                          KraftError, NotLeaderOrFollowerError, StaleBrokerEpochError,
+                          TopicAlreadyExistsError, UnknownLeaderEpochError,
+                          UnknownTopicOrPartitionError)
+from kraft.image import (TOPIC_RESOURCE, BrokerRegistration, MetadataImage,
+                         PartitionRegistration, TopicImage)
+from kraft.placement import (BrokerInfo, elect_leader, isr_after_fencing, place_replicas,
+                             preferred_leader_election)
+from kraft.records import (NO_LEADER, BrokerRegistrationChangeRecord, ConfigRecord,
+                           FenceBrokerRecord, PartitionChangeRecord, PartitionRecord, Record,
+                           RegisterBrokerRecord, RemoveTopicRecord, TopicRecord,
+                           UnfenceBrokerRecord)
+from kraft.topic_config import (TOPIC_CONFIGS, UNCLEAN_LEADER_ELECTION_ENABLE,
+                                builtin_defaults, normalise_topic_config, printable,
+                                unclean_election_enabled, validate_topic_configs)
+from storage import errors as storage_errors
+from storage.manager import validate_topic_name
+
+# -- limits (a limit on everything) -------------------------------------------
+TOPICS_PER_REQUEST_MAX = 1000  # topics or config resources in one request
+PARTITIONS_PER_TOPIC_MAX = 10_000
+PARTITIONS_PER_REQUEST_MAX = 10_000  # partitions created, or named, by one request
+REPLICAS_PER_PARTITION_MAX = 1000  # replica list / ISR length in a request
+CONFIGS_PER_RESOURCE_MAX = 1000  # config entries or ops per topic in a request
+NAME_CHARS_MAX = 1024  # any name in a request; the Kafka rule (249) is checked per item
+INCARNATION_ID_CHARS_MAX = 64
+ENDPOINTS_MAX = 16
+ENDPOINT_CHARS_MAX = 300  # "host:port" and listener names
+RACK_CHARS_MAX = 255
+TOPIC_ID_ATTEMPTS_MAX = 16  # fresh ids drawn before giving up on a colliding factory
+
+INT32_MAX = 2**31 - 1  # broker ids, partitions, epochs (Kafka int32)
+INT64_MAX = 2**63 - 1  # metadata offsets and broker epochs (Kafka int64)
+
+CONFIG_SOURCE_TOPIC = "TOPIC_CONFIG"
+CONFIG_SOURCE_DEFAULT = "DEFAULT_CONFIG"
+PREFERRED_LEADER_NOT_AVAILABLE = "PREFERRED_LEADER_NOT_AVAILABLE"
+
+
+def _int_setting(name: str, value: Any, minimum: int, maximum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise InvalidConfigError(
+            f"{name} must be an integer from {minimum} to {maximum}, got {printable(value)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ControllerSettings:
+    """The controller's settings, with the Kafka setting each comes from.
+
+    ``unclean_leader_election_enable`` is the cluster default of the topic
+    config ``unclean.leader.election.enable``; it always wins over that key in
+    ``topic_config_defaults``, which is normalised (values as canonical
+    strings) when the settings are built.
+    """
+
+    session_timeout_ms: int = 9000  # broker.session.timeout.ms
+    heartbeat_interval_ms: int = 2000  # broker.heartbeat.interval.ms
+    default_num_partitions: int = 1  # num.partitions
+    default_replication_factor: int = 1  # default.replication.factor
+    unclean_leader_election_enable: bool = False  # unclean.leader.election.enable
+    auto_leader_rebalance_enable: bool = True  # auto.leader.rebalance.enable
+    # leader.imbalance.check.interval.seconds * 1000
+    leader_imbalance_check_interval_ms: int = 300_000
+    # Topic key -> default value, from the node's broker-level settings.
+    topic_config_defaults: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _int_setting("broker.session.timeout.ms", self.session_timeout_ms, 1, INT32_MAX)
+        _int_setting("broker.heartbeat.interval.ms", self.heartbeat_interval_ms, 1,
+                     self.session_timeout_ms - 1)
+        _int_setting("num.partitions", self.default_num_partitions, 1, PARTITIONS_PER_TOPIC_MAX)
+        _int_setting("default.replication.factor", self.default_replication_factor, 1,
+                     REPLICAS_PER_PARTITION_MAX)
+        _int_setting("leader.imbalance.check.interval.ms",
+                     self.leader_imbalance_check_interval_ms, 1, INT64_MAX)
+        for name in ("unclean_leader_election_enable", "auto_leader_rebalance_enable"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidConfigError(f"{name} must be a boolean")
+        defaults = validate_topic_configs(self.topic_config_defaults)
+        defaults[UNCLEAN_LEADER_ELECTION_ENABLE] = (
+            "true" if self.unclean_leader_election_enable else "false")
+        object.__setattr__(self, "topic_config_defaults", defaults)
+
+    @classmethod
+    def from_node_config(cls, node_settings: Mapping[str, Any]) -> "ControllerSettings":
+        """Settings from a node config spelled as Kafka spells it; absent keys
+        keep the defaults above. Raises ``InvalidConfigError``."""
+        from kraft.topic_config import defaults_from_broker_config
+
+        fields: dict[str, Any] = {"topic_config_defaults": defaults_from_broker_config(node_settings)}
+        for key, field, scale in (
+                ("broker.session.timeout.ms", "session_timeout_ms", 1),
+                ("broker.heartbeat.interval.ms", "heartbeat_interval_ms", 1),
+                ("num.partitions", "default_num_partitions", 1),
+                ("default.replication.factor", "default_replication_factor", 1),
+                ("leader.imbalance.check.interval.seconds",
+                 "leader_imbalance_check_interval_ms", 1000)):
+            if key in node_settings:
+                fields[field] = _node_int(key, node_settings[key]) * scale
+        for key, field in (("unclean.leader.election.enable", "unclean_leader_election_enable"),
+                           ("auto.leader.rebalance.enable", "auto_leader_rebalance_enable")):
+            if key in node_settings:
+                fields[field] = _node_bool(key, node_settings[key])
+        return cls(**fields)
+
+
+def _node_int(key: str, value: Any) -> int:
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit() and len(value) < 20:
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise InvalidConfigError(f"{key} must be an integer, got {printable(value)}")
+
+
+def _node_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise InvalidConfigError(f"{key} must be true or false, got {printable(value)}")
+
+
+@dataclasses.dataclass
+class ControllerResult:
+    """What a write request produced: records to propose as one atomic batch
+    (possibly none) and the response body to send once they are committed."""
+
+    records: list[Record]
+    response: dict
+
+
+def random_topic_id() -> str:
+    """The default ``id_factory``: 16 random bytes as unpadded base64url (22
+    characters), Kafka's topic id form. Like Kafka, ids that start with '-'
+    are drawn again, so they never look like a command-line option."""
+    while True:
+        topic_id = base64.urlsafe_b64encode(secrets.token_bytes(16)).rstrip(b"=").decode()
+        if not topic_id.startswith("-"):
+            return topic_id
+
+
+class Controller:
+    """The controller core. One instance lives in the active controller's
+    shell; ``become_active`` is called each time this node wins leadership.
+
+    Non-replicated state (rebuilt by ``become_active``):
+      - ``_lease_start_ms[b]``: when broker b last heartbeated or registered
+        (or when this controller first noticed it). Its lease lapses at
+        ``_lease_start_ms[b] + session_timeout_ms``.
+      - ``_last_preferred_check_ms``: when ``tick`` last ran the periodic
+        preferred-leader election.
+    """
+
+    def __init__(self, settings: ControllerSettings,
+                 id_factory: Callable[[], str] | None = None) -> None:
+        self.settings = settings
+        self._id_factory = id_factory or random_topic_id
+        self._lease_start_ms: dict[int, int] = {}
+        self._last_preferred_check_ms: int | None = None
+        self._config_defaults = builtin_defaults()
+        self._config_defaults.update(settings.topic_config_defaults)
+
+    # -- leadership and leases ----------------------------------------------
+    def become_active(self, image: MetadataImage, now_ms: int) -> None:
+        """This node just became the Raft leader. Every registered broker gets
+        a fresh lease starting now (the previous controller's view of its
+        heartbeats is lost, so each gets a full session of grace); brokers no
+        longer registered are forgotten; the preferred-election timer restarts."""
+        self._lease_start_ms = {broker_id: now_ms for broker_id in image.brokers}
+        self._last_preferred_check_ms = now_ms
+
+    def lease_expiry_ms(self, broker_id: int) -> int | None:
+        """When the broker's lease lapses (monotonic ms), None if it has none."""
+        start_ms = self._lease_start_ms.get(broker_id)
+        return None if start_ms is None else start_ms + self.settings.session_timeout_ms
+
+    def next_tick_deadline_ms(self, image: MetadataImage) -> int | None:
+        """The earliest time ``tick`` may have work: the first lease expiry of
+        an unfenced broker or the next preferred-leader check. A hint for the
+        shell's scheduling; calling ``tick`` more often is always fine."""
+        deadlines = [self.lease_expiry_ms(b.broker_id) for b in image.brokers.values()
+                     if not b.fenced]
+        if self.settings.auto_leader_rebalance_enable and self._last_preferred_check_ms is not None:
+            deadlines.append(self._last_preferred_check_ms
+                             + self.settings.leader_imbalance_check_interval_ms)
+        known = [deadline for deadline in deadlines if deadline is not None]
+        return min(known) if known else None
+
+    def _lease_is_live(self, broker_id: int, now_ms: int) -> bool:
+        # A broker this controller has no lease for gets one starting now.
+        start_ms = self._lease_start_ms.setdefault(broker_id, now_ms)
+        return now_ms - start_ms < self.settings.session_timeout_ms
+
+    def tick(self, image: MetadataImage, now_ms: int) -> list[Record]:
+        """Periodic work, called by the shell on a timer. Fences every
+        unfenced broker whose lease lapsed (``now_ms - last heartbeat >=
+        session_timeout_ms``), all in one batch, by broker id. Then, when
+        ``auto_leader_rebalance_enable`` and the check interval elapsed,
+        moves leadership back to each partition's preferred leader wherever
+        that one is live and in sync.
+
+        Unlike ZooKeeper-mode Kafka (and like KRaft's controller) there is no
+        ``leader.imbalance.per.broker.percentage`` threshold: every partition
+        whose preferred leader is eligible moves. Returns [] when idle."""
+        lapsed = [broker_id for broker_id, broker in sorted(image.brokers.items())
+                  if not broker.fenced and not self._lease_is_live(broker_id, now_ms)]
+        draft = None
+        if lapsed:
+            draft = _Draft(image)
+            self._fence_brokers(draft, lapsed)
+        if self._preferred_check_due(now_ms):
+            self._last_preferred_check_ms = now_ms
+            current = draft.image if draft else image
+            moves = _preferred_moves(current, sorted(
+                (name, p) for name, topic in current.topics.items() for p in topic.partitions))
+            if moves:
+                draft = draft or _Draft(image)
+                for topic, partition, leader in moves:
+                    _change_partition(draft, topic, partition, leader=leader)
+        return draft.records if draft else []
+
+    def _preferred_check_due(self, now_ms: int) -> bool:
+        if not self.settings.auto_leader_rebalance_enable:
+            return False
+        if self._last_preferred_check_ms is None:  # become_active was not called
+            self._last_preferred_check_ms = now_ms
+        return (now_ms - self._last_preferred_check_ms
+                >= self.settings.leader_imbalance_check_interval_ms)
+
+    # -- brokers ------------------------------------------------------------
+    def register_broker(self, image: MetadataImage, request: Any, now_ms: int
+                        ) -> ControllerResult:
+        """BrokerRegistration. The same incarnation again is a retry: no
+        records, the current epoch. A different incarnation replaces the old
+        one only once the old lease lapsed (else another live process uses
+        this id: ``DuplicateBrokerRegistrationError``); an unfenced old
+        registration is fenced first, exactly as on lease expiry. The new
+        registration starts fenced and gets a fresh lease."""
+        body = _Fields(request, "")
+        broker_id = body.int("broker_id", 0, INT32_MAX)
+        incarnation_id = body.str("incarnation_id", INCARNATION_ID_CHARS_MAX)
+        endpoints = _endpoints(body)
+        rack = body.str("rack", RACK_CHARS_MAX, min_chars=0, default=None)
+        existing = image.brokers.get(broker_id)
+        if existing is not None and existing.incarnation_id == incarnation_id:
+            if existing.endpoints != endpoints or existing.rack != rack:
+                raise InvalidRequestError(
+                    f"broker {broker_id} incarnation {incarnation_id!r} is already registered "
+                    "with other endpoints or rack; a restarted process needs a new incarnation_id")
+            self._lease_start_ms[broker_id] = now_ms
+            return ControllerResult([], {"broker_id": broker_id,
+                                         "broker_epoch": existing.broker_epoch})
+        if existing is not None and self._lease_is_live(broker_id, now_ms):
+            raise DuplicateBrokerRegistrationError(
+                f"broker {broker_id} is registered by incarnation {existing.incarnation_id!r}, "
+                f"whose lease is live until {self.lease_expiry_ms(broker_id)}; is node.id "
+                "configured twice? A restarted broker may register once that lease lapses")
+        draft = _Draft(image)
+        if existing is not None and not existing.fenced:
+            self._fence_brokers(draft, [broker_id])
+        broker_epoch = draft.add(RegisterBrokerRecord(broker_id, incarnation_id, endpoints, rack))
+        self._lease_start_ms[broker_id] = now_ms
+        return ControllerResult(draft.records,
+                                {"broker_id": broker_id, "broker_epoch": broker_epoch})
+
+    def heartbeat(self, image: MetadataImage, request: Any, now_ms: int) -> ControllerResult:
+        """BrokerHeartbeat: renews the lease, then moves the broker one step:
+        controlled shutdown (``want_shutdown``, or already in it), fencing on
+        request (``want_fence``), or unfencing once the broker's metadata has
+        reached its own registration (``metadata_offset >= broker_epoch``)."""
+        body = _Fields(request, "")
+        broker_id = body.int("broker_id", 0, INT32_MAX)
+        broker_epoch = body.int("broker_epoch", 0, INT64_MAX)
+        metadata_offset = body.int("metadata_offset", -1, INT64_MAX)
+        want_fence = body.bool("want_fence", default=False)
+        want_shutdown = body.bool("want_shutdown", default=False)
+        broker = _registered_broker(image, broker_id, broker_epoch)
+        self._lease_start_ms[broker_id] = now_ms
+        caught_up = metadata_offset >= broker.broker_epoch
+        draft, should_shut_down = None, False
+        if want_shutdown or broker.in_controlled_shutdown:
+            draft, should_shut_down = self._controlled_shutdown(image, broker)
+        elif want_fence and not broker.fenced:
+            draft = _Draft(image)
+            self._fence_brokers(draft, [broker_id])
+        elif not want_fence and broker.fenced and caught_up:
+            draft = _Draft(image)
+            draft.add(UnfenceBrokerRecord(broker_id, broker.broker_epoch))
+            _elect_offline_partitions(draft, self.settings, replica=broker_id)
+        after = (draft.image if draft else image).brokers[broker_id]
+        return ControllerResult(draft.records if draft else [], {
+            "is_caught_up": caught_up,
+            "is_fenced": after.fenced,
+            "should_shut_down": should_shut_down,
+            "session_timeout_ms": self.settings.session_timeout_ms,
+            "heartbeat_interval_ms": self.settings.heartbeat_interval_ms,
+        })
+
+    def _controlled_shutdown(self, image: MetadataImage, broker: BrokerRegistration
+                             ) -> tuple["_Draft | None", bool]:
+        """Enter controlled shutdown: leave every ISR and leadership (clean
+        elections among the other live brokers), then, leading nothing, be
+        fenced and told to shut down. A broker cannot leave controlled
+        shutdown except by registering again."""
+        if broker.in_controlled_shutdown and broker.fenced:
+            return None, True  # Nothing is left to do.
+        draft = _Draft(image)
+        if not broker.in_controlled_shutdown:
+            draft.add(BrokerRegistrationChangeRecord(broker.broker_id, broker.broker_epoch, True))
+        self._move_replicas_away(draft, {broker.broker_id})
+        if draft.image.partitions_led_by(broker.broker_id):
+            return draft, False
+        if not draft.image.brokers[broker.broker_id].fenced:
+            draft.add(FenceBrokerRecord(broker.broker_id, broker.broker_epoch))
+        return draft, True
+
+    def _fence_brokers(self, draft: "_Draft", broker_ids: Iterable[int]) -> None:
+        """Fence the brokers (FenceBrokerRecords by id), then take them out of
+        every ISR and leadership."""
+        fenced = set(broker_ids)
+        for broker_id in sorted(fenced):
+            broker = draft.image.brokers[broker_id]
+            if not broker.fenced:
+                draft.add(FenceBrokerRecord(broker_id, broker.broker_epoch))
+        self._move_replicas_away(draft, fenced)
+
+    def _move_replicas_away(self, draft: "_Draft", leaving: set[int]) -> None:
+        """For every partition a leaving broker (no longer live) leads or is in
+        the ISR of: drop it from the ISR (never emptying it:
+        ``isr_after_fencing``) and, if it led, elect a new leader among the
+        live brokers, unclean only if the topic allows it (the ISR is then
+        reset to the new leader). One PartitionChangeRecord per partition that
+        changes, topics by name, partitions by number."""
+        live = _live_broker_ids(draft.image)
+        assert not live & leaving, f"brokers {sorted(live & leaving)} are still live"
+        for name in sorted(draft.image.topics):
+            topic = draft.image.topics[name]
+            unclean_allowed = None  # Looked up once per topic, when needed.
+            for partition in sorted(topic.partitions):
+                current = topic.partitions[partition]
+                if current.leader not in leaving and leaving.isdisjoint(current.isr):
+                    continue
+                isr = list(current.isr)
+                for broker_id in sorted(leaving):
+                    isr = isr_after_fencing(isr, broker_id)
+                leader = current.leader
+                if leader in leaving:
+                    if unclean_allowed is None:
+                        unclean_allowed = _unclean_allowed(draft.image, name, self.settings)
+                    leader, unclean = elect_leader(current.replicas, isr, live,
+                                                   unclean_allowed=unclean_allowed)
+                    if unclean:
+                        isr = [leader]
+                _change_partition(draft, name, partition, leader=leader, isr=isr)
+
+    # -- topics -------------------------------------------------------------
+    def create_topics(self, image: MetadataImage, request: Any) -> ControllerResult:
+        """CreateTopics: per topic, TopicRecord, PartitionRecords (replicas
+        placed over the live brokers, leader = first replica, ISR = replicas)
+        and ConfigRecords. Later topics see the load of earlier ones. With
+        ``validate_only`` everything is checked and nothing is written."""
+        body = _Fields(request, "")
+        items = body.list("topics", TOPICS_PER_REQUEST_MAX)
+        validate_only = body.bool("validate_only", default=False)
+        specs = [_NewTopic.parse(item, f"topics[{i}]") for i, item in enumerate(items)]
+        name_counts = collections.Counter(spec.name for spec in specs)
+        draft = _Draft(image)
+        creation = _TopicCreation(draft, self.settings, validate_only)
+        results = []
+        for spec in specs:
+            try:
+                if name_counts[spec.name] > 1:
+                    raise InvalidRequestError(
+                        f"topic {spec.name!r} appears more than once in the request")
+                results.append(self._create_topic(creation, spec))
+            except KraftError as exc:
+                results.append({"name": spec.name, "topic_id": None, "num_partitions": -1,
+                                "replication_factor": -1, "configs": {},
+                                "error": _error(exc)})
+        return ControllerResult([] if validate_only else draft.records, {"topics": results})
+
+    def _create_topic(self, creation: "_TopicCreation", spec: "_NewTopic") -> dict:
+        draft = creation.draft
+        _check_topic_name(spec.name)
+        if spec.name in draft.image.topics:
+            raise TopicAlreadyExistsError(f"topic {spec.name!r} already exists")
+        creation.check_collision(spec.name)
+        configs = validate_topic_configs(spec.configs)
+        assignment = (self._manual_assignment(draft.image, spec) if spec.assignments is not None
+                      else self._placed_assignment(creation, spec))
+        creation.take_partition_budget(len(assignment))
+        topic_id = creation.new_topic_id(self._id_factory)
+        draft.add(TopicRecord(spec.name, topic_id))
+        live = _live_broker_ids(draft.image)
+        for partition, replicas in enumerate(assignment):
+            isr = [broker for broker in replicas if broker in live]
+            draft.add(PartitionRecord(topic_id, partition, list(replicas), isr, isr[0], 0, 0))
+        for key, value in configs.items():
+            draft.add(ConfigRecord(TOPIC_RESOURCE, spec.name, key, value))
+        creation.created(spec.name, assignment)
+        return {"name": spec.name, "topic_id": None if creation.validate_only else topic_id,
+                "num_partitions": len(assignment), "replication_factor": len(assignment[0]),
+                "configs": configs, "error": None}
+
+    def _placed_assignment(self, creation: "_TopicCreation", spec: "_NewTopic"
+                           ) -> list[list[int]]:
+        num_partitions = (self.settings.default_num_partitions if spec.num_partitions == -1
+                          else spec.num_partitions)
+        replication_factor = (self.settings.default_replication_factor
+                              if spec.replication_factor == -1 else spec.replication_factor)
+        _check_partition_count(num_partitions)
+        return creation.place(num_partitions, replication_factor)
+
+    @staticmethod
+    def _manual_assignment(image: MetadataImage, spec: "_NewTopic") -> list[list[int]]:
+        """The replica lists of a manual assignment, checked: partitions
+        0..n-1 each exactly once, agreeing with any num_partitions and
+        replication_factor given."""
+        partitions = [partition for partition, _ in spec.assignments]
+        if not partitions:
+            raise InvalidPartitionsError("assignments must name at least one partition")
+        if sorted(partitions) != list(range(len(partitions))):
+            raise InvalidPartitionsError(
+                f"assignments must name partitions 0 to {len(partitions) - 1} once each")
+        if spec.num_partitions not in (-1, len(partitions)):
+            raise InvalidPartitionsError(
+                f"num_partitions is {spec.num_partitions} but assignments name "
+                f"{len(partitions)} partitions")
+        assignment = [replicas for _, replicas in sorted(spec.assignments)]
+        replication_factor = spec.replication_factor
+        if replication_factor == -1:
+            replication_factor = len(assignment[0])
+        _check_replica_lists(image, assignment, replication_factor, first_partition=0)
+        return assignment
+
+    def delete_topics(self, image: MetadataImage, request: Any) -> ControllerResult:
+        """DeleteTopics: a RemoveTopicRecord per existing topic (the image
+        drops its partitions and configs with it)."""
+        body = _Fields(request, "")
+        names = [_as_str(name, f"topics[{i}]", NAME_CHARS_MAX)
+                 for i, name in enumerate(body.list("topics", TOPICS_PER_REQUEST_MAX))]
+        name_counts = collections.Counter(names)
+        draft = _Draft(image)
+        results = []
+        for name in names:
+            error = None
+            if name_counts[name] > 1:
+                error = _error(InvalidRequestError(
+                    f"topic {name!r} appears more than once in the request"))
+            elif name not in image.topics:
+                error = _error(UnknownTopicOrPartitionError(f"topic {name!r} does not exist"))
+            else:
+                draft.add(RemoveTopicRecord(image.topics[name].topic_id))
+            results.append({"name": name, "error": error})
+        return ControllerResult(draft.records, {"topics": results})
+
+    def create_partitions(self, image: MetadataImage, request: Any) -> ControllerResult:
+        """CreatePartitions: grow topics to ``count`` partitions; new ones take
+        the topic's replication factor (that of partition 0) and are placed
+        over the live brokers, or follow the given ``assignments``."""
+        body = _Fields(request, "")
+        items = body.list("topics", TOPICS_PER_REQUEST_MAX)
+        validate_only = body.bool("validate_only", default=False)
+        specs = [_NewPartitions.parse(item, f"topics[{i}]") for i, item in enumerate(items)]
+        name_counts = collections.Counter(spec.name for spec in specs)
+        draft = _Draft(image)
+        creation = _TopicCreation(draft, self.settings, validate_only)
+        results = []
+        for spec in specs:
+            error = None
+            try:
+                if name_counts[spec.name] > 1:
+                    raise InvalidRequestError(
+                        f"topic {spec.name!r} appears more than once in the request")
+                self._create_partitions(creation, spec)
+            except KraftError as exc:
+                error = _error(exc)
+            results.append({"name": spec.name, "error": error})
+        return ControllerResult([] if validate_only else draft.records, {"topics": results})
+
+    def _create_partitions(self, creation: "_TopicCreation", spec: "_NewPartitions") -> None:
+        draft = creation.draft
+        topic = draft.image.topics.get(spec.name)
+        if topic is None:
+            raise UnknownTopicOrPartitionError(f"topic {spec.name!r} does not exist")
+        current = len(topic.partitions)
+        if spec.count < current:
+            raise InvalidPartitionsError(
+                f"cannot decrease the partitions of topic {spec.name!r} from {current} "
+                f"to {spec.count}")
+        if spec.count == current:
+            raise InvalidPartitionsError(f"topic {spec.name!r} already has {current} partitions")
+        _check_partition_count(spec.count)
+        added = spec.count - current
+        replication_factor = (len(topic.partitions[0].replicas) if 0 in topic.partitions
+                              else self.settings.default_replication_factor)
+        if spec.assignments is None:
+            assignment = creation.place(added, replication_factor)
+        else:
+            if len(spec.assignments) != added:
+                raise InvalidPartitionsError(
+                    f"assignments give {len(spec.assignments)} new partitions but growing "
+                    f"topic {spec.name!r} from {current} to {spec.count} adds {added}")
+            assignment = spec.assignments
+            _check_replica_lists(draft.image, assignment, replication_factor,
+                                 first_partition=current)
+        creation.take_partition_budget(added)
+        live = _live_broker_ids(draft.image)
+        for offset, replicas in enumerate(assignment):
+            isr = [broker for broker in replicas if broker in live]
+            draft.add(PartitionRecord(topic.topic_id, current + offset, list(replicas), isr,
+                                      isr[0], 0, 0))
+        creation.created(spec.name, assignment)
+
+    # -- configs ------------------------------------------------------------
+    def describe_configs(self, image: MetadataImage, request: Any) -> dict:
+        """DescribeConfigs (read only): every key the registry knows (or only
+        ``keys``) with its value: the topic's override (source TOPIC_CONFIG),
+        else the node's default, else the built-in one (DEFAULT_CONFIG)."""
+        body = _Fields(request, "")
+        results = []
+        for i, item in enumerate(body.list("resources", TOPICS_PER_REQUEST_MAX)):
+            resource = _Fields(item, f"resources[{i}]")
+            resource_type = resource.str("type", NAME_CHARS_MAX)
+            name = resource.str("name", NAME_CHARS_MAX)
+            keys = resource.list("keys", CONFIGS_PER_RESOURCE_MAX, default=None)
+            if keys is not None:
+                keys = [_as_str(key, f"resources[{i}].keys[{j}]", NAME_CHARS_MAX)
+                        for j, key in enumerate(keys)]
+            result = {"type": resource_type, "name": name, "configs": [], "error": None}
+            try:
+                result["configs"] = self._describe_topic(image, resource_type, name, keys)
+            except KraftError as exc:
+                result["error"] = _error(exc)
+            results.append(result)
+        return {"resources": results}
+
+    def _describe_topic(self, image: MetadataImage, resource_type: str, name: str,
+                        keys: list[str] | None) -> list[dict]:
+        _check_resource_type(resource_type)
+        if name not in image.topics:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        overrides = image.topic_configs(name)
+        known = sorted(set(TOPIC_CONFIGS) | set(overrides))
+        if keys is not None:
+            unknown = sorted(set(keys) - set(known))
+            if unknown:
+                raise InvalidConfigError(
+                    f"unknown topic configs {unknown}; known: {', '.join(TOPIC_CONFIGS)}")
+            known = [key for key in known if key in set(keys)]
+        return [{"name": key,
+                 "value": overrides.get(key, self._config_defaults.get(key)),
+                 "source": CONFIG_SOURCE_TOPIC if key in overrides else CONFIG_SOURCE_DEFAULT,
+                 "read_only": False}
+                for key in known]
+
+    def alter_configs(self, image: MetadataImage, request: Any) -> ControllerResult:
+        """IncrementalAlterConfigs for topics: ``set`` and ``delete`` ops, one
+        ConfigRecord per change (value None deletes the override; an op that
+        changes nothing writes nothing). The topic's overrides after the ops
+        must validate together. Enabling unclean election also elects leaders
+        for the topic's offline partitions in the same batch."""
+        body = _Fields(request, "")
+        items = body.list("resources", TOPICS_PER_REQUEST_MAX)
+        validate_only = body.bool("validate_only", default=False)
+        specs = [_ConfigChange.parse(item, f"resources[{i}]") for i, item in enumerate(items)]
+        resource_counts = collections.Counter((spec.type, spec.name) for spec in specs)
+        draft = _Draft(image)
+        results = []
+        for spec in specs:
+            error = None
+            try:
+                if resource_counts[(spec.type, spec.name)] > 1:
+                    raise InvalidRequestError(
+                        f"resource {spec.type} {spec.name!r} appears more than once")
+                self._alter_topic_configs(draft, spec)
+            except KraftError as exc:
+                error = _error(exc)
+            results.append({"type": spec.type, "name": spec.name, "error": error})
+        return ControllerResult([] if validate_only else draft.records, {"resources": results})
+
+    def _alter_topic_configs(self, draft: "_Draft", spec: "_ConfigChange") -> None:
+        _check_resource_type(spec.type)
+        if spec.name not in draft.image.topics:
+            raise UnknownTopicOrPartitionError(f"topic {spec.name!r} does not exist")
+        keys = [key for key, _, _ in spec.ops]
+        repeated = sorted(key for key, count in collections.Counter(keys).items() if count > 1)
+        if repeated:
+            raise InvalidRequestError(f"configs {repeated} are altered more than once")
+        current = draft.image.topic_configs(spec.name)
+        updated = dict(current)
+        for key, op, value in spec.ops:
+            if op == "set":
+                updated[key] = normalise_topic_config(key, value)
+            elif key in current or key in TOPIC_CONFIGS:
+                updated.pop(key, None)
+            else:
+                normalise_topic_config(key, None)  # Raises: unknown key.
+        validate_topic_configs(updated)
+        was_unclean = _unclean_allowed(draft.image, spec.name, self.settings)
+        for key in keys:
+            if current.get(key) != updated.get(key):
+                draft.add(ConfigRecord(TOPIC_RESOURCE, spec.name, key, updated.get(key)))
+        if not was_unclean and _unclean_allowed(draft.image, spec.name, self.settings):
+            _elect_offline_partitions(draft, self.settings, topics=[spec.name])
+
+    # -- partitions ---------------------------------------------------------
+    def alter_partition(self, image: MetadataImage, request: Any) -> ControllerResult:
+        """AlterPartition from a partition leader that shrinks or expands the
+        ISR. Checked in order: broker registered, broker epoch, partition
+        exists, sender is the leader, leader epoch (older: fenced, newer:
+        unknown), partition epoch, ISR shape, added members live."""
+        body = _Fields(request, "")
+        broker_id = body.int("broker_id", 0, INT32_MAX)
+        broker_epoch = body.int("broker_epoch", 0, INT64_MAX)
+        topic = body.str("topic", NAME_CHARS_MAX)
+        partition = body.int("partition", 0, INT32_MAX)
+        leader_epoch = body.int("leader_epoch", 0, INT32_MAX)
+        partition_epoch = body.int("partition_epoch", 0, INT32_MAX)
+        new_isr = [_as_int(member, f"new_isr[{i}]", 0, INT32_MAX) for i, member in
+                   enumerate(body.list("new_isr", REPLICAS_PER_PARTITION_MAX))]
+        _registered_broker(image, broker_id, broker_epoch)
+        current = _existing_partition(image, topic, partition)
+        _check_alter_partition_epochs(current, broker_id, leader_epoch, partition_epoch,
+                                      f"{topic}-{partition}")
+        _check_new_isr(image, current, new_isr, f"{topic}-{partition}")
+        draft = _Draft(image)
+        _change_partition(draft, topic, partition, isr=new_isr)
+        after = draft.image.topics[topic].partitions[partition]
+        return ControllerResult(draft.records, {
+            "topic": topic, "partition": partition, "leader": after.leader,
+            "leader_epoch": after.leader_epoch, "partition_epoch": after.partition_epoch,
+            "isr": list(after.isr)})
+
+    def elect_leaders(self, image: MetadataImage, request: Any) -> ControllerResult:
+        """ElectLeaders (preferred): move each named partition's leadership to
+        its first replica if that one is live and in the ISR. ``partitions``
+        None (or absent) means every partition; the answer then lists only the
+        partitions that moved or could not (as Kafka leaves out those whose
+        preferred replica already leads)."""
+        body = _Fields(request, "")
+        items = body.list("partitions", PARTITIONS_PER_REQUEST_MAX, default=None)
+        if items is None:
+            wanted = sorted((name, p) for name, topic in image.topics.items()
+                            for p in topic.partitions)
+        else:
+            wanted = [_topic_partition(item, f"partitions[{i}]") for i, item in enumerate(items)]
+        draft = _Draft(image)
+        results = []
+        for topic, partition in wanted:
+            result = _elect_preferred(draft, topic, partition)
+            if items is not None or result["error"] is not None or result.pop("moved"):
+                result.pop("moved", None)
+                results.append(result)
+        return ControllerResult(draft.records, {"partitions": results})
+
+
+# -- batch building -------------------------------------------------------------
+class _Draft:
+    """The records of one batch being built, and ``image``: a scratch copy of
+    the image the shell gave, with those records applied at the offsets they
+    will get. The shell's image is never touched.
+
+    The copy is shallow where the image never mutates in place: it has its
+    own broker registrations (fencing flips flags on them) and its own
+    partition maps, but shares PartitionRegistration objects, which
+    ``MetadataImage.apply`` replaces rather than changes. A test checks that
+    no controller call changes the image it was given."""
+
+    def __init__(self, image: MetadataImage) -> None:
+        self.image = _scratch_copy(image)
+        self.records: list[Record] = []
+
+    def add(self, record: Record) -> int:
+        """Apply ``record`` to the scratch image and keep it; returns its
+        offset. A record the image refuses is a controller bug and raises."""
+        offset = self.image.offset + 1
+        self.image.apply(record, offset)
+        self.records.append(record)
+        return offset
+
+
+def _scratch_copy(image: MetadataImage) -> MetadataImage:
+    scratch = MetadataImage()
+    scratch.offset = image.offset
+    scratch.brokers = {broker_id: dataclasses.replace(broker, endpoints=dict(broker.endpoints))
+                       for broker_id, broker in image.brokers.items()}
+    scratch.topics = {name: TopicImage(topic.name, topic.topic_id, dict(topic.partitions))
+                      for name, topic in image.topics.items()}
+    scratch.topic_names_by_id = dict(image.topic_names_by_id)
+    scratch.configs = {key: dict(values) for key, values in image.configs.items()}
+    scratch.next_producer_id = image.next_producer_id
+    return scratch
+
+
+def _change_partition(draft: _Draft, topic: str, partition: int, *,
+                      leader: int | None = None, isr: list[int] | None = None) -> None:
+    """A PartitionChangeRecord with only the fields that differ; none if
+    nothing does."""
+    topic_image = draft.image.topics[topic]
+    current = topic_image.partitions[partition]
+    new_leader = None if leader is None or leader == current.leader else leader
+    new_isr = None if isr is None or list(isr) == current.isr else list(isr)
+    if new_leader is None and new_isr is None:
+        return
+    draft.add(PartitionChangeRecord(topic_image.topic_id, partition, leader=new_leader,
+                                    isr=new_isr))
+
+
+def _live_broker_ids(image: MetadataImage) -> set[int]:
+    return {broker.broker_id for broker in image.brokers.values()
+            if not broker.fenced and not broker.in_controlled_shutdown}
+
+
+def _unclean_allowed(image: MetadataImage, topic: str, settings: ControllerSettings) -> bool:
+    return unclean_election_enabled(image, topic, settings.unclean_leader_election_enable)
+
+
+def _elect_offline_partitions(draft: _Draft, settings: ControllerSettings, *,
+                              replica: int | None = None,
+                              topics: Iterable[str] | None = None) -> None:
+    """Give offline partitions (leader NO_LEADER) a leader where one is now
+    possible: clean from the live ISR members, else unclean (ISR reset to the
+    new leader) where the topic allows it. Only partitions of ``topics``,
+    and only those ``replica`` is a replica of, when given."""
+    live = _live_broker_ids(draft.image)
+    for name in sorted(draft.image.topics if topics is None else topics):
+        topic = draft.image.topics[name]
+        unclean_allowed = _unclean_allowed(draft.image, name, settings)
+        for partition in sorted(topic.partitions):
+            current = topic.partitions[partition]
+            if current.leader != NO_LEADER or (replica is not None
+                                               and replica not in current.replicas):
+                continue
+            leader, unclean = elect_leader(current.replicas, current.isr, live,
+                                           unclean_allowed=unclean_allowed)
+            if leader != NO_LEADER:
+                _change_partition(draft, name, partition, leader=leader,
+                                  isr=[leader] if unclean else None)
+
+
+def _preferred_moves(image: MetadataImage, partitions: Iterable[tuple[str, int]]
+                     ) -> list[tuple[str, int, int]]:
+    """(topic, partition, preferred leader) for each partition whose
+    leadership should move to its preferred replica now."""
+    live = _live_broker_ids(image)
+    moves = []
+    for topic, partition in partitions:
+        current = image.topics[topic].partitions[partition]
+        preferred = preferred_leader_election(current.replicas, current.isr, live,
+                                              current.leader)
+        if preferred is not None:
+            moves.append((topic, partition, preferred))
+    return moves
+
+
+def _elect_preferred(draft: _Draft, topic: str, partition: int) -> dict:
+    """One partition of ElectLeaders: its result entry, plus ``moved``."""
+    result = {"topic": topic, "partition": partition, "leader": NO_LEADER, "error": None,
+              "moved": False}
+    current = draft.image.partition(topic, partition)
+    if current is None:
+        result["error"] = _error(UnknownTopicOrPartitionError(
+            f"partition {topic}-{partition} does not exist"))
+        return result
+    moves = _preferred_moves(draft.image, [(topic, partition)])
+    if moves:
+        _change_partition(draft, topic, partition, leader=moves[0][2])
+        result["moved"] = True
+    elif current.leader != current.replicas[0]:
+        result["error"] = {
+            "code": PREFERRED_LEADER_NOT_AVAILABLE,
+            "message": f"the preferred leader {current.replicas[0]} of {topic}-{partition} "
+                       "is not live or not in the ISR"}
+    result["leader"] = draft.image.topics[topic].partitions[partition].leader
+    return result
+
+
+class _TopicCreation:
+    """State shared by the topics of one CreateTopics / CreatePartitions
+    request: the draft, the placement load (replicas and preferred
+    leaderships per broker, so later topics spread over what earlier ones
+    took), the normalised names for the collision rule, and the partition
+    budget of the request."""
+
+    def __init__(self, draft: _Draft, settings: ControllerSettings, validate_only: bool) -> None:
+        self.draft = draft
+        self.settings = settings
+        self.validate_only = validate_only
+        self.replica_counts: collections.Counter[int] = collections.Counter()
+        self.leader_counts: collections.Counter[int] = collections.Counter()
+        self.collision_keys: dict[str, str] = {}
+        for name, topic in draft.image.topics.items():
+            self.collision_keys[_collision_key(name)] = name
+            self._count(topic.partitions[p].replicas for p in topic.partitions)
+        self.partitions_left = PARTITIONS_PER_REQUEST_MAX
+
+    def _count(self, assignment: Iterable[list[int]]) -> None:
+        for replicas in assignment:
+            self.replica_counts.update(replicas)
+            if replicas:
+                self.leader_counts[replicas[0]] += 1
+
+    def check_collision(self, name: str) -> None:
+        """Kafka's rule: '.' and '_' collide in metric names, so two topics
+        may not differ only by them."""
+        other = self.collision_keys.get(_collision_key(name))
+        if other is not None:
+            raise InvalidTopicError(
+                f"topic {name!r} collides with existing topic {other!r}: topic names may not "
+                "differ only by '.' and '_'")
+
+    def place(self, num_partitions: int, replication_factor: int) -> list[list[int]]:
+        image = self.draft.image
+        live = sorted(_live_broker_ids(image))
+        brokers = [BrokerInfo(broker_id, image.brokers[broker_id].rack) for broker_id in live]
+        return place_replicas(brokers, num_partitions, replication_factor,
+                              existing_replica_counts=self.replica_counts,
+                              existing_leader_counts=self.leader_counts)
+
+    def take_partition_budget(self, count: int) -> None:
+        if count > self.partitions_left:
+            raise InvalidPartitionsError(
+                f"a request may create at most {PARTITIONS_PER_REQUEST_MAX} partitions; "
+                f"{PARTITIONS_PER_REQUEST_MAX - self.partitions_left} are already created by "
+                f"earlier items, so {count} more are refused")
+        self.partitions_left -= count
+
+    def new_topic_id(self, id_factory: Callable[[], str]) -> str:
+        """A topic id not in use. validate_only needs one only for the draft,
+        so it takes a placeholder rather than the factory's randomness."""
+        in_use = self.draft.image.topic_names_by_id
+        if self.validate_only:
+            return next(f"validate-only-{n}" for n in range(len(in_use) + 1)
+                        if f"validate-only-{n}" not in in_use)
+        for _ in range(TOPIC_ID_ATTEMPTS_MAX):
+            topic_id = id_factory()
+            if isinstance(topic_id, str) and topic_id and topic_id not in in_use:
+                return topic_id
+        raise KraftError(f"the topic id factory gave no unused id in {TOPIC_ID_ATTEMPTS_MAX} "
+                         "attempts")
+
+    def created(self, name: str, assignment: list[list[int]]) -> None:
+        self.collision_keys[_collision_key(name)] = name
+        self._count(assignment)
+
+
+def _collision_key(name: str) -> str:
+    return name.replace(".", "_")
+
+
+# -- checks of request semantics (per item) --------------------------------------
+def _error(exc: KraftError) -> dict:
+    return {"code": exc.code, "message": str(exc)}
+
+
+def _check_topic_name(name: str) -> None:
+    try:
+        validate_topic_name(name)
+    except storage_errors.InvalidTopicError as exc:
+        raise InvalidTopicError(str(exc)) from None
+
+
+def _check_partition_count(count: int) -> None:
+    if count < 1:
+        raise InvalidPartitionsError(f"number of partitions must be at least 1, not {count}")
+    if count > PARTITIONS_PER_TOPIC_MAX:
+        raise InvalidPartitionsError(
+            f"a topic may have at most {PARTITIONS_PER_TOPIC_MAX} partitions, not {count}")
+
+
+def _check_resource_type(resource_type: str) -> None:
+    if resource_type != TOPIC_RESOURCE:
+        raise InvalidRequestError(
+            f"resource type {resource_type!r} is not supported: only 'topic' configs are "
+            "managed by the controller (broker configs are not dynamic yet)")
+
+
+def _check_replica_lists(image: MetadataImage, assignment: list[list[int]],
+                         replication_factor: int, first_partition: int) -> None:
+    """Manual replica lists: each of ``replication_factor`` distinct
+    registered brokers, at least one of them live (it will lead)."""
+    live = _live_broker_ids(image)
+    for offset, replicas in enumerate(assignment):
+        where = f"partition {first_partition + offset}"
+        if len(replicas) != replication_factor or not replicas:
+            raise InvalidReplicationFactorError(
+                f"{where} has {len(replicas)} replicas; every partition needs "
+                f"{replication_factor}")
+        if len(set(replicas)) != len(replicas):
+            raise InvalidRequestError(f"{where} lists a broker twice: {replicas}")
+        unknown = sorted(set(replicas) - set(image.brokers))
+        if unknown:
+            raise InvalidRequestError(f"{where} is assigned to unregistered brokers {unknown}")
+        if live.isdisjoint(replicas):
+            raise InvalidRequestError(
+                f"all brokers {replicas} assigned to {where} are fenced or shutting down")
+
+
+def _registered_broker(image: MetadataImage, broker_id: int, broker_epoch: int
+                       ) -> BrokerRegistration:
+    broker = image.brokers.get(broker_id)
+    if broker is None:
+        raise BrokerIdNotRegisteredError(f"broker {broker_id} is not registered")
+    if broker.broker_epoch != broker_epoch:
+        raise StaleBrokerEpochError(
+            f"broker {broker_id} epoch {broker_epoch} is stale: the registered epoch is "
+            f"{broker.broker_epoch}")
+    return broker
+
+
+def _existing_partition(image: MetadataImage, topic: str, partition: int
+                        ) -> PartitionRegistration:
+    current = image.partition(topic, partition)
+    if current is None:
+        raise UnknownTopicOrPartitionError(f"partition {topic}-{partition} does not exist")
+    return current
+
+
+def _check_alter_partition_epochs(current: PartitionRegistration, broker_id: int,
+                                  leader_epoch: int, partition_epoch: int, where: str) -> None:
+    if current.leader != broker_id:
+        raise NotLeaderOrFollowerError(
+            f"broker {broker_id} is not the leader of {where} (the leader is {current.leader})")
+    if leader_epoch < current.leader_epoch:
+        raise FencedLeaderEpochError(
+            f"leader epoch {leader_epoch} of {where} is fenced: the current one is "
+            f"{current.leader_epoch}")
+    if leader_epoch > current.leader_epoch:
+        raise UnknownLeaderEpochError(
+            f"leader epoch {leader_epoch} of {where} is newer than the controller's "
+            f"{current.leader_epoch}")
+    if partition_epoch != current.partition_epoch:
+        raise InvalidUpdateVersionError(
+            f"partition epoch {partition_epoch} of {where} is not the current "
+            f"{current.partition_epoch}")
+
+
+def _check_new_isr(image: MetadataImage, current: PartitionRegistration, new_isr: list[int],
+                   where: str) -> None:
+    if len(set(new_isr)) != len(new_isr) or not set(new_isr) <= set(current.replicas):
+        raise InvalidRequestError(
+            f"new_isr {new_isr} of {where} must be distinct replicas of {current.replicas}")
+    if current.leader not in new_isr:
+        raise InvalidRequestError(
+            f"new_isr {new_isr} of {where} must contain the leader {current.leader}")
+    live = _live_broker_ids(image)
+    ineligible = sorted(b for b in set(new_isr) - set(current.isr) if b not in live)
+    if ineligible:
+        raise IneligibleReplicaError(
+            f"brokers {ineligible} cannot join the ISR of {where}: they are fenced or "
+            "shutting down")
+
+
+# -- request shapes (what a schema would check) -----------------------------------
+_REQUIRED = object()
+
+
+class _Fields:
+    """One map of a request, read field by field. Every problem raises
+    ``InvalidRequestError`` naming the field path (``topics[2].configs``)
+    and what is expected. Unknown fields are ignored, for newer clients.
+    An absent field and a null one are the same."""
+
+    def __init__(self, value: Any, where: str) -> None:
+        if not isinstance(value, dict):
+            raise InvalidRequestError(
+                f"{where or 'the request body'} must be a map, got {printable(value)}")
+        self.values = value
+        self.where = where
+
+    def path(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def _get(self, key: str, default: Any) -> tuple[Any, bool]:
+        """(value, present); raises if absent and required."""
+        value = self.values.get(key)
+        if value is None:
+            if default is _REQUIRED:
+                raise InvalidRequestError(f"{self.path(key)} is required")
+            return default, False
+        return value, True
+
+    def int(self, key: str, minimum: int, maximum: int, default: Any = _REQUIRED) -> Any:
+        value, present = self._get(key, default)
+        return _as_int(value, self.path(key), minimum, maximum) if present else value
+
+    def str(self, key: str, max_chars: int, min_chars: int = 1, default: Any = _REQUIRED) -> Any:
+        value, present = self._get(key, default)
+        return _as_str(value, self.path(key), max_chars, min_chars) if present else value
+
+    def bool(self, key: str, default: Any = _REQUIRED) -> Any:
+        value, present = self._get(key, default)
+        if present and not isinstance(value, bool):
+            raise InvalidRequestError(
+                f"{self.path(key)} must be true or false, got {printable(value)}")
+        return value
+
+    def list(self, key: str, max_items: int, default: Any = _REQUIRED) -> Any:
+        value, present = self._get(key, default)
+        if present and not isinstance(value, list):
+            raise InvalidRequestError(f"{self.path(key)} must be a list, got {printable(value)}")
+        if present and len(value) > max_items:
+            raise InvalidRequestError(
+                f"{self.path(key)} has {len(value)} items; the limit is {max_items}")
+        return value
+
+    def map(self, key: str, max_items: int, default: Any = _REQUIRED) -> Any:
+        value, present = self._get(key, default)
+        if present and not isinstance(value, dict):
+            raise InvalidRequestError(f"{self.path(key)} must be a map, got {printable(value)}")
+        if present and len(value) > max_items:
+            raise InvalidRequestError(
+                f"{self.path(key)} has {len(value)} entries; the limit is {max_items}")
+        return value
+
+
+def _as_int(value: Any, where: str, minimum: int, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise InvalidRequestError(
+            f"{where} must be an integer from {minimum} to {maximum}, got {printable(value)}")
+    return value
+
+
+def _as_str(value: Any, where: str, max_chars: int, min_chars: int = 1) -> str:
+    if not isinstance(value, str) or not min_chars <= len(value) <= max_chars:
+        raise InvalidRequestError(
+            f"{where} must be a string of {min_chars} to {max_chars} characters, "
+            f"got {printable(value)}")
+    return value
+
+
+def _broker_ids(value: Any, where: str) -> list[int]:
+    if not isinstance(value, list) or len(value) > REPLICAS_PER_PARTITION_MAX:
+        raise InvalidRequestError(
+            f"{where} must be a list of at most {REPLICAS_PER_PARTITION_MAX} broker ids, "
+            f"got {printable(value)}")
+    return [_as_int(broker, f"{where}[{i}]", 0, INT32_MAX) for i, broker in enumerate(value)]
+
+
+def _config_value(value: Any, where: str) -> Any:
+    """Config values travel as strings, integers or booleans; the registry
+    judges the value itself, per item."""
+    if not isinstance(value, (str, int)):  # bool is an int
+        raise InvalidRequestError(
+            f"{where} must be a string, an integer or a boolean, got {printable(value)}")
+    return value
+
+
+def _endpoints(body: _Fields) -> dict[str, str]:
+    endpoints = body.map("endpoints", ENDPOINTS_MAX)
+    if not endpoints:
+        raise InvalidRequestError("endpoints must name at least one listener")
+    for listener, address in endpoints.items():
+        where = f"endpoints[{printable(listener)}]"
+        _as_str(listener, f"endpoints key {printable(listener)}", ENDPOINT_CHARS_MAX)
+        _as_str(address, where, ENDPOINT_CHARS_MAX)
+        host, sep, port = address.rpartition(":")
+        if not (sep and host and port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise InvalidRequestError(f"{where} must be 'host:port', got {printable(address)}")
+    return dict(endpoints)
+
+
+def _topic_partition(item: Any, where: str) -> tuple[str, int]:
+    fields = _Fields(item, where)
+    return fields.str("topic", NAME_CHARS_MAX), fields.int("partition", 0, INT32_MAX)
+
+
+@dataclasses.dataclass
+class _NewTopic:
+    """One topic of a CreateTopics request, shape-checked. -1 means default."""
+
+    name: str
+    num_partitions: int
+    replication_factor: int
+    configs: dict[str, Any]
+    assignments: list[tuple[int, list[int]]] | None
+
+    @classmethod
+    def parse(cls, item: Any, where: str) -> "_NewTopic":
+        fields = _Fields(item, where)
+        name = fields.str("name", NAME_CHARS_MAX)
+        num_partitions = fields.int("num_partitions", -(2**31), INT32_MAX, default=-1)
+        replication_factor = fields.int("replication_factor", -(2**31), INT32_MAX, default=-1)
+        configs = fields.map("configs", CONFIGS_PER_RESOURCE_MAX, default={})
+        for key, value in configs.items():
+            _as_str(key, f"{fields.path('configs')} key {printable(key)}", NAME_CHARS_MAX)
+            _config_value(value, f"{fields.path('configs')}[{key!r}]")
+        raw = fields.map("assignments", PARTITIONS_PER_TOPIC_MAX, default=None)
+        assignments = None
+        if raw is not None:
+            assignments = [(_partition_key(key, fields.path("assignments")),
+                            _broker_ids(replicas, f"{fields.path('assignments')}[{key!r}]"))
+                           for key, replicas in raw.items()]
+        return cls(name, num_partitions, replication_factor, dict(configs), assignments)
+
+
+def _partition_key(key: Any, where: str) -> int:
+    """Partition numbers key ``assignments``: ints, or digit strings (JSON)."""
+    if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 10:
+        key = int(key)
+    return _as_int(key, f"{where} key {printable(key)}", 0, INT32_MAX)
+
+
+@dataclasses.dataclass
+class _NewPartitions:
+    """One topic of a CreatePartitions request, shape-checked."""
+
+    name: str
+    count: int
+    assignments: list[list[int]] | None
+
+    @classmethod
+    def parse(cls, item: Any, where: str) -> "_NewPartitions":
+        fields = _Fields(item, where)
+        name = fields.str("name", NAME_CHARS_MAX)
+        count = fields.int("count", 0, INT32_MAX)
+        raw = fields.list("assignments", PARTITIONS_PER_TOPIC_MAX, default=None)
+        assignments = None
+        if raw is not None:
+            assignments = [_broker_ids(replicas, f"{fields.path('assignments')}[{i}]")
+                           for i, replicas in enumerate(raw)]
+        return cls(name, count, assignments)
+
+
+@dataclasses.dataclass
+class _ConfigChange:
+    """One resource of an AlterConfigs request: (key, op, value) ops."""
+
+    type: str
+    name: str
+    ops: list[tuple[str, str, Any]]
+
+    @classmethod
+    def parse(cls, item: Any, where: str) -> "_ConfigChange":
+        fields = _Fields(item, where)
+        resource_type = fields.str("type", NAME_CHARS_MAX)
+        name = fields.str("name", NAME_CHARS_MAX)
+        ops = []
+        for i, raw in enumerate(fields.list("ops", CONFIGS_PER_RESOURCE_MAX)):
+            op_fields = _Fields(raw, f"{fields.path('ops')}[{i}]")
+            key = op_fields.str("name", NAME_CHARS_MAX)
+            op = op_fields.str("op", NAME_CHARS_MAX)
+            if op not in ("set", "delete"):
+                raise InvalidRequestError(
+                    f"{op_fields.path('op')} must be 'set' or 'delete', got {printable(op)}")
+            value = None
+            if op == "set":
+                value = _config_value(op_fields._get("value", _REQUIRED)[0],
+                                      op_fields.path("value"))
+            ops.append((key, op, value))
+        return cls(resource_type, name, ops)

@@ -1,0 +1,358 @@
+"""The controller process: the quorum, the controller core and their HTTP API.
+
+Who is active. The Raft leader becomes the *active controller* once it has
+committed a barrier (a ``NoOpRecord``) in its term: from then on its image
+holds every committed record, so what it decides is decided on current
+state. Only the active controller answers writes, heartbeats and metadata
+fetches; the others answer ``NOT_CONTROLLER`` with the leader's id and URL
+when they know it. A leader that is not active yet (barrier in flight) holds
+the request until it is, for at most ``ACTIVATION_WAIT_MS``.
+
+Writes. Every request that may write runs under one asyncio lock: the core
+computes records against the image, the quorum commits them as one batch
+tagged with that image's offset, and only then does the next request see the
+image. A batch that meets a different image (leadership moved meanwhile) is
+rejected by every replica and recomputed, at most ``WRITE_ATTEMPTS`` times.
+
+Time. ``clock_ms`` (monotonic) is a parameter; lease expiry and periodic
+leader rebalancing are decided by the core's ``tick`` and written as records,
+never computed inside ``apply``.
+
+Endpoints (controller listener; msgpack or JSON bodies, see kraft/wire.py):
+
+  POST /v1/controller/brokers/register     broker registration
+  POST /v1/controller/brokers/heartbeat    lease renewal, fence/unfence, shutdown
+  POST /v1/controller/metadata             long-poll for records after an offset
+  POST /v1/controller/topics/create        create topics
+  POST /v1/controller/topics/delete        delete topics
+  POST /v1/controller/partitions/create    add partitions
+  POST /v1/controller/configs/describe     describe topic configs
+  POST /v1/controller/configs/alter        incremental alter topic configs
+  POST /v1/controller/partitions/alter     AlterPartition (ISR changes) from leaders
+  POST /v1/controller/leaders/elect        preferred leader election
+  GET  /v1/quorum                          Raft status (any controller)
+  GET  /v1/metadata                        this controller's image as JSON
+  GET  /healthz
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from kraft import wire
+from kraft.config import NodeConfig
+from kraft.controller import Controller, ControllerResult, ControllerSettings
+from kraft.errors import InvalidRequestError, KraftError, NotControllerError, \
+    UnknownServerError
+from kraft.image import MetadataImage
+from kraft.quorum import ApplyStatus, MetadataQuorum, RaftSettings
+from kraft.records import NoOpRecord, decode
+from kraft.topic_config import defaults_from_broker_config
+
+logger = logging.getLogger(__name__)
+
+#: How long a write may wait for the quorum to commit it.
+COMMIT_TIMEOUT_MS = 5000
+#: How long a request waits for a freshly elected leader to become active.
+ACTIVATION_WAIT_MS = 3000
+#: Recomputations of a batch that met a different image.
+WRITE_ATTEMPTS = 3
+#: Longest long-poll a broker may ask for.
+METADATA_WAIT_MS_MAX = 30_000
+#: Request bodies the controller accepts (bytes).
+CONTROLLER_REQUEST_BYTES_MAX = 8 * 1024 * 1024
+
+
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def controller_settings(config: NodeConfig) -> ControllerSettings:
+    return ControllerSettings(
+        session_timeout_ms=config.session_timeout_ms,
+        heartbeat_interval_ms=config.heartbeat_interval_ms,
+        default_num_partitions=config.num_partitions,
+        default_replication_factor=config.default_replication_factor,
+        unclean_leader_election_enable=config.unclean_leader_election_enable,
+        auto_leader_rebalance_enable=config.auto_leader_rebalance_enable,
+        leader_imbalance_check_interval_ms=config.leader_imbalance_check_interval_ms,
+        topic_config_defaults=defaults_from_broker_config(config.settings),
+    )
+
+
+class ControllerServer:
+    """One controller: ``await start()``, ``await stop()``."""
+
+    def __init__(self, config: NodeConfig, *,
+                 clock_ms: Callable[[], int] = monotonic_ms) -> None:
+        assert config.is_controller
+        self.config = config
+        self.clock_ms = clock_ms
+        raft_addresses = {nid: str(config.raft_endpoint(nid)) for nid in config.voters}
+        self.quorum = MetadataQuorum(
+            config.node_id, raft_addresses, config.metadata_log_dir,
+            RaftSettings(election_timeout_ms=config.election_timeout_ms,
+                         fetch_timeout_ms=config.fetch_timeout_ms))
+        self.core = Controller(controller_settings(config))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._write_lock = asyncio.Lock()
+        # Raft term in which this node became active; None while not active.
+        self._active_term: int | None = None
+        self._activation: asyncio.Task | None = None
+        # Replaced (after being set) on every quorum event: long-polls wait on it.
+        self._changed = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._runner: web.AppRunner | None = None
+        self.tick_interval_ms = max(10, min(100, config.session_timeout_ms // 10))
+
+    # -- lifecycle --------------------------------------------------------
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.quorum.add_listener(self._on_quorum_event_threadsafe)
+        self.quorum.start()
+        app = web.Application(middlewares=[wire.error_middleware],
+                              client_max_size=CONTROLLER_REQUEST_BYTES_MAX)
+        self.add_routes(app)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        endpoint = self.config.voters[self.config.node_id]
+        await web.TCPSite(self._runner, endpoint.host, endpoint.port).start()
+        self._tasks.append(asyncio.create_task(self._tick_loop(), name="controller-tick"))
+        logger.info("controller %d listening on %s", self.config.node_id, endpoint.url)
+
+    async def stop(self) -> None:
+        for task in self._tasks + ([self._activation] if self._activation else []):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await asyncio.get_running_loop().run_in_executor(None, self.quorum.stop)
+
+    def add_routes(self, app: web.Application) -> None:
+        post = {
+            "brokers/register": self.handle_register,
+            "brokers/heartbeat": self.handle_heartbeat,
+            "metadata": self.handle_metadata,
+            "topics/create": self._writer(lambda c: c.create_topics),
+            "topics/delete": self._writer(lambda c: c.delete_topics),
+            "partitions/create": self._writer(lambda c: c.create_partitions),
+            "configs/alter": self._writer(lambda c: c.alter_configs),
+            "partitions/alter": self._writer(lambda c: c.alter_partition),
+            "leaders/elect": self._writer(lambda c: c.elect_leaders),
+            "configs/describe": self.handle_describe_configs,
+        }
+        for path, handler in post.items():
+            app.router.add_post(f"/v1/controller/{path}", handler)
+        app.router.add_get("/v1/quorum", self.handle_quorum)
+        app.router.add_get("/v1/metadata", self.handle_image)
+        app.router.add_get("/healthz", self.handle_health)
+
+    # -- who is active ----------------------------------------------------
+    def _on_quorum_event_threadsafe(self) -> None:  # raft tick thread
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._on_quorum_event)
+
+    def _on_quorum_event(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+        term = self.quorum.raftCurrentTerm
+        if not self.quorum.is_leader:
+            if self._active_term is not None:
+                logger.info("controller %d is no longer active", self.config.node_id)
+            self._active_term = None
+        elif self._active_term != term and self._activation is None:
+            self._active_term = None
+            self._activation = asyncio.create_task(self._activate(term))
+
+    async def _activate(self, term: int) -> None:
+        """Commit a barrier in ``term``; once applied, the image is current."""
+        try:
+            async with self._write_lock:
+                await self.quorum.propose([NoOpRecord()], None, COMMIT_TIMEOUT_MS / 1000)
+                if self.quorum.is_leader and self.quorum.raftCurrentTerm == term:
+                    with self.quorum.image_lock:
+                        self.core.become_active(self.quorum.image, self.clock_ms())
+                    self._active_term = term
+                    logger.info("controller %d is active (term %d)", self.config.node_id, term)
+        except KraftError as exc:
+            logger.info("controller %d: activation in term %d failed: %s",
+                        self.config.node_id, term, exc)
+        finally:
+            self._activation = None
+            self._on_quorum_event()  # leadership may have moved meanwhile
+
+    @property
+    def is_active(self) -> bool:
+        return (self._active_term is not None and self.quorum.is_leader
+                and self.quorum.raftCurrentTerm == self._active_term)
+
+    def not_controller(self, why: str) -> NotControllerError:
+        leader_id = self.quorum.leader_id()
+        if leader_id == self.config.node_id:
+            leader_id = None  # ourselves, not yet active: no better hint
+        error = NotControllerError(
+            f"controller {self.config.node_id} is not the active controller ({why})"
+            + (f"; the leader is controller {leader_id}" if leader_id is not None else
+               "; no leader is known yet, retry shortly"),
+            leader_id=leader_id)
+        if leader_id is not None and leader_id in self.config.voters:
+            error.leader_url = self.config.voters[leader_id].url
+        return error
+
+    async def _await_active(self) -> None:
+        deadline = time.monotonic() + ACTIVATION_WAIT_MS / 1000
+        while not self.is_active:
+            if not self.quorum.is_leader:
+                raise self.not_controller("not the Raft leader")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self.not_controller("elected but not yet active")
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    # -- writing ----------------------------------------------------------
+    async def write(self, compute: Callable[[MetadataImage], ControllerResult]) -> dict:
+        """Compute records on the current image and commit them atomically."""
+        await self._await_active()
+        async with self._write_lock:
+            for _ in range(WRITE_ATTEMPTS):
+                if not self.is_active:
+                    raise self.not_controller("lost leadership")
+                with self.quorum.image_lock:
+                    image = self.quorum.image
+                    expected_offset = image.offset
+                    result = compute(image)
+                if not result.records:
+                    return result.response
+                outcome = await self.quorum.propose(result.records, expected_offset,
+                                                    COMMIT_TIMEOUT_MS / 1000)
+                if outcome.status is ApplyStatus.APPLIED:
+                    return result.response
+                if outcome.status is ApplyStatus.INVALID:
+                    raise UnknownServerError(f"metadata batch refused: {outcome.detail}")
+                logger.info("controller %d: recomputing a batch (%s)",
+                            self.config.node_id, outcome.detail)
+            raise self.not_controller("metadata kept changing underneath")
+
+    def _writer(self, pick: Callable[[Controller], Callable[[MetadataImage, dict], Any]]):
+        async def handle(request: web.Request) -> web.Response:
+            body = await wire.read_body(request)
+            method = pick(self.core)
+            return wire.respond(request, await self.write(lambda image: method(image, body)))
+        return handle
+
+    async def handle_register(self, request: web.Request) -> web.Response:
+        body = await wire.read_body(request)
+        now_ms = self.clock_ms()
+        return wire.respond(request, await self.write(
+            lambda image: self.core.register_broker(image, body, now_ms)))
+
+    async def handle_heartbeat(self, request: web.Request) -> web.Response:
+        body = await wire.read_body(request)
+        now_ms = self.clock_ms()
+        return wire.respond(request, await self.write(
+            lambda image: self.core.heartbeat(image, body, now_ms)))
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_interval_ms / 1000)
+            if not self.is_active:
+                continue
+            try:
+                now_ms = self.clock_ms()
+                await self.write(lambda image: ControllerResult(
+                    self.core.tick(image, now_ms), {}))
+            except KraftError as exc:
+                logger.info("controller %d: periodic work failed: %s", self.config.node_id, exc)
+            except Exception:
+                logger.exception("controller %d: periodic work failed", self.config.node_id)
+
+    # -- reading ----------------------------------------------------------
+    async def handle_describe_configs(self, request: web.Request) -> web.Response:
+        body = await wire.read_body(request)
+        await self._await_active()
+        with self.quorum.image_lock:
+            response = self.core.describe_configs(self.quorum.image, body)
+        return wire.respond(request, response)
+
+    async def handle_metadata(self, request: web.Request) -> web.Response:
+        """Long-poll: records after ``after_offset``, waiting up to
+        ``max_wait_ms`` for one to exist. Too old an offset gets a snapshot."""
+        body = await wire.read_body(request)
+        after = body.get("after_offset", -1)
+        wait_ms = body.get("max_wait_ms", 0)
+        for name, value in (("after_offset", after), ("max_wait_ms", wait_ms)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InvalidRequestError(f"{name} must be an integer, got {value!r}")
+        if after < -1:
+            raise InvalidRequestError(f"after_offset must be -1 or more, got {after}")
+        wait_ms = min(max(wait_ms, 0), METADATA_WAIT_MS_MAX)
+        await self._await_active()
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            records, image_offset = self.quorum.records_after(after)
+            if after > image_offset:
+                raise InvalidRequestError(
+                    f"after_offset {after} is beyond the metadata log's end {image_offset}")
+            if records is None or records or time.monotonic() >= deadline:
+                break
+            changed = self._changed
+            try:
+                await asyncio.wait_for(changed.wait(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                pass
+            if not self.is_active:
+                raise self.not_controller("lost leadership")
+        if records is None:
+            snapshot, image_offset = self.quorum.snapshot()
+            return wire.respond(request, {"offset": image_offset, "snapshot": snapshot})
+        if wire.response_type(request) == wire.JSON:
+            # For people: records decoded.
+            shown = [{"offset": offset, "type": decode(raw).TYPE,
+                      "fields": dataclasses.asdict(decode(raw))} for offset, raw in records]
+            return wire.respond(request, {"offset": image_offset, "records": shown})
+        return wire.respond(request, {"offset": image_offset,
+                                      "records": [[offset, raw] for offset, raw in records]})
+
+    async def handle_quorum(self, request: web.Request) -> web.Response:
+        status = self.quorum.status()
+        status["active"] = self.is_active
+        leader_id = status["leader_id"]
+        status["leader_url"] = self.config.voters[leader_id].url \
+            if leader_id in self.config.voters else None
+        for voter in status["voters"]:
+            voter["url"] = self.config.voters[voter["id"]].url
+        return wire.respond(request, status)
+
+    async def handle_image(self, request: web.Request) -> web.Response:
+        with self.quorum.image_lock:
+            body = image_as_json(self.quorum.image)
+        return wire.respond(request, body)
+
+    async def handle_health(self, request: web.Request) -> web.Response:
+        return wire.respond(request, {"status": "ok", "node_id": self.config.node_id,
+                                      "role": "controller", "active": self.is_active})
+
+
+def image_as_json(image: MetadataImage) -> dict:
+    """The image for people and tests: brokers, topics, partitions, configs."""
+    return {
+        "offset": image.offset,
+        "brokers": [dataclasses.asdict(b) for _, b in sorted(image.brokers.items())],
+        "topics": [{
+            "name": t.name, "topic_id": t.topic_id,
+            "configs": image.topic_configs(t.name),
+            "partitions": [dict(partition=p, **dataclasses.asdict(reg))
+                           for p, reg in sorted(t.partitions.items())],
+        } for _, t in sorted(image.topics.items())],
+    }

@@ -1,0 +1,156 @@
+"""HTTP bodies and errors, shared by the controller's and the broker's servers.
+
+Bodies are msgpack (``application/msgpack``), or JSON (``application/json``)
+where a human may call. A response uses the format the caller asked for in
+``Accept``, else the format of its request body, else JSON for GETs.
+
+Every error leaves as ``{"error": {"code": NAME, "message": text, ...}}``
+with an HTTP status from ``STATUS_BY_CODE``: the code is what programs
+branch on, the message is for people. ``error_middleware`` turns every
+exception into such a body, so a handler never answers a bare 500: a
+``KraftError`` (or anything with a ``code``) is the caller's problem,
+anything else is logged with its traceback as ``UNKNOWN_SERVER_ERROR``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import msgpack
+from aiohttp import web
+
+from kraft.errors import InvalidRequestError, KraftError
+
+logger = logging.getLogger(__name__)
+
+MSGPACK = "application/msgpack"
+JSON = "application/json"
+#: Request bodies above this are refused (socket.request.max.bytes, Kafka's default).
+REQUEST_BYTES_MAX_DEFAULT = 100 * 1024 * 1024
+
+STATUS_BY_CODE = {
+    "INVALID_REQUEST": 400,
+    "INVALID_RECORD": 400,
+    "CORRUPT_MESSAGE": 400,
+    "INVALID_TOPIC_EXCEPTION": 400,
+    "INVALID_PARTITIONS": 400,
+    "INVALID_REPLICATION_FACTOR": 400,
+    "INVALID_CONFIG": 400,
+    "UNSUPPORTED_COMPRESSION_TYPE": 400,
+    "UNKNOWN_TOPIC_OR_PARTITION": 404,
+    "TOPIC_ALREADY_EXISTS": 409,
+    "BROKER_ID_NOT_REGISTERED": 409,
+    "STALE_BROKER_EPOCH": 409,
+    "DUPLICATE_BROKER_REGISTRATION": 409,
+    "INVALID_UPDATE_VERSION": 409,
+    "FENCED_LEADER_EPOCH": 409,
+    "UNKNOWN_LEADER_EPOCH": 409,
+    "INELIGIBLE_REPLICA": 409,
+    "OFFSET_OUT_OF_RANGE": 416,
+    "MESSAGE_TOO_LARGE": 413,
+    "RECORD_TOO_LARGE": 413,
+    # "Ask someone else": the body names who.
+    "NOT_CONTROLLER": 421,
+    "NOT_LEADER_OR_FOLLOWER": 421,
+    "REQUEST_TIMED_OUT": 503,
+    "NOT_ENOUGH_REPLICAS": 503,
+    "NOT_FOUND": 404,
+    "UNKNOWN_SERVER_ERROR": 500,
+}
+
+
+def encode(body: Any, content_type: str) -> bytes:
+    if content_type == MSGPACK:
+        return msgpack.packb(body, use_bin_type=True)
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def response_type(request: web.Request) -> str:
+    accept = request.headers.get("Accept", "")
+    if MSGPACK in accept:
+        return MSGPACK
+    if JSON in accept:
+        return JSON
+    if request.content_type == MSGPACK:
+        return MSGPACK
+    return JSON
+
+
+def respond(request: web.Request, body: Any, status: int = 200) -> web.Response:
+    content_type = response_type(request)
+    return web.Response(body=encode(body, content_type), status=status,
+                        content_type=content_type)
+
+
+def error_body(exc: Exception) -> dict:
+    error = {"code": getattr(exc, "code", "UNKNOWN_SERVER_ERROR"), "message": str(exc)}
+    for extra in ("leader_id", "leader_url"):
+        if getattr(exc, extra, None) is not None:
+            error[extra] = getattr(exc, extra)
+    return {"error": error}
+
+
+def error_response(request: web.Request, exc: Exception) -> web.Response:
+    body = error_body(exc)
+    return respond(request, body, STATUS_BY_CODE.get(body["error"]["code"], 400))
+
+
+async def read_body(request: web.Request) -> dict:
+    """The request body as a map. Refuses (INVALID_REQUEST) a body that is not
+    msgpack or JSON as its Content-Type says, or is not a map."""
+    content_type = request.content_type
+    if content_type not in (MSGPACK, JSON):
+        raise InvalidRequestError(
+            f"Content-Type must be {MSGPACK} or {JSON}, not {content_type or 'missing'}")
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise BodyTooLargeError(
+            f"request body is larger than {exc.max_size} bytes "
+            "(socket.request.max.bytes)") from None
+    if not raw:
+        raise InvalidRequestError("request body is empty; send a map")
+    try:
+        if content_type == MSGPACK:
+            body = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        else:
+            body = json.loads(raw)
+    except Exception as exc:  # both libraries raise several unrelated types
+        fmt = "msgpack" if content_type == MSGPACK else "JSON"
+        raise InvalidRequestError(f"request body is not valid {fmt}: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequestError(f"request body must be a map, got {type(body).__name__}")
+    return body
+
+
+class BodyTooLargeError(KraftError):
+    code = "MESSAGE_TOO_LARGE"
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        if exc.status == 413:
+            return error_response(request, BodyTooLargeError(exc.text or "body too large"))
+        if exc.status == 404:
+            code, message = "NOT_FOUND", f"no endpoint {request.method} {request.path}"
+        elif exc.status == 405:
+            code, message = "INVALID_REQUEST", f"{request.method} is not allowed on {request.path}"
+        else:
+            code, message = "INVALID_REQUEST", exc.text or exc.reason
+        return respond(request, {"error": {"code": code, "message": message}}, exc.status)
+    except KraftError as exc:
+        return error_response(request, exc)
+    except Exception as exc:
+        if hasattr(exc, "code") and isinstance(getattr(exc, "code"), str):
+            return error_response(request, exc)  # storage errors carry codes too
+        logger.exception("unexpected error handling %s %s", request.method, request.path)
+        body = {"error": {"code": "UNKNOWN_SERVER_ERROR",
+                          "message": f"internal error: {type(exc).__name__}: {exc}"}}
+        return respond(request, body, 500)

@@ -1,0 +1,194 @@
+"""The metadata quorum on real sockets and real files, in one process:
+three pysyncobj replicas commit batches atomically, refuse stale and
+malformed ones, and come back with their image after a restart, from the
+journal and from a snapshot."""
+
+import asyncio
+import os
+
+import msgpack
+import pytest
+
+from chaos.cluster import free_port
+from kraft.errors import NotControllerError
+from kraft.image import MetadataImage
+from kraft.quorum import ApplyStatus, MetadataQuorum, RaftSettings
+from kraft.records import NoOpRecord, PartitionRecord, TopicRecord
+
+FAST = RaftSettings(election_timeout_ms=200, fetch_timeout_ms=1000)
+
+
+def make_quorums(tmp_path, addresses, settings=FAST):
+    quorums = [MetadataQuorum(node_id, addresses, str(tmp_path / f"c{node_id}"), settings)
+               for node_id in sorted(addresses)]
+    for quorum in quorums:
+        quorum.start()
+    return quorums
+
+
+async def wait_for(predicate, timeout_s, what):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def leader_of(quorums):
+    await wait_for(lambda: sum(q.is_leader for q in quorums) == 1, 10, "one leader")
+    leader = next(q for q in quorums if q.is_leader)
+    await leader.propose([NoOpRecord()], None, 5)  # barrier: the image is current
+    return leader
+
+
+def offset_of(quorum):
+    with quorum.image_lock:
+        return quorum.image.offset
+
+
+async def create_topic(leader, name):
+    expected = offset_of(leader)
+    return await leader.propose([TopicRecord(name, f"id-{name}"),
+                                 PartitionRecord(f"id-{name}", 0, [1], [1], 1, 0, 0)],
+                                expected, 5)
+
+
+@pytest.fixture
+def addresses():
+    return {node_id: f"127.0.0.1:{free_port()}" for node_id in (1, 2, 3)}
+
+
+async def test_three_replicas_apply_the_same_batches_at_the_same_offsets(tmp_path, addresses):
+    quorums = make_quorums(tmp_path, addresses)
+    try:
+        leader = await leader_of(quorums)
+        start = offset_of(leader)
+        for i in range(5):
+            result = await create_topic(leader, f"t{i}")
+            assert result.status is ApplyStatus.APPLIED
+            assert result.last_offset == start + 2 * (i + 1)  # two records per batch
+        await wait_for(lambda: all(offset_of(q) == offset_of(leader) for q in quorums), 5,
+                       "followers to apply")
+        snapshots = {q.snapshot() for q in quorums}
+        assert len(snapshots) == 1
+        records, _ = leader.records_after(start)
+        assert [offset for offset, _ in records] == list(range(start + 1, start + 11))
+    finally:
+        for q in quorums:
+            q.stop()
+
+
+async def test_a_batch_computed_on_another_image_is_refused_everywhere(tmp_path, addresses):
+    quorums = make_quorums(tmp_path, addresses)
+    try:
+        leader = await leader_of(quorums)
+        stale_offset = offset_of(leader)
+        await create_topic(leader, "first")
+        result = await leader.propose([TopicRecord("second", "id-second")], stale_offset, 5)
+        assert result.status is ApplyStatus.STALE
+        await wait_for(lambda: all(offset_of(q) == offset_of(leader) for q in quorums), 5,
+                       "followers to apply")
+        for q in quorums:
+            with q.image_lock:
+                assert sorted(q.image.topics) == ["first"]
+    finally:
+        for q in quorums:
+            q.stop()
+
+
+async def test_an_undecodable_batch_changes_nothing(tmp_path, addresses):
+    quorums = make_quorums(tmp_path, addresses)
+    try:
+        leader = await leader_of(quorums)
+        before = leader.snapshot()
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        garbage = msgpack.packb([b"\xc1not a record"])
+        leader.apply_batch(None, garbage, callback=lambda result, error:
+                           loop.call_soon_threadsafe(done.set_result, (result, error)))
+        result, error = await asyncio.wait_for(done, 5)
+        assert result.status is ApplyStatus.INVALID
+        assert leader.snapshot() == before
+    finally:
+        for q in quorums:
+            q.stop()
+
+
+async def test_a_follower_cannot_commit_and_says_who_leads(tmp_path, addresses):
+    quorums = make_quorums(tmp_path, addresses)
+    try:
+        leader = await leader_of(quorums)
+        follower = next(q for q in quorums if q is not leader)
+        await wait_for(lambda: follower.leader_id() == leader.node_id, 5, "leader known")
+        status = follower.status()
+        assert status["state"] == "follower" and status["leader_id"] == leader.node_id
+        leader_status = leader.status()
+        assert {v["id"] for v in leader_status["voters"]} == {1, 2, 3}
+        assert all(v["lag"] is not None for v in leader_status["voters"])
+    finally:
+        for q in quorums:
+            q.stop()
+
+
+@pytest.mark.parametrize("snapshot_first", [False, True], ids=["journal", "snapshot"])
+async def test_a_restarted_quorum_has_every_committed_record(tmp_path, addresses,
+                                                              snapshot_first):
+    settings = RaftSettings(election_timeout_ms=200, fetch_timeout_ms=1000,
+                            snapshot_min_entries=5 if snapshot_first else 5000)
+    quorums = make_quorums(tmp_path, addresses, settings)
+    leader = await leader_of(quorums)
+    for i in range(12):
+        await create_topic(leader, f"t{i}")
+    await wait_for(lambda: all(offset_of(q) == offset_of(leader) for q in quorums), 5,
+                   "followers to apply")
+    if snapshot_first:
+        await wait_for(lambda: all(os.path.exists(tmp_path / f"c{q.node_id}" / "raft.snapshot")
+                                   for q in quorums), 10, "snapshots on every replica")
+    expected = leader.snapshot()
+    for q in quorums:
+        q.stop()
+
+    quorums = make_quorums(tmp_path, addresses, settings)
+    try:
+        leader = await leader_of(quorums)  # its barrier commits every older entry
+        await wait_for(lambda: all(offset_of(q) == expected[1] + 1 for q in quorums), 10,
+                       "replicas to re-apply the log and the new barrier")
+        before = MetadataImage.from_snapshot(expected[0])
+        for q in quorums:
+            after = MetadataImage.from_snapshot(q.snapshot()[0])
+            assert after.topics == before.topics and len(after.topics) == 12
+    finally:
+        for q in quorums:
+            q.stop()
+
+
+async def test_the_journal_is_fsynced_on_every_append(tmp_path, addresses, monkeypatch):
+    import kraft.quorum as quorum_module
+
+    quorums = make_quorums(tmp_path, addresses)
+    try:
+        leader = await leader_of(quorums)
+        calls = []
+        real_fsync = os.fsync
+        monkeypatch.setattr(quorum_module.os, "fsync",
+                            lambda fd: (calls.append(fd), real_fsync(fd)))
+        await create_topic(leader, "synced")
+        # the leader's own append, and each follower's, before it acknowledged
+        assert len(calls) >= 2
+    finally:
+        monkeypatch.undo()
+        for q in quorums:
+            q.stop()
+
+
+async def test_propose_without_a_quorum_fails_fast(tmp_path):
+    addresses = {1: f"127.0.0.1:{free_port()}", 2: f"127.0.0.1:{free_port()}",
+                 3: f"127.0.0.1:{free_port()}"}
+    lone = MetadataQuorum(1, addresses, str(tmp_path / "lone"), FAST)
+    lone.start()
+    try:
+        with pytest.raises(NotControllerError):
+            await lone.propose([NoOpRecord()], None, 5)
+        assert not lone.is_leader
+    finally:
+        lone.stop()

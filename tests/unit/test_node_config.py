@@ -1,0 +1,97 @@
+"""Node configs: identity, roles, listeners, voters, and the errors a
+mistyped config gets."""
+
+import pytest
+
+from kraft.config import load_node_config, node_config_from_settings
+from kraft.errors import InvalidConfigError
+
+BASE = {
+    "node.id": 1,
+    "process.roles": "broker,controller",
+    "controller.quorum.voters": "1@127.0.0.1:9093,2@127.0.0.1:9193",
+    "listeners": "BROKER://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093",
+    "log.dirs": "/tmp/kraftlog-test-a,/tmp/kraftlog-test-b",
+}
+
+
+def config(**changes):
+    settings = dict(BASE)
+    for key, value in changes.items():
+        key = key.replace("_", ".")
+        if value is None:
+            settings.pop(key, None)
+        else:
+            settings[key] = value
+    return node_config_from_settings(settings)
+
+
+def test_a_combined_node_with_kafka_defaults():
+    c = config()
+    assert c.is_broker and c.is_controller
+    assert c.voters[2].port == 9193 and c.listeners["BROKER"].port == 9092
+    assert c.raft_endpoint(1).port == 9094 and c.raft_endpoint(2).port == 9194
+    assert (c.session_timeout_ms, c.heartbeat_interval_ms) == (9000, 2000)
+    assert c.metadata_log_dir == "/tmp/kraftlog-test-a/__cluster_metadata"
+    assert c.controller_urls == {1: "http://127.0.0.1:9093", 2: "http://127.0.0.1:9193"}
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"node.id": None}, "node.id must be set"),
+    ({"node.id": -1}, "node.id must be set"),
+    ({"node.id": "one"}, "node.id must be an integer"),
+    ({"process.roles": "broker,zookeeper"}, "process.roles"),
+    ({"process.roles": ""}, "process.roles"),
+    ({"controller.quorum.voters": "1@127.0.0.1"}, "not host:port"),
+    ({"controller.quorum.voters": "x@127.0.0.1:9093"}, "not id@host:port"),
+    ({"controller.quorum.voters": "1@127.0.0.1:9093,1@127.0.0.1:9193"}, "given twice"),
+    ({"controller.quorum.voters": "2@127.0.0.1:9193"}, "not in controller.quorum.voters"),
+    ({"listeners": "BROKER://127.0.0.1:9092,CONTROLLER://127.0.0.1:9999"},
+     "must be this node's voter address"),
+    ({"listeners": "CONTROLLER://127.0.0.1:9093"}, "BROKER://host:port listener"),
+    ({"listeners": "BROKER:127.0.0.1:9092"}, "NAME://host:port"),
+    ({"listeners": "BROKER://127.0.0.1:99999,CONTROLLER://127.0.0.1:9093"}, "not host:port"),
+    ({"broker.heartbeat.interval.ms": 9000}, "below broker.session.timeout.ms"),
+    ({"broker.session.timeout.ms": 0}, "at least 1"),
+    ({"controller.quorum.fetch.timeout.ms": 100}, "at least controller.quorum.election"),
+    ({"unclean.leader.election.enable": "maybe"}, "true or false"),
+    ({"log.dirs": None}, "metadata needs a directory"),
+    ({"controller.quorum.voters": "1@127.0.0.1:65535", "listeners":
+      "BROKER://127.0.0.1:9092,CONTROLLER://127.0.0.1:65535"}, "above 65535"),
+])
+def test_bad_settings_are_refused_with_a_message_naming_the_key(changes, message):
+    settings = dict(BASE)
+    for key, value in changes.items():
+        if value is None:
+            settings.pop(key)
+        else:
+            settings[key] = value
+    with pytest.raises(InvalidConfigError, match=message):
+        node_config_from_settings(settings)
+
+
+def test_a_broker_only_node_needs_no_controller_listener():
+    c = config(**{"process_roles": "broker", "listeners": "BROKER://127.0.0.1:9092",
+                  "node_id": 4})
+    assert c.is_broker and not c.is_controller
+
+
+def test_overrides_from_the_command_line_are_typed_like_toml(tmp_path):
+    path = tmp_path / "node.toml"
+    path.write_text('"node.id" = 1\n"process.roles" = "broker"\n'
+                    '"controller.quorum.voters" = "1@127.0.0.1:9093"\n'
+                    '"listeners" = "BROKER://127.0.0.1:9092"\n"log.dirs" = "/tmp/x"\n')
+    c = load_node_config(str(path), ["node.id=7", "broker.rack=rack-a",
+                                     "unclean.leader.election.enable=true"])
+    assert (c.node_id, c.rack, c.unclean_leader_election_enable) == (7, "rack-a", True)
+    with pytest.raises(InvalidConfigError, match="key=value"):
+        load_node_config(str(path), ["node.id"])
+
+
+def test_missing_and_malformed_files_say_so(tmp_path):
+    with pytest.raises(InvalidConfigError, match="does not exist"):
+        load_node_config(str(tmp_path / "nope.toml"))
+    bad = tmp_path / "bad.toml"
+    bad.write_text("node.id = = 1")
+    with pytest.raises(InvalidConfigError, match="not valid TOML"):
+        load_node_config(str(bad))
