@@ -56,7 +56,8 @@ from kraft.records import (NO_LEADER, BrokerRegistrationChangeRecord, ConfigReco
                            RegisterBrokerRecord, RemoveTopicRecord, TopicRecord,
                            UnfenceBrokerRecord)
 from kraft.topic_config import (TOPIC_CONFIGS, UNCLEAN_LEADER_ELECTION_ENABLE,
-                                builtin_defaults, normalise_topic_config, printable,
+                                builtin_defaults, defaults_from_broker_config,
+                                normalise_topic_config, printable,
                                 unclean_election_enabled, validate_topic_configs)
 from storage import errors as storage_errors
 from storage.manager import validate_topic_name
@@ -130,8 +131,6 @@ class ControllerSettings:
     def from_node_config(cls, node_settings: Mapping[str, Any]) -> "ControllerSettings":
         """Settings from a node config spelled as Kafka spells it; absent keys
         keep the defaults above. Raises ``InvalidConfigError``."""
-        from kraft.topic_config import defaults_from_broker_config
-
         fields: dict[str, Any] = {"topic_config_defaults": defaults_from_broker_config(node_settings)}
         for key, field, scale in (
                 ("broker.session.timeout.ms", "session_timeout_ms", 1),
@@ -150,10 +149,13 @@ class ControllerSettings:
 
 
 def _node_int(key: str, value: Any) -> int:
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit() and len(value) < 20:
-        return int(value)
     if isinstance(value, int) and not isinstance(value, bool):
         return value
+    if isinstance(value, str) and len(value) < 20:
+        try:
+            return int(value)
+        except ValueError:
+            pass
     raise InvalidConfigError(f"{key} must be an integer, got {printable(value)}")
 
 
@@ -282,10 +284,10 @@ class Controller:
         registration is fenced first, exactly as on lease expiry. The new
         registration starts fenced and gets a fresh lease."""
         body = _Fields(request, "")
-        broker_id = body.int("broker_id", 0, INT32_MAX)
-        incarnation_id = body.str("incarnation_id", INCARNATION_ID_CHARS_MAX)
+        broker_id = body.integer("broker_id", 0, INT32_MAX)
+        incarnation_id = body.string("incarnation_id", INCARNATION_ID_CHARS_MAX)
         endpoints = _endpoints(body)
-        rack = body.str("rack", RACK_CHARS_MAX, min_chars=0, default=None)
+        rack = body.string("rack", RACK_CHARS_MAX, min_chars=0, default=None)
         existing = image.brokers.get(broker_id)
         if existing is not None and existing.incarnation_id == incarnation_id:
             if existing.endpoints != endpoints or existing.rack != rack:
@@ -314,11 +316,11 @@ class Controller:
         request (``want_fence``), or unfencing once the broker's metadata has
         reached its own registration (``metadata_offset >= broker_epoch``)."""
         body = _Fields(request, "")
-        broker_id = body.int("broker_id", 0, INT32_MAX)
-        broker_epoch = body.int("broker_epoch", 0, INT64_MAX)
-        metadata_offset = body.int("metadata_offset", -1, INT64_MAX)
-        want_fence = body.bool("want_fence", default=False)
-        want_shutdown = body.bool("want_shutdown", default=False)
+        broker_id = body.integer("broker_id", 0, INT32_MAX)
+        broker_epoch = body.integer("broker_epoch", 0, INT64_MAX)
+        metadata_offset = body.integer("metadata_offset", -1, INT64_MAX)
+        want_fence = body.boolean("want_fence", default=False)
+        want_shutdown = body.boolean("want_shutdown", default=False)
         broker = _registered_broker(image, broker_id, broker_epoch)
         self._lease_start_ms[broker_id] = now_ms
         caught_up = metadata_offset >= broker.broker_epoch
@@ -405,8 +407,8 @@ class Controller:
         and ConfigRecords. Later topics see the load of earlier ones. With
         ``validate_only`` everything is checked and nothing is written."""
         body = _Fields(request, "")
-        items = body.list("topics", TOPICS_PER_REQUEST_MAX)
-        validate_only = body.bool("validate_only", default=False)
+        items = body.sequence("topics", TOPICS_PER_REQUEST_MAX)
+        validate_only = body.boolean("validate_only", default=False)
         specs = [_NewTopic.parse(item, f"topics[{i}]") for i, item in enumerate(items)]
         name_counts = collections.Counter(spec.name for spec in specs)
         draft = _Draft(image)
@@ -431,10 +433,10 @@ class Controller:
             raise TopicAlreadyExistsError(f"topic {spec.name!r} already exists")
         creation.check_collision(spec.name)
         configs = validate_topic_configs(spec.configs)
-        assignment = (self._manual_assignment(draft.image, spec) if spec.assignments is not None
+        assignment = (self._manual_assignment(creation, spec) if spec.assignments is not None
                       else self._placed_assignment(creation, spec))
-        creation.take_partition_budget(len(assignment))
         topic_id = creation.new_topic_id(self._id_factory)
+        creation.take_partition_budget(len(assignment))
         draft.add(TopicRecord(spec.name, topic_id))
         live = _live_broker_ids(draft.image)
         for partition, replicas in enumerate(assignment):
@@ -454,10 +456,11 @@ class Controller:
         replication_factor = (self.settings.default_replication_factor
                               if spec.replication_factor == -1 else spec.replication_factor)
         _check_partition_count(num_partitions)
+        creation.check_partition_budget(num_partitions)
         return creation.place(num_partitions, replication_factor)
 
     @staticmethod
-    def _manual_assignment(image: MetadataImage, spec: "_NewTopic") -> list[list[int]]:
+    def _manual_assignment(creation: "_TopicCreation", spec: "_NewTopic") -> list[list[int]]:
         """The replica lists of a manual assignment, checked: partitions
         0..n-1 each exactly once, agreeing with any num_partitions and
         replication_factor given."""
@@ -471,11 +474,12 @@ class Controller:
             raise InvalidPartitionsError(
                 f"num_partitions is {spec.num_partitions} but assignments name "
                 f"{len(partitions)} partitions")
+        creation.check_partition_budget(len(partitions))
         assignment = [replicas for _, replicas in sorted(spec.assignments)]
-        replication_factor = spec.replication_factor
-        if replication_factor == -1:
-            replication_factor = len(assignment[0])
-        _check_replica_lists(image, assignment, replication_factor, first_partition=0)
+        replication_factor = (len(assignment[0]) if spec.replication_factor == -1
+                              else spec.replication_factor)
+        _check_replica_lists(creation.draft.image, assignment, replication_factor,
+                             first_partition=0)
         return assignment
 
     def delete_topics(self, image: MetadataImage, request: Any) -> ControllerResult:
@@ -483,7 +487,7 @@ class Controller:
         drops its partitions and configs with it)."""
         body = _Fields(request, "")
         names = [_as_str(name, f"topics[{i}]", NAME_CHARS_MAX)
-                 for i, name in enumerate(body.list("topics", TOPICS_PER_REQUEST_MAX))]
+                 for i, name in enumerate(body.sequence("topics", TOPICS_PER_REQUEST_MAX))]
         name_counts = collections.Counter(names)
         draft = _Draft(image)
         results = []
@@ -504,8 +508,8 @@ class Controller:
         the topic's replication factor (that of partition 0) and are placed
         over the live brokers, or follow the given ``assignments``."""
         body = _Fields(request, "")
-        items = body.list("topics", TOPICS_PER_REQUEST_MAX)
-        validate_only = body.bool("validate_only", default=False)
+        items = body.sequence("topics", TOPICS_PER_REQUEST_MAX)
+        validate_only = body.boolean("validate_only", default=False)
         specs = [_NewPartitions.parse(item, f"topics[{i}]") for i, item in enumerate(items)]
         name_counts = collections.Counter(spec.name for spec in specs)
         draft = _Draft(image)
@@ -537,6 +541,7 @@ class Controller:
             raise InvalidPartitionsError(f"topic {spec.name!r} already has {current} partitions")
         _check_partition_count(spec.count)
         added = spec.count - current
+        creation.check_partition_budget(added)
         replication_factor = (len(topic.partitions[0].replicas) if 0 in topic.partitions
                               else self.settings.default_replication_factor)
         if spec.assignments is None:
@@ -564,11 +569,11 @@ class Controller:
         else the node's default, else the built-in one (DEFAULT_CONFIG)."""
         body = _Fields(request, "")
         results = []
-        for i, item in enumerate(body.list("resources", TOPICS_PER_REQUEST_MAX)):
+        for i, item in enumerate(body.sequence("resources", TOPICS_PER_REQUEST_MAX)):
             resource = _Fields(item, f"resources[{i}]")
-            resource_type = resource.str("type", NAME_CHARS_MAX)
-            name = resource.str("name", NAME_CHARS_MAX)
-            keys = resource.list("keys", CONFIGS_PER_RESOURCE_MAX, default=None)
+            resource_type = resource.string("type", NAME_CHARS_MAX)
+            name = resource.string("name", NAME_CHARS_MAX)
+            keys = resource.sequence("keys", CONFIGS_PER_RESOURCE_MAX, default=None)
             if keys is not None:
                 keys = [_as_str(key, f"resources[{i}].keys[{j}]", NAME_CHARS_MAX)
                         for j, key in enumerate(keys)]
@@ -592,7 +597,8 @@ class Controller:
             if unknown:
                 raise InvalidConfigError(
                     f"unknown topic configs {unknown}; known: {', '.join(TOPIC_CONFIGS)}")
-            known = [key for key in known if key in set(keys)]
+            wanted = set(keys)
+            known = [key for key in known if key in wanted]
         return [{"name": key,
                  "value": overrides.get(key, self._config_defaults.get(key)),
                  "source": CONFIG_SOURCE_TOPIC if key in overrides else CONFIG_SOURCE_DEFAULT,
@@ -606,8 +612,8 @@ class Controller:
         must validate together. Enabling unclean election also elects leaders
         for the topic's offline partitions in the same batch."""
         body = _Fields(request, "")
-        items = body.list("resources", TOPICS_PER_REQUEST_MAX)
-        validate_only = body.bool("validate_only", default=False)
+        items = body.sequence("resources", TOPICS_PER_REQUEST_MAX)
+        validate_only = body.boolean("validate_only", default=False)
         specs = [_ConfigChange.parse(item, f"resources[{i}]") for i, item in enumerate(items)]
         resource_counts = collections.Counter((spec.type, spec.name) for spec in specs)
         draft = _Draft(image)
@@ -640,7 +646,8 @@ class Controller:
             elif key in current or key in TOPIC_CONFIGS:
                 updated.pop(key, None)
             else:
-                normalise_topic_config(key, None)  # Raises: unknown key.
+                raise InvalidConfigError(
+                    f"unknown topic config {key!r}; known: {', '.join(TOPIC_CONFIGS)}")
         validate_topic_configs(updated)
         was_unclean = _unclean_allowed(draft.image, spec.name, self.settings)
         for key in keys:
@@ -656,14 +663,14 @@ class Controller:
         exists, sender is the leader, leader epoch (older: fenced, newer:
         unknown), partition epoch, ISR shape, added members live."""
         body = _Fields(request, "")
-        broker_id = body.int("broker_id", 0, INT32_MAX)
-        broker_epoch = body.int("broker_epoch", 0, INT64_MAX)
-        topic = body.str("topic", NAME_CHARS_MAX)
-        partition = body.int("partition", 0, INT32_MAX)
-        leader_epoch = body.int("leader_epoch", 0, INT32_MAX)
-        partition_epoch = body.int("partition_epoch", 0, INT32_MAX)
+        broker_id = body.integer("broker_id", 0, INT32_MAX)
+        broker_epoch = body.integer("broker_epoch", 0, INT64_MAX)
+        topic = body.string("topic", NAME_CHARS_MAX)
+        partition = body.integer("partition", 0, INT32_MAX)
+        leader_epoch = body.integer("leader_epoch", 0, INT32_MAX)
+        partition_epoch = body.integer("partition_epoch", 0, INT32_MAX)
         new_isr = [_as_int(member, f"new_isr[{i}]", 0, INT32_MAX) for i, member in
-                   enumerate(body.list("new_isr", REPLICAS_PER_PARTITION_MAX))]
+                   enumerate(body.sequence("new_isr", REPLICAS_PER_PARTITION_MAX))]
         _registered_broker(image, broker_id, broker_epoch)
         current = _existing_partition(image, topic, partition)
         _check_alter_partition_epochs(current, broker_id, leader_epoch, partition_epoch,
@@ -684,7 +691,7 @@ class Controller:
         partitions that moved or could not (as Kafka leaves out those whose
         preferred replica already leads)."""
         body = _Fields(request, "")
-        items = body.list("partitions", PARTITIONS_PER_REQUEST_MAX, default=None)
+        items = body.sequence("partitions", PARTITIONS_PER_REQUEST_MAX, default=None)
         if items is None:
             wanted = sorted((name, p) for name, topic in image.topics.items()
                             for p in topic.partitions)
@@ -694,8 +701,8 @@ class Controller:
         results = []
         for topic, partition in wanted:
             result = _elect_preferred(draft, topic, partition)
-            if items is not None or result["error"] is not None or result.pop("moved"):
-                result.pop("moved", None)
+            moved = result.pop("moved")
+            if items is not None or moved or result["error"] is not None:
                 results.append(result)
         return ControllerResult(draft.records, {"partitions": results})
 
@@ -863,12 +870,15 @@ class _TopicCreation:
                               existing_replica_counts=self.replica_counts,
                               existing_leader_counts=self.leader_counts)
 
-    def take_partition_budget(self, count: int) -> None:
+    def check_partition_budget(self, count: int) -> None:
         if count > self.partitions_left:
             raise InvalidPartitionsError(
                 f"a request may create at most {PARTITIONS_PER_REQUEST_MAX} partitions; "
                 f"{PARTITIONS_PER_REQUEST_MAX - self.partitions_left} are already created by "
                 f"earlier items, so {count} more are refused")
+
+    def take_partition_budget(self, count: int) -> None:
+        self.check_partition_budget(count)
         self.partitions_left -= count
 
     def new_topic_id(self, id_factory: Callable[[], str]) -> str:
@@ -925,10 +935,13 @@ def _check_replica_lists(image: MetadataImage, assignment: list[list[int]],
                          replication_factor: int, first_partition: int) -> None:
     """Manual replica lists: each of ``replication_factor`` distinct
     registered brokers, at least one of them live (it will lead)."""
+    if replication_factor < 1:
+        raise InvalidReplicationFactorError(
+            f"replication factor must be at least 1, not {replication_factor}")
     live = _live_broker_ids(image)
     for offset, replicas in enumerate(assignment):
         where = f"partition {first_partition + offset}"
-        if len(replicas) != replication_factor or not replicas:
+        if len(replicas) != replication_factor:
             raise InvalidReplicationFactorError(
                 f"{where} has {len(replicas)} replicas; every partition needs "
                 f"{replication_factor}")
@@ -1017,6 +1030,10 @@ class _Fields:
     def path(self, key: str) -> str:
         return f"{self.where}.{key}" if self.where else key
 
+    def required(self, key: str) -> Any:
+        """A field of any type that must be present; the caller checks it."""
+        return self._get(key, _REQUIRED)[0]
+
     def _get(self, key: str, default: Any) -> tuple[Any, bool]:
         """(value, present); raises if absent and required."""
         value = self.values.get(key)
@@ -1026,22 +1043,23 @@ class _Fields:
             return default, False
         return value, True
 
-    def int(self, key: str, minimum: int, maximum: int, default: Any = _REQUIRED) -> Any:
+    def integer(self, key: str, minimum: int, maximum: int, default: Any = _REQUIRED) -> Any:
         value, present = self._get(key, default)
         return _as_int(value, self.path(key), minimum, maximum) if present else value
 
-    def str(self, key: str, max_chars: int, min_chars: int = 1, default: Any = _REQUIRED) -> Any:
+    def string(self, key: str, max_chars: int, min_chars: int = 1,
+               default: Any = _REQUIRED) -> Any:
         value, present = self._get(key, default)
         return _as_str(value, self.path(key), max_chars, min_chars) if present else value
 
-    def bool(self, key: str, default: Any = _REQUIRED) -> Any:
+    def boolean(self, key: str, default: Any = _REQUIRED) -> Any:
         value, present = self._get(key, default)
         if present and not isinstance(value, bool):
             raise InvalidRequestError(
                 f"{self.path(key)} must be true or false, got {printable(value)}")
         return value
 
-    def list(self, key: str, max_items: int, default: Any = _REQUIRED) -> Any:
+    def sequence(self, key: str, max_items: int, default: Any = _REQUIRED) -> Any:
         value, present = self._get(key, default)
         if present and not isinstance(value, list):
             raise InvalidRequestError(f"{self.path(key)} must be a list, got {printable(value)}")
@@ -1050,7 +1068,7 @@ class _Fields:
                 f"{self.path(key)} has {len(value)} items; the limit is {max_items}")
         return value
 
-    def map(self, key: str, max_items: int, default: Any = _REQUIRED) -> Any:
+    def mapping(self, key: str, max_items: int, default: Any = _REQUIRED) -> Any:
         value, present = self._get(key, default)
         if present and not isinstance(value, dict):
             raise InvalidRequestError(f"{self.path(key)} must be a map, got {printable(value)}")
@@ -1093,7 +1111,7 @@ def _config_value(value: Any, where: str) -> Any:
 
 
 def _endpoints(body: _Fields) -> dict[str, str]:
-    endpoints = body.map("endpoints", ENDPOINTS_MAX)
+    endpoints = body.mapping("endpoints", ENDPOINTS_MAX)
     if not endpoints:
         raise InvalidRequestError("endpoints must name at least one listener")
     for listener, address in endpoints.items():
@@ -1108,7 +1126,7 @@ def _endpoints(body: _Fields) -> dict[str, str]:
 
 def _topic_partition(item: Any, where: str) -> tuple[str, int]:
     fields = _Fields(item, where)
-    return fields.str("topic", NAME_CHARS_MAX), fields.int("partition", 0, INT32_MAX)
+    return fields.string("topic", NAME_CHARS_MAX), fields.integer("partition", 0, INT32_MAX)
 
 
 @dataclasses.dataclass
@@ -1124,14 +1142,14 @@ class _NewTopic:
     @classmethod
     def parse(cls, item: Any, where: str) -> "_NewTopic":
         fields = _Fields(item, where)
-        name = fields.str("name", NAME_CHARS_MAX)
-        num_partitions = fields.int("num_partitions", -(2**31), INT32_MAX, default=-1)
-        replication_factor = fields.int("replication_factor", -(2**31), INT32_MAX, default=-1)
-        configs = fields.map("configs", CONFIGS_PER_RESOURCE_MAX, default={})
+        name = fields.string("name", NAME_CHARS_MAX)
+        num_partitions = fields.integer("num_partitions", -(2**31), INT32_MAX, default=-1)
+        replication_factor = fields.integer("replication_factor", -(2**31), INT32_MAX, default=-1)
+        configs = fields.mapping("configs", CONFIGS_PER_RESOURCE_MAX, default={})
         for key, value in configs.items():
             _as_str(key, f"{fields.path('configs')} key {printable(key)}", NAME_CHARS_MAX)
             _config_value(value, f"{fields.path('configs')}[{key!r}]")
-        raw = fields.map("assignments", PARTITIONS_PER_TOPIC_MAX, default=None)
+        raw = fields.mapping("assignments", PARTITIONS_PER_TOPIC_MAX, default=None)
         assignments = None
         if raw is not None:
             assignments = [(_partition_key(key, fields.path("assignments")),
@@ -1158,9 +1176,9 @@ class _NewPartitions:
     @classmethod
     def parse(cls, item: Any, where: str) -> "_NewPartitions":
         fields = _Fields(item, where)
-        name = fields.str("name", NAME_CHARS_MAX)
-        count = fields.int("count", 0, INT32_MAX)
-        raw = fields.list("assignments", PARTITIONS_PER_TOPIC_MAX, default=None)
+        name = fields.string("name", NAME_CHARS_MAX)
+        count = fields.integer("count", 0, INT32_MAX)
+        raw = fields.sequence("assignments", PARTITIONS_PER_TOPIC_MAX, default=None)
         assignments = None
         if raw is not None:
             assignments = [_broker_ids(replicas, f"{fields.path('assignments')}[{i}]")
@@ -1179,19 +1197,18 @@ class _ConfigChange:
     @classmethod
     def parse(cls, item: Any, where: str) -> "_ConfigChange":
         fields = _Fields(item, where)
-        resource_type = fields.str("type", NAME_CHARS_MAX)
-        name = fields.str("name", NAME_CHARS_MAX)
+        resource_type = fields.string("type", NAME_CHARS_MAX)
+        name = fields.string("name", NAME_CHARS_MAX)
         ops = []
-        for i, raw in enumerate(fields.list("ops", CONFIGS_PER_RESOURCE_MAX)):
+        for i, raw in enumerate(fields.sequence("ops", CONFIGS_PER_RESOURCE_MAX)):
             op_fields = _Fields(raw, f"{fields.path('ops')}[{i}]")
-            key = op_fields.str("name", NAME_CHARS_MAX)
-            op = op_fields.str("op", NAME_CHARS_MAX)
+            key = op_fields.string("name", NAME_CHARS_MAX)
+            op = op_fields.string("op", NAME_CHARS_MAX)
             if op not in ("set", "delete"):
                 raise InvalidRequestError(
                     f"{op_fields.path('op')} must be 'set' or 'delete', got {printable(op)}")
             value = None
             if op == "set":
-                value = _config_value(op_fields._get("value", _REQUIRED)[0],
-                                      op_fields.path("value"))
+                value = _config_value(op_fields.required("value"), op_fields.path("value"))
             ops.append((key, op, value))
         return cls(resource_type, name, ops)

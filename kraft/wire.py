@@ -107,9 +107,7 @@ async def read_body(request: web.Request) -> dict:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        raise BodyTooLargeError(
-            f"request body is larger than {exc.max_size} bytes "
-            "(socket.request.max.bytes)") from None
+        raise BodyTooLargeError(f"request body too large: {exc.text}") from None
     if not raw:
         raise InvalidRequestError("request body is empty; send a map")
     try:

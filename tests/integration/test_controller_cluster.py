@@ -1,0 +1,319 @@
+"""The control plane as real processes on loopback: three controllers and
+three brokers started with ``kraftlog node``, killed with SIGKILL, paused
+with SIGSTOP, stopped with SIGTERM. Every wait has a deadline
+(``wait_until``); times quoted in test names are checked as deadlines, and
+measured properly by ``kraftlog bench controller``."""
+
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import msgpack
+import pytest
+
+from chaos.cluster import ProcessCluster, http_json, wait_until
+
+SESSION_TIMEOUT_S = 1.5  # chaos.cluster.FAST_SETTINGS
+
+
+def create_topic(cluster, name, partitions=3, replication_factor=3, **extra):
+    status, body = cluster.controller_call("/v1/controller/topics/create", {
+        "topics": [{"name": name, "num_partitions": partitions,
+                    "replication_factor": replication_factor, **extra}]})
+    assert status == 200, body
+    (result,) = body["topics"]
+    return result
+
+
+def topics_of(metadata):
+    return {t["name"]: [(p["partition"], p["replicas"]) for p in t["partitions"]]
+            for t in metadata["topics"]}
+
+
+def partitions_of(cluster, controller_id, topic):
+    (t,) = [t for t in cluster.metadata(controller_id)["topics"] if t["name"] == topic]
+    return t["partitions"]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with ProcessCluster(str(tmp_path / "cluster"), controllers=3, brokers=3) as c:
+        c.start()
+        c.wait_for_active_controller(20)
+        c.wait_for_brokers_running(timeout_s=20)
+        yield c
+
+
+def test_killing_the_active_controller_elects_another_that_creates_a_topic_within_3s(cluster):
+    create_topic(cluster, "before")
+    old = cluster.wait_for_active_controller()
+    cluster.kill(old)
+    killed_at = time.monotonic()
+    new = cluster.wait_for_active_controller(3, exclude=(old,))
+    created = create_topic(cluster, "after")
+    elapsed = time.monotonic() - killed_at
+    assert new != old and created["error"] is None
+    assert elapsed < 3.0, f"failover plus a topic creation took {elapsed:.2f} s"
+    # The new controller kept what the old one committed.
+    assert {"before", "after"} <= set(topics_of(cluster.metadata(new)))
+
+
+def test_all_controllers_killed_and_restarted_keep_every_topic_and_assignment(cluster):
+    for i in range(4):
+        create_topic(cluster, f"topic-{i}", partitions=i + 1)
+    active = cluster.wait_for_active_controller()
+    before = topics_of(cluster.metadata(active))
+    for controller in cluster.controller_ids:
+        cluster.kill(controller)
+    cluster.start(cluster.controller_ids)
+    cluster.wait_for_active_controller(20)
+    for controller in cluster.controller_ids:
+        wait_until(lambda: topics_of(cluster.metadata(controller)) == before, 10,
+                   f"controller {controller} to have every topic back")
+    # Brokers reconnect (their leases were reset by the new active controller).
+    cluster.wait_for_brokers_running(timeout_s=20)
+
+
+def test_a_lone_controller_cut_off_from_the_others_cannot_change_metadata(cluster):
+    lone = cluster.wait_for_active_controller()  # the worst case: it was the leader
+    others = [c for c in cluster.controller_ids if c != lone]
+    for other in others:
+        cluster.pause(other)
+    try:
+        url = cluster.nodes[lone].controller_url + "/v1/controller/topics/create"
+        status, body = http_json(url, {"topics": [{"name": "split-brain", "num_partitions": 1,
+                                                   "replication_factor": 1}]}, timeout_s=10)
+        assert status in (421, 503), body
+        assert body["error"]["code"] in ("NOT_CONTROLLER", "REQUEST_TIMED_OUT")
+        assert "split-brain" not in topics_of(cluster.metadata(lone))
+        # It gives up leadership once no majority answers (fetch timeout).
+        wait_until(lambda: not cluster.quorum(lone)["active"]
+                   and cluster.quorum(lone)["state"] != "leader", 5, "the lone leader to resign")
+        status, body = http_json(url, {"topics": [{"name": "split-brain-2"}]})
+        assert (status, body["error"]["code"]) == (421, "NOT_CONTROLLER")
+        assert "split-brain-2" not in topics_of(cluster.metadata(lone))
+    finally:
+        for other in others:
+            cluster.resume(other)
+    cluster.wait_for_active_controller(10)
+    assert create_topic(cluster, "healed", partitions=1)["error"] is None
+
+
+def test_a_killed_broker_is_fenced_after_its_session_and_loses_its_leaderships(cluster):
+    create_topic(cluster, "orders", partitions=6, replication_factor=3)
+    active = cluster.wait_for_active_controller()
+    before = {p["partition"]: p for p in partitions_of(cluster, active, "orders")}
+    victim = before[0]["leader"]
+    led = [p for p, reg in before.items() if reg["leader"] == victim]
+    cluster.kill(victim)
+    killed_at = time.monotonic()
+
+    def moved():
+        now = {p["partition"]: p for p in partitions_of(cluster, active, "orders")}
+        return all(now[p]["leader"] not in (victim, -1) for p in led) and now
+
+    after = wait_until(moved, SESSION_TIMEOUT_S + 5, "leaderships to move off the victim")
+    elapsed = time.monotonic() - killed_at
+    assert elapsed > SESSION_TIMEOUT_S * 0.8, "fenced before its session could lapse"
+    for p in led:
+        assert after[p]["leader"] in before[p]["isr"]  # clean: from the ISR
+        assert after[p]["leader_epoch"] == before[p]["leader_epoch"] + 1
+    for p, reg in after.items():
+        assert victim not in reg["isr"]  # fenced replicas leave every ISR
+    brokers = {b["broker_id"]: b for b in cluster.metadata(active)["brokers"]}
+    assert brokers[victim]["fenced"]
+
+    # Restarted, it registers anew (new incarnation, new epoch) and is unfenced.
+    old_epoch = brokers[victim]["broker_epoch"]
+    cluster.start([victim])
+    cluster.wait_for_brokers_running([victim], timeout_s=20)
+    brokers = {b["broker_id"]: b for b in cluster.metadata(active)["brokers"]}
+    assert not brokers[victim]["fenced"] and brokers[victim]["broker_epoch"] > old_epoch
+
+
+def test_sigterm_moves_a_brokers_leaderships_before_it_exits(cluster):
+    create_topic(cluster, "payments", partitions=6, replication_factor=3)
+    active = cluster.wait_for_active_controller()
+    victim = partitions_of(cluster, active, "payments")[0]["leader"]
+    started = time.monotonic()
+    cluster.kill(victim, signal.SIGTERM)
+    assert cluster.nodes[victim].process.returncode == 0
+    # Moved at shutdown, not after a session timeout.
+    assert time.monotonic() - started < SESSION_TIMEOUT_S
+    partitions = partitions_of(cluster, active, "payments")
+    assert all(p["leader"] != victim and victim not in p["isr"] for p in partitions)
+    brokers = {b["broker_id"]: b for b in cluster.metadata(active)["brokers"]}
+    assert brokers[victim]["fenced"] and brokers[victim]["in_controlled_shutdown"]
+
+
+# -- requests answered by one shared cluster (nothing destructive) ------------
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    with ProcessCluster(str(tmp_path_factory.mktemp("shared")), controllers=3,
+                        brokers=3) as c:
+        c.start()
+        c.wait_for_active_controller(20)
+        c.wait_for_brokers_running(timeout_s=20)
+        yield c
+
+
+def post_raw(url, data, content_type="application/msgpack"):
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": content_type,
+                                                              "Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_followers_answer_not_controller_with_the_leaders_address(shared):
+    active = shared.wait_for_active_controller()
+    for follower in (c for c in shared.controller_ids if c != active):
+        status, body = http_json(shared.nodes[follower].controller_url
+                                 + "/v1/controller/topics/create", {"topics": []})
+        assert status == 421
+        assert body["error"]["code"] == "NOT_CONTROLLER"
+        assert body["error"]["leader_id"] == active
+        assert body["error"]["leader_url"] == shared.nodes[active].controller_url
+
+
+@pytest.mark.parametrize("topic, code", [
+    ({"name": "bad/name"}, "INVALID_TOPIC_EXCEPTION"),
+    ({"name": "."}, "INVALID_TOPIC_EXCEPTION"),
+    ({"name": "x" * 250}, "INVALID_TOPIC_EXCEPTION"),
+    ({"name": "ok-zero", "num_partitions": 0}, "INVALID_PARTITIONS"),
+    ({"name": "ok-neg", "num_partitions": -5}, "INVALID_PARTITIONS"),
+    ({"name": "ok-rf0", "replication_factor": 0}, "INVALID_REPLICATION_FACTOR"),
+    ({"name": "ok-rf4", "replication_factor": 4}, "INVALID_REPLICATION_FACTOR"),
+    ({"name": "ok-cfg", "configs": {"retention.mss": "1"}}, "INVALID_CONFIG"),
+    ({"name": "ok-cfg2", "configs": {"retention.ms": "soon"}}, "INVALID_CONFIG"),
+    ({"name": "ok-cfg3", "configs": {"segment.bytes": 10}}, "INVALID_CONFIG"),
+])
+def test_bad_topic_creations_get_a_per_topic_error_code(shared, topic, code):
+    status, body = shared.controller_call("/v1/controller/topics/create", {"topics": [topic]})
+    assert status == 200, body
+    (result,) = body["topics"]
+    assert result["error"]["code"] == code, result
+    assert result["error"]["message"]
+    active = shared.wait_for_active_controller()
+    assert topic["name"] not in topics_of(shared.metadata(active))
+
+
+def test_duplicates_and_partition_decreases_are_refused(shared):
+    assert create_topic(shared, "dup", partitions=2)["error"] is None
+    assert create_topic(shared, "dup")["error"]["code"] == "TOPIC_ALREADY_EXISTS"
+    for count, code in ((1, "INVALID_PARTITIONS"), (2, "INVALID_PARTITIONS")):
+        status, body = shared.controller_call("/v1/controller/partitions/create", {
+            "topics": [{"name": "dup", "count": count}]})
+        assert body["topics"][0]["error"]["code"] == code
+    status, body = shared.controller_call("/v1/controller/partitions/create", {
+        "topics": [{"name": "dup", "count": 4}]})
+    assert body["topics"][0]["error"] is None
+    active = shared.wait_for_active_controller()
+    assert len(topics_of(shared.metadata(active))["dup"]) == 4
+
+
+@pytest.mark.parametrize("path, data, content_type, code", [
+    ("/v1/controller/topics/create", b"\xc1\xc1", "application/msgpack", "INVALID_REQUEST"),
+    ("/v1/controller/topics/create", b"{not json", "application/json", "INVALID_REQUEST"),
+    ("/v1/controller/topics/create", msgpack.packb([1, 2]), "application/msgpack",
+     "INVALID_REQUEST"),
+    ("/v1/controller/topics/create", msgpack.packb({"topics": "orders"}),
+     "application/msgpack", "INVALID_REQUEST"),
+    ("/v1/controller/topics/create", b"", "application/msgpack", "INVALID_REQUEST"),
+    ("/v1/controller/topics/create", b"topics=x", "text/plain", "INVALID_REQUEST"),
+    ("/v1/controller/brokers/heartbeat", msgpack.packb({"broker_id": "four"}),
+     "application/msgpack", "INVALID_REQUEST"),
+    ("/v1/controller/brokers/heartbeat", msgpack.packb(
+        {"broker_id": 99, "broker_epoch": 1, "metadata_offset": 0}),
+     "application/msgpack", "BROKER_ID_NOT_REGISTERED"),
+    ("/v1/controller/partitions/alter", msgpack.packb({"broker_id": True}),
+     "application/msgpack", "INVALID_REQUEST"),
+    ("/v1/controller/metadata", msgpack.packb({"after_offset": -7}), "application/msgpack",
+     "INVALID_REQUEST"),
+    ("/v1/controller/metadata", msgpack.packb({"after_offset": 10**9}),
+     "application/msgpack", "INVALID_REQUEST"),
+    ("/v1/controller/nothing-here", msgpack.packb({}), "application/msgpack", "NOT_FOUND"),
+    ("/v1/controller/topics/create", b"\x00" * (9 * 1024 * 1024), "application/msgpack",
+     "MESSAGE_TOO_LARGE"),
+])
+def test_malformed_requests_get_a_clear_error_never_a_500(shared, path, data,
+                                                          content_type, code):
+    active = shared.wait_for_active_controller()
+    status, raw = post_raw(shared.nodes[active].controller_url + path, data, content_type)
+    body = __import__("json").loads(raw)
+    assert 400 <= status < 500, (status, body)
+    assert body["error"]["code"] == code, body
+    assert shared.quorum(active)["active"]  # and the controller carries on
+
+
+def test_alter_partition_is_checked_against_epochs(shared):
+    create_topic(shared, "isr-topic", partitions=1, replication_factor=3)
+    active = shared.wait_for_active_controller()
+    (p0,) = partitions_of(shared, active, "isr-topic")
+    brokers = {b["broker_id"]: b for b in shared.metadata(active)["brokers"]}
+    leader = p0["leader"]
+    request = {"broker_id": leader, "broker_epoch": brokers[leader]["broker_epoch"],
+               "topic": "isr-topic", "partition": 0, "leader_epoch": p0["leader_epoch"],
+               "partition_epoch": p0["partition_epoch"], "new_isr": [leader]}
+    status, body = shared.controller_call("/v1/controller/partitions/alter", request)
+    assert status == 200 and body["isr"] == [leader]
+    assert body["partition_epoch"] == p0["partition_epoch"] + 1
+    status, body = shared.controller_call("/v1/controller/partitions/alter", request)
+    assert (status, body["error"]["code"]) == (409, "INVALID_UPDATE_VERSION")
+    future = dict(request, leader_epoch=p0["leader_epoch"] + 1,
+                  partition_epoch=p0["partition_epoch"] + 1)
+    status, body = shared.controller_call("/v1/controller/partitions/alter", future)
+    assert (status, body["error"]["code"]) == (409, "UNKNOWN_LEADER_EPOCH")
+    follower = next(b for b in p0["replicas"] if b != leader)
+    not_leader = dict(request, broker_id=follower,
+                      broker_epoch=brokers[follower]["broker_epoch"])
+    status, body = shared.controller_call("/v1/controller/partitions/alter", not_leader)
+    assert (status, body["error"]["code"]) == (421, "NOT_LEADER_OR_FOLLOWER")
+
+
+def test_configs_can_be_altered_and_described(shared):
+    create_topic(shared, "cfg", partitions=1, configs={"retention.ms": 60000})
+    status, body = shared.controller_call("/v1/controller/configs/alter", {"resources": [
+        {"type": "topic", "name": "cfg", "ops": [
+            {"name": "retention.ms", "op": "set", "value": "120000"},
+            {"name": "unclean.leader.election.enable", "op": "set", "value": True}]}]})
+    assert status == 200 and body["resources"][0]["error"] is None, body
+    status, body = shared.controller_call("/v1/controller/configs/describe", {
+        "resources": [{"type": "topic", "name": "cfg"}]})
+    configs = {c["name"]: c for c in body["resources"][0]["configs"]}
+    assert configs["retention.ms"]["value"] == "120000"
+    assert configs["retention.ms"]["source"] == "TOPIC_CONFIG"
+    assert configs["unclean.leader.election.enable"]["value"] == "true"
+    assert configs["segment.bytes"]["source"] == "DEFAULT_CONFIG"
+
+
+def test_the_metadata_long_poll_waits_for_a_newer_offset(shared):
+    active = shared.wait_for_active_controller()
+    url = shared.nodes[active].controller_url + "/v1/controller/metadata"
+    offset = shared.quorum(active)["metadata_offset"]
+    started = time.monotonic()
+    status, body = http_json(url, {"after_offset": offset, "max_wait_ms": 300})
+    assert status == 200 and body["records"] == []
+    assert time.monotonic() - started >= 0.25
+    status, body = http_json(url, {"after_offset": offset - 1})
+    assert [r["offset"] for r in body["records"]] == [offset]
+
+
+def test_quorum_status_from_the_cli_shows_every_voter(shared):
+    broker = shared.broker_ids[0]
+    result = subprocess.run(
+        [sys.executable, "-m", "api.cli", "--bootstrap", shared.nodes[broker].broker_url,
+         "quorum", "status"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    active = shared.wait_for_active_controller()
+    assert f"LeaderId:        {active}" in result.stdout
+    rows = [line for line in result.stdout.splitlines() if line[:1].isdigit()]
+    assert len(rows) == 3 and sum("Leader" in row.split()[1] for row in rows) == 1
+    status, body = http_json(shared.nodes[broker].broker_url + "/v1/quorum")
+    assert status == 200 and body["leader_id"] == active
+    assert all(v["lag"] is not None for v in body["voters"])
