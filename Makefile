@@ -1,12 +1,12 @@
 # Two commands set everything up on a fresh clone:
 #   make test   create .venv, install kraftlog with every extra, run the whole suite
-#   make run    create .venv, install, start a single-node cluster (arrives with the broker)
+#   make run    create .venv, install, start a single-node cluster (configs/single-node.toml)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test bench-storage clean
+.PHONY: install run test bench-storage bench-controller clean
 
 install: $(STAMP)
 
@@ -16,11 +16,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[spark,test]'
 	touch $(STAMP)
 
+# One combined node (controller + broker) on 127.0.0.1:9092 (broker) and :9093
+# (controller), data under ./data/node-1. Ctrl-C stops it gracefully.
+run: $(STAMP)
+	$(VENV)/bin/kraftlog node --config configs/single-node.toml
+
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 bench-storage: $(STAMP)
 	$(VENV)/bin/kraftlog bench storage
+
+bench-controller: $(STAMP)
+	$(VENV)/bin/kraftlog bench controller
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

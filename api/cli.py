@@ -41,6 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "of the same bytes.")
     storage_bench.add_arguments(storage_parser)
     storage_parser.set_defaults(handler=storage_bench.run)
+    from chaos import bench_controller
+
+    controller_parser = bench_kinds.add_parser(
+        "controller", help="controller failover, broker failover, topic creations/s",
+        description="Start real clusters on loopback and time: kill -9 of the active "
+                    "controller until a topic creation succeeds, kill -9 of a partition "
+                    "leader until its partitions have new leaders, and topic creations per "
+                    "second; next to the disk's fsync rate and (optionally) NATS JetStream.")
+    bench_controller.add_arguments(controller_parser)
+    controller_parser.set_defaults(handler=bench_controller.run)
 
     node = commands.add_parser(
         "node", help="run a node (broker, controller, or both) from a config file",

@@ -112,8 +112,9 @@ class ControllerSettings:
 
     def __post_init__(self) -> None:
         _int_setting("broker.session.timeout.ms", self.session_timeout_ms, 1, INT32_MAX)
-        _int_setting("broker.heartbeat.interval.ms", self.heartbeat_interval_ms, 1,
-                     self.session_timeout_ms - 1)
+        # A broker must get several heartbeats in before its session lapses.
+        _int_setting("broker.heartbeat.interval.ms (below broker.session.timeout.ms)",
+                     self.heartbeat_interval_ms, 1, self.session_timeout_ms - 1)
         _int_setting("num.partitions", self.default_num_partitions, 1, PARTITIONS_PER_TOPIC_MAX)
         _int_setting("default.replication.factor", self.default_replication_factor, 1,
                      REPLICAS_PER_PARTITION_MAX)
@@ -131,7 +132,8 @@ class ControllerSettings:
     def from_node_config(cls, node_settings: Mapping[str, Any]) -> "ControllerSettings":
         """Settings from a node config spelled as Kafka spells it; absent keys
         keep the defaults above. Raises ``InvalidConfigError``."""
-        fields: dict[str, Any] = {"topic_config_defaults": defaults_from_broker_config(node_settings)}
+        fields: dict[str, Any] = {
+            "topic_config_defaults": defaults_from_broker_config(node_settings)}
         for key, field, scale in (
                 ("broker.session.timeout.ms", "session_timeout_ms", 1),
                 ("broker.heartbeat.interval.ms", "heartbeat_interval_ms", 1),
@@ -211,9 +213,12 @@ class Controller:
     def become_active(self, image: MetadataImage, now_ms: int) -> None:
         """This node just became the Raft leader. Every registered broker gets
         a fresh lease starting now (the previous controller's view of its
-        heartbeats is lost, so each gets a full session of grace); brokers no
-        longer registered are forgotten; the preferred-election timer restarts."""
-        self._lease_start_ms = {broker_id: now_ms for broker_id in image.brokers}
+        heartbeats is lost, so each gets a full session of grace); fenced and
+        unregistered brokers get none; the preferred-election timer restarts."""
+        # Fenced brokers get none: nothing depends on their liveness, and a
+        # restarted process may take over their id at once.
+        self._lease_start_ms = {broker_id: now_ms for broker_id, broker in image.brokers.items()
+                                if not broker.fenced}
         self._last_preferred_check_ms = now_ms
 
     def lease_expiry_ms(self, broker_id: int) -> int | None:
@@ -237,6 +242,17 @@ class Controller:
         # A broker this controller has no lease for gets one starting now.
         start_ms = self._lease_start_ms.setdefault(broker_id, now_ms)
         return now_ms - start_ms < self.settings.session_timeout_ms
+
+    def _holds_session(self, broker: BrokerRegistration, now_ms: int) -> bool:
+        """Whether a registration still belongs to a live process: an
+        unfenced broker until its lease lapses; a fenced one only while it
+        keeps heartbeating (it has a lease only if it heartbeated since this
+        controller became active, and none once its controlled shutdown is
+        complete)."""
+        if not broker.fenced:
+            return self._lease_is_live(broker.broker_id, now_ms)
+        start_ms = self._lease_start_ms.get(broker.broker_id)
+        return start_ms is not None and now_ms - start_ms < self.settings.session_timeout_ms
 
     def tick(self, image: MetadataImage, now_ms: int) -> list[Record]:
         """Periodic work, called by the shell on a timer. Fences every
@@ -297,7 +313,7 @@ class Controller:
             self._lease_start_ms[broker_id] = now_ms
             return ControllerResult([], {"broker_id": broker_id,
                                          "broker_epoch": existing.broker_epoch})
-        if existing is not None and self._lease_is_live(broker_id, now_ms):
+        if existing is not None and self._holds_session(existing, now_ms):
             raise DuplicateBrokerRegistrationError(
                 f"broker {broker_id} is registered by incarnation {existing.incarnation_id!r}, "
                 f"whose lease is live until {self.lease_expiry_ms(broker_id)}; is node.id "
@@ -335,6 +351,9 @@ class Controller:
             draft.add(UnfenceBrokerRecord(broker_id, broker.broker_epoch))
             _elect_offline_partitions(draft, self.settings, replica=broker_id)
         after = (draft.image if draft else image).brokers[broker_id]
+        if should_shut_down:
+            # The process is exiting: its id is free for the next incarnation.
+            self._lease_start_ms.pop(broker_id, None)
         return ControllerResult(draft.records if draft else [], {
             "is_caught_up": caught_up,
             "is_fenced": after.fenced,
@@ -345,10 +364,11 @@ class Controller:
 
     def _controlled_shutdown(self, image: MetadataImage, broker: BrokerRegistration
                              ) -> tuple["_Draft | None", bool]:
-        """Enter controlled shutdown: leave every ISR and leadership (clean
-        elections among the other live brokers), then, leading nothing, be
-        fenced and told to shut down. A broker cannot leave controlled
-        shutdown except by registering again."""
+        """Enter controlled shutdown: leave every ISR and leadership (new
+        leaders elected among the other live brokers, unclean only where the
+        topic allows it), then, leading nothing, be fenced and told to shut
+        down, all in one batch. A broker leaves controlled shutdown only by
+        registering again."""
         if broker.in_controlled_shutdown and broker.fenced:
             return None, True  # Nothing is left to do.
         draft = _Draft(image)
@@ -402,9 +422,11 @@ class Controller:
 
     # -- topics -------------------------------------------------------------
     def create_topics(self, image: MetadataImage, request: Any) -> ControllerResult:
-        """CreateTopics: per topic, TopicRecord, PartitionRecords (replicas
-        placed over the live brokers, leader = first replica, ISR = replicas)
-        and ConfigRecords. Later topics see the load of earlier ones. With
+        """CreateTopics: per topic, TopicRecord, PartitionRecords and
+        ConfigRecords. Replicas are placed over the live brokers (leader =
+        first replica, ISR = replicas, epochs 0), later topics seeing the
+        load of earlier ones; or follow ``assignments``, where, as in Kafka,
+        the ISR is the live replicas and the first of them leads. With
         ``validate_only`` everything is checked and nothing is written."""
         body = _Fields(request, "")
         items = body.sequence("topics", TOPICS_PER_REQUEST_MAX)
@@ -648,7 +670,10 @@ class Controller:
             else:
                 raise InvalidConfigError(
                     f"unknown topic config {key!r}; known: {', '.join(TOPIC_CONFIGS)}")
-        validate_topic_configs(updated)
+        # Together too; an override of a key this version no longer knows
+        # is left alone rather than blocking every later change.
+        validate_topic_configs({key: value for key, value in updated.items()
+                                if key in TOPIC_CONFIGS})
         was_unclean = _unclean_allowed(draft.image, spec.name, self.settings)
         for key in keys:
             if current.get(key) != updated.get(key):

@@ -1,0 +1,1234 @@
+"""The controller core, driven with an injected clock (plain integers) and
+deterministic topic ids. Every batch it returns is committed to a real
+``MetadataImage`` at consecutive offsets (through the records' wire form),
+so the tests check the resulting cluster state, not just the records."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kraft import records as rec
+from kraft.controller import (PARTITIONS_PER_REQUEST_MAX, PARTITIONS_PER_TOPIC_MAX,
+                              Controller, ControllerResult, ControllerSettings, random_topic_id)
+from kraft.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistrationError,
+                          FencedLeaderEpochError, IneligibleReplicaError, InvalidConfigError,
+                          InvalidRequestError, InvalidUpdateVersionError, KraftError,
+                          NotLeaderOrFollowerError, StaleBrokerEpochError,
+                          UnknownLeaderEpochError, UnknownTopicOrPartitionError)
+from kraft.image import MetadataImage
+from kraft.records import NO_LEADER
+
+SESSION_MS = 9000
+INTERVAL_MS = 300_000
+
+
+def commit(image: MetadataImage, records: list[rec.Record]) -> MetadataImage:
+    """Apply a batch as the shell would: consecutive offsets after the image's."""
+    for record in records:
+        image.apply(rec.decode(record.encode()), image.offset + 1)
+    image.check_invariants()
+    return image
+
+
+class Cluster:
+    """A controller, the image it governs and a clock the test moves."""
+
+    def __init__(self, **settings_overrides) -> None:
+        settings_overrides.setdefault("auto_leader_rebalance_enable", False)
+        self.settings = ControllerSettings(**settings_overrides)
+        self.ids = (f"tid-{n}" for n in itertools.count())
+        self.controller = Controller(self.settings, id_factory=lambda: next(self.ids))
+        self.image = MetadataImage()
+        self.now_ms = 0
+        self.controller.become_active(self.image, self.now_ms)
+
+    # -- calls that write: commit what they return --------------------------
+    def call(self, method: str, request: dict, *, with_clock: bool = False) -> dict:
+        args = (self.image, request, self.now_ms) if with_clock else (self.image, request)
+        before = self.image.to_snapshot()
+        try:
+            result = getattr(self.controller, method)(*args)
+        finally:  # The core never changes the image it is given, even when it refuses.
+            assert self.image.to_snapshot() == before, method
+        assert isinstance(result, ControllerResult)
+        commit(self.image, result.records)
+        return result.response
+
+    def register(self, broker_id: int, incarnation: str | None = None,
+                 rack: str | None = None) -> dict:
+        return self.call("register_broker", {
+            "broker_id": broker_id, "incarnation_id": incarnation or f"inc-{broker_id}",
+            "endpoints": {"BROKER": f"127.0.0.1:{9000 + broker_id}"}, "rack": rack},
+            with_clock=True)
+
+    def heartbeat(self, broker_id: int, **fields) -> dict:
+        broker = self.image.brokers.get(broker_id)
+        request = {"broker_id": broker_id,
+                   "broker_epoch": broker.broker_epoch if broker else 0,
+                   "metadata_offset": self.image.offset}
+        request.update(fields)
+        return self.call("heartbeat", request, with_clock=True)
+
+    def start(self, *broker_ids: int, racks: dict[int, str] | None = None) -> None:
+        """Register the brokers and unfence them."""
+        for broker_id in broker_ids:
+            self.register(broker_id, rack=(racks or {}).get(broker_id))
+        for broker_id in broker_ids:
+            assert self.heartbeat(broker_id)["is_fenced"] is False
+
+    def keep_alive(self, *broker_ids: int) -> None:
+        for broker_id in broker_ids:
+            self.heartbeat(broker_id)
+
+    def tick(self) -> list[rec.Record]:
+        before = self.image.to_snapshot()
+        records = self.controller.tick(self.image, self.now_ms)
+        assert self.image.to_snapshot() == before
+        commit(self.image, records)
+        return records
+
+    def create(self, name: str, **fields) -> dict:
+        response = self.call("create_topics", {"topics": [{"name": name, **fields}]})
+        return response["topics"][0]
+
+    def partition(self, topic: str, partition: int = 0):
+        return self.image.partition(topic, partition)
+
+    def set_config(self, topic: str, key: str, value) -> dict:
+        return self.call("alter_configs", {"resources": [{
+            "type": "topic", "name": topic, "ops": [{"name": key, "op": "set", "value": value}]}]})
+
+
+def errors_of(items: list[dict]) -> list[str | None]:
+    return [None if item["error"] is None else item["error"]["code"] for item in items]
+
+
+# -- settings -------------------------------------------------------------------
+@pytest.mark.parametrize("overrides", [
+    {"session_timeout_ms": 0}, {"session_timeout_ms": True}, {"session_timeout_ms": "9000"},
+    {"heartbeat_interval_ms": 9000}, {"heartbeat_interval_ms": 0},
+    {"default_num_partitions": 0}, {"default_replication_factor": 0},
+    {"leader_imbalance_check_interval_ms": 0}, {"unclean_leader_election_enable": "yes"},
+    {"topic_config_defaults": {"retention.ms": "soon"}},
+    {"topic_config_defaults": {"no.such.key": "1"}},
+])
+def test_bad_settings_are_refused(overrides):
+    with pytest.raises(InvalidConfigError):
+        ControllerSettings(**overrides)
+
+
+def test_settings_normalise_topic_defaults_and_the_unclean_field_wins():
+    settings = ControllerSettings(unclean_leader_election_enable=True, topic_config_defaults={
+        "retention.ms": 1000, "unclean.leader.election.enable": "false"})
+    assert settings.topic_config_defaults == {"retention.ms": "1000",
+                                              "unclean.leader.election.enable": "true"}
+
+
+def test_settings_from_node_config_use_kafka_names():
+    settings = ControllerSettings.from_node_config({
+        "broker.session.timeout.ms": 6000, "broker.heartbeat.interval.ms": "500",
+        "num.partitions": 3, "default.replication.factor": 2,
+        "unclean.leader.election.enable": "true", "auto.leader.rebalance.enable": False,
+        "leader.imbalance.check.interval.seconds": 30, "log.retention.hours": 1,
+        "min.insync.replicas": 2, "node.id": 7})
+    assert (settings.session_timeout_ms, settings.heartbeat_interval_ms) == (6000, 500)
+    assert (settings.default_num_partitions, settings.default_replication_factor) == (3, 2)
+    assert settings.unclean_leader_election_enable and not settings.auto_leader_rebalance_enable
+    assert settings.leader_imbalance_check_interval_ms == 30_000
+    assert settings.topic_config_defaults["retention.ms"] == "3600000"
+    assert settings.topic_config_defaults["min.insync.replicas"] == "2"
+    with pytest.raises(InvalidConfigError, match="num.partitions"):
+        ControllerSettings.from_node_config({"num.partitions": "--5"})
+
+
+def test_default_topic_ids_are_kafka_style_base64url():
+    ids = {random_topic_id() for _ in range(200)}
+    assert len(ids) == 200
+    assert all(len(i) == 22 and not i.startswith("-") and "=" not in i for i in ids)
+
+
+# -- registration ---------------------------------------------------------------
+def test_new_registration_starts_fenced_with_the_record_offset_as_epoch():
+    cluster = Cluster()
+    assert cluster.register(1) == {"broker_id": 1, "broker_epoch": 0}
+    assert cluster.register(2) == {"broker_id": 2, "broker_epoch": 1}
+    broker = cluster.image.brokers[2]
+    assert broker.fenced and broker.endpoints == {"BROKER": "127.0.0.1:9002"}
+    assert cluster.controller.lease_expiry_ms(2) == SESSION_MS
+
+
+def test_same_incarnation_again_is_an_idempotent_retry():
+    cluster = Cluster()
+    cluster.start(1)
+    offset = cluster.image.offset
+    cluster.now_ms = 5000
+    assert cluster.register(1) == {"broker_id": 1, "broker_epoch": 0}
+    assert cluster.image.offset == offset  # nothing written
+    assert cluster.controller.lease_expiry_ms(1) == 5000 + SESSION_MS
+    with pytest.raises(InvalidRequestError, match="new incarnation_id"):
+        cluster.register(1, rack="elsewhere")
+
+
+def test_another_incarnation_is_refused_while_the_old_lease_is_live():
+    cluster = Cluster()
+    cluster.start(1)
+    cluster.now_ms = SESSION_MS - 1
+    with pytest.raises(DuplicateBrokerRegistrationError):
+        cluster.register(1, incarnation="intruder")
+    assert cluster.image.brokers[1].incarnation_id == "inc-1"
+
+
+def test_restart_after_lease_lapse_fences_the_old_registration_first():
+    cluster = Cluster(default_replication_factor=2)
+    cluster.start(1, 2)
+    cluster.create("t", num_partitions=2)
+    led_by_1 = cluster.image.partitions_led_by(1)
+    assert led_by_1
+    cluster.now_ms = SESSION_MS
+    cluster.keep_alive(2)
+    result = cluster.controller.register_broker(cluster.image, {
+        "broker_id": 1, "incarnation_id": "inc-1b", "endpoints": {"BROKER": "h:1"}},
+        cluster.now_ms)
+    types = [type(r) for r in result.records]
+    assert types[0] is rec.FenceBrokerRecord and types[-1] is rec.RegisterBrokerRecord
+    assert set(types[1:-1]) == {rec.PartitionChangeRecord}
+    epoch = cluster.image.offset + len(result.records)
+    assert result.response == {"broker_id": 1, "broker_epoch": epoch}
+    commit(cluster.image, result.records)
+    broker = cluster.image.brokers[1]
+    assert (broker.incarnation_id, broker.broker_epoch, broker.fenced) == ("inc-1b", epoch, True)
+    assert cluster.image.partitions_led_by(1) == []
+    assert all(cluster.partition(t, p).leader == 2 for t, p in led_by_1)
+
+
+def test_restart_of_an_already_fenced_broker_writes_only_the_registration():
+    cluster = Cluster()
+    cluster.start(1)
+    cluster.now_ms = SESSION_MS
+    cluster.tick()
+    assert cluster.image.brokers[1].fenced
+    result = cluster.controller.register_broker(cluster.image, {
+        "broker_id": 1, "incarnation_id": "inc-1b", "endpoints": {"BROKER": "h:1"}},
+        cluster.now_ms)
+    assert [type(r) for r in result.records] == [rec.RegisterBrokerRecord]
+
+
+def test_a_broker_that_completed_controlled_shutdown_may_restart_at_once():
+    cluster = Cluster()
+    cluster.start(1, 2)
+    assert cluster.heartbeat(1, want_shutdown=True)["should_shut_down"]
+    # Its id is free immediately: no waiting for the old lease to lapse.
+    cluster.register(1, incarnation="inc-1b")
+    assert cluster.image.brokers[1].incarnation_id == "inc-1b"
+
+
+def test_a_fenced_broker_that_keeps_heartbeating_still_holds_its_id():
+    cluster = Cluster()
+    cluster.start(1)
+    cluster.heartbeat(1, want_fence=True)
+    assert cluster.image.brokers[1].fenced
+    with pytest.raises(DuplicateBrokerRegistrationError):
+        cluster.register(1, incarnation="inc-1b")
+    cluster.now_ms = SESSION_MS  # it went quiet for a whole session
+    cluster.register(1, incarnation="inc-1b")
+
+
+def test_a_new_active_controller_gives_grace_to_unfenced_brokers_only():
+    cluster = Cluster()
+    cluster.start(1, 2)
+    cluster.heartbeat(2, want_fence=True)
+    cluster.now_ms = 10 * SESSION_MS
+    cluster.controller.become_active(cluster.image, cluster.now_ms)
+    assert cluster.controller.lease_expiry_ms(1) == cluster.now_ms + SESSION_MS
+    assert cluster.controller.lease_expiry_ms(2) is None
+    with pytest.raises(DuplicateBrokerRegistrationError):
+        cluster.register(1, incarnation="inc-1b")  # unfenced: may still be alive
+    cluster.register(2, incarnation="inc-2b")  # fenced and silent: replaced at once
+
+
+# -- heartbeats -----------------------------------------------------------------
+def test_heartbeat_from_unknown_or_stale_broker_is_refused_without_renewing():
+    cluster = Cluster()
+    cluster.register(1)
+    with pytest.raises(BrokerIdNotRegisteredError):
+        cluster.heartbeat(2, broker_epoch=0)
+    cluster.now_ms = 100
+    with pytest.raises(StaleBrokerEpochError):
+        cluster.heartbeat(1, broker_epoch=7)
+    assert cluster.controller.lease_expiry_ms(1) == SESSION_MS
+
+
+def test_unfenced_only_once_caught_up_with_its_own_registration():
+    cluster = Cluster()
+    cluster.register(1)
+    cluster.register(2)  # broker 2's epoch is offset 1
+    response = cluster.heartbeat(2, metadata_offset=0)
+    assert (response["is_caught_up"], response["is_fenced"]) == (False, True)
+    assert cluster.image.brokers[2].fenced
+    response = cluster.heartbeat(2, metadata_offset=1)
+    assert (response["is_caught_up"], response["is_fenced"]) == (True, False)
+    assert response["session_timeout_ms"] == SESSION_MS
+    assert response["heartbeat_interval_ms"] == 2000 and not response["should_shut_down"]
+    assert not cluster.image.brokers[2].fenced
+    offset = cluster.image.offset
+    cluster.heartbeat(2)  # steady state writes nothing
+    assert cluster.image.offset == offset
+
+
+def test_heartbeat_renews_the_lease():
+    cluster = Cluster()
+    cluster.start(1)
+    cluster.now_ms = 5000
+    cluster.heartbeat(1)
+    assert cluster.controller.lease_expiry_ms(1) == 5000 + SESSION_MS
+    cluster.now_ms = 5000 + SESSION_MS - 1
+    assert cluster.tick() == []
+    cluster.now_ms += 1
+    assert [type(r) for r in cluster.tick()] == [rec.FenceBrokerRecord]
+
+
+def test_want_fence_fences_and_moves_leadership():
+    cluster = Cluster(default_replication_factor=2)
+    cluster.start(1, 2)
+    cluster.create("t", num_partitions=2)
+    response = cluster.heartbeat(1, want_fence=True)
+    assert response["is_fenced"] and cluster.image.brokers[1].fenced
+    assert cluster.image.partitions_led_by(1) == []
+    assert cluster.image.partitions_led_by(2) == [("t", 0), ("t", 1)]
+    assert cluster.heartbeat(1, want_fence=True)["is_fenced"]  # stays fenced, no unfence
+
+
+# -- lease expiry ---------------------------------------------------------------
+def test_tick_fences_exactly_the_lapsed_brokers_at_the_session_boundary():
+    cluster = Cluster(default_replication_factor=3)
+    cluster.start(1, 2, 3)
+    cluster.create("t", num_partitions=3)
+    before = {p: cluster.partition("t", p) for p in range(3)}
+    cluster.now_ms = 4000
+    cluster.keep_alive(2, 3)
+    cluster.now_ms = SESSION_MS - 1
+    assert cluster.tick() == []
+    cluster.now_ms = SESSION_MS
+    records = cluster.tick()
+    assert records[0] == rec.FenceBrokerRecord(1, 0)
+    assert cluster.image.unfenced_broker_ids() == {2, 3}
+    for p, old in before.items():
+        new = cluster.partition("t", p)
+        assert 1 not in new.isr and new.leader in (2, 3)
+        if old.leader == 1:  # moved to the first live ISR member, epoch bumped
+            assert new.leader == [b for b in old.replicas if b != 1][0]
+            assert new.leader_epoch == old.leader_epoch + 1
+        else:
+            assert (new.leader, new.leader_epoch) == (old.leader, old.leader_epoch)
+        assert new.partition_epoch == old.partition_epoch + 1
+    assert cluster.tick() == []  # a fenced broker needs no further fencing
+
+
+def test_brokers_lapsing_together_are_fenced_in_one_ordered_batch():
+    cluster = Cluster(default_replication_factor=2)
+    cluster.start(1, 2, 3)
+    cluster.create("t", assignments={0: [1, 2], 1: [3, 1]})
+    cluster.now_ms = SESSION_MS - 5
+    cluster.keep_alive(3)
+    cluster.now_ms = SESSION_MS
+    records = cluster.tick()
+    assert records[:2] == [rec.FenceBrokerRecord(1, 0), rec.FenceBrokerRecord(2, 1)]
+    assert all(isinstance(r, rec.PartitionChangeRecord) for r in records[2:])
+    offline = cluster.partition("t", 0)
+    assert (offline.leader, offline.isr) == (NO_LEADER, [2])  # never an empty ISR
+    moved = cluster.partition("t", 1)
+    assert (moved.leader, moved.isr) == (3, [3])
+
+
+def test_no_live_isr_member_leaves_the_partition_offline():
+    cluster = Cluster(default_replication_factor=2)
+    cluster.start(1, 2)
+    cluster.create("t", assignments={0: [1, 2]})
+    cluster.call("alter_partition", {"broker_id": 1, "broker_epoch": 0, "topic": "t",
+                                     "partition": 0, "leader_epoch": 0, "partition_epoch": 0,
+                                     "new_isr": [1]})
+    cluster.now_ms = SESSION_MS
+    cluster.keep_alive(2)
+    cluster.tick()
+    p = cluster.partition("t", 0)
+    assert (p.leader, p.isr, p.leader_epoch) == (NO_LEADER, [1], 1)
+
+
+@pytest.mark.parametrize("via", ["topic config", "cluster default"])
+def test_unclean_election_when_enabled_resets_the_isr(via):
+    cluster = Cluster(default_replication_factor=2,
+                      unclean_leader_election_enable=(via == "cluster default"))
+    cluster.start(1, 2)
+    cluster.create("t", assignments={0: [1, 2]})
+    if via == "topic config":
+        assert cluster.set_config("t", "unclean.leader.election.enable", True)[
+            "resources"][0]["error"] is None
+    cluster.call("alter_partition", {"broker_id": 1, "broker_epoch": 0, "topic": "t",
+                                     "partition": 0, "leader_epoch": 0, "partition_epoch": 0,
+                                     "new_isr": [1]})
+    cluster.now_ms = SESSION_MS
+    cluster.keep_alive(2)
+    cluster.tick()
+    p = cluster.partition("t", 0)
+    assert (p.leader, p.isr) == (2, [2])
+
+
+def test_returning_broker_reelects_its_offline_partitions():
+    cluster = Cluster()
+    cluster.start(1, 2)
+    cluster.create("t", assignments={0: [1], 1: [2]})
+    cluster.now_ms = SESSION_MS
+    cluster.keep_alive(2)
+    cluster.tick()
+    assert cluster.partition("t", 0).leader == NO_LEADER
+    cluster.now_ms += 1000
+    response = cluster.heartbeat(1)
+    assert not response["is_fenced"]
+    p = cluster.partition("t", 0)
+    assert (p.leader, p.isr, p.leader_epoch) == (1, [1], 2)
+    assert cluster.partition("t", 1).leader == 2
+
+
+def test_returning_broker_outside_the_isr_leads_only_if_unclean_is_allowed():
+    cluster = Cluster(default_replication_factor=2)
+    cluster.start(1, 2)
+    cluster.create("t", assignments={0: [1, 2], 1: [1, 2]})
+    for p in (0, 1):
+        cluster.call("alter_partition", {"broker_id": 1, "broker_epoch": 0, "topic": "t",
+                                         "partition": p, "leader_epoch": 0,
+                                         "partition_epoch": 0, "new_isr": [1]})
+    cluster.heartbeat(2, want_fence=True)
+    cluster.heartbeat(1, want_fence=True)
+    assert cluster.partition("t", 0).leader == NO_LEADER
+    cluster.heartbeat(2)  # back, but not in sync: stays offline
+    assert cluster.partition("t", 0).leader == NO_LEADER
+    # Enabling unclean election elects the live out-of-sync replica at once.
+    cluster.set_config("t", "unclean.leader.election.enable", "true")
+    for p in (0, 1):
+        assert (cluster.partition("t", p).leader, cluster.partition("t", p).isr) == (2, [2])
+
+
+def test_become_active_gives_every_broker_a_fresh_lease_and_forgets_others():
+    cluster = Cluster()
+    cluster.start(1)
+    cluster.controller.register_broker(cluster.image, {  # never committed
+        "broker_id": 9, "incarnation_id": "x", "endpoints": {"B": "h:1"}}, 0)
+    cluster.controller.become_active(cluster.image, 20_000)
+    assert cluster.controller.lease_expiry_ms(1) == 20_000 + SESSION_MS
+    assert cluster.controller.lease_expiry_ms(9) is None
+    cluster.now_ms = 20_000 + SESSION_MS - 1
+    assert cluster.tick() == []
+
+
+def test_next_tick_deadline_is_the_first_lease_expiry_or_preferred_check():
+    cluster = Cluster(auto_leader_rebalance_enable=True)
+    cluster.start(1, 2)
+    cluster.now_ms = 100
+    cluster.heartbeat(2)
+    assert cluster.controller.next_tick_deadline_ms(cluster.image) == SESSION_MS
+    cluster.heartbeat(1, want_fence=True)
+    assert cluster.controller.next_tick_deadline_ms(cluster.image) == 100 + SESSION_MS
+
+
+# -- controlled shutdown --------------------------------------------------------
+def test_controlled_shutdown_moves_leadership_then_fences_and_says_shut_down():
+    cluster = Cluster(default_replication_factor=2)
+    cluster.start(1, 2, 3)
+    cluster.create("t", assignments={0: [1, 2], 1: [2, 1], 2: [1, 3]})
+    cluster.call("alter_partition", {"broker_id": 1, "broker_epoch": 0, "topic": "t",
+                                     "partition": 2, "leader_epoch": 0, "partition_epoch": 0,
+                                     "new_isr": [1]})
+    response = cluster.heartbeat(1, want_shutdown=True)
+    assert response["should_shut_down"] and response["is_fenced"]
+    broker = cluster.image.brokers[1]
+    assert broker.in_controlled_shutdown and broker.fenced
+    assert (cluster.partition("t", 0).leader, cluster.partition("t", 0).isr) == (2, [2])
+    assert (cluster.partition("t", 1).leader, cluster.partition("t", 1).isr) == (2, [2])
+    # Its only in-sync replica is leaving: offline (unclean is off).
+    assert (cluster.partition("t", 2).leader, cluster.partition("t", 2).isr) == (NO_LEADER, [1])
+    offset = cluster.image.offset
+    again = cluster.heartbeat(1, want_shutdown=True)
+    assert again["should_shut_down"] and cluster.image.offset == offset
+
+
+def test_controlled_shutdown_records_come_in_order():
+    cluster = Cluster(default_replication_factor=2)
+    cluster.start(1, 2)
+    cluster.create("t", assignments={0: [1, 2]})
+    result = cluster.controller.heartbeat(cluster.image, {
+        "broker_id": 1, "broker_epoch": 0, "metadata_offset": cluster.image.offset,
+        "want_shutdown": True}, 0)
+    assert result.records == [rec.BrokerRegistrationChangeRecord(1, 0, True),
+                              rec.PartitionChangeRecord("tid-0", 0, leader=2, isr=[2]),
+                              rec.FenceBrokerRecord(1, 0)]
+
+
+def test_fenced_broker_asking_to_shut_down_may_at_once():
+    cluster = Cluster()
+    cluster.register(1)
+    response = cluster.heartbeat(1, metadata_offset=-1, want_shutdown=True)
+    assert response["should_shut_down"] and response["is_fenced"]
+    assert response["is_caught_up"] is False
+    # In controlled shutdown it is never unfenced, even once caught up.
+    assert cluster.heartbeat(1)["is_fenced"]
+
+
+# -- create topics --------------------------------------------------------------
+def test_create_topic_with_defaults():
+    cluster = Cluster(default_num_partitions=3, default_replication_factor=2)
+    cluster.start(1, 2, 3)
+    result = cluster.create("orders", configs={"retention.ms": 60_000,
+                                               "unclean.leader.election.enable": False})
+    assert result == {"name": "orders", "topic_id": "tid-0", "num_partitions": 3,
+                      "replication_factor": 2, "error": None,
+                      "configs": {"retention.ms": "60000",
+                                  "unclean.leader.election.enable": "false"}}
+    topic = cluster.image.topics["orders"]
+    assert topic.topic_id == "tid-0" and sorted(topic.partitions) == [0, 1, 2]
+    for p in topic.partitions.values():
+        assert (p.isr, p.leader, p.leader_epoch, p.partition_epoch) == (
+            p.replicas, p.replicas[0], 0, 0)
+        assert len(p.replicas) == 2
+    assert sorted(p.replicas[0] for p in topic.partitions.values()) == [1, 2, 3]
+    assert cluster.image.topic_configs("orders") == {
+        "retention.ms": "60000", "unclean.leader.election.enable": "false"}
+
+
+def test_create_topics_records_come_topic_then_partitions_then_configs():
+    cluster = Cluster()
+    cluster.start(1)
+    result = cluster.controller.create_topics(cluster.image, {"topics": [
+        {"name": "t", "num_partitions": 2, "configs": {"segment.ms": "100"}}]})
+    assert result.records == [rec.TopicRecord("t", "tid-0"),
+                              rec.PartitionRecord("tid-0", 0, [1], [1], 1, 0, 0),
+                              rec.PartitionRecord("tid-0", 1, [1], [1], 1, 0, 0),
+                              rec.ConfigRecord("topic", "t", "segment.ms", "100")]
+
+
+@pytest.mark.parametrize("topic, code", [
+    ({"name": "bad name!"}, "INVALID_TOPIC_EXCEPTION"),
+    ({"name": ".."}, "INVALID_TOPIC_EXCEPTION"),
+    ({"name": "x" * 250}, "INVALID_TOPIC_EXCEPTION"),
+    ({"name": "exists"}, "TOPIC_ALREADY_EXISTS"),
+    ({"name": "exists.too"}, "INVALID_TOPIC_EXCEPTION"),  # collides with exists_too
+    ({"name": "t", "num_partitions": 0}, "INVALID_PARTITIONS"),
+    ({"name": "t", "num_partitions": -2}, "INVALID_PARTITIONS"),
+    ({"name": "t", "num_partitions": PARTITIONS_PER_TOPIC_MAX + 1}, "INVALID_PARTITIONS"),
+    ({"name": "t", "replication_factor": 0}, "INVALID_REPLICATION_FACTOR"),
+    ({"name": "t", "replication_factor": -3}, "INVALID_REPLICATION_FACTOR"),
+    ({"name": "t", "replication_factor": 3}, "INVALID_REPLICATION_FACTOR"),  # 2 live
+    ({"name": "t", "configs": {"no.such": "1"}}, "INVALID_CONFIG"),
+    ({"name": "t", "configs": {"retention.ms": "soon"}}, "INVALID_CONFIG"),
+    ({"name": "t", "configs": {"cleanup.policy": "compact"}}, "INVALID_CONFIG"),
+    ({"name": "t", "configs": {"segment.bytes": 10}}, "INVALID_CONFIG"),
+    ({"name": "t", "configs": {"retention.ms": "9" * 1025}}, "INVALID_CONFIG"),
+    ({"name": "t", "assignments": {0: [1], 2: [2]}}, "INVALID_PARTITIONS"),
+    ({"name": "t", "assignments": {}}, "INVALID_PARTITIONS"),
+    ({"name": "t", "assignments": {0: [1], "00": [2]}}, "INVALID_PARTITIONS"),
+    ({"name": "t", "assignments": {0: [1], 1: [1, 2]}}, "INVALID_REPLICATION_FACTOR"),
+    ({"name": "t", "assignments": {0: []}}, "INVALID_REPLICATION_FACTOR"),
+    ({"name": "t", "assignments": {0: [1, 1]}}, "INVALID_REQUEST"),
+    ({"name": "t", "assignments": {0: [1, 7]}}, "INVALID_REQUEST"),
+    ({"name": "t", "assignments": {0: [3]}}, "INVALID_REQUEST"),  # only fenced brokers
+    ({"name": "t", "num_partitions": 2, "assignments": {0: [1]}}, "INVALID_PARTITIONS"),
+    ({"name": "t", "replication_factor": 2, "assignments": {0: [1]}},
+     "INVALID_REPLICATION_FACTOR"),
+])
+def test_create_topic_errors_are_per_topic(topic, code):
+    cluster = Cluster()
+    cluster.start(1, 2)
+    cluster.register(3)  # registered, fenced
+    cluster.create("exists")
+    cluster.create("exists_too")
+    offset = cluster.image.offset
+    response = cluster.call("create_topics", {"topics": [topic, {"name": "fine"}]})
+    assert errors_of(response["topics"]) == [code, None]
+    failed = response["topics"][0]
+    assert failed["topic_id"] is None and failed["error"]["message"]
+    # Only "fine" was written: its TopicRecord and PartitionRecord.
+    assert "fine" in cluster.image.topics and cluster.image.offset == offset + 2
+
+
+def test_a_name_twice_in_one_request_fails_every_occurrence():
+    cluster = Cluster()
+    cluster.start(1)
+    response = cluster.call("create_topics", {"topics": [{"name": "a"}, {"name": "b"},
+                                                         {"name": "a"}]})
+    assert errors_of(response["topics"]) == ["INVALID_REQUEST", None, "INVALID_REQUEST"]
+    assert sorted(cluster.image.topics) == ["b"]
+
+
+def test_names_collide_within_one_request_too():
+    cluster = Cluster()
+    cluster.start(1)
+    response = cluster.call("create_topics", {"topics": [{"name": "a.b"}, {"name": "a_b"}]})
+    assert errors_of(response["topics"]) == [None, "INVALID_TOPIC_EXCEPTION"]
+    assert "collides with existing topic 'a.b'" in response["topics"][1]["error"]["message"]
+
+
+def test_validate_only_checks_everything_and_writes_nothing():
+    cluster = Cluster()
+    cluster.start(1)
+    result = cluster.controller.create_topics(cluster.image, {"validate_only": True, "topics": [
+        {"name": "ok", "num_partitions": 2}, {"name": "ok.too"}, {"name": "bad!"}]})
+    assert result.records == []
+    assert errors_of(result.response["topics"]) == [None, None, "INVALID_TOPIC_EXCEPTION"]
+    ok = result.response["topics"][0]
+    assert (ok["topic_id"], ok["num_partitions"], ok["replication_factor"]) == (None, 2, 1)
+    assert next(cluster.ids) == "tid-0"  # validation drew no id
+
+
+def test_topics_of_one_request_spread_over_the_brokers():
+    cluster = Cluster()
+    cluster.start(1, 2, 3)
+    response = cluster.call("create_topics", {"topics": [{"name": n} for n in "abc"]})
+    assert errors_of(response["topics"]) == [None, None, None]
+    leaders = [cluster.partition(n).leader for n in "abc"]
+    assert sorted(leaders) == [1, 2, 3]
+    # And the next request spreads over what the image already holds.
+    cluster.create("d", num_partitions=3)
+    assert sorted(cluster.partition("d", p).leader for p in range(3)) == [1, 2, 3]
+
+
+def test_placement_counts_the_replicas_brokers_already_hold():
+    cluster = Cluster()
+    cluster.start(1, 2, 3)
+    cluster.create("x", assignments={0: [1, 2]})
+    # Brokers 2 and 3 lead nothing; 2 already holds a replica, so 3 leads.
+    assert cluster.create("y")["error"] is None
+    assert cluster.partition("y").replicas == [3]
+
+
+def test_placement_uses_only_live_brokers():
+    cluster = Cluster(default_replication_factor=2)
+    cluster.start(1, 2, 3)
+    cluster.heartbeat(3, want_fence=True)
+    cluster.create("t", num_partitions=4)
+    assert {b for p in range(4) for b in cluster.partition("t", p).replicas} == {1, 2}
+
+
+def test_manual_assignment_with_digit_keys_and_a_fenced_replica():
+    cluster = Cluster()
+    cluster.start(1, 2)
+    cluster.register(3)  # fenced: a replica, but neither leader nor in the ISR
+    result = cluster.create("t", assignments={"1": [2, 1], "0": [3, 1]})
+    assert (result["num_partitions"], result["replication_factor"]) == (2, 2)
+    p0, p1 = cluster.partition("t", 0), cluster.partition("t", 1)
+    assert (p0.replicas, p0.isr, p0.leader) == ([3, 1], [1], 1)
+    assert (p1.replicas, p1.isr, p1.leader) == ([2, 1], [2, 1], 2)
+
+
+def test_request_partition_budget_is_shared_by_its_topics():
+    cluster = Cluster()
+    cluster.start(1)
+    half = PARTITIONS_PER_REQUEST_MAX // 2
+    result = cluster.controller.create_topics(cluster.image, {"validate_only": True, "topics": [
+        {"name": "a", "num_partitions": half}, {"name": "b", "num_partitions": half},
+        {"name": "c", "num_partitions": 1}]})
+    assert errors_of(result.response["topics"]) == [None, None, "INVALID_PARTITIONS"]
+
+
+def test_topic_id_factory_collisions_are_drawn_again():
+    cluster = Cluster()
+    cluster.start(1)
+    cluster.create("a")
+    cluster.ids = iter(["tid-0", "", 5, "tid-fresh"])
+    assert cluster.create("b")["topic_id"] == "tid-fresh"
+    cluster.ids = itertools.repeat("tid-0")
+    assert cluster.create("c")["error"]["code"] == "UNKNOWN_SERVER_ERROR"
+
+
+# -- delete topics --------------------------------------------------------------
+def test_delete_topics():
+    cluster = Cluster()
+    cluster.start(1)
+    cluster.create("a", configs={"retention.ms": 1})
+    cluster.create("b")
+    response = cluster.call("delete_topics", {"topics": ["a", "nope", "b", "b"]})
+    assert response == {"topics": [
+        {"name": "a", "error": None},
+        {"name": "nope", "error": {"code": "UNKNOWN_TOPIC_OR_PARTITION",
+                                   "message": "topic 'nope' does not exist"}},
+        {"name": "b", "error": response["topics"][2]["error"]},
+        {"name": "b", "error": response["topics"][3]["error"]}]}
+    assert errors_of(response["topics"])[2:] == ["INVALID_REQUEST", "INVALID_REQUEST"]
+    assert sorted(cluster.image.topics) == ["b"] and not cluster.image.topic_configs("a")
+
+
+# -- create partitions ----------------------------------------------------------
+def test_create_partitions_grows_a_topic_with_its_replication_factor():
+    cluster = Cluster(default_replication_factor=2)
+    cluster.start(1, 2, 3)
+    cluster.create("t", num_partitions=2)
+    response = cluster.call("create_partitions", {"topics": [{"name": "t", "count": 5}]})
+    assert response == {"topics": [{"name": "t", "error": None}]}
+    topic = cluster.image.topics["t"]
+    assert sorted(topic.partitions) == [0, 1, 2, 3, 4]
+    assert all(len(p.replicas) == 2 and p.isr == p.replicas for p in topic.partitions.values())
+    leaders = [topic.partitions[p].leader for p in range(5)]
+    assert max(leaders.count(b) for b in (1, 2, 3)) == 2  # spread
+
+
+def test_create_partitions_with_assignments_and_validate_only():
+    cluster = Cluster(default_replication_factor=2)
+    cluster.start(1, 2, 3)
+    cluster.create("t")
+    offset = cluster.image.offset
+    response = cluster.call("create_partitions", {"validate_only": True, "topics": [
+        {"name": "t", "count": 3, "assignments": [[3, 1], [2, 3]]}]})
+    assert errors_of(response["topics"]) == [None] and cluster.image.offset == offset
+    cluster.call("create_partitions", {"topics": [
+        {"name": "t", "count": 3, "assignments": [[3, 1], [2, 3]]}]})
+    assert [cluster.partition("t", p).replicas for p in (1, 2)] == [[3, 1], [2, 3]]
+
+
+@pytest.mark.parametrize("item, code, message", [
+    ({"name": "nope", "count": 3}, "UNKNOWN_TOPIC_OR_PARTITION", "does not exist"),
+    ({"name": "t", "count": 1}, "INVALID_PARTITIONS", "cannot decrease .* from 2 to 1"),
+    ({"name": "t", "count": 2}, "INVALID_PARTITIONS", "already has 2 partitions"),
+    ({"name": "t", "count": PARTITIONS_PER_TOPIC_MAX + 1}, "INVALID_PARTITIONS", "at most"),
+    ({"name": "t", "count": 4, "assignments": [[1, 2]]}, "INVALID_PARTITIONS", "adds 2"),
+    ({"name": "t", "count": 3, "assignments": [[1]]}, "INVALID_REPLICATION_FACTOR", "needs 2"),
+    ({"name": "t", "count": 3, "assignments": [[1, 9]]}, "INVALID_REQUEST", "unregistered"),
+])
+def test_create_partitions_errors(item, code, message):
+    cluster = Cluster(default_replication_factor=2)
+    cluster.start(1, 2)
+    cluster.create("t", num_partitions=2)
+    offset = cluster.image.offset
+    response = cluster.call("create_partitions", {"topics": [item]})
+    error = response["topics"][0]["error"]
+    assert error["code"] == code
+    assert re.search(message, error["message"])
+    assert cluster.image.offset == offset
+
+
+# -- configs --------------------------------------------------------------------
+def describe(cluster, name, keys=None) -> dict:
+    resource = {"type": "topic", "name": name}
+    if keys is not None:
+        resource["keys"] = keys
+    return cluster.controller.describe_configs(cluster.image, {"resources": [resource]})[
+        "resources"][0]
+
+
+def test_describe_configs_lists_every_key_with_value_and_source():
+    cluster = Cluster(topic_config_defaults={"retention.ms": 1234})
+    cluster.start(1)
+    cluster.create("t", configs={"segment.ms": 60_000})
+    result = describe(cluster, "t")
+    configs = {c["name"]: c for c in result["configs"]}
+    assert result["error"] is None and set(configs) >= {"retention.ms", "min.insync.replicas"}
+    assert configs["segment.ms"] == {"name": "segment.ms", "value": "60000",
+                                     "source": "TOPIC_CONFIG", "read_only": False}
+    assert configs["retention.ms"]["value"] == "1234"  # the node's default
+    assert configs["retention.ms"]["source"] == "DEFAULT_CONFIG"
+    assert configs["cleanup.policy"]["value"] == "delete"  # built in
+    assert [c["name"] for c in describe(cluster, "t", ["segment.ms"])["configs"]] == [
+        "segment.ms"]
+
+
+@pytest.mark.parametrize("resource, code", [
+    ({"type": "broker", "name": "1"}, "INVALID_REQUEST"),
+    ({"type": "topic", "name": "nope"}, "UNKNOWN_TOPIC_OR_PARTITION"),
+    ({"type": "topic", "name": "t", "keys": ["no.such"]}, "INVALID_CONFIG"),
+])
+def test_describe_configs_errors_are_per_resource(resource, code):
+    cluster = Cluster()
+    cluster.start(1)
+    cluster.create("t")
+    response = cluster.controller.describe_configs(cluster.image, {"resources": [
+        resource, {"type": "topic", "name": "t"}]})
+    assert errors_of(response["resources"]) == [code, None]
+
+
+def test_alter_configs_set_and_delete():
+    cluster = Cluster()
+    cluster.start(1)
+    cluster.create("t", configs={"retention.ms": 1000, "segment.ms": 5000})
+    response = cluster.call("alter_configs", {"resources": [{"type": "topic", "name": "t", "ops": [
+        {"name": "retention.ms", "op": "set", "value": "2_000"},
+        {"name": "segment.ms", "op": "delete"},
+        {"name": "min.insync.replicas", "op": "set", "value": 2}]}]})
+    assert response == {"resources": [{"type": "topic", "name": "t", "error": None}]}
+    assert cluster.image.topic_configs("t") == {"retention.ms": "2000",
+                                                "min.insync.replicas": "2"}
+    configs = {c["name"]: c for c in describe(cluster, "t")["configs"]}
+    assert configs["segment.ms"]["source"] == "DEFAULT_CONFIG"
+
+
+def test_alter_configs_that_change_nothing_write_nothing():
+    cluster = Cluster()
+    cluster.start(1)
+    cluster.create("t", configs={"retention.ms": 1000})
+    result = cluster.controller.alter_configs(cluster.image, {"resources": [{
+        "type": "topic", "name": "t", "ops": [
+            {"name": "retention.ms", "op": "set", "value": 1000},
+            {"name": "segment.ms", "op": "delete"}]}]})
+    assert result.records == [] and errors_of(result.response["resources"]) == [None]
+
+
+@pytest.mark.parametrize("resource, code", [
+    ({"type": "topic", "name": "nope", "ops": []}, "UNKNOWN_TOPIC_OR_PARTITION"),
+    ({"type": "broker", "name": "1", "ops": []}, "INVALID_REQUEST"),
+    ({"type": "topic", "name": "t", "ops": [{"name": "no.such", "op": "set", "value": "1"}]},
+     "INVALID_CONFIG"),
+    ({"type": "topic", "name": "t", "ops": [{"name": "no.such", "op": "delete"}]},
+     "INVALID_CONFIG"),
+    ({"type": "topic", "name": "t", "ops": [{"name": "retention.ms", "op": "set",
+                                             "value": "-7"}]}, "INVALID_CONFIG"),
+    ({"type": "topic", "name": "t", "ops": [{"name": "cleanup.policy", "op": "set",
+                                             "value": "compact"}]}, "INVALID_CONFIG"),
+    ({"type": "topic", "name": "t", "ops": [{"name": "retention.ms", "op": "set", "value": 1},
+                                            {"name": "retention.ms", "op": "delete"}]},
+     "INVALID_REQUEST"),
+])
+def test_alter_configs_errors_are_per_resource(resource, code):
+    cluster = Cluster()
+    cluster.start(1)
+    cluster.create("t")
+    cluster.create("u")
+    offset = cluster.image.offset
+    response = cluster.call("alter_configs", {"resources": [resource, {
+        "type": "topic", "name": "u", "ops": [{"name": "retention.ms", "op": "set",
+                                               "value": 5}]}]})
+    assert errors_of(response["resources"]) == [code, None]
+    assert cluster.image.offset == offset + 1 and cluster.image.topic_configs("t") == {}
+
+
+def test_alter_configs_validate_only_and_duplicate_resources():
+    cluster = Cluster()
+    cluster.start(1)
+    cluster.create("t")
+    op = {"type": "topic", "name": "t", "ops": [{"name": "retention.ms", "op": "set",
+                                                 "value": 5}]}
+    result = cluster.controller.alter_configs(cluster.image, {"resources": [op],
+                                                              "validate_only": True})
+    assert result.records == [] and errors_of(result.response["resources"]) == [None]
+    response = cluster.call("alter_configs", {"resources": [op, op]})
+    assert errors_of(response["resources"]) == ["INVALID_REQUEST", "INVALID_REQUEST"]
+
+
+# -- alter partition ------------------------------------------------------------
+def alter_partition_cluster() -> Cluster:
+    """t-0 on [1, 2, 3] led by 1 at leader epoch 2, partition epoch 4, ISR
+    [1, 2]; broker 3 fenced."""
+    cluster = Cluster(default_replication_factor=3)
+    cluster.start(1, 2, 3)
+    cluster.create("t", assignments={0: [1, 2, 3]})
+    cluster.heartbeat(1, want_fence=True)  # 2 leads at epoch 1
+    cluster.heartbeat(1)
+    rejoin(cluster, "t", 0, 1)
+    cluster.call("elect_leaders", {"partitions": [{"topic": "t", "partition": 0}]})
+    cluster.call("alter_partition", isr_request(partition_epoch=3, new_isr=[1, 2]))
+    cluster.heartbeat(3, want_fence=True)
+    current = cluster.partition("t", 0)
+    assert (current.leader, current.leader_epoch, current.partition_epoch, current.isr) == (
+        1, 2, 4, [1, 2])
+    return cluster
+
+
+def rejoin(cluster: Cluster, topic: str, partition: int, broker_id: int) -> None:
+    """The partition's leader adds ``broker_id`` back to the ISR."""
+    current = cluster.partition(topic, partition)
+    cluster.call("alter_partition", {
+        "broker_id": current.leader,
+        "broker_epoch": cluster.image.brokers[current.leader].broker_epoch,
+        "topic": topic, "partition": partition, "leader_epoch": current.leader_epoch,
+        "partition_epoch": current.partition_epoch, "new_isr": current.isr + [broker_id]})
+
+
+def isr_request(**changes) -> dict:
+    """A valid AlterPartition of ``alter_partition_cluster``'s t-0, changed."""
+    request = {"broker_id": 1, "broker_epoch": 0, "topic": "t", "partition": 0,
+               "leader_epoch": 2, "partition_epoch": 4, "new_isr": [1]}
+    request.update(changes)
+    return request
+
+
+# The checks of AlterPartition in their order. Case i is sent with the faults
+# of every later case too (an earlier case's value wins a shared field), so
+# it shows that check i comes before all later ones.
+ALTER_PARTITION_FAULTS = [
+    ({"broker_id": 9}, BrokerIdNotRegisteredError),
+    ({"broker_epoch": 5}, StaleBrokerEpochError),
+    ({"topic": "x"}, UnknownTopicOrPartitionError),
+    ({"partition": 1}, UnknownTopicOrPartitionError),
+    ({"broker_id": 2, "broker_epoch": 1}, NotLeaderOrFollowerError),
+    ({"leader_epoch": 1}, FencedLeaderEpochError),
+    ({"leader_epoch": 3}, UnknownLeaderEpochError),
+    ({"partition_epoch": 9}, InvalidUpdateVersionError),
+    ({"new_isr": [2]}, InvalidRequestError),  # leaves out the leader
+    ({"new_isr": [1, 1]}, InvalidRequestError),
+    ({"new_isr": [1, 4]}, InvalidRequestError),  # 4 is not a replica
+    ({"new_isr": [1, 2, 3]}, IneligibleReplicaError),  # 3 is fenced
+]
+
+
+@pytest.mark.parametrize("case", range(len(ALTER_PARTITION_FAULTS)))
+def test_alter_partition_errors_in_order(case):
+    cluster = alter_partition_cluster()
+    request = isr_request()
+    for changes, _ in reversed(ALTER_PARTITION_FAULTS[case:]):
+        request.update(changes)
+    offset = cluster.image.offset
+    with pytest.raises(ALTER_PARTITION_FAULTS[case][1]):
+        cluster.call("alter_partition", request)
+    assert cluster.image.offset == offset
+
+
+def test_alter_partition_shrinks_and_expands_the_isr():
+    cluster = alter_partition_cluster()
+    response = cluster.call("alter_partition", isr_request(new_isr=[1]))
+    assert response == {"topic": "t", "partition": 0, "leader": 1, "leader_epoch": 2,
+                        "partition_epoch": 5, "isr": [1]}
+    cluster.heartbeat(3)  # unfenced again: may join
+    response = cluster.call("alter_partition", isr_request(partition_epoch=5,
+                                                           new_isr=[1, 3, 2]))
+    assert response["isr"] == [1, 3, 2] and response["partition_epoch"] == 6
+    assert cluster.partition("t", 0).isr == [1, 3, 2]
+
+
+def test_alter_partition_with_the_same_isr_writes_nothing():
+    cluster = alter_partition_cluster()
+    result = cluster.controller.alter_partition(cluster.image, isr_request(new_isr=[1, 2]))
+    assert result.records == [] and result.response["partition_epoch"] == 4
+
+
+def test_a_member_already_in_the_isr_may_stay_even_if_fenced():
+    cluster = alter_partition_cluster()
+    cluster.heartbeat(2, want_shutdown=True)  # leaves the ISR itself
+    assert cluster.partition("t", 0).isr == [1]
+    with pytest.raises(IneligibleReplicaError):
+        cluster.call("alter_partition", isr_request(partition_epoch=5, new_isr=[1, 2]))
+
+
+# -- preferred leader election --------------------------------------------------
+def two_brokers_with_moved_leaders(**settings) -> Cluster:
+    """t-0 prefers 1 and t-1 prefers 2, but broker 2 leads both."""
+    cluster = Cluster(default_replication_factor=2, **settings)
+    cluster.start(1, 2)
+    cluster.create("t", assignments={0: [1, 2], 1: [2, 1]})
+    cluster.heartbeat(1, want_fence=True)
+    cluster.heartbeat(1)
+    rejoin(cluster, "t", 0, 1)
+    assert (cluster.partition("t", 0).leader, cluster.partition("t", 0).isr) == (2, [2, 1])
+    return cluster
+
+
+def test_elect_leaders_on_request():
+    cluster = two_brokers_with_moved_leaders()
+    response = cluster.call("elect_leaders", {"partitions": [
+        {"topic": "t", "partition": 0}, {"topic": "t", "partition": 1},
+        {"topic": "t", "partition": 7}]})
+    assert response["partitions"][:2] == [
+        {"topic": "t", "partition": 0, "leader": 1, "error": None},
+        {"topic": "t", "partition": 1, "leader": 2, "error": None}]
+    assert response["partitions"][2]["error"]["code"] == "UNKNOWN_TOPIC_OR_PARTITION"
+    p0 = cluster.partition("t", 0)
+    assert (p0.leader, p0.leader_epoch) == (1, 2)
+
+
+def test_elect_leaders_reports_an_unavailable_preferred_leader():
+    cluster = two_brokers_with_moved_leaders()
+    cluster.heartbeat(1, want_fence=True)
+    response = cluster.call("elect_leaders", {"partitions": None})
+    assert response == {"partitions": [{
+        "topic": "t", "partition": 0, "leader": 2,
+        "error": {"code": "PREFERRED_LEADER_NOT_AVAILABLE",
+                  "message": response["partitions"][0]["error"]["message"]}}]}
+
+
+def test_elect_leaders_for_all_lists_only_partitions_that_moved_or_failed():
+    cluster = two_brokers_with_moved_leaders()
+    response = cluster.call("elect_leaders", {})
+    assert response == {"partitions": [{"topic": "t", "partition": 0, "leader": 1,
+                                        "error": None}]}
+
+
+def test_periodic_preferred_election_runs_only_after_the_interval():
+    cluster = two_brokers_with_moved_leaders(auto_leader_rebalance_enable=True)
+    cluster.now_ms = INTERVAL_MS - 1
+    cluster.keep_alive(1, 2)
+    assert cluster.tick() == []
+    cluster.now_ms = INTERVAL_MS
+    cluster.keep_alive(1, 2)
+    assert cluster.tick() == [rec.PartitionChangeRecord("tid-0", 0, leader=1)]
+    assert cluster.partition("t", 0).leader == 1
+    cluster.heartbeat(1, want_fence=True)
+    cluster.heartbeat(1)
+    rejoin(cluster, "t", 0, 1)
+    assert cluster.partition("t", 0).leader == 2
+    cluster.now_ms = 2 * INTERVAL_MS - 1
+    cluster.keep_alive(1, 2)
+    assert cluster.tick() == []  # the timer restarted at the last check
+    cluster.now_ms = 2 * INTERVAL_MS
+    cluster.keep_alive(1, 2)
+    assert len(cluster.tick()) == 1
+
+
+def test_periodic_preferred_election_is_off_when_disabled():
+    cluster = two_brokers_with_moved_leaders(auto_leader_rebalance_enable=False)
+    cluster.now_ms = 10 * INTERVAL_MS
+    cluster.keep_alive(1, 2)
+    assert cluster.tick() == []
+
+
+# -- malformed requests ---------------------------------------------------------
+REGISTER = {"broker_id": 1, "incarnation_id": "i", "endpoints": {"B": "h:1"}}
+HEARTBEAT = {"broker_id": 1, "broker_epoch": 0, "metadata_offset": 0}
+ALTER_PARTITION = {"broker_id": 1, "broker_epoch": 0, "topic": "t", "partition": 0,
+                   "leader_epoch": 0, "partition_epoch": 0, "new_isr": [1]}
+
+MALFORMED = [
+    ("register_broker", None, "request body"),
+    ("register_broker", [], "request body"),
+    ("register_broker", {**REGISTER, "broker_id": -1}, "broker_id"),
+    ("register_broker", {**REGISTER, "broker_id": True}, "broker_id"),
+    ("register_broker", {**REGISTER, "broker_id": 1.0}, "broker_id"),
+    ("register_broker", {**REGISTER, "broker_id": "1"}, "broker_id"),
+    ("register_broker", {**REGISTER, "broker_id": 2**31}, "broker_id"),
+    ("register_broker", {**REGISTER, "broker_id": 10**5000}, "broker_id"),
+    ("register_broker", {k: v for k, v in REGISTER.items() if k != "broker_id"}, "broker_id"),
+    ("register_broker", {**REGISTER, "incarnation_id": ""}, "incarnation_id"),
+    ("register_broker", {**REGISTER, "incarnation_id": "x" * 65}, "incarnation_id"),
+    ("register_broker", {**REGISTER, "incarnation_id": 5}, "incarnation_id"),
+    ("register_broker", {**REGISTER, "endpoints": {}}, "endpoints"),
+    ("register_broker", {**REGISTER, "endpoints": ["h:1"]}, "endpoints"),
+    ("register_broker", {**REGISTER, "endpoints": {"B": 9092}}, "endpoints"),
+    ("register_broker", {**REGISTER, "endpoints": {1: "h:1"}}, "endpoints"),
+    ("register_broker", {**REGISTER, "endpoints": {"B": "h"}}, "endpoints"),
+    ("register_broker", {**REGISTER, "endpoints": {"B": "h:99999"}}, "endpoints"),
+    ("register_broker", {**REGISTER, "endpoints": {"B": ":1"}}, "endpoints"),
+    ("register_broker", {**REGISTER, "rack": 3}, "rack"),
+    ("heartbeat", {**HEARTBEAT, "broker_epoch": -1}, "broker_epoch"),
+    ("heartbeat", {**HEARTBEAT, "metadata_offset": -2}, "metadata_offset"),
+    ("heartbeat", {**HEARTBEAT, "metadata_offset": None}, "metadata_offset"),
+    ("heartbeat", {**HEARTBEAT, "want_fence": 1}, "want_fence"),
+    ("heartbeat", {**HEARTBEAT, "want_shutdown": "yes"}, "want_shutdown"),
+    ("create_topics", {}, "topics"),
+    ("create_topics", {"topics": {"name": "t"}}, "topics"),
+    ("create_topics", {"topics": [{"name": "t"}] * 1001}, "topics"),
+    ("create_topics", {"topics": ["t"]}, "topics[0]"),
+    ("create_topics", {"topics": [{"name": 5}]}, "topics[0].name"),
+    ("create_topics", {"topics": [{"name": "t", "num_partitions": "3"}]}, "num_partitions"),
+    ("create_topics", {"topics": [{"name": "t", "num_partitions": False}]}, "num_partitions"),
+    ("create_topics", {"topics": [{"name": "t", "replication_factor": 1.5}]},
+     "replication_factor"),
+    ("create_topics", {"topics": [{"name": "t", "configs": []}]}, "configs"),
+    ("create_topics", {"topics": [{"name": "t", "configs": {"retention.ms": None}}]},
+     "configs"),
+    ("create_topics", {"topics": [{"name": "t", "configs": {"retention.ms": [1]}}]},
+     "configs"),
+    ("create_topics", {"topics": [{"name": "t", "configs": {5: "1"}}]}, "configs"),
+    ("create_topics", {"topics": [{"name": "t", "assignments": [[1]]}]}, "assignments"),
+    ("create_topics", {"topics": [{"name": "t", "assignments": {"x": [1]}}]}, "assignments"),
+    ("create_topics", {"topics": [{"name": "t", "assignments": {-1: [1]}}]}, "assignments"),
+    ("create_topics", {"topics": [{"name": "t", "assignments": {0: 1}}]}, "assignments"),
+    ("create_topics", {"topics": [{"name": "t", "assignments": {0: [-1]}}]}, "assignments"),
+    ("create_topics", {"topics": [{"name": "t", "assignments": {0: ["1"]}}]}, "assignments"),
+    ("create_topics", {"topics": [], "validate_only": "true"}, "validate_only"),
+    ("delete_topics", {"topics": "t"}, "topics"),
+    ("delete_topics", {"topics": [None]}, "topics[0]"),
+    ("delete_topics", {"topics": [""]}, "topics[0]"),
+    ("create_partitions", {"topics": [{"name": "t"}]}, "count"),
+    ("create_partitions", {"topics": [{"name": "t", "count": -1}]}, "count"),
+    ("create_partitions", {"topics": [{"name": "t", "count": 2, "assignments": {}}]},
+     "assignments"),
+    ("create_partitions", {"topics": [{"name": "t", "count": 2, "assignments": [1]}]},
+     "assignments[0]"),
+    ("describe_configs", {"resources": [{"type": "topic"}]}, "name"),
+    ("describe_configs", {"resources": [{"type": 1, "name": "t"}]}, "type"),
+    ("describe_configs", {"resources": [{"type": "topic", "name": "t", "keys": "a"}]}, "keys"),
+    ("describe_configs", {"resources": [{"type": "topic", "name": "t", "keys": [1]}]}, "keys"),
+    ("alter_configs", {"resources": [{"type": "topic", "name": "t"}]}, "ops"),
+    ("alter_configs", {"resources": [{"type": "topic", "name": "t", "ops": [
+        {"name": "retention.ms", "op": "append", "value": "1"}]}]}, "op"),
+    ("alter_configs", {"resources": [{"type": "topic", "name": "t", "ops": [
+        {"name": "retention.ms", "op": "set"}]}]}, "value"),
+    ("alter_configs", {"resources": [{"type": "topic", "name": "t", "ops": [
+        {"name": "retention.ms", "op": "set", "value": {"a": 1}}]}]}, "value"),
+    ("alter_configs", {"resources": [{"type": "topic", "name": "t", "ops": ["x"]}]}, "ops[0]"),
+    ("alter_partition", {**ALTER_PARTITION, "new_isr": None}, "new_isr"),
+    ("alter_partition", {**ALTER_PARTITION, "new_isr": [1, "2"]}, "new_isr[1]"),
+    ("alter_partition", {**ALTER_PARTITION, "new_isr": [1] * 1001}, "new_isr"),
+    ("alter_partition", {**ALTER_PARTITION, "partition": -1}, "partition"),
+    ("alter_partition", {**ALTER_PARTITION, "leader_epoch": "0"}, "leader_epoch"),
+    ("alter_partition", {**ALTER_PARTITION, "topic": ["t"]}, "topic"),
+    ("elect_leaders", {"partitions": "all"}, "partitions"),
+    ("elect_leaders", {"partitions": [{"topic": "t"}]}, "partition"),
+    ("elect_leaders", {"partitions": [["t", 0]]}, "partitions[0]"),
+]
+
+
+@pytest.mark.parametrize("method, request_body, field", MALFORMED)
+def test_malformed_requests_name_the_field(method, request_body, field):
+    cluster = Cluster()
+    cluster.start(1)
+    cluster.create("t")
+    args = [cluster.image, request_body]
+    if method in ("register_broker", "heartbeat"):
+        args.append(0)
+    with pytest.raises(InvalidRequestError) as raised:
+        getattr(cluster.controller, method)(*args)
+    assert field in str(raised.value)
+
+
+JSON_LIKE = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
+    | st.text(max_size=8) | st.sampled_from(["t", "topic", "set", "delete", "h:1", "-1", "0"]),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.sampled_from([
+        "broker_id", "broker_epoch", "metadata_offset", "incarnation_id", "endpoints", "rack",
+        "want_fence", "want_shutdown", "topics", "name", "num_partitions",
+        "replication_factor", "configs", "assignments", "validate_only", "count",
+        "resources", "type", "keys", "ops", "op", "value", "topic", "partition",
+        "leader_epoch", "partition_epoch", "new_isr", "partitions", "retention.ms", "0"])
+        | st.integers(0, 3), children, max_size=6),
+    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(method=st.sampled_from(["register_broker", "heartbeat", "create_topics",
+                               "delete_topics", "create_partitions", "describe_configs",
+                               "alter_configs", "alter_partition", "elect_leaders"]),
+       request_body=JSON_LIKE)
+def test_any_request_gets_a_response_or_a_kraft_error(method, request_body):
+    cluster = FUZZ_CLUSTER
+    before = cluster.image.to_snapshot()
+    args = [cluster.image, request_body]
+    if method in ("register_broker", "heartbeat"):
+        args.append(0)
+    try:
+        result = getattr(cluster.controller, method)(*args)
+    except KraftError:
+        pass
+    else:
+        if isinstance(result, ControllerResult):
+            commit(MetadataImage.from_snapshot(before), result.records)
+    assert cluster.image.to_snapshot() == before
+
+
+VALID_REQUESTS = [
+    ("register_broker", {"broker_id": 5, "incarnation_id": "i", "rack": "r",
+                         "endpoints": {"B": "h:1", "C": "h:2"}}),
+    ("heartbeat", {"broker_id": 1, "broker_epoch": 1, "metadata_offset": 3,
+                   "want_fence": False, "want_shutdown": False}),
+    ("create_topics", {"validate_only": False, "topics": [
+        {"name": "new", "num_partitions": 2, "replication_factor": 2,
+         "configs": {"retention.ms": "1", "unclean.leader.election.enable": True}},
+        {"name": "manual", "assignments": {"0": [1, 2], "1": [2, 0]}}]}),
+    ("delete_topics", {"topics": ["t", "topic"]}),
+    ("create_partitions", {"validate_only": False, "topics": [
+        {"name": "t", "count": 3}, {"name": "topic", "count": 2, "assignments": [[2, 0]]}]}),
+    ("describe_configs", {"resources": [{"type": "topic", "name": "t",
+                                         "keys": ["retention.ms"]}]}),
+    ("alter_configs", {"validate_only": False, "resources": [{"type": "topic", "name": "t", "ops": [
+        {"name": "retention.ms", "op": "set", "value": 5},
+        {"name": "segment.ms", "op": "delete"}]}]}),
+    ("alter_partition", {"broker_id": 1, "broker_epoch": 1, "topic": "topic", "partition": 0,
+                         "leader_epoch": 0, "partition_epoch": 0, "new_isr": [1]}),
+    ("elect_leaders", {"partitions": [{"topic": "t", "partition": 1}]}),
+]
+
+
+def _leaf_paths(value, path=()):
+    """Every position in a request: map values, map keys and list items."""
+    yield path
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield path + (("key", key),)
+            yield from _leaf_paths(item, path + (key,))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _leaf_paths(item, path + (i,))
+
+
+def _replaced(value, path, new):
+    """A copy of ``value`` with the position ``path`` replaced by ``new``
+    (at a map key position, the key is renamed to ``new`` if it can be one)."""
+    if not path:
+        return new
+    step, rest = path[0], path[1:]
+    if isinstance(step, tuple):  # ("key", key): rename it
+        if not isinstance(new, (str, int, float, type(None))):
+            return value
+        return {(new if k == step[1] else k): v for k, v in value.items()}
+    copy = list(value) if isinstance(value, list) else dict(value)
+    copy[step] = _replaced(value[step], rest, new)
+    return copy
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_valid_requests_with_one_field_spoiled_get_a_response_or_a_kraft_error(data):
+    method, valid = data.draw(st.sampled_from(VALID_REQUESTS))
+    path = data.draw(st.sampled_from(list(_leaf_paths(valid))))
+    request_body = _replaced(valid, path, data.draw(JSON_LIKE))
+    cluster = FUZZ_CLUSTER
+    before = cluster.image.to_snapshot()
+    args = [cluster.image, request_body] + ([0] if method in ("register_broker",
+                                                               "heartbeat") else [])
+    try:
+        result = getattr(cluster.controller, method)(*args)
+    except KraftError:
+        return
+    finally:
+        assert cluster.image.to_snapshot() == before
+    if isinstance(result, ControllerResult):
+        commit(MetadataImage.from_snapshot(before), result.records)
+
+
+def test_the_valid_fuzz_requests_are_valid():
+    for method, request_body in VALID_REQUESTS:
+        cluster = _fuzz_cluster()
+        args = [cluster.image, request_body] + ([0] if method in ("register_broker",
+                                                                   "heartbeat") else [])
+        result = getattr(cluster.controller, method)(*args)
+        response = result if isinstance(result, dict) else result.response
+        assert "'error': {" not in repr(response), (method, response)
+
+
+def _fuzz_cluster() -> Cluster:
+    cluster = Cluster(default_replication_factor=2)
+    cluster.start(0, 1, 2)
+    cluster.create("t", num_partitions=2)
+    cluster.create("topic", assignments={0: [1, 2]})
+    return cluster
+
+
+FUZZ_CLUSTER = _fuzz_cluster()
+
+
+# -- purity ---------------------------------------------------------------------
+def test_a_long_scenario_never_changes_the_image_it_is_given():
+    """Cluster.call and Cluster.tick check the image is unchanged by each
+    call; this walks through every kind of change on one cluster."""
+    cluster = Cluster(default_replication_factor=2, auto_leader_rebalance_enable=True)
+    cluster.start(1, 2, 3)
+    cluster.create("t", num_partitions=4, configs={"retention.ms": 5})
+    leader = cluster.partition("t").leader
+    cluster.call("alter_partition", {"broker_id": leader,
+                                     "broker_epoch": cluster.image.brokers[leader].broker_epoch,
+                                     "topic": "t", "partition": 0, "leader_epoch": 0,
+                                     "partition_epoch": 0, "new_isr": [leader]})
+    cluster.heartbeat(1, want_fence=True)
+    cluster.heartbeat(2, want_shutdown=True)
+    cluster.set_config("t", "unclean.leader.election.enable", True)
+    cluster.heartbeat(1)
+    cluster.call("create_partitions", {"topics": [{"name": "t", "count": 6}]})
+    with pytest.raises(DuplicateBrokerRegistrationError):
+        cluster.register(1, incarnation="inc-1b")
+    cluster.now_ms = INTERVAL_MS
+    cluster.keep_alive(1)
+    assert cluster.tick()  # fences 3, rebalances
+    cluster.register(2, incarnation="inc-2b")
+    cluster.heartbeat(2)
+    cluster.call("elect_leaders", {"partitions": None})
+    cluster.call("delete_topics", {"topics": ["t"]})
+    assert cluster.image.topics == {}
