@@ -39,7 +39,11 @@ class Node:
         if self.config.is_broker:
             from api.broker.lifecycle import BrokerLifecycle
             from api.broker.server import BrokerServer
-            self.client = ControllerClient(self.config.controller_urls)
+            # One exchange may take a heartbeat interval: a controller that
+            # does not answer in that time is skipped for the next one.
+            self.client = ControllerClient(
+                self.config.controller_urls,
+                attempt_timeout_ms=max(100, self.config.heartbeat_interval_ms))
             self.lifecycle = BrokerLifecycle(self.config, self.client)
             self.broker = BrokerServer(self.config, self.lifecycle, self.client)
             await self.broker.start()

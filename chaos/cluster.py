@@ -41,18 +41,24 @@ FAST_SETTINGS: dict[str, Any] = {
 }
 
 
-def free_port(pair: bool = False) -> int:
-    """A port free now on 127.0.0.1 (and, with ``pair``, the next one too)."""
+def free_port(pair: bool = False, taken: set[int] | None = None) -> int:
+    """A port free now on 127.0.0.1 (and, with ``pair``, the next one too),
+    not in ``taken``; the port(s) are added to ``taken``."""
+    taken = set() if taken is None else taken
     for _ in range(100):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
+        if port in taken or (pair and port + 1 in taken):
+            continue
         if not pair:
+            taken.add(port)
             return port
         if port < 65535:
             try:
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", port + 1))
+                taken.update((port, port + 1))
                 return port
             except OSError:
                 continue
@@ -126,6 +132,7 @@ class ProcessCluster:
 
     def __post_init__(self) -> None:
         os.makedirs(self.base_dir, exist_ok=True)
+        taken: set[int] = set()
         controller_ids = list(range(1, self.controllers + 1))
         broker_ids = controller_ids if self.combined else list(
             range(self.controllers + 1, self.controllers + self.brokers + 1))
@@ -136,8 +143,9 @@ class ProcessCluster:
                 node_id, roles,
                 config_path=os.path.join(self.base_dir, f"node-{node_id}.toml"),
                 log_path=os.path.join(self.base_dir, f"node-{node_id}.log"),
-                broker_port=free_port() if "broker" in roles else None,
-                controller_port=free_port(pair=True) if "controller" in roles else None)
+                broker_port=free_port(taken=taken) if "broker" in roles else None,
+                controller_port=free_port(pair=True, taken=taken)
+                if "controller" in roles else None)
         for node in self.nodes.values():
             self._write_config(node)
 

@@ -16,13 +16,20 @@ What it measures, on this machine, on loopback:
   creation acknowledged. The post-failover stream has ``num_replicas=1`` (an
   R=3 stream cannot be placed with one of three servers down; R=1 needs only
   the new meta leader and a quorum of 2/3 to commit the assignment, so it
-  times the metadata layer and nothing else). Attempts are launched every
-  ~20 ms, each with its own short timeout, and the first acknowledgement stops
-  the clock, so the resolution is ~20 ms. Then the killed server is restarted
-  with the same config and store, and the next round starts only once the
-  cluster is whole again (every server healthy, every meta peer current).
-  This is the analogue of our "controller failover: kill -9 the active
-  controller until a topic creation succeeds".
+  times the metadata layer and nothing else), and is pinned by a server tag
+  to a survivor: in kraftlog's figure the killed process is a controller and
+  the new topic goes to a live broker, while every NATS server is both, and
+  NATS v2.9 does not learn for a long time (>40 s seen here) that a
+  kill -9'd server is gone, so unpinned it may keep placing the stream on the
+  dead server (``--placement any`` shows that). Attempts are launched every
+  ~20 ms, each under a new name with its own short timeout, and the first
+  acknowledgement stops the clock, so the resolution is ~20 ms. The time
+  until a survivor's ``/jsz`` names a new meta leader is recorded alongside.
+  Then the killed server is restarted with the same config and store, and
+  the next round starts only once the cluster is whole again (every server's
+  ``/healthz`` ok, both followers current in the meta group). This is the
+  analogue of our "controller failover: kill -9 the active controller until
+  a topic creation succeeds".
 
 NATS' Raft timings are compiled-in defaults (server/raft.go: election timeout
 randomised in 4-9 s, heartbeat 1 s); no server option changes them, so the
@@ -61,13 +68,14 @@ import urllib.request
 
 import nats
 import nats.js.errors
-from nats.js.api import StorageType
+from nats.js.api import Placement, StorageType
 
 SERVERS = ("n1", "n2", "n3")
 CLUSTER_NAME = "kraftlog-peer"
 ATTEMPT_EVERY_S = 0.020  # failover probe: launch a creation attempt this often
 ATTEMPT_TIMEOUT_S = 1.0  # ... each waiting at most this long for its reply
 MAX_IN_FLIGHT = 50  # ... with at most this many outstanding
+POST_REPLICAS = 1  # the stream created after a kill (R=3 cannot be placed with a server down)
 FAILOVER_DEADLINE_S = 60.0  # give up on one failover after this
 READY_DEADLINE_S = 60.0  # cluster start / whole again after a restart
 CREATE_TIMEOUT_S = 10.0  # one stream creation in the creations phase
@@ -128,6 +136,7 @@ class Cluster:
             with open(self.conf(s), "w") as f:
                 f.write(
                     f"server_name: {s}\n"
+                    f'server_tags: ["node:{s}"]\n'
                     f"listen: 127.0.0.1:{self.client_port[s]}\n"
                     f"http: 127.0.0.1:{self.http_port[s]}\n"
                     f'jetstream {{ store_dir: "{os.path.join(self.dir, "store-" + s)}" }}\n'
@@ -309,7 +318,8 @@ async def bench_creations(cluster: Cluster, n: int, keep: bool) -> dict:
     }
 
 
-async def probe_until_created(js, prefix: str, replicas: int) -> tuple[float, list[str]]:
+async def probe_until_created(js, prefix: str, replicas: int, placement: Placement | None
+                              ) -> tuple[float, list[str]]:
     """Launch a creation attempt every ATTEMPT_EVERY_S until one is acknowledged.
 
     Returns the monotonic time of the first acknowledgement and the names tried.
@@ -326,7 +336,8 @@ async def probe_until_created(js, prefix: str, replicas: int) -> tuple[float, li
     last_err: BaseException | None = None
 
     async def attempt(name: str) -> float:
-        await js.add_stream(name=name, subjects=[f"{name}.x"], num_replicas=replicas, storage=StorageType.FILE)
+        await js.add_stream(name=name, subjects=[f"{name}.x"], num_replicas=replicas,
+                            storage=StorageType.FILE, placement=placement)
         return time.monotonic()
 
     try:
@@ -354,6 +365,17 @@ async def probe_until_created(js, prefix: str, replicas: int) -> tuple[float, li
     return ok_at, names
 
 
+async def watch_leader(cluster: Cluster, survivors: list[str]) -> float | None:
+    """Monotonic time at which a survivor's /jsz first names a surviving meta leader."""
+    deadline = time.monotonic() + FAILOVER_DEADLINE_S
+    while time.monotonic() < deadline:
+        for s in survivors:
+            if (await asyncio.to_thread(cluster.meta, s)).get("leader") in survivors:
+                return time.monotonic()
+        await asyncio.sleep(ATTEMPT_EVERY_S)
+    return None
+
+
 async def delete_quietly(js, names: list[str]) -> int:
     """Delete those of names that exist; returns how many were deleted."""
     deleted = 0
@@ -368,7 +390,7 @@ async def delete_quietly(js, names: list[str]) -> int:
     return deleted
 
 
-async def bench_failovers(cluster: Cluster, k: int, replicas: int) -> list[dict]:
+async def bench_failovers(cluster: Cluster, k: int, replicas: int, pin: bool) -> list[dict]:
     rounds = []
     for i in range(k):
         leader = None
@@ -383,10 +405,25 @@ async def bench_failovers(cluster: Cluster, k: int, replicas: int) -> list[dict]
         nc = await connect([cluster.url(s) for s in survivors])
         try:
             js = nc.jetstream(timeout=ATTEMPT_TIMEOUT_S)
+            # Pinned: on a surviving server by tag, as kraftlog's controller
+            # places a new topic on a live broker (see the module docstring).
+            placement = Placement(tags=[f"node:{survivors[0]}"]) if pin else None
             t_kill = time.monotonic()
             cluster.kill9(leader)
-            ok_at, names = await probe_until_created(js, f"after{i}", replicas)
+            watcher = asyncio.create_task(watch_leader(cluster, survivors))
+            try:
+                ok_at, names = await probe_until_created(js, f"after{i}", replicas, placement)
+            finally:
+                if not watcher.done():
+                    # The client can succeed before /jsz shows the leader: poll a little longer.
+                    try:
+                        await asyncio.wait_for(asyncio.shield(watcher), 2)
+                    except asyncio.TimeoutError:
+                        pass
+                    watcher.cancel()
             ms = (ok_at - t_kill) * 1e3
+            elected_at = None if watcher.cancelled() else watcher.result()
+            leader_ms = None if elected_at is None else (elected_at - t_kill) * 1e3
             new_leader = await asyncio.to_thread(cluster.meta_leader)
             cluster.start(leader)
             whole_s = await asyncio.to_thread(cluster.wait_whole, f"restart of {leader} after failover {i + 1}")
@@ -396,9 +433,12 @@ async def bench_failovers(cluster: Cluster, k: int, replicas: int) -> list[dict]
         finally:
             await nc.close()
         await asyncio.to_thread(cluster.wait_whole, f"clean-up after failover {i + 1}")
-        rounds.append({"killed": leader, "new_leader": new_leader, "failover_ms": ms, "rejoin_s": whole_s,
+        rounds.append({"killed": leader, "new_leader": new_leader, "failover_ms": ms, "leader_ms": leader_ms,
+                       "rejoin_s": whole_s,
                        "attempts": len(names), "created": deleted})
-        log(f"  failover {i + 1}/{k}: killed {leader}, new leader {new_leader}, creation ok after {ms:.0f} ms "
+        shown = "?" if leader_ms is None else f"{leader_ms:.0f}"
+        log(f"  failover {i + 1}/{k}: killed {leader}, new leader {new_leader} in /jsz after {shown} ms, "
+            f"creation ok after {ms:.0f} ms "
             f"({len(names)} attempts, {deleted} streams to clean up); {leader} back and current in {whole_s:.1f}s")
     return rounds
 
@@ -417,9 +457,10 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict:
     if not args.keep_streams:
         await asyncio.to_thread(cluster.wait_whole, "after deleting the benchmark streams")
 
-    log(f"meta-leader failover x{args.failovers} (kill -9, then R={args.post_replicas} creation)...")
-    rounds = await bench_failovers(cluster, args.failovers, args.post_replicas)
+    log(f"meta-leader failover x{args.failovers} (kill -9, then R={POST_REPLICAS} creation)...")
+    rounds = await bench_failovers(cluster, args.failovers, POST_REPLICAS, args.placement == "survivor")
     fo = [r["failover_ms"] for r in rounds]
+    el = [r["leader_ms"] for r in rounds if r["leader_ms"] is not None]
 
     settings = (
         "3 nats-server nodes on loopback, one machine, default server options (Raft election timeout "
@@ -427,8 +468,10 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict:
         f"creations: {args.creations} sequential add_stream, num_replicas=3, 1 subject each, "
         "one nats-py client connected to all 3; "
         f"failover: kill -9 of the meta leader (from /jsz meta_cluster.leader), clock stops at the first "
-        f"acknowledged add_stream with num_replicas={args.post_replicas} from a client connected to the "
-        f"2 survivors, attempts (each a new stream name) launched every {ATTEMPT_EVERY_S * 1e3:.0f} ms with "
+        f"acknowledged add_stream with num_replicas={POST_REPLICAS} from a client connected to the "
+        f"2 survivors, "
+        + ("placed on a survivor by server tag, " if args.placement == "survivor" else "placement left to NATS, ")
+        + f"attempts (each a new stream name) launched every {ATTEMPT_EVERY_S * 1e3:.0f} ms with "
         f"{ATTEMPT_TIMEOUT_S:.1f} s timeout each; killed node restarted with same config/store and cluster whole (all /healthz ok, "
         "meta peers current) before the next round; "
         + ("benchmark streams kept during failovers" if args.keep_streams
@@ -445,6 +488,8 @@ async def run(args: argparse.Namespace, cluster: Cluster) -> dict:
         "failover_ms": [round(x, 1) for x in fo],
         "failover_p50_ms": round(statistics.median(fo), 1) if fo else None,
         "failover_max_ms": round(max(fo), 1) if fo else None,
+        "leader_elected_ms": [round(x, 1) for x in el],
+        "leader_elected_p50_ms": round(statistics.median(el), 1) if el else None,
         "settings": settings,
     }
 
@@ -453,8 +498,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--creations", type=int, default=200, help="streams to create (default 200)")
     ap.add_argument("--failovers", type=int, default=10, help="meta-leader kills (default 10)")
-    ap.add_argument("--post-replicas", type=int, default=1, choices=(1, 2),
-                    help="replicas of the stream created after a kill (default 1)")
+    ap.add_argument("--placement", choices=("survivor", "any"), default="survivor",
+                    help="post-failover R=1 stream: pinned to a surviving server by tag (default), or "
+                         "left to NATS, which in v2.9 may keep choosing the dead server (diagnostic)")
     ap.add_argument("--keep-streams", action="store_true",
                     help="keep the N benchmark streams during the failovers (default: delete them)")
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -495,9 +541,11 @@ def main() -> int:
               f"p50 {result['creation_p50_ms']:.1f} ms  p99 {result['creation_p99_ms']:.1f} ms  "
               f"(n={result['creations']})")
         if result["failover_ms"]:
-            print(f"  meta-leader failover (kill -9 -> R={args.post_replicas} stream created): "
+            print(f"  meta-leader failover (kill -9 -> R={POST_REPLICAS} stream created): "
                   f"p50 {result['failover_p50_ms']:.0f} ms  max {result['failover_max_ms']:.0f} ms  "
                   f"(k={result['failovers']}: {', '.join(f'{x:.0f}' for x in result['failover_ms'])})")
+        if result["leader_elected_ms"]:
+            print(f"  ... of which a new meta leader shown in /jsz: p50 {result['leader_elected_p50_ms']:.0f} ms")
         print(f"  settings: {result['settings']}")
     return 0
 

@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 RETRIABLE_CODES = frozenset({"NOT_CONTROLLER", "REQUEST_TIMED_OUT"})
 #: Pause between rounds over all voters when none could answer.
 RETRY_BACKOFF_MS = 100
+#: Pause before following a new leader hint.
 HINT_BACKOFF_MS = 5
 
 
@@ -50,11 +51,15 @@ class ControllerClient:
     """Finds and calls the active controller among ``voter_urls``."""
 
     def __init__(self, voter_urls: Mapping[int, str], *, timeout_ms: int = 10_000,
+                 attempt_timeout_ms: int = 2_000,
                  session: aiohttp.ClientSession | None = None) -> None:
         if not voter_urls:
             raise ValueError("at least one controller URL is needed")
         self.voter_urls = dict(voter_urls)
         self.timeout_ms = timeout_ms
+        self.attempt_timeout_ms = attempt_timeout_ms
+        # node id -> when it last failed to answer (monotonic seconds)
+        self._failed_at: dict[int, float] = {}
         self._session = session
         self._owns_session = session is None
         self.leader_id: int | None = None
@@ -76,19 +81,26 @@ class ControllerClient:
         return self._session
 
     def _candidates(self) -> list[int]:
-        ids = sorted(self.voter_urls)
-        if self.leader_id in self.voter_urls:
-            ids.remove(self.leader_id)
-            ids.insert(0, self.leader_id)
-        return ids
+        """Voters in the order to try: the believed leader, then the others,
+        those that failed to answer most recently last (a paused controller
+        accepts connections and never answers: it must not be tried first
+        again and again)."""
+        def key(node_id: int) -> tuple:
+            return (node_id != self.leader_id, self._failed_at.get(node_id, 0.0), node_id)
+        return sorted(self.voter_urls, key=key)
 
     async def call(self, path: str, body: Mapping[str, Any], *,
                    timeout_ms: int | None = None, request_timeout_ms: int | None = None
                    ) -> dict:
         """POST ``body`` to ``path`` on the active controller; its answer.
-        ``request_timeout_ms`` bounds one HTTP exchange (long-polls pass
-        their wait plus a margin); ``timeout_ms`` bounds the whole call."""
+
+        ``timeout_ms`` bounds the whole call; ``request_timeout_ms`` bounds
+        each HTTP exchange (default ``attempt_timeout_ms``; long-polls pass
+        their wait plus a margin), so that one controller that does not
+        answer leaves time to ask the others."""
         total_ms = self.timeout_ms if timeout_ms is None else timeout_ms
+        attempt_s = (self.attempt_timeout_ms if request_timeout_ms is None
+                     else request_timeout_ms) / 1000
         deadline = time.monotonic() + total_ms / 1000
         payload = msgpack.packb(dict(body), use_bin_type=True)
         last_error: Exception | None = None
@@ -98,33 +110,33 @@ class ControllerClient:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                per_request = remaining if request_timeout_ms is None else min(
-                    remaining, request_timeout_ms / 1000)
                 try:
                     answer = await self._post(self.voter_urls[node_id] + path, payload,
-                                              per_request)
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                                              min(remaining, attempt_s))
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
                     last_error = exc
+                    self._failed_at[node_id] = time.monotonic()
                     if self.leader_id == node_id:
                         self.leader_id = None
                     continue
                 error = answer.get("error") if isinstance(answer, dict) else None
                 if error is None:
                     self.leader_id = node_id
+                    self._failed_at.pop(node_id, None)
                     return answer
                 last_error = ControllerError(error.get("code", "UNKNOWN_SERVER_ERROR"),
                                              error.get("message", ""), error)
                 if last_error.code not in RETRIABLE_CODES:
-                    self.leader_id = node_id
                     raise last_error
                 hint = error.get("leader_id")
-                if isinstance(hint, int) and hint in self.voter_urls and hint != node_id:
+                if (isinstance(hint, int) and hint in self.voter_urls and hint != node_id
+                        and hint != self.leader_id):
                     self.leader_id = hint
                     hinted = True
                     break  # restart the round at the hinted leader
             if time.monotonic() >= deadline:
                 break
-            # A hint is followed almost at once; a round that found nobody
+            # A new hint is followed almost at once; a round that found nobody
             # (an election under way) backs off longer.
             backoff_s = (HINT_BACKOFF_MS if hinted else RETRY_BACKOFF_MS) / 1000
             await asyncio.sleep(min(backoff_s, max(0.0, deadline - time.monotonic())))

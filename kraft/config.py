@@ -263,6 +263,12 @@ def _check(config: NodeConfig) -> None:
         raise InvalidConfigError(
             "broker.heartbeat.interval.ms must be below broker.session.timeout.ms "
             f"({config.heartbeat_interval_ms} >= {config.session_timeout_ms})")
+    if config.fetch_timeout_ms >= config.session_timeout_ms:
+        # A deposed leader that has not noticed yet may renew leases for up to
+        # the fetch timeout; those must not outlive a broker's session.
+        raise InvalidConfigError(
+            "controller.quorum.fetch.timeout.ms must be below broker.session.timeout.ms "
+            f"({config.fetch_timeout_ms} >= {config.session_timeout_ms})")
     if config.fetch_timeout_ms < config.election_timeout_ms:
         raise InvalidConfigError(
             "controller.quorum.fetch.timeout.ms must be at least "

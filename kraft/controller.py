@@ -48,7 +48,7 @@ from kraft.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistratio
                           TopicAlreadyExistsError, UnknownLeaderEpochError,
                           UnknownTopicOrPartitionError)
 from kraft.image import (TOPIC_RESOURCE, BrokerRegistration, MetadataImage,
-                         PartitionRegistration, TopicImage)
+                         PartitionRegistration)
 from kraft.placement import (BrokerInfo, elect_leader, isr_after_fencing, place_replicas,
                              preferred_leader_election)
 from kraft.records import (NO_LEADER, BrokerRegistrationChangeRecord, ConfigRecord,
@@ -745,7 +745,7 @@ class _Draft:
     no controller call changes the image it was given."""
 
     def __init__(self, image: MetadataImage) -> None:
-        self.image = _scratch_copy(image)
+        self.image = image.copy()
         self.records: list[Record] = []
 
     def add(self, record: Record) -> int:
@@ -755,19 +755,6 @@ class _Draft:
         self.image.apply(record, offset)
         self.records.append(record)
         return offset
-
-
-def _scratch_copy(image: MetadataImage) -> MetadataImage:
-    scratch = MetadataImage()
-    scratch.offset = image.offset
-    scratch.brokers = {broker_id: dataclasses.replace(broker, endpoints=dict(broker.endpoints))
-                       for broker_id, broker in image.brokers.items()}
-    scratch.topics = {name: TopicImage(topic.name, topic.topic_id, dict(topic.partitions))
-                      for name, topic in image.topics.items()}
-    scratch.topic_names_by_id = dict(image.topic_names_by_id)
-    scratch.configs = {key: dict(values) for key, values in image.configs.items()}
-    scratch.next_producer_id = image.next_producer_id
-    return scratch
 
 
 def _change_partition(draft: _Draft, topic: str, partition: int, *,

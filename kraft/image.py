@@ -210,6 +210,22 @@ class MetadataImage:
         NoOpRecord: _no_op,
     }
 
+    def copy(self) -> "MetadataImage":
+        """An independent image equal to this one, cheaply: containers are
+        copied, ``PartitionRegistration`` objects are shared because ``apply``
+        replaces them and never changes one in place (brokers, which it does
+        change, are copied). Used to apply or draft a batch all or nothing."""
+        copy = MetadataImage()
+        copy.offset = self.offset
+        copy.brokers = {broker_id: dataclasses.replace(broker, endpoints=dict(broker.endpoints))
+                        for broker_id, broker in self.brokers.items()}
+        copy.topics = {name: TopicImage(topic.name, topic.topic_id, dict(topic.partitions))
+                       for name, topic in self.topics.items()}
+        copy.topic_names_by_id = dict(self.topic_names_by_id)
+        copy.configs = {key: dict(values) for key, values in self.configs.items()}
+        copy.next_producer_id = self.next_producer_id
+        return copy
+
     # -- queries -----------------------------------------------------------
     def topic_configs(self, name: str) -> dict[str, str]:
         return dict(self.configs.get((TOPIC_RESOURCE, name), {}))

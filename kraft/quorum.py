@@ -23,10 +23,14 @@ recomputes. Records of a batch take consecutive metadata offsets.
 
 Persistence. ``journalFile`` and ``fullDumpFile`` live in the controller's
 metadata directory. pysyncobj never fsyncs; ``_DurableJournal`` fsyncs the
-journal after every change and the term/vote file after every change, so an
-acknowledged entry or vote survives a power loss, as Raft requires. Snapshots
-(``fullDumpFile``) are written by ``_write_snapshot``: msgpack of the image
-(never pickle), fsynced before pysyncobj renames it into place.
+journal after every change, stores term/vote/commit index with fsync, and
+replaces the journal atomically when a snapshot lets it drop old entries,
+so an acknowledged entry or vote survives a crash or a power loss, as Raft
+requires. Snapshots (``fullDumpFile``) are written by ``_write_snapshot``:
+msgpack of the image (never pickle), fsynced before pysyncobj renames it into
+place; the rename is made durable before the journal drops the entries the
+snapshot covers, and a journal left longer than the snapshot by a crash is
+cut to line up with it at start-up (``_trim_journal_to_snapshot``).
 
 Safety. The base class is ``GuardedSyncObj`` (kraft/raft_guard.py), which
 stops pysyncobj's follower from truncating committed entries on a stale
@@ -38,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
+import itertools
 import logging
 import os
 import threading
@@ -46,11 +51,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import pysyncobj.pickle as _pysyncobj_pickle
 from pysyncobj import FAIL_REASON, SyncObjConf, replicated
+from pysyncobj.journal import FileJournal
 
 from kraft import records as metadata_records
-from kraft.errors import InvalidRecordError, MetadataApplyError, NotControllerError, \
-    RequestTimedOutError
+from kraft.errors import NotControllerError, RequestTimedOutError
 from kraft.image import MetadataImage
 from kraft.raft_guard import GuardedSyncObj
 
@@ -92,15 +98,58 @@ class RaftSettings:
     snapshot_min_interval_s: int = 300
 
 
-class _DurableJournal:
-    """pysyncobj's FileJournal with fsync: after every change of the log, and
-    after every change of the current term or vote (a separate ``.meta`` file
-    that pysyncobj replaces by rename, so the directory is synced too).
-    Reads and everything else go straight to the wrapped journal."""
+class _DurableMetaStorer:
+    """Stores pysyncobj's ``.meta`` (term, vote, commit index) durably:
+    temp file, fsync, rename, fsync of the directory. Replaces FileJournal's
+    own storer, which renames an unsynced file."""
 
-    def __init__(self, inner: Any, path: str) -> None:
-        self._inner = inner
+    def __init__(self, path: str) -> None:
         self._path = path
+
+    def getMeta(self) -> dict:  # noqa: N802 (pysyncobj's name)
+        try:
+            with open(self._path, "rb") as f:
+                return _pysyncobj_pickle.loads(f.read())
+        except FileNotFoundError:
+            return {}
+
+    def storeMeta(self, meta: dict) -> None:  # noqa: N802
+        tmp = self._path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(_pysyncobj_pickle.dumps(meta))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._path)
+        _fsync_path(os.path.dirname(self._path) or ".")
+
+    def getPath(self) -> str:  # noqa: N802
+        return self._path
+
+
+def _open_file_journal(path: str) -> Any:
+    journal = FileJournal(path)
+    journal._FileJournal__metaStorer = _DurableMetaStorer(path + ".meta")
+    return journal
+
+
+class _DurableJournal:
+    """pysyncobj's FileJournal made durable and crash-safe:
+
+    - fsync after every change of the log (Raft acknowledges an entry only
+      once it is on disk), through a second descriptor of the same file;
+    - term, vote and commit index stored with fsync (``_DurableMetaStorer``);
+    - dropping the head of the log after a snapshot (``deleteEntriesTo``)
+      rewrites the journal into a new file and renames it into place, where
+      FileJournal would clear the file and re-add the entries one by one, so
+      that a crash in between loses the tail; the directory is synced first,
+      so the snapshot's rename is durable before its entries leave the log.
+
+    Every other call goes straight to the wrapped journal. pysyncobj calls
+    it only from its tick thread."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._inner = _open_file_journal(path)
         self._fd = os.open(path, os.O_RDONLY)
 
     def add(self, command: bytes, idx: int, term: int) -> None:
@@ -116,13 +165,27 @@ class _DurableJournal:
         os.fsync(self._fd)
 
     def deleteEntriesTo(self, entry_to: int) -> None:  # noqa: N802
-        self._inner.deleteEntriesTo(entry_to)
-        os.fsync(self._fd)
-
-    def setCurrentTerm(self, term: int, voted_for: Any) -> None:  # noqa: N802
-        self._inner.setCurrentTerm(term, voted_for)
-        _fsync_path(self._path + ".meta")
         _fsync_path(os.path.dirname(self._path) or ".")
+        self.rewrite([self._inner[i] for i in range(entry_to, len(self._inner))])
+
+    def rewrite(self, entries: list) -> None:
+        """Replace the log with ``entries``, atomically."""
+        self._inner.onOneSecondTimer()  # store any pending meta first
+        tmp = self._path + ".rewrite"
+        for leftover in (tmp, tmp + ".meta"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+        staging = FileJournal(tmp)
+        for entry in entries:
+            staging.add(*entry)
+        staging._destroy()  # flushes the mapping
+        _fsync_path(tmp)
+        os.replace(tmp, self._path)
+        _fsync_path(os.path.dirname(self._path) or ".")
+        self._inner._destroy()
+        os.close(self._fd)
+        self._inner = _open_file_journal(self._path)
+        self._fd = os.open(self._path, os.O_RDONLY)
 
     def _destroy(self) -> None:
         self._inner._destroy()
@@ -199,8 +262,42 @@ class MetadataQuorum(GuardedSyncObj):
         self_address = raft_addresses[node_id]
         others = [address for nid, address in sorted(raft_addresses.items()) if nid != node_id]
         super().__init__(self_address, others, conf)
-        self._SyncObj__raftLog = _DurableJournal(
-            self._SyncObj__raftLog, os.path.join(metadata_dir, JOURNAL_FILE))
+        # autoTick is off, so nothing has touched the journal since __init__
+        # opened it: swap in the durable one and line it up with the snapshot.
+        self._SyncObj__raftLog._destroy()
+        self._SyncObj__raftLog = _DurableJournal(os.path.join(metadata_dir, JOURNAL_FILE))
+        self._trim_journal_to_snapshot()
+        self._last_log_index = self._SyncObj__raftLog[-1][1]
+
+    def _trim_journal_to_snapshot(self) -> None:
+        """After a crash between writing a snapshot and cutting the journal,
+        the journal still starts before the snapshot. pysyncobj would then
+        clear it down to the snapshot's two entries and lose every entry
+        after them, committed ones included. Cut it to start at the
+        snapshot's entries instead, so pysyncobj keeps the rest."""
+        path = os.path.join(self.metadata_dir, SNAPSHOT_FILE)
+        if not os.path.exists(path):
+            return
+        try:
+            with open(path, "rb") as f:
+                raw = msgpack.unpackb(f.read(), raw=False)
+            prev, last = tuple(raw["prev_entry"]), tuple(raw["last_entry"])
+        except Exception as exc:
+            logger.error("controller %d: unreadable snapshot %s: %s", self.node_id, path, exc)
+            return
+        journal = self._SyncObj__raftLog
+        first_idx = journal[0][1]
+        start = prev[1] - first_idx
+        if start <= 0 or start + 1 >= len(journal):
+            return
+        held_prev, held_last = journal[start], journal[start + 1]
+        if (bytes(held_prev[0]), held_prev[1], held_prev[2]) != prev or \
+                (bytes(held_last[0]), held_last[1], held_last[2]) != last:
+            return
+        logger.warning("controller %d: journal starts at index %d, before the snapshot at %d "
+                       "(a crash during log compaction); cutting it to the snapshot",
+                       self.node_id, first_idx, last[1])
+        journal.rewrite([journal[i] for i in range(start, len(journal))])
 
     # -- lifecycle (any thread) -------------------------------------------
     def start(self) -> None:
@@ -225,10 +322,13 @@ class MetadataQuorum(GuardedSyncObj):
             self._kick.clear()
             try:
                 self.doTick(0.0 if kicked else 0.05)
+                log = self._SyncObj__raftLog
+                self._last_log_index = log[-1][1] if len(log) else 0
             except Exception:
                 # A tick that raises would otherwise end this thread silently
                 # and leave a controller that answers HTTP but never votes.
                 logger.exception("raft tick failed")
+                self._stopping.wait(0.05)
 
     def add_listener(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` on the tick thread after every applied batch
@@ -239,11 +339,12 @@ class MetadataQuorum(GuardedSyncObj):
     @replicated
     def apply_batch(self, expected_offset: int | None, payload: bytes) -> ApplyResult:
         """Apply a batch of encoded records, all or none, if the image is at
-        ``expected_offset`` (None: whatever it is; used for the no-op barrier)."""
+        ``expected_offset`` (None: whatever it is; used for the no-op barrier).
+        Every replica reaches the same verdict from the same image."""
         try:
             encoded = msgpack.unpackb(payload, raw=False)
             batch = [metadata_records.decode(item) for item in encoded]
-        except (InvalidRecordError, ValueError, TypeError) as exc:
+        except Exception as exc:  # msgpack and decode raise several types
             logger.critical("refusing an undecodable metadata batch: %s", exc)
             return ApplyResult(ApplyStatus.INVALID, self._image.offset, str(exc))
         with self.image_lock:
@@ -251,18 +352,21 @@ class MetadataQuorum(GuardedSyncObj):
             if expected_offset is not None and expected_offset != image.offset:
                 return ApplyResult(ApplyStatus.STALE, image.offset,
                                    f"batch for offset {expected_offset}, image at {image.offset}")
-            for raw, record in zip(encoded, batch):
-                offset = image.offset + 1
-                try:
-                    image.apply(record, offset)
-                except MetadataApplyError as exc:
-                    # The controller validated this batch against this very
-                    # image, so this is a bug; every replica skips it alike.
-                    logger.critical("metadata record %s at offset %d refused: %s",
-                                    record, offset, exc)
-                    return ApplyResult(ApplyStatus.INVALID, image.offset, str(exc))
-                self._history.append((offset, raw))
-            result = ApplyResult(ApplyStatus.APPLIED, image.offset)
+            # One record applies atomically by itself; several go to a copy
+            # that replaces the image only if all of them apply.
+            target = image if len(batch) == 1 else image.copy()
+            try:
+                for record in batch:
+                    target.apply(record, target.offset + 1)
+            except Exception as exc:
+                # The controller validated this batch against this very
+                # image, so this is a bug; every replica refuses it alike.
+                logger.critical("metadata batch at offset %d refused: %s", image.offset, exc)
+                return ApplyResult(ApplyStatus.INVALID, image.offset, str(exc))
+            self._image = target
+            first = target.offset - len(batch) + 1
+            self._history.extend(zip(range(first, target.offset + 1), encoded))
+            result = ApplyResult(ApplyStatus.APPLIED, target.offset)
         self._notify()
         return result
 
@@ -303,6 +407,10 @@ class MetadataQuorum(GuardedSyncObj):
         from the leader): replace the image; return the two Raft entries."""
         with open(path, "rb") as f:
             raw = msgpack.unpackb(f.read(), raw=False)
+            # A snapshot installed from the leader was written unsynced, and
+            # pysyncobj clears the journal right after this returns.
+            os.fsync(f.fileno())
+        _fsync_path(os.path.dirname(path) or ".")
         if raw.get("format") != SNAPSHOT_FORMAT:
             raise ValueError(f"{path}: unknown snapshot format {raw.get('format')!r}")
         image = MetadataImage.from_snapshot(raw["image"])
@@ -342,7 +450,7 @@ class MetadataQuorum(GuardedSyncObj):
         future: asyncio.Future = loop.create_future()
 
         def settle(result: Any, error: int) -> None:  # tick thread
-            loop.call_soon_threadsafe(_settle, future, result, error)
+            _settle_threadsafe(loop, future, result, error)
 
         payload = msgpack.packb([record.encode() for record in batch], use_bin_type=True)
         self._kick.set()
@@ -357,6 +465,12 @@ class MetadataQuorum(GuardedSyncObj):
             return result
         if error == FAIL_REASON.QUEUE_FULL:
             raise RequestTimedOutError("the controller's command queue is full; retry later")
+        if error in (FAIL_REASON.LEADER_CHANGED, FAIL_REASON.UNKNOWN_OUTCOME):
+            # Forwarded to a new leader, which may still commit it.
+            raise RequestTimedOutError(
+                f"leadership moved while the change was in flight "
+                f"({_FAIL_NAMES.get(error, error)}); it may still be applied: check before "
+                "retrying")
         raise NotControllerError(
             f"controller {self.node_id} could not commit: {_FAIL_NAMES.get(error, error)}",
             leader_id=self.leader_id())
@@ -375,8 +489,7 @@ class MetadataQuorum(GuardedSyncObj):
                 return None, image_offset
             start = offset + 1 - history[0][0]
             out, size = [], 0
-            for i in range(start, len(history)):
-                item = history[i]
+            for item in itertools.islice(history, start, None):
                 if out and size + len(item[1]) > max_bytes:
                     break
                 out.append(item)
@@ -393,14 +506,14 @@ class MetadataQuorum(GuardedSyncObj):
             try:
                 raw = self.getStatus()
                 break
-            except RuntimeError:  # a dict resized by the tick thread meanwhile
+            except (RuntimeError, IndexError):  # changed by the tick thread meanwhile
                 continue
         else:
             raise RuntimeError("could not read the raft status")
         leader = raw.get("leader")
         leader_id = None if leader is None else self._ids_by_address.get(
             getattr(leader, "address", str(leader)))
-        last_index = raw["log_len"] and self._SyncObj__raftLog[-1][1]
+        last_index = self._last_log_index  # read on the tick thread
         state = _STATE_NAMES.get(raw["state"], str(raw["state"]))
         voters = []
         for nid, address in sorted(self.raft_addresses.items()):
@@ -436,3 +549,13 @@ _FAIL_NAMES = {value: name for name, value in vars(FAIL_REASON).items() if name.
 def _settle(future: asyncio.Future, result: Any, error: int) -> None:
     if not future.done():
         future.set_result((result, error))
+
+
+def _settle_threadsafe(loop: asyncio.AbstractEventLoop, future: asyncio.Future,
+                       result: Any, error: int) -> None:
+    """Called on the tick thread: must never raise, or pysyncobj would skip
+    marking the entry applied and apply it again."""
+    try:
+        loop.call_soon_threadsafe(_settle, future, result, error)
+    except RuntimeError:  # the loop is closed: nobody waits any more
+        pass

@@ -50,7 +50,7 @@ from kraft import wire
 from kraft.config import NodeConfig
 from kraft.controller import Controller, ControllerResult, ControllerSettings
 from kraft.errors import InvalidRequestError, KraftError, NotControllerError, \
-    UnknownServerError
+    RequestTimedOutError, UnknownServerError
 from kraft.image import MetadataImage
 from kraft.quorum import ApplyStatus, MetadataQuorum, RaftSettings
 from kraft.records import NoOpRecord, decode
@@ -224,7 +224,13 @@ class ControllerServer:
     async def write(self, compute: Callable[[MetadataImage], ControllerResult]) -> dict:
         """Compute records on the current image and commit them atomically."""
         await self._await_active()
-        async with self._write_lock:
+        try:
+            await asyncio.wait_for(self._write_lock.acquire(), COMMIT_TIMEOUT_MS / 1000)
+        except asyncio.TimeoutError:
+            raise RequestTimedOutError(
+                f"the controller is busy: no turn to write within {COMMIT_TIMEOUT_MS} ms; "
+                "retry") from None
+        try:
             for _ in range(WRITE_ATTEMPTS):
                 if not self.is_active:
                     raise self.not_controller("lost leadership")
@@ -243,6 +249,8 @@ class ControllerServer:
                 logger.info("controller %d: recomputing a batch (%s)",
                             self.config.node_id, outcome.detail)
             raise self.not_controller("metadata kept changing underneath")
+        finally:
+            self._write_lock.release()
 
     def _writer(self, pick: Callable[[Controller], Callable[[MetadataImage, dict], Any]]):
         async def handle(request: web.Request) -> web.Response:
@@ -302,8 +310,9 @@ class ControllerServer:
         while True:
             records, image_offset = self.quorum.records_after(after)
             if after > image_offset:
-                raise InvalidRequestError(
-                    f"after_offset {after} is beyond the metadata log's end {image_offset}")
+                raise MetadataOffsetOutOfRangeError(
+                    f"after_offset {after} is beyond the metadata log's end {image_offset}; "
+                    "fetch from -1 to get a snapshot")
             if records is None or records or time.monotonic() >= deadline:
                 break
             changed = self._changed
@@ -314,6 +323,10 @@ class ControllerServer:
             if not self.is_active:
                 raise self.not_controller("lost leadership")
         if records is None:
+            if wire.response_type(request) == wire.JSON:
+                with self.quorum.image_lock:
+                    shown = image_as_json(self.quorum.image)
+                return wire.respond(request, {"offset": shown["offset"], "snapshot": shown})
             snapshot, image_offset = self.quorum.snapshot()
             return wire.respond(request, {"offset": image_offset, "snapshot": snapshot})
         if wire.response_type(request) == wire.JSON:
@@ -342,6 +355,10 @@ class ControllerServer:
     async def handle_health(self, request: web.Request) -> web.Response:
         return wire.respond(request, {"status": "ok", "node_id": self.config.node_id,
                                       "role": "controller", "active": self.is_active})
+
+
+class MetadataOffsetOutOfRangeError(KraftError):
+    code = "OFFSET_OUT_OF_RANGE"
 
 
 def image_as_json(image: MetadataImage) -> dict:

@@ -120,6 +120,12 @@ async def read_body(request: web.Request) -> dict:
         raise InvalidRequestError(f"request body is not valid {fmt}: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidRequestError(f"request body must be a map, got {type(body).__name__}")
+    if content_type == JSON:
+        try:  # JSON escapes can spell lone surrogates, which no UTF-8 can carry on
+            json.dumps(body, ensure_ascii=False).encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidRequestError(
+                f"request body holds a string that is not valid Unicode: {exc.reason}") from None
     return body
 
 

@@ -41,8 +41,8 @@ logger = logging.getLogger(__name__)
 
 #: Longest wait of one metadata long-poll.
 METADATA_POLL_MS = 5000
-#: Pause after a failed registration or metadata fetch.
-RETRY_BACKOFF_MS = 250
+#: Pause after a failed registration, heartbeat or metadata fetch.
+RETRY_BACKOFF_MS = 100
 
 RE_REGISTER_CODES = frozenset({"STALE_BROKER_EPOCH", "BROKER_ID_NOT_REGISTERED"})
 
@@ -121,25 +121,40 @@ class BrokerLifecycle:
 
     # -- registration and heartbeats --------------------------------------
     async def _heartbeat_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         interval_s = self.config.heartbeat_interval_ms / 1000
+        last_success = loop.time()
         while True:
             self._heartbeat_now.clear()
+            succeeded = False
             try:
                 if self.broker_epoch is None:
                     await self._register()
                 elif self.state is not BrokerState.SHUTTING_DOWN:
                     await self._heartbeat()
+                succeeded = True
+                last_success = loop.time()
             except KraftError as exc:
                 logger.warning("broker %d: %s failed: %s", self.broker_id,
                                "registration" if self.broker_epoch is None else "heartbeat",
                                exc)
-                if getattr(exc, "code", None) in RE_REGISTER_CODES:
+                if getattr(exc, "code", None) in RE_REGISTER_CODES \
+                        and self.state is not BrokerState.SHUTTING_DOWN:
                     self.broker_epoch = None
                     self._set_state(BrokerState.STARTING)
                     continue
             except Exception:
                 logger.exception("broker %d: heartbeat loop error", self.broker_id)
-            wait_s = interval_s if self.broker_epoch is not None else RETRY_BACKOFF_MS / 1000
+            if (not succeeded and self.state is BrokerState.RUNNING
+                    and loop.time() - last_success > self.config.session_timeout_ms / 1000):
+                # The controller has surely fenced us by now: stop acting as
+                # a live broker until a heartbeat gets through.
+                logger.warning("broker %d: no heartbeat got through for a whole session; "
+                               "fencing itself", self.broker_id)
+                self._set_state(BrokerState.FENCED)
+            # A failed heartbeat is retried soon, not a whole interval later.
+            wait_s = interval_s if succeeded and self.broker_epoch is not None \
+                else min(interval_s, RETRY_BACKOFF_MS / 1000)
             try:
                 await asyncio.wait_for(self._heartbeat_now.wait(), wait_s)
             except asyncio.TimeoutError:
@@ -159,6 +174,8 @@ class BrokerLifecycle:
 
     async def _heartbeat(self) -> None:
         answer = await self._send_heartbeat()
+        if self.state in (BrokerState.SHUTTING_DOWN, BrokerState.STOPPED):
+            return  # shutdown began while this heartbeat was in flight
         if answer.get("is_fenced"):
             self._set_state(BrokerState.FENCED)
         else:
@@ -188,6 +205,13 @@ class BrokerLifecycle:
                     request_timeout_ms=METADATA_POLL_MS + 2000)
                 self._apply(answer)
             except KraftError as exc:
+                if getattr(exc, "code", None) == "OFFSET_OUT_OF_RANGE":
+                    # The metadata log is shorter than our copy (a controller
+                    # restored from an older state): start over from it.
+                    logger.error("broker %d: metadata offset %d is beyond the controller's "
+                                 "log; reloading metadata", self.broker_id, self.image.offset)
+                    self.image = MetadataImage()
+                    continue
                 logger.info("broker %d: metadata fetch failed: %s", self.broker_id, exc)
                 await asyncio.sleep(RETRY_BACKOFF_MS / 1000)
             except Exception:

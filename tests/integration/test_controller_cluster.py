@@ -148,6 +148,48 @@ def test_sigterm_moves_a_brokers_leaderships_before_it_exits(cluster):
     assert brokers[victim]["fenced"] and brokers[victim]["in_controlled_shutdown"]
 
 
+def make_active(cluster, target, attempts=10):
+    """Move leadership until ``target`` is the active controller, by pausing
+    whoever else is active until another is elected (each round gives the
+    target an even chance)."""
+    for _ in range(attempts):
+        active = cluster.wait_for_active_controller()
+        if active == target:
+            return
+        cluster.pause(active)
+        try:
+            cluster.wait_for_active_controller(5, exclude=(active,))
+        finally:
+            cluster.resume(active)
+    raise AssertionError(f"controller {target} never became active in {attempts} elections")
+
+
+def test_pausing_the_active_controller_fences_no_live_broker(cluster):
+    """A paused controller accepts connections and never answers; brokers
+    must find the new active controller before their sessions lapse. The
+    lowest id is paused: brokers without a known leader try voters in id
+    order, so it is the one they would keep asking."""
+    make_active(cluster, min(cluster.controller_ids))
+    wait_until(lambda: not any(b["fenced"] for b in cluster.metadata(
+        cluster.wait_for_active_controller())["brokers"]), 10, "every broker unfenced")
+    old = cluster.wait_for_active_controller()
+    since = cluster.quorum(old)["metadata_offset"]
+    cluster.pause(old)
+    try:
+        new = cluster.wait_for_active_controller(5, exclude=(old,))
+        url = cluster.nodes[new].controller_url + "/v1/controller/metadata"
+        window_end = time.monotonic() + 3 * SESSION_TIMEOUT_S
+        while time.monotonic() < window_end:
+            status, body = http_json(url, {"after_offset": since, "max_wait_ms": 200})
+            assert status == 200, body
+            fenced = [r for r in body.get("records", []) if r["type"] == "fence_broker"]
+            assert not fenced, f"live brokers were fenced: {fenced}"
+        brokers = cluster.metadata(new)["brokers"]
+        assert brokers and not any(b["fenced"] for b in brokers)
+    finally:
+        cluster.resume(old)
+
+
 # -- requests answered by one shared cluster (nothing destructive) ------------
 
 @pytest.fixture(scope="module")
@@ -220,6 +262,8 @@ def test_duplicates_and_partition_decreases_are_refused(shared):
 @pytest.mark.parametrize("path, data, content_type, code", [
     ("/v1/controller/topics/create", b"\xc1\xc1", "application/msgpack", "INVALID_REQUEST"),
     ("/v1/controller/topics/create", b"{not json", "application/json", "INVALID_REQUEST"),
+    ("/v1/controller/brokers/register", b'{"broker_id": 9, "incarnation_id": "\\ud800", '
+     b'"endpoints": {"BROKER": "h:1"}}', "application/json", "INVALID_REQUEST"),
     ("/v1/controller/topics/create", msgpack.packb([1, 2]), "application/msgpack",
      "INVALID_REQUEST"),
     ("/v1/controller/topics/create", msgpack.packb({"topics": "orders"}),
@@ -236,7 +280,7 @@ def test_duplicates_and_partition_decreases_are_refused(shared):
     ("/v1/controller/metadata", msgpack.packb({"after_offset": -7}), "application/msgpack",
      "INVALID_REQUEST"),
     ("/v1/controller/metadata", msgpack.packb({"after_offset": 10**9}),
-     "application/msgpack", "INVALID_REQUEST"),
+     "application/msgpack", "OFFSET_OUT_OF_RANGE"),
     ("/v1/controller/nothing-here", msgpack.packb({}), "application/msgpack", "NOT_FOUND"),
     ("/v1/controller/topics/create", b"\x00" * (9 * 1024 * 1024), "application/msgpack",
      "MESSAGE_TOO_LARGE"),

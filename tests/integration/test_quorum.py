@@ -192,3 +192,64 @@ async def test_propose_without_a_quorum_fails_fast(tmp_path):
         assert not lone.is_leader
     finally:
         lone.stop()
+
+
+async def test_a_batch_with_one_bad_record_applies_none_of_them(tmp_path, addresses):
+    from kraft.records import FenceBrokerRecord, RegisterBrokerRecord
+
+    quorums = make_quorums(tmp_path, addresses)
+    try:
+        leader = await leader_of(quorums)
+        before = leader.snapshot()
+        result = await leader.propose([RegisterBrokerRecord(5, "inc", {"BROKER": "h:1"}, None),
+                                       FenceBrokerRecord(6, 0)], before[1], 5)
+        assert result.status is ApplyStatus.INVALID
+        assert leader.snapshot() == before
+        assert leader.records_after(before[1]) == ([], before[1])
+    finally:
+        for q in quorums:
+            q.stop()
+
+
+async def test_a_crash_between_snapshot_and_journal_cut_loses_nothing(tmp_path, monkeypatch):
+    """pysyncobj renames a new snapshot in one tick and cuts the journal in a
+    later one, after acknowledging more entries. A crash in between leaves a
+    journal that starts before the snapshot; pysyncobj alone would then clear
+    it down to the snapshot and lose those acknowledged entries."""
+    import kraft.quorum as quorum_module
+
+    addresses = {1: f"127.0.0.1:{free_port()}"}
+    settings = RaftSettings(election_timeout_ms=200, fetch_timeout_ms=1000,
+                            snapshot_min_entries=4)
+    # The journal is never cut, as if the crash came first; and only one
+    # snapshot is written, so later entries exist only in the journal.
+    monkeypatch.setattr(quorum_module._DurableJournal, "deleteEntriesTo", lambda self, n: None)
+    write_snapshot = MetadataQuorum._write_snapshot
+    written = []
+
+    def write_once(self, path, raft_data):
+        if written:
+            raise OSError("simulated: no second snapshot")
+        written.append(raft_data[0][1])
+        write_snapshot(self, path, raft_data)
+
+    monkeypatch.setattr(MetadataQuorum, "_write_snapshot", write_once)
+    (quorum,) = make_quorums(tmp_path, addresses, settings)
+    leader = await leader_of([quorum])
+    for i in range(12):
+        await create_topic(leader, f"t{i}")
+    await wait_for(lambda: os.path.exists(tmp_path / "c1" / "raft.snapshot"), 10, "a snapshot")
+    for i in range(12, 15):  # acknowledged after the snapshot
+        await create_topic(leader, f"t{i}")
+    assert written and written[0] < quorum.status()["commit_index"]
+    expected = MetadataImage.from_snapshot(quorum.snapshot()[0]).topics
+    quorum.stop()
+    monkeypatch.undo()
+
+    (quorum,) = make_quorums(tmp_path, addresses, settings)
+    try:
+        await leader_of([quorum])
+        restored = MetadataImage.from_snapshot(quorum.snapshot()[0]).topics
+        assert restored == expected and len(restored) == 15
+    finally:
+        quorum.stop()

@@ -95,3 +95,8 @@ def test_missing_and_malformed_files_say_so(tmp_path):
     bad.write_text("node.id = = 1")
     with pytest.raises(InvalidConfigError, match="not valid TOML"):
         load_node_config(str(bad))
+
+
+def test_a_deposed_leaders_lease_renewals_cannot_outlive_a_session():
+    with pytest.raises(InvalidConfigError, match="below broker.session.timeout.ms"):
+        config(**{"broker_session_timeout_ms": 3000, "controller_quorum_fetch_timeout_ms": 3000})
