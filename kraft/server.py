@@ -5,7 +5,12 @@ committed a barrier (a ``NoOpRecord``) in its term: from then on its image
 holds every committed record, so what it decides is decided on current
 state. Only the active controller answers writes, heartbeats and metadata
 fetches; the others answer ``NOT_CONTROLLER`` with the leader's id and URL
-when they know it. A leader that is not active yet (barrier in flight) holds
+when they know it. A leader cut off from the majority keeps believing it is
+active until ``controller.quorum.fetch.timeout.ms`` passes (then pysyncobj
+steps it down); meanwhile it can still answer requests that write nothing,
+such as heartbeats. Its writes fail. The config requires that timeout to be
+below ``broker.session.timeout.ms``, so such a renewal never outlives a
+session. A leader that is not active yet (barrier in flight) holds
 the request until it is, for at most ``ACTIVATION_WAIT_MS``.
 
 Writes. Every request that may write runs under one asyncio lock: the core
