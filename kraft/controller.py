@@ -40,6 +40,7 @@ import secrets
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from kraft.config import NodeConfig
 from kraft.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistrationError,
                           FencedLeaderEpochError, IneligibleReplicaError, InvalidConfigError,
                           InvalidPartitionsError, InvalidReplicationFactorError,
@@ -129,44 +130,19 @@ class ControllerSettings:
         object.__setattr__(self, "topic_config_defaults", defaults)
 
     @classmethod
-    def from_node_config(cls, node_settings: Mapping[str, Any]) -> "ControllerSettings":
-        """Settings from a node config spelled as Kafka spells it; absent keys
-        keep the defaults above. Raises ``InvalidConfigError``."""
-        fields: dict[str, Any] = {
-            "topic_config_defaults": defaults_from_broker_config(node_settings)}
-        for key, field, scale in (
-                ("broker.session.timeout.ms", "session_timeout_ms", 1),
-                ("broker.heartbeat.interval.ms", "heartbeat_interval_ms", 1),
-                ("num.partitions", "default_num_partitions", 1),
-                ("default.replication.factor", "default_replication_factor", 1),
-                ("leader.imbalance.check.interval.seconds",
-                 "leader_imbalance_check_interval_ms", 1000)):
-            if key in node_settings:
-                fields[field] = _node_int(key, node_settings[key]) * scale
-        for key, field in (("unclean.leader.election.enable", "unclean_leader_election_enable"),
-                           ("auto.leader.rebalance.enable", "auto_leader_rebalance_enable")):
-            if key in node_settings:
-                fields[field] = _node_bool(key, node_settings[key])
-        return cls(**fields)
-
-
-def _node_int(key: str, value: Any) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and len(value) < 20:
-        try:
-            return int(value)
-        except ValueError:
-            pass
-    raise InvalidConfigError(f"{key} must be an integer, got {printable(value)}")
-
-
-def _node_bool(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise InvalidConfigError(f"{key} must be true or false, got {printable(value)}")
+    def from_node(cls, config: NodeConfig) -> "ControllerSettings":
+        """The settings of a node's config (already parsed and checked by
+        kraft/config.py); topic defaults from its broker-level keys."""
+        return cls(
+            session_timeout_ms=config.session_timeout_ms,
+            heartbeat_interval_ms=config.heartbeat_interval_ms,
+            default_num_partitions=config.num_partitions,
+            default_replication_factor=config.default_replication_factor,
+            unclean_leader_election_enable=config.unclean_leader_election_enable,
+            auto_leader_rebalance_enable=config.auto_leader_rebalance_enable,
+            leader_imbalance_check_interval_ms=config.leader_imbalance_check_interval_ms,
+            topic_config_defaults=defaults_from_broker_config(config.settings),
+        )
 
 
 @dataclasses.dataclass

@@ -59,7 +59,6 @@ from kraft.errors import InvalidRequestError, KraftError, NotControllerError, \
 from kraft.image import MetadataImage
 from kraft.quorum import ApplyStatus, MetadataQuorum, RaftSettings
 from kraft.records import NoOpRecord, decode
-from kraft.topic_config import defaults_from_broker_config
 
 logger = logging.getLogger(__name__)
 
@@ -79,19 +78,6 @@ def monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
-def controller_settings(config: NodeConfig) -> ControllerSettings:
-    return ControllerSettings(
-        session_timeout_ms=config.session_timeout_ms,
-        heartbeat_interval_ms=config.heartbeat_interval_ms,
-        default_num_partitions=config.num_partitions,
-        default_replication_factor=config.default_replication_factor,
-        unclean_leader_election_enable=config.unclean_leader_election_enable,
-        auto_leader_rebalance_enable=config.auto_leader_rebalance_enable,
-        leader_imbalance_check_interval_ms=config.leader_imbalance_check_interval_ms,
-        topic_config_defaults=defaults_from_broker_config(config.settings),
-    )
-
-
 class ControllerServer:
     """One controller: ``await start()``, ``await stop()``."""
 
@@ -105,7 +91,7 @@ class ControllerServer:
             config.node_id, raft_addresses, config.metadata_log_dir,
             RaftSettings(election_timeout_ms=config.election_timeout_ms,
                          fetch_timeout_ms=config.fetch_timeout_ms))
-        self.core = Controller(controller_settings(config))
+        self.core = Controller(ControllerSettings.from_node(config))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._write_lock = asyncio.Lock()
         # Raft term in which this node became active; None while not active.
@@ -125,7 +111,7 @@ class ControllerServer:
         app = web.Application(middlewares=[wire.error_middleware],
                               client_max_size=CONTROLLER_REQUEST_BYTES_MAX)
         self.add_routes(app)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         endpoint = self.config.voters[self.config.node_id]
         await web.TCPSite(self._runner, endpoint.host, endpoint.port).start()

@@ -46,7 +46,7 @@ class BrokerServer:
         app.router.add_get("/v1/topics", self.handle_topics)
         app.router.add_get("/v1/topics/{topic}", self.handle_topic)
         app.router.add_get("/v1/quorum", self.handle_quorum)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         endpoint = self.config.listeners[BROKER_LISTENER]
         await web.TCPSite(self._runner, endpoint.host, endpoint.port).start()

@@ -129,21 +129,25 @@ def test_settings_normalise_topic_defaults_and_the_unclean_field_wins():
                                               "unclean.leader.election.enable": "true"}
 
 
-def test_settings_from_node_config_use_kafka_names():
-    settings = ControllerSettings.from_node_config({
+def test_settings_from_a_node_config_use_kafka_names():
+    from kraft.config import node_config_from_settings
+
+    config = node_config_from_settings({
+        "node.id": 7, "process.roles": "controller",
+        "controller.quorum.voters": "7@127.0.0.1:9093",
+        "listeners": "CONTROLLER://127.0.0.1:9093", "log.dirs": "/tmp/x",
         "broker.session.timeout.ms": 6000, "broker.heartbeat.interval.ms": "500",
         "num.partitions": 3, "default.replication.factor": 2,
         "unclean.leader.election.enable": "true", "auto.leader.rebalance.enable": False,
         "leader.imbalance.check.interval.seconds": 30, "log.retention.hours": 1,
-        "min.insync.replicas": 2, "node.id": 7})
+        "min.insync.replicas": 2})
+    settings = ControllerSettings.from_node(config)
     assert (settings.session_timeout_ms, settings.heartbeat_interval_ms) == (6000, 500)
     assert (settings.default_num_partitions, settings.default_replication_factor) == (3, 2)
     assert settings.unclean_leader_election_enable and not settings.auto_leader_rebalance_enable
     assert settings.leader_imbalance_check_interval_ms == 30_000
     assert settings.topic_config_defaults["retention.ms"] == "3600000"
     assert settings.topic_config_defaults["min.insync.replicas"] == "2"
-    with pytest.raises(InvalidConfigError, match="num.partitions"):
-        ControllerSettings.from_node_config({"num.partitions": "--5"})
 
 
 def test_default_topic_ids_are_kafka_style_base64url():
