@@ -202,18 +202,6 @@ class Controller:
         start_ms = self._lease_start_ms.get(broker_id)
         return None if start_ms is None else start_ms + self.settings.session_timeout_ms
 
-    def next_tick_deadline_ms(self, image: MetadataImage) -> int | None:
-        """The earliest time ``tick`` may have work: the first lease expiry of
-        an unfenced broker or the next preferred-leader check. A hint for the
-        shell's scheduling; calling ``tick`` more often is always fine."""
-        deadlines = [self.lease_expiry_ms(b.broker_id) for b in image.brokers.values()
-                     if not b.fenced]
-        if self.settings.auto_leader_rebalance_enable and self._last_preferred_check_ms is not None:
-            deadlines.append(self._last_preferred_check_ms
-                             + self.settings.leader_imbalance_check_interval_ms)
-        known = [deadline for deadline in deadlines if deadline is not None]
-        return min(known) if known else None
-
     def _lease_is_live(self, broker_id: int, now_ms: int) -> bool:
         # A broker this controller has no lease for gets one starting now.
         start_ms = self._lease_start_ms.setdefault(broker_id, now_ms)
@@ -1048,23 +1036,21 @@ class _Fields:
         return value
 
     def sequence(self, key: str, max_items: int, default: Any = _REQUIRED) -> Any:
-        value, present = self._get(key, default)
-        if present and not isinstance(value, list):
-            raise InvalidRequestError(f"{self.path(key)} must be a list, got {printable(value)}")
-        if present and len(value) > max_items:
-            raise InvalidRequestError(
-                f"{self.path(key)} has {len(value)} items; the limit is {max_items}")
-        return value
+        return self._container(key, list, "a list", "items", max_items, default)
 
     def mapping(self, key: str, max_items: int, default: Any = _REQUIRED) -> Any:
+        return self._container(key, dict, "a map", "entries", max_items, default)
+
+    def _container(self, key: str, kind: type, kind_name: str, unit: str, max_items: int,
+                   default: Any) -> Any:
         value, present = self._get(key, default)
-        if present and not isinstance(value, dict):
-            raise InvalidRequestError(f"{self.path(key)} must be a map, got {printable(value)}")
+        if present and not isinstance(value, kind):
+            raise InvalidRequestError(
+                f"{self.path(key)} must be {kind_name}, got {printable(value)}")
         if present and len(value) > max_items:
             raise InvalidRequestError(
-                f"{self.path(key)} has {len(value)} entries; the limit is {max_items}")
+                f"{self.path(key)} has {len(value)} {unit}; the limit is {max_items}")
         return value
-
 
 def _as_int(value: Any, where: str, minimum: int, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:

@@ -68,7 +68,6 @@ class BrokerLifecycle:
         self._tasks: list[asyncio.Task] = []
         # Set when a heartbeat should go now rather than at the next interval.
         self._heartbeat_now = asyncio.Event()
-        self._image_changed = asyncio.Event()
 
     def add_listener(self, listener: Callable[[MetadataImage], None]) -> None:
         self._listeners.append(listener)
@@ -236,8 +235,6 @@ class BrokerLifecycle:
                 return
         if self.image.offset == before:
             return
-        changed, self._image_changed = self._image_changed, asyncio.Event()
-        changed.set()
         if (self.state is BrokerState.FENCED and self.broker_epoch is not None
                 and self.image.offset >= self.broker_epoch):
             self._heartbeat_now.set()  # caught up: ask to be unfenced now
@@ -246,17 +243,3 @@ class BrokerLifecycle:
                 listener(self.image)
             except Exception:
                 logger.exception("broker %d: metadata listener failed", self.broker_id)
-
-    async def wait_for_offset(self, offset: int, timeout_s: float) -> bool:
-        """Wait until the image reaches ``offset``; False on timeout."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while self.image.offset < offset:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            try:
-                await asyncio.wait_for(self._image_changed.wait(), remaining)
-            except asyncio.TimeoutError:
-                return False
-        return True

@@ -4,6 +4,7 @@ malformed ones, and come back with their image after a restart, from the
 journal and from a snapshot."""
 
 import asyncio
+import contextlib
 import os
 
 import msgpack
@@ -24,6 +25,17 @@ def make_quorums(tmp_path, addresses, settings=FAST):
     for quorum in quorums:
         quorum.start()
     return quorums
+
+
+@contextlib.contextmanager
+def running(tmp_path, addresses, settings=FAST):
+    """Replicas started for the block and stopped after it, whatever happens."""
+    quorums = make_quorums(tmp_path, addresses, settings)
+    try:
+        yield quorums
+    finally:
+        for quorum in quorums:
+            quorum.stop()
 
 
 async def wait_for(predicate, timeout_s, what):
@@ -59,8 +71,7 @@ def addresses():
 
 
 async def test_three_replicas_apply_the_same_batches_at_the_same_offsets(tmp_path, addresses):
-    quorums = make_quorums(tmp_path, addresses)
-    try:
+    with running(tmp_path, addresses) as quorums:
         leader = await leader_of(quorums)
         start = offset_of(leader)
         for i in range(5):
@@ -73,14 +84,10 @@ async def test_three_replicas_apply_the_same_batches_at_the_same_offsets(tmp_pat
         assert len(snapshots) == 1
         records, _ = leader.records_after(start)
         assert [offset for offset, _ in records] == list(range(start + 1, start + 11))
-    finally:
-        for q in quorums:
-            q.stop()
 
 
 async def test_a_batch_computed_on_another_image_is_refused_everywhere(tmp_path, addresses):
-    quorums = make_quorums(tmp_path, addresses)
-    try:
+    with running(tmp_path, addresses) as quorums:
         leader = await leader_of(quorums)
         stale_offset = offset_of(leader)
         await create_topic(leader, "first")
@@ -91,14 +98,10 @@ async def test_a_batch_computed_on_another_image_is_refused_everywhere(tmp_path,
         for q in quorums:
             with q.image_lock:
                 assert sorted(q.image.topics) == ["first"]
-    finally:
-        for q in quorums:
-            q.stop()
 
 
 async def test_an_undecodable_batch_changes_nothing(tmp_path, addresses):
-    quorums = make_quorums(tmp_path, addresses)
-    try:
+    with running(tmp_path, addresses) as quorums:
         leader = await leader_of(quorums)
         before = leader.snapshot()
         loop = asyncio.get_running_loop()
@@ -109,14 +112,10 @@ async def test_an_undecodable_batch_changes_nothing(tmp_path, addresses):
         result, error = await asyncio.wait_for(done, 5)
         assert result.status is ApplyStatus.INVALID
         assert leader.snapshot() == before
-    finally:
-        for q in quorums:
-            q.stop()
 
 
 async def test_a_follower_cannot_commit_and_says_who_leads(tmp_path, addresses):
-    quorums = make_quorums(tmp_path, addresses)
-    try:
+    with running(tmp_path, addresses) as quorums:
         leader = await leader_of(quorums)
         follower = next(q for q in quorums if q is not leader)
         await wait_for(lambda: follower.leader_id() == leader.node_id, 5, "leader known")
@@ -125,9 +124,6 @@ async def test_a_follower_cannot_commit_and_says_who_leads(tmp_path, addresses):
         leader_status = leader.status()
         assert {v["id"] for v in leader_status["voters"]} == {1, 2, 3}
         assert all(v["lag"] is not None for v in leader_status["voters"])
-    finally:
-        for q in quorums:
-            q.stop()
 
 
 @pytest.mark.parametrize("snapshot_first", [False, True], ids=["journal", "snapshot"])
@@ -197,8 +193,7 @@ async def test_propose_without_a_quorum_fails_fast(tmp_path):
 async def test_a_batch_with_one_bad_record_applies_none_of_them(tmp_path, addresses):
     from kraft.records import FenceBrokerRecord, RegisterBrokerRecord
 
-    quorums = make_quorums(tmp_path, addresses)
-    try:
+    with running(tmp_path, addresses) as quorums:
         leader = await leader_of(quorums)
         before = leader.snapshot()
         result = await leader.propose([RegisterBrokerRecord(5, "inc", {"BROKER": "h:1"}, None),
@@ -206,9 +201,6 @@ async def test_a_batch_with_one_bad_record_applies_none_of_them(tmp_path, addres
         assert result.status is ApplyStatus.INVALID
         assert leader.snapshot() == before
         assert leader.records_after(before[1]) == ([], before[1])
-    finally:
-        for q in quorums:
-            q.stop()
 
 
 async def test_a_crash_between_snapshot_and_journal_cut_loses_nothing(tmp_path, monkeypatch):

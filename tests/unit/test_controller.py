@@ -429,16 +429,6 @@ def test_become_active_gives_every_broker_a_fresh_lease_and_forgets_others():
     assert cluster.tick() == []
 
 
-def test_next_tick_deadline_is_the_first_lease_expiry_or_preferred_check():
-    cluster = Cluster(auto_leader_rebalance_enable=True)
-    cluster.start(1, 2)
-    cluster.now_ms = 100
-    cluster.heartbeat(2)
-    assert cluster.controller.next_tick_deadline_ms(cluster.image) == SESSION_MS
-    cluster.heartbeat(1, want_fence=True)
-    assert cluster.controller.next_tick_deadline_ms(cluster.image) == 100 + SESSION_MS
-
-
 # -- controlled shutdown --------------------------------------------------------
 def test_controlled_shutdown_moves_leadership_then_fences_and_says_shut_down():
     cluster = Cluster(default_replication_factor=2)
