@@ -17,7 +17,9 @@ Deriving the Raft address keeps one list of voters to configure, as in Kafka.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import hashlib
 import logging
 import os
 import tomllib
@@ -103,6 +105,17 @@ class NodeConfig:
     def raft_endpoint(self, node_id: int) -> Endpoint:
         voter = self.voters[node_id]
         return Endpoint(voter.host, voter.port + self.raft_port_offset)
+
+    @property
+    def cluster_id(self) -> str:
+        """``cluster.id`` if set; otherwise one derived from the voter set, so
+        every node of a cluster reports the same id without coordination."""
+        configured = self.settings.get("cluster.id")
+        if configured:
+            return str(configured)
+        voters = ",".join(f"{nid}@{ep}" for nid, ep in sorted(self.voters.items()))
+        digest = hashlib.sha256(voters.encode()).digest()[:16]
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
     @property
     def controller_urls(self) -> dict[int, str]:

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kraft.config import NodeConfig
+from kraft.fields import Fields, as_int, as_str
 from kraft.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistrationError,
                           FencedLeaderEpochError, IneligibleReplicaError, InvalidConfigError,
                           InvalidPartitionsError, InvalidReplicationFactorError,
@@ -263,7 +264,7 @@ class Controller:
         this id: ``DuplicateBrokerRegistrationError``); an unfenced old
         registration is fenced first, exactly as on lease expiry. The new
         registration starts fenced and gets a fresh lease."""
-        body = _Fields(request, "")
+        body = Fields(request, "")
         broker_id = body.integer("broker_id", 0, INT32_MAX)
         incarnation_id = body.string("incarnation_id", INCARNATION_ID_CHARS_MAX)
         endpoints = _endpoints(body)
@@ -295,7 +296,7 @@ class Controller:
         controlled shutdown (``want_shutdown``, or already in it), fencing on
         request (``want_fence``), or unfencing once the broker's metadata has
         reached its own registration (``metadata_offset >= broker_epoch``)."""
-        body = _Fields(request, "")
+        body = Fields(request, "")
         broker_id = body.integer("broker_id", 0, INT32_MAX)
         broker_epoch = body.integer("broker_epoch", 0, INT64_MAX)
         metadata_offset = body.integer("metadata_offset", -1, INT64_MAX)
@@ -392,7 +393,7 @@ class Controller:
         load of earlier ones; or follow ``assignments``, where, as in Kafka,
         the ISR is the live replicas and the first of them leads. With
         ``validate_only`` everything is checked and nothing is written."""
-        body = _Fields(request, "")
+        body = Fields(request, "")
         items = body.sequence("topics", TOPICS_PER_REQUEST_MAX)
         validate_only = body.boolean("validate_only", default=False)
         specs = [_NewTopic.parse(item, f"topics[{i}]") for i, item in enumerate(items)]
@@ -471,8 +472,8 @@ class Controller:
     def delete_topics(self, image: MetadataImage, request: Any) -> ControllerResult:
         """DeleteTopics: a RemoveTopicRecord per existing topic (the image
         drops its partitions and configs with it)."""
-        body = _Fields(request, "")
-        names = [_as_str(name, f"topics[{i}]", NAME_CHARS_MAX)
+        body = Fields(request, "")
+        names = [as_str(name, f"topics[{i}]", NAME_CHARS_MAX)
                  for i, name in enumerate(body.sequence("topics", TOPICS_PER_REQUEST_MAX))]
         name_counts = collections.Counter(names)
         draft = _Draft(image)
@@ -493,7 +494,7 @@ class Controller:
         """CreatePartitions: grow topics to ``count`` partitions; new ones take
         the topic's replication factor (that of partition 0) and are placed
         over the live brokers, or follow the given ``assignments``."""
-        body = _Fields(request, "")
+        body = Fields(request, "")
         items = body.sequence("topics", TOPICS_PER_REQUEST_MAX)
         validate_only = body.boolean("validate_only", default=False)
         specs = [_NewPartitions.parse(item, f"topics[{i}]") for i, item in enumerate(items)]
@@ -553,15 +554,15 @@ class Controller:
         """DescribeConfigs (read only): every key the registry knows (or only
         ``keys``) with its value: the topic's override (source TOPIC_CONFIG),
         else the node's default, else the built-in one (DEFAULT_CONFIG)."""
-        body = _Fields(request, "")
+        body = Fields(request, "")
         results = []
         for i, item in enumerate(body.sequence("resources", TOPICS_PER_REQUEST_MAX)):
-            resource = _Fields(item, f"resources[{i}]")
+            resource = Fields(item, f"resources[{i}]")
             resource_type = resource.string("type", NAME_CHARS_MAX)
             name = resource.string("name", NAME_CHARS_MAX)
             keys = resource.sequence("keys", CONFIGS_PER_RESOURCE_MAX, default=None)
             if keys is not None:
-                keys = [_as_str(key, f"resources[{i}].keys[{j}]", NAME_CHARS_MAX)
+                keys = [as_str(key, f"resources[{i}].keys[{j}]", NAME_CHARS_MAX)
                         for j, key in enumerate(keys)]
             result = {"type": resource_type, "name": name, "configs": [], "error": None}
             try:
@@ -597,7 +598,7 @@ class Controller:
         changes nothing writes nothing). The topic's overrides after the ops
         must validate together. Enabling unclean election also elects leaders
         for the topic's offline partitions in the same batch."""
-        body = _Fields(request, "")
+        body = Fields(request, "")
         items = body.sequence("resources", TOPICS_PER_REQUEST_MAX)
         validate_only = body.boolean("validate_only", default=False)
         specs = [_ConfigChange.parse(item, f"resources[{i}]") for i, item in enumerate(items)]
@@ -651,14 +652,14 @@ class Controller:
         ISR. Checked in order: broker registered, broker epoch, partition
         exists, sender is the leader, leader epoch (older: fenced, newer:
         unknown), partition epoch, ISR shape, added members live."""
-        body = _Fields(request, "")
+        body = Fields(request, "")
         broker_id = body.integer("broker_id", 0, INT32_MAX)
         broker_epoch = body.integer("broker_epoch", 0, INT64_MAX)
         topic = body.string("topic", NAME_CHARS_MAX)
         partition = body.integer("partition", 0, INT32_MAX)
         leader_epoch = body.integer("leader_epoch", 0, INT32_MAX)
         partition_epoch = body.integer("partition_epoch", 0, INT32_MAX)
-        new_isr = [_as_int(member, f"new_isr[{i}]", 0, INT32_MAX) for i, member in
+        new_isr = [as_int(member, f"new_isr[{i}]", 0, INT32_MAX) for i, member in
                    enumerate(body.sequence("new_isr", REPLICAS_PER_PARTITION_MAX))]
         _registered_broker(image, broker_id, broker_epoch)
         current = _existing_partition(image, topic, partition)
@@ -679,7 +680,7 @@ class Controller:
         None (or absent) means every partition; the answer then lists only the
         partitions that moved or could not (as Kafka leaves out those whose
         preferred replica already leads)."""
-        body = _Fields(request, "")
+        body = Fields(request, "")
         items = body.sequence("partitions", PARTITIONS_PER_REQUEST_MAX, default=None)
         if items is None:
             wanted = sorted((name, p) for name, topic in image.topics.items()
@@ -987,92 +988,12 @@ def _check_new_isr(image: MetadataImage, current: PartitionRegistration, new_isr
 
 
 # -- request shapes (what a schema would check) -----------------------------------
-_REQUIRED = object()
-
-
-class _Fields:
-    """One map of a request, read field by field. Every problem raises
-    ``InvalidRequestError`` naming the field path (``topics[2].configs``)
-    and what is expected. Unknown fields are ignored, for newer clients.
-    An absent field and a null one are the same."""
-
-    def __init__(self, value: Any, where: str) -> None:
-        if not isinstance(value, dict):
-            raise InvalidRequestError(
-                f"{where or 'the request body'} must be a map, got {printable(value)}")
-        self.values = value
-        self.where = where
-
-    def path(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def required(self, key: str) -> Any:
-        """A field of any type that must be present; the caller checks it."""
-        return self._get(key, _REQUIRED)[0]
-
-    def _get(self, key: str, default: Any) -> tuple[Any, bool]:
-        """(value, present); raises if absent and required."""
-        value = self.values.get(key)
-        if value is None:
-            if default is _REQUIRED:
-                raise InvalidRequestError(f"{self.path(key)} is required")
-            return default, False
-        return value, True
-
-    def integer(self, key: str, minimum: int, maximum: int, default: Any = _REQUIRED) -> Any:
-        value, present = self._get(key, default)
-        return _as_int(value, self.path(key), minimum, maximum) if present else value
-
-    def string(self, key: str, max_chars: int, min_chars: int = 1,
-               default: Any = _REQUIRED) -> Any:
-        value, present = self._get(key, default)
-        return _as_str(value, self.path(key), max_chars, min_chars) if present else value
-
-    def boolean(self, key: str, default: Any = _REQUIRED) -> Any:
-        value, present = self._get(key, default)
-        if present and not isinstance(value, bool):
-            raise InvalidRequestError(
-                f"{self.path(key)} must be true or false, got {printable(value)}")
-        return value
-
-    def sequence(self, key: str, max_items: int, default: Any = _REQUIRED) -> Any:
-        return self._container(key, list, "a list", "items", max_items, default)
-
-    def mapping(self, key: str, max_items: int, default: Any = _REQUIRED) -> Any:
-        return self._container(key, dict, "a map", "entries", max_items, default)
-
-    def _container(self, key: str, kind: type, kind_name: str, unit: str, max_items: int,
-                   default: Any) -> Any:
-        value, present = self._get(key, default)
-        if present and not isinstance(value, kind):
-            raise InvalidRequestError(
-                f"{self.path(key)} must be {kind_name}, got {printable(value)}")
-        if present and len(value) > max_items:
-            raise InvalidRequestError(
-                f"{self.path(key)} has {len(value)} {unit}; the limit is {max_items}")
-        return value
-
-def _as_int(value: Any, where: str, minimum: int, maximum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise InvalidRequestError(
-            f"{where} must be an integer from {minimum} to {maximum}, got {printable(value)}")
-    return value
-
-
-def _as_str(value: Any, where: str, max_chars: int, min_chars: int = 1) -> str:
-    if not isinstance(value, str) or not min_chars <= len(value) <= max_chars:
-        raise InvalidRequestError(
-            f"{where} must be a string of {min_chars} to {max_chars} characters, "
-            f"got {printable(value)}")
-    return value
-
-
 def _broker_ids(value: Any, where: str) -> list[int]:
     if not isinstance(value, list) or len(value) > REPLICAS_PER_PARTITION_MAX:
         raise InvalidRequestError(
             f"{where} must be a list of at most {REPLICAS_PER_PARTITION_MAX} broker ids, "
             f"got {printable(value)}")
-    return [_as_int(broker, f"{where}[{i}]", 0, INT32_MAX) for i, broker in enumerate(value)]
+    return [as_int(broker, f"{where}[{i}]", 0, INT32_MAX) for i, broker in enumerate(value)]
 
 
 def _config_value(value: Any, where: str) -> Any:
@@ -1084,14 +1005,14 @@ def _config_value(value: Any, where: str) -> Any:
     return value
 
 
-def _endpoints(body: _Fields) -> dict[str, str]:
+def _endpoints(body: Fields) -> dict[str, str]:
     endpoints = body.mapping("endpoints", ENDPOINTS_MAX)
     if not endpoints:
         raise InvalidRequestError("endpoints must name at least one listener")
     for listener, address in endpoints.items():
         where = f"endpoints[{printable(listener)}]"
-        _as_str(listener, f"endpoints key {printable(listener)}", ENDPOINT_CHARS_MAX)
-        _as_str(address, where, ENDPOINT_CHARS_MAX)
+        as_str(listener, f"endpoints key {printable(listener)}", ENDPOINT_CHARS_MAX)
+        as_str(address, where, ENDPOINT_CHARS_MAX)
         host, sep, port = address.rpartition(":")
         if not (sep and host and port.isascii() and port.isdigit() and 0 < int(port) < 65536):
             raise InvalidRequestError(f"{where} must be 'host:port', got {printable(address)}")
@@ -1099,7 +1020,7 @@ def _endpoints(body: _Fields) -> dict[str, str]:
 
 
 def _topic_partition(item: Any, where: str) -> tuple[str, int]:
-    fields = _Fields(item, where)
+    fields = Fields(item, where)
     return fields.string("topic", NAME_CHARS_MAX), fields.integer("partition", 0, INT32_MAX)
 
 
@@ -1115,13 +1036,13 @@ class _NewTopic:
 
     @classmethod
     def parse(cls, item: Any, where: str) -> "_NewTopic":
-        fields = _Fields(item, where)
+        fields = Fields(item, where)
         name = fields.string("name", NAME_CHARS_MAX)
         num_partitions = fields.integer("num_partitions", -(2**31), INT32_MAX, default=-1)
         replication_factor = fields.integer("replication_factor", -(2**31), INT32_MAX, default=-1)
         configs = fields.mapping("configs", CONFIGS_PER_RESOURCE_MAX, default={})
         for key, value in configs.items():
-            _as_str(key, f"{fields.path('configs')} key {printable(key)}", NAME_CHARS_MAX)
+            as_str(key, f"{fields.path('configs')} key {printable(key)}", NAME_CHARS_MAX)
             _config_value(value, f"{fields.path('configs')}[{key!r}]")
         raw = fields.mapping("assignments", PARTITIONS_PER_TOPIC_MAX, default=None)
         assignments = None
@@ -1136,7 +1057,7 @@ def _partition_key(key: Any, where: str) -> int:
     """Partition numbers key ``assignments``: ints, or digit strings (JSON)."""
     if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 10:
         key = int(key)
-    return _as_int(key, f"{where} key {printable(key)}", 0, INT32_MAX)
+    return as_int(key, f"{where} key {printable(key)}", 0, INT32_MAX)
 
 
 @dataclasses.dataclass
@@ -1149,7 +1070,7 @@ class _NewPartitions:
 
     @classmethod
     def parse(cls, item: Any, where: str) -> "_NewPartitions":
-        fields = _Fields(item, where)
+        fields = Fields(item, where)
         name = fields.string("name", NAME_CHARS_MAX)
         count = fields.integer("count", 0, INT32_MAX)
         raw = fields.sequence("assignments", PARTITIONS_PER_TOPIC_MAX, default=None)
@@ -1170,12 +1091,12 @@ class _ConfigChange:
 
     @classmethod
     def parse(cls, item: Any, where: str) -> "_ConfigChange":
-        fields = _Fields(item, where)
+        fields = Fields(item, where)
         resource_type = fields.string("type", NAME_CHARS_MAX)
         name = fields.string("name", NAME_CHARS_MAX)
         ops = []
         for i, raw in enumerate(fields.sequence("ops", CONFIGS_PER_RESOURCE_MAX)):
-            op_fields = _Fields(raw, f"{fields.path('ops')}[{i}]")
+            op_fields = Fields(raw, f"{fields.path('ops')}[{i}]")
             key = op_fields.string("name", NAME_CHARS_MAX)
             op = op_fields.string("op", NAME_CHARS_MAX)
             if op not in ("set", "delete"):

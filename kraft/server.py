@@ -230,10 +230,16 @@ class ControllerServer:
                     expected_offset = image.offset
                     result = compute(image)
                 if not result.records:
+                    if isinstance(result.response, dict):
+                        result.response["metadata_offset"] = expected_offset
                     return result.response
                 outcome = await self.quorum.propose(result.records, expected_offset,
                                                     COMMIT_TIMEOUT_MS / 1000)
                 if outcome.status is ApplyStatus.APPLIED:
+                    if isinstance(result.response, dict):
+                        # Brokers wait for their metadata to reach this
+                        # offset before answering an admin call.
+                        result.response["metadata_offset"] = outcome.last_offset
                     return result.response
                 if outcome.status is ApplyStatus.INVALID:
                     raise UnknownServerError(f"metadata batch refused: {outcome.detail}")

@@ -32,6 +32,7 @@ REQUEST_BYTES_MAX_DEFAULT = 100 * 1024 * 1024
 
 STATUS_BY_CODE = {
     "INVALID_REQUEST": 400,
+    "INVALID_REQUIRED_ACKS": 400,
     "INVALID_RECORD": 400,
     "CORRUPT_MESSAGE": 400,
     "INVALID_TOPIC_EXCEPTION": 400,
@@ -56,6 +57,9 @@ STATUS_BY_CODE = {
     "NOT_LEADER_OR_FOLLOWER": 421,
     "REQUEST_TIMED_OUT": 503,
     "NOT_ENOUGH_REPLICAS": 503,
+    "LEADER_NOT_AVAILABLE": 503,
+    "BROKER_NOT_AVAILABLE": 503,
+    "KAFKA_STORAGE_ERROR": 503,
     "NOT_FOUND": 404,
     "UNKNOWN_SERVER_ERROR": 500,
 }
@@ -86,7 +90,8 @@ def respond(request: web.Request, body: Any, status: int = 200) -> web.Response:
 
 def error_body(exc: Exception) -> dict:
     error = {"code": getattr(exc, "code", "UNKNOWN_SERVER_ERROR"), "message": str(exc)}
-    for extra in ("leader_id", "leader_url"):
+    for extra in ("leader_id", "leader_epoch", "leader_url", "log_start_offset",
+                  "log_end_offset"):
         if getattr(exc, extra, None) is not None:
             error[extra] = getattr(exc, extra)
     return {"error": error}

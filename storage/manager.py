@@ -131,6 +131,9 @@ class LogManager:
         self._lock_fds: list[int] = []
         self._tasks: list[asyncio.Task] = []
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        # Set by the broker: per partition, the offset retention may not pass
+        # (its high watermark), so uncommitted data is never deleted.
+        self.retention_upper_bounds: Callable[[], Mapping[TopicPartition, int]] | None = None
         self.started = False
 
     # -- start-up --------------------------------------------------------
@@ -313,7 +316,8 @@ class LogManager:
                 log.exception("log manager task %s failed", tick.__name__)
 
     async def _retention_tick(self) -> None:
-        self.run_retention()
+        bounds = self.retention_upper_bounds
+        self.run_retention(upper_bounds=bounds() if bounds is not None else None)
 
     async def _flush_tick(self) -> None:
         await self.flush_logs_async(self.logs_due_for_flush())

@@ -1,33 +1,64 @@
-"""The broker's HTTP server: for now the inspection endpoints, answered from
-the broker's own copy of the metadata image; the data plane (produce, fetch,
-offsets) joins it with the data plane issue.
+"""The broker's HTTP server: data plane, admin, inspection and REST proxy.
 
-  GET /healthz           liveness and the broker's lifecycle state
-  GET /v1/cluster        controller, brokers
-  GET /v1/brokers        registered brokers with state
-  GET /v1/topics         topics with partition counts
-  GET /v1/topics/{topic} per partition: leader, leader epoch, replicas, ISR
-  GET /v1/quorum         the active controller's /v1/quorum (proxied)
+One aiohttp application on the ``BROKER`` listener (docs/protocol.md lists
+every endpoint and field):
+
+  POST /v1/produce, /v1/fetch, /v1/offsets, /v1/metadata  data plane (data_api.py)
+  POST /v1/admin/...                                      forwarded to the active controller
+  POST /topics/{topic}, GET /topics/{topic}/partitions/{p}/records
+                                                          REST Proxy v2 shapes (rest_proxy.py)
+  GET  /healthz, /v1/cluster, /v1/brokers, /v1/topics, /v1/topics/{topic},
+       /v1/quorum, /metrics                               inspection (JSON, Prometheus)
+
+The server owns the broker's storage: it starts the ``LogManager`` (loading
+every partition on disk) and a ``ReplicaManager`` that follows the metadata
+image the ``BrokerLifecycle`` keeps. Bodies above ``socket.request.max.bytes``
+are refused with ``MESSAGE_TOO_LARGE`` as soon as their declared length or
+the bytes read pass the limit, before the rest is buffered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import aiohttp
 from aiohttp import web
 
-from api.broker.lifecycle import BrokerLifecycle
+from api.broker.data_api import DataApi
+from api.broker.lifecycle import BrokerLifecycle, BrokerState
+from api.broker.metrics import BrokerMetrics
+from api.broker.replica_manager import ReplicaManager, broker_url
+from api.broker.rest_proxy import RestProxy
 from kraft import wire
 from kraft.client import ControllerClient
 from kraft.config import BROKER_LISTENER, NodeConfig
 from kraft.errors import UnknownTopicOrPartitionError
+from kraft.fields import Fields
+from kraft.image import MetadataImage
+from storage.config import LogConfig
+from storage.manager import LogManager, LogManagerConfig, TopicPartition
 
 logger = logging.getLogger(__name__)
 
-#: How long the quorum proxy waits for a controller.
-QUORUM_PROXY_TIMEOUT_S = 5.0
+#: How long the quorum proxy and leader-stat calls wait for another node.
+PEER_CALL_TIMEOUT_S = 5.0
+#: How long an admin call waits for this broker's metadata to show its change.
+ADMIN_METADATA_WAIT_MS = 10_000
+#: Default time an admin call may take at the controller.
+ADMIN_TIMEOUT_MS = 30_000
+TOPICS_PER_REQUEST_MAX = 1000
+
+#: Admin endpoints and the controller paths they forward to.
+ADMIN_ROUTES = {
+    "/v1/admin/topics/create": "/v1/controller/topics/create",
+    "/v1/admin/topics/delete": "/v1/controller/topics/delete",
+    "/v1/admin/partitions/create": "/v1/controller/partitions/create",
+    "/v1/admin/configs/describe": "/v1/controller/configs/describe",
+    "/v1/admin/configs/alter": "/v1/controller/configs/alter",
+    "/v1/admin/leaders/elect": "/v1/controller/leaders/elect",
+}
 
 
 class BrokerServer:
@@ -36,11 +67,37 @@ class BrokerServer:
         self.config = config
         self.lifecycle = lifecycle
         self.client = client
+        self.request_bytes_max = int(config.settings.get(
+            "socket.request.max.bytes", wire.REQUEST_BYTES_MAX_DEFAULT))
+        self.log_manager = LogManager(LogManagerConfig.from_broker_config(config.settings),
+                                      LogConfig.from_broker_config(config.settings))
+        self.replicas = ReplicaManager(config.node_id, self.log_manager)
+        self.metrics = BrokerMetrics(self._partition_counts, self._leader_counts)
+        self.data = DataApi(self.replicas, self.metrics, self._not_serving_reason,
+                            config.cluster_id, lambda: self.client.leader_id)
+        self.rest = RestProxy(self)
         self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        # Replaced by a fresh event after every metadata change.
+        self._metadata_changed = asyncio.Event()
+        lifecycle.add_listener(self._on_metadata)
 
+    # -- start and stop --------------------------------------------------------
     async def start(self) -> None:
-        app = web.Application(middlewares=[wire.error_middleware])
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.log_manager.startup)
+        await self.log_manager.start_background_tasks()
+        self._session = aiohttp.ClientSession()
+        app = web.Application(middlewares=[self._metrics_middleware, wire.error_middleware,
+                                           self._size_middleware],
+                              client_max_size=self.request_bytes_max)
+        self.data.add_routes(app)
+        self.rest.add_routes(app)
+        for path in ADMIN_ROUTES:
+            app.router.add_post(path, self.handle_admin)
+        app.router.add_post("/v1/admin/topics/describe", self.handle_describe_topics)
         app.router.add_get("/healthz", self.handle_health)
+        app.router.add_get("/metrics", self.handle_metrics)
         app.router.add_get("/v1/cluster", self.handle_cluster)
         app.router.add_get("/v1/brokers", self.handle_brokers)
         app.router.add_get("/v1/topics", self.handle_topics)
@@ -55,19 +112,117 @@ class BrokerServer:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+            self._runner = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        await self.log_manager.stop_background_tasks()
+        if self.log_manager.started:
+            await asyncio.get_running_loop().run_in_executor(None, self.log_manager.shutdown)
 
-    # -- handlers ---------------------------------------------------------
+    # -- metadata ----------------------------------------------------------------
+    def _on_metadata(self, image: MetadataImage) -> None:
+        epoch = self.lifecycle.broker_epoch
+        caught_up = epoch is not None and image.offset >= epoch
+        self.replicas.apply_image(image, caught_up)
+        changed, self._metadata_changed = self._metadata_changed, asyncio.Event()
+        changed.set()
+
+    async def wait_for_metadata(self, offset: int, timeout_ms: int) -> bool:
+        """Wait until this broker's image has reached ``offset``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        while self.lifecycle.image.offset < offset:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._metadata_changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                return False
+        return True
+
+    def _not_serving_reason(self) -> str | None:
+        state = self.lifecycle.state
+        if state in (BrokerState.RUNNING, BrokerState.SHUTTING_DOWN):
+            return None
+        return f"its state is {state.value} (it has not caught up with the controller)"
+
+    def _partition_counts(self) -> dict[tuple, float]:
+        return {(): len(self.replicas.partitions)}
+
+    def _leader_counts(self) -> dict[tuple, float]:
+        return {(): sum(1 for p in self.replicas.partitions.values() if p.is_leader)}
+
+    # -- middlewares -------------------------------------------------------------
+    @web.middleware
+    async def _size_middleware(self, request: web.Request, handler) -> web.StreamResponse:
+        length = request.content_length
+        if length is not None and length > self.request_bytes_max:
+            raise wire.BodyTooLargeError(
+                f"request body of {length} bytes exceeds socket.request.max.bytes "
+                f"({self.request_bytes_max}); send smaller requests")
+        return await handler(request)
+
+    @web.middleware
+    async def _metrics_middleware(self, request: web.Request, handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        route = request.match_info.route.resource
+        api = route.canonical if route is not None else "unmatched"
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        finally:
+            self.metrics.requests.inc(1, api, str(status))
+            self.metrics.latency.observe(time.perf_counter() - started, api)
+
+    # -- admin -------------------------------------------------------------------
+    async def forward_admin(self, controller_path: str, body: dict) -> dict:
+        """Send an admin request to the active controller and wait until this
+        broker's metadata shows its effect."""
+        timeout_ms = body.get("timeout_ms") if isinstance(body.get("timeout_ms"), int) \
+            else ADMIN_TIMEOUT_MS
+        answer = await self.client.call(controller_path, body, timeout_ms=timeout_ms)
+        offset = answer.get("metadata_offset") if isinstance(answer, dict) else None
+        if isinstance(offset, int):
+            await self.wait_for_metadata(offset, ADMIN_METADATA_WAIT_MS)
+        return answer
+
+    async def handle_admin(self, request: web.Request) -> web.Response:
+        body = await wire.read_body(request)
+        path = ADMIN_ROUTES[request.match_info.route.resource.canonical]
+        return wire.respond(request, await self.forward_admin(path, body))
+
+    async def handle_describe_topics(self, request: web.Request) -> web.Response:
+        body = Fields(await wire.read_body(request), "")
+        names = body.sequence("topics", TOPICS_PER_REQUEST_MAX, default=None)
+        answer = self.data.metadata(names)
+        image = self.lifecycle.image
+        for topic in answer["topics"]:
+            if topic["error"] is None:
+                topic["configs"] = image.topic_configs(topic["name"])
+        return wire.respond(request, answer)
+
+    # -- inspection --------------------------------------------------------------
     async def handle_health(self, request: web.Request) -> web.Response:
         lifecycle = self.lifecycle
         return wire.respond(request, {
             "status": "ok", "node_id": self.config.node_id, "role": "broker",
             "state": lifecycle.state.value, "broker_epoch": lifecycle.broker_epoch,
-            "metadata_offset": lifecycle.image.offset})
+            "metadata_offset": lifecycle.image.offset,
+            "partitions": len(self.replicas.partitions)})
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics.render(),
+                            content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type-Options": "nosniff"})
 
     def _brokers(self) -> list[dict]:
         image = self.lifecycle.image
         return [{"id": b.broker_id, "epoch": b.broker_epoch, "endpoints": b.endpoints,
-                 "rack": b.rack, "fenced": b.fenced,
+                 "url": broker_url(image, b.broker_id), "rack": b.rack, "fenced": b.fenced,
                  "in_controlled_shutdown": b.in_controlled_shutdown,
                  "leaders": len(image.partitions_led_by(b.broker_id))}
                 for _, b in sorted(image.brokers.items())]
@@ -75,7 +230,7 @@ class BrokerServer:
     async def handle_cluster(self, request: web.Request) -> web.Response:
         image = self.lifecycle.image
         return wire.respond(request, {
-            "cluster_id": self.config.settings.get("cluster.id"),
+            "cluster_id": self.config.cluster_id,
             "controller_id": self.client.leader_id,
             "controllers": {str(nid): url for nid, url in self.config.controller_urls.items()},
             "metadata_offset": image.offset,
@@ -93,18 +248,65 @@ class BrokerServer:
         return wire.respond(request, {"topics": topics})
 
     async def handle_topic(self, request: web.Request) -> web.Response:
+        """Per partition: the registration from the metadata, and the log's
+        offsets and size as its leader reports them (``?local=true``: only
+        the partitions this broker hosts, as this broker sees them)."""
         name = request.match_info["topic"]
         image = self.lifecycle.image
         topic = image.topics.get(name)
         if topic is None:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-        return wire.respond(request, {
-            "name": name, "topic_id": topic.topic_id, "configs": image.topic_configs(name),
-            "partitions": [{"partition": p, "leader": reg.leader,
-                            "leader_epoch": reg.leader_epoch,
-                            "partition_epoch": reg.partition_epoch,
-                            "replicas": reg.replicas, "isr": reg.isr}
-                           for p, reg in sorted(topic.partitions.items())]})
+        if request.query.get("local") in ("1", "true"):
+            return wire.respond(request, {"name": name, "partitions": [
+                part.describe() for tp, part in sorted(self.replicas.partitions.items())
+                if tp.topic == name]})
+        stats = await self._leader_stats(name, topic.partitions)
+        partitions = []
+        for p, reg in sorted(topic.partitions.items()):
+            entry = {"partition": p, "leader": reg.leader, "leader_epoch": reg.leader_epoch,
+                     "partition_epoch": reg.partition_epoch, "replicas": reg.replicas,
+                     "isr": reg.isr, "log_start_offset": None, "high_watermark": None,
+                     "log_end_offset": None, "size_bytes": None}
+            found = stats.get(p)
+            if found is not None:
+                for key in ("log_start_offset", "high_watermark", "log_end_offset",
+                            "size_bytes"):
+                    entry[key] = found[key]
+            partitions.append(entry)
+        return wire.respond(request, {"name": name, "topic_id": topic.topic_id,
+                                      "configs": image.topic_configs(name),
+                                      "partitions": partitions})
+
+    async def _leader_stats(self, name: str, registrations: dict) -> dict[int, dict]:
+        """Each partition's log figures, from the broker that leads it."""
+        stats: dict[int, dict] = {}
+        remote: set[int] = set()
+        for p, reg in registrations.items():
+            part = self.replicas.partitions.get(TopicPartition(name, p))
+            if part is not None and part.is_leader:
+                stats[p] = part.describe()
+            elif reg.leader >= 0 and reg.leader != self.config.node_id:
+                remote.add(reg.leader)
+
+        async def ask(leader: int) -> None:
+            url = broker_url(self.lifecycle.image, leader)
+            if url is None or self._session is None:
+                return
+            try:
+                async with self._session.get(
+                        f"{url}/v1/topics/{name}", params={"local": "true"},
+                        headers={"Accept": wire.JSON},
+                        timeout=aiohttp.ClientTimeout(total=PEER_CALL_TIMEOUT_S)) as response:
+                    answer = await response.json()
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError):
+                return
+            for entry in answer.get("partitions", ()):
+                reg = registrations.get(entry.get("partition"))
+                if reg is not None and reg.leader == leader and entry.get("role") == "leader":
+                    stats[entry["partition"]] = entry
+
+        await asyncio.gather(*(ask(leader) for leader in sorted(remote)))
+        return stats
 
     async def handle_quorum(self, request: web.Request) -> web.Response:
         """Ask the controllers; answer with the leader's view (it alone knows
@@ -120,6 +322,12 @@ class BrokerServer:
 
     async def _quorum_of(self, node_id: int) -> dict | None:
         try:
-            return await self.client.get_json(node_id, "/v1/quorum", QUORUM_PROXY_TIMEOUT_S)
+            return await self.client.get_json(node_id, "/v1/quorum", PEER_CALL_TIMEOUT_S)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError):
             return None
+
+    # -- calling other brokers (REST proxy) -----------------------------------------
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "server not started"
+        return self._session

@@ -1,0 +1,44 @@
+"""Errors of the broker's data plane, each with the stable code the API
+reports (Kafka's names). They subclass ``KraftError`` so both servers' error
+middleware turns them into ``{"error": {"code", "message", ...}}``."""
+
+from __future__ import annotations
+
+from kraft.errors import KraftError
+
+
+class NotLeaderOrFollowerError(KraftError):
+    """This broker does not lead the partition. Carries what the broker's
+    metadata says of the current leader, so the client can go straight there."""
+
+    code = "NOT_LEADER_OR_FOLLOWER"
+
+    def __init__(self, message: str, leader_id: int | None = None,
+                 leader_epoch: int | None = None, leader_url: str | None = None) -> None:
+        super().__init__(message)
+        self.leader_id = leader_id
+        self.leader_epoch = leader_epoch
+        self.leader_url = leader_url
+
+
+class LeaderNotAvailableError(NotLeaderOrFollowerError):
+    """The partition has no leader right now (its replicas are all down)."""
+
+    code = "LEADER_NOT_AVAILABLE"
+
+
+class InvalidRequiredAcksError(KraftError):
+    code = "INVALID_REQUIRED_ACKS"
+
+
+class FencedLeaderEpochError(KraftError):
+    """The caller believes in an older leader epoch than this leader's."""
+
+    code = "FENCED_LEADER_EPOCH"
+
+
+class UnknownLeaderEpochError(KraftError):
+    """The caller believes in a newer leader epoch than this broker knows:
+    this broker's metadata lags; retry shortly."""
+
+    code = "UNKNOWN_LEADER_EPOCH"

@@ -1,0 +1,142 @@
+"""Prometheus metrics of a broker, rendered in the text exposition format.
+
+A few counters, gauges and histograms with labels, kept in plain dicts: the
+broker updates them on the event loop (no locks), and ``/metrics`` renders
+them. Gauges whose value lives elsewhere (partitions, leaders) are read at
+scrape time through a callback, so they can never drift from the truth.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Iterable
+
+#: Request latency buckets in seconds: 0.5 ms to 10 s.
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                     1.0, 2.5, 5.0, 10.0)
+
+
+def _labels(names: tuple[str, ...], values: tuple, extra: str = "") -> str:
+    parts = [f'{name}="{_escape(str(value))}"' for name, value in zip(names, values)]
+    if extra:
+        parts.append(extra)
+    return "{" + ",".join(parts) + "}" if parts else ""
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+class Counter:
+    kind = "counter"
+
+    def __init__(self, name: str, help_text: str, labels: tuple[str, ...] = ()) -> None:
+        self.name, self.help, self.label_names = name, help_text, labels
+        self.values: dict[tuple, float] = {}
+
+    def inc(self, amount: float = 1, *labels) -> None:
+        self.values[labels] = self.values.get(labels, 0) + amount
+
+    def samples(self) -> Iterable[str]:
+        for labels, value in sorted(self.values.items()):
+            yield f"{self.name}{_labels(self.label_names, labels)} {_number(value)}"
+
+
+class Gauge:
+    """A value read at scrape time from ``read`` (``{label values: value}``)."""
+
+    kind = "gauge"
+
+    def __init__(self, name: str, help_text: str, read: Callable[[], dict[tuple, float]],
+                 labels: tuple[str, ...] = ()) -> None:
+        self.name, self.help, self.label_names, self.read = name, help_text, labels, read
+
+    def samples(self) -> Iterable[str]:
+        for labels, value in sorted(self.read().items()):
+            yield f"{self.name}{_labels(self.label_names, labels)} {_number(value)}"
+
+
+class Histogram:
+    kind = "histogram"
+
+    def __init__(self, name: str, help_text: str, labels: tuple[str, ...] = (),
+                 buckets: tuple[float, ...] = LATENCY_BUCKETS_S) -> None:
+        self.name, self.help, self.label_names = name, help_text, labels
+        self.buckets = buckets
+        # labels -> [count per bucket (non-cumulative, +Inf last), sum]
+        self.values: dict[tuple, tuple[list[int], list[float]]] = {}
+
+    def observe(self, value: float, *labels) -> None:
+        entry = self.values.get(labels)
+        if entry is None:
+            entry = self.values[labels] = ([0] * (len(self.buckets) + 1), [0.0])
+        entry[0][bisect.bisect_left(self.buckets, value)] += 1
+        entry[1][0] += value
+
+    def samples(self) -> Iterable[str]:
+        for labels, (counts, total) in sorted(self.values.items()):
+            running = 0
+            for bound, count in zip(self.buckets + (math.inf,), counts):
+                running += count
+                le = 'le="' + _number(bound) + '"'
+                yield f"{self.name}_bucket{_labels(self.label_names, labels, le)} {running}"
+            yield f"{self.name}_sum{_labels(self.label_names, labels)} {_number(total[0])}"
+            yield f"{self.name}_count{_labels(self.label_names, labels)} {running}"
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.metrics: list = []
+
+    def add(self, metric):
+        self.metrics.append(metric)
+        return metric
+
+    def render(self) -> str:
+        lines = []
+        for metric in self.metrics:
+            lines.append(f"# HELP {metric.name} {metric.help}")
+            lines.append(f"# TYPE {metric.name} {metric.kind}")
+            lines.extend(metric.samples())
+        return "\n".join(lines) + "\n"
+
+
+class BrokerMetrics:
+    """Every metric a broker exports. ``partitions`` and ``leaders`` read the
+    replica manager at scrape time."""
+
+    def __init__(self, read_partitions: Callable[[], dict[tuple, float]],
+                 read_leaders: Callable[[], dict[tuple, float]]) -> None:
+        r = self.registry = Registry()
+        self.requests = r.add(Counter(
+            "kraftlog_requests_total", "Requests handled, by API and outcome code.",
+            ("api", "code")))
+        self.latency = r.add(Histogram(
+            "kraftlog_request_latency_seconds", "Request handling time, by API.", ("api",)))
+        self.bytes_in = r.add(Counter(
+            "kraftlog_bytes_in_total", "Record batch bytes appended by produce.", ("topic",)))
+        self.bytes_out = r.add(Counter(
+            "kraftlog_bytes_out_total", "Record batch bytes returned by fetch.", ("topic",)))
+        self.messages_in = r.add(Counter(
+            "kraftlog_messages_in_total", "Records appended by produce.", ("topic",)))
+        self.messages_out = r.add(Counter(
+            "kraftlog_messages_out_total", "Records in batches returned by fetch.", ("topic",)))
+        self.partition_errors = r.add(Counter(
+            "kraftlog_partition_errors_total", "Per-partition errors, by API and code.",
+            ("api", "code")))
+        r.add(Gauge("kraftlog_partitions", "Partitions hosted by this broker.",
+                    read_partitions))
+        r.add(Gauge("kraftlog_leader_partitions", "Partitions this broker leads.",
+                    read_leaders))
+
+    def render(self) -> str:
+        return self.registry.render()

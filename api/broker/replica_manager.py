@@ -1,0 +1,205 @@
+"""The partitions this broker hosts, kept in step with the metadata image.
+
+The ``BrokerLifecycle`` calls ``apply_image`` after every metadata change. For
+each partition whose replicas include this broker, the manager opens (or
+creates) its log, applies the topic's config overrides, and takes the
+leader, epochs and ISR from the image. Partitions the image no longer gives
+this broker (topic deleted, or recreated under the same name with a new topic
+id) lose their logs, but only once the broker's image has caught up to its own
+registration: an image still replaying the metadata log from the start is a
+past state, in which a topic that exists today may not exist yet.
+
+Each partition directory holds ``partition.metadata`` naming its topic id
+(as Kafka's does), so a broker that was down while a topic was deleted and
+recreated never serves the old topic's data as the new one's.
+
+The produce and fetch handlers ask ``leader_partition`` for the partition
+they write to or read from; it raises ``NotLeaderOrFollowerError`` with the
+current leader when this broker is not it. Fetch long-polls wait on
+``data_waiter``; appends and high-watermark moves wake them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from api.broker.errors import (FencedLeaderEpochError, LeaderNotAvailableError,
+                               NotLeaderOrFollowerError, UnknownLeaderEpochError)
+from api.broker.partition import Partition
+from kraft.config import BROKER_LISTENER
+from kraft.errors import UnknownTopicOrPartitionError
+from kraft.image import MetadataImage
+from kraft.records import NO_LEADER
+from storage.checkpoint import write_atomically
+from storage.config import TOPIC_KEYS
+from storage.log import AppendInfo
+from storage.manager import LogManager, TopicPartition
+
+logger = logging.getLogger(__name__)
+
+PARTITION_METADATA_FILE = "partition.metadata"
+
+
+def read_topic_id(directory: str) -> str | None:
+    """The topic id recorded in a partition directory, or None if absent."""
+    try:
+        with open(os.path.join(directory, PARTITION_METADATA_FILE), encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "topic_id":
+                    return value.strip() or None
+    except FileNotFoundError:
+        return None
+    return None
+
+
+def broker_url(image: MetadataImage, broker_id: int) -> str | None:
+    broker = image.brokers.get(broker_id)
+    if broker is None:
+        return None
+    address = broker.endpoints.get(BROKER_LISTENER)
+    return f"http://{address}" if address else None
+
+
+class ReplicaManager:
+    def __init__(self, broker_id: int, log_manager: LogManager) -> None:
+        self.broker_id = broker_id
+        self.log_manager = log_manager
+        self.partitions: dict[TopicPartition, Partition] = {}
+        self.image = MetadataImage()
+        # Storage overrides each hosted log was opened with.
+        self._overrides: dict[TopicPartition, dict[str, str]] = {}
+        # Fetch long-polls waiting for data, by partition.
+        self._waiters: dict[TopicPartition, set[asyncio.Future]] = {}
+        log_manager.retention_upper_bounds = self.high_watermarks
+
+    # -- following the metadata --------------------------------------------
+    def apply_image(self, image: MetadataImage, caught_up: bool) -> None:
+        """Host what ``image`` gives this broker; with ``caught_up`` also drop
+        what it no longer gives. Called on the event loop after every change."""
+        self.image = image
+        hosted: set[TopicPartition] = set()
+        for name, topic in image.topics.items():
+            overrides = {key: value for key, value in image.topic_configs(name).items()
+                         if key in TOPIC_KEYS}
+            for number, reg in topic.partitions.items():
+                if self.broker_id not in reg.replicas:
+                    continue
+                tp = TopicPartition(name, number)
+                try:
+                    part = self._hosted(tp, topic.topic_id, overrides)
+                except Exception:
+                    logger.exception("broker %d: cannot open the log of %s", self.broker_id, tp)
+                    continue
+                hosted.add(tp)
+                if part.update(reg.leader, reg.leader_epoch, reg.partition_epoch,
+                               reg.replicas, reg.isr):
+                    logger.info("broker %d: leader of %s in epoch %d (log end %d)",
+                                self.broker_id, tp, reg.leader_epoch, part.log_end_offset)
+                self.notify(tp)
+        if caught_up:
+            for tp in [tp for tp in self.partitions if tp not in hosted]:
+                self._remove(tp, "no longer assigned to this broker")
+            for tp in [tp for tp in self.log_manager.logs if tp not in self.partitions]:
+                self._remove(tp, "left over from a topic that no longer exists")
+
+    def _hosted(self, tp: TopicPartition, topic_id: str, overrides: dict) -> Partition:
+        part = self.partitions.get(tp)
+        if part is not None and part.topic_id != topic_id:
+            self._remove(tp, f"topic recreated with id {topic_id}")
+            part = None
+        if part is not None:
+            if overrides != self._overrides.get(tp):
+                self.log_manager.get_or_create_log(tp, overrides)
+                self._overrides[tp] = overrides
+            return part
+        existing = self.log_manager.get_log(tp)
+        if existing is not None:
+            recorded = read_topic_id(existing.directory)
+            if recorded is not None and recorded != topic_id:
+                logger.warning("broker %d: %s on disk belongs to topic id %s, not %s; "
+                               "deleting it", self.broker_id, tp, recorded, topic_id)
+                self.log_manager.delete_log(tp)
+        log = self.log_manager.get_or_create_log(tp, overrides)
+        if read_topic_id(log.directory) is None:
+            write_atomically(os.path.join(log.directory, PARTITION_METADATA_FILE),
+                             f"version: 0\ntopic_id: {topic_id}\n".encode())
+        part = Partition(tp, log, self.broker_id, topic_id)
+        self.partitions[tp] = part
+        self._overrides[tp] = overrides
+        return part
+
+    def _remove(self, tp: TopicPartition, reason: str) -> None:
+        logger.info("broker %d: deleting the log of %s (%s)", self.broker_id, tp, reason)
+        self.partitions.pop(tp, None)
+        self._overrides.pop(tp, None)
+        self.log_manager.delete_log(tp)
+        self.notify(tp)
+
+    # -- lookups ---------------------------------------------------------------
+    def leader_partition(self, topic: str, partition: int,
+                         current_leader_epoch: int | None = None) -> Partition:
+        """The partition if this broker leads it (in ``current_leader_epoch``
+        when the caller names one); otherwise the error that tells the
+        caller where to go."""
+        part = self.partitions.get(TopicPartition(topic, partition))
+        if part is None or not part.is_leader:
+            reg = self.image.partition(topic, partition)
+            if reg is None:
+                if topic in self.image.topics:
+                    count = len(self.image.topics[topic].partitions)
+                    raise UnknownTopicOrPartitionError(
+                        f"topic {topic!r} has partitions 0 to {count - 1}, not {partition}")
+                raise UnknownTopicOrPartitionError(
+                    f"topic {topic!r} does not exist (create it with "
+                    f"`kraftlog topics create {topic}`)")
+            if reg.leader == NO_LEADER:
+                raise LeaderNotAvailableError(
+                    f"{topic}-{partition} has no leader: all its replicas {reg.replicas} "
+                    "are unavailable", leader_epoch=reg.leader_epoch)
+            raise NotLeaderOrFollowerError(
+                f"broker {self.broker_id} is not the leader of {topic}-{partition}; "
+                f"broker {reg.leader} is", leader_id=reg.leader,
+                leader_epoch=reg.leader_epoch, leader_url=broker_url(self.image, reg.leader))
+        if current_leader_epoch is not None and current_leader_epoch >= 0:
+            if current_leader_epoch < part.leader_epoch:
+                raise FencedLeaderEpochError(
+                    f"{topic}-{partition}: leader epoch {current_leader_epoch} is stale; "
+                    f"the current one is {part.leader_epoch}")
+            if current_leader_epoch > part.leader_epoch:
+                raise UnknownLeaderEpochError(
+                    f"{topic}-{partition}: leader epoch {current_leader_epoch} is newer "
+                    f"than this broker's {part.leader_epoch}; retry")
+        return part
+
+    def append(self, part: Partition, records) -> AppendInfo:
+        info = part.append_as_leader(records)
+        self.notify(part.tp)
+        return info
+
+    def high_watermarks(self) -> dict[TopicPartition, int]:
+        return {tp: part.high_watermark for tp, part in self.partitions.items()}
+
+    # -- long-poll waiters -----------------------------------------------------
+    def data_waiter(self, tps: list[TopicPartition]) -> asyncio.Future:
+        """A future completed the next time any of ``tps`` gains committed
+        data or changes role. The caller must ``forget_waiter`` it."""
+        future = asyncio.get_running_loop().create_future()
+        for tp in tps:
+            self._waiters.setdefault(tp, set()).add(future)
+        return future
+
+    def forget_waiter(self, future: asyncio.Future, tps: list[TopicPartition]) -> None:
+        for tp in tps:
+            waiting = self._waiters.get(tp)
+            if waiting is not None:
+                waiting.discard(future)
+                if not waiting:
+                    del self._waiters[tp]
+
+    def notify(self, tp: TopicPartition) -> None:
+        for future in self._waiters.pop(tp, ()):
+            if not future.done():
+                future.set_result(None)

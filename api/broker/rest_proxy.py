@@ -1,0 +1,215 @@
+"""REST conveniences for curl users, shaped like Confluent REST Proxy v2.
+
+  POST /topics/{topic}                              produce JSON or base64 records
+  GET  /topics/{topic}/partitions/{p}/records       read records as JSON
+
+Any broker answers: records are built into batches here and sent to each
+partition's leader with the ordinary ``/v1/produce`` (and read with
+``/v1/fetch``), the same path a client takes, so the proxy needs no special
+powers. Embedded formats, chosen by ``Content-Type`` (produce) or
+``Accept`` (read):
+
+  application/vnd.kafka.json.v2+json    keys and values are JSON values,
+                                        stored as their compact JSON text
+                                        (also plain application/json)
+  application/vnd.kafka.binary.v2+json  keys and values are base64 strings
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import random
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import msgpack
+from aiohttp import web
+
+from api.broker.errors import LeaderNotAvailableError
+from api.broker.replica_manager import broker_url
+from api.client.partitioner import partition_for_key
+from kraft import wire
+from kraft.errors import InvalidRequestError, KraftError, UnknownTopicOrPartitionError
+from kraft.fields import Fields
+from storage.batch import BatchBuilder, iter_batches, iter_records
+
+if TYPE_CHECKING:
+    from api.broker.server import BrokerServer
+
+JSON_V2 = "application/vnd.kafka.json.v2+json"
+BINARY_V2 = "application/vnd.kafka.binary.v2+json"
+RECORDS_PER_REQUEST_MAX = 10_000
+READ_BYTES_DEFAULT = 1024 * 1024
+READ_WAIT_MS_MAX = 30_000
+FORWARD_TIMEOUT_S = 35.0
+
+
+class RestProxy:
+    def __init__(self, server: "BrokerServer") -> None:
+        self.server = server
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/topics/{topic}", self.handle_produce)
+        app.router.add_get("/topics/{topic}/partitions/{partition}/records", self.handle_read)
+
+    # -- produce -----------------------------------------------------------------
+    async def handle_produce(self, request: web.Request) -> web.Response:
+        content_type = request.content_type
+        if content_type not in (JSON_V2, BINARY_V2, wire.JSON):
+            raise InvalidRequestError(
+                f"Content-Type must be {JSON_V2}, {BINARY_V2} or {wire.JSON}, "
+                f"not {content_type or 'missing'}")
+        binary = content_type == BINARY_V2
+        body = Fields(await _read_json(request), "")
+        topic = request.match_info["topic"]
+        items = body.sequence("records", RECORDS_PER_REQUEST_MAX)
+        if not items:
+            raise InvalidRequestError("records must hold at least one record")
+        count = self._partition_count(topic)
+        sticky = random.randrange(count)
+        placed: dict[int, list[tuple[int, bytes | None, bytes | None]]] = {}
+        for i, item in enumerate(items):
+            fields = Fields(item, f"records[{i}]")
+            key = _encode(fields.values.get("key"), binary, f"records[{i}].key")
+            value = _encode(fields.values.get("value"), binary, f"records[{i}].value")
+            partition = fields.integer("partition", 0, count - 1, default=None)
+            if partition is None:
+                partition = partition_for_key(key, count) if key is not None else sticky
+            placed.setdefault(partition, []).append((i, key, value))
+        offsets: list[dict] = [{}] * len(items)
+        for partition, records in sorted(placed.items()):
+            builder = BatchBuilder()
+            for _, key, value in records:
+                builder.append(key, value)
+            outcome = await self._produce(topic, partition, builder.build())
+            error = outcome.get("error")
+            for delta, (i, _, _) in enumerate(records):
+                offsets[i] = {"partition": partition,
+                              "offset": None if error else outcome["base_offset"] + delta,
+                              "error_code": error["code"] if error else None,
+                              "error": error["message"] if error else None}
+        return web.json_response({"key_schema_id": None, "value_schema_id": None,
+                                  "offsets": offsets})
+
+    def _partition_count(self, topic: str) -> int:
+        found = self.server.lifecycle.image.topics.get(topic)
+        if found is None or not found.partitions:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} does not exist (create it with "
+                f"`kraftlog topics create {topic}`)")
+        return len(found.partitions)
+
+    async def _produce(self, topic: str, partition: int, batch: bytes) -> dict:
+        answer = await self._call_leader(topic, partition, "/v1/produce", {
+            "acks": -1, "timeout_ms": 30_000,
+            "partitions": [{"topic": topic, "partition": partition, "records": batch}]})
+        return answer["partitions"][0]
+
+    # -- read ----------------------------------------------------------------------
+    async def handle_read(self, request: web.Request) -> web.Response:
+        topic = request.match_info["topic"]
+        partition = _query_int(request.match_info["partition"], "partition", 0, 2**31 - 1)
+        offset = _query_int(request.query.get("offset", "0"), "offset", 0, 2**63 - 1)
+        max_bytes = _query_int(request.query.get("max_bytes", str(READ_BYTES_DEFAULT)),
+                               "max_bytes", 1, 2**31 - 1)
+        wait_ms = _query_int(request.query.get("timeout", "0"), "timeout", 0, READ_WAIT_MS_MAX)
+        binary = BINARY_V2 in request.headers.get("Accept", "")
+        self._partition_count(topic)
+        answer = await self._call_leader(topic, partition, "/v1/fetch", {
+            "max_wait_ms": wait_ms, "min_bytes": 1, "max_bytes": max_bytes,
+            "partitions": [{"topic": topic, "partition": partition, "offset": offset,
+                            "max_bytes": max_bytes}]})
+        result = answer["partitions"][0]
+        if result.get("error"):
+            raise _Relayed(result["error"])
+        records = []
+        for _header, batch in iter_batches(result["records"]):
+            for record in iter_records(batch):
+                if record.offset < offset:
+                    continue
+                records.append({"topic": topic, "partition": partition,
+                                "offset": record.offset, "timestamp": record.timestamp,
+                                "key": _decode(record.key, binary),
+                                "value": _decode(record.value, binary)})
+        return web.json_response(records, content_type=BINARY_V2 if binary else JSON_V2)
+
+    # -- forwarding ----------------------------------------------------------------
+    async def _call_leader(self, topic: str, partition: int, path: str, body: dict) -> dict:
+        image = self.server.lifecycle.image
+        reg = image.partition(topic, partition)
+        if reg is None:
+            raise UnknownTopicOrPartitionError(f"{topic}-{partition} does not exist")
+        url = broker_url(image, reg.leader) if reg.leader >= 0 else None
+        if url is None:
+            raise LeaderNotAvailableError(f"{topic}-{partition} has no leader right now; retry")
+        try:
+            async with self.server.session.post(
+                    url + path, data=msgpack.packb(body, use_bin_type=True),
+                    headers={"Content-Type": wire.MSGPACK, "Accept": wire.MSGPACK},
+                    timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)) as response:
+                answer = msgpack.unpackb(await response.read(), raw=False)
+        except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
+            raise LeaderNotAvailableError(
+                f"the leader of {topic}-{partition} ({url}) did not answer: {exc}; retry"
+            ) from None
+        if isinstance(answer, dict) and "error" in answer:
+            raise _Relayed(answer["error"])
+        return answer
+
+
+class _Relayed(KraftError):
+    """An error answered by the partition leader, passed on unchanged."""
+
+    def __init__(self, error: dict) -> None:
+        super().__init__(str(error.get("message")))
+        self.code = str(error.get("code", "UNKNOWN_SERVER_ERROR"))
+
+
+async def _read_json(request: web.Request) -> Any:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise wire.BodyTooLargeError(f"request body too large: {exc.text}") from None
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise InvalidRequestError(f"request body is not valid JSON: {exc}") from None
+
+
+def _encode(value: Any, binary: bool, where: str) -> bytes | None:
+    if value is None:
+        return None
+    if binary:
+        if not isinstance(value, str):
+            raise InvalidRequestError(f"{where} must be a base64 string, got {value!r}")
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidRequestError(f"{where} is not valid base64") from None
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise InvalidRequestError(f"{where} holds a string that is not valid Unicode") from None
+
+
+def _decode(value: bytes | None, binary: bool) -> Any:
+    if value is None:
+        return None
+    if binary:
+        return base64.b64encode(value).decode()
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value.decode("utf-8", errors="replace")
+
+
+def _query_int(text: str, name: str, minimum: int, maximum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidRequestError(f"{name} must be an integer, got {text!r}") from None
+    if not minimum <= value <= maximum:
+        raise InvalidRequestError(f"{name} must be from {minimum} to {maximum}, got {value}")
+    return value

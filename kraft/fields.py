@@ -1,0 +1,94 @@
+"""Reading request bodies field by field, for both servers.
+
+``Fields`` wraps one map of a decoded request (msgpack or JSON). Every
+problem raises ``InvalidRequestError`` naming the field's path
+(``topics[2].configs``) and what was expected, so a caller with a wrong
+type learns exactly what to fix. Unknown fields are ignored, for newer
+clients; an absent field and a null one are the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kraft.errors import InvalidRequestError
+from kraft.topic_config import printable
+
+REQUIRED = object()
+
+
+class Fields:
+    """One map of a request, read field by field. Every problem raises
+    ``InvalidRequestError`` naming the field path (``topics[2].configs``)
+    and what is expected. Unknown fields are ignored, for newer clients.
+    An absent field and a null one are the same."""
+
+    def __init__(self, value: Any, where: str) -> None:
+        if not isinstance(value, dict):
+            raise InvalidRequestError(
+                f"{where or 'the request body'} must be a map, got {printable(value)}")
+        self.values = value
+        self.where = where
+
+    def path(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def required(self, key: str) -> Any:
+        """A field of any type that must be present; the caller checks it."""
+        return self._get(key, REQUIRED)[0]
+
+    def _get(self, key: str, default: Any) -> tuple[Any, bool]:
+        """(value, present); raises if absent and required."""
+        value = self.values.get(key)
+        if value is None:
+            if default is REQUIRED:
+                raise InvalidRequestError(f"{self.path(key)} is required")
+            return default, False
+        return value, True
+
+    def integer(self, key: str, minimum: int, maximum: int, default: Any = REQUIRED) -> Any:
+        value, present = self._get(key, default)
+        return as_int(value, self.path(key), minimum, maximum) if present else value
+
+    def string(self, key: str, max_chars: int, min_chars: int = 1,
+               default: Any = REQUIRED) -> Any:
+        value, present = self._get(key, default)
+        return as_str(value, self.path(key), max_chars, min_chars) if present else value
+
+    def boolean(self, key: str, default: Any = REQUIRED) -> Any:
+        value, present = self._get(key, default)
+        if present and not isinstance(value, bool):
+            raise InvalidRequestError(
+                f"{self.path(key)} must be true or false, got {printable(value)}")
+        return value
+
+    def sequence(self, key: str, max_items: int, default: Any = REQUIRED) -> Any:
+        return self._container(key, list, "a list", "items", max_items, default)
+
+    def mapping(self, key: str, max_items: int, default: Any = REQUIRED) -> Any:
+        return self._container(key, dict, "a map", "entries", max_items, default)
+
+    def _container(self, key: str, kind: type, kind_name: str, unit: str, max_items: int,
+                   default: Any) -> Any:
+        value, present = self._get(key, default)
+        if present and not isinstance(value, kind):
+            raise InvalidRequestError(
+                f"{self.path(key)} must be {kind_name}, got {printable(value)}")
+        if present and len(value) > max_items:
+            raise InvalidRequestError(
+                f"{self.path(key)} has {len(value)} {unit}; the limit is {max_items}")
+        return value
+
+def as_int(value: Any, where: str, minimum: int, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise InvalidRequestError(
+            f"{where} must be an integer from {minimum} to {maximum}, got {printable(value)}")
+    return value
+
+
+def as_str(value: Any, where: str, max_chars: int, min_chars: int = 1) -> str:
+    if not isinstance(value, str) or not min_chars <= len(value) <= max_chars:
+        raise InvalidRequestError(
+            f"{where} must be a string of {min_chars} to {max_chars} characters, "
+            f"got {printable(value)}")
+    return value
