@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import sys
 
 from kraft.client import ControllerClient
 from kraft.config import NodeConfig
@@ -80,9 +82,31 @@ async def run_node(config: NodeConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     await node.start()
-    roles = ",".join(sorted(config.roles))
-    print(f"kraftlog node {config.node_id} ({roles}) started", flush=True)
+    print(startup_banner(config), flush=True)
     await stop.wait()
     await node.stop(controlled=True)
     print(f"kraftlog node {config.node_id} stopped", flush=True)
     return 0
+
+
+def startup_banner(config: NodeConfig) -> str:
+    """What a person starting a node needs: where it listens and, for a
+    broker, three commands to try it."""
+    from api.cli import DEFAULT_BOOTSTRAP
+    from kraft.config import BROKER_LISTENER, CONTROLLER_LISTENER
+
+    roles = ",".join(sorted(config.roles))
+    lines = [f"kraftlog node {config.node_id} ({roles}) started"]
+    if config.is_broker:
+        url = config.listeners[BROKER_LISTENER].url
+        lines.append(f"  broker:     {url}")
+    if config.is_controller:
+        lines.append(f"  controller: {config.listeners[CONTROLLER_LISTENER].url}")
+    if config.is_broker:
+        exe = sys.argv[0] if os.path.basename(sys.argv[0]) == "kraftlog" else "kraftlog"
+        flag = "" if url == DEFAULT_BOOTSTRAP else f" --bootstrap {url}"
+        lines += ["  quickstart (in another terminal):",
+                  f"    {exe}{flag} topics create demo --partitions 3",
+                  f"    echo 'hello kraftlog' | {exe}{flag} produce demo",
+                  f"    {exe}{flag} consume demo --from-beginning --max-messages 1"]
+    return "\n".join(lines)

@@ -1,0 +1,196 @@
+"""ReplicaManager and Partition: hosting follows the metadata image, on real
+log directories."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from api.broker.errors import (FencedLeaderEpochError, LeaderNotAvailableError,
+                               NotLeaderOrFollowerError, UnknownLeaderEpochError)
+from api.broker.replica_manager import ReplicaManager, read_topic_id
+from kraft.errors import UnknownTopicOrPartitionError
+from kraft.image import MetadataImage
+from kraft.records import (ConfigRecord, PartitionChangeRecord, PartitionRecord,
+                           RegisterBrokerRecord, RemoveTopicRecord, TopicRecord)
+from storage.batch import build_batch, decode_batches
+from storage.config import LogConfig
+from storage.manager import LogManager, LogManagerConfig, TopicPartition
+
+ME = 1
+OTHER = 2
+
+
+class Cluster:
+    """A metadata image grown record by record, as a broker would see it."""
+
+    def __init__(self) -> None:
+        self.image = MetadataImage()
+        for broker in (ME, OTHER):
+            self.add(RegisterBrokerRecord(broker, f"inc-{broker}",
+                                          {"BROKER": f"127.0.0.1:{9000 + broker}"}, None))
+
+    def add(self, record) -> None:
+        self.image.apply(record, self.image.offset + 1)
+
+    def topic(self, name: str, topic_id: str, leaders: list[int]) -> None:
+        self.add(TopicRecord(name, topic_id))
+        for p, leader in enumerate(leaders):
+            self.add(PartitionRecord(topic_id, p, [leader], [leader], leader, 0, 0))
+
+
+def make_manager(tmp_path, name: str = "logs") -> ReplicaManager:
+    logs = LogManager(LogManagerConfig((str(tmp_path / name),)), LogConfig())
+    logs.startup()
+    return ReplicaManager(ME, logs)
+
+
+def test_hosts_only_partitions_whose_replicas_include_this_broker(tmp_path):
+    cluster = Cluster()
+    cluster.topic("orders", "id-1", [ME, OTHER, ME])
+    rm = make_manager(tmp_path)
+    rm.apply_image(cluster.image, caught_up=True)
+    assert sorted(rm.partitions) == [TopicPartition("orders", 0), TopicPartition("orders", 2)]
+    part = rm.leader_partition("orders", 0)
+    assert part.is_leader and part.leader_epoch == 0
+    assert read_topic_id(part.log.directory) == "id-1"
+
+
+def test_append_advances_high_watermark_of_a_sole_isr_leader(tmp_path):
+    cluster = Cluster()
+    cluster.topic("t", "id-1", [ME])
+    rm = make_manager(tmp_path)
+    rm.apply_image(cluster.image, caught_up=True)
+    part = rm.leader_partition("t", 0)
+    info = rm.append(part, build_batch([(b"k", b"v")] * 3))
+    assert (info.base_offset, part.high_watermark, part.log_end_offset) == (0, 3, 3)
+    part.check_invariants()
+    records = list(decode_batches(part.log.read(0, 1 << 20, part.high_watermark)))
+    assert [r.offset for r in records] == [0, 1, 2]
+
+
+def test_records_stay_uncommitted_while_another_isr_member_has_not_replicated(tmp_path):
+    cluster = Cluster()
+    cluster.add(TopicRecord("t", "id-1"))
+    cluster.add(PartitionRecord("id-1", 0, [ME, OTHER], [ME, OTHER], ME, 0, 0))
+    rm = make_manager(tmp_path)
+    rm.apply_image(cluster.image, caught_up=True)
+    part = rm.leader_partition("t", 0)
+    rm.append(part, build_batch([(None, b"v")]))
+    assert part.high_watermark == 0 and part.log_end_offset == 1
+
+
+def test_not_leader_names_the_leader_and_its_url(tmp_path):
+    cluster = Cluster()
+    cluster.add(TopicRecord("t", "id-1"))
+    cluster.add(PartitionRecord("id-1", 0, [ME, OTHER], [ME, OTHER], OTHER, 3, 0))
+    rm = make_manager(tmp_path)
+    rm.apply_image(cluster.image, caught_up=True)
+    with pytest.raises(NotLeaderOrFollowerError) as caught:
+        rm.leader_partition("t", 0)
+    assert (caught.value.leader_id, caught.value.leader_epoch,
+            caught.value.leader_url) == (OTHER, 3, "http://127.0.0.1:9002")
+
+
+def test_unknown_topic_partition_and_leaderless_partition(tmp_path):
+    cluster = Cluster()
+    cluster.topic("t", "id-1", [ME])
+    cluster.add(PartitionChangeRecord("id-1", 0, leader=-1, isr=[ME]))
+    rm = make_manager(tmp_path)
+    rm.apply_image(cluster.image, caught_up=True)
+    with pytest.raises(UnknownTopicOrPartitionError, match="does not exist"):
+        rm.leader_partition("nope", 0)
+    with pytest.raises(UnknownTopicOrPartitionError, match="partitions 0 to 0"):
+        rm.leader_partition("t", 5)
+    with pytest.raises(LeaderNotAvailableError):
+        rm.leader_partition("t", 0)
+
+
+def test_leader_epoch_in_requests_is_checked(tmp_path):
+    cluster = Cluster()
+    cluster.topic("t", "id-1", [ME])
+    cluster.add(PartitionChangeRecord("id-1", 0, leader=-1))  # epoch 1
+    cluster.add(PartitionChangeRecord("id-1", 0, leader=ME))  # epoch 2
+    rm = make_manager(tmp_path)
+    rm.apply_image(cluster.image, caught_up=True)
+    assert rm.leader_partition("t", 0, 2).leader_epoch == 2
+    assert rm.leader_partition("t", 0, -1).leader_epoch == 2  # -1: no check
+    with pytest.raises(FencedLeaderEpochError):
+        rm.leader_partition("t", 0, 1)
+    with pytest.raises(UnknownLeaderEpochError):
+        rm.leader_partition("t", 0, 3)
+
+
+def test_deleted_topic_loses_its_log_only_once_caught_up(tmp_path):
+    cluster = Cluster()
+    cluster.topic("t", "id-1", [ME])
+    rm = make_manager(tmp_path)
+    rm.apply_image(cluster.image, caught_up=True)
+    directory = rm.leader_partition("t", 0).log.directory
+    cluster.add(RemoveTopicRecord("id-1"))
+    rm.apply_image(cluster.image, caught_up=False)
+    assert os.path.isdir(directory), "a lagging image must not delete data"
+    rm.apply_image(cluster.image, caught_up=True)
+    assert not os.path.exists(directory) and not rm.partitions
+
+
+def test_restart_replaying_metadata_keeps_logs_until_caught_up(tmp_path):
+    cluster = Cluster()
+    cluster.topic("t", "id-1", [ME])
+    rm = make_manager(tmp_path)
+    rm.apply_image(cluster.image, caught_up=True)
+    rm.append(rm.leader_partition("t", 0), build_batch([(None, b"kept")]))
+    rm.log_manager.shutdown()
+    restarted = make_manager(tmp_path)
+    restarted.apply_image(MetadataImage(), caught_up=False)  # nothing replayed yet
+    restarted.apply_image(cluster.image, caught_up=True)
+    part = restarted.leader_partition("t", 0)
+    assert part.log_end_offset == 1 and part.high_watermark == 1
+
+
+def test_topic_recreated_under_the_same_name_starts_empty(tmp_path):
+    cluster = Cluster()
+    cluster.topic("t", "id-1", [ME])
+    rm = make_manager(tmp_path)
+    rm.apply_image(cluster.image, caught_up=True)
+    rm.append(rm.leader_partition("t", 0), build_batch([(None, b"old")]))
+    rm.log_manager.shutdown()
+    # While the broker was down: deleted and created again.
+    cluster.add(RemoveTopicRecord("id-1"))
+    cluster.topic("t", "id-2", [ME])
+    restarted = make_manager(tmp_path)
+    restarted.apply_image(cluster.image, caught_up=True)
+    part = restarted.leader_partition("t", 0)
+    assert part.log_end_offset == 0
+    assert read_topic_id(part.log.directory) == "id-2"
+
+
+def test_topic_config_overrides_reach_the_log(tmp_path):
+    cluster = Cluster()
+    cluster.topic("t", "id-1", [ME])
+    rm = make_manager(tmp_path)
+    rm.apply_image(cluster.image, caught_up=True)
+    cluster.add(ConfigRecord("topic", "t", "max.message.bytes", "2048"))
+    cluster.add(ConfigRecord("topic", "t", "unclean.leader.election.enable", "true"))
+    rm.apply_image(cluster.image, caught_up=True)
+    assert rm.leader_partition("t", 0).log.config.max_message_bytes == 2048
+
+
+def test_waiters_wake_on_append_and_can_be_forgotten(tmp_path):
+    cluster = Cluster()
+    cluster.topic("t", "id-1", [ME, ME])
+    rm = make_manager(tmp_path)
+    rm.apply_image(cluster.image, caught_up=True)
+    tps = [TopicPartition("t", 0), TopicPartition("t", 1)]
+
+    async def scenario() -> None:
+        waiter = rm.data_waiter(tps)
+        assert not waiter.done()
+        rm.append(rm.leader_partition("t", 1), build_batch([(None, b"x")]))
+        await asyncio.wait_for(waiter, 1)
+        rm.forget_waiter(waiter, tps)
+        assert rm._waiters == {}
+
+    asyncio.run(scenario())
