@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="override one config key, e.g. --set node.id=2 (repeatable)")
     node.set_defaults(handler=_run_node)
 
+    _add_cluster_commands(commands)
+
     quorum = commands.add_parser(
         "quorum", help="inspect the controller quorum",
         description="Inspect the Raft quorum of controllers that owns cluster metadata.")
@@ -81,6 +83,122 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     status.set_defaults(handler=_quorum_status)
     return parser
+
+
+class _ExamplesFormatter(argparse.HelpFormatter):
+    """Wraps each line of prose to the terminal; keeps indented lines (the
+    examples) exactly as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        return "\n".join(indent + line if line.startswith(" ") or not line else
+                         textwrap.fill(line, width, initial_indent=indent,
+                                       subsequent_indent=indent)
+                         for line in text.splitlines())
+
+
+def _add_cluster_commands(commands: argparse._SubParsersAction) -> None:
+    examples = _ExamplesFormatter
+    cluster = commands.add_parser(
+        "cluster", help="run a local multi-process cluster (up, down, status)",
+        formatter_class=examples,
+        description="Run a whole cluster on this machine, one `kraftlog node` process per "
+                    "node, on free loopback ports. Everything lives in one directory: "
+                    "DIR/cluster.json (every node's id, roles, URLs, pid and config file), "
+                    "DIR/node-<id>.toml (restart one node alone with `kraftlog node --config "
+                    "DIR/node-<id>.toml`), DIR/node-<id>.log and DIR/node-<id>/ (its data).",
+        epilog="examples:\n"
+               "  kraftlog cluster up --dir /tmp/kl        # 3 controllers + 3 brokers\n"
+               "  kraftlog cluster status --dir /tmp/kl\n"
+               "  kraftlog cluster down --dir /tmp/kl      # keeps the data; `up` restarts it\n"
+               "  kraftlog cluster down --dir /tmp/kl --purge")
+    actions = cluster.add_subparsers(dest="cluster_command", metavar="ACTION")
+    actions.required = True
+    dir_help = "the cluster's directory (configs, logs, data, cluster.json)"
+
+    up = actions.add_parser(
+        "up", help="start a new cluster, or the stopped nodes of an existing one",
+        formatter_class=examples,
+        description="Start a cluster in DIR and wait until it serves: an active controller "
+                    "exists and every broker reports state \"running\". A new DIR gets 3 "
+                    "dedicated controllers and 3 dedicated brokers unless --controllers/"
+                    "--brokers or --combined say otherwise. On a DIR that already holds a "
+                    "cluster, nodes that are stopped start again on their data, ports and "
+                    "configs; running nodes are left alone. Nodes run detached (they outlive "
+                    "this command); their output goes to DIR/node-<id>.log.",
+        epilog="examples:\n"
+               "  kraftlog cluster up --dir /tmp/kl\n"
+               "  kraftlog cluster up --dir /tmp/kl1 --combined 1\n"
+               "  kraftlog cluster up --dir /tmp/kl5 --controllers 3 --brokers 5 \\\n"
+               "      --set num.partitions=6 --set log.retention.ms=3600000\n"
+               "  export KRAFTLOG_BOOTSTRAP=<the broker URL it prints>")
+    up.add_argument("--dir", required=True, metavar="DIR", help=dir_help)
+    up.add_argument("--controllers", type=int, metavar="N",
+                    help="dedicated controllers, ids 1..N (default 3)")
+    up.add_argument("--brokers", type=int, metavar="M",
+                    help="dedicated brokers, ids N+1..N+M (default 3)")
+    up.add_argument("--combined", type=int, metavar="N",
+                    help="instead, N nodes that are each controller and broker")
+    up.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    dest="overrides",
+                    help="a config setting for every node, written into its TOML, e.g. "
+                         "--set broker.session.timeout.ms=1500 (repeatable; only for a new "
+                         "cluster)")
+    up.add_argument("--timeout-s", type=float, default=60.0, metavar="S",
+                    help="give up waiting for the cluster after S seconds (default "
+                         "%(default)g); the nodes keep running")
+    up.set_defaults(handler=_cluster)
+
+    down = actions.add_parser(
+        "down", help="stop every node; keep the data (--purge deletes it)",
+        formatter_class=examples,
+        description="Stop every running node of the cluster in DIR: SIGTERM (brokers first, "
+                    "which move their partition leaderships away), then SIGKILL for any "
+                    "still running after --timeout-s. A recorded pid is only signalled while "
+                    "it still runs that node's config. Data, configs and cluster.json stay, "
+                    "so `kraftlog cluster up --dir DIR` restarts the same cluster.",
+        epilog="examples:\n"
+               "  kraftlog cluster down --dir /tmp/kl\n"
+               "  kraftlog cluster down --dir /tmp/kl --purge   # and delete /tmp/kl")
+    down.add_argument("--dir", required=True, metavar="DIR", help=dir_help)
+    down.add_argument("--timeout-s", type=float, default=30.0, metavar="S",
+                      help="SIGKILL nodes still running after S seconds (default %(default)g)")
+    down.add_argument("--purge", action="store_true",
+                      help="then delete DIR: data, configs, logs and cluster.json")
+    down.set_defaults(handler=_cluster)
+
+    status = actions.add_parser(
+        "status", help="every node's pid, URLs and live state; the active controller",
+        formatter_class=examples,
+        description="Show each node of the cluster in DIR with its live state: a broker's "
+                    "lifecycle state from GET <broker_url>/healthz (running, fenced, ...), "
+                    "whether a controller is the active one, or \"down\" when its process "
+                    "is not running. Then the active controller, from GET /v1/quorum.",
+        epilog="examples:\n"
+               "  kraftlog cluster status --dir /tmp/kl\n"
+               "  kraftlog cluster status --dir /tmp/kl --json | jq '.nodes[].state'")
+    status.add_argument("--dir", required=True, metavar="DIR", help=dir_help)
+    status.add_argument("--json", action="store_true",
+                        help="print cluster.json's nodes with live state and /v1/quorum as JSON")
+    status.set_defaults(handler=_cluster)
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    from chaos import local_cluster
+
+    try:
+        if args.cluster_command == "up":
+            return local_cluster.cluster_up(
+                args.dir, controllers=args.controllers, brokers=args.brokers,
+                combined=args.combined, set_items=args.overrides, timeout_s=args.timeout_s)
+        if args.cluster_command == "down":
+            return local_cluster.cluster_down(args.dir, timeout_s=args.timeout_s,
+                                              purge=args.purge)
+        return local_cluster.cluster_status(args.dir, as_json=args.json)
+    except local_cluster.ClusterError as exc:
+        print(f"kraftlog cluster {args.cluster_command}: {exc}", file=sys.stderr)
+        return 1
 
 
 def _run_node(args: argparse.Namespace) -> int:

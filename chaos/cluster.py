@@ -10,6 +10,10 @@ dedicated brokers (ids C+1..C+B), or, with ``combined=True``, ``controllers``
 nodes that are both. Ports are free ephemeral ports picked at construction; a
 controller takes two (HTTP, and Raft at HTTP + 1).
 
+The layout, config and command helpers (``node_roles``, ``node_config_values``,
+``write_node_config``, ``node_command``) are shared with
+``chaos/local_cluster.py``, the detached cluster of ``kraftlog cluster up``.
+
 Every wait is bounded: ``wait_until`` polls a condition until a deadline and
 raises ``TimeoutError`` saying what it waited for.
 """
@@ -95,6 +99,63 @@ def http_json(url: str, body: Any = None, timeout_s: float = 5.0) -> tuple[int, 
         return exc.code, json.load(exc)
 
 
+def node_roles(controllers: int, brokers: int, combined: bool
+               ) -> dict[int, tuple[str, ...]]:
+    """Node id -> roles for a layout: controllers 1..C and brokers C+1..C+B,
+    or (``combined``) nodes 1..C that are both. Roles in ``process.roles``
+    order ("broker" before "controller")."""
+    controller_ids = list(range(1, controllers + 1))
+    broker_ids = controller_ids if combined else list(
+        range(controllers + 1, controllers + brokers + 1))
+    return {node_id: tuple(role for role, ids in (("broker", broker_ids),
+                                                  ("controller", controller_ids))
+                           if node_id in ids)
+            for node_id in sorted(set(controller_ids) | set(broker_ids))}
+
+
+def voters_text(controller_ports: Mapping[int, int]) -> str:
+    """``controller.quorum.voters`` for controllers on loopback."""
+    return ",".join(f"{node_id}@127.0.0.1:{port}"
+                    for node_id, port in sorted(controller_ports.items()))
+
+
+def node_config_values(node_id: int, roles: tuple[str, ...], voters: str,
+                       broker_port: int | None, controller_port: int | None,
+                       log_dir: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """One node's config: its identity, listeners and data directory, then
+    ``settings`` (shared by every node of the cluster)."""
+    listeners = []
+    if broker_port:
+        listeners.append(f"BROKER://127.0.0.1:{broker_port}")
+    if controller_port:
+        listeners.append(f"CONTROLLER://127.0.0.1:{controller_port}")
+    return {
+        "node.id": node_id,
+        "process.roles": ",".join(roles),
+        "controller.quorum.voters": voters,
+        "listeners": ",".join(listeners),
+        "log.dirs": log_dir,
+        **settings,
+    }
+
+
+def write_node_config(path: str, values: Mapping[str, Any], header: str = "") -> None:
+    """Write ``values`` as a TOML file ``kraftlog node --config`` reads;
+    ``header`` lines become comments at the top."""
+    with open(path, "w") as f:
+        for line in header.splitlines():
+            f.write(f"# {line}".rstrip() + "\n")
+        if header:
+            f.write("\n")
+        for key, value in values.items():
+            f.write(f"{json.dumps(key)} = {_toml_value(value)}\n")
+
+
+def node_command(config_path: str) -> list[str]:
+    """The command that runs one node (run it with ``cwd=REPO_ROOT``)."""
+    return [sys.executable, "-m", "api.cli", "node", "--config", config_path]
+
+
 @dataclass
 class NodeProcess:
     node_id: int
@@ -133,12 +194,8 @@ class ProcessCluster:
     def __post_init__(self) -> None:
         os.makedirs(self.base_dir, exist_ok=True)
         taken: set[int] = set()
-        controller_ids = list(range(1, self.controllers + 1))
-        broker_ids = controller_ids if self.combined else list(
-            range(self.controllers + 1, self.controllers + self.brokers + 1))
-        for node_id in sorted(set(controller_ids) | set(broker_ids)):
-            roles = tuple(r for r, ids in (("broker", broker_ids),
-                                           ("controller", controller_ids)) if node_id in ids)
+        for node_id, roles in node_roles(self.controllers, self.brokers,
+                                         self.combined).items():
             self.nodes[node_id] = NodeProcess(
                 node_id, roles,
                 config_path=os.path.join(self.base_dir, f"node-{node_id}.toml"),
@@ -152,26 +209,13 @@ class ProcessCluster:
     # -- configs ----------------------------------------------------------
     @property
     def voters(self) -> str:
-        return ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}"
-                        for n in self.nodes.values() if n.controller_port)
+        return voters_text({n.node_id: n.controller_port for n in self.nodes.values()
+                            if n.controller_port})
 
     def _write_config(self, node: NodeProcess) -> None:
-        listeners = []
-        if node.broker_port:
-            listeners.append(f"BROKER://127.0.0.1:{node.broker_port}")
-        if node.controller_port:
-            listeners.append(f"CONTROLLER://127.0.0.1:{node.controller_port}")
-        values: dict[str, Any] = {
-            "node.id": node.node_id,
-            "process.roles": ",".join(node.roles),
-            "controller.quorum.voters": self.voters,
-            "listeners": ",".join(listeners),
-            "log.dirs": os.path.join(self.base_dir, f"data-{node.node_id}"),
-            **self.settings,
-        }
-        with open(node.config_path, "w") as f:
-            for key, value in values.items():
-                f.write(f"{json.dumps(key)} = {_toml_value(value)}\n")
+        write_node_config(node.config_path, node_config_values(
+            node.node_id, node.roles, self.voters, node.broker_port, node.controller_port,
+            os.path.join(self.base_dir, f"data-{node.node_id}"), self.settings))
 
     # -- processes ----------------------------------------------------------
     def start(self, node_ids: list[int] | None = None) -> None:
@@ -180,8 +224,7 @@ class ProcessCluster:
             assert not node.running, f"node {node_id} is already running"
             log = open(node.log_path, "ab")
             node.process = subprocess.Popen(
-                [sys.executable, "-m", "api.cli", "node", "--config", node.config_path],
-                cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                node_command(node.config_path), cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
             log.close()
             node.paused = False
@@ -290,6 +333,8 @@ class ProcessCluster:
 
 
 def _toml_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
