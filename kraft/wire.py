@@ -122,7 +122,8 @@ async def read_body(request: web.Request) -> dict:
             body = json.loads(raw)
     except Exception as exc:  # both libraries raise several unrelated types
         fmt = "msgpack" if content_type == MSGPACK else "JSON"
-        raise InvalidRequestError(f"request body is not valid {fmt}: {exc}") from None
+        reason = str(exc) or type(exc).__name__
+        raise InvalidRequestError(f"request body is not valid {fmt}: {reason}") from None
     if not isinstance(body, dict):
         raise InvalidRequestError(f"request body must be a map, got {type(body).__name__}")
     if content_type == JSON:

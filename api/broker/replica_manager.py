@@ -35,7 +35,7 @@ from kraft.records import NO_LEADER
 from storage.checkpoint import write_atomically
 from storage.config import TOPIC_KEYS
 from storage.log import AppendInfo
-from storage.manager import LogManager, TopicPartition
+from storage.manager import LogManager, TopicPartition, validate_topic_name
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +148,7 @@ class ReplicaManager:
         if part is None or not part.is_leader:
             reg = self.image.partition(topic, partition)
             if reg is None:
+                validate_topic_name(topic)  # a name that can never exist is not retriable
                 if topic in self.image.topics:
                     count = len(self.image.topics[topic].partitions)
                     raise UnknownTopicOrPartitionError(

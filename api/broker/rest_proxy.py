@@ -173,9 +173,15 @@ async def _read_json(request: web.Request) -> Any:
     except web.HTTPRequestEntityTooLarge as exc:
         raise wire.BodyTooLargeError(f"request body too large: {exc.text}") from None
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_constant=_refuse_constant)
     except ValueError as exc:
         raise InvalidRequestError(f"request body is not valid JSON: {exc}") from None
+
+
+def _refuse_constant(token: str) -> Any:
+    """NaN and Infinity are not JSON (RFC 8259), though Python's parser
+    takes them: refuse them, so everything stored reads back as JSON."""
+    raise ValueError(f"{token} is not a JSON value")
 
 
 def _encode(value: Any, binary: bool, where: str) -> bytes | None:
@@ -189,7 +195,8 @@ def _encode(value: Any, binary: bool, where: str) -> bytes | None:
         except (binascii.Error, ValueError):
             raise InvalidRequestError(f"{where} is not valid base64") from None
     try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False).encode()
     except UnicodeEncodeError:
         raise InvalidRequestError(f"{where} holds a string that is not valid Unicode") from None
 
@@ -200,7 +207,7 @@ def _decode(value: bytes | None, binary: bool) -> Any:
     if binary:
         return base64.b64encode(value).decode()
     try:
-        return json.loads(value)
+        return json.loads(value, parse_constant=_refuse_constant)
     except ValueError:
         return value.decode("utf-8", errors="replace")
 

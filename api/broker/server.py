@@ -199,10 +199,17 @@ class BrokerServer:
         body = Fields(await wire.read_body(request), "")
         names = body.sequence("topics", TOPICS_PER_REQUEST_MAX, default=None)
         answer = self.data.metadata(names)
-        image = self.lifecycle.image
-        for topic in answer["topics"]:
-            if topic["error"] is None:
-                topic["configs"] = image.topic_configs(topic["name"])
+        found = [topic["name"] for topic in answer["topics"] if topic["error"] is None]
+        if found:
+            # Every config with its value and source, as the controller knows them.
+            described = await self.client.call("/v1/controller/configs/describe", {
+                "resources": [{"type": "topic", "name": name} for name in found]},
+                timeout_ms=ADMIN_TIMEOUT_MS)
+            configs = {r["name"]: r["configs"] for r in described["resources"]
+                       if r.get("error") is None}
+            for topic in answer["topics"]:
+                if topic["error"] is None:
+                    topic["configs"] = configs.get(topic["name"], [])
         return wire.respond(request, answer)
 
     # -- inspection --------------------------------------------------------------
