@@ -11,6 +11,8 @@ import logging
 import os
 import sys
 
+from api.table import format_table
+
 DEFAULT_BOOTSTRAP = "http://127.0.0.1:9092"
 
 
@@ -51,6 +53,26 @@ def build_parser() -> argparse.ArgumentParser:
                     "second; next to the disk's fsync rate and (optionally) NATS JetStream.")
     bench_controller.add_arguments(controller_parser)
     controller_parser.set_defaults(handler=bench_controller.run)
+    from chaos import bench_data
+
+    for kind, summary, description in (
+            ("produce", "producer throughput and acknowledgement latency",
+             "Send --records records of --record-size bytes through the Python Producer to a "
+             "fresh single node (or --target URL) and report records/s, MB/s and latency "
+             "p50/p99/p99.9 from send to acknowledgement."),
+            ("consume", "consumer throughput reading a filled topic",
+             "Fill a topic with --records records (not timed), then read them all back "
+             "through the Python Consumer and report records/s and MB/s."),
+            ("e2e", "end-to-end latency at a steady rate",
+             "Produce at --rate records/s while a consumer in another process reads; report "
+             "latency from send to the consumer's poll (p50/p99/p99.9).")):
+        kind_parser = bench_kinds.add_parser(kind, help=summary, description=description)
+        bench_data.add_arguments(kind_parser, kind)
+        kind_parser.set_defaults(handler=bench_data.run)
+
+    from api import console
+
+    console.add_commands(commands)
 
     node = commands.add_parser(
         "node", help="run a node (broker, controller, or both) from a config file",
@@ -224,7 +246,7 @@ def _run_node(args: argparse.Namespace) -> int:
         return 1
 
 
-def _get_json(url: str, timeout_s: float = 10.0) -> object:
+def get_json(url: str, timeout_s: float = 10.0) -> object:
     import json
     import urllib.error
     import urllib.request
@@ -251,7 +273,7 @@ def _quorum_status(args: argparse.Namespace) -> int:
     import json
 
     base = (args.controller or args.bootstrap).rstrip("/")
-    status = _get_json(base + "/v1/quorum")
+    status = get_json(base + "/v1/quorum")
     if not isinstance(status, dict) or "error" in status:
         error = status.get("error", {}) if isinstance(status, dict) else {}
         print(f"kraftlog quorum status: {error.get('code')}: {error.get('message')}",
@@ -275,7 +297,7 @@ def format_quorum_status(status: dict) -> str:
         f"AnsweredBy:      controller {status.get('node_id')} ({status.get('state')})",
         "",
     ]
-    rows = [("NodeId", "Status", "Connected", "MatchIndex", "Lag", "Url")]
+    rows = []
     for voter in status.get("voters", []):
         rows.append((
             str(voter["id"]),
@@ -285,9 +307,8 @@ def format_quorum_status(status: dict) -> str:
             "-" if voter.get("lag") is None else str(voter["lag"]),
             str(voter.get("url", "")),
         ))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
-              for row in rows]
+    lines.append(format_table(("NodeId", "Status", "Connected", "MatchIndex", "Lag", "Url"),
+                              rows))
     return "\n".join(lines)
 
 

@@ -46,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from api import table
 from chaos.cluster import (REPO_ROOT, free_port, http_json, node_command, node_config_values,
                            node_roles, voters_text, write_node_config)
 
@@ -524,11 +525,7 @@ def table_rows(cluster: LocalCluster, pids: Mapping[int, int],
 
 
 def format_table(rows: list[tuple[str, ...]], header: tuple[str, ...] = TABLE_HEADER) -> str:
-    """Columns padded to their widest cell, two spaces apart."""
-    rows = [header, *rows]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
-                     for row in rows)
+    return table.format_table(header, rows)
 
 
 def quorum_status(cluster: LocalCluster, healths: Mapping[int, NodeHealth]) -> dict | None:

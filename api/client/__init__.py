@@ -1,0 +1,43 @@
+"""The kraftlog Python client: producers, consumers and an admin client,
+each synchronous (``Producer``, ``Consumer``, ``Admin``) and asyncio
+(``AsyncProducer``, ``AsyncConsumer``, ``AsyncAdmin``). They speak the
+broker's HTTP protocol (docs/protocol.md) and depend on nothing of kraftlog
+but the record batch format (``storage.batch``).
+
+::
+
+    from api.client import Admin, Consumer, NewTopic, Producer
+
+    with Admin("http://127.0.0.1:9092") as admin:
+        admin.create_topics([NewTopic("orders", num_partitions=3)])
+    with Producer("http://127.0.0.1:9092") as producer:
+        producer.send("orders", b"hello", key=b"customer-1")
+    with Consumer("http://127.0.0.1:9092", auto_offset_reset="earliest",
+                  consumer_timeout_ms=1000) as consumer:
+        consumer.assign([("orders", p) for p in range(3)])
+        for record in consumer:
+            print(record)
+"""
+
+from api.client._types import (
+    ConfigEntry, ConsumerRecord, NewTopic, OffsetAndTimestamp, PartitionInfo, RecordMetadata,
+    TopicDescription, TopicPartition)
+from api.client.admin import Admin, AsyncAdmin, CreatedTopic
+from api.client.consumer import AsyncConsumer, Consumer
+from api.client.errors import (
+    BrokerNotAvailableError, BufferExhaustedError, ClientClosedError, CorruptRecordError,
+    InvalidTopicError, KraftlogError, LeaderNotAvailableError, MessageTooLargeError,
+    NoOffsetForPartitionError, NotEnoughReplicasError, NotLeaderError, OffsetOutOfRangeError,
+    RequestTimedOutError, TopicAlreadyExistsError, UnknownTopicOrPartitionError, error_from)
+from api.client.producer import AsyncProducer, Producer, RecordHandle
+
+__all__ = [
+    "Admin", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "BrokerNotAvailableError",
+    "BufferExhaustedError", "ClientClosedError", "ConfigEntry", "Consumer", "ConsumerRecord",
+    "CorruptRecordError", "CreatedTopic", "InvalidTopicError", "KraftlogError",
+    "LeaderNotAvailableError", "MessageTooLargeError", "NewTopic", "NoOffsetForPartitionError",
+    "NotEnoughReplicasError", "NotLeaderError", "OffsetAndTimestamp", "OffsetOutOfRangeError",
+    "PartitionInfo", "Producer", "RecordHandle", "RecordMetadata", "RequestTimedOutError",
+    "TopicAlreadyExistsError", "TopicDescription", "TopicPartition",
+    "UnknownTopicOrPartitionError", "error_from",
+]

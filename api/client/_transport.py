@@ -1,0 +1,344 @@
+"""HTTP to the brokers, and the client's picture of who leads what.
+
+``Transport`` is the one place the client touches the network: one aiohttp
+``ClientSession`` per client (connections are pooled per broker), msgpack
+bodies both ways, a deadline on every request, and every failure turned
+into a ``KraftlogError``: an error body into its code, a refused or reset
+connection into ``BROKER_NOT_AVAILABLE`` and a deadline into
+``REQUEST_TIMED_OUT`` (both retriable), so callers branch on codes only.
+
+``ClusterMetadata`` caches the answer of ``POST /v1/metadata``: broker URLs,
+the leader and leader epoch of each partition, the partition count of each
+topic. Its parsing (``apply``) and its learning from leadership errors
+(``learn_leader``) are pure and take the time as an argument; only
+``refresh`` does I/O. The cache is refreshed when asked (a request failed
+with a metadata error, a partition has no known leader) and, in any case,
+once it is older than ``metadata_max_age_ms``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+import aiohttp
+import msgpack
+
+from api.client.errors import (
+    BrokerNotAvailableError, KraftlogError, RequestTimedOutError, error_from)
+
+MSGPACK = "application/msgpack"
+DEFAULT_BOOTSTRAP = "http://127.0.0.1:9092"
+#: Connections one client keeps open in all (aiohttp pools them per broker).
+CONNECTIONS_MAX = 64
+#: Largest response body read; a fetch answer is bounded by its max_bytes
+#: (at most 50 MiB by default) plus framing, so this only stops runaways.
+RESPONSE_BYTES_MAX = 256 * 1024 * 1024
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def bootstrap_urls(bootstrap: str | Iterable[str]) -> list[str]:
+    """Normalise ``bootstrap`` (a URL, ``"a,b"``, or a list) to URLs without
+    a trailing slash; ``host:port`` gets ``http://``."""
+    if isinstance(bootstrap, str):
+        items = bootstrap.split(",")
+    else:
+        items = list(bootstrap)
+    urls = []
+    for item in items:
+        url = str(item).strip().rstrip("/")
+        if not url:
+            continue
+        if "://" not in url:
+            url = "http://" + url
+        if url not in urls:
+            urls.append(url)
+    if not urls:
+        raise ValueError(f"no bootstrap URL in {bootstrap!r}")
+    return urls
+
+
+class Transport:
+    """msgpack over HTTP with one session per client. Create it anywhere;
+    the session is opened on first use, inside the running loop."""
+
+    def __init__(self, *, request_timeout_ms: int = 30_000,
+                 connections_max: int = CONNECTIONS_MAX) -> None:
+        if request_timeout_ms <= 0:
+            raise ValueError(f"request_timeout_ms must be positive, not {request_timeout_ms}")
+        self.request_timeout_ms = request_timeout_ms
+        self.connections_max = connections_max
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    def _session_or_new(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise KraftlogError("CLIENT_CLOSED", "the client is closed")
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self.connections_max, limit_per_host=0)
+            self._session = aiohttp.ClientSession(
+                connector=connector, skip_auto_headers=("User-Agent",),
+                headers={"Accept": MSGPACK})
+        return self._session
+
+    async def request(self, base_url: str, path: str, body: Any = None, *,
+                      timeout_ms: int | None = None, method: str = "POST") -> Any:
+        """Send ``body`` (msgpack) to ``base_url + path``; the decoded answer.
+
+        Raises ``KraftlogError``: the broker's error for a non-2xx answer,
+        ``BROKER_NOT_AVAILABLE`` when the connection fails,
+        ``REQUEST_TIMED_OUT`` when ``timeout_ms`` (default the client's
+        ``request_timeout_ms``) passes.
+        """
+        session = self._session_or_new()
+        timeout_s = (timeout_ms or self.request_timeout_ms) / 1000
+        url = base_url + path
+        data = None
+        headers = None
+        if method == "POST":
+            data = msgpack.packb(body, use_bin_type=True)
+            headers = {"Content-Type": MSGPACK}
+        try:
+            async with session.request(method, url, data=data, headers=headers,
+                                       timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                if resp.content_length is not None and resp.content_length > RESPONSE_BYTES_MAX:
+                    raise KraftlogError("UNKNOWN_SERVER_ERROR",
+                                        f"{url} answered {resp.content_length} bytes, more "
+                                        f"than the client's limit of {RESPONSE_BYTES_MAX}")
+                raw = await resp.read()
+                status = resp.status
+                content_type = resp.content_type
+        except asyncio.TimeoutError:
+            raise RequestTimedOutError(
+                f"{method} {url} got no answer within {timeout_s * 1000:.0f} ms") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise BrokerNotAvailableError(
+                f"{method} {url} failed: {type(exc).__name__}: {exc}") from None
+        answer = _decode(raw, content_type)
+        if 200 <= status < 300:
+            if answer is _UNDECODABLE:
+                raise KraftlogError("UNKNOWN_SERVER_ERROR",
+                                    f"{url} answered {status} with an undecodable "
+                                    f"{content_type or 'untyped'} body")
+            return answer
+        raise _status_error(url, status, answer, raw)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+
+_UNDECODABLE = object()
+
+
+def _decode(raw: bytes, content_type: str) -> Any:
+    try:
+        if content_type == MSGPACK:
+            return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        if content_type == "application/json":
+            return json.loads(raw)
+    except Exception:  # both libraries raise several unrelated types
+        return _UNDECODABLE
+    return _UNDECODABLE
+
+
+def _status_error(url: str, status: int, answer: Any, raw: bytes) -> KraftlogError:
+    if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+        return error_from(answer)
+    text = raw[:200].decode("utf-8", "replace")
+    if status in (502, 503, 504):
+        return BrokerNotAvailableError(f"{url} answered HTTP {status}: {text}")
+    return KraftlogError("UNKNOWN_SERVER_ERROR", f"{url} answered HTTP {status}: {text}")
+
+
+class PartitionLeader(NamedTuple):
+    """Who leads a partition, as far as the client knows. ``url`` is None
+    while it has no (live) leader."""
+
+    leader_id: int
+    leader_epoch: int
+    url: str | None
+
+
+class ClusterMetadata:
+    """The client's cache of brokers, leaders and partition counts.
+
+    Owned by one client and used from its event loop. ``partition_counts``
+    is also read (never written) by the producer's ``send`` in user threads:
+    ``apply`` updates each entry in place, so a reader never sees a topic
+    vanish and reappear.
+    """
+
+    def __init__(self, transport: Transport, bootstrap: str | Iterable[str] = DEFAULT_BOOTSTRAP,
+                 *, metadata_max_age_ms: int = 300_000,
+                 request_timeout_ms: int | None = None) -> None:
+        if metadata_max_age_ms <= 0:
+            raise ValueError(f"metadata_max_age_ms must be positive, not {metadata_max_age_ms}")
+        self.transport = transport
+        self.bootstrap_urls = bootstrap_urls(bootstrap)
+        self.metadata_max_age_ms = metadata_max_age_ms
+        self.request_timeout_ms = request_timeout_ms
+        self.cluster_id: str | None = None
+        self.controller_id: int | None = None
+        self.brokers: dict[int, str] = {}
+        self.partition_counts: dict[str, int] = {}
+        #: Topics whose last metadata answer was an error (e.g. unknown).
+        self.topic_errors: dict[str, KraftlogError] = {}
+        #: Topics the client cares about; each refresh asks for all of them.
+        self.topics_wanted: set[str] = set()
+        #: Bumped by every ``apply`` and ``learn_leader``: "something changed".
+        self.version = 0
+        self.updated_ms: int | None = None
+        self._leaders: dict[str, dict[int, PartitionLeader]] = {}
+        self._update_requested = False
+        self._refresh_lock = asyncio.Lock()
+        self._next_url = 0
+
+    # -- queries --------------------------------------------------------------
+    def leader(self, topic: str, partition: int) -> PartitionLeader | None:
+        return self._leaders.get(topic, {}).get(partition)
+
+    def leader_url(self, tp: tuple[str, int]) -> str | None:
+        leader = self._leaders.get(tp[0], {}).get(tp[1])
+        return leader.url if leader is not None else None
+
+    def partitions(self, topic: str) -> set[int] | None:
+        count = self.partition_counts.get(topic)
+        return None if count is None else set(range(count))
+
+    def needs_update(self, now_ms: int) -> bool:
+        """Whether a refresh is due: asked for, never done, or too old."""
+        return (self._update_requested or self.updated_ms is None
+                or now_ms - self.updated_ms >= self.metadata_max_age_ms)
+
+    def request_update(self) -> None:
+        self._update_requested = True
+
+    # -- pure updates -----------------------------------------------------------
+    def apply(self, answer: dict, now_ms: int, *, all_topics: bool = False) -> None:
+        """Take in a ``/v1/metadata`` answer. Topics it does not mention keep
+        their entries unless ``all_topics`` says the answer lists every topic
+        (then they were deleted)."""
+        brokers = {}
+        for broker in answer.get("brokers") or ():
+            brokers[broker["id"]] = str(broker["url"]).rstrip("/")
+        self.brokers = brokers
+        self.cluster_id = answer.get("cluster_id", self.cluster_id)
+        self.controller_id = answer.get("controller_id", self.controller_id)
+        seen = set()
+        for topic in answer.get("topics") or ():
+            name = topic["name"]
+            seen.add(name)
+            error = error_from(topic.get("error"))
+            if error is not None:
+                self.topic_errors[name] = error
+                self._forget(name)
+                continue
+            self.topic_errors.pop(name, None)
+            partitions = topic.get("partitions") or ()
+            leaders = {}
+            for p in partitions:
+                leader = p.get("leader", -1)
+                url = brokers.get(leader) if leader is not None and leader >= 0 else None
+                leaders[p["partition"]] = PartitionLeader(
+                    -1 if leader is None else leader, p.get("leader_epoch", -1), url)
+            self._leaders[name] = leaders
+            self.partition_counts[name] = len(partitions)
+        if all_topics:
+            for name in [n for n in self.partition_counts if n not in seen]:
+                self._forget(name)
+        self.updated_ms = now_ms
+        self._update_requested = False
+        self.version += 1
+
+    def _forget(self, topic: str) -> None:
+        self.partition_counts.pop(topic, None)
+        self._leaders.pop(topic, None)
+
+    def learn_leader(self, topic: str, partition: int, error: KraftlogError) -> None:
+        """Use what a leadership error says about the current leader.
+
+        With a ``leader_url`` hint the partition's leader moves there at once
+        (unless the hint's epoch is older than what is known); without one
+        the leader is forgotten, so requests wait for the refresh this asks
+        for rather than hitting the same wrong broker again.
+        """
+        self._update_requested = True
+        leaders = self._leaders.setdefault(topic, {})
+        current = leaders.get(partition)
+        details = error.details
+        url = details.get("leader_url")
+        leader_id = details.get("leader_id")
+        epoch = details.get("leader_epoch")
+        if isinstance(url, str) and url:
+            url = url.rstrip("/")
+            if current is not None and epoch is not None and epoch < current.leader_epoch:
+                return
+            if isinstance(leader_id, int) and leader_id >= 0:
+                self.brokers.setdefault(leader_id, url)
+            leaders[partition] = PartitionLeader(
+                leader_id if isinstance(leader_id, int) else -1,
+                epoch if isinstance(epoch, int) else
+                (current.leader_epoch if current is not None else -1), url)
+        elif current is not None:
+            leaders[partition] = current._replace(url=None)
+        self.version += 1
+
+    def forget_broker_url(self, url: str) -> None:
+        """A broker did not answer: its partitions have no usable leader until
+        the next refresh says where they went."""
+        self._update_requested = True
+        for leaders in self._leaders.values():
+            for partition, leader in list(leaders.items()):
+                if leader.url == url:
+                    leaders[partition] = leader._replace(url=None)
+        self.version += 1
+
+    # -- I/O ---------------------------------------------------------------------
+    def _candidate_urls(self) -> list[str]:
+        """Known brokers first (they are live), then the bootstrap list;
+        rotated so a dead first broker is not asked first every time."""
+        urls = list(dict.fromkeys([*self.brokers.values(), *self.bootstrap_urls]))
+        start = self._next_url % len(urls)
+        return urls[start:] + urls[:start]
+
+    async def request_any(self, path: str, body: Any = None, *, method: str = "POST",
+                          timeout_ms: int | None = None, retry_timeouts: bool = True) -> Any:
+        """Send to the first broker that answers: an unreachable broker (or,
+        with ``retry_timeouts``, one that timed out: fine for reads, not for
+        writes that may have been applied) moves on to the next one. Other
+        errors are raised at once."""
+        skip = ("BROKER_NOT_AVAILABLE", "REQUEST_TIMED_OUT") if retry_timeouts else (
+            "BROKER_NOT_AVAILABLE",)
+        last: KraftlogError | None = None
+        for url in self._candidate_urls():
+            try:
+                return await self.transport.request(
+                    url, path, body, method=method,
+                    timeout_ms=timeout_ms or self.request_timeout_ms)
+            except KraftlogError as exc:
+                if exc.code not in skip:
+                    raise
+                self._next_url += 1
+                last = exc
+        assert last is not None
+        raise last
+
+    async def refresh(self, topics: Iterable[str] | None = None, *,
+                      all_topics: bool = False) -> None:
+        """Ask a broker for the metadata of ``topics`` plus every topic
+        wanted before (or of all topics), and apply the answer."""
+        if topics is not None:
+            self.topics_wanted.update(topics)
+        async with self._refresh_lock:
+            wanted = None if all_topics else sorted(self.topics_wanted)
+            answer = await self.request_any("/v1/metadata", {"topics": wanted})
+            self.apply(answer, monotonic_ms(), all_topics=all_topics)

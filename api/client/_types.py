@@ -1,0 +1,99 @@
+"""The small value types users see: partitions, record metadata, records.
+
+All are NamedTuples: cheap to build (the consumer builds one per record),
+hashable, comparable and printable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+
+class TopicPartition(NamedTuple):
+    topic: str
+    partition: int
+
+
+class RecordMetadata(NamedTuple):
+    """Where a produced record landed. ``offset`` is -1 with ``acks=0`` (the
+    producer does not wait for the broker's answer). ``timestamp`` is the
+    record's create time, or the broker's append time for topics with
+    ``message.timestamp.type=LogAppendTime``."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+
+
+class ConsumerRecord(NamedTuple):
+    """One record as consumed. ``key`` and ``value`` are bytes or None;
+    ``headers`` a tuple of ``(str, bytes or None)`` pairs."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+
+class OffsetAndTimestamp(NamedTuple):
+    """The answer of ``offsets_for_times`` for one partition."""
+
+    offset: int
+    timestamp: int
+
+
+class NewTopic(NamedTuple):
+    """A topic to create. -1 takes the cluster's ``num.partitions`` /
+    ``default.replication.factor``. ``replica_assignments`` (partition ->
+    broker ids) replaces both when given."""
+
+    name: str
+    num_partitions: int = -1
+    replication_factor: int = -1
+    configs: Mapping[str, Any] = MappingProxyType({})  # shared default: read-only
+    replica_assignments: Mapping[int, list[int]] | None = None
+
+
+class PartitionInfo(NamedTuple):
+    """A partition as the metadata describes it; ``leader`` -1 while none."""
+
+    partition: int
+    leader: int
+    leader_epoch: int
+    replicas: list[int]
+    isr: list[int]
+
+
+class ConfigEntry(NamedTuple):
+    """One config of a resource; ``source`` says where the value comes from:
+    ``TOPIC_CONFIG`` (the topic's override) or ``DEFAULT_CONFIG``."""
+
+    name: str
+    value: Any
+    source: str | None
+
+
+class TopicDescription(NamedTuple):
+    name: str
+    topic_id: str | None
+    partitions: list[PartitionInfo]
+    configs: dict[str, Any]
+
+
+def as_topic_partition(tp: Any) -> TopicPartition:
+    """Accept ``TopicPartition`` or a ``(topic, partition)`` pair."""
+    if isinstance(tp, TopicPartition):
+        return tp
+    try:
+        topic, partition = tp
+    except (TypeError, ValueError):
+        raise TypeError(f"expected TopicPartition or (topic, partition), not {tp!r}") from None
+    if not isinstance(topic, str) or not isinstance(partition, int) or partition < 0:
+        raise TypeError(f"expected (str topic, int partition >= 0), not {tp!r}")
+    return TopicPartition(topic, partition)

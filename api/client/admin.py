@@ -1,0 +1,296 @@
+"""Administration: topics, partitions, configs, leader elections, cluster.
+
+Any broker accepts the admin calls and forwards them to the active
+controller; it answers once its own metadata shows the change, so a produce
+right after ``create_topics`` finds the topic (docs/protocol.md, Admin).
+
+Per-topic outcomes follow Kafka's admin client, where each topic has its own
+future: ``create_topics``, ``delete_topics`` and ``create_partitions`` return
+a dict of every topic's outcome and, by default (``raise_on_error=True``),
+raise the first topic's error after the call completed for all of them (the
+others were still applied). Pass ``raise_on_error=False`` to inspect each.
+``elect_leaders`` never raises per partition: "already led by the preferred
+replica" and similar answers are normal there.
+
+A call is retried, until ``request_timeout_ms``, only while no controller is
+active (``NOT_CONTROLLER``) or no broker answers at all; other errors are the
+caller's to see at once (a timed-out create is not blindly repeated).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+from api.client._sync import LoopThread
+from api.client._transport import DEFAULT_BOOTSTRAP, ClusterMetadata, Transport, monotonic_ms
+from api.client._types import (
+    ConfigEntry, NewTopic, PartitionInfo, TopicDescription, TopicPartition, as_topic_partition)
+from api.client.errors import KraftlogError, UnknownTopicOrPartitionError, error_from
+
+#: Codes after which an admin call is tried again (nothing was applied).
+ADMIN_RETRY_CODES = frozenset({"NOT_CONTROLLER", "BROKER_NOT_AVAILABLE"})
+
+
+class CreatedTopic(NamedTuple):
+    """The outcome of creating one topic; ``error`` None on success."""
+
+    name: str
+    topic_id: str | None
+    num_partitions: int
+    replication_factor: int
+    configs: dict[str, Any]
+    error: KraftlogError | None
+
+
+def _new_topic_body(topic: NewTopic | str) -> dict:
+    if isinstance(topic, str):
+        topic = NewTopic(topic)
+    if not isinstance(topic, NewTopic):
+        raise TypeError(f"expected NewTopic or a topic name, not {topic!r}")
+    body: dict[str, Any] = {"name": topic.name, "num_partitions": topic.num_partitions,
+                            "replication_factor": topic.replication_factor,
+                            "configs": dict(topic.configs)}
+    if topic.replica_assignments is not None:
+        body["assignments"] = {int(p): list(replicas)
+                               for p, replicas in topic.replica_assignments.items()}
+    return body
+
+
+def _configs_dict(configs: Any) -> dict[str, Any]:
+    """Topic configs as name -> value, from a map or ``[{"name", "value"}]``."""
+    if isinstance(configs, Mapping):
+        return dict(configs)
+    return {c["name"]: c.get("value") for c in configs or ()}
+
+
+def _config_entries(configs: Any) -> dict[str, ConfigEntry]:
+    """``[{"name", "value", "source"}]`` (or a map of overrides) as entries."""
+    if isinstance(configs, Mapping):
+        return {k: ConfigEntry(k, v, "TOPIC_CONFIG") for k, v in configs.items()}
+    return {c["name"]: ConfigEntry(c["name"], c.get("value"), c.get("source"))
+            for c in configs or ()}
+
+
+def _raise_first(results: Mapping[Any, Any], raise_on_error: bool) -> None:
+    if not raise_on_error:
+        return
+    for outcome in results.values():
+        error = outcome.error if isinstance(outcome, CreatedTopic) else outcome
+        if error is not None:
+            raise error
+
+
+class AsyncAdmin:
+    """The asyncio admin client. ``bootstrap``: a broker URL, "a,b" or a
+    list; ``request_timeout_ms`` bounds each call, retries included."""
+
+    def __init__(self, bootstrap: str | Iterable[str] = DEFAULT_BOOTSTRAP, *,
+                 request_timeout_ms: int = 30_000, retry_backoff_ms: int = 100) -> None:
+        self.request_timeout_ms = request_timeout_ms
+        self.retry_backoff_ms = retry_backoff_ms
+        self._transport = Transport(request_timeout_ms=request_timeout_ms)
+        self._metadata = ClusterMetadata(self._transport, bootstrap,
+                                         request_timeout_ms=request_timeout_ms)
+
+    async def __aenter__(self) -> "AsyncAdmin":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._transport.close()
+
+    async def _call(self, path: str, body: Any = None, *, method: str = "POST") -> Any:
+        deadline_ms = monotonic_ms() + self.request_timeout_ms
+        while True:
+            try:
+                return await self._metadata.request_any(
+                    path, body, method=method, retry_timeouts=(method == "GET"))
+            except KraftlogError as exc:
+                wait_ms = min(self.retry_backoff_ms, deadline_ms - monotonic_ms())
+                if exc.code not in ADMIN_RETRY_CODES or wait_ms <= 0:
+                    raise
+                await asyncio.sleep(wait_ms / 1000)
+
+    # -- topics -------------------------------------------------------------------
+    async def create_topics(self, new_topics: Iterable[NewTopic | str], *,
+                            validate_only: bool = False, raise_on_error: bool = True
+                            ) -> dict[str, CreatedTopic]:
+        """Create topics (``NewTopic`` or plain names, which take the
+        cluster's defaults). ``validate_only`` checks without creating."""
+        topics = [_new_topic_body(t) for t in new_topics]
+        answer = await self._call("/v1/admin/topics/create",
+                                  {"topics": topics, "validate_only": validate_only})
+        results = {}
+        for entry in answer.get("topics") or ():
+            results[entry["name"]] = CreatedTopic(
+                entry["name"], entry.get("topic_id"), entry.get("num_partitions", -1),
+                entry.get("replication_factor", -1), _configs_dict(entry.get("configs")),
+                error_from(entry.get("error")))
+        _raise_first(results, raise_on_error)
+        return results
+
+    async def delete_topics(self, names: Iterable[str], *, raise_on_error: bool = True
+                            ) -> dict[str, KraftlogError | None]:
+        answer = await self._call("/v1/admin/topics/delete", {"topics": list(names)})
+        results = {entry["name"]: error_from(entry.get("error"))
+                   for entry in answer.get("topics") or ()}
+        _raise_first(results, raise_on_error)
+        return results
+
+    async def describe_topics(self, names: Iterable[str] | None = None
+                              ) -> dict[str, TopicDescription]:
+        """Partitions (leader, epoch, replicas, ISR) and configs (each a
+        ``ConfigEntry`` with its source) of ``names`` (every topic for None).
+        An unknown topic raises."""
+        answer = await self._call("/v1/admin/topics/describe",
+                                  {"topics": None if names is None else list(names)})
+        out = {}
+        for topic in answer.get("topics") or ():
+            error = error_from(topic.get("error"))
+            if error is not None:
+                raise error
+            partitions = [PartitionInfo(p["partition"], p.get("leader", -1),
+                                        p.get("leader_epoch", -1), list(p.get("replicas", ())),
+                                        list(p.get("isr", ())))
+                          for p in topic.get("partitions") or ()]
+            out[topic["name"]] = TopicDescription(
+                topic["name"], topic.get("topic_id"), partitions,
+                _config_entries(topic.get("configs")))
+        return out
+
+    async def list_topics(self) -> list[str]:
+        """The names of every topic, sorted."""
+        answer = await self._call("/v1/metadata", {"topics": None})
+        return sorted(t["name"] for t in answer.get("topics") or () if t.get("error") is None)
+
+    async def create_partitions(self, counts: Mapping[str, int], *,
+                                validate_only: bool = False, raise_on_error: bool = True
+                                ) -> dict[str, KraftlogError | None]:
+        """Grow each topic to ``count`` partitions (never shrinks)."""
+        answer = await self._call("/v1/admin/partitions/create", {
+            "topics": [{"name": name, "count": count} for name, count in counts.items()],
+            "validate_only": validate_only})
+        results = {entry["name"]: error_from(entry.get("error"))
+                   for entry in answer.get("topics") or ()}
+        _raise_first(results, raise_on_error)
+        return results
+
+    # -- configs ----------------------------------------------------------------------
+    async def describe_configs(self, topic: str, keys: Iterable[str] | None = None
+                               ) -> dict[str, ConfigEntry]:
+        """Every config of ``topic`` (or only ``keys``) with its value and
+        where the value comes from (the topic's override or a default)."""
+        resource: dict[str, Any] = {"type": "topic", "name": topic}
+        if keys is not None:
+            resource["keys"] = list(keys)
+        answer = await self._call("/v1/admin/configs/describe", {"resources": [resource]})
+        for entry in answer.get("resources") or ():
+            error = error_from(entry.get("error"))
+            if error is not None:
+                raise error
+            return _config_entries(entry.get("configs"))
+        raise UnknownTopicOrPartitionError(f"no configs answered for topic {topic!r}")
+
+    async def alter_configs(self, topic: str, changes: Mapping[str, Any], *,
+                            validate_only: bool = False) -> None:
+        """Set configs of ``topic``; a value of None deletes the override
+        (back to the default). Keys not named keep their values."""
+        ops = [{"name": key, "op": "delete"} if value is None
+               else {"name": key, "op": "set", "value": value}
+               for key, value in changes.items()]
+        answer = await self._call("/v1/admin/configs/alter", {
+            "resources": [{"type": "topic", "name": topic, "ops": ops}],
+            "validate_only": validate_only})
+        for entry in answer.get("resources") or ():
+            error = error_from(entry.get("error"))
+            if error is not None:
+                raise error
+
+    # -- partitions and cluster ----------------------------------------------------------
+    async def elect_leaders(self, partitions: Iterable[Any] | None = None
+                            ) -> dict[TopicPartition, KraftlogError | None]:
+        """Move leadership to each partition's preferred (first) replica; all
+        partitions for None (then only those that moved or could not are
+        answered). Per-partition errors are returned, not raised."""
+        body = {"partitions": None if partitions is None else [
+            {"topic": tp.topic, "partition": tp.partition}
+            for tp in map(as_topic_partition, partitions)]}
+        answer = await self._call("/v1/admin/leaders/elect", body)
+        return {TopicPartition(e["topic"], e["partition"]): error_from(e.get("error"))
+                for e in answer.get("partitions") or ()}
+
+    async def describe_cluster(self) -> dict:
+        """The cluster id, the active controller and the brokers
+        (``GET /v1/cluster``)."""
+        return await self._call("/v1/cluster", method="GET")
+
+
+class Admin:
+    """The synchronous admin client: ``AsyncAdmin``'s methods, blocking.
+
+    ::
+
+        with Admin(bootstrap=url) as admin:
+            admin.create_topics([NewTopic("orders", num_partitions=6)])
+    """
+
+    def __init__(self, bootstrap: str | Iterable[str] = DEFAULT_BOOTSTRAP, **settings: Any
+                 ) -> None:
+        self._thread = LoopThread("kraftlog-admin")
+        self._admin = AsyncAdmin(bootstrap, **settings)
+        self._closed = False
+
+    def __enter__(self) -> "Admin":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def create_topics(self, new_topics: Iterable[NewTopic | str], **kwargs: Any
+                      ) -> dict[str, CreatedTopic]:
+        return self._thread.run(self._admin.create_topics(list(new_topics), **kwargs))
+
+    def delete_topics(self, names: Iterable[str], **kwargs: Any
+                      ) -> dict[str, KraftlogError | None]:
+        return self._thread.run(self._admin.delete_topics(list(names), **kwargs))
+
+    def describe_topics(self, names: Iterable[str] | None = None
+                        ) -> dict[str, TopicDescription]:
+        return self._thread.run(self._admin.describe_topics(
+            None if names is None else list(names)))
+
+    def list_topics(self) -> list[str]:
+        return self._thread.run(self._admin.list_topics())
+
+    def create_partitions(self, counts: Mapping[str, int], **kwargs: Any
+                          ) -> dict[str, KraftlogError | None]:
+        return self._thread.run(self._admin.create_partitions(dict(counts), **kwargs))
+
+    def describe_configs(self, topic: str, keys: Iterable[str] | None = None
+                         ) -> dict[str, ConfigEntry]:
+        return self._thread.run(self._admin.describe_configs(
+            topic, None if keys is None else list(keys)))
+
+    def alter_configs(self, topic: str, changes: Mapping[str, Any], **kwargs: Any) -> None:
+        return self._thread.run(self._admin.alter_configs(topic, dict(changes), **kwargs))
+
+    def elect_leaders(self, partitions: Iterable[Any] | None = None
+                      ) -> dict[TopicPartition, KraftlogError | None]:
+        return self._thread.run(self._admin.elect_leaders(
+            None if partitions is None else list(partitions)))
+
+    def describe_cluster(self) -> dict:
+        return self._thread.run(self._admin.describe_cluster())
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._thread.run(self._admin.close())
+        finally:
+            self._thread.stop()

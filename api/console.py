@@ -1,0 +1,380 @@
+"""``kraftlog topics|produce|consume``: Kafka's console tools, for kraftlog.
+
+  kraftlog topics create|list|describe|alter|delete   (kafka-topics)
+  kraftlog produce TOPIC                               (kafka-console-producer)
+  kraftlog consume TOPIC                               (kafka-console-consumer)
+
+Every command talks to the broker at ``--bootstrap`` through the Python
+client (``api.client``), as any program would. Failures print one line
+naming the error code and what to do, and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from api.cli import CliError, get_json
+from api.table import format_table
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    _add_topics(commands)
+    _add_produce(commands)
+    _add_consume(commands)
+
+
+# -- topics ----------------------------------------------------------------------------
+def _add_topics(commands: argparse._SubParsersAction) -> None:
+    topics = commands.add_parser(
+        "topics", help="create, list, describe, alter and delete topics",
+        description="Manage topics, like kafka-topics. Examples:\n"
+                    "  kraftlog topics create orders --partitions 6\n"
+                    "  kraftlog topics describe orders\n"
+                    "  kraftlog topics alter orders --partitions 12 --config retention.ms=86400000",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    actions = topics.add_subparsers(dest="topics_command", metavar="ACTION")
+    actions.required = True
+
+    create = actions.add_parser(
+        "create", help="create a topic",
+        description="Create a topic. Partitions and replication factor default to the "
+                    "cluster's num.partitions and default.replication.factor.")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=int, default=-1, metavar="N")
+    create.add_argument("--replication-factor", type=int, default=-1, metavar="R")
+    create.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                        help="topic config, e.g. retention.ms=86400000 (repeatable)")
+    create.add_argument("--if-not-exists", action="store_true",
+                        help="succeed quietly when the topic exists")
+    create.set_defaults(handler=_topics_create)
+
+    listing = actions.add_parser("list", help="list topics with partition counts")
+    listing.set_defaults(handler=_topics_list)
+
+    describe = actions.add_parser(
+        "describe", help="partitions with leader, epoch, replicas, ISR and offsets",
+        description="For each partition: leader, leader epoch, replicas, in-sync replicas, "
+                    "log start offset, high watermark, log end offset and size. Without a "
+                    "name, every topic.")
+    describe.add_argument("names", nargs="*", metavar="NAME")
+    describe.set_defaults(handler=_topics_describe)
+
+    alter = actions.add_parser(
+        "alter", help="add partitions or change topic configs",
+        description="Add partitions (never fewer: keyed records would move) or set and "
+                    "delete topic configs.")
+    alter.add_argument("name")
+    alter.add_argument("--partitions", type=int, metavar="N", help="new total partition count")
+    alter.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                       help="set a topic config (repeatable)")
+    alter.add_argument("--delete-config", action="append", default=[], metavar="KEY",
+                       help="remove a topic config override (repeatable)")
+    alter.set_defaults(handler=_topics_alter)
+
+    delete = actions.add_parser("delete", help="delete topics and their data")
+    delete.add_argument("names", nargs="+", metavar="NAME")
+    delete.set_defaults(handler=_topics_delete)
+
+
+def _admin(args: argparse.Namespace):
+    from api.client import Admin
+
+    return Admin(bootstrap=args.bootstrap)
+
+
+def _fail(what: str, exc: Exception) -> None:
+    code = getattr(exc, "code", None)
+    raise CliError(f"{what}: {code + ': ' if code else ''}{getattr(exc, 'message', exc)}")
+
+
+def _parse_configs(pairs: list[str]) -> dict[str, str]:
+    configs = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise CliError(f"--config takes KEY=VALUE, got {pair!r}")
+        configs[key.strip()] = value.strip()
+    return configs
+
+
+def _topics_create(args: argparse.Namespace) -> int:
+    from api.client import KraftlogError, NewTopic
+
+    topic = NewTopic(args.name, num_partitions=args.partitions,
+                     replication_factor=args.replication_factor,
+                     configs=_parse_configs(args.config))
+    with _admin(args) as admin:
+        try:
+            admin.create_topics([topic])
+        except KraftlogError as exc:
+            if args.if_not_exists and exc.code == "TOPIC_ALREADY_EXISTS":
+                return 0
+            _fail(f"cannot create topic {args.name!r}", exc)
+    print(f"Created topic {args.name}.")
+    return 0
+
+
+def _topics_list(args: argparse.Namespace) -> int:
+    answer = _inspect(args, "/v1/topics")
+    rows = [(t["name"], str(t["partitions"]), str(t["replication_factor"]))
+            for t in answer["topics"]]
+    if not rows:
+        print("No topics. Create one: kraftlog topics create NAME --partitions 3")
+        return 0
+    print(format_table(("TOPIC", "PARTITIONS", "REPLICATION"), rows))
+    return 0
+
+
+def _topics_describe(args: argparse.Namespace) -> int:
+    names = args.names or [t["name"] for t in _inspect(args, "/v1/topics")["topics"]]
+    blocks = []
+    for name in names:
+        topic = _inspect(args, f"/v1/topics/{name}")
+        configs = ",".join(f"{k}={v}" for k, v in sorted(topic.get("configs", {}).items()))
+        header = (f"Topic: {name}\tTopicId: {topic['topic_id']}\t"
+                  f"PartitionCount: {len(topic['partitions'])}\t"
+                  f"Configs: {configs or '-'}")
+        rows = [(str(p["partition"]), _or_none(p["leader"]), str(p["leader_epoch"]),
+                 ",".join(map(str, p["replicas"])), ",".join(map(str, p["isr"])),
+                 _or_dash(p.get("log_start_offset")), _or_dash(p.get("high_watermark")),
+                 _or_dash(p.get("log_end_offset")), _size(p.get("size_bytes")))
+                for p in topic["partitions"]]
+        blocks.append(header + "\n" + format_table(
+            ("PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "LOG-START", "HIGH-WATERMARK",
+             "LOG-END", "SIZE"), rows))
+    print("\n\n".join(blocks) if blocks else "No topics.")
+    return 0
+
+
+def _or_none(leader: int) -> str:
+    return "none" if leader is None or leader < 0 else str(leader)
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _size(size: int | None) -> str:
+    if size is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(size)
+
+
+def _topics_alter(args: argparse.Namespace) -> int:
+    from api.client import KraftlogError
+
+    if args.partitions is None and not args.config and not args.delete_config:
+        raise CliError("nothing to alter: give --partitions, --config or --delete-config")
+    with _admin(args) as admin:
+        try:
+            if args.partitions is not None:
+                admin.create_partitions({args.name: args.partitions})
+                print(f"Topic {args.name} now has {args.partitions} partitions.")
+            changes: dict[str, str | None] = dict(_parse_configs(args.config))
+            changes.update({key: None for key in args.delete_config})
+            if changes:
+                admin.alter_configs(args.name, changes)
+                print(f"Updated configs of topic {args.name}: "
+                      + ", ".join(f"{k}={'(default)' if v is None else v}"
+                                  for k, v in changes.items()))
+        except KraftlogError as exc:
+            _fail(f"cannot alter topic {args.name!r}", exc)
+    return 0
+
+
+def _topics_delete(args: argparse.Namespace) -> int:
+    from api.client import KraftlogError
+
+    with _admin(args) as admin:
+        try:
+            admin.delete_topics(args.names)
+        except KraftlogError as exc:
+            _fail("cannot delete", exc)
+    for name in args.names:
+        print(f"Deleted topic {name}.")
+    return 0
+
+
+def _inspect(args: argparse.Namespace, path: str) -> dict:
+    answer = get_json(args.bootstrap.rstrip("/") + path)
+    if isinstance(answer, dict) and "error" in answer:
+        error = answer["error"]
+        raise CliError(f"{error.get('code')}: {error.get('message')}")
+    return answer
+
+
+# -- produce ------------------------------------------------------------------------------
+def _add_produce(commands: argparse._SubParsersAction) -> None:
+    produce = commands.add_parser(
+        "produce", help="send lines from stdin as records",
+        description="Read stdin and send each line as one record, like "
+                    "kafka-console-producer. Examples:\n"
+                    "  echo hello | kraftlog produce orders\n"
+                    "  printf 'user-1:{\"total\":42}\\n' | kraftlog produce orders "
+                    "--key-separator :",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    produce.add_argument("topic")
+    produce.add_argument("--key-separator", metavar="SEP",
+                         help="split each line at the first SEP into key and value "
+                              "(lines without it are keyless)")
+    produce.add_argument("--acks", default="all", choices=["0", "1", "all", "-1"],
+                         help="acknowledgement the producer waits for (default all)")
+    produce.add_argument("--partition", type=int, metavar="P",
+                         help="send every record to this partition (default: by key, "
+                              "or sticky for keyless records)")
+    produce.add_argument("--linger-ms", type=int, default=5, metavar="MS")
+    produce.add_argument("--delivery-timeout-ms", type=int, default=30_000, metavar="MS",
+                         help="give up on a record after this long (default %(default)s)")
+    produce.set_defaults(handler=_produce)
+
+
+def _produce(args: argparse.Namespace) -> int:
+    from api.client import KraftlogError, Producer
+
+    acks = -1 if args.acks in ("all", "-1") else int(args.acks)
+    failures: list[str] = []
+    sent = 0
+
+    def on_delivery(error, _metadata) -> None:
+        if error is not None and len(failures) < 10:
+            failures.append(f"{error.code}: {error.message}")
+
+    try:
+        producer = Producer(bootstrap=args.bootstrap, acks=acks, linger_ms=args.linger_ms,
+                            request_timeout_ms=min(30_000, args.delivery_timeout_ms // 2),
+                            delivery_timeout_ms=args.delivery_timeout_ms)
+    except KraftlogError as exc:
+        _fail("cannot start the producer", exc)
+    try:
+        for line in sys.stdin.buffer:
+            line = line.rstrip(b"\r\n")
+            key = None
+            if args.key_separator:
+                sep = args.key_separator.encode()
+                if sep in line:
+                    key, line = line.split(sep, 1)
+            producer.send(args.topic, line, key=key, partition=args.partition,
+                          on_delivery=on_delivery)
+            sent += 1
+        producer.flush()
+    except KeyboardInterrupt:
+        producer.flush()
+    finally:
+        producer.close()
+    if failures:
+        raise CliError(f"{len(failures)} or more of {sent} records failed, e.g. {failures[0]}")
+    print(f"Produced {sent} records to {args.topic}.", file=sys.stderr)
+    return 0
+
+
+# -- consume ------------------------------------------------------------------------------
+def _add_consume(commands: argparse._SubParsersAction) -> None:
+    consume = commands.add_parser(
+        "consume", help="print records of a topic",
+        description="Print records as they arrive, like kafka-console-consumer. Starts at "
+                    "the end of each partition unless told otherwise. Examples:\n"
+                    "  kraftlog consume orders --from-beginning --max-messages 10\n"
+                    "  kraftlog consume orders --partition 2 --offset 100 --print-offset",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    consume.add_argument("topic")
+    consume.add_argument("--from-beginning", action="store_true",
+                         help="start at the earliest offset of each partition")
+    consume.add_argument("--partition", type=int, metavar="P", help="read only this partition")
+    consume.add_argument("--offset", metavar="OFFSET",
+                         help="start here (a number, 'earliest' or 'latest'); "
+                              "needs --partition")
+    consume.add_argument("--max-messages", type=int, metavar="N", help="stop after N records")
+    consume.add_argument("--timeout-ms", type=int, metavar="MS",
+                         help="stop when no record arrives for this long")
+    consume.add_argument("--print-key", action="store_true", help="print KEY<TAB>VALUE")
+    consume.add_argument("--print-offset", action="store_true",
+                         help="prefix each record with PARTITION:OFFSET<TAB>")
+    consume.set_defaults(handler=_consume)
+
+
+def _consume(args: argparse.Namespace) -> int:
+    import time
+
+    from api.client import Consumer, KraftlogError, TopicPartition
+
+    if args.offset is not None and args.partition is None:
+        raise CliError("--offset needs --partition (an offset belongs to one partition)")
+    consumer = Consumer(bootstrap=args.bootstrap,
+                        auto_offset_reset="earliest" if args.from_beginning else "latest")
+    printed = 0
+    out = sys.stdout.buffer
+    try:
+        try:
+            partitions = sorted(consumer.partitions_for_topic(args.topic) or ())
+        except KraftlogError as exc:
+            _fail(f"cannot read topic {args.topic!r}", exc)
+        if not partitions:
+            raise CliError(f"topic {args.topic!r} does not exist")
+        if args.partition is not None:
+            if args.partition not in partitions:
+                raise CliError(f"topic {args.topic!r} has partitions 0 to "
+                               f"{partitions[-1]}, not {args.partition}")
+            partitions = [args.partition]
+        tps = [TopicPartition(args.topic, p) for p in partitions]
+        consumer.assign(tps)
+        _position(consumer, tps, args)
+        last_record = time.monotonic()
+        while args.max_messages is None or printed < args.max_messages:
+            records = consumer.poll(timeout_ms=200)
+            if not records:
+                if args.timeout_ms is not None and \
+                        (time.monotonic() - last_record) * 1000 >= args.timeout_ms:
+                    break
+                continue
+            last_record = time.monotonic()
+            for record in records:
+                if args.max_messages is not None and printed >= args.max_messages:
+                    break
+                out.write(_format(record, args))
+                printed += 1
+            out.flush()
+    except KeyboardInterrupt:
+        pass
+    except KraftlogError as exc:
+        _fail("consume failed", exc)
+    finally:
+        consumer.close()
+    print(f"Processed a total of {printed} messages", file=sys.stderr)
+    return 0
+
+
+def _position(consumer, tps: list, args: argparse.Namespace) -> None:
+    if args.offset is None:
+        if args.from_beginning:
+            consumer.seek_to_beginning(tps)
+        else:
+            consumer.seek_to_end(tps)
+    elif args.offset == "earliest":
+        consumer.seek_to_beginning(tps)
+    elif args.offset == "latest":
+        consumer.seek_to_end(tps)
+    else:
+        try:
+            offset = int(args.offset)
+        except ValueError:
+            raise CliError(f"--offset takes a number, 'earliest' or 'latest', "
+                           f"not {args.offset!r}") from None
+        if offset < 0:
+            raise CliError("--offset must not be negative")
+        consumer.seek(tps[0], offset)
+
+
+def _format(record, args: argparse.Namespace) -> bytes:
+    parts = []
+    if args.print_offset:
+        parts.append(f"{record.partition}:{record.offset}".encode())
+    if args.print_key:
+        parts.append(b"null" if record.key is None else record.key)
+    parts.append(b"null" if record.value is None else record.value)
+    return b"\t".join(parts) + b"\n"

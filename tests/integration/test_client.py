@@ -1,0 +1,260 @@
+"""The Python client against real kraftlog processes on loopback: a
+single combined node for most tests (one per module), and a 3-broker
+cluster for producing to and consuming from several leaders."""
+
+import time
+import urllib.request
+
+import pytest
+
+from api.client import (
+    Admin, AsyncAdmin, AsyncConsumer, AsyncProducer, ConfigEntry, Consumer, KraftlogError,
+    NewTopic,
+    NoOffsetForPartitionError, OffsetOutOfRangeError, Producer, RecordMetadata,
+    TopicAlreadyExistsError, TopicPartition, UnknownTopicOrPartitionError)
+from api.client.partitioner import partition_for_key
+from chaos.cluster import ProcessCluster
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    with ProcessCluster(str(tmp_path_factory.mktemp("single")), controllers=1, brokers=0,
+                        combined=True) as cluster:
+        cluster.start()
+        cluster.wait_for_brokers_running(timeout_s=30)
+        yield cluster.nodes[1].broker_url
+
+
+@pytest.fixture(scope="module")
+def admin(url):
+    with Admin(url) as admin:
+        yield admin
+
+
+def create(admin, name, partitions=1, **configs):
+    admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1,
+                                  configs=configs)])
+    return [TopicPartition(name, p) for p in range(partitions)]
+
+
+def consume_all(url, tps, count, **settings):
+    """Every record of ``tps`` from the beginning until ``count`` arrived."""
+    with Consumer(url, auto_offset_reset="earliest", **settings) as consumer:
+        consumer.assign(tps)
+        records = []
+        deadline = time.monotonic() + 20
+        while len(records) < count:
+            assert time.monotonic() < deadline, f"only {len(records)} of {count} records"
+            records.extend(consumer.poll(timeout_ms=500))
+        assert consumer.poll(timeout_ms=100) == []  # and nothing more
+        return records
+
+
+def test_records_come_back_in_order_with_keys_values_headers_and_timestamps(url, admin):
+    tps = create(admin, "roundtrip", partitions=4)
+    sent = []
+    with Producer(url, linger_ms=5) as producer:
+        for i in range(2000):
+            key = None if i % 2 else f"key-{i % 20}".encode()
+            headers = [("i", str(i).encode()), ("empty", None)] if i % 3 == 0 else []
+            handle = producer.send("roundtrip", b"value-%d" % i, key=key, headers=headers,
+                                   timestamp_ms=1_700_000_000_000 + i)
+            sent.append((key, b"value-%d" % i, tuple(headers), 1_700_000_000_000 + i, handle))
+        producer.flush()
+    where = {}
+    for key, value, headers, ts, handle in sent:
+        metadata = handle.result(0)
+        if key is not None:
+            assert metadata.partition == partition_for_key(key, 4)
+        assert metadata.timestamp == ts
+        where[(metadata.partition, metadata.offset)] = (key, value, headers, ts)
+    records = consume_all(url, tps, 2000)
+    for p in range(4):
+        mine = [r for r in records if r.partition == p]
+        assert [r.offset for r in mine] == list(range(len(mine)))
+        for r in mine:
+            assert (r.key, r.value, r.headers, r.timestamp) == where[(p, r.offset)]
+    assert len(where) == 2000
+
+
+def test_delivery_callbacks_and_handles_agree_on_partition_and_offset(url, admin):
+    create(admin, "callbacks", partitions=3)
+    delivered = []
+    with Producer(url) as producer:
+        handles = [producer.send("callbacks", b"v", key=b"k%d" % i,
+                                 on_delivery=lambda e, m: delivered.append((e, m)))
+                   for i in range(30)]
+        producer.flush()
+        assert sorted(m for _, m in delivered) == sorted(h.result(0) for h in handles)
+        assert all(e is None for e, _ in delivered)
+        assert producer.partitions_for("callbacks") == {0, 1, 2}
+
+
+def test_close_delivers_what_was_sent_and_then_refuses_sends(url, admin):
+    tps = create(admin, "closing")
+    producer = Producer(url, linger_ms=60_000)  # nothing would leave before close
+    handles = [producer.send("closing", b"v%d" % i) for i in range(100)]
+    started = time.monotonic()
+    producer.close()
+    assert time.monotonic() - started < 10
+    assert [h.result(0).offset for h in handles] == list(range(100))
+    with pytest.raises(KraftlogError) as caught:
+        producer.send("closing", b"late")
+    assert caught.value.code == "CLIENT_CLOSED"
+    assert len(consume_all(url, tps, 100)) == 100
+
+
+def test_seek_position_and_seek_to_end(url, admin):
+    (tp,) = create(admin, "seeking")
+    with Producer(url) as producer:
+        for i in range(20):
+            producer.send("seeking", b"%d" % i, timestamp_ms=1_000_000 + i * 1000)
+    with Consumer(url, auto_offset_reset="latest") as consumer:
+        consumer.assign([tp])
+        assert consumer.position(tp) == 20  # latest
+        assert consumer.beginning_offsets([tp]) == {tp: 0}
+        assert consumer.end_offsets([tp]) == {tp: 20}
+        found = consumer.offsets_for_times({tp: 1_005_500})
+        assert (found[tp].offset, found[tp].timestamp) == (6, 1_006_000)
+        assert consumer.offsets_for_times({tp: 10**13}) == {tp: None}
+        consumer.seek(tp, 15)
+        records = []
+        while len(records) < 5:
+            records.extend(consumer.poll(timeout_ms=1000))
+        assert [r.value for r in records] == [b"%d" % i for i in range(15, 20)]
+        assert consumer.position(tp) == 20
+        consumer.seek_to_beginning()
+        assert consumer.position(tp) == 0
+        consumer.seek_to_end([tp])
+        assert consumer.poll(timeout_ms=200) == []
+        with Producer(url) as producer:
+            producer.send("seeking", b"new")
+        records = []
+        deadline = time.monotonic() + 10
+        while not records and time.monotonic() < deadline:
+            records = consumer.poll(timeout_ms=500)
+        assert [(r.offset, r.value) for r in records] == [(20, b"new")]
+        assert consumer.partitions_for_topic("seeking") == {0}
+        assert "seeking" in consumer.topics()
+
+
+def test_auto_offset_reset_none_raises_until_the_application_seeks(url, admin):
+    (tp,) = create(admin, "no-reset")
+    with Producer(url) as producer:
+        producer.send("no-reset", b"only")
+    with Consumer(url, auto_offset_reset="none") as consumer:
+        consumer.assign([tp])
+        with pytest.raises(NoOffsetForPartitionError):
+            consumer.poll(timeout_ms=1000)
+        consumer.seek(tp, 1000)
+        with pytest.raises(OffsetOutOfRangeError) as caught:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                consumer.poll(timeout_ms=200)
+        assert caught.value.partitions == {tp: 1000}
+        consumer.seek(tp, 0)
+        assert [r.value for r in consumer.poll(timeout_ms=5000)] == [b"only"]
+
+
+def test_producing_to_an_unknown_topic_fails_after_the_delivery_timeout(url):
+    with Producer(url, request_timeout_ms=1000, delivery_timeout_ms=1500) as producer:
+        started = time.monotonic()
+        handle = producer.send("does-not-exist", b"v")
+        with pytest.raises(UnknownTopicOrPartitionError) as caught:
+            handle.result(timeout=10)
+        assert 1.4 <= time.monotonic() - started < 5
+        assert caught.value.code == "UNKNOWN_TOPIC_OR_PARTITION"
+
+
+def test_admin_creates_describes_alters_and_deletes(url, admin):
+    assert admin.create_topics([NewTopic("admin-t", 2, 1)], validate_only=True)[
+        "admin-t"].error is None
+    assert "admin-t" not in admin.list_topics()
+    created = admin.create_topics([NewTopic("admin-t", 2, 1, {"retention.ms": "60000"})])
+    assert created["admin-t"].num_partitions == 2 and created["admin-t"].topic_id
+    with pytest.raises(TopicAlreadyExistsError):
+        admin.create_topics(["admin-t"])
+    results = admin.create_topics(["admin-t"], raise_on_error=False)
+    assert results["admin-t"].error.code == "TOPIC_ALREADY_EXISTS"
+    described = admin.describe_topics(["admin-t"])["admin-t"]
+    assert [p.partition for p in described.partitions] == [0, 1]
+    assert all(p.leader == 1 and p.isr == [1] for p in described.partitions)
+    assert described.configs["retention.ms"] == ConfigEntry(
+        "retention.ms", "60000", "TOPIC_CONFIG")
+    assert described.configs["cleanup.policy"].source == "DEFAULT_CONFIG"
+    configs = admin.describe_configs("admin-t")
+    assert configs["retention.ms"].value == "60000"
+    admin.alter_configs("admin-t", {"retention.ms": "120000", "cleanup.policy": None})
+    assert admin.describe_configs("admin-t", ["retention.ms"])["retention.ms"].value == "120000"
+    admin.alter_configs("admin-t", {"retention.ms": None})
+    assert admin.describe_configs("admin-t")["retention.ms"].source == "DEFAULT_CONFIG"
+    admin.create_partitions({"admin-t": 3})
+    assert len(admin.describe_topics(["admin-t"])["admin-t"].partitions) == 3
+    assert admin.elect_leaders([("admin-t", 0)]).keys() == {TopicPartition("admin-t", 0)}
+    cluster = admin.describe_cluster()
+    assert [b["id"] for b in cluster["brokers"]] == [1]
+    admin.delete_topics(["admin-t"])
+    assert "admin-t" not in admin.list_topics()
+    with pytest.raises(UnknownTopicOrPartitionError):
+        admin.delete_topics(["admin-t"])
+    with pytest.raises(UnknownTopicOrPartitionError):
+        admin.describe_topics(["admin-t"])
+
+
+def test_gzip_batches_round_trip(url, admin):
+    tps = create(admin, "gzipped")
+    with Producer(url, compression_type="gzip") as producer:
+        for i in range(500):
+            producer.send("gzipped", b"compressible " * 10 + b"%d" % i)
+    records = consume_all(url, tps, 500)
+    assert [r.value[-3:] for r in records[-2:]] == [b"498", b"499"]
+
+
+async def test_the_asyncio_clients_round_trip(url):
+    async with AsyncAdmin(url) as admin:
+        await admin.create_topics([NewTopic("async-t", 2, 1)])
+    async with AsyncProducer(url) as producer:
+        handles = [await producer.send("async-t", f"v{i}", key=f"k{i}") for i in range(50)]
+        metadata = await producer.send_and_wait("async-t", "last", partition=0)
+        await producer.flush()
+    assert all(isinstance(m, RecordMetadata) for m in [await h for h in handles])
+    async with AsyncConsumer(url, auto_offset_reset="earliest",
+                             consumer_timeout_ms=1000) as consumer:
+        consumer.assign([("async-t", 0), ("async-t", 1)])
+        records = [r async for r in consumer]
+    assert len(records) == 51
+    last = [r for r in records if r.partition == 0][-1]
+    assert (last.value, last.offset) == (b"last", metadata.offset)
+
+
+def test_three_brokers_each_lead_and_every_record_comes_back(tmp_path):
+    with ProcessCluster(str(tmp_path / "three"), controllers=1, brokers=3) as cluster:
+        cluster.start()
+        cluster.wait_for_brokers_running(timeout_s=30)
+        urls = [cluster.nodes[i].broker_url for i in cluster.broker_ids]
+        with Admin(urls[0]) as admin:
+            admin.create_topics([NewTopic("spread", 6, 1)])
+            leaders = {p.partition: p.leader
+                       for p in admin.describe_topics(["spread"])["spread"].partitions}
+        assert set(leaders.values()) == set(cluster.broker_ids)
+        with Producer(urls[1:]) as producer:  # bootstrap from a list
+            handles = [producer.send("spread", b"%d" % i, key=b"%d" % i) for i in range(3000)]
+            producer.flush()
+            assert {h.result(0).partition for h in handles} == set(range(6))
+        appended = {b: _messages_in(cluster, b, "spread") for b in cluster.broker_ids}
+        assert sum(appended.values()) == 3000 and all(appended.values()), appended
+        records = consume_all(urls[2], [TopicPartition("spread", p) for p in range(6)], 3000)
+        assert sorted(int(r.value) for r in records) == list(range(3000))
+        for p in range(6):
+            offsets = [r.offset for r in records if r.partition == p]
+            assert offsets == list(range(len(offsets)))
+
+
+def _messages_in(cluster, broker_id, topic):
+    """How many records of ``topic`` a broker appended as leader (/metrics)."""
+    with urllib.request.urlopen(cluster.nodes[broker_id].broker_url + "/metrics",
+                                timeout=5) as response:
+        text = response.read().decode()
+    prefix = f'kraftlog_messages_in_total{{topic="{topic}"}} '
+    return sum(float(line[len(prefix):]) for line in text.splitlines()
+               if line.startswith(prefix))
