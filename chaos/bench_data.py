@@ -53,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
                         help="use this running broker instead of starting a fresh node")
     parser.add_argument("--dir", help="where the fresh node keeps its data "
                                       "(default: a temporary directory, removed after)")
+    if kind == "produce":
+        parser.add_argument("--producers", type=int, default=1,
+                            help="producer processes sending in parallel, each with its share "
+                                 "of --records (default %(default)s)")
     if kind == "e2e":
         parser.add_argument("--rate", type=int, default=10_000,
                             help="records per second the producer sends (default %(default)s)")
@@ -127,13 +131,15 @@ def _producer(bootstrap: str, args: argparse.Namespace):
                     linger_ms=args.linger_ms)
 
 
-def _fill(producer, topic: str, count: int, size: int, label: str) -> dict:
-    """Send ``count`` records; latency samples of every 64th. Returns figures."""
+def _fill(producer, topic: str, count: int, size: int, label: str | None,
+          latencies_ms: list[float] | None = None) -> dict:
+    """Send ``count`` records; latency samples of every 64th. Returns figures.
+    ``label`` None: no progress bar (a child process)."""
     value = os.urandom(size)
-    latencies_ms: list[float] = []
+    latencies_ms = [] if latencies_ms is None else latencies_ms
     send = producer.send
     perf = time.perf_counter
-    progress = _Progress(label, count)
+    progress = _Progress(label, count) if label is not None else _NoProgress()
     started = perf()
     for i in range(count):
         if i % LATENCY_SAMPLE_EVERY == 0:
@@ -151,8 +157,44 @@ def _fill(producer, topic: str, count: int, size: int, label: str) -> dict:
 
 
 def bench_produce(bootstrap: str, topic: str, args: argparse.Namespace) -> dict:
+    if args.producers == 1:
+        with _producer(bootstrap, args) as producer:
+            return _fill(producer, topic, args.records, args.record_size, "produce")
+    # Several producer processes (as several producer-perf-test runs would
+    # be): each sends its share once all are ready; the figure is the total
+    # over the wall time from the start signal to the last flush.
+    context = multiprocessing.get_context("spawn")
+    ready, go, out = context.Barrier(args.producers + 1), context.Event(), context.Queue()
+    shares = [args.records // args.producers + (i < args.records % args.producers)
+              for i in range(args.producers)]
+    children = [context.Process(target=_produce_child, daemon=True,
+                                args=(bootstrap, topic, args, share, ready, go, out))
+                for share in shares]
+    for child in children:
+        child.start()
+    ready.wait(60)
+    _status(f"{args.producers} producer processes sending {args.records:,} records ...")
+    started = time.time()
+    go.set()
+    results = [out.get(timeout=600) for _ in children]
+    for child in children:
+        child.join(10)
+    elapsed = max(finished for finished, _ in results) - started
+    latencies = [ms for _, figures in results for ms in figures.pop("latencies")]
+    return {"records": args.records, "seconds": elapsed, "records_s": args.records / elapsed,
+            "mb_s": args.records * args.record_size / elapsed / 1e6,
+            "producers": args.producers, **_percentiles(latencies)}
+
+
+def _produce_child(bootstrap: str, topic: str, args: argparse.Namespace, count: int,
+                   ready, go, out) -> None:
     with _producer(bootstrap, args) as producer:
-        return _fill(producer, topic, args.records, args.record_size, "produce")
+        producer.send(topic, b"warm-up").result(30)  # metadata fetched before the clock
+        ready.wait(60)
+        go.wait(60)
+        latencies: list[float] = []
+        _fill(producer, topic, count, args.record_size, None, latencies)
+        out.put((time.time(), {"latencies": latencies}))
 
 
 # -- consume ------------------------------------------------------------------------
@@ -280,6 +322,8 @@ def _print_summary(kind: str, args: argparse.Namespace, summary: dict) -> None:
             ("partitions", str(args.partitions)),
             ("acks / batch / linger", f"{args.acks} / {args.batch_size} B / {args.linger_ms} ms"),
             ("records/s", f"{summary['records_s']:,.0f}")]
+    if summary.get("producers"):
+        rows.append(("producer processes", str(summary["producers"])))
     if kind == "e2e":
         rows.append(("target rate", f"{summary['target_rate']:,} records/s"))
     if "mb_s" in summary:
@@ -299,12 +343,21 @@ def _print_summary(kind: str, args: argparse.Namespace, summary: dict) -> None:
 
 
 def vars_subset(args: argparse.Namespace) -> dict:
-    keys = ("records", "record_size", "partitions", "acks", "batch_size", "linger_ms", "rate")
+    keys = ("records", "record_size", "partitions", "acks", "batch_size", "linger_ms", "rate",
+            "producers")
     return {key: getattr(args, key) for key in keys if hasattr(args, key)}
 
 
 def _status(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
+
+
+class _NoProgress:
+    def update(self, done: int) -> None:
+        pass
+
+    def done(self, done: int) -> None:
+        pass
 
 
 class _Progress:
