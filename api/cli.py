@@ -28,6 +28,46 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
 
+    node = commands.add_parser(
+        "node", help="run a node (broker, controller, or both) from a config file",
+        description="Run one kraftlog node. process.roles in the config decides whether it "
+                    "is a controller (a voter of the metadata quorum), a broker, or both. "
+                    "SIGTERM/SIGINT stop it gracefully: a broker first moves its "
+                    "partition leaderships away (controlled shutdown).")
+    node.add_argument("--config", required=True, metavar="FILE",
+                      help="TOML config file (see configs/single-node.toml)")
+    node.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      dest="overrides",
+                      help="override one config key, e.g. --set node.id=2 (repeatable)")
+    node.set_defaults(handler=_run_node)
+
+    _add_cluster_commands(commands)
+
+    from api import console
+
+    console.add_commands(commands)
+
+
+    quorum = commands.add_parser(
+        "quorum", help="inspect the controller quorum",
+        description="Inspect the Raft quorum of controllers that owns cluster metadata.")
+    quorum_kinds = quorum.add_subparsers(dest="quorum_command", metavar="ACTION")
+    quorum_kinds.required = True
+    status = quorum_kinds.add_parser(
+        "status", help="leader, term, commit index and every voter's lag",
+        description="Show the quorum like kafka-metadata-quorum describe --status "
+                    "--replication: leader, term, commit index, last applied, and each "
+                    "voter's match index and lag behind the leader. Asks the broker at "
+                    "--bootstrap (which asks the controllers) or a controller directly.")
+    status.add_argument("--controller", metavar="URL",
+                        help="ask this controller (its CONTROLLER listener) instead of a broker")
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
+    status.set_defaults(handler=_quorum_status)
+    _add_bench_commands(commands)
+    return parser
+
+
+def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
     bench = commands.add_parser(
         "bench", help="measure performance (figures go to BENCHMARKS.md)",
         description="Benchmark programs. Each prints its figures next to a reference "
@@ -69,42 +109,6 @@ def build_parser() -> argparse.ArgumentParser:
         kind_parser = bench_kinds.add_parser(kind, help=summary, description=description)
         bench_data.add_arguments(kind_parser, kind)
         kind_parser.set_defaults(handler=bench_data.run)
-
-    from api import console
-
-    console.add_commands(commands)
-
-    node = commands.add_parser(
-        "node", help="run a node (broker, controller, or both) from a config file",
-        description="Run one kraftlog node. process.roles in the config decides whether it "
-                    "is a controller (a voter of the metadata quorum), a broker, or both. "
-                    "SIGTERM/SIGINT stop it gracefully: a broker first moves its "
-                    "partition leaderships away (controlled shutdown).")
-    node.add_argument("--config", required=True, metavar="FILE",
-                      help="TOML config file (see configs/single-node.toml)")
-    node.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      dest="overrides",
-                      help="override one config key, e.g. --set node.id=2 (repeatable)")
-    node.set_defaults(handler=_run_node)
-
-    _add_cluster_commands(commands)
-
-    quorum = commands.add_parser(
-        "quorum", help="inspect the controller quorum",
-        description="Inspect the Raft quorum of controllers that owns cluster metadata.")
-    quorum_kinds = quorum.add_subparsers(dest="quorum_command", metavar="ACTION")
-    quorum_kinds.required = True
-    status = quorum_kinds.add_parser(
-        "status", help="leader, term, commit index and every voter's lag",
-        description="Show the quorum like kafka-metadata-quorum describe --status "
-                    "--replication: leader, term, commit index, last applied, and each "
-                    "voter's match index and lag behind the leader. Asks the broker at "
-                    "--bootstrap (which asks the controllers) or a controller directly.")
-    status.add_argument("--controller", metavar="URL",
-                        help="ask this controller (its CONTROLLER listener) instead of a broker")
-    status.add_argument("--json", action="store_true", help="print the raw JSON")
-    status.set_defaults(handler=_quorum_status)
-    return parser
 
 
 class _ExamplesFormatter(argparse.HelpFormatter):

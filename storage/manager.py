@@ -168,7 +168,7 @@ class LogManager:
         clean = os.path.exists(os.path.join(directory, CLEAN_SHUTDOWN_FILE))
         recovery_points = self._read_checkpoint(directory, RECOVERY_POINT_FILE)
         log_starts = self._read_checkpoint(directory, LOG_START_FILE)
-        if not clean:
+        if not clean and any(parse_partition_dir(name) for name in os.listdir(directory)):
             log.warning("%s: no clean-shutdown marker; recovering unflushed data", directory)
         for name in sorted(os.listdir(directory)):
             path = os.path.join(directory, name)
