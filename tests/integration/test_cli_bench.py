@@ -8,6 +8,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from chaos.cluster import ProcessCluster, http_json
+
 
 def test_bench_storage_runs_every_phase_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
@@ -33,3 +37,92 @@ def test_cli_help_lists_the_commands():
                             text=True, timeout=60)
     assert result.returncode == 0
     assert "bench" in result.stdout and "--bootstrap" in result.stdout
+
+
+# -- bench produce|consume|e2e: the data plane, tiny sizes ---------------------------------
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COMMON_FLAGS = ("--records", "--record-size", "--partitions", "--acks", "--batch-size",
+                "--linger-ms", "--target", "--dir", "--json")
+
+
+@pytest.fixture(scope="module")
+def node_url(tmp_path_factory):
+    with ProcessCluster(str(tmp_path_factory.mktemp("bench-node")), controllers=1, brokers=0,
+                        combined=True) as cluster:
+        cluster.start()
+        cluster.wait_for_brokers_running(timeout_s=30)
+        yield cluster.nodes[1].broker_url
+
+
+def bench(kind, *args, env=None):
+    result = subprocess.run([sys.executable, "-m", "api.cli", "bench", kind, *args, "--json"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+                            env=env)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)  # stdout is the JSON alone; progress is on stderr
+    assert summary["bench"] == kind
+    assert summary["seconds"] > 0 and summary["records_s"] > 0
+    assert summary["reference_disk_mb_s"] > 0
+    return summary
+
+
+def assert_latencies(summary, samples):
+    assert summary["latency_samples"] == samples
+    assert 0 < summary["latency_ms_p50"] <= summary["latency_ms_p99"] \
+        <= summary["latency_ms_p999"] <= summary["latency_ms_max"]
+
+
+def records_in(url, prefix):
+    """Records in the one topic named ``prefix``-something (high watermarks summed)."""
+    names = [t["name"] for t in http_json(url + "/v1/topics")[1]["topics"]
+             if t["name"].startswith(prefix)]
+    assert len(names) == 1, names
+    topic = http_json(f"{url}/v1/topics/{names[0]}")[1]
+    return len(topic["partitions"]), sum(p["high_watermark"] for p in topic["partitions"])
+
+
+def test_bench_produce_starts_its_own_node_and_reports_json(tmp_path):
+    summary = bench("produce", "--records", "2000", "--partitions", "2",
+                    env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert (summary["records"], summary["partitions"], summary["record_size"]) == (
+        2000, 2, 100)
+    assert summary["mb_s"] > 0 and summary["ratio_to_disk"] > 0
+    assert_latencies(summary, samples=2000 // 64 + 1)  # every 64th record, from the first
+    # The fresh node and the disk reference lived in a temporary directory,
+    # removed after.
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_produce_with_several_producer_processes(node_url):
+    summary = bench("produce", "--records", "2000", "--partitions", "2", "--producers", "2",
+                    "--target", node_url)
+    assert (summary["records"], summary["producers"]) == (2000, 2)
+    assert summary["mb_s"] > 0
+    assert_latencies(summary, samples=2 * (1000 // 64 + 1))
+
+
+def test_bench_consume_reads_back_every_record(node_url):
+    summary = bench("consume", "--records", "2000", "--target", node_url)
+    assert summary["records"] == 2000 and summary["mb_s"] > 0
+    assert "latency_ms_p50" not in summary  # consume measures throughput only
+    assert records_in(node_url, "bench-consume-") == (4, 2000)  # default: 4 partitions
+
+
+def test_bench_e2e_reports_latency_at_the_requested_rate(node_url):
+    summary = bench("e2e", "--records", "500", "--rate", "2000", "--target", node_url)
+    assert (summary["records"], summary["target_rate"], summary["rate"]) == (500, 2000, 2000)
+    assert summary["records_s"] <= 2000 * 1.05  # paced, not flooded
+    assert_latencies(summary, samples=500)  # every record, as the consumer polled it
+    assert records_in(node_url, "bench-e2e-") == (4, 500)
+
+
+def test_bench_data_help_explains_each_flag():
+    for kind, extra, absent in (("produce", ("--producers", "acknowledgement"), "--rate"),
+                                ("consume", ("read",), "--rate"),
+                                ("e2e", ("--rate", "latency"), "--producers")):
+        result = subprocess.run([sys.executable, "-m", "api.cli", "bench", kind, "--help"],
+                                capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+        assert result.returncode == 0, result.stderr
+        for text in COMMON_FLAGS + extra:
+            assert text in result.stdout, (kind, text)
+        assert absent not in result.stdout, (kind, absent)

@@ -1,0 +1,362 @@
+"""`kraftlog topics|produce|consume` as a user runs them: real CLI processes
+against one real single node (started once for the module).
+
+Every call is ``python -m api.cli --bootstrap URL ...`` in its own process,
+with a timeout. Each test uses its own topics, so the tests do not depend on
+one another's order."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from api.client import Producer
+from chaos.cluster import ProcessCluster
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DESCRIBE_COLUMNS = ("PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "LOG-START",
+                    "HIGH-WATERMARK", "LOG-END", "SIZE")
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    with ProcessCluster(str(tmp_path_factory.mktemp("console")), controllers=1, brokers=0,
+                        combined=True) as cluster:
+        cluster.start()
+        cluster.wait_for_brokers_running(timeout_s=30)
+        yield cluster.nodes[1].broker_url
+
+
+def kraftlog(url, *args, stdin="", timeout=30):
+    return subprocess.run([sys.executable, "-m", "api.cli", "--bootstrap", url, *args],
+                          input=stdin, capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO_ROOT)
+
+
+def ok(result):
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def fails(result, *fragments):
+    """Exit status 1 and one line on stderr, ``kraftlog: ...``, naming each
+    fragment (no traceback)."""
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kraftlog: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+    return lines[0]
+
+
+def create(url, name, *args):
+    out = ok(kraftlog(url, "topics", "create", name, *args)).stdout
+    assert out == f"Created topic {name}.\n"
+
+
+def produce(url, topic, lines, *args):
+    result = ok(kraftlog(url, "produce", topic, *args, stdin="".join(l + "\n" for l in lines)))
+    noun = "record" if len(lines) == 1 else "records"
+    assert result.stderr == f"Produced {len(lines)} {noun} to {topic}.\n"
+    assert result.stdout == ""
+
+
+def listed(url):
+    """``topics list`` as {topic: (partitions, replication)}."""
+    lines = ok(kraftlog(url, "topics", "list")).stdout.splitlines()
+    if lines == ["No topics. Create one: kraftlog topics create NAME --partitions 3"]:
+        return {}
+    assert lines[0].split() == ["TOPIC", "PARTITIONS", "REPLICATION"]
+    return {name: (int(partitions), int(replication))
+            for name, partitions, replication in (line.split() for line in lines[1:])}
+
+
+def describe(url, *names):
+    """``topics describe`` as {topic: (header fields, [row per partition])}."""
+    out = ok(kraftlog(url, "topics", "describe", *names)).stdout
+    topics = {}
+    for block in out.strip().split("\n\n"):
+        header, columns, *rows = block.splitlines()
+        fields = dict(field.split(": ", 1) for field in header.split("\t"))
+        assert tuple(columns.split()) == DESCRIBE_COLUMNS
+        # SIZE is the last column and holds a space ("85 B").
+        topics[fields["Topic"]] = (fields, [dict(zip(DESCRIBE_COLUMNS, row.split(None, 8)))
+                                            for row in rows])
+    return topics
+
+
+def consume(url, topic, *args, timeout=30):
+    return ok(kraftlog(url, "consume", topic, *args, timeout=timeout))
+
+
+# -- topics -------------------------------------------------------------------------------
+def test_create_then_list_and_describe_show_partitions_configs_and_leaders(url):
+    create(url, "orders", "--partitions", "3", "--config", "retention.ms=3600000")
+
+    assert listed(url)["orders"] == (3, 1)
+    fields, rows = describe(url, "orders")["orders"]
+    assert fields["PartitionCount"] == "3"
+    assert fields["Configs"] == "retention.ms=3600000"
+    assert len(fields["TopicId"]) >= 16
+    assert [row["PARTITION"] for row in rows] == ["0", "1", "2"]
+    for row in rows:
+        assert row["LEADER"] == "1" and row["REPLICAS"] == "1" and row["ISR"] == "1"
+        assert int(row["EPOCH"]) >= 0
+        assert (row["LOG-START"], row["HIGH-WATERMARK"], row["LOG-END"], row["SIZE"]) == (
+            "0", "0", "0", "0 B")
+
+
+def test_creating_an_existing_topic_fails_unless_if_not_exists(url):
+    create(url, "payments", "--partitions", "2")
+
+    line = fails(kraftlog(url, "topics", "create", "payments", "--partitions", "2"),
+                 "TOPIC_ALREADY_EXISTS", "'payments'")
+    assert "already exists" in line
+    quiet = ok(kraftlog(url, "topics", "create", "payments", "--partitions", "7",
+                        "--config", "retention.ms=1000", "--if-not-exists"))
+    assert quiet.stdout == "" and quiet.stderr == ""
+    # --if-not-exists leaves the existing topic exactly as it was.
+    fields, rows = describe(url, "payments")["payments"]
+    assert (fields["PartitionCount"], fields["Configs"], len(rows)) == ("2", "-", 2)
+
+
+def test_describe_shows_each_partitions_offsets_and_size(url):
+    create(url, "offsets", "--partitions", "3")
+    produce(url, "offsets", ["x", "y", "z"], "--partition", "2")
+
+    topics = describe(url)  # without a name: every topic
+    assert set(topics) == set(listed(url)) and "offsets" in topics
+    rows = {row["PARTITION"]: row for row in topics["offsets"][1]}
+    assert (rows["2"]["LOG-START"], rows["2"]["HIGH-WATERMARK"], rows["2"]["LOG-END"]) == (
+        "0", "3", "3")
+    size, unit = rows["2"]["SIZE"].split()
+    assert unit == "B" and int(size) > 3
+    for p in ("0", "1"):
+        assert (rows[p]["HIGH-WATERMARK"], rows[p]["LOG-END"], rows[p]["SIZE"]) == (
+            "0", "0", "0 B")
+
+
+def test_alter_adds_partitions_and_sets_and_deletes_configs(url):
+    create(url, "growing", "--partitions", "3", "--config", "retention.ms=3600000")
+
+    out = ok(kraftlog(url, "topics", "alter", "growing", "--partitions", "5")).stdout
+    assert out == "Topic growing now has 5 partitions.\n"
+    fields, rows = describe(url, "growing")["growing"]
+    assert fields["PartitionCount"] == "5"
+    assert [row["PARTITION"] for row in rows] == ["0", "1", "2", "3", "4"]
+    assert all(row["LEADER"] == "1" and row["ISR"] == "1" for row in rows)
+    assert listed(url)["growing"] == (5, 1)
+
+    ok(kraftlog(url, "topics", "alter", "growing", "--config", "segment.bytes=1048576",
+                "--config", "retention.ms=7200000"))
+    assert describe(url, "growing")["growing"][0]["Configs"] == (
+        "retention.ms=7200000,segment.bytes=1048576")
+    out = ok(kraftlog(url, "topics", "alter", "growing", "--delete-config",
+                      "retention.ms")).stdout
+    assert "retention.ms=(default)" in out
+    assert describe(url, "growing")["growing"][0]["Configs"] == "segment.bytes=1048576"
+
+    # Refusals change nothing.
+    fails(kraftlog(url, "topics", "alter", "growing", "--partitions", "2"),
+          "INVALID_PARTITIONS")
+    fails(kraftlog(url, "topics", "alter", "growing", "--config", "bogus.key=1"),
+          "INVALID_CONFIG", "bogus.key")
+    fails(kraftlog(url, "topics", "alter", "growing", "--config", "retention.ms"),
+          "KEY=VALUE")
+    fails(kraftlog(url, "topics", "alter", "growing"), "nothing to alter")
+    fields, _ = describe(url, "growing")["growing"]
+    assert (fields["PartitionCount"], fields["Configs"]) == ("5", "segment.bytes=1048576")
+
+
+def test_delete_removes_the_topic_and_its_data(url):
+    create(url, "doomed", "--partitions", "2")
+    produce(url, "doomed", ["old"])
+    old_id = describe(url, "doomed")["doomed"][0]["TopicId"]
+
+    out = ok(kraftlog(url, "topics", "delete", "doomed")).stdout
+    assert out == "Deleted topic doomed.\n"
+    assert "doomed" not in listed(url)
+    fails(kraftlog(url, "topics", "describe", "doomed"), "UNKNOWN_TOPIC_OR_PARTITION")
+    fails(kraftlog(url, "topics", "delete", "doomed"), "UNKNOWN_TOPIC_OR_PARTITION")
+
+    # The name is free again, for a new, empty topic.
+    create(url, "doomed", "--partitions", "1")
+    fields, rows = describe(url, "doomed")["doomed"]
+    assert fields["TopicId"] != old_id
+    assert [(r["HIGH-WATERMARK"], r["LOG-END"]) for r in rows] == [("0", "0")]
+
+
+def test_invalid_topic_names_are_refused(url):
+    line = fails(kraftlog(url, "topics", "create", "bad name!"), "INVALID_TOPIC_EXCEPTION",
+                 "'bad name!'")
+    assert "may only contain" in line
+    fails(kraftlog(url, "topics", "create", "bad-config", "--config", "nonsense"), "KEY=VALUE")
+    assert "bad name!" not in listed(url) and "bad-config" not in listed(url)
+
+
+def test_describe_of_an_unknown_topic_says_it_does_not_exist(url):
+    fails(kraftlog(url, "topics", "describe", "no-such-topic"),
+          "UNKNOWN_TOPIC_OR_PARTITION", "topic 'no-such-topic' does not exist")
+    # A name that would be a query string or a path in a URL is still one name.
+    create(url, "plain", "--partitions", "1")
+    fails(kraftlog(url, "topics", "describe", "plain?x"),
+          "UNKNOWN_TOPIC_OR_PARTITION", "'plain?x' does not exist")
+    fails(kraftlog(url, "topics", "describe", "plain#x"), "'plain#x' does not exist")
+
+
+def test_an_unreachable_broker_is_one_clear_line():
+    result = subprocess.run(
+        [sys.executable, "-m", "api.cli", "--bootstrap", "http://127.0.0.1:9", "topics",
+         "list"], capture_output=True, text=True, timeout=30, cwd=REPO_ROOT)
+    fails(result, "cannot reach", "is the node running?")
+
+
+# -- produce ------------------------------------------------------------------------------
+def test_produced_lines_come_back_in_order(url):
+    create(url, "lines", "--partitions", "1")
+    lines = [f"line-{i}" for i in range(20)] + ["héllo wörld", "with\ttab", "{\"json\": 1}"]
+    result = ok(kraftlog(url, "produce", "lines",
+                         stdin="".join(l + "\n" for l in lines[:-1]) + lines[-1] + "\r\n"))
+    assert result.stderr == f"Produced {len(lines)} records to lines.\n"
+
+    got = consume(url, "lines", "--from-beginning", "--max-messages", str(len(lines)))
+    assert got.stdout.splitlines() == lines
+    assert got.stderr == f"Processed a total of {len(lines)} messages\n"
+
+
+def test_key_separator_splits_keys_and_equal_keys_share_a_partition(url):
+    create(url, "keyed", "--partitions", "3")
+    produce(url, "keyed", ["user-1:{\"total\":42}", "nokey", "user-2:a:b", "user-1:second",
+                           "user-1:third"], "--key-separator", ":")
+
+    got = consume(url, "keyed", "--from-beginning", "--max-messages", "5", "--print-key",
+                  "--print-offset").stdout.splitlines()
+    records = [line.split("\t") for line in got]
+    assert sorted((key, value) for _, key, value in records) == [
+        ("null", "nokey"), ("user-1", "second"), ("user-1", "third"),
+        ("user-1", "{\"total\":42}"), ("user-2", "a:b")]
+    user1 = [(where, value) for where, key, value in records if key == "user-1"]
+    partitions = {where.split(":")[0] for where, _ in user1}
+    assert len(partitions) == 1  # one key, one partition, in the order sent
+    assert [value for _, value in user1] == ["{\"total\":42}", "second", "third"]
+    offsets = [int(where.split(":")[1]) for where, _ in user1]
+    assert offsets == sorted(offsets)
+
+
+def test_partition_flag_sends_every_record_to_that_partition(url):
+    create(url, "pinned", "--partitions", "3")
+    produce(url, "pinned", ["a", "b", "c", "d"], "--partition", "2")
+
+    got = consume(url, "pinned", "--partition", "2", "--offset", "0", "--print-offset",
+                  "--max-messages", "4")
+    assert got.stdout.splitlines() == ["2:0\ta", "2:1\tb", "2:2\tc", "2:3\td"]
+    for p in ("0", "1"):
+        empty = consume(url, "pinned", "--partition", p, "--from-beginning",
+                        "--timeout-ms", "300")
+        assert empty.stdout == ""
+
+    line = fails(kraftlog(url, "produce", "pinned", "--partition", "7",
+                          "--delivery-timeout-ms", "1000", stdin="x\n"),
+                 "UNKNOWN_TOPIC_OR_PARTITION", "1 of 1 records failed")
+    assert "no partition 7" in line
+
+
+def test_producing_to_an_unknown_topic_fails_naming_the_error(url):
+    started = time.monotonic()
+    line = fails(kraftlog(url, "produce", "no-such-topic", "--delivery-timeout-ms", "1000",
+                          stdin="a\nb\nc\n"),
+                 "UNKNOWN_TOPIC_OR_PARTITION", "no-such-topic", "3 of 3 records failed")
+    assert "create it first" in line
+    assert time.monotonic() - started < 15  # gave up after the delivery timeout
+    assert "no-such-topic" not in listed(url)  # and did not create the topic
+
+
+# -- consume ------------------------------------------------------------------------------
+def test_timeout_ends_a_consumer_when_nothing_arrives(url):
+    create(url, "quiet", "--partitions", "2")
+    started = time.monotonic()
+    got = consume(url, "quiet", "--timeout-ms", "500")
+    assert time.monotonic() - started >= 0.5
+    assert got.stdout == "" and got.stderr == "Processed a total of 0 messages\n"
+
+    # The timeout counts from the last record: every record is printed first.
+    produce(url, "quiet", ["one", "two"], "--partition", "1")
+    got = consume(url, "quiet", "--from-beginning", "--timeout-ms", "500")
+    assert got.stdout.splitlines() == ["one", "two"]
+    assert got.stderr == "Processed a total of 2 messages\n"
+
+
+def test_consumer_starts_at_the_end_without_from_beginning(url):
+    create(url, "tail", "--partitions", "1")
+    produce(url, "tail", ["before-0", "before-1", "before-2"])
+
+    consumer = subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "--bootstrap", url, "consume", "tail",
+         "--max-messages", "3", "--print-offset"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    try:
+        # The consumer is ready at some moment we cannot see: keep producing
+        # until it has printed three records and exited.
+        with Producer(url, linger_ms=0) as producer:
+            deadline = time.monotonic() + 20
+            i = 0
+            while consumer.poll() is None:
+                assert time.monotonic() < deadline, "the consumer printed nothing in 20 s"
+                producer.send("tail", f"after-{i}".encode()).result(10)
+                i += 1
+                time.sleep(0.05)
+        out, err = consumer.communicate(timeout=10)
+    finally:
+        if consumer.poll() is None:
+            consumer.kill()
+            consumer.communicate()
+    assert consumer.returncode == 0, err
+    records = [line.split("\t") for line in out.splitlines()]
+    assert len(records) == 3 and all(value.startswith("after-") for _, value in records)
+    offsets = [int(where.split(":")[1]) for where, _ in records]
+    assert offsets[0] >= 3 and offsets == list(range(offsets[0], offsets[0] + 3))
+    assert err == "Processed a total of 3 messages\n"
+
+
+def test_offset_and_partition_choose_where_to_start(url):
+    create(url, "seek", "--partitions", "2")
+    produce(url, "seek", ["a", "b", "c"], "--partition", "0")
+
+    got = consume(url, "seek", "--offset", "1", "--partition", "0", "--max-messages", "2",
+                  "--print-offset")
+    assert got.stdout.splitlines() == ["0:1\tb", "0:2\tc"]
+    assert got.stderr == "Processed a total of 2 messages\n"
+    got = consume(url, "seek", "--offset", "earliest", "--partition", "0",
+                  "--max-messages", "3")
+    assert got.stdout.splitlines() == ["a", "b", "c"]
+    got = consume(url, "seek", "--offset", "latest", "--partition", "0", "--timeout-ms", "300")
+    assert got.stdout == ""
+
+    fails(kraftlog(url, "consume", "seek", "--offset", "1"),
+          "--offset needs --partition")
+    fails(kraftlog(url, "consume", "seek", "--offset", "abc", "--partition", "0"),
+          "--offset takes a number, 'earliest' or 'latest'", "'abc'")
+    fails(kraftlog(url, "consume", "seek", "--offset", "-1", "--partition", "0"),
+          "must not be negative")
+    fails(kraftlog(url, "consume", "seek", "--partition", "5", "--timeout-ms", "300"),
+          "has partitions 0 to 1, not 5")
+    fails(kraftlog(url, "consume", "no-such-topic", "--timeout-ms", "300"),
+          "UNKNOWN_TOPIC_OR_PARTITION", "'no-such-topic'")
+
+
+def test_help_of_each_console_command_explains_its_flags():
+    for command, flags in (
+            (["topics", "create"], ["--partitions", "--replication-factor", "--config",
+                                    "--if-not-exists"]),
+            (["topics", "alter"], ["--partitions", "--config", "--delete-config"]),
+            (["produce"], ["--key-separator", "--acks", "--partition", "--linger-ms",
+                           "--delivery-timeout-ms"]),
+            (["consume"], ["--from-beginning", "--partition", "--offset", "--max-messages",
+                           "--timeout-ms", "--print-key", "--print-offset"])):
+        result = subprocess.run([sys.executable, "-m", "api.cli", *command, "--help"],
+                                capture_output=True, text=True, timeout=30, cwd=REPO_ROOT)
+        assert result.returncode == 0, result.stderr
+        for flag in flags:
+            assert flag in result.stdout, (command, flag)
