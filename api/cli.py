@@ -332,4 +332,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the importable module's main, not this __main__ copy: commands in
+    # other modules raise api.cli.CliError, which only that copy catches.
+    from api.cli import main as _main
+
+    sys.exit(_main())

@@ -49,10 +49,10 @@ def _add_topics(commands: argparse._SubParsersAction) -> None:
                         help="topic config, e.g. retention.ms=86400000 (repeatable)")
     create.add_argument("--if-not-exists", action="store_true",
                         help="succeed quietly when the topic exists")
-    create.set_defaults(handler=_one_line_errors(_topics_create))
+    create.set_defaults(handler=_topics_create)
 
     listing = actions.add_parser("list", help="list topics with partition counts")
-    listing.set_defaults(handler=_one_line_errors(_topics_list))
+    listing.set_defaults(handler=_topics_list)
 
     describe = actions.add_parser(
         "describe", help="partitions with leader, epoch, replicas, ISR and offsets",
@@ -60,7 +60,7 @@ def _add_topics(commands: argparse._SubParsersAction) -> None:
                     "log start offset, high watermark, log end offset and size. Without a "
                     "name, every topic.")
     describe.add_argument("names", nargs="*", metavar="NAME")
-    describe.set_defaults(handler=_one_line_errors(_topics_describe))
+    describe.set_defaults(handler=_topics_describe)
 
     alter = actions.add_parser(
         "alter", help="add partitions or change topic configs",
@@ -72,27 +72,11 @@ def _add_topics(commands: argparse._SubParsersAction) -> None:
                        help="set a topic config (repeatable)")
     alter.add_argument("--delete-config", action="append", default=[], metavar="KEY",
                        help="remove a topic config override (repeatable)")
-    alter.set_defaults(handler=_one_line_errors(_topics_alter))
+    alter.set_defaults(handler=_topics_alter)
 
     delete = actions.add_parser("delete", help="delete topics and their data")
     delete.add_argument("names", nargs="+", metavar="NAME")
-    delete.set_defaults(handler=_one_line_errors(_topics_delete))
-
-
-def _one_line_errors(handler):
-    """Report a CliError in one line with exit status 1, as ``api.cli.main``
-    does. ``main`` catches its own module's CliError, and under ``python -m
-    api.cli`` that module is ``__main__``: its class is not the
-    ``api.cli.CliError`` raised here, so the user got a traceback."""
-
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return handler(args)
-        except CliError as exc:
-            print(f"kraftlog: {exc}", file=sys.stderr)
-            return 1
-
-    return run
+    delete.set_defaults(handler=_topics_delete)
 
 
 def _admin(args: argparse.Namespace):
@@ -248,7 +232,7 @@ def _add_produce(commands: argparse._SubParsersAction) -> None:
     produce.add_argument("--linger-ms", type=int, default=5, metavar="MS")
     produce.add_argument("--delivery-timeout-ms", type=int, default=30_000, metavar="MS",
                          help="give up on a record after this long (default %(default)s)")
-    produce.set_defaults(handler=_one_line_errors(_produce))
+    produce.set_defaults(handler=_produce)
 
 
 def _produce(args: argparse.Namespace) -> int:
@@ -316,7 +300,7 @@ def _add_consume(commands: argparse._SubParsersAction) -> None:
     consume.add_argument("--print-key", action="store_true", help="print KEY<TAB>VALUE")
     consume.add_argument("--print-offset", action="store_true",
                          help="prefix each record with PARTITION:OFFSET<TAB>")
-    consume.set_defaults(handler=_one_line_errors(_consume))
+    consume.set_defaults(handler=_consume)
 
 
 def _consume(args: argparse.Namespace) -> int:
