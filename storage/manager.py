@@ -233,13 +233,16 @@ class LogManager:
     def delete_log(self, tp: TopicPartition) -> bool:
         """Remove a partition's data: rename its directory out of the way
         (atomic, so a crash never leaves half a log loaded) and delete it."""
-        existing = self._logs.pop(tp, None)
+        existing = self._logs.get(tp)
         if existing is None:
             return False
-        directory = self._dir_of.pop(tp)
+        directory = self._dir_of[tp]
+        # A short name (not "<topic>-<p>.<id>-delete"): a 249-character topic
+        # name plus a suffix would pass the file system's 255-byte limit.
+        doomed = os.path.join(directory, f".{uuid.uuid4().hex}{DELETE_SUFFIX}")
+        os.rename(existing.directory, doomed)  # open files follow the rename
+        del self._logs[tp], self._dir_of[tp]  # forgotten only once moved away
         existing.abandon()
-        doomed = f"{existing.directory}.{uuid.uuid4().hex}{DELETE_SUFFIX}"
-        os.rename(existing.directory, doomed)
         fsync_directory(directory)
         shutil.rmtree(doomed, ignore_errors=True)
         return True
@@ -272,7 +275,9 @@ class LogManager:
         now_ms = self.clock() if now_ms is None else now_ms
         deleted = 0
         for tp, part_log in list(self._logs.items()):
-            bound = upper_bounds.get(tp) if upper_bounds else None
+            # A log the caller gave no bound for (not yet hosted) is left alone.
+            bound = (None if upper_bounds is None
+                     else upper_bounds.get(tp, part_log.log_start_offset))
             deleted += part_log.delete_retained_segments(now_ms, bound)
         return deleted
 

@@ -121,19 +121,28 @@ class DataApi:
                 self.metrics.bytes_in.inc(info.size_bytes, topic)
                 self.metrics.messages_in.inc(info.record_count, topic)
             except Exception as exc:  # noqa: BLE001  each partition answers for itself
-                result["error"] = self._append_error(topic, partition, exc)
+                result["error"] = self._partition_failure("produce", f"{topic}-{partition}",
+                                                          exc)
             results.append(result)
         return wire.respond(request, {"partitions": [] if acks == 0 else results})
 
-    def _append_error(self, topic: str, partition: int, exc: Exception) -> dict:
+    def _partition_failure(self, api: str, where: str, exc: Exception) -> dict:
+        """The error entry of one partition. An exception without a code is
+        a failure of this broker (a disk error): logged, reported as
+        KAFKA_STORAGE_ERROR."""
         if not isinstance(getattr(exc, "code", None), str):
-            logger.exception("append to %s-%d failed", topic, partition)
-            exc = _StorageFailure(f"append to {topic}-{partition} failed: {exc}")
-        self._count_error("produce", exc)
+            logger.error("%s of %s failed", api, where, exc_info=exc)
+            exc = _StorageFailure(f"{api} of {where} failed: {exc}")
+        self._count_error(api, exc)
         return partition_error(exc)
 
     # -- fetch -----------------------------------------------------------------
     async def handle_fetch(self, request: web.Request) -> web.Response:
+        if wire.response_type(request) != wire.MSGPACK:
+            raise InvalidRequestError(
+                "fetch answers with raw record batches, which only msgpack can carry: send "
+                f"Accept: {wire.MSGPACK} (people can read records with GET "
+                "/topics/{topic}/partitions/{p}/records)")
         body = Fields(await wire.read_body(request), "")
         max_wait_ms = body.integer("max_wait_ms", 0, INT32_MAX, default=500)
         max_wait_ms = min(max_wait_ms, FETCH_WAIT_MS_MAX)
@@ -204,11 +213,7 @@ class DataApi:
                     result["records"] = data
                     total_bytes += len(data)
             except Exception as exc:  # noqa: BLE001  each partition answers for itself
-                if not isinstance(getattr(exc, "code", None), str):
-                    logger.exception("read of %s failed", spec.tp)
-                    exc = _StorageFailure(f"read of {spec.tp} failed: {exc}")
-                self._count_error("fetch", exc)
-                result["error"] = partition_error(exc)
+                result["error"] = self._partition_failure("fetch", str(spec.tp), exc)
                 any_error = True
             results.append(result)
         return results, total_bytes, any_error
@@ -228,9 +233,9 @@ class DataApi:
             try:
                 part = self._serving_partition(topic, partition, epoch)
                 result["offset"], result["timestamp"] = _offset_for(part, timestamp)
-            except KraftError as exc:
-                self._count_error("offsets", exc)
-                result["error"] = partition_error(exc)
+            except Exception as exc:  # noqa: BLE001  each partition answers for itself
+                result["error"] = self._partition_failure("offsets", f"{topic}-{partition}",
+                                                          exc)
             results.append(result)
         return wire.respond(request, {"partitions": results})
 

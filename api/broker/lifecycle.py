@@ -64,6 +64,11 @@ class BrokerLifecycle:
         self.broker_epoch: int | None = None
         self.state = BrokerState.STARTING
         self.image = MetadataImage()
+        # True when the image holds everything the controller had when it last
+        # answered, and at least this broker's registration: only then is an
+        # absence in the image (a deleted topic) real rather than not yet
+        # replayed. False again while a reload replays from scratch.
+        self.metadata_caught_up = False
         self._listeners: list[Callable[[MetadataImage], None]] = []
         self._tasks: list[asyncio.Task] = []
         # Set when a heartbeat should go now rather than at the next interval.
@@ -210,6 +215,7 @@ class BrokerLifecycle:
                     logger.error("broker %d: metadata offset %d is beyond the controller's "
                                  "log; reloading metadata", self.broker_id, self.image.offset)
                     self.image = MetadataImage()
+                    self.metadata_caught_up = False
                     continue
                 logger.info("broker %d: metadata fetch failed: %s", self.broker_id, exc)
                 await asyncio.sleep(RETRY_BACKOFF_MS / 1000)
@@ -232,7 +238,11 @@ class BrokerLifecycle:
                 logger.critical("broker %d: metadata record refused (%s); reloading",
                                 self.broker_id, exc)
                 self.image = MetadataImage()
+                self.metadata_caught_up = False
                 return
+        controller_offset = answer.get("offset", self.image.offset)
+        self.metadata_caught_up = (self.broker_epoch is not None and self.image.offset >= max(
+            self.broker_epoch, controller_offset if isinstance(controller_offset, int) else 0))
         if self.image.offset == before:
             return
         if (self.state is BrokerState.FENCED and self.broker_epoch is not None

@@ -52,7 +52,11 @@ class Partition:
     def update(self, leader: int, leader_epoch: int, partition_epoch: int,
                replicas: list[int], isr: list[int]) -> bool:
         """Take the registration from the metadata image; True when this
-        broker just became the leader (a new epoch, or a first role)."""
+        broker just became the leader (a new epoch, or a first role). An
+        older registration than the one held (an image replaying history) is
+        ignored: epochs never go back."""
+        if (leader_epoch, partition_epoch) < (self.leader_epoch, self.partition_epoch):
+            return False
         became_leader = leader == self.broker_id and (
             self.role is not Role.LEADER or leader_epoch != self.leader_epoch)
         self.leader_id = leader

@@ -80,7 +80,9 @@ class ReplicaManager:
         """Host what ``image`` gives this broker; with ``caught_up`` also drop
         what it no longer gives. Called on the event loop after every change."""
         self.image = image
-        hosted: set[TopicPartition] = set()
+        # Assigned by the image, whether or not its log opens: a log that
+        # fails to open now is retried on the next change, never deleted.
+        assigned: set[TopicPartition] = set()
         for name, topic in image.topics.items():
             overrides = {key: value for key, value in image.topic_configs(name).items()
                          if key in TOPIC_KEYS}
@@ -88,26 +90,38 @@ class ReplicaManager:
                 if self.broker_id not in reg.replicas:
                     continue
                 tp = TopicPartition(name, number)
+                assigned.add(tp)
                 try:
-                    part = self._hosted(tp, topic.topic_id, overrides)
+                    part = self._hosted(tp, topic.topic_id, overrides, caught_up)
                 except Exception:
                     logger.exception("broker %d: cannot open the log of %s", self.broker_id, tp)
                     continue
-                hosted.add(tp)
+                if part is None:
+                    continue
                 if part.update(reg.leader, reg.leader_epoch, reg.partition_epoch,
                                reg.replicas, reg.isr):
                     logger.info("broker %d: leader of %s in epoch %d (log end %d)",
                                 self.broker_id, tp, reg.leader_epoch, part.log_end_offset)
                 self.notify(tp)
         if caught_up:
-            for tp in [tp for tp in self.partitions if tp not in hosted]:
-                self._remove(tp, "no longer assigned to this broker")
-            for tp in [tp for tp in self.log_manager.logs if tp not in self.partitions]:
-                self._remove(tp, "left over from a topic that no longer exists")
+            doomed = {tp for tp in self.partitions if tp not in assigned}
+            doomed |= {tp for tp in self.log_manager.logs if tp not in assigned}
+            for tp in sorted(doomed):
+                try:
+                    self._remove(tp, "its topic was deleted or it moved to other brokers")
+                except Exception:
+                    logger.exception("broker %d: cannot delete the log of %s",
+                                     self.broker_id, tp)
 
-    def _hosted(self, tp: TopicPartition, topic_id: str, overrides: dict) -> Partition:
+    def _hosted(self, tp: TopicPartition, topic_id: str, overrides: dict,
+                caught_up: bool) -> Partition | None:
+        """The partition of topic ``topic_id``, opened or created; None when
+        the log on disk belongs to another incarnation of the topic and the
+        image is too old to say which one is current."""
         part = self.partitions.get(tp)
         if part is not None and part.topic_id != topic_id:
+            if not caught_up:
+                return None
             self._remove(tp, f"topic recreated with id {topic_id}")
             part = None
         if part is not None:
@@ -119,13 +133,19 @@ class ReplicaManager:
         if existing is not None:
             recorded = read_topic_id(existing.directory)
             if recorded is not None and recorded != topic_id:
+                if not caught_up:
+                    return None
                 logger.warning("broker %d: %s on disk belongs to topic id %s, not %s; "
                                "deleting it", self.broker_id, tp, recorded, topic_id)
                 self.log_manager.delete_log(tp)
         log = self.log_manager.get_or_create_log(tp, overrides)
-        if read_topic_id(log.directory) is None:
+        recorded = read_topic_id(log.directory)
+        if recorded is None:
             write_atomically(os.path.join(log.directory, PARTITION_METADATA_FILE),
                              f"version: 0\ntopic_id: {topic_id}\n".encode())
+        elif recorded != topic_id:
+            raise RuntimeError(f"{tp}: the log at {log.directory} belongs to topic id "
+                               f"{recorded}, not {topic_id}; refusing to serve it")
         part = Partition(tp, log, self.broker_id, topic_id)
         self.partitions[tp] = part
         self._overrides[tp] = overrides

@@ -79,11 +79,12 @@ class RestProxy:
                 partition = partition_for_key(key, count) if key is not None else sticky
             placed.setdefault(partition, []).append((i, key, value))
         offsets: list[dict] = [{}] * len(items)
+        batch_bytes_max = self._batch_bytes_max(topic)
         for partition, records in sorted(placed.items()):
-            builder = BatchBuilder()
-            for _, key, value in records:
-                builder.append(key, value)
-            outcome = await self._produce(topic, partition, builder.build())
+            try:
+                outcome = await self._produce(topic, partition, _batches(records, batch_bytes_max))
+            except KraftError as exc:  # this partition's records fail, the others stand
+                outcome = {"error": wire.error_body(exc)["error"]}
             error = outcome.get("error")
             for delta, (i, _, _) in enumerate(records):
                 offsets[i] = {"partition": partition,
@@ -100,6 +101,14 @@ class RestProxy:
                 f"topic {topic!r} does not exist (create it with "
                 f"`kraftlog topics create {topic}`)")
         return len(found.partitions)
+
+    def _batch_bytes_max(self, topic: str) -> int:
+        """The topic's max.message.bytes (else the broker's), which each
+        batch the proxy builds must fit."""
+        configured = self.server.lifecycle.image.topic_configs(topic).get("max.message.bytes")
+        if configured is not None:
+            return int(configured)
+        return self.server.log_manager.default_log_config.max_message_bytes
 
     async def _produce(self, topic: str, partition: int, batch: bytes) -> dict:
         answer = await self._call_leader(topic, partition, "/v1/produce", {
@@ -159,6 +168,20 @@ class RestProxy:
         return answer
 
 
+def _batches(records: list[tuple[int, bytes | None, bytes | None]], limit_bytes: int) -> bytes:
+    """The records as consecutive batches, each within ``limit_bytes`` (a
+    single record larger than that is left for the leader to refuse)."""
+    out = []
+    builder = BatchBuilder()
+    for _, key, value in records:
+        if not builder.has_room_for(key, value, limit_bytes):
+            out.append(builder.build())
+            builder = BatchBuilder()
+        builder.append(key, value)
+    out.append(builder.build())
+    return b"".join(out)
+
+
 class _Relayed(KraftError):
     """An error answered by the partition leader, passed on unchanged."""
 
@@ -174,8 +197,9 @@ async def _read_json(request: web.Request) -> Any:
         raise wire.BodyTooLargeError(f"request body too large: {exc.text}") from None
     try:
         return json.loads(raw, parse_constant=_refuse_constant)
-    except ValueError as exc:
-        raise InvalidRequestError(f"request body is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise InvalidRequestError(
+            f"request body is not valid JSON (or nests too deeply): {exc}") from None
 
 
 def _refuse_constant(token: str) -> Any:
@@ -197,6 +221,8 @@ def _encode(value: Any, binary: bool, where: str) -> bytes | None:
     try:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
                           allow_nan=False).encode()
+    except RecursionError:
+        raise InvalidRequestError(f"{where} nests too deeply") from None
     except UnicodeEncodeError:
         raise InvalidRequestError(f"{where} holds a string that is not valid Unicode") from None
 
@@ -208,7 +234,7 @@ def _decode(value: bytes | None, binary: bool) -> Any:
         return base64.b64encode(value).decode()
     try:
         return json.loads(value, parse_constant=_refuse_constant)
-    except ValueError:
+    except (ValueError, RecursionError):
         return value.decode("utf-8", errors="replace")
 
 

@@ -34,7 +34,7 @@ from api.broker.rest_proxy import RestProxy
 from kraft import wire
 from kraft.client import ControllerClient
 from kraft.config import BROKER_LISTENER, NodeConfig
-from kraft.errors import UnknownTopicOrPartitionError
+from kraft.errors import InvalidRequestError, UnknownTopicOrPartitionError
 from kraft.fields import Fields
 from kraft.image import MetadataImage
 from storage.config import LogConfig
@@ -122,11 +122,11 @@ class BrokerServer:
 
     # -- metadata ----------------------------------------------------------------
     def _on_metadata(self, image: MetadataImage) -> None:
-        epoch = self.lifecycle.broker_epoch
-        caught_up = epoch is not None and image.offset >= epoch
-        self.replicas.apply_image(image, caught_up)
-        changed, self._metadata_changed = self._metadata_changed, asyncio.Event()
-        changed.set()
+        try:
+            self.replicas.apply_image(image, self.lifecycle.metadata_caught_up)
+        finally:
+            changed, self._metadata_changed = self._metadata_changed, asyncio.Event()
+            changed.set()
 
     async def wait_for_metadata(self, offset: int, timeout_ms: int) -> bool:
         """Wait until this broker's image has reached ``offset``."""
@@ -144,9 +144,11 @@ class BrokerServer:
 
     def _not_serving_reason(self) -> str | None:
         state = self.lifecycle.state
-        if state in (BrokerState.RUNNING, BrokerState.SHUTTING_DOWN):
-            return None
-        return f"its state is {state.value} (it has not caught up with the controller)"
+        if state not in (BrokerState.RUNNING, BrokerState.SHUTTING_DOWN):
+            return f"its state is {state.value} (it has not caught up with the controller)"
+        if not self.lifecycle.metadata_caught_up:
+            return "it is replaying the metadata log"
+        return None
 
     def _partition_counts(self) -> dict[tuple, float]:
         return {(): len(self.replicas.partitions)}
@@ -174,6 +176,9 @@ class BrokerServer:
             response = await handler(request)
             status = response.status
             return response
+        except asyncio.CancelledError:
+            status = 499  # the client went away first (nginx's convention)
+            raise
         finally:
             self.metrics.requests.inc(1, api, str(status))
             self.metrics.latency.observe(time.perf_counter() - started, api)
@@ -198,6 +203,10 @@ class BrokerServer:
     async def handle_describe_topics(self, request: web.Request) -> web.Response:
         body = Fields(await wire.read_body(request), "")
         names = body.sequence("topics", TOPICS_PER_REQUEST_MAX, default=None)
+        if names is not None:
+            for i, name in enumerate(names):
+                if not isinstance(name, str):
+                    raise InvalidRequestError(f"topics[{i}] must be a string, got {name!r}")
         answer = self.data.metadata(names)
         found = [topic["name"] for topic in answer["topics"] if topic["error"] is None]
         if found:

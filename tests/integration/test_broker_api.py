@@ -1290,6 +1290,45 @@ def test_the_rest_proxy_forwards_from_a_broker_that_leads_nothing(multi):
 
 # == 8. restart (runs last: it restarts the single node) ===============================
 
+def test_review_regressions_bad_shapes_answer_400_never_500(url):
+    # A fetch answered in JSON cannot carry batches: refused up front.
+    reply = send(url + "/v1/fetch", json.dumps({"partitions": []}).encode(),
+                 content_type=JSON, accept=JSON)
+    assert_error(reply, 400, "INVALID_REQUEST")
+    # Describe with a name that is not a string.
+    assert_error(post(url, "/v1/admin/topics/describe", {"topics": [["x"]]}),
+                 400, "INVALID_REQUEST")
+    # A REST body nested deeper than the parser goes.
+    create_topic(url, "deep", 1)
+    deep = ("[" * 5000 + "]" * 5000).encode()
+    reply = send(url + "/topics/deep", b'{"records": [{"value": ' + deep + b"}]}",
+                 content_type="application/vnd.kafka.json.v2+json", accept=JSON)
+    assert_error(reply, 400, "INVALID_REQUEST")
+    assert_serving(url)
+
+
+def test_list_offsets_answers_an_invalid_name_per_partition(url):
+    create_topic(url, "offsets-mixed", 1)
+    answer = call(url, "/v1/offsets", {"partitions": [
+        {"topic": "bad/name", "partition": 0, "timestamp": -1},
+        {"topic": "offsets-mixed", "partition": 0, "timestamp": -1}]})
+    assert [(r["error"] and r["error"]["code"]) for r in answer["partitions"]] == [
+        "INVALID_TOPIC_EXCEPTION", None]
+
+
+def test_a_topic_with_the_longest_name_is_deleted_and_recreated_empty(single, url):
+    name = "L" * 249
+    create_topic(url, name, 1)
+    produce_ok(url, name, 0, build_batch([(None, b"old")]))
+    answer = call(url, "/v1/admin/topics/delete", {"topics": [name]})
+    assert answer["topics"][0]["error"] is None
+    create_topic(url, name, 1)
+    assert log_end(url, name, 0) == 0
+    data_dir = os.path.join(single.base_dir, "data-1")
+    wait_until(lambda: not any(entry.endswith("-delete") for entry in os.listdir(data_dir)),
+               10, "deleted directories removed")
+
+
 def test_acknowledged_records_survive_sigterm_and_sigkill_restarts(single, url):
     topic = "durable"
     create_topic(url, topic, partitions=2)

@@ -153,15 +153,17 @@ def test_delete_log_removes_the_partition_and_leftovers_are_cleaned(tmp_path):
 def test_retention_through_the_manager_respects_upper_bounds(tmp_path):
     config = LogConfig(segment_bytes=2048, retention_bytes=2048, retention_ms=-1, flush_ms=-1)
     manager = manager_for(tmp_path / "d1", config=config)
-    a, b = TopicPartition("a", 0), TopicPartition("b", 0)
-    for tp in (a, b):
+    a, b, c = TopicPartition("a", 0), TopicPartition("b", 0), TopicPartition("c", 0)
+    for tp in (a, b, c):
         log = manager.get_or_create_log(tp)
         for _ in range(40):
             log.append(make_batch(3), leader_epoch=0)
-    deleted = manager.run_retention(upper_bounds={a: 0})
+    deleted = manager.run_retention(upper_bounds={a: 0, b: manager.get_log(b).log_end_offset})
     assert deleted > 0
     assert manager.get_log(a).log_start_offset == 0  # protected by its high watermark
     assert manager.get_log(b).log_start_offset > 0
+    # A log with no bound (not hosted by the broker yet) is left alone.
+    assert manager.get_log(c).log_start_offset == 0
     manager.shutdown()
 
 

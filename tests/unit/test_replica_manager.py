@@ -194,3 +194,51 @@ def test_waiters_wake_on_append_and_can_be_forgotten(tmp_path):
         assert rm._waiters == {}
 
     asyncio.run(scenario())
+
+
+def test_a_log_that_fails_to_open_is_kept_and_retried(tmp_path, monkeypatch):
+    cluster = Cluster()
+    cluster.topic("t", "id-1", [ME])
+    rm = make_manager(tmp_path)
+    rm.apply_image(cluster.image, caught_up=True)
+    rm.append(rm.leader_partition("t", 0), build_batch([(None, b"committed")]))
+    rm.log_manager.shutdown()
+    restarted = make_manager(tmp_path)
+    real_open = restarted.log_manager.get_or_create_log
+
+    def out_of_file_descriptors(*args, **kwargs):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(restarted.log_manager, "get_or_create_log", out_of_file_descriptors)
+    restarted.apply_image(cluster.image, caught_up=True)
+    assert TopicPartition("t", 0) in restarted.log_manager.logs, "assigned data was deleted"
+    monkeypatch.setattr(restarted.log_manager, "get_or_create_log", real_open)
+    restarted.apply_image(cluster.image, caught_up=True)
+    assert restarted.leader_partition("t", 0).log_end_offset == 1
+
+
+def test_replaying_an_older_incarnation_never_deletes_the_current_one(tmp_path):
+    old = Cluster()
+    old.topic("t", "id-1", [ME])
+    current = Cluster()
+    current.topic("t", "id-2", [ME])
+    rm = make_manager(tmp_path)
+    rm.apply_image(current.image, caught_up=True)
+    rm.append(rm.leader_partition("t", 0), build_batch([(None, b"current")]))
+    rm.apply_image(old.image, caught_up=False)  # a replay passing the old topic
+    rm.apply_image(current.image, caught_up=True)
+    assert rm.leader_partition("t", 0).log_end_offset == 1
+
+
+def test_a_replayed_older_leadership_is_ignored(tmp_path):
+    cluster = Cluster()
+    cluster.topic("t", "id-1", [ME])
+    past = Cluster()
+    past.topic("t", "id-1", [ME])
+    cluster.add(PartitionChangeRecord("id-1", 0, leader=OTHER, isr=[ME, OTHER],
+                                      replicas=[ME, OTHER]))
+    rm = make_manager(tmp_path)
+    rm.apply_image(cluster.image, caught_up=True)
+    assert not rm.partitions[TopicPartition("t", 0)].is_leader
+    rm.apply_image(past.image, caught_up=False)  # epoch 0 again, naming this broker
+    assert not rm.partitions[TopicPartition("t", 0)].is_leader
