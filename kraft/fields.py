@@ -65,6 +65,14 @@ class Fields:
     def sequence(self, key: str, max_items: int, default: Any = REQUIRED) -> Any:
         return self._container(key, list, "a list", "items", max_items, default)
 
+    def strings(self, key: str, max_items: int, max_chars: int, default: Any = REQUIRED) -> Any:
+        """A list of strings (for example topic names)."""
+        values = self.sequence(key, max_items, default)
+        if values is default:
+            return values
+        return [as_str(value, f"{self.path(key)}[{i}]", max_chars)
+                for i, value in enumerate(values)]
+
     def mapping(self, key: str, max_items: int, default: Any = REQUIRED) -> Any:
         return self._container(key, dict, "a map", "entries", max_items, default)
 

@@ -246,11 +246,8 @@ class DataApi:
             names = [n for n in raw.split(",") if n] if raw else None
         else:
             body = Fields(await wire.read_body(request), "")
-            names = body.sequence("topics", PARTITIONS_PER_REQUEST_MAX, default=None)
-            if names is not None:
-                for i, name in enumerate(names):
-                    if not isinstance(name, str):
-                        raise InvalidRequestError(f"topics[{i}] must be a string, got {name!r}")
+            names = body.strings("topics", PARTITIONS_PER_REQUEST_MAX, TOPIC_NAME_MAX_CHARS,
+                                 default=None)
         return wire.respond(request, self.metadata(names))
 
     def metadata(self, names: list[str] | None) -> dict:

@@ -34,11 +34,11 @@ from api.broker.rest_proxy import RestProxy
 from kraft import wire
 from kraft.client import ControllerClient
 from kraft.config import BROKER_LISTENER, NodeConfig
-from kraft.errors import InvalidRequestError, UnknownTopicOrPartitionError
+from kraft.errors import UnknownTopicOrPartitionError
 from kraft.fields import Fields
 from kraft.image import MetadataImage
 from storage.config import LogConfig
-from storage.manager import LogManager, LogManagerConfig, TopicPartition
+from storage.manager import TOPIC_NAME_MAX_CHARS, LogManager, LogManagerConfig, TopicPartition
 
 logger = logging.getLogger(__name__)
 
@@ -202,11 +202,8 @@ class BrokerServer:
 
     async def handle_describe_topics(self, request: web.Request) -> web.Response:
         body = Fields(await wire.read_body(request), "")
-        names = body.sequence("topics", TOPICS_PER_REQUEST_MAX, default=None)
-        if names is not None:
-            for i, name in enumerate(names):
-                if not isinstance(name, str):
-                    raise InvalidRequestError(f"topics[{i}] must be a string, got {name!r}")
+        names = body.strings("topics", TOPICS_PER_REQUEST_MAX, TOPIC_NAME_MAX_CHARS,
+                             default=None)
         answer = self.data.metadata(names)
         found = [topic["name"] for topic in answer["topics"] if topic["error"] is None]
         if found:
