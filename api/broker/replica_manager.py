@@ -98,11 +98,13 @@ class ReplicaManager:
                     continue
                 if part is None:
                     continue
+                before = (part.role, part.leader_epoch, part.high_watermark)
                 if part.update(reg.leader, reg.leader_epoch, reg.partition_epoch,
                                reg.replicas, reg.isr):
                     logger.info("broker %d: leader of %s in epoch %d (log end %d)",
                                 self.broker_id, tp, reg.leader_epoch, part.log_end_offset)
-                self.notify(tp)
+                if (part.role, part.leader_epoch, part.high_watermark) != before:
+                    self.notify(tp)  # waiting fetches answer with the new role or data
         if caught_up:
             doomed = {tp for tp in self.partitions if tp not in assigned}
             doomed |= {tp for tp in self.log_manager.logs if tp not in assigned}
