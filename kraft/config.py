@@ -50,6 +50,7 @@ _OTHER_KNOWN_KEYS = frozenset({
     "num.replica.fetchers", "offsets.topic.replication.factor", "offsets.topic.num.partitions",
     "group.initial.rebalance.delay.ms", "group.min.session.timeout.ms",
     "group.max.session.timeout.ms", "socket.request.max.bytes", "cluster.id",
+    "replica.fetch.response.max.bytes", "replica.high.watermark.checkpoint.interval.ms",
 })
 
 

@@ -6,6 +6,16 @@ then work partition by partition: each partition's outcome is its own, so
 one bad partition never fails the others (Kafka's per-partition errors).
 Batches are validated and appended without decoding records; fetches return
 stored bytes unchanged. See docs/protocol.md for every field.
+
+Replication rides on the same two calls:
+  - ``acks=all`` produces wait, after appending, until the high watermark
+    passes their last offset (the produce purgatory), the leadership moves,
+    or ``timeout_ms`` ends;
+  - a fetch with ``replica_id`` is a follower's: it is checked against the
+    leader's epochs (``last_fetched_epoch``; a divergent follower gets
+    ``diverging_epoch`` and no data), it tells the leader where the
+    follower's log ends (moving the high watermark, maybe the ISR), and it
+    reads up to the log end rather than the high watermark.
 """
 
 from __future__ import annotations
@@ -17,7 +27,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from api.broker.errors import InvalidRequiredAcksError, NotLeaderOrFollowerError
+from api.broker.errors import (InvalidRequiredAcksError, NotEnoughReplicasAfterAppendError,
+                               NotEnoughReplicasError, NotLeaderOrFollowerError,
+                               ReplicationTimedOutError)
 from api.broker.metrics import BrokerMetrics
 from api.broker.partition import Partition
 from api.broker.replica_manager import ReplicaManager, broker_url
@@ -51,13 +63,28 @@ class FetchSpec:
     offset: int
     max_bytes: int
     current_leader_epoch: int | None
+    last_fetched_epoch: int = -1
+
+
+@dataclass
+class PendingAck:
+    """An acks=all write waiting for the high watermark to pass it."""
+
+    result: dict
+    part: Partition
+    leader_epoch: int
+    required_offset: int  # the high watermark that commits it
 
 
 class DataApi:
     def __init__(self, replicas: ReplicaManager, metrics: BrokerMetrics,
                  is_serving: Callable[[], str | None], cluster_id: str,
-                 controller_id: Callable[[], int | None]) -> None:
+                 controller_id: Callable[[], int | None],
+                 follower_fetched: Callable[[Partition], None] = lambda part: None) -> None:
         self.replicas = replicas
+        # Called after a follower's fetch moved its state on a leader (the
+        # ISR task decides whether the ISR should grow).
+        self.follower_fetched = follower_fetched
         self.metrics = metrics
         self.cluster_id = cluster_id
         self.controller_id = controller_id
@@ -91,7 +118,7 @@ class DataApi:
             acks = -1
         if acks not in (-1, 0, 1) or isinstance(acks, bool):
             raise InvalidRequiredAcksError(f"acks must be 0, 1, -1 or \"all\", got {acks!r}")
-        body.integer("timeout_ms", 0, PRODUCE_TIMEOUT_MS_MAX, default=30_000)
+        timeout_ms = body.integer("timeout_ms", 0, PRODUCE_TIMEOUT_MS_MAX, default=30_000)
         items = body.sequence("partitions", PARTITIONS_PER_REQUEST_MAX)
         batches = []
         for i, item in enumerate(items):
@@ -106,6 +133,7 @@ class DataApi:
                             _leader_epoch(fields), records))
         seen: set[tuple[str, int]] = set()
         results = []
+        pending: list[PendingAck] = []
         for topic, partition, epoch, records in batches:
             result = {"topic": topic, "partition": partition, "error": None}
             try:
@@ -115,16 +143,87 @@ class DataApi:
                         "put all its batches in one records field")
                 seen.add((topic, partition))
                 part = self._serving_partition(topic, partition, epoch)
+                if acks == -1 and len(part.isr) < part.min_insync_replicas:
+                    raise NotEnoughReplicasError(
+                        f"{topic}-{partition} has {len(part.isr)} in-sync replicas "
+                        f"{part.isr}, fewer than its min.insync.replicas="
+                        f"{part.min_insync_replicas}; nothing was written. Retry once a "
+                        "replica has caught up, or produce with acks=1")
                 info = self.replicas.append(part, records)
                 result.update(base_offset=info.base_offset, log_append_time_ms=-1,
                               log_start_offset=part.log_start_offset)
                 self.metrics.bytes_in.inc(info.size_bytes, topic)
                 self.metrics.messages_in.inc(info.record_count, topic)
+                if acks == -1:
+                    pending.append(PendingAck(result, part, part.leader_epoch,
+                                              info.last_offset + 1))
             except Exception as exc:  # noqa: BLE001  each partition answers for itself
                 result["error"] = self._partition_failure("produce", f"{topic}-{partition}",
                                                           exc)
             results.append(result)
+        if pending:
+            await self._await_replication(pending, timeout_ms)
         return wire.respond(request, {"partitions": [] if acks == 0 else results})
+
+    async def _await_replication(self, pending: list[PendingAck], timeout_ms: int) -> None:
+        """The produce purgatory: wait until each write is committed (its
+        partition's high watermark passed it) or fails, or ``timeout_ms``
+        ends; failures go into each write's result."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        while pending:
+            tps = [entry.part.tp for entry in pending]
+            waiter = self.replicas.data_waiter(tps)
+            try:
+                waiting = []
+                for entry in pending:
+                    outcome = self._replication_outcome(entry)
+                    if outcome is None:
+                        waiting.append(entry)
+                    elif isinstance(outcome, Exception):
+                        self._fail_pending(entry, outcome)
+                pending = waiting
+                remaining = deadline - loop.time()
+                if pending and remaining <= 0:
+                    for entry in pending:
+                        self._fail_pending(entry, ReplicationTimedOutError(
+                            f"{entry.part.tp}: not every in-sync replica of {entry.part.isr} "
+                            f"had the write within timeout_ms={timeout_ms} (high watermark "
+                            f"{entry.part.high_watermark}, needed {entry.required_offset}); it "
+                            "may still be committed"))
+                    return
+                if pending:
+                    try:
+                        await asyncio.wait_for(asyncio.shield(waiter), remaining)
+                    except asyncio.TimeoutError:
+                        pass
+            finally:
+                self.replicas.forget_waiter(waiter, tps)
+
+    def _replication_outcome(self, entry: PendingAck) -> Exception | bool | None:
+        """True once committed, an error if it never will be here, None to
+        keep waiting."""
+        part = entry.part
+        if (self.replicas.partitions.get(part.tp) is not part or not part.is_leader
+                or part.leader_epoch != entry.leader_epoch):
+            return NotLeaderOrFollowerError(
+                f"{part.tp}: this broker stopped leading (epoch {entry.leader_epoch}) before "
+                "the write reached every in-sync replica; it may or may not be committed",
+                leader_id=part.leader_id, leader_epoch=part.leader_epoch,
+                leader_url=broker_url(self.replicas.image, part.leader_id))
+        if part.high_watermark < entry.required_offset:
+            return None
+        if len(part.isr) < part.min_insync_replicas:
+            return NotEnoughReplicasAfterAppendError(
+                f"{part.tp}: the write reached the in-sync replicas {part.isr}, fewer than "
+                f"min.insync.replicas={part.min_insync_replicas}, so it is not acknowledged")
+        return True
+
+    def _fail_pending(self, entry: PendingAck, exc: Exception) -> None:
+        for key in ("base_offset", "log_append_time_ms", "log_start_offset"):
+            entry.result.pop(key, None)
+        where = f"{entry.part.tp.topic}-{entry.part.tp.partition}"
+        entry.result["error"] = self._partition_failure("produce", where, exc)
 
     def _partition_failure(self, api: str, where: str, exc: Exception) -> dict:
         """The error entry of one partition. An exception without a code is
@@ -148,6 +247,7 @@ class DataApi:
         max_wait_ms = min(max_wait_ms, FETCH_WAIT_MS_MAX)
         min_bytes = body.integer("min_bytes", 0, INT32_MAX, default=1)
         max_bytes = body.integer("max_bytes", 1, INT32_MAX, default=FETCH_MAX_BYTES_DEFAULT)
+        replica_id = body.integer("replica_id", -1, INT32_MAX, default=-1)
         specs = []
         for i, item in enumerate(body.sequence("partitions", PARTITIONS_PER_REQUEST_MAX)):
             fields = Fields(item, f"partitions[{i}]")
@@ -157,18 +257,24 @@ class DataApi:
                 fields.integer("offset", -INT64_MAX, INT64_MAX),
                 fields.integer("max_bytes", 1, INT32_MAX,
                                default=PARTITION_FETCH_BYTES_DEFAULT),
-                _leader_epoch(fields)))
+                _leader_epoch(fields),
+                fields.integer("last_fetched_epoch", -1, INT32_MAX, default=-1)))
         loop = asyncio.get_running_loop()
+        # A follower's fetch is judged once, on arrival: diverged, or where
+        # its log ends. Only validated partitions are read.
+        answered = self._follower_arrival(replica_id, specs) if replica_id >= 0 else {}
+        specs_to_read = [spec for i, spec in enumerate(specs) if i not in answered]
         deadline = loop.time() + max_wait_ms / 1000
-        tps = [spec.tp for spec in specs]
+        tps = [spec.tp for spec in specs_to_read]
         while True:
             # Register before reading, so an append between the read and the
             # wait still wakes this fetch.
             waiter = self.replicas.data_waiter(tps)
             try:
-                results, total_bytes, any_error = self._read_all(specs, max_bytes)
+                read, total_bytes, any_error = self._read_all(specs_to_read, max_bytes,
+                                                              follower=replica_id >= 0)
                 remaining = deadline - loop.time()
-                if total_bytes >= min_bytes or any_error or remaining <= 0:
+                if total_bytes >= min_bytes or any_error or answered or remaining <= 0:
                     break
                 try:
                     await asyncio.wait_for(asyncio.shield(waiter), remaining)
@@ -176,7 +282,9 @@ class DataApi:
                     pass
             finally:
                 self.replicas.forget_waiter(waiter, tps)
-        for result in results:
+        unread = iter(read)
+        results = [answered[i] if i in answered else next(unread) for i in range(len(specs))]
+        for result in results if replica_id < 0 else ():
             records = result["records"]
             if records:
                 self.metrics.bytes_out.inc(len(records), result["topic"])
@@ -185,19 +293,54 @@ class DataApi:
                     result["topic"])
         return wire.respond(request, {"partitions": results})
 
-    def _read_all(self, specs: list[FetchSpec], max_bytes: int
+    def _follower_arrival(self, replica_id: int, specs: list[FetchSpec]) -> dict:
+        """Check each partition of follower ``replica_id``'s fetch against
+        this leader's log and record where the follower's log ends. Returns
+        the answers already decided (errors, diverging epochs) by position."""
+        answered: dict[int, dict] = {}
+        now_ms = self.replicas.clock_ms()
+        for i, spec in enumerate(specs):
+            try:
+                part = self._serving_partition(spec.tp.topic, spec.tp.partition,
+                                               spec.current_leader_epoch)
+                if replica_id not in part.replicas or replica_id == part.broker_id:
+                    raise NotLeaderOrFollowerError(
+                        f"broker {replica_id} is not a follower of {spec.tp} (replicas "
+                        f"{part.replicas})")
+                diverging = part.diverging_epoch(spec.offset, spec.last_fetched_epoch)
+                if diverging is not None:
+                    result = _empty_fetch_result(spec)
+                    result.update(high_watermark=part.high_watermark,
+                                  log_start_offset=part.log_start_offset,
+                                  log_end_offset=part.log_end_offset,
+                                  diverging_epoch={"epoch": diverging[0],
+                                                   "end_offset": diverging[1]})
+                    answered[i] = result
+                    continue
+                if part.log_start_offset <= spec.offset <= part.log_end_offset:
+                    if part.record_follower_fetch(replica_id, spec.offset, now_ms):
+                        self.replicas.notify(part.tp)  # commits: acks=all and consumers
+                    self.follower_fetched(part)
+            except Exception as exc:  # noqa: BLE001  each partition answers for itself
+                result = _empty_fetch_result(spec)
+                result["error"] = self._partition_failure("fetch", str(spec.tp), exc)
+                answered[i] = result
+        return answered
+
+    def _read_all(self, specs: list[FetchSpec], max_bytes: int, follower: bool = False
                   ) -> tuple[list[dict], int, bool]:
         results = []
         total_bytes = 0
         any_error = False
         for spec in specs:
-            result = {"topic": spec.tp.topic, "partition": spec.tp.partition, "error": None,
-                      "high_watermark": -1, "log_start_offset": -1, "log_end_offset": -1,
-                      "records": b""}
+            result = _empty_fetch_result(spec)
             try:
                 part = self._serving_partition(spec.tp.topic, spec.tp.partition,
                                                spec.current_leader_epoch)
                 high_watermark = part.high_watermark
+                # Followers read everything the leader has; consumers only
+                # what is committed.
+                upper_bound = part.log_end_offset if follower else high_watermark
                 result.update(high_watermark=high_watermark,
                               log_start_offset=part.log_start_offset,
                               log_end_offset=part.log_end_offset)
@@ -205,10 +348,10 @@ class DataApi:
                 if spec.offset < part.log_start_offset or spec.offset > part.log_end_offset:
                     raise OffsetOutOfRangeError(spec.offset, part.log_start_offset,
                                                 part.log_end_offset)
-                if spec.offset < high_watermark and budget > 0:
+                if spec.offset < upper_bound and budget > 0:
                     # KIP-74: the first batch of the response comes whole even
                     # when larger than the limits, so a consumer always moves.
-                    data = part.log.read(spec.offset, budget, high_watermark,
+                    data = part.log.read(spec.offset, budget, upper_bound,
                                          min_one_batch=total_bytes == 0)
                     result["records"] = data
                     total_bytes += len(data)
@@ -271,6 +414,12 @@ class DataApi:
         return {"cluster_id": self.cluster_id, "controller_id": self.controller_id(),
                 "metadata_offset": image.offset,
                 "brokers": brokers, "topics": topics}
+
+
+def _empty_fetch_result(spec: FetchSpec) -> dict:
+    return {"topic": spec.tp.topic, "partition": spec.tp.partition, "error": None,
+            "high_watermark": -1, "log_start_offset": -1, "log_end_offset": -1,
+            "records": b""}
 
 
 def _leader_epoch(fields: Fields) -> int | None:

@@ -42,3 +42,25 @@ class UnknownLeaderEpochError(KraftError):
     this broker's metadata lags; retry shortly."""
 
     code = "UNKNOWN_LEADER_EPOCH"
+
+
+class NotEnoughReplicasError(KraftError):
+    """An ``acks=all`` write refused before it was appended: the ISR is
+    smaller than the topic's ``min.insync.replicas``."""
+
+    code = "NOT_ENOUGH_REPLICAS"
+
+
+class NotEnoughReplicasAfterAppendError(KraftError):
+    """An ``acks=all`` write that was appended and replicated to the ISR, but
+    the ISR shrank below ``min.insync.replicas`` meanwhile: it is not
+    acknowledged as durable (a retry may duplicate it)."""
+
+    code = "NOT_ENOUGH_REPLICAS_AFTER_APPEND"
+
+
+class ReplicationTimedOutError(KraftError):
+    """An ``acks=all`` write that did not reach every ISR member within
+    ``timeout_ms``. Its outcome is unknown: it may still commit."""
+
+    code = "REQUEST_TIMED_OUT"

@@ -241,10 +241,11 @@ class BrokerLifecycle:
                 self.metadata_caught_up = False
                 return
         controller_offset = answer.get("offset", self.image.offset)
+        was_caught_up = self.metadata_caught_up
         self.metadata_caught_up = (self.broker_epoch is not None and self.image.offset >= max(
             self.broker_epoch, controller_offset if isinstance(controller_offset, int) else 0))
-        if self.image.offset == before:
-            return
+        if self.image.offset == before and (was_caught_up or not self.metadata_caught_up):
+            return  # nothing new to act on (catching up is news: replication may start)
         if (self.state is BrokerState.FENCED and self.broker_epoch is not None
                 and self.image.offset >= self.broker_epoch):
             self._heartbeat_now.set()  # caught up: ask to be unfenced now

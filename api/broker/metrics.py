@@ -115,7 +115,8 @@ class BrokerMetrics:
     replica manager at scrape time."""
 
     def __init__(self, read_partitions: Callable[[], dict[tuple, float]],
-                 read_leaders: Callable[[], dict[tuple, float]]) -> None:
+                 read_leaders: Callable[[], dict[tuple, float]],
+                 read_replication: Callable[[], dict[str, float]] | None = None) -> None:
         r = self.registry = Registry()
         self.requests = r.add(Counter(
             "kraftlog_requests_total", "Requests handled, by API and outcome code.",
@@ -137,6 +138,28 @@ class BrokerMetrics:
                     read_partitions))
         r.add(Gauge("kraftlog_leader_partitions", "Partitions this broker leads.",
                     read_leaders))
+        if read_replication is not None:
+            self._add_replication(r, read_replication)
+
+    @staticmethod
+    def _add_replication(r: Registry, read: Callable[[], dict[str, float]]) -> None:
+        def one(key: str) -> Callable[[], dict[tuple, float]]:
+            return lambda: {(): read()[key]}
+
+        r.add(Gauge("kraftlog_under_replicated_partitions",
+                    "Partitions this broker leads whose ISR is smaller than their replicas.",
+                    one("under_replicated")))
+        r.add(Gauge("kraftlog_under_min_isr_partitions",
+                    "Partitions this broker leads whose ISR is below min.insync.replicas "
+                    "(acks=all writes are refused).", one("under_min_isr")))
+        r.add(Gauge("kraftlog_offline_partitions",
+                    "Partitions of the cluster without a leader (from the metadata).",
+                    one("offline")))
+        shrinks = r.add(Gauge("kraftlog_isr_shrinks_total",
+                              "ISR shrinks this broker made as leader.", one("isr_shrinks")))
+        expands = r.add(Gauge("kraftlog_isr_expands_total",
+                              "ISR expansions this broker made as leader.", one("isr_expands")))
+        shrinks.kind = expands.kind = "counter"
 
     def render(self) -> str:
         return self.registry.render()

@@ -15,8 +15,14 @@ recreated never serves the old topic's data as the new one's.
 
 The produce and fetch handlers ask ``leader_partition`` for the partition
 they write to or read from; it raises ``NotLeaderOrFollowerError`` with the
-current leader when this broker is not it. Fetch long-polls wait on
-``data_waiter``; appends and high-watermark moves wake them.
+current leader when this broker is not it. Fetch long-polls and ``acks=all``
+produces wait on ``data_waiter``; appends, high-watermark moves and role
+changes wake them.
+
+High watermarks survive restarts in each log directory's
+``replication-offset-checkpoint`` (Kafka's file): written every
+``replica.high.watermark.checkpoint.interval.ms`` and at shutdown, read when a
+partition is first hosted, and clamped to the recovered log end.
 """
 
 from __future__ import annotations
@@ -24,15 +30,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
+from collections.abc import Callable, Mapping
 
 from api.broker.errors import (FencedLeaderEpochError, LeaderNotAvailableError,
                                NotLeaderOrFollowerError, UnknownLeaderEpochError)
-from api.broker.partition import Partition
+from api.broker.partition import LEADER_RECOVERED, LEADER_RECOVERING, Partition
 from kraft.config import BROKER_LISTENER
 from kraft.errors import UnknownTopicOrPartitionError
 from kraft.image import MetadataImage
 from kraft.records import NO_LEADER
-from storage.checkpoint import write_atomically
+from kraft.topic_config import MIN_INSYNC_REPLICAS, builtin_defaults
+from storage.checkpoint import CheckpointFormatError, OffsetCheckpoint, write_atomically
 from storage.config import TOPIC_KEYS
 from storage.log import AppendInfo
 from storage.manager import LogManager, TopicPartition, validate_topic_name
@@ -40,6 +49,11 @@ from storage.manager import LogManager, TopicPartition, validate_topic_name
 logger = logging.getLogger(__name__)
 
 PARTITION_METADATA_FILE = "partition.metadata"
+HIGH_WATERMARK_FILE = "replication-offset-checkpoint"
+
+
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
 
 
 def read_topic_id(directory: str) -> str | None:
@@ -55,6 +69,13 @@ def read_topic_id(directory: str) -> str | None:
     return None
 
 
+def _as_int(value, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
 def broker_url(image: MetadataImage, broker_id: int) -> str | None:
     broker = image.brokers.get(broker_id)
     if broker is None:
@@ -64,11 +85,22 @@ def broker_url(image: MetadataImage, broker_id: int) -> str | None:
 
 
 class ReplicaManager:
-    def __init__(self, broker_id: int, log_manager: LogManager) -> None:
+    def __init__(self, broker_id: int, log_manager: LogManager, *,
+                 topic_defaults: Mapping[str, str] | None = None,
+                 clock_ms: Callable[[], int] = monotonic_ms) -> None:
         self.broker_id = broker_id
         self.log_manager = log_manager
+        self.clock_ms = clock_ms
+        # Topic-level defaults (this node's min.insync.replicas and friends).
+        self.topic_defaults = dict(topic_defaults or builtin_defaults())
         self.partitions: dict[TopicPartition, Partition] = {}
         self.image = MetadataImage()
+        # High watermarks read from the checkpoints, for partitions not yet
+        # hosted (loaded on first use, after the log manager started).
+        self._checkpointed: dict[TopicPartition, int] | None = None
+        # ISR changes this broker made as leader (metrics).
+        self.isr_shrinks = 0
+        self.isr_expands = 0
         # Storage overrides each hosted log was opened with.
         self._overrides: dict[TopicPartition, dict[str, str]] = {}
         # Fetch long-polls waiting for data, by partition.
@@ -80,12 +112,15 @@ class ReplicaManager:
         """Host what ``image`` gives this broker; with ``caught_up`` also drop
         what it no longer gives. Called on the event loop after every change."""
         self.image = image
+        now_ms = self.clock_ms()
         # Assigned by the image, whether or not its log opens: a log that
         # fails to open now is retried on the next change, never deleted.
         assigned: set[TopicPartition] = set()
         for name, topic in image.topics.items():
-            overrides = {key: value for key, value in image.topic_configs(name).items()
-                         if key in TOPIC_KEYS}
+            configs = image.topic_configs(name)
+            overrides = {key: value for key, value in configs.items() if key in TOPIC_KEYS}
+            min_isr = _as_int(configs.get(MIN_INSYNC_REPLICAS,
+                                          self.topic_defaults.get(MIN_INSYNC_REPLICAS)), 1)
             for number, reg in topic.partitions.items():
                 if self.broker_id not in reg.replicas:
                     continue
@@ -98,11 +133,12 @@ class ReplicaManager:
                     continue
                 if part is None:
                     continue
+                part.min_insync_replicas = min_isr
                 before = (part.role, part.leader_epoch, part.high_watermark)
+                recovery = getattr(reg, "leader_recovery_state", LEADER_RECOVERED)
                 if part.update(reg.leader, reg.leader_epoch, reg.partition_epoch,
-                               reg.replicas, reg.isr):
-                    logger.info("broker %d: leader of %s in epoch %d (log end %d)",
-                                self.broker_id, tp, reg.leader_epoch, part.log_end_offset)
+                               reg.replicas, reg.isr, now_ms, recovery):
+                    self._log_new_leadership(part, recovery)
                 if (part.role, part.leader_epoch, part.high_watermark) != before:
                     self.notify(tp)  # waiting fetches answer with the new role or data
         if caught_up:
@@ -148,10 +184,23 @@ class ReplicaManager:
         elif recorded != topic_id:
             raise RuntimeError(f"{tp}: the log at {log.directory} belongs to topic id "
                                f"{recorded}, not {topic_id}; refusing to serve it")
-        part = Partition(tp, log, self.broker_id, topic_id)
+        part = Partition(tp, log, self.broker_id, topic_id,
+                         high_watermark=self._checkpointed_high_watermark(tp))
         self.partitions[tp] = part
         self._overrides[tp] = overrides
         return part
+
+    def _log_new_leadership(self, part: Partition, recovery: int) -> None:
+        if recovery == LEADER_RECOVERING:
+            logger.warning(
+                "broker %d: UNCLEAN leader election: leads %s in epoch %d although it was not "
+                "in sync; its log ends at offset %d (high watermark %d), so records the "
+                "previous leader acknowledged at or above offset %d are LOST",
+                self.broker_id, part.tp, part.leader_epoch, part.log_end_offset,
+                part.high_watermark, part.log_end_offset)
+        else:
+            logger.info("broker %d: leader of %s in epoch %d (log end %d)", self.broker_id,
+                        part.tp, part.leader_epoch, part.log_end_offset)
 
     def _remove(self, tp: TopicPartition, reason: str) -> None:
         logger.info("broker %d: deleting the log of %s (%s)", self.broker_id, tp, reason)
@@ -204,6 +253,42 @@ class ReplicaManager:
 
     def high_watermarks(self) -> dict[TopicPartition, int]:
         return {tp: part.high_watermark for tp, part in self.partitions.items()}
+
+    # -- high-watermark checkpoints ----------------------------------------------
+    def _checkpointed_high_watermark(self, tp: TopicPartition) -> int | None:
+        if self._checkpointed is None:
+            self._checkpointed = {}
+            for directory in self.log_manager.config.log_dirs:
+                path = os.path.join(directory, HIGH_WATERMARK_FILE)
+                try:
+                    stored = OffsetCheckpoint(path).read()
+                except (CheckpointFormatError, OSError) as exc:
+                    # Losing it costs only visibility until followers report.
+                    logger.warning("broker %d: ignoring %s: %s", self.broker_id, path, exc)
+                    continue
+                self._checkpointed.update(
+                    (TopicPartition(topic, p), hw) for (topic, p), hw in stored.items())
+        return self._checkpointed.get(tp)
+
+    def high_watermark_snapshot(self) -> dict[str, dict[tuple[str, int], int]]:
+        """Event loop: ``{log dir: {(topic, partition): high watermark}}``
+        for every log on disk (hosted ones as they are now, others as last
+        checkpointed), to hand to ``write_high_watermarks`` on any thread."""
+        dirs = {os.path.abspath(d): d for d in self.log_manager.config.log_dirs}
+        snapshot: dict[str, dict[tuple[str, int], int]] = {d: {} for d in dirs.values()}
+        checkpointed = self._checkpointed or {}
+        for tp, part_log in self.log_manager.logs.items():
+            part = self.partitions.get(tp)
+            hw = part.high_watermark if part is not None else checkpointed.get(tp)
+            directory = dirs.get(os.path.dirname(os.path.abspath(part_log.directory)))
+            if hw is not None and directory is not None:
+                snapshot[directory][(tp.topic, tp.partition)] = hw
+        return snapshot
+
+    @staticmethod
+    def write_high_watermarks(snapshot: dict[str, dict[tuple[str, int], int]]) -> None:
+        for directory, offsets in snapshot.items():
+            OffsetCheckpoint(os.path.join(directory, HIGH_WATERMARK_FILE)).write(offsets)
 
     # -- long-poll waiters -----------------------------------------------------
     def data_waiter(self, tps: list[TopicPartition]) -> asyncio.Future:

@@ -27,6 +27,8 @@ import aiohttp
 from aiohttp import web
 
 from api.broker.data_api import DataApi
+from api.broker.fetcher import FetcherSettings, ReplicaFetcherManager
+from api.broker.isr import IsrManager
 from api.broker.lifecycle import BrokerLifecycle, BrokerState
 from api.broker.metrics import BrokerMetrics
 from api.broker.replica_manager import ReplicaManager, broker_url
@@ -37,6 +39,7 @@ from kraft.config import BROKER_LISTENER, NodeConfig
 from kraft.errors import UnknownTopicOrPartitionError
 from kraft.fields import Fields
 from kraft.image import MetadataImage
+from kraft.topic_config import defaults_from_broker_config
 from storage.config import LogConfig
 from storage.manager import TOPIC_NAME_MAX_CHARS, LogManager, LogManagerConfig, TopicPartition
 
@@ -44,6 +47,10 @@ logger = logging.getLogger(__name__)
 
 #: How long the quorum proxy and leader-stat calls wait for another node.
 PEER_CALL_TIMEOUT_S = 5.0
+#: replica.lag.time.max.ms: a follower not caught up for this long leaves the ISR.
+REPLICA_LAG_TIME_MAX_MS_DEFAULT = 30_000
+#: replica.high.watermark.checkpoint.interval.ms (Kafka's default).
+HW_CHECKPOINT_INTERVAL_MS_DEFAULT = 5000
 #: How long an admin call waits for this broker's metadata to show its change.
 ADMIN_METADATA_WAIT_MS = 10_000
 #: Default time an admin call may take at the controller.
@@ -58,6 +65,8 @@ ADMIN_ROUTES = {
     "/v1/admin/configs/describe": "/v1/controller/configs/describe",
     "/v1/admin/configs/alter": "/v1/controller/configs/alter",
     "/v1/admin/leaders/elect": "/v1/controller/leaders/elect",
+    "/v1/admin/partitions/reassign": "/v1/controller/partitions/reassign",
+    "/v1/admin/partitions/reassignments": "/v1/controller/partitions/reassignments",
 }
 
 
@@ -71,10 +80,23 @@ class BrokerServer:
             "socket.request.max.bytes", wire.REQUEST_BYTES_MAX_DEFAULT))
         self.log_manager = LogManager(LogManagerConfig.from_broker_config(config.settings),
                                       LogConfig.from_broker_config(config.settings))
-        self.replicas = ReplicaManager(config.node_id, self.log_manager)
-        self.metrics = BrokerMetrics(self._partition_counts, self._leader_counts)
+        self.replicas = ReplicaManager(
+            config.node_id, self.log_manager,
+            topic_defaults=defaults_from_broker_config(config.settings))
+        self.fetchers = ReplicaFetcherManager(
+            self.replicas, FetcherSettings.from_broker_config(config.settings),
+            lambda: self.lifecycle.metadata_caught_up and self.lifecycle.broker_epoch is not None)
+        self.isr = IsrManager(self.replicas, client, lambda: self.lifecycle.broker_epoch,
+                              int(config.settings.get("replica.lag.time.max.ms",
+                                                      REPLICA_LAG_TIME_MAX_MS_DEFAULT)))
+        self.hw_checkpoint_interval_ms = int(config.settings.get(
+            "replica.high.watermark.checkpoint.interval.ms", HW_CHECKPOINT_INTERVAL_MS_DEFAULT))
+        self._hw_task: asyncio.Task | None = None
+        self.metrics = BrokerMetrics(self._partition_counts, self._leader_counts,
+                                     self._replication_gauges)
         self.data = DataApi(self.replicas, self.metrics, self._not_serving_reason,
-                            config.cluster_id, lambda: self.client.leader_id)
+                            config.cluster_id, lambda: self.client.leader_id,
+                            follower_fetched=self.isr.maybe_propose)
         self.rest = RestProxy(self)
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -87,6 +109,9 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.log_manager.startup)
         await self.log_manager.start_background_tasks()
+        await self.isr.start()
+        self._hw_task = asyncio.create_task(self._checkpoint_high_watermarks_loop(),
+                                            name="high-watermark-checkpoint")
         self._session = aiohttp.ClientSession()
         app = web.Application(middlewares=[self._metrics_middleware, wire.error_middleware,
                                            self._size_middleware],
@@ -116,14 +141,35 @@ class BrokerServer:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        await self.fetchers.stop()
+        await self.isr.stop()
+        if self._hw_task is not None:
+            self._hw_task.cancel()
+            await asyncio.gather(self._hw_task, return_exceptions=True)
+            self._hw_task = None
         await self.log_manager.stop_background_tasks()
         if self.log_manager.started:
-            await asyncio.get_running_loop().run_in_executor(None, self.log_manager.shutdown)
+            loop = asyncio.get_running_loop()
+            snapshot = self.replicas.high_watermark_snapshot()
+            await loop.run_in_executor(None, self.replicas.write_high_watermarks, snapshot)
+            await loop.run_in_executor(None, self.log_manager.shutdown)
+
+    async def _checkpoint_high_watermarks_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.hw_checkpoint_interval_ms / 1000)
+            try:
+                snapshot = self.replicas.high_watermark_snapshot()
+                await loop.run_in_executor(None, self.replicas.write_high_watermarks, snapshot)
+            except Exception:  # the next round tries again
+                logger.exception("broker %d: cannot write the high-watermark checkpoint",
+                                 self.config.node_id)
 
     # -- metadata ----------------------------------------------------------------
     def _on_metadata(self, image: MetadataImage) -> None:
         try:
             self.replicas.apply_image(image, self.lifecycle.metadata_caught_up)
+            self.fetchers.sync()
         finally:
             changed, self._metadata_changed = self._metadata_changed, asyncio.Event()
             changed.set()
@@ -155,6 +201,19 @@ class BrokerServer:
 
     def _leader_counts(self) -> dict[tuple, float]:
         return {(): sum(1 for p in self.replicas.partitions.values() if p.is_leader)}
+
+    def _replication_gauges(self) -> dict[str, float]:
+        parts = self.replicas.partitions.values()
+        image = self.lifecycle.image
+        return {
+            "under_replicated": sum(1 for p in parts if p.under_replicated),
+            "under_min_isr": sum(1 for p in parts if p.under_min_isr),
+            # Cluster-wide, from the metadata: partitions with no leader.
+            "offline": sum(1 for t in image.topics.values()
+                           for reg in t.partitions.values() if reg.leader < 0),
+            "isr_shrinks": self.replicas.isr_shrinks,
+            "isr_expands": self.replicas.isr_expands,
+        }
 
     # -- middlewares -------------------------------------------------------------
     @web.middleware
@@ -270,8 +329,9 @@ class BrokerServer:
         if topic is None:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
         if request.query.get("local") in ("1", "true"):
+            now_ms = self.replicas.clock_ms()
             return wire.respond(request, {"name": name, "partitions": [
-                part.describe() for tp, part in sorted(self.replicas.partitions.items())
+                part.describe(now_ms) for tp, part in sorted(self.replicas.partitions.items())
                 if tp.topic == name]})
         stats = await self._leader_stats(name, topic.partitions)
         partitions = []
@@ -279,12 +339,12 @@ class BrokerServer:
             entry = {"partition": p, "leader": reg.leader, "leader_epoch": reg.leader_epoch,
                      "partition_epoch": reg.partition_epoch, "replicas": reg.replicas,
                      "isr": reg.isr, "log_start_offset": None, "high_watermark": None,
-                     "log_end_offset": None, "size_bytes": None}
+                     "log_end_offset": None, "size_bytes": None, "replica_states": None}
             found = stats.get(p)
             if found is not None:
                 for key in ("log_start_offset", "high_watermark", "log_end_offset",
-                            "size_bytes"):
-                    entry[key] = found[key]
+                            "size_bytes", "replica_states"):
+                    entry[key] = found.get(key)
             partitions.append(entry)
         return wire.respond(request, {"name": name, "topic_id": topic.topic_id,
                                       "configs": image.topic_configs(name),
@@ -297,7 +357,7 @@ class BrokerServer:
         for p, reg in registrations.items():
             part = self.replicas.partitions.get(TopicPartition(name, p))
             if part is not None and part.is_leader:
-                stats[p] = part.describe()
+                stats[p] = part.describe(self.replicas.clock_ms())
             elif reg.leader >= 0 and reg.leader != self.config.node_id:
                 remote.add(reg.leader)
 

@@ -27,6 +27,7 @@ RETRIABLE_CODES = frozenset({
     "UNKNOWN_LEADER_EPOCH",
     "REQUEST_TIMED_OUT",
     "NOT_ENOUGH_REPLICAS",
+    "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
     "NOT_CONTROLLER",
     "BROKER_NOT_AVAILABLE",
     "KAFKA_STORAGE_ERROR",
@@ -149,7 +150,17 @@ class InvalidTopicError(_CodedError):
 
 
 class NotEnoughReplicasError(_CodedError):
+    """An ``acks=all`` write refused, before appending, because fewer
+    replicas than ``min.insync.replicas`` are in sync."""
+
     CODE = "NOT_ENOUGH_REPLICAS"
+
+
+class NotEnoughReplicasAfterAppendError(NotEnoughReplicasError):
+    """An ``acks=all`` write appended while the ISR shrank below
+    ``min.insync.replicas``: not acknowledged; a retry may duplicate it."""
+
+    CODE = "NOT_ENOUGH_REPLICAS_AFTER_APPEND"
 
 
 class BufferExhaustedError(_CodedError):
@@ -172,7 +183,8 @@ ERROR_BY_CODE: dict[str, type[_CodedError]] = {
         UnknownTopicOrPartitionError, NotLeaderError, LeaderNotAvailableError,
         OffsetOutOfRangeError, RequestTimedOutError, BrokerNotAvailableError,
         MessageTooLargeError, CorruptRecordError, TopicAlreadyExistsError,
-        InvalidTopicError, NotEnoughReplicasError, BufferExhaustedError, ClientClosedError)
+        InvalidTopicError, NotEnoughReplicasError, NotEnoughReplicasAfterAppendError,
+        BufferExhaustedError, ClientClosedError)
 }
 
 
