@@ -24,11 +24,31 @@ Errors. A request that is refused as a whole raises a ``KraftError``
 subclass. A malformed body (wrong type, missing field, out-of-range number,
 over a limit) raises ``InvalidRequestError`` naming the field. Batch requests
 (create/delete topics, create partitions, describe/alter configs, elect
-leaders) report errors that depend on the cluster per item as
-``{"code": ..., "message": ...}`` and go on with the other items.
+leaders, reassign partitions) report errors that depend on the cluster per
+item as ``{"code": ..., "message": ...}`` and go on with the other items.
 
 Liveness. A broker is *live* when it is registered, unfenced and not in
 controlled shutdown; only live brokers take new replicas, lead, or join an ISR.
+
+Reassignment (Kafka's KIP-455). ``alter_partition_reassignments`` gives a
+partition a target replica list. Until every target replica is in the ISR,
+the partition has both the target and the original replicas (the new ones
+in ``adding_replicas``, the leaving ones in ``removing_replicas``), so the
+new replicas copy the log from the leader like any follower. Every change
+of a partition ends with ``_complete_reassignment_if_caught_up``: the batch
+that brings the last target into the ISR (an AlterPartition, or an unclean
+election) also drops the leaving replicas.
+
+Leader recovery (Kafka's KIP-704). An unclean election (a leader from
+outside the ISR, only where ``unclean.leader.election.enable`` allows it)
+marks the partition RECOVERING and logs a warning, since records the old
+ISR acknowledged may be gone. While RECOVERING the ISR is only the leader:
+it cannot grow until the leader's AlterPartition says RECOVERED. A clean
+election ends it too: while RECOVERING the ISR holds only the unclean
+leader, so a clean election can only pick that broker again, whose log is by
+then the partition's history anyway. The warning is logged when the core
+decides, so a batch the shell then fails to commit (and recomputes) may log
+it once more.
 """
 
 from __future__ import annotations
@@ -36,6 +56,7 @@ from __future__ import annotations
 import base64
 import collections
 import dataclasses
+import logging
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -46,14 +67,16 @@ from kraft.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistratio
                           FencedLeaderEpochError, IneligibleReplicaError, InvalidConfigError,
                           InvalidPartitionsError, InvalidReplicationFactorError,
                           InvalidRequestError, InvalidTopicError, InvalidUpdateVersionError,
-                          KraftError, NotLeaderOrFollowerError, StaleBrokerEpochError,
+                          KraftError, NoReassignmentInProgressError,
+                          NotLeaderOrFollowerError, StaleBrokerEpochError,
                           TopicAlreadyExistsError, UnknownLeaderEpochError,
                           UnknownTopicOrPartitionError)
 from kraft.image import (TOPIC_RESOURCE, BrokerRegistration, MetadataImage,
                          PartitionRegistration)
 from kraft.placement import (BrokerInfo, elect_leader, isr_after_fencing, place_replicas,
                              preferred_leader_election)
-from kraft.records import (NO_LEADER, BrokerRegistrationChangeRecord, ConfigRecord,
+from kraft.records import (LEADER_RECOVERED, LEADER_RECOVERING, NO_LEADER,
+                           BrokerRegistrationChangeRecord, ConfigRecord,
                            FenceBrokerRecord, PartitionChangeRecord, PartitionRecord, Record,
                            RegisterBrokerRecord, RemoveTopicRecord, TopicRecord,
                            UnfenceBrokerRecord)
@@ -63,6 +86,8 @@ from kraft.topic_config import (TOPIC_CONFIGS, UNCLEAN_LEADER_ELECTION_ENABLE,
                                 unclean_election_enabled, validate_topic_configs)
 from storage import errors as storage_errors
 from storage.manager import validate_topic_name
+
+logger = logging.getLogger(__name__)
 
 # -- limits (a limit on everything) -------------------------------------------
 TOPICS_PER_REQUEST_MAX = 1000  # topics or config resources in one request
@@ -361,8 +386,9 @@ class Controller:
         the ISR of: drop it from the ISR (never emptying it:
         ``isr_after_fencing``) and, if it led, elect a new leader among the
         live brokers, unclean only if the topic allows it (the ISR is then
-        reset to the new leader). One PartitionChangeRecord per partition that
-        changes, topics by name, partitions by number."""
+        reset to the new leader and the partition is RECOVERING). One
+        PartitionChangeRecord per partition that changes (and one more where
+        that completes a reassignment), topics by name, partitions by number."""
         live = _live_broker_ids(draft.image)
         assert not live & leaving, f"brokers {sorted(live & leaving)} are still live"
         for name in sorted(draft.image.topics):
@@ -375,15 +401,12 @@ class Controller:
                 isr = list(current.isr)
                 for broker_id in sorted(leaving):
                     isr = isr_after_fencing(isr, broker_id)
-                leader = current.leader
-                if leader in leaving:
-                    if unclean_allowed is None:
-                        unclean_allowed = _unclean_allowed(draft.image, name, self.settings)
-                    leader, unclean = elect_leader(current.replicas, isr, live,
-                                                   unclean_allowed=unclean_allowed)
-                    if unclean:
-                        isr = [leader]
-                _change_partition(draft, name, partition, leader=leader, isr=isr)
+                if current.leader not in leaving:
+                    _change_partition(draft, name, partition, isr=isr)
+                    continue
+                if unclean_allowed is None:
+                    unclean_allowed = _unclean_allowed(draft.image, name, self.settings)
+                _elect(draft, name, partition, isr, live, unclean_allowed)
 
     # -- topics -------------------------------------------------------------
     def create_topics(self, image: MetadataImage, request: Any) -> ControllerResult:
@@ -529,7 +552,8 @@ class Controller:
         _check_partition_count(spec.count)
         added = spec.count - current
         creation.check_partition_budget(added)
-        replication_factor = (len(topic.partitions[0].replicas) if 0 in topic.partitions
+        # Partition 0's target replicas: a reassignment under way lists more.
+        replication_factor = (len(topic.partitions[0].target_replicas) if 0 in topic.partitions
                               else self.settings.default_replication_factor)
         if spec.assignments is None:
             assignment = creation.place(added, replication_factor)
@@ -597,7 +621,9 @@ class Controller:
         ConfigRecord per change (value None deletes the override; an op that
         changes nothing writes nothing). The topic's overrides after the ops
         must validate together. Enabling unclean election also elects leaders
-        for the topic's offline partitions in the same batch."""
+        for the topic's offline partitions in the same batch (not with
+        ``validate_only``: no leader is elected, nor an unclean election
+        announced, for a batch that is thrown away)."""
         body = Fields(request, "")
         items = body.sequence("resources", TOPICS_PER_REQUEST_MAX)
         validate_only = body.boolean("validate_only", default=False)
@@ -611,13 +637,14 @@ class Controller:
                 if resource_counts[(spec.type, spec.name)] > 1:
                     raise InvalidRequestError(
                         f"resource {spec.type} {spec.name!r} appears more than once")
-                self._alter_topic_configs(draft, spec)
+                self._alter_topic_configs(draft, spec, validate_only)
             except KraftError as exc:
                 error = _error(exc)
             results.append({"type": spec.type, "name": spec.name, "error": error})
         return ControllerResult([] if validate_only else draft.records, {"resources": results})
 
-    def _alter_topic_configs(self, draft: "_Draft", spec: "_ConfigChange") -> None:
+    def _alter_topic_configs(self, draft: "_Draft", spec: "_ConfigChange",
+                             validate_only: bool) -> None:
         _check_resource_type(spec.type)
         if spec.name not in draft.image.topics:
             raise UnknownTopicOrPartitionError(f"topic {spec.name!r} does not exist")
@@ -643,15 +670,24 @@ class Controller:
         for key in keys:
             if current.get(key) != updated.get(key):
                 draft.add(ConfigRecord(TOPIC_RESOURCE, spec.name, key, updated.get(key)))
-        if not was_unclean and _unclean_allowed(draft.image, spec.name, self.settings):
+        if (not validate_only and not was_unclean
+                and _unclean_allowed(draft.image, spec.name, self.settings)):
             _elect_offline_partitions(draft, self.settings, topics=[spec.name])
 
     # -- partitions ---------------------------------------------------------
     def alter_partition(self, image: MetadataImage, request: Any) -> ControllerResult:
         """AlterPartition from a partition leader that shrinks or expands the
-        ISR. Checked in order: broker registered, broker epoch, partition
-        exists, sender is the leader, leader epoch (older: fenced, newer:
-        unknown), partition epoch, ISR shape, added members live."""
+        ISR, and, after an unclean election, says it has taken over
+        (``leader_recovery_state`` 0; absent keeps the current state).
+        Checked in order: broker registered, broker epoch, partition exists,
+        sender is the leader, leader epoch (older: fenced, newer: unknown),
+        partition epoch, ISR shape, added members live, recovery state (never
+        back to RECOVERING; while RECOVERING the ISR is the leader alone).
+
+        An ISR that now holds every target replica of a reassignment
+        completes it in the same batch, so the answer (the partition as it
+        is after the batch) may name other replicas, or even another leader,
+        than the sender expects; the metadata tells it the rest."""
         body = Fields(request, "")
         broker_id = body.integer("broker_id", 0, INT32_MAX)
         broker_epoch = body.integer("broker_epoch", 0, INT64_MAX)
@@ -661,18 +697,23 @@ class Controller:
         partition_epoch = body.integer("partition_epoch", 0, INT32_MAX)
         new_isr = [as_int(member, f"new_isr[{i}]", 0, INT32_MAX) for i, member in
                    enumerate(body.sequence("new_isr", REPLICAS_PER_PARTITION_MAX))]
+        recovery_state = body.integer("leader_recovery_state", LEADER_RECOVERED,
+                                      LEADER_RECOVERING, default=None)
         _registered_broker(image, broker_id, broker_epoch)
         current = _existing_partition(image, topic, partition)
-        _check_alter_partition_epochs(current, broker_id, leader_epoch, partition_epoch,
-                                      f"{topic}-{partition}")
-        _check_new_isr(image, current, new_isr, f"{topic}-{partition}")
+        where = f"{topic}-{partition}"
+        _check_alter_partition_epochs(current, broker_id, leader_epoch, partition_epoch, where)
+        _check_new_isr(image, current, new_isr, where)
+        if recovery_state is None:
+            recovery_state = current.leader_recovery_state
+        _check_recovery_change(current, recovery_state, new_isr, where)
         draft = _Draft(image)
-        _change_partition(draft, topic, partition, isr=new_isr)
+        _change_partition(draft, topic, partition, isr=new_isr, recovery_state=recovery_state)
         after = draft.image.topics[topic].partitions[partition]
         return ControllerResult(draft.records, {
             "topic": topic, "partition": partition, "leader": after.leader,
             "leader_epoch": after.leader_epoch, "partition_epoch": after.partition_epoch,
-            "isr": list(after.isr)})
+            "isr": list(after.isr), "leader_recovery_state": after.leader_recovery_state})
 
     def elect_leaders(self, image: MetadataImage, request: Any) -> ControllerResult:
         """ElectLeaders (preferred): move each named partition's leadership to
@@ -695,6 +736,58 @@ class Controller:
             if items is not None or moved or result["error"] is not None:
                 results.append(result)
         return ControllerResult(draft.records, {"partitions": results})
+
+    # -- reassignment -------------------------------------------------------
+    def alter_partition_reassignments(self, image: MetadataImage, request: Any
+                                      ) -> ControllerResult:
+        """AlterPartitionReassignments (KIP-455). Per partition: ``replicas``
+        (distinct registered brokers; fenced ones may wait in the target)
+        starts moving it there, replacing any target under way; ``replicas``
+        null (or absent) cancels the reassignment under way.
+
+        Starting keeps the ISR and leader and adds the new replicas
+        (``_reassignment_plan``); a target whose every member is already in
+        sync (a reorder, a shrink) is done at once, in one record. Cancelling
+        goes back to the original replicas; the added ones leave the ISR,
+        and a leader among them gives way to an original in-sync replica.
+        A change that would leave no in-sync replica (every member of the
+        ISR is one it drops) is refused: the replicas left would lack
+        acknowledged records."""
+        body = Fields(request, "")
+        items = body.sequence("partitions", PARTITIONS_PER_REQUEST_MAX)
+        specs = [_Reassignment.parse(item, f"partitions[{i}]") for i, item in enumerate(items)]
+        counts = collections.Counter((spec.topic, spec.partition) for spec in specs)
+        draft = _Draft(image)
+        results = []
+        for spec in specs:
+            error = None
+            try:
+                if counts[(spec.topic, spec.partition)] > 1:
+                    raise InvalidRequestError(f"partition {spec.topic}-{spec.partition} "
+                                              "appears more than once in the request")
+                _reassign(draft, spec)
+            except KraftError as exc:
+                error = _error(exc)
+            results.append({"topic": spec.topic, "partition": spec.partition, "error": error})
+        return ControllerResult(draft.records, {"partitions": results})
+
+    def list_partition_reassignments(self, image: MetadataImage, request: Any) -> dict:
+        """ListPartitionReassignments (read only): the partitions of
+        ``topics`` (every topic for null) with a reassignment under way, by
+        topic and partition. Unknown topics have none."""
+        body = Fields(request, "")
+        names = body.strings("topics", TOPICS_PER_REQUEST_MAX, NAME_CHARS_MAX, default=None)
+        wanted = sorted(image.topics if names is None else set(names) & set(image.topics))
+        partitions = []
+        for name in wanted:
+            for partition, current in sorted(image.topics[name].partitions.items()):
+                if current.reassigning:
+                    partitions.append({
+                        "topic": name, "partition": partition,
+                        "replicas": list(current.replicas),
+                        "adding_replicas": list(current.adding_replicas),
+                        "removing_replicas": list(current.removing_replicas)})
+        return {"partitions": partitions}
 
 
 # -- batch building -------------------------------------------------------------
@@ -723,17 +816,61 @@ class _Draft:
 
 
 def _change_partition(draft: _Draft, topic: str, partition: int, *,
-                      leader: int | None = None, isr: list[int] | None = None) -> None:
+                      leader: int | None = None, isr: list[int] | None = None,
+                      replicas: list[int] | None = None, adding: list[int] | None = None,
+                      removing: list[int] | None = None,
+                      recovery_state: int | None = None) -> None:
     """A PartitionChangeRecord with only the fields that differ; none if
-    nothing does."""
+    nothing does. Every partition change of the controller goes through here,
+    which keeps two rules in one place:
+      - a new leader given without ``recovery_state`` was elected cleanly, so
+        a RECOVERING partition becomes RECOVERED (unclean elections pass
+        RECOVERING themselves);
+      - a change that leaves every target replica of a reassignment in the
+        ISR is followed by the record that completes the reassignment."""
     topic_image = draft.image.topics[topic]
     current = topic_image.partitions[partition]
-    new_leader = None if leader is None or leader == current.leader else leader
-    new_isr = None if isr is None or list(isr) == current.isr else list(isr)
-    if new_leader is None and new_isr is None:
+    changes: dict[str, Any] = {}
+    if leader is not None and leader != current.leader:
+        changes["leader"] = leader
+        if (recovery_state is None and leader != NO_LEADER
+                and current.leader_recovery_state == LEADER_RECOVERING):
+            recovery_state = LEADER_RECOVERED
+    for field, value, now in (("isr", isr, current.isr),
+                              ("replicas", replicas, current.replicas),
+                              ("adding_replicas", adding, current.adding_replicas),
+                              ("removing_replicas", removing, current.removing_replicas)):
+        if value is not None and list(value) != now:
+            changes[field] = list(value)
+    if recovery_state is not None and recovery_state != current.leader_recovery_state:
+        changes["leader_recovery_state"] = recovery_state
+    if not changes:
         return
-    draft.add(PartitionChangeRecord(topic_image.topic_id, partition, leader=new_leader,
-                                    isr=new_isr))
+    draft.add(PartitionChangeRecord(topic_image.topic_id, partition, **changes))
+    _complete_reassignment_if_caught_up(draft, topic, partition)
+
+
+def _complete_reassignment_if_caught_up(draft: _Draft, topic: str, partition: int) -> None:
+    """Once every target replica of a reassignment under way is in the ISR,
+    the reassignment is done: the replicas become the target, the ISR keeps
+    its target members, and a leader that is not a target gives way to the
+    first target that is in sync and live (NO_LEADER if none is)."""
+    current = draft.image.topics[topic].partitions[partition]
+    target = current.target_replicas
+    if not current.reassigning or not set(target) <= set(current.isr):
+        return
+    isr = [broker for broker in current.isr if broker in target]
+    _change_partition(draft, topic, partition, replicas=target, isr=isr, adding=[], removing=[],
+                      leader=_leader_within(current.leader, target, isr, draft.image))
+
+
+def _leader_within(leader: int, replicas: list[int], isr: list[int],
+                   image: MetadataImage) -> int:
+    """``leader`` if it stays in ``isr``, else a clean choice: the first of
+    ``replicas`` that is in ``isr`` and live, or NO_LEADER."""
+    if leader in isr:
+        return leader
+    return elect_leader(replicas, isr, _live_broker_ids(image), unclean_allowed=False)[0]
 
 
 def _live_broker_ids(image: MetadataImage) -> set[int]:
@@ -750,8 +887,8 @@ def _elect_offline_partitions(draft: _Draft, settings: ControllerSettings, *,
                               topics: Iterable[str] | None = None) -> None:
     """Give offline partitions (leader NO_LEADER) a leader where one is now
     possible: clean from the live ISR members, else unclean (ISR reset to the
-    new leader) where the topic allows it. Only partitions of ``topics``,
-    and only those ``replica`` is a replica of, when given."""
+    new leader, RECOVERING) where the topic allows it. Only partitions of
+    ``topics``, and only those ``replica`` is a replica of, when given."""
     live = _live_broker_ids(draft.image)
     for name in sorted(draft.image.topics if topics is None else topics):
         topic = draft.image.topics[name]
@@ -761,11 +898,28 @@ def _elect_offline_partitions(draft: _Draft, settings: ControllerSettings, *,
             if current.leader != NO_LEADER or (replica is not None
                                                and replica not in current.replicas):
                 continue
-            leader, unclean = elect_leader(current.replicas, current.isr, live,
-                                           unclean_allowed=unclean_allowed)
-            if leader != NO_LEADER:
-                _change_partition(draft, name, partition, leader=leader,
-                                  isr=[leader] if unclean else None)
+            _elect(draft, name, partition, current.isr, live, unclean_allowed)
+
+
+def _elect(draft: _Draft, topic: str, partition: int, isr: list[int], live: set[int],
+           unclean_allowed: bool) -> None:
+    """Replace the partition's leader (gone, or NO_LEADER) and set its ISR to
+    ``isr``: clean from the live members of ``isr``, else, if
+    ``unclean_allowed``, the first live replica, which resets the ISR to it
+    alone and marks the partition RECOVERING, loudly; else NO_LEADER."""
+    current = draft.image.topics[topic].partitions[partition]
+    leader, unclean = elect_leader(current.replicas, isr, live, unclean_allowed=unclean_allowed)
+    if not unclean:
+        _change_partition(draft, topic, partition, leader=leader, isr=isr)
+        return
+    # The leader always changes here: the old one is gone or NO_LEADER.
+    assert leader != current.leader, f"unclean election kept leader {leader}"
+    logger.warning(
+        "UNCLEAN leader election for %s-%d: broker %d (not in the ISR %s) leads epoch %d; "
+        "records acknowledged by the old ISR may be lost", topic, partition, leader, isr,
+        current.leader_epoch + 1)
+    _change_partition(draft, topic, partition, leader=leader, isr=[leader],
+                      recovery_state=LEADER_RECOVERING)
 
 
 def _preferred_moves(image: MetadataImage, partitions: Iterable[tuple[str, int]]
@@ -778,9 +932,52 @@ def _preferred_moves(image: MetadataImage, partitions: Iterable[tuple[str, int]]
         current = image.topics[topic].partitions[partition]
         preferred = preferred_leader_election(current.replicas, current.isr, live,
                                               current.leader)
-        if preferred is not None:
+        # A reassignment lists its targets first, so the preferred replica
+        # is never one being removed; checked anyway, since leading from a
+        # replica about to go would only move leadership twice.
+        if preferred is not None and preferred not in current.removing_replicas:
             moves.append((topic, partition, preferred))
     return moves
+
+
+def _reassign(draft: _Draft, spec: "_Reassignment") -> None:
+    """One partition of AlterPartitionReassignments (see there)."""
+    where = f"{spec.topic}-{spec.partition}"
+    current = _existing_partition(draft.image, spec.topic, spec.partition)
+    if spec.replicas is None:
+        if not current.reassigning:
+            raise NoReassignmentInProgressError(
+                f"partition {where} has no reassignment in progress to cancel")
+        replicas, adding, removing = current.original_replicas, [], []
+        doing = "cancel the reassignment of"
+    else:
+        _check_target_replicas(draft.image, spec.replicas, where)
+        replicas, adding, removing = _reassignment_plan(current.original_replicas,
+                                                        spec.replicas, current.isr)
+        doing = "reassign"
+    isr = [broker for broker in current.isr if broker in replicas]
+    if not isr:
+        raise InvalidRequestError(
+            f"cannot {doing} {where}: every in-sync replica {current.isr} would stop being a "
+            f"replica, and the replicas {replicas} left are out of sync, so acknowledged "
+            "records would be lost; let the reassignment under way complete, or name a "
+            "target that keeps an in-sync replica")
+    _change_partition(draft, spec.topic, spec.partition, replicas=replicas, isr=isr,
+                      adding=adding, removing=removing,
+                      leader=_leader_within(current.leader, replicas, isr, draft.image))
+
+
+def _reassignment_plan(original: list[int], target: list[int], isr: list[int]
+                       ) -> tuple[list[int], list[int], list[int]]:
+    """(replicas, adding, removing) that move a partition from ``original``
+    to ``target``: the targets first (so the preferred leader is the
+    target's), then the originals that leave. A target already wholly in
+    ``isr`` needs no copying, so the move is complete at once."""
+    if set(target) <= set(isr):
+        return list(target), [], []
+    replicas = list(target) + [broker for broker in original if broker not in target]
+    return (replicas, [broker for broker in target if broker not in original],
+            [broker for broker in original if broker not in target])
 
 
 def _elect_preferred(draft: _Draft, topic: str, partition: int) -> dict:
@@ -944,6 +1141,19 @@ def _registered_broker(image: MetadataImage, broker_id: int, broker_epoch: int
     return broker
 
 
+def _check_target_replicas(image: MetadataImage, target: list[int], where: str) -> None:
+    """A reassignment target: at least one broker, each once, each
+    registered. Fenced brokers may be named; they catch up once back."""
+    if not target:
+        raise InvalidRequestError(f"the target replicas of {where} must name at least one broker")
+    if len(set(target)) != len(target):
+        raise InvalidRequestError(f"the target replicas of {where} list a broker twice: {target}")
+    unknown = sorted(set(target) - set(image.brokers))
+    if unknown:
+        raise InvalidRequestError(
+            f"the target replicas of {where} name unregistered brokers {unknown}")
+
+
 def _existing_partition(image: MetadataImage, topic: str, partition: int
                         ) -> PartitionRegistration:
     current = image.partition(topic, partition)
@@ -969,6 +1179,24 @@ def _check_alter_partition_epochs(current: PartitionRegistration, broker_id: int
         raise InvalidUpdateVersionError(
             f"partition epoch {partition_epoch} of {where} is not the current "
             f"{current.partition_epoch}")
+
+
+def _check_recovery_change(current: PartitionRegistration, recovery_state: int,
+                           new_isr: list[int], where: str) -> None:
+    """Only the controller marks a leader RECOVERING (after an unclean
+    election); the leader only ends it. While it lasts the ISR is the
+    leader alone: other replicas would sync to a log the leader has not yet
+    declared the partition's history."""
+    if recovery_state == LEADER_RECOVERING and current.leader_recovery_state == LEADER_RECOVERED:
+        raise InvalidRequestError(
+            f"leader_recovery_state of {where} cannot go back to RECOVERING (1): only an "
+            "unclean election starts it")
+    if recovery_state == LEADER_RECOVERING and new_isr != [current.leader]:
+        raise InvalidRequestError(
+            f"new_isr {new_isr} of {where} may not grow beyond the leader {current.leader} "
+            "while the partition is RECOVERING from an unclean election; send "
+            "leader_recovery_state 0 (RECOVERED) in the same request once the leader has "
+            "taken over")
 
 
 def _check_new_isr(image: MetadataImage, current: PartitionRegistration, new_isr: list[int],
@@ -1079,6 +1307,26 @@ class _NewPartitions:
             assignments = [_broker_ids(replicas, f"{fields.path('assignments')}[{i}]")
                            for i, replicas in enumerate(raw)]
         return cls(name, count, assignments)
+
+
+@dataclasses.dataclass
+class _Reassignment:
+    """One partition of an AlterPartitionReassignments request, shape-checked;
+    ``replicas`` None cancels."""
+
+    topic: str
+    partition: int
+    replicas: list[int] | None
+
+    @classmethod
+    def parse(cls, item: Any, where: str) -> "_Reassignment":
+        fields = Fields(item, where)
+        topic = fields.string("topic", NAME_CHARS_MAX)
+        partition = fields.integer("partition", 0, INT32_MAX)
+        replicas = fields.sequence("replicas", REPLICAS_PER_PARTITION_MAX, default=None)
+        if replicas is not None:
+            replicas = _broker_ids(replicas, fields.path("replicas"))
+        return cls(topic, partition, replicas)
 
 
 @dataclasses.dataclass

@@ -110,3 +110,10 @@ class IneligibleReplicaError(KraftError):
     """AlterPartition tried to add a replica that is fenced or shutting down."""
 
     code = "INELIGIBLE_REPLICA"
+
+
+class NoReassignmentInProgressError(KraftError):
+    """A request cancels the reassignment of a partition that has none
+    under way."""
+
+    code = "NO_REASSIGNMENT_IN_PROGRESS"

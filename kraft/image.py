@@ -15,6 +15,8 @@ Invariants (``check_invariants``):
   - ``offset`` only grows;
   - every partition's replicas are distinct, ISR is a subset of replicas,
     the leader is NO_LEADER or one of the replicas;
+  - a partition's adding and removing replicas are disjoint subsets of its
+    replicas, and its leader recovery state is RECOVERED or RECOVERING;
   - topic names and ids map one-to-one.
 """
 
@@ -26,7 +28,8 @@ from typing import Any
 import msgpack
 
 from kraft.errors import MetadataApplyError
-from kraft.records import (NO_LEADER, BrokerRegistrationChangeRecord, ConfigRecord,
+from kraft.records import (LEADER_RECOVERED, LEADER_RECOVERY_STATES, NO_LEADER,
+                           BrokerRegistrationChangeRecord, ConfigRecord,
                            FenceBrokerRecord, NoOpRecord, PartitionChangeRecord,
                            PartitionRecord, ProducerIdsRecord, Record, RegisterBrokerRecord,
                            RemoveTopicRecord, TopicRecord, UnfenceBrokerRecord,
@@ -49,11 +52,42 @@ class BrokerRegistration:
 
 @dataclasses.dataclass
 class PartitionRegistration:
+    """One partition as the metadata describes it. Never changed in place:
+    ``apply`` replaces it (``MetadataImage.copy`` relies on that).
+
+    While a reassignment is under way (KIP-455), ``replicas`` holds both the
+    target replicas (first, in target order) and the original ones being
+    removed; ``adding_replicas`` are the targets that were not replicas
+    before, ``removing_replicas`` the originals that are not targets. Both
+    are empty otherwise. Snapshots written before these fields existed load
+    with the defaults."""
+
     replicas: list[int]
     isr: list[int]
-    leader: int
+    leader: int  # NO_LEADER while offline
     leader_epoch: int
     partition_epoch: int
+    # Invariant: adding_replicas and removing_replicas are disjoint subsets of replicas.
+    adding_replicas: list[int] = dataclasses.field(default_factory=list)
+    removing_replicas: list[int] = dataclasses.field(default_factory=list)
+    leader_recovery_state: int = LEADER_RECOVERED  # records.LEADER_RECOVERY_STATES
+
+    @property
+    def reassigning(self) -> bool:
+        """Whether a reassignment is under way."""
+        return bool(self.adding_replicas or self.removing_replicas)
+
+    @property
+    def target_replicas(self) -> list[int]:
+        """The replicas the partition will have once any reassignment is
+        done (its replicas when none is under way)."""
+        return [r for r in self.replicas if r not in self.removing_replicas]
+
+    @property
+    def original_replicas(self) -> list[int]:
+        """The replicas before the reassignment under way, in their order in
+        ``replicas`` (the replicas when none is under way)."""
+        return [r for r in self.replicas if r not in self.adding_replicas]
 
 
 @dataclasses.dataclass
@@ -150,6 +184,23 @@ class MetadataImage:
         topic.partitions[r.partition] = PartitionRegistration(
             list(r.replicas), list(r.isr), r.leader, r.leader_epoch, r.partition_epoch)
 
+    @staticmethod
+    def _check_reassignment(replicas: list[int], adding: list[int], removing: list[int],
+                            leader_recovery_state: int, where: str) -> None:
+        for name, members in (("adding", adding), ("removing", removing)):
+            if len(set(members)) != len(members) or not set(members) <= set(replicas):
+                raise MetadataApplyError(
+                    f"{where}: {name} replicas {members} must be distinct replicas of "
+                    f"{replicas}")
+        if set(adding) & set(removing):
+            raise MetadataApplyError(
+                f"{where}: replicas {sorted(set(adding) & set(removing))} are both being "
+                "added and removed")
+        if leader_recovery_state not in LEADER_RECOVERY_STATES:
+            raise MetadataApplyError(
+                f"{where}: leader recovery state {leader_recovery_state} is not one of "
+                f"{LEADER_RECOVERY_STATES}")
+
     def _partition_change(self, r: PartitionChangeRecord, offset: int) -> None:
         topic = self._topic_by_id(r.topic_id)
         where = f"{topic.name}-{r.partition}"
@@ -159,10 +210,17 @@ class MetadataImage:
         replicas = current.replicas if r.replicas is None else list(r.replicas)
         isr = current.isr if r.isr is None else list(r.isr)
         leader = current.leader if r.leader is None else r.leader
+        adding = current.adding_replicas if r.adding_replicas is None else list(r.adding_replicas)
+        removing = (current.removing_replicas if r.removing_replicas is None
+                    else list(r.removing_replicas))
+        recovery_state = (current.leader_recovery_state if r.leader_recovery_state is None
+                          else r.leader_recovery_state)
         self._check_assignment(replicas, isr, leader, where)
+        self._check_reassignment(replicas, adding, removing, recovery_state, where)
         leader_epoch = current.leader_epoch + (1 if leader != current.leader else 0)
         topic.partitions[r.partition] = PartitionRegistration(
-            replicas, isr, leader, leader_epoch, current.partition_epoch + 1)
+            replicas, isr, leader, leader_epoch, current.partition_epoch + 1,
+            adding, removing, recovery_state)
 
     def _remove_topic(self, r: RemoveTopicRecord, offset: int) -> None:
         topic = self._topic_by_id(r.topic_id)
@@ -248,6 +306,9 @@ class MetadataImage:
         for topic in self.topics.values():
             for p, reg in topic.partitions.items():
                 self._check_assignment(reg.replicas, reg.isr, reg.leader, f"{topic.name}-{p}")
+                self._check_reassignment(reg.replicas, reg.adding_replicas,
+                                         reg.removing_replicas, reg.leader_recovery_state,
+                                         f"{topic.name}-{p}")
 
     # -- snapshots ---------------------------------------------------------
     def to_snapshot(self) -> bytes:

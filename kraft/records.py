@@ -24,6 +24,14 @@ from kraft.errors import InvalidRecordError
 NO_LEADER = -1
 RECORD_VERSION = 0
 
+# Leader recovery states of a partition (Kafka's LeaderRecoveryState, KIP-704).
+# RECOVERED: the leader's log is the partition's agreed history.
+# RECOVERING: the leader was elected uncleanly (from outside the ISR) and has
+# not yet said it took over; until it does, no other replica may join the ISR.
+LEADER_RECOVERED = 0
+LEADER_RECOVERING = 1
+LEADER_RECOVERY_STATES = (LEADER_RECOVERED, LEADER_RECOVERING)
+
 
 @dataclasses.dataclass(frozen=True)
 class Record:
@@ -32,8 +40,13 @@ class Record:
     TYPE: ClassVar[str] = ""
 
     def encode(self) -> bytes:
-        return msgpack.packb([self.TYPE, RECORD_VERSION, dataclasses.asdict(self)],
-                             use_bin_type=True)
+        """The wire form. Optional fields still at their default (None) are
+        left out: decoding restores them, and a record that uses no field
+        added later encodes exactly as it did before that field existed, so
+        nodes of the previous version can still read it."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if not (f.default is None and getattr(self, f.name) is None)}
+        return msgpack.packb([self.TYPE, RECORD_VERSION, fields], use_bin_type=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +121,12 @@ class PartitionChangeRecord(Record):
     """A change to an existing partition; None fields are unchanged.
 
     Applying it bumps the partition epoch, and the leader epoch too when the
-    leader changes, so every replica derives the same epochs."""
+    leader changes, so every replica derives the same epochs. A leader change
+    leaves ``leader_recovery_state`` as it was unless the record sets it: the
+    controller decides it (RECOVERING after an unclean election).
+
+    The reassignment fields came later; records written before them decode
+    with None (unchanged)."""
 
     TYPE: ClassVar[str] = "partition_change"
     topic_id: str
@@ -116,6 +134,9 @@ class PartitionChangeRecord(Record):
     leader: Optional[int] = None
     isr: Optional[list[int]] = None
     replicas: Optional[list[int]] = None
+    adding_replicas: Optional[list[int]] = None  # replicas a reassignment brings in
+    removing_replicas: Optional[list[int]] = None  # replicas a reassignment takes out
+    leader_recovery_state: Optional[int] = None  # LEADER_RECOVERED or LEADER_RECOVERING
 
 
 @dataclasses.dataclass(frozen=True)

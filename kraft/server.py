@@ -33,8 +33,10 @@ Endpoints (controller listener; msgpack or JSON bodies, see kraft/wire.py):
   POST /v1/controller/partitions/create    add partitions
   POST /v1/controller/configs/describe     describe topic configs
   POST /v1/controller/configs/alter        incremental alter topic configs
-  POST /v1/controller/partitions/alter     AlterPartition (ISR changes) from leaders
+  POST /v1/controller/partitions/alter     AlterPartition (ISR, leader recovery) from leaders
   POST /v1/controller/leaders/elect        preferred leader election
+  POST /v1/controller/partitions/reassign  start or cancel partition reassignments
+  POST /v1/controller/partitions/reassignments  list reassignments in progress (read only)
   GET  /v1/quorum                          Raft status (any controller)
   GET  /v1/metadata                        this controller's image as JSON
   GET  /healthz
@@ -137,7 +139,9 @@ class ControllerServer:
             "configs/alter": self._writer(lambda c: c.alter_configs),
             "partitions/alter": self._writer(lambda c: c.alter_partition),
             "leaders/elect": self._writer(lambda c: c.elect_leaders),
-            "configs/describe": self.handle_describe_configs,
+            "partitions/reassign": self._writer(lambda c: c.alter_partition_reassignments),
+            "configs/describe": self._reader(lambda c: c.describe_configs),
+            "partitions/reassignments": self._reader(lambda c: c.list_partition_reassignments),
         }
         for path, handler in post.items():
             app.router.add_post(f"/v1/controller/{path}", handler)
@@ -283,12 +287,19 @@ class ControllerServer:
                 logger.exception("controller %d: periodic work failed", self.config.node_id)
 
     # -- reading ----------------------------------------------------------
-    async def handle_describe_configs(self, request: web.Request) -> web.Response:
-        body = await wire.read_body(request)
-        await self._await_active()
-        with self.quorum.image_lock:
-            response = self.core.describe_configs(self.quorum.image, body)
-        return wire.respond(request, response)
+    def _reader(self, pick: Callable[[Controller], Callable[[MetadataImage, dict], dict]]):
+        """A handler for a read-only request: the core's answer on the
+        current image, without the write lock and without a
+        ``metadata_offset`` (nothing was written for a broker to wait for).
+        Only the active controller answers, so the image is current."""
+        async def handle(request: web.Request) -> web.Response:
+            body = await wire.read_body(request)
+            await self._await_active()
+            method = pick(self.core)
+            with self.quorum.image_lock:
+                response = method(self.quorum.image, body)
+            return wire.respond(request, response)
+        return handle
 
     async def handle_metadata(self, request: web.Request) -> web.Response:
         """Long-poll: records after ``after_offset``, waiting up to

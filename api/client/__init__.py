@@ -20,15 +20,15 @@ but the record batch format (``storage.batch``).
 """
 
 from api.client._types import (
-    ConfigEntry, ConsumerRecord, NewTopic, OffsetAndTimestamp, PartitionInfo, RecordMetadata,
-    TopicDescription, TopicPartition)
+    ConfigEntry, ConsumerRecord, NewTopic, OffsetAndTimestamp, PartitionInfo,
+    PartitionReassignment, RecordMetadata, TopicDescription, TopicPartition)
 from api.client.admin import Admin, AsyncAdmin, CreatedTopic
 from api.client.consumer import AsyncConsumer, Consumer
 from api.client.errors import (
     BrokerNotAvailableError, BufferExhaustedError, ClientClosedError, CorruptRecordError,
     InvalidTopicError, KraftlogError, LeaderNotAvailableError, MessageTooLargeError,
-    NoOffsetForPartitionError, NotEnoughReplicasError, NotLeaderError, OffsetOutOfRangeError,
-    RequestTimedOutError, TopicAlreadyExistsError, UnknownTopicOrPartitionError, error_from)
+    NoOffsetForPartitionError, NotEnoughReplicasAfterAppendError, NotEnoughReplicasError,
+    NotLeaderError, OffsetOutOfRangeError, RequestTimedOutError, TopicAlreadyExistsError, UnknownTopicOrPartitionError, error_from)
 from api.client.producer import AsyncProducer, Producer, RecordHandle
 
 __all__ = [
@@ -36,8 +36,10 @@ __all__ = [
     "BufferExhaustedError", "ClientClosedError", "ConfigEntry", "Consumer", "ConsumerRecord",
     "CorruptRecordError", "CreatedTopic", "InvalidTopicError", "KraftlogError",
     "LeaderNotAvailableError", "MessageTooLargeError", "NewTopic", "NoOffsetForPartitionError",
-    "NotEnoughReplicasError", "NotLeaderError", "OffsetAndTimestamp", "OffsetOutOfRangeError",
-    "PartitionInfo", "Producer", "RecordHandle", "RecordMetadata", "RequestTimedOutError",
+    "NotEnoughReplicasAfterAppendError", "NotEnoughReplicasError", "NotLeaderError",
+    "OffsetAndTimestamp", "OffsetOutOfRangeError",
+    "PartitionInfo", "PartitionReassignment", "Producer", "RecordHandle", "RecordMetadata",
+    "RequestTimedOutError",
     "TopicAlreadyExistsError", "TopicDescription", "TopicPartition",
     "UnknownTopicOrPartitionError", "error_from",
 ]

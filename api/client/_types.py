@@ -70,6 +70,17 @@ class PartitionInfo(NamedTuple):
     isr: list[int]
 
 
+class PartitionReassignment(NamedTuple):
+    """A reassignment under way (Kafka's ``PartitionReassignment``):
+    ``replicas`` holds the target replicas (first) and the original ones
+    still being removed; ``adding_replicas`` are the targets still copying
+    the log, ``removing_replicas`` the originals that leave once they have."""
+
+    replicas: list[int]
+    adding_replicas: list[int]
+    removing_replicas: list[int]
+
+
 class ConfigEntry(NamedTuple):
     """One config of a resource; ``source`` says where the value comes from:
     ``TOPIC_CONFIG`` (the topic's override) or ``DEFAULT_CONFIG``."""

@@ -1,4 +1,5 @@
-"""Administration: topics, partitions, configs, leader elections, cluster.
+"""Administration: topics, partitions, configs, leader elections,
+partition reassignments, cluster.
 
 Any broker accepts the admin calls and forwards them to the active
 controller; it answers once its own metadata shows the change, so a produce
@@ -10,7 +11,8 @@ a dict of every topic's outcome and, by default (``raise_on_error=True``),
 raise the first topic's error after the call completed for all of them (the
 others were still applied). Pass ``raise_on_error=False`` to inspect each.
 ``elect_leaders`` never raises per partition: "already led by the preferred
-replica" and similar answers are normal there.
+replica" and similar answers are normal there. ``alter_partition_reassignments``
+answers per partition like the topic calls.
 
 A call is retried, until ``request_timeout_ms``, only while no controller is
 active (``NOT_CONTROLLER``) or no broker answers at all; other errors are the
@@ -26,7 +28,8 @@ from typing import Any, NamedTuple
 from api.client._sync import LoopThread
 from api.client._transport import DEFAULT_BOOTSTRAP, ClusterMetadata, Transport, monotonic_ms
 from api.client._types import (
-    ConfigEntry, NewTopic, PartitionInfo, TopicDescription, TopicPartition, as_topic_partition)
+    ConfigEntry, NewTopic, PartitionInfo, PartitionReassignment, TopicDescription,
+    TopicPartition, as_topic_partition)
 from api.client.errors import KraftlogError, UnknownTopicOrPartitionError, error_from
 
 #: Codes after which an admin call is tried again (nothing was applied).
@@ -223,6 +226,37 @@ class AsyncAdmin:
         return {TopicPartition(e["topic"], e["partition"]): error_from(e.get("error"))
                 for e in answer.get("partitions") or ()}
 
+    async def alter_partition_reassignments(
+            self, reassignments: Mapping[Any, list[int] | None], *,
+            raise_on_error: bool = True) -> dict[TopicPartition, KraftlogError | None]:
+        """Move partitions to new replicas: ``{(topic, partition): [broker
+        ids]}``, the first the preferred leader. A list replaces any
+        reassignment under way; None cancels it. The call returns once the
+        reassignments have started: new replicas then copy the log, and a
+        reassignment completes when they are all in sync
+        (``list_partition_reassignments`` shows those still under way)."""
+        partitions = []
+        for tp, replicas in reassignments.items():
+            tp = as_topic_partition(tp)
+            partitions.append({"topic": tp.topic, "partition": tp.partition,
+                               "replicas": None if replicas is None else list(replicas)})
+        answer = await self._call("/v1/admin/partitions/reassign", {"partitions": partitions})
+        results = {TopicPartition(e["topic"], e["partition"]): error_from(e.get("error"))
+                   for e in answer.get("partitions") or ()}
+        _raise_first(results, raise_on_error)
+        return results
+
+    async def list_partition_reassignments(self, topics: Iterable[str] | None = None
+                                           ) -> dict[TopicPartition, PartitionReassignment]:
+        """The reassignments under way, of ``topics`` (every topic for
+        None); partitions with none are left out."""
+        answer = await self._call("/v1/admin/partitions/reassignments",
+                                  {"topics": None if topics is None else list(topics)})
+        return {TopicPartition(e["topic"], e["partition"]): PartitionReassignment(
+                    list(e.get("replicas", ())), list(e.get("adding_replicas", ())),
+                    list(e.get("removing_replicas", ())))
+                for e in answer.get("partitions") or ()}
+
     async def describe_cluster(self) -> dict:
         """The cluster id, the active controller and the brokers
         (``GET /v1/cluster``)."""
@@ -282,6 +316,16 @@ class Admin:
                       ) -> dict[TopicPartition, KraftlogError | None]:
         return self._thread.run(self._admin.elect_leaders(
             None if partitions is None else list(partitions)))
+
+    def alter_partition_reassignments(self, reassignments: Mapping[Any, list[int] | None],
+                                      **kwargs: Any) -> dict[TopicPartition, KraftlogError | None]:
+        return self._thread.run(self._admin.alter_partition_reassignments(
+            dict(reassignments), **kwargs))
+
+    def list_partition_reassignments(self, topics: Iterable[str] | None = None
+                                     ) -> dict[TopicPartition, PartitionReassignment]:
+        return self._thread.run(self._admin.list_partition_reassignments(
+            None if topics is None else list(topics)))
 
     def describe_cluster(self) -> dict:
         return self._thread.run(self._admin.describe_cluster())

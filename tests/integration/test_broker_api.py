@@ -742,6 +742,17 @@ def _produce_body(**item):
     pytest.param("/v1/fetch", _packed({"partitions": [
         {"topic": "shaped", "partition": 0, "offset": "0"}]}), MSGPACK, 400,
         "INVALID_REQUEST", id="fetch-offset-string"),
+    pytest.param("/v1/fetch", _packed({"replica_id": "two", "partitions": [
+        {"topic": "shaped", "partition": 0, "offset": 0}]}), MSGPACK, 400, "INVALID_REQUEST",
+        id="fetch-replica-id-string"),
+    pytest.param("/v1/fetch", _packed({"replica_id": -2, "partitions": []}), MSGPACK, 400,
+                 "INVALID_REQUEST", id="fetch-replica-id-negative"),
+    pytest.param("/v1/fetch", _packed({"replica_id": 2, "partitions": [
+        {"topic": "shaped", "partition": 0, "offset": 0, "last_fetched_epoch": -5}]}),
+        MSGPACK, 400, "INVALID_REQUEST", id="fetch-last-epoch-negative"),
+    pytest.param("/v1/fetch", _packed({"partitions": [
+        {"topic": "shaped", "partition": 0, "offset": 0, "last_fetched_epoch": [1]}]}),
+        MSGPACK, 400, "INVALID_REQUEST", id="fetch-last-epoch-list"),
     pytest.param("/v1/offsets", _packed({"partitions": [{"topic": "shaped", "partition": 0}]}),
                  MSGPACK, 400, "INVALID_REQUEST", id="offsets-timestamp-missing"),
     pytest.param("/v1/offsets", _packed({"partitions": [
@@ -1373,3 +1384,56 @@ def test_acknowledged_records_survive_sigterm_and_sigkill_restarts(single, url):
     for p in (0, 1):
         figures = offsets_of(url, topic, p)
         assert figures["high_watermark"] == figures["log_end_offset"] == len(expected[p])
+
+
+# == replication on one node ==========================================================
+
+def test_acks_all_below_min_insync_replicas_is_refused_and_nothing_is_appended(url):
+    create_topic(url, "strict", configs={"min.insync.replicas": "2"})
+    (result,) = produce(url, [("strict", 0, batch_of([(None, b"v", [], None)]))], acks="all")
+    assert result["error"]["code"] == "NOT_ENOUGH_REPLICAS", result
+    assert "min.insync.replicas=2" in result["error"]["message"]
+    assert log_end(url, "strict", 0) == 0
+    (result,) = produce(url, [("strict", 0, batch_of([(None, b"v", [], None)]))], acks=1)
+    assert result["error"] is None, "acks=1 does not need the ISR"
+
+
+def test_acks_all_on_a_sole_replica_is_acknowledged_once_committed(url):
+    create_topic(url, "sole")
+    (result,) = produce(url, [("sole", 0, batch_of([(None, b"v", [], None)] * 3))], acks=-1)
+    assert result["error"] is None and result["base_offset"] == 0
+    assert offsets_of(url, "sole", 0)["high_watermark"] == 3
+
+
+def test_a_fetch_from_a_broker_that_is_no_replica_is_refused_per_partition(url):
+    create_topic(url, "lonely")
+    produce_ok(url, "lonely", 0, batch_of([(None, b"v", [], None)]))
+    answer = call(url, "/v1/fetch", {"replica_id": 77, "partitions": [
+        {"topic": "lonely", "partition": 0, "offset": 0}]})
+    (result,) = answer["partitions"]
+    assert result["error"]["code"] == "NOT_LEADER_OR_FOLLOWER"
+    assert "not a follower" in result["error"]["message"]
+    assert result["records"] == b""
+
+
+def test_a_follower_fetch_naming_an_epoch_the_leader_lacks_gets_the_diverging_epoch(multi):
+    first = multi.nodes[multi.broker_ids[0]].broker_url
+    create_topic(first, "epochs", replication_factor=2)
+    (meta,) = wait_for_topic(first, "epochs")["partitions"]
+    leader_url = multi.nodes[meta["leader"]].broker_url
+    follower = next(b for b in meta["replicas"] if b != meta["leader"])
+    produce_ok(leader_url, "epochs", 0, batch_of([(None, b"v", [], None)] * 4))
+    epoch = meta["leader_epoch"]
+    # Offset 9 in the leader's own epoch: beyond where that epoch ends (4).
+    answer = call(leader_url, "/v1/fetch", {"replica_id": follower, "partitions": [
+        {"topic": "epochs", "partition": 0, "offset": 9, "last_fetched_epoch": epoch,
+         "current_leader_epoch": epoch}]})
+    (result,) = answer["partitions"]
+    assert result["error"] is None, result
+    assert result["diverging_epoch"] == {"epoch": epoch, "end_offset": 4}, result
+    assert result["records"] == b""
+    # A consumer never sees follower-only fields, and a follower in step
+    # reads past the high watermark.
+    answer = call(leader_url, "/v1/fetch", {"replica_id": follower, "partitions": [
+        {"topic": "epochs", "partition": 0, "offset": 0, "last_fetched_epoch": -1}]})
+    assert len(decode(answer["partitions"][0]["records"])) == 4

@@ -4,7 +4,8 @@ stand-in broker that records what it was asked and answers as scripted."""
 import pytest
 
 from api.client import (
-    AsyncAdmin, ConfigEntry, KraftlogError, NewTopic, TopicAlreadyExistsError, TopicPartition)
+    AsyncAdmin, ConfigEntry, KraftlogError, NewTopic, PartitionReassignment,
+    TopicAlreadyExistsError, TopicPartition)
 
 URL = "http://a:1"
 
@@ -95,3 +96,33 @@ async def test_describe_configs_and_elect_leaders_shapes():
     elected = await admin.elect_leaders([("t", 0), TopicPartition("t", 1)])
     assert elected[TopicPartition("t", 0)] is None
     assert elected[TopicPartition("t", 1)].code == "ELECTION_NOT_NEEDED"
+
+
+async def test_alter_partition_reassignments_sends_targets_and_cancels_and_raises_the_first_error():
+    no_reassignment = {"code": "NO_REASSIGNMENT_IN_PROGRESS", "message": "nothing to cancel"}
+    answer = {"partitions": [{"topic": "t", "partition": 0, "error": None},
+                             {"topic": "t", "partition": 1, "error": no_reassignment}]}
+    admin, broker = admin_with({"/v1/admin/partitions/reassign": [answer, answer]})
+    with pytest.raises(KraftlogError) as caught:
+        await admin.alter_partition_reassignments({("t", 0): [3, 1], TopicPartition("t", 1): None})
+    assert caught.value.code == "NO_REASSIGNMENT_IN_PROGRESS"
+    assert broker.requests[0] == ("/v1/admin/partitions/reassign", {"partitions": [
+        {"topic": "t", "partition": 0, "replicas": [3, 1]},
+        {"topic": "t", "partition": 1, "replicas": None}]})
+    results = await admin.alter_partition_reassignments({("t", 0): [3, 1], ("t", 1): None},
+                                                        raise_on_error=False)
+    assert results[TopicPartition("t", 0)] is None
+    assert results[TopicPartition("t", 1)].code == "NO_REASSIGNMENT_IN_PROGRESS"
+    with pytest.raises(TypeError):
+        await admin.alter_partition_reassignments({"t": [1]})
+
+
+async def test_list_partition_reassignments_shapes():
+    admin, broker = admin_with({"/v1/admin/partitions/reassignments": [
+        {"partitions": [{"topic": "t", "partition": 2, "replicas": [3, 1], "adding_replicas": [3],
+                         "removing_replicas": [1]}]},
+        {"partitions": []}]})
+    assert await admin.list_partition_reassignments() == {
+        TopicPartition("t", 2): PartitionReassignment([3, 1], [3], [1])}
+    assert await admin.list_partition_reassignments(["u"]) == {}
+    assert [body for _, body in broker.requests] == [{"topics": None}, {"topics": ["u"]}]

@@ -6,6 +6,7 @@ so the tests check the resulting cluster state, not just the records."""
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 
 import pytest
@@ -880,7 +881,7 @@ def test_alter_partition_shrinks_and_expands_the_isr():
     cluster = alter_partition_cluster()
     response = cluster.call("alter_partition", isr_request(new_isr=[1]))
     assert response == {"topic": "t", "partition": 0, "leader": 1, "leader_epoch": 2,
-                        "partition_epoch": 5, "isr": [1]}
+                        "partition_epoch": 5, "isr": [1], "leader_recovery_state": 0}
     cluster.heartbeat(3)  # unfenced again: may join
     response = cluster.call("alter_partition", isr_request(partition_epoch=5,
                                                            new_isr=[1, 3, 2]))
@@ -973,6 +974,402 @@ def test_periodic_preferred_election_is_off_when_disabled():
     assert cluster.tick() == []
 
 
+# -- partition reassignment ----------------------------------------------------
+def reassign(cluster: Cluster, topic: str, partition: int, replicas) -> dict | None:
+    """Start (or, with None, cancel) one reassignment; its error, or None."""
+    response = cluster.call("alter_partition_reassignments", {"partitions": [
+        {"topic": topic, "partition": partition, "replicas": replicas}]})
+    assert [(e["topic"], e["partition"]) for e in response["partitions"]] == [(topic, partition)]
+    return response["partitions"][0]["error"]
+
+
+def state(cluster: Cluster, topic: str = "t", partition: int = 0) -> tuple:
+    """(replicas, isr, leader, adding, removing) of a partition."""
+    p = cluster.partition(topic, partition)
+    return (p.replicas, p.isr, p.leader, p.adding_replicas, p.removing_replicas)
+
+
+def in_progress(cluster: Cluster, topics=None) -> list[tuple]:
+    answer = cluster.controller.list_partition_reassignments(cluster.image, {"topics": topics})
+    return [(e["topic"], e["partition"], e["replicas"], e["adding_replicas"],
+             e["removing_replicas"]) for e in answer["partitions"]]
+
+
+def moving_cluster(*brokers: int, replicas=(1, 2), **settings) -> Cluster:
+    """Brokers (1 to 4 by default) with t-0 on ``replicas``, all in sync."""
+    cluster = Cluster(**settings)
+    cluster.start(*(brokers or (1, 2, 3, 4)))
+    cluster.create("t", assignments={0: list(replicas)})
+    return cluster
+
+
+def test_reassignment_adds_the_targets_then_drops_the_originals_once_in_sync():
+    cluster = moving_cluster()
+    before = cluster.partition("t", 0)
+    assert reassign(cluster, "t", 0, [3, 4]) is None
+    # Targets first; ISR and leader as they were; only the partition epoch moves.
+    assert state(cluster) == ([3, 4, 1, 2], [1, 2], 1, [3, 4], [1, 2])
+    after = cluster.partition("t", 0)
+    assert (after.leader_epoch, after.partition_epoch) == (
+        before.leader_epoch, before.partition_epoch + 1)
+    assert in_progress(cluster) == [("t", 0, [3, 4, 1, 2], [3, 4], [1, 2])]
+    rejoin(cluster, "t", 0, 3)
+    assert state(cluster) == ([3, 4, 1, 2], [1, 2, 3], 1, [3, 4], [1, 2])
+    offset = cluster.image.offset
+    rejoin(cluster, "t", 0, 4)  # the last target catches up: done in the same batch
+    assert cluster.image.offset == offset + 2
+    # The leader was not a target: the first in-sync target takes over.
+    assert state(cluster) == ([3, 4], [3, 4], 3, [], [])
+    assert cluster.partition("t", 0).leader_epoch == before.leader_epoch + 1
+    assert in_progress(cluster) == []
+
+
+def test_the_alter_partition_answer_shows_the_completed_reassignment():
+    cluster = moving_cluster()
+    reassign(cluster, "t", 0, [3])
+    current = cluster.partition("t", 0)
+    response = cluster.call("alter_partition", {
+        "broker_id": 1, "broker_epoch": 0, "topic": "t", "partition": 0,
+        "leader_epoch": current.leader_epoch, "partition_epoch": current.partition_epoch,
+        "new_isr": [1, 2, 3]})
+    assert (response["leader"], response["isr"]) == (3, [3])
+    assert response["partition_epoch"] == cluster.partition("t", 0).partition_epoch
+
+
+def test_a_reassignment_that_keeps_the_leader_keeps_its_epoch():
+    cluster = moving_cluster()
+    reassign(cluster, "t", 0, [1, 3])
+    assert state(cluster) == ([1, 3, 2], [1, 2], 1, [3], [2])
+    rejoin(cluster, "t", 0, 3)
+    assert state(cluster) == ([1, 3], [1, 3], 1, [], [])
+    assert cluster.partition("t", 0).leader_epoch == 0
+
+
+@pytest.mark.parametrize("target, expected", [
+    ([3, 1, 2], ([3, 1, 2], [1, 2, 3], 1)),  # a reorder: only the preferred leader changes
+    ([2, 3], ([2, 3], [2, 3], 2)),  # a shrink without the leader: 2 takes over
+    ([1], ([1], [1], 1)),
+])
+def test_a_target_already_in_sync_is_done_in_one_record(target, expected):
+    cluster = moving_cluster(replicas=(1, 2, 3))
+    result = cluster.controller.alter_partition_reassignments(cluster.image, {"partitions": [
+        {"topic": "t", "partition": 0, "replicas": target}]})
+    assert len(result.records) == 1
+    commit(cluster.image, result.records)
+    assert state(cluster) == (*expected, [], [])
+    assert in_progress(cluster) == []
+
+
+def test_the_same_replicas_again_write_nothing():
+    cluster = moving_cluster()
+    result = cluster.controller.alter_partition_reassignments(cluster.image, {"partitions": [
+        {"topic": "t", "partition": 0, "replicas": [1, 2]}]})
+    assert result.records == [] and errors_of(result.response["partitions"]) == [None]
+
+
+def test_cancel_goes_back_to_the_original_replicas_and_an_original_leader():
+    cluster = moving_cluster()
+    reassign(cluster, "t", 0, [3, 4])
+    rejoin(cluster, "t", 0, 3)
+    cluster.call("elect_leaders", {"partitions": [{"topic": "t", "partition": 0}]})
+    assert state(cluster) == ([3, 4, 1, 2], [1, 2, 3], 3, [3, 4], [1, 2])
+    assert reassign(cluster, "t", 0, None) is None
+    # The added replica leaves the ISR and gives the leadership back.
+    assert state(cluster) == ([1, 2], [1, 2], 1, [], [])
+    assert in_progress(cluster) == []
+
+
+def test_a_new_target_replaces_the_reassignment_under_way():
+    cluster = moving_cluster(1, 2, 3, 4, 5)
+    reassign(cluster, "t", 0, [3, 4])
+    rejoin(cluster, "t", 0, 3)
+    assert reassign(cluster, "t", 0, [3, 5]) is None
+    # Still measured against the original [1, 2]; 4 is no replica any more,
+    # and 3 stays in sync.
+    assert state(cluster) == ([3, 5, 1, 2], [1, 2, 3], 1, [3, 5], [1, 2])
+    rejoin(cluster, "t", 0, 5)
+    assert state(cluster) == ([3, 5], [3, 5], 3, [], [])
+
+
+def test_changes_that_would_leave_no_in_sync_replica_are_refused():
+    cluster = moving_cluster(replicas=(1,))
+    reassign(cluster, "t", 0, [2, 3])
+    rejoin(cluster, "t", 0, 2)
+    cluster.heartbeat(1, want_fence=True)  # the only original leaves the ISR
+    assert state(cluster) == ([2, 3, 1], [2], 2, [2, 3], [1])
+    offset = cluster.image.offset
+    for target in (None, [1, 4]):
+        error = reassign(cluster, "t", 0, target)
+        assert error["code"] == "INVALID_REQUEST" and "out of sync" in error["message"]
+    assert cluster.image.offset == offset
+    assert reassign(cluster, "t", 0, [2, 4]) is None  # keeps the in-sync 2
+    assert state(cluster) == ([2, 4, 1], [2], 2, [2, 4], [1])
+
+
+def test_reassignment_errors_are_per_partition():
+    cluster = moving_cluster()
+    cluster.create("u", assignments={p: [1] for p in range(6)})
+    items = [
+        {"topic": "nope", "partition": 0, "replicas": [1]},
+        {"topic": "u", "partition": 9, "replicas": [1]},
+        {"topic": "u", "partition": 0, "replicas": []},
+        {"topic": "u", "partition": 1, "replicas": [2, 2]},
+        {"topic": "u", "partition": 2, "replicas": [1, 9]},
+        {"topic": "u", "partition": 3},  # cancel, but nothing is under way
+        {"topic": "u", "partition": 4, "replicas": [3]},  # twice in the request
+        {"topic": "u", "partition": 4, "replicas": [4]},
+        {"topic": "u", "partition": 5, "replicas": [3, 4]},  # valid: applied
+    ]
+    response = cluster.call("alter_partition_reassignments", {"partitions": items})
+    assert errors_of(response["partitions"]) == [
+        "UNKNOWN_TOPIC_OR_PARTITION", "UNKNOWN_TOPIC_OR_PARTITION", "INVALID_REQUEST",
+        "INVALID_REQUEST", "INVALID_REQUEST", "NO_REASSIGNMENT_IN_PROGRESS",
+        "INVALID_REQUEST", "INVALID_REQUEST", None]
+    assert "unregistered brokers [9]" in response["partitions"][4]["error"]["message"]
+    assert in_progress(cluster) == [("u", 5, [3, 4, 1], [3, 4], [1])]
+
+
+def test_a_fenced_broker_may_be_a_target_and_joins_once_back():
+    cluster = moving_cluster()
+    cluster.heartbeat(3, want_fence=True)
+    assert reassign(cluster, "t", 0, [3]) is None
+    with pytest.raises(IneligibleReplicaError):
+        rejoin(cluster, "t", 0, 3)
+    cluster.heartbeat(3)
+    rejoin(cluster, "t", 0, 3)
+    assert state(cluster) == ([3], [3], 3, [], [])
+
+
+def test_an_unclean_election_can_complete_a_reassignment(caplog):
+    cluster = moving_cluster(replicas=(1,), unclean_leader_election_enable=True)
+    reassign(cluster, "t", 0, [2])
+    with caplog.at_level(logging.WARNING, logger="kraft.controller"):
+        cluster.heartbeat(1, want_fence=True)
+    # 2 never caught up, but unclean election is allowed: it leads alone,
+    # which leaves the target wholly in sync.
+    assert state(cluster) == ([2], [2], 2, [], [])
+    assert cluster.partition("t", 0).leader_recovery_state == rec.LEADER_RECOVERING
+    assert "UNCLEAN leader election for t-0: broker 2 (not in the ISR [1])" in caplog.text
+
+
+def test_list_reassignments_by_topic():
+    cluster = moving_cluster()
+    cluster.create("other", assignments={0: [1], 1: [2]})
+    reassign(cluster, "other", 1, [3])
+    assert in_progress(cluster) == [("other", 1, [3, 2], [3], [2])]
+    assert in_progress(cluster, ["other", "nope"]) == [("other", 1, [3, 2], [3], [2])]
+    assert in_progress(cluster, ["t"]) == []
+
+
+def test_new_partitions_take_the_target_replication_factor():
+    cluster = moving_cluster()
+    reassign(cluster, "t", 0, [3, 4, 1])  # three replicas, five while moving
+    cluster.call("create_partitions", {"topics": [{"name": "t", "count": 2}]})
+    assert len(cluster.partition("t", 1).replicas) == 3
+
+
+def test_preferred_election_never_picks_a_replica_being_removed():
+    cluster = moving_cluster(auto_leader_rebalance_enable=True)
+    # A hand-made state the controller never writes (its targets come
+    # first): the first replica is one being removed.
+    commit(cluster.image, [rec.PartitionChangeRecord(
+        "tid-0", 0, replicas=[2, 3, 1], adding_replicas=[3], removing_replicas=[2])])
+    assert cluster.partition("t", 0).leader == 1
+    response = cluster.call("elect_leaders", {"partitions": None})
+    assert errors_of(response["partitions"]) == ["PREFERRED_LEADER_NOT_AVAILABLE"]
+    cluster.now_ms = INTERVAL_MS
+    cluster.keep_alive(1, 2, 3, 4)
+    assert cluster.tick() == []
+    assert cluster.partition("t", 0).leader == 1
+
+
+# -- leader recovery after an unclean election -----------------------------------
+def unclean_cluster() -> Cluster:
+    """t-0 on [1, 2] whose ISR shrank to [1]; then 1 was fenced and 2 was
+    elected uncleanly (unclean election enabled for the cluster)."""
+    cluster = Cluster(unclean_leader_election_enable=True)
+    cluster.start(1, 2)
+    cluster.create("t", assignments={0: [1, 2]})
+    cluster.call("alter_partition", {"broker_id": 1, "broker_epoch": 0, "topic": "t",
+                                     "partition": 0, "leader_epoch": 0, "partition_epoch": 0,
+                                     "new_isr": [1]})
+    cluster.heartbeat(1, want_fence=True)
+    return cluster
+
+
+def leader_request(cluster: Cluster, partition: int = 0, **changes) -> dict:
+    """An AlterPartition of t-``partition`` from its current leader (same
+    ISR-of-one unless changed)."""
+    current = cluster.partition("t", partition)
+    request = {"broker_id": current.leader,
+               "broker_epoch": cluster.image.brokers[current.leader].broker_epoch,
+               "topic": "t", "partition": partition, "leader_epoch": current.leader_epoch,
+               "partition_epoch": current.partition_epoch, "new_isr": [current.leader]}
+    request.update(changes)
+    return request
+
+
+def test_an_unclean_election_marks_the_partition_recovering_and_says_so(caplog):
+    cluster = Cluster(unclean_leader_election_enable=True)
+    cluster.start(1, 2)
+    cluster.create("t", assignments={0: [1, 2]})
+    cluster.call("alter_partition", {"broker_id": 1, "broker_epoch": 0, "topic": "t",
+                                     "partition": 0, "leader_epoch": 0, "partition_epoch": 0,
+                                     "new_isr": [1]})
+    with caplog.at_level(logging.WARNING, logger="kraft.controller"):
+        result = cluster.controller.heartbeat(cluster.image, {
+            "broker_id": 1, "broker_epoch": 0, "metadata_offset": cluster.image.offset,
+            "want_fence": True}, 0)
+    assert result.records[1] == rec.PartitionChangeRecord(
+        "tid-0", 0, leader=2, isr=[2], leader_recovery_state=rec.LEADER_RECOVERING)
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.getMessage() == (
+        "UNCLEAN leader election for t-0: broker 2 (not in the ISR [1]) leads epoch 1; "
+        "records acknowledged by the old ISR may be lost")
+
+
+def test_offline_partitions_elected_uncleanly_are_recovering_too():
+    cluster = Cluster()
+    cluster.start(1, 2)
+    cluster.create("t", assignments={0: [1, 2]})
+    cluster.call("alter_partition", {"broker_id": 1, "broker_epoch": 0, "topic": "t",
+                                     "partition": 0, "leader_epoch": 0, "partition_epoch": 0,
+                                     "new_isr": [1]})
+    cluster.heartbeat(1, want_fence=True)
+    assert cluster.partition("t", 0).leader == NO_LEADER
+    cluster.set_config("t", "unclean.leader.election.enable", True)
+    p = cluster.partition("t", 0)
+    assert (p.leader, p.isr, p.leader_recovery_state) == (2, [2], rec.LEADER_RECOVERING)
+
+
+def test_validate_only_config_changes_elect_no_one():
+    cluster = Cluster()
+    cluster.start(1, 2)
+    cluster.create("t", assignments={0: [1, 2]})
+    cluster.call("alter_partition", {"broker_id": 1, "broker_epoch": 0, "topic": "t",
+                                     "partition": 0, "leader_epoch": 0, "partition_epoch": 0,
+                                     "new_isr": [1]})
+    cluster.heartbeat(1, want_fence=True)
+    response = cluster.call("alter_configs", {"validate_only": True, "resources": [{
+        "type": "topic", "name": "t",
+        "ops": [{"name": "unclean.leader.election.enable", "op": "set", "value": True}]}]})
+    assert errors_of(response["resources"]) == [None]
+    assert cluster.partition("t", 0).leader == NO_LEADER
+
+
+def test_a_recovering_leader_keeps_the_isr_to_itself_until_it_says_recovered():
+    cluster = unclean_cluster()
+    cluster.heartbeat(1)  # back, and caught up: but the ISR may not grow yet
+    with pytest.raises(InvalidRequestError, match="RECOVERING"):
+        cluster.call("alter_partition", leader_request(cluster, new_isr=[2, 1]))
+    with pytest.raises(InvalidRequestError, match="RECOVERING"):
+        cluster.call("alter_partition", leader_request(cluster, new_isr=[2, 1],
+                                                       leader_recovery_state=1))
+    response = cluster.call("alter_partition", leader_request(cluster,
+                                                              leader_recovery_state=0))
+    assert response["leader_recovery_state"] == 0 and response["isr"] == [2]
+    assert cluster.partition("t", 0).leader_recovery_state == rec.LEADER_RECOVERED
+    response = cluster.call("alter_partition", leader_request(cluster, new_isr=[2, 1]))
+    assert response["isr"] == [2, 1]
+
+
+def test_recovered_and_a_larger_isr_may_come_in_one_request():
+    cluster = unclean_cluster()
+    cluster.heartbeat(1)
+    response = cluster.call("alter_partition", leader_request(cluster, new_isr=[2, 1],
+                                                              leader_recovery_state=0))
+    assert (response["isr"], response["leader_recovery_state"]) == ([2, 1], 0)
+
+
+def test_only_an_unclean_election_starts_recovery():
+    cluster = Cluster()
+    cluster.start(1)
+    cluster.create("t", assignments={0: [1]})
+    offset = cluster.image.offset
+    with pytest.raises(InvalidRequestError, match="cannot go back to RECOVERING"):
+        cluster.call("alter_partition", leader_request(cluster, leader_recovery_state=1))
+    assert cluster.image.offset == offset
+    response = cluster.call("alter_partition", leader_request(cluster))
+    assert response["leader_recovery_state"] == 0
+
+
+def test_a_clean_election_ends_recovery():
+    cluster = unclean_cluster()
+    cluster.heartbeat(2, want_fence=True)  # the unclean leader goes too
+    p = cluster.partition("t", 0)
+    assert (p.leader, p.isr, p.leader_recovery_state) == (NO_LEADER, [2], 1)
+    cluster.heartbeat(2)  # back: the only in-sync replica, elected cleanly
+    p = cluster.partition("t", 0)
+    assert (p.leader, p.isr, p.leader_recovery_state) == (2, [2], 0)
+
+
+# -- property: reassignments, ISR changes and fencing keep the invariants --------
+OPERATION = st.one_of(
+    st.tuples(st.just("reassign"), st.integers(0, 1),
+              st.one_of(st.none(), st.lists(st.integers(1, 4), min_size=1, max_size=4,
+                                            unique=True))),
+    st.tuples(st.just("isr"), st.integers(0, 1), st.sets(st.integers(1, 4)),
+              st.sampled_from([None, 0, 1])),
+    st.tuples(st.just("fence"), st.integers(1, 4)),
+    st.tuples(st.just("unfence"), st.integers(1, 4)),
+    st.tuples(st.just("elect")),
+    st.tuples(st.just("unclean"), st.booleans()),
+)
+
+
+def _operate(cluster: Cluster, operation: tuple) -> None:
+    kind = operation[0]
+    if kind == "reassign":
+        reassign(cluster, "t", operation[1], operation[2])
+    elif kind == "isr":
+        _, partition, members, recovery_state = operation
+        current = cluster.partition("t", partition)
+        if current.leader == NO_LEADER:
+            return
+        request = leader_request(cluster, partition, new_isr=[current.leader] + sorted(
+            (members & set(current.replicas)) - {current.leader}))
+        if recovery_state is not None:
+            request["leader_recovery_state"] = recovery_state
+        cluster.call("alter_partition", request)
+    elif kind == "fence":
+        cluster.heartbeat(operation[1], want_fence=True)
+    elif kind == "unfence":
+        cluster.heartbeat(operation[1])
+    elif kind == "elect":
+        cluster.call("elect_leaders", {})
+    else:
+        cluster.set_config("t", "unclean.leader.election.enable", operation[1])
+
+
+def check_partition_invariants(cluster: Cluster) -> None:
+    for topic in cluster.image.topics.values():
+        for p in topic.partitions.values():
+            assert set(p.adding_replicas) <= set(p.replicas)
+            assert set(p.removing_replicas) <= set(p.replicas)
+            assert set(p.isr) <= set(p.replicas) and p.isr
+            assert p.leader == NO_LEADER or p.leader in p.isr
+            # The controller's own layout: targets first, then the leaving ones.
+            assert p.replicas == p.target_replicas + p.removing_replicas
+            # Completion is never left pending.
+            assert not p.reassigning or not set(p.target_replicas) <= set(p.isr)
+            if p.leader_recovery_state == rec.LEADER_RECOVERING:
+                assert len(p.isr) == 1 and p.leader in (NO_LEADER, p.isr[0])
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(operations=st.lists(OPERATION, max_size=25))
+def test_reassignments_isr_changes_and_fencing_keep_the_invariants(operations):
+    cluster = Cluster(default_replication_factor=2)
+    cluster.start(1, 2, 3, 4)
+    cluster.create("t", assignments={0: [1, 2], 1: [3, 4]})
+    for operation in operations:
+        try:
+            _operate(cluster, operation)
+        except KraftError:
+            pass  # a refusal; Cluster.call checked it changed nothing
+        check_partition_invariants(cluster)
+
+
 # -- malformed requests ---------------------------------------------------------
 REGISTER = {"broker_id": 1, "incarnation_id": "i", "endpoints": {"B": "h:1"}}
 HEARTBEAT = {"broker_id": 1, "broker_epoch": 0, "metadata_offset": 0}
@@ -1057,6 +1454,22 @@ MALFORMED = [
     ("elect_leaders", {"partitions": "all"}, "partitions"),
     ("elect_leaders", {"partitions": [{"topic": "t"}]}, "partition"),
     ("elect_leaders", {"partitions": [["t", 0]]}, "partitions[0]"),
+    ("alter_partition", {**ALTER_PARTITION, "leader_recovery_state": 2},
+     "leader_recovery_state"),
+    ("alter_partition", {**ALTER_PARTITION, "leader_recovery_state": True},
+     "leader_recovery_state"),
+    ("alter_partition_reassignments", {}, "partitions"),
+    ("alter_partition_reassignments", {"partitions": [{"topic": "t"}]}, "partition"),
+    ("alter_partition_reassignments", {"partitions": [
+        {"topic": "t", "partition": 0, "replicas": "1,2"}]}, "partitions[0].replicas"),
+    ("alter_partition_reassignments", {"partitions": [
+        {"topic": "t", "partition": 0, "replicas": [1, -2]}]}, "partitions[0].replicas[1]"),
+    ("alter_partition_reassignments", {"partitions": [
+        {"topic": "t", "partition": 0, "replicas": [1] * 1001}]}, "partitions[0].replicas"),
+    ("alter_partition_reassignments", {"partitions": [{"topic": "t", "partition": 0}] * 10_001},
+     "partitions"),
+    ("list_partition_reassignments", {"topics": "t"}, "topics"),
+    ("list_partition_reassignments", {"topics": [5]}, "topics[0]"),
 ]
 
 
@@ -1082,7 +1495,8 @@ JSON_LIKE = st.recursive(
         "want_fence", "want_shutdown", "topics", "name", "num_partitions",
         "replication_factor", "configs", "assignments", "validate_only", "count",
         "resources", "type", "keys", "ops", "op", "value", "topic", "partition",
-        "leader_epoch", "partition_epoch", "new_isr", "partitions", "retention.ms", "0"])
+        "leader_epoch", "partition_epoch", "new_isr", "partitions", "retention.ms", "0",
+        "replicas", "leader_recovery_state"])
         | st.integers(0, 3), children, max_size=6),
     max_leaves=20)
 
@@ -1090,7 +1504,9 @@ JSON_LIKE = st.recursive(
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(method=st.sampled_from(["register_broker", "heartbeat", "create_topics",
                                "delete_topics", "create_partitions", "describe_configs",
-                               "alter_configs", "alter_partition", "elect_leaders"]),
+                               "alter_configs", "alter_partition", "elect_leaders",
+                               "alter_partition_reassignments",
+                               "list_partition_reassignments"]),
        request_body=JSON_LIKE)
 def test_any_request_gets_a_response_or_a_kraft_error(method, request_body):
     cluster = FUZZ_CLUSTER
@@ -1128,6 +1544,13 @@ VALID_REQUESTS = [
     ("alter_partition", {"broker_id": 1, "broker_epoch": 1, "topic": "topic", "partition": 0,
                          "leader_epoch": 0, "partition_epoch": 0, "new_isr": [1]}),
     ("elect_leaders", {"partitions": [{"topic": "t", "partition": 1}]}),
+    ("alter_partition", {"broker_id": 1, "broker_epoch": 1, "topic": "topic", "partition": 0,
+                         "leader_epoch": 0, "partition_epoch": 0, "new_isr": [1],
+                         "leader_recovery_state": 0}),
+    ("alter_partition_reassignments", {"partitions": [
+        {"topic": "t", "partition": 0, "replicas": [2, 0]},
+        {"topic": "topic", "partition": 0, "replicas": [0]}]}),
+    ("list_partition_reassignments", {"topics": ["t", "topic"]}),
 ]
 
 
@@ -1224,5 +1647,10 @@ def test_a_long_scenario_never_changes_the_image_it_is_given():
     cluster.register(2, incarnation="inc-2b")
     cluster.heartbeat(2)
     cluster.call("elect_leaders", {"partitions": None})
+    cluster.call("alter_partition_reassignments", {"partitions": [
+        {"topic": "t", "partition": 1, "replicas": [3, 1]},
+        {"topic": "t", "partition": 2, "replicas": [2]}]})
+    cluster.call("alter_partition_reassignments", {"partitions": [
+        {"topic": "t", "partition": 1, "replicas": None}]})
     cluster.call("delete_topics", {"topics": ["t"]})
     assert cluster.image.topics == {}

@@ -159,6 +159,89 @@ def test_optional_fields_may_be_omitted_and_round_trip():
     assert rec.decode(data) == rec.PartitionChangeRecord("t", 0)
 
 
+# -- reassignment and leader recovery fields --------------------------------
+def test_reassignment_fields_apply_and_leader_changes_keep_the_recovery_state():
+    image = apply_all(two_brokers_and_a_topic())
+    image.apply(rec.PartitionChangeRecord("tid-orders", 0, replicas=[3, 1, 2], adding_replicas=[3],
+                                          removing_replicas=[2]), 7)
+    p = image.partition("orders", 0)
+    assert (p.replicas, p.adding_replicas, p.removing_replicas) == ([3, 1, 2], [3], [2])
+    assert (p.target_replicas, p.original_replicas, p.reassigning) == ([3, 1], [1, 2], True)
+    image.apply(rec.PartitionChangeRecord("tid-orders", 0, leader=2, isr=[2],
+                                          leader_recovery_state=rec.LEADER_RECOVERING), 8)
+    image.apply(rec.PartitionChangeRecord("tid-orders", 0, leader=1, isr=[1]), 9)
+    p = image.partition("orders", 0)
+    # The leader changed without saying: the state stays (the controller sets it).
+    assert (p.leader, p.leader_epoch, p.leader_recovery_state) == (1, 2, rec.LEADER_RECOVERING)
+    assert p.adding_replicas == [3]  # unchanged fields stay as they were
+    image.apply(rec.PartitionChangeRecord("tid-orders", 0, replicas=[3, 1], adding_replicas=[],
+                                          removing_replicas=[], leader_recovery_state=0), 10)
+    p = image.partition("orders", 0)
+    assert (p.replicas, p.reassigning, p.leader_recovery_state) == ([3, 1], False, 0)
+    image.check_invariants()
+
+
+@pytest.mark.parametrize("change", [
+    rec.PartitionChangeRecord("tid-orders", 0, adding_replicas=[3]),  # not a replica
+    rec.PartitionChangeRecord("tid-orders", 0, removing_replicas=[3]),
+    rec.PartitionChangeRecord("tid-orders", 0, adding_replicas=[2, 2]),  # twice
+    rec.PartitionChangeRecord("tid-orders", 0, adding_replicas=[2], removing_replicas=[2]),
+    rec.PartitionChangeRecord("tid-orders", 0, leader_recovery_state=2),
+])
+def test_inconsistent_reassignment_fields_are_refused(change):
+    image = apply_all(two_brokers_and_a_topic())
+    before = image.to_snapshot()
+    with pytest.raises(MetadataApplyError):
+        image.apply(change, 7)
+    assert image.to_snapshot() == before
+
+
+def test_replicas_may_not_drop_one_a_reassignment_still_adds():
+    image = apply_all(two_brokers_and_a_topic() + [rec.PartitionChangeRecord(
+        "tid-orders", 1, replicas=[3, 2, 1], adding_replicas=[3], removing_replicas=[1])])
+    with pytest.raises(MetadataApplyError, match="adding replicas"):
+        image.apply(rec.PartitionChangeRecord("tid-orders", 1, replicas=[2, 1]), 8)
+
+
+def test_snapshot_round_trips_the_new_fields():
+    image = apply_all(two_brokers_and_a_topic() + [
+        rec.PartitionChangeRecord("tid-orders", 0, replicas=[3, 1, 2], adding_replicas=[3],
+                                  removing_replicas=[2], leader_recovery_state=1)])
+    restored = MetadataImage.from_snapshot(image.to_snapshot())
+    assert restored == image
+    p = restored.partition("orders", 0)
+    assert (p.adding_replicas, p.removing_replicas, p.leader_recovery_state) == ([3], [2], 1)
+
+
+def test_a_snapshot_from_before_the_new_fields_loads_with_defaults():
+    image = apply_all(two_brokers_and_a_topic())
+    raw = msgpack.unpackb(image.to_snapshot(), raw=False, strict_map_key=False)
+    for topic in raw["topics"]:
+        for registration in topic["partitions"].values():
+            for field in ("adding_replicas", "removing_replicas", "leader_recovery_state"):
+                del registration[field]
+    restored = MetadataImage.from_snapshot(msgpack.packb(raw, use_bin_type=True))
+    assert restored == image
+    p = restored.partition("orders", 1)
+    assert (p.adding_replicas, p.removing_replicas, p.leader_recovery_state) == ([], [], 0)
+
+
+def test_partition_changes_from_before_the_new_fields_decode_and_new_ones_leave_them_out():
+    # As the previous version wrote it: every field, the optional ones as None.
+    old = msgpack.packb(["partition_change", 0, {"topic_id": "t", "partition": 0,
+                                                 "leader": 2, "isr": [2], "replicas": None}])
+    assert rec.decode(old) == rec.PartitionChangeRecord("t", 0, leader=2, isr=[2])
+    # Unused optional fields are not written, so the previous version can read
+    # a record that does not use the new ones.
+    _, _, fields = msgpack.unpackb(rec.PartitionChangeRecord("t", 0, isr=[1]).encode())
+    assert fields == {"topic_id": "t", "partition": 0, "isr": [1]}
+    change = rec.PartitionChangeRecord("t", 0, adding_replicas=[], leader_recovery_state=0)
+    assert rec.decode(change.encode()) == change
+    # A required field that happens to be None is still written.
+    _, _, fields = msgpack.unpackb(rec.ConfigRecord("topic", "t", "a", None).encode())
+    assert fields["value"] is None
+
+
 # -- property: apply is deterministic and all-or-nothing --------------------
 record_strategy = st.one_of(
     st.builds(rec.RegisterBrokerRecord, st.integers(0, 3), st.sampled_from(["a", "b"]),
@@ -171,7 +254,11 @@ record_strategy = st.one_of(
               st.integers(-1, 3), st.just(0), st.just(0)),
     st.builds(rec.PartitionChangeRecord, st.sampled_from(["i1", "i2"]), st.integers(0, 2),
               st.one_of(st.none(), st.integers(-1, 3)),
-              st.one_of(st.none(), st.lists(st.integers(0, 3), max_size=3))),
+              st.one_of(st.none(), st.lists(st.integers(0, 3), max_size=3)),
+              st.one_of(st.none(), st.lists(st.integers(0, 3), max_size=3)),
+              st.one_of(st.none(), st.lists(st.integers(0, 3), max_size=2)),
+              st.one_of(st.none(), st.lists(st.integers(0, 3), max_size=2)),
+              st.sampled_from([None, 0, 1, 2])),
     st.builds(rec.RemoveTopicRecord, st.sampled_from(["i1", "i2"])),
     st.builds(rec.ConfigRecord, st.sampled_from(["topic", "broker"]), st.sampled_from(["t1", "1"]),
               st.sampled_from(["a", "b"]), st.one_of(st.none(), st.sampled_from(["1", "2"]))),

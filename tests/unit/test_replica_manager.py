@@ -242,3 +242,40 @@ def test_a_replayed_older_leadership_is_ignored(tmp_path):
     assert not rm.partitions[TopicPartition("t", 0)].is_leader
     rm.apply_image(past.image, caught_up=False)  # epoch 0 again, naming this broker
     assert not rm.partitions[TopicPartition("t", 0)].is_leader
+
+
+def test_high_watermarks_survive_a_restart_through_the_checkpoint(tmp_path):
+    cluster = Cluster()
+    cluster.add(TopicRecord("t", "id-1"))
+    cluster.add(PartitionRecord("id-1", 0, [ME, OTHER], [ME, OTHER], OTHER, 0, 0))
+    rm = make_manager(tmp_path)
+    rm.apply_image(cluster.image, caught_up=True)
+    part = rm.partitions[TopicPartition("t", 0)]
+    leader_log_data = build_batch([(None, b"v")] * 8)
+    leader = make_manager(tmp_path, "leader-logs")
+    leader_image = Cluster()
+    leader_image.topic("t", "id-1", [ME])
+    leader.apply_image(leader_image.image, caught_up=True)
+    lead = leader.leader_partition("t", 0)
+    leader.append(lead, leader_log_data)
+    part.append_as_follower(lead.log.read(0, 1 << 20, 8), 6)
+    assert part.high_watermark == 6
+    snapshot = rm.high_watermark_snapshot()
+    rm.write_high_watermarks(snapshot)
+    rm.log_manager.shutdown()
+    restarted = make_manager(tmp_path)
+    restarted.apply_image(cluster.image, caught_up=True)
+    assert restarted.partitions[TopicPartition("t", 0)].high_watermark == 6
+
+
+def test_min_insync_replicas_comes_from_the_topic_or_the_broker_default(tmp_path):
+    cluster = Cluster()
+    cluster.topic("plain", "id-1", [ME])
+    cluster.topic("strict", "id-2", [ME])
+    cluster.add(ConfigRecord("topic", "strict", "min.insync.replicas", "3"))
+    logs = LogManager(LogManagerConfig((str(tmp_path / "logs"),)), LogConfig())
+    logs.startup()
+    rm = ReplicaManager(ME, logs, topic_defaults={"min.insync.replicas": "2"})
+    rm.apply_image(cluster.image, caught_up=True)
+    assert rm.leader_partition("plain", 0).min_insync_replicas == 2
+    assert rm.leader_partition("strict", 0).min_insync_replicas == 3
