@@ -28,6 +28,12 @@ of either the old or the new ISR lacks:
     record this leader may have acknowledged), unless the leader is still
     recovering from an unclean election.
 
+An expansion refused or lost (the shell's answer None) may have been applied
+all the same: its answer lost, or a retried copy refused after the first was
+applied. Its new members stay in the maximal ISR ("unconfirmed") until an
+answer or the image shows a newer partition epoch, or, once they lag, the
+controller answers a proposal of the unchanged ISR at this partition epoch.
+
 **Follower.** Fetches from the leader at its log end, naming the epoch of its
 last batch; a leader whose log differs answers with the diverging epoch and
 where that epoch ends, and the follower truncates to the smaller of that and
@@ -46,14 +52,12 @@ import dataclasses
 import enum
 import logging
 
+from kraft.records import LEADER_RECOVERED, LEADER_RECOVERING
 from storage.epoch_cache import UNDEFINED_EPOCH
 from storage.log import AppendInfo, Log
 from storage.manager import TopicPartition
 
 logger = logging.getLogger(__name__)
-
-LEADER_RECOVERED = 0
-LEADER_RECOVERING = 1
 
 
 class Role(enum.Enum):
@@ -110,6 +114,9 @@ class Partition:
         # Leader only: the ISR asked of the controller and not yet answered.
         # Invariant: contains broker_id when set.
         self.pending_isr: list[int] | None = None
+        # Leader only: members a refused or lost expansion would have added,
+        # at the current partition epoch. Invariant: a subset of replicas.
+        self.unconfirmed_isr: list[int] = []
         # Invariant: log_start_offset <= high_watermark <= log_end_offset.
         # A checkpointed value past the recovered log end is clamped.
         start = log.log_start_offset
@@ -129,6 +136,7 @@ class Partition:
             self.role is not Role.LEADER or leader_epoch != self.leader_epoch)
         if partition_epoch != self.partition_epoch:
             self.pending_isr = None  # answered, or overtaken by another change
+            self.unconfirmed_isr = []  # the image says what became of them
         self.leader_id = leader
         self.leader_epoch = leader_epoch
         self.partition_epoch = partition_epoch
@@ -183,9 +191,9 @@ class Partition:
     @property
     def maximal_isr(self) -> list[int]:
         """The ISR the high watermark must respect: the current one plus any
-        member a pending proposal adds."""
-        extra = [r for r in (self.pending_isr or ()) if r not in self.isr]
-        return self.isr + extra
+        member a pending proposal adds or an unconfirmed one may have added."""
+        extra = [r for r in (self.pending_isr or []) + self.unconfirmed_isr if r not in self.isr]
+        return self.isr + list(dict.fromkeys(extra))
 
     def maybe_advance_high_watermark(self) -> bool:
         """Move the high watermark up to the smallest log end offset over the
@@ -243,7 +251,9 @@ class Partition:
         if self.leader_recovery_state == LEADER_RECOVERING:
             return self._propose(list(self.isr), "recovered from an unclean election",
                                  LEADER_RECOVERED)
-        lagging = [r for r in self.isr if r != self.broker_id
+        # Lagging unconfirmed members make this a proposal of the unchanged
+        # ISR, whose answer confirms they were not added.
+        lagging = [r for r in self.isr + self.unconfirmed_isr if r != self.broker_id
                    and now_ms - self._state(r).last_caught_up_ms > lag_time_max_ms]
         if lagging:
             return self._propose([r for r in self.isr if r not in lagging],
@@ -271,13 +281,23 @@ class Partition:
     def isr_change_done(self, proposal: IsrProposal, answer: dict | None) -> bool:
         """The controller's answer to ``proposal`` (None: refused or lost).
         An accepted change is applied at once, without waiting for the image
-        to show it; True if it was."""
-        if self.pending_isr != proposal.new_isr or self.leader_epoch != proposal.leader_epoch:
-            return False  # a newer registration arrived meanwhile
+        to show it; True if it was, or if an answer confirming the ISR as it
+        is moved the high watermark."""
+        if (self.pending_isr != proposal.new_isr or self.leader_epoch != proposal.leader_epoch
+                or self.partition_epoch != proposal.partition_epoch):
+            return False  # answers an earlier proposal, or a newer registration arrived
         self.pending_isr = None
+        if (answer is not None and answer.get("leader_epoch") == self.leader_epoch
+                and answer.get("partition_epoch") == self.partition_epoch
+                and answer.get("isr") == self.isr):
+            self.unconfirmed_isr = []  # the controller holds this ISR at this epoch
+            return self.maybe_advance_high_watermark()
         if (answer is None or answer.get("leader_epoch") != self.leader_epoch
                 or answer.get("partition_epoch", -1) <= self.partition_epoch):
+            self.unconfirmed_isr += [r for r in proposal.new_isr
+                                     if r not in self.isr and r not in self.unconfirmed_isr]
             return False
+        self.unconfirmed_isr = []
         self.isr = list(answer["isr"])
         self.partition_epoch = answer["partition_epoch"]
         self.leader_recovery_state = answer.get("leader_recovery_state",
@@ -359,6 +379,7 @@ class Partition:
             f"{self.tp}: log start {self.log_start_offset}, high watermark "
             f"{self.high_watermark}, log end {self.log_end_offset}")
         assert self.pending_isr is None or self.broker_id in self.pending_isr
+        assert set(self.unconfirmed_isr) <= set(self.replicas), self.unconfirmed_isr
 
     def describe(self, now_ms: int | None = None) -> dict:
         entry = {"partition": self.tp.partition, "role": self.role.value,

@@ -35,11 +35,11 @@ from collections.abc import Callable, Mapping
 
 from api.broker.errors import (FencedLeaderEpochError, LeaderNotAvailableError,
                                NotLeaderOrFollowerError, UnknownLeaderEpochError)
-from api.broker.partition import LEADER_RECOVERED, LEADER_RECOVERING, Partition
+from api.broker.partition import Partition
 from kraft.config import BROKER_LISTENER
 from kraft.errors import UnknownTopicOrPartitionError
 from kraft.image import MetadataImage
-from kraft.records import NO_LEADER
+from kraft.records import LEADER_RECOVERING, NO_LEADER
 from kraft.topic_config import MIN_INSYNC_REPLICAS, builtin_defaults
 from storage.checkpoint import CheckpointFormatError, OffsetCheckpoint, write_atomically
 from storage.config import TOPIC_KEYS
@@ -135,7 +135,7 @@ class ReplicaManager:
                     continue
                 part.min_insync_replicas = min_isr
                 before = (part.role, part.leader_epoch, part.high_watermark)
-                recovery = getattr(reg, "leader_recovery_state", LEADER_RECOVERED)
+                recovery = reg.leader_recovery_state
                 if part.update(reg.leader, reg.leader_epoch, reg.partition_epoch,
                                reg.replicas, reg.isr, now_ms, recovery):
                     self._log_new_leadership(part, recovery)

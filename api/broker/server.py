@@ -338,7 +338,9 @@ class BrokerServer:
         for p, reg in sorted(topic.partitions.items()):
             entry = {"partition": p, "leader": reg.leader, "leader_epoch": reg.leader_epoch,
                      "partition_epoch": reg.partition_epoch, "replicas": reg.replicas,
-                     "isr": reg.isr, "log_start_offset": None, "high_watermark": None,
+                     "isr": reg.isr, "adding_replicas": reg.adding_replicas,
+                     "removing_replicas": reg.removing_replicas,
+                     "log_start_offset": None, "high_watermark": None,
                      "log_end_offset": None, "size_bytes": None, "replica_states": None}
             found = stats.get(p)
             if found is not None:

@@ -243,6 +243,9 @@ def test_two_of_three_brokers_killed_writes_are_refused_never_acknowledged_then_
         cluster.kill(broker, signal.SIGKILL)
     wait_until(lambda: describe(cluster, "minority")[0]["isr"] == [survivor], 15,
                f"the ISR shrunk to broker {survivor}")
+    survivor_url = cluster.nodes[survivor].broker_url
+    assert metric(survivor_url, "kraftlog_under_min_isr_partitions") >= 1
+    assert metric(survivor_url, "kraftlog_under_replicated_partitions") >= 1
     with Producer(urls(cluster), acks="all", retries=0, request_timeout_ms=3000,
                   delivery_timeout_ms=5000) as producer:
         handles = [producer.send("minority", b"refused-%d" % i) for i in range(20)]
@@ -353,3 +356,17 @@ def test_a_returning_leader_truncates_records_the_new_leader_never_had(healed):
     values = read_everything(cluster, "diverge", 1)
     assert [values[(0, o)] for o in range(150)] == \
         [b"before-%d" % i for i in range(100)] + [b"after-%d" % i for i in range(50)]
+
+
+def test_partitions_added_to_a_live_topic_are_replicated_too(healed):
+    cluster = healed
+    create_topic(cluster, "growing", 1)
+    with Admin(urls(cluster)) as admin:
+        admin.create_partitions({"growing": 3})
+    wait_for_full_isr(cluster, "growing", 3)
+    load = Load("growing", urls(cluster)).start()
+    wait_until(lambda: {p for p, _ in list(load.acked.values())} == {0, 1, 2}, 30,
+               "acknowledged writes on every partition")
+    load.finish()
+    wait_for_identical_replicas(cluster, "growing", 3)
+    check_history(load, read_everything(cluster, "growing", 3))

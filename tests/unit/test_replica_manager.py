@@ -279,3 +279,19 @@ def test_min_insync_replicas_comes_from_the_topic_or_the_broker_default(tmp_path
     rm.apply_image(cluster.image, caught_up=True)
     assert rm.leader_partition("plain", 0).min_insync_replicas == 2
     assert rm.leader_partition("strict", 0).min_insync_replicas == 3
+
+
+def test_an_unclean_leader_says_loudly_which_offsets_may_be_lost(tmp_path, caplog):
+    cluster = Cluster()
+    cluster.add(TopicRecord("t", "id-1"))
+    cluster.add(PartitionRecord("id-1", 0, [OTHER, ME], [OTHER], OTHER, 0, 0))
+    rm = make_manager(tmp_path)
+    rm.apply_image(cluster.image, caught_up=True)
+    part = rm.partitions[TopicPartition("t", 0)]
+    part.log.append(build_batch([(None, b"v")] * 7), 0)  # what it had replicated
+    cluster.add(PartitionChangeRecord("id-1", 0, leader=ME, isr=[ME], leader_recovery_state=1))
+    with caplog.at_level("WARNING"):
+        rm.apply_image(cluster.image, caught_up=True)
+    assert part.is_leader
+    (line,) = [r.getMessage() for r in caplog.records if "UNCLEAN" in r.getMessage()]
+    assert "at or above offset 7 are LOST" in line and "t-0" in line
