@@ -471,11 +471,11 @@ class Log:
         return deleted
 
     def _truncate_epochs_from_start(self) -> None:
-        """The log start moved: forget epochs wholly below it. An empty log
-        keeps no epochs (as after a restart, which drops epochs starting at
-        or past the log end)."""
+        """The log start moved: forget epochs wholly below it. The latest
+        epoch stays (clamped to the new log start) even when retention
+        emptied the log, as Kafka keeps it: a leader must still vouch for
+        its own epoch to a follower that fetches at its log end."""
         self.epoch_cache.truncate_from_start(self.log_start_offset)
-        self.epoch_cache.truncate_from_end(self.log_end_offset)
 
     def _delete_oldest(self, count: int, reason: str) -> int:
         """Delete the ``count`` oldest segments. If that includes the active

@@ -126,6 +126,10 @@ class ReplicaFetcher:
         self.partitions: dict[TopicPartition, int] = {}
         # Partitions resting after an error, until this loop time.
         self._resting: dict[TopicPartition, float] = {}
+        # The order partitions are asked for in: those that just returned
+        # data go to the back, so a busy partition cannot starve the others
+        # of the response budget (only the first with data may exceed it).
+        self._order: list[TopicPartition] = []
         self._changed = asyncio.Event()
         self.task: asyncio.Task | None = None
 
@@ -143,6 +147,8 @@ class ReplicaFetcher:
             return
         self.partitions = dict(epochs)
         self._resting = {tp: t for tp, t in self._resting.items() if tp in epochs}
+        kept = [tp for tp in self._order if tp in epochs]
+        self._order = kept + sorted(set(epochs) - set(kept))
         self._changed.set()
 
     # -- the loop ----------------------------------------------------------------
@@ -176,12 +182,18 @@ class ReplicaFetcher:
         can be fetched."""
         settings = self.manager.settings
         items, sent = [], {}
-        for tp in sorted(self.partitions):
+        for tp in self._order:
             part = self._followed(tp)
             if part is None or self._resting.get(tp, 0) > now:
                 continue
             if part.last_fetched_epoch > part.leader_epoch:
-                continue  # our log is newer than the leader we were told of
+                # Our log is newer than the leader we were told of: wait for
+                # the metadata to name a newer one.
+                logger.warning("broker %d: %s holds leader epoch %d, newer than leader %d's "
+                               "epoch %d; waiting for newer metadata", self.replicas.broker_id,
+                               tp, part.last_fetched_epoch, self.leader_id, part.leader_epoch)
+                self._rest(tp, now, PARTITION_BACKOFF_MS * 10)
+                continue
             items.append({"topic": tp.topic, "partition": tp.partition,
                           "offset": part.log_end_offset,
                           "current_leader_epoch": part.leader_epoch,
@@ -225,6 +237,7 @@ class ReplicaFetcher:
             changed.cancel()
             if not request.done():
                 request.cancel()
+                await asyncio.gather(request, return_exceptions=True)
         if request.cancelled():
             return None
         return request.result()
@@ -249,8 +262,11 @@ class ReplicaFetcher:
             for tp in sent:
                 self._rest(tp, now)
             return
+        served = []
         for result in answer.get("partitions", ()):
             tp = TopicPartition(result.get("topic"), result.get("partition"))
+            if result.get("records"):
+                served.append(tp)
             expected = sent.get(tp)
             part = self._followed(tp)
             if expected is None or part is not expected[0]:
@@ -263,6 +279,10 @@ class ReplicaFetcher:
                 logger.exception("broker %d: cannot apply the fetch of %s from leader %d",
                                  self.replicas.broker_id, tp, self.leader_id)
                 self._rest(tp, now)
+        if served:
+            moved = set(served)
+            self._order = [tp for tp in self._order if tp not in moved] + \
+                [tp for tp in served if tp in self.partitions]
 
     def _apply(self, part: Partition, result: dict, now: float) -> None:
         error = result.get("error")
@@ -292,5 +312,5 @@ class ReplicaFetcher:
                     part.tp, self.leader_id, code, error.get("message"))
         self._rest(part.tp, now)
 
-    def _rest(self, tp: TopicPartition, now: float) -> None:
-        self._resting[tp] = now + PARTITION_BACKOFF_MS / 1000
+    def _rest(self, tp: TopicPartition, now: float, rest_ms: int = PARTITION_BACKOFF_MS) -> None:
+        self._resting[tp] = now + rest_ms / 1000

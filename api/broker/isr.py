@@ -68,8 +68,12 @@ class IsrManager:
         while True:
             await asyncio.sleep(interval_s)
             for part in list(self.replicas.partitions.values()):
-                if part.is_leader:
-                    self.maybe_propose(part)
+                try:
+                    if part.is_leader:
+                        self.maybe_propose(part)
+                except Exception:  # one partition's failure must not end the task
+                    logger.exception("broker %d: ISR check of %s failed",
+                                     self.replicas.broker_id, part.tp)
 
     async def _send(self, part: Partition, proposal: IsrProposal) -> None:
         answer = None

@@ -134,6 +134,11 @@ class ReplicaManager:
                 if part is None:
                     continue
                 part.min_insync_replicas = min_isr
+                if not caught_up:
+                    # A replayed past: the log is opened, but no role is taken
+                    # from it (no epoch written, no high watermark moved, no
+                    # ISR proposed). The caught-up image that follows decides.
+                    continue
                 before = (part.role, part.leader_epoch, part.high_watermark)
                 recovery = reg.leader_recovery_state
                 if part.update(reg.leader, reg.leader_epoch, reg.partition_epoch,
@@ -256,6 +261,9 @@ class ReplicaManager:
 
     # -- high-watermark checkpoints ----------------------------------------------
     def _checkpointed_high_watermark(self, tp: TopicPartition) -> int | None:
+        return self._load_checkpoints().get(tp)
+
+    def _load_checkpoints(self) -> dict[TopicPartition, int]:
         if self._checkpointed is None:
             self._checkpointed = {}
             for directory in self.log_manager.config.log_dirs:
@@ -268,7 +276,7 @@ class ReplicaManager:
                     continue
                 self._checkpointed.update(
                     (TopicPartition(topic, p), hw) for (topic, p), hw in stored.items())
-        return self._checkpointed.get(tp)
+        return self._checkpointed
 
     def high_watermark_snapshot(self) -> dict[str, dict[tuple[str, int], int]]:
         """Event loop: ``{log dir: {(topic, partition): high watermark}}``
@@ -276,7 +284,9 @@ class ReplicaManager:
         checkpointed), to hand to ``write_high_watermarks`` on any thread."""
         dirs = {os.path.abspath(d): d for d in self.log_manager.config.log_dirs}
         snapshot: dict[str, dict[tuple[str, int], int]] = {d: {} for d in dirs.values()}
-        checkpointed = self._checkpointed or {}
+        # Read first, so a checkpoint written before any partition is hosted
+        # keeps what the last one held.
+        checkpointed = self._load_checkpoints()
         for tp, part_log in self.log_manager.logs.items():
             part = self.partitions.get(tp)
             hw = part.high_watermark if part is not None else checkpointed.get(tp)

@@ -92,6 +92,8 @@ class BrokerServer:
         self.hw_checkpoint_interval_ms = int(config.settings.get(
             "replica.high.watermark.checkpoint.interval.ms", HW_CHECKPOINT_INTERVAL_MS_DEFAULT))
         self._hw_task: asyncio.Task | None = None
+        # One high-watermark checkpoint write at a time (they share a temp file).
+        self._hw_lock = asyncio.Lock()
         self.metrics = BrokerMetrics(self._partition_counts, self._leader_counts,
                                      self._replication_gauges)
         self.data = DataApi(self.replicas, self.metrics, self._not_serving_reason,
@@ -144,23 +146,30 @@ class BrokerServer:
         await self.fetchers.stop()
         await self.isr.stop()
         if self._hw_task is not None:
-            self._hw_task.cancel()
+            async with self._hw_lock:  # never cancel it in the middle of a write
+                self._hw_task.cancel()
             await asyncio.gather(self._hw_task, return_exceptions=True)
             self._hw_task = None
         await self.log_manager.stop_background_tasks()
         if self.log_manager.started:
-            loop = asyncio.get_running_loop()
+            try:
+                await self._checkpoint_high_watermarks()
+            except Exception:  # the logs must still close cleanly
+                logger.exception("broker %d: cannot write the high-watermark checkpoint",
+                                 self.config.node_id)
+            await asyncio.get_running_loop().run_in_executor(None, self.log_manager.shutdown)
+
+    async def _checkpoint_high_watermarks(self) -> None:
+        async with self._hw_lock:
             snapshot = self.replicas.high_watermark_snapshot()
-            await loop.run_in_executor(None, self.replicas.write_high_watermarks, snapshot)
-            await loop.run_in_executor(None, self.log_manager.shutdown)
+            await asyncio.get_running_loop().run_in_executor(
+                None, self.replicas.write_high_watermarks, snapshot)
 
     async def _checkpoint_high_watermarks_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.hw_checkpoint_interval_ms / 1000)
             try:
-                snapshot = self.replicas.high_watermark_snapshot()
-                await loop.run_in_executor(None, self.replicas.write_high_watermarks, snapshot)
+                await self._checkpoint_high_watermarks()
             except Exception:  # the next round tries again
                 logger.exception("broker %d: cannot write the high-watermark checkpoint",
                                  self.config.node_id)

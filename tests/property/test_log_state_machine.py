@@ -62,10 +62,16 @@ class LogModel:
     def append(self, batch: ModelBatch) -> None:
         self.batches.append(batch)
         if not self.epochs or batch.epoch > self.epochs[-1][0]:
+            # An epoch that began where this batch does never held a record.
+            while self.epochs and self.epochs[-1][1] >= batch.base_offset:
+                self.epochs.pop()
             self.epochs.append((batch.epoch, batch.base_offset))
 
     def truncate_to(self, offset: int) -> None:
-        """Drop batches whose last offset is >= offset (whole batches)."""
+        """Drop batches whose last offset is >= offset (whole batches); an
+        offset at or past the end changes nothing."""
+        if offset >= self.end:
+            return
         self.batches = [b for b in self.batches if b.next_offset <= offset]
         end = self.end
         self.epochs = [(e, s) for e, s in self.epochs if s < end]
@@ -76,8 +82,8 @@ class LogModel:
         self.batches = [b for b in self.batches if b.next_offset > offset]
         kept = [(e, s) for e, s in self.epochs if s <= offset]
         later = [(e, s) for e, s in self.epochs if s > offset]
+        # The latest epoch stays even when nothing is left after the start.
         self.epochs = ([(kept[-1][0], offset)] if kept else []) + later
-        self.epochs = [(e, s) for e, s in self.epochs if s < self.end]
 
     def records_from(self, offset: int) -> list[tuple[int, bytes | None, bytes, int]]:
         out = []
@@ -195,6 +201,8 @@ class LogMachine(RuleBasedStateMachine):
         self.log = Log.open(self.dir, self.config, log_start_offset=self.model.log_start,
                             clean_shutdown=True)
         assert self.log.recovery_point == self.model.end
+        # Opening forgets epochs that hold no record (they start at the end).
+        self.model.epochs = [(e, s) for e, s in self.model.epochs if s < self.model.end]
 
     @rule(mode=st.sampled_from(["none", "cut", "flip"]), where=st.floats(0, 1),
           bit=st.integers(0, 7))
@@ -233,6 +241,7 @@ class LogMachine(RuleBasedStateMachine):
         valid_ends = {max(b, self.model.log_start) for b in self.model.boundaries()}
         assert new_end in valid_ends, "recovery stopped inside a batch"
         self.model.truncate_to(new_end)
+        self.model.epochs = [(e, s) for e, s in self.model.epochs if s < self.model.end]
         self.model.flushed = new_end
 
     # -- invariants --------------------------------------------------------
