@@ -98,8 +98,10 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
     for kind, summary, description in (
             ("produce", "producer throughput and acknowledgement latency",
              "Send --records records of --record-size bytes through the Python Producer to a "
-             "fresh single node (or --target URL) and report records/s, MB/s and latency "
-             "p50/p99/p99.9 from send to acknowledgement."),
+             "fresh single node (or --brokers N: one controller and N brokers; or --target "
+             "URL) and report records/s, MB/s and latency p50/p99/p99.9 from send to "
+             "acknowledgement. --replication-factor and --min-insync-replicas shape the "
+             "topic; --acks all waits for every in-sync replica."),
             ("consume", "consumer throughput reading a filled topic",
              "Fill a topic with --records records (not timed), then read them all back "
              "through the Python Consumer and report records/s and MB/s."),
@@ -109,9 +111,30 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
         kind_parser = bench_kinds.add_parser(kind, help=summary, description=description)
         bench_data.add_arguments(kind_parser, kind)
         kind_parser.set_defaults(handler=bench_data.run)
+    replication_parser = bench_kinds.add_parser(
+        "replication", help="produce throughput, RF=3 acks=all next to RF=1 in one run",
+        description="Start one fresh cluster (1 controller + 3 brokers) and produce the same "
+                    "--records to a fresh topic per run: RF=1 acks=1 (the reference), RF=1 "
+                    "acks=all, RF=3 acks=1 and RF=3 acks=all with min.insync.replicas=2. "
+                    "Print records/s, MB/s and latency p50/p99 per run, and RF=3 acks=all "
+                    "throughput as a share of RF=1 acks=1 (target: at least 0.50).")
+    bench_data.add_arguments(replication_parser, "replication")
+    replication_parser.set_defaults(handler=bench_data.run_replication)
+    from chaos import bench_failover
+
+    failover_parser = bench_kinds.add_parser(
+        "failover", help="acks=all unavailability after kill -9 of a partition leader",
+        description="Start a fresh cluster (1 controller + 3 brokers), create a topic with "
+                    "one partition, replication factor 3 and min.insync.replicas=2, and "
+                    "write one acks=all record at a time. Kill -9 the partition leader and "
+                    "time until a write is acknowledged by the new leader; restart the "
+                    "killed broker and wait for the full ISR; repeat --trials times. Print "
+                    "each window and p50/max next to the target, the session timeout + 1 s.")
+    bench_failover.add_arguments(failover_parser)
+    failover_parser.set_defaults(handler=bench_failover.run)
 
 
-class _ExamplesFormatter(argparse.HelpFormatter):
+class ExamplesFormatter(argparse.HelpFormatter):
     """Wraps each line of prose to the terminal; keeps indented lines (the
     examples) exactly as written."""
 
@@ -125,7 +148,7 @@ class _ExamplesFormatter(argparse.HelpFormatter):
 
 
 def _add_cluster_commands(commands: argparse._SubParsersAction) -> None:
-    examples = _ExamplesFormatter
+    examples = ExamplesFormatter
     cluster = commands.add_parser(
         "cluster", help="run a local multi-process cluster (up, down, status)",
         formatter_class=examples,

@@ -1,6 +1,8 @@
-"""``kraftlog topics|produce|consume``: Kafka's console tools, for kraftlog.
+"""``kraftlog topics|partitions|produce|consume``: Kafka's console tools, for kraftlog.
 
   kraftlog topics create|list|describe|alter|delete   (kafka-topics)
+  kraftlog partitions reassign|reassignments          (kafka-reassign-partitions)
+  kraftlog partitions elect-leaders                   (kafka-leader-election)
   kraftlog produce TOPIC                               (kafka-console-producer)
   kraftlog consume TOPIC                               (kafka-console-consumer)
 
@@ -12,16 +14,18 @@ naming the error code and what to do, and exit 1.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 from urllib.parse import quote
 
-from api.cli import CliError, get_json
+from api.cli import CliError, ExamplesFormatter, get_json
 from api.table import format_table
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     _add_topics(commands)
+    _add_partitions(commands)
     _add_produce(commands)
     _add_consume(commands)
 
@@ -63,11 +67,19 @@ def _add_topics(commands: argparse._SubParsersAction) -> None:
     describe.set_defaults(handler=_topics_describe)
 
     alter = actions.add_parser(
-        "alter", help="add partitions or change topic configs",
-        description="Add partitions (never fewer: keyed records would move) or set and "
-                    "delete topic configs.")
+        "alter", help="add partitions, move them to other brokers, or change topic configs",
+        description="Add partitions (never fewer: keyed records would move), move partitions "
+                    "to other brokers, or set and delete topic configs. Examples:\n"
+                    "  kraftlog topics alter orders --partitions 12\n"
+                    "  kraftlog topics alter orders --replicas 1:2:3,2:3:1\n"
+                    "  kraftlog topics alter orders --config retention.ms=86400000",
+        formatter_class=ExamplesFormatter)
     alter.add_argument("name")
     alter.add_argument("--partitions", type=int, metavar="N", help="new total partition count")
+    alter.add_argument("--replicas", metavar="ASSIGNMENT",
+                       help="reassign partitions, as Kafka's --replica-assignment: partitions "
+                            "separated by ',' (partition 0 first), each one's broker ids by "
+                            "':', the first its preferred leader, e.g. 1:2:3,2:3:1")
     alter.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                        help="set a topic config (repeatable)")
     alter.add_argument("--delete-config", action="append", default=[], metavar="KEY",
@@ -170,13 +182,25 @@ def _size(size: int | None) -> str:
 def _topics_alter(args: argparse.Namespace) -> int:
     from api.client import KraftlogError
 
-    if args.partitions is None and not args.config and not args.delete_config:
-        raise CliError("nothing to alter: give --partitions, --config or --delete-config")
+    if (args.partitions is None and args.replicas is None and not args.config
+            and not args.delete_config):
+        raise CliError("nothing to alter: give --partitions, --replicas, --config or "
+                       "--delete-config")
+    if args.partitions is not None and args.replicas is not None:
+        raise CliError("--replicas moves existing partitions; add partitions with "
+                       "--partitions in a separate call")
+    plan = None
+    if args.replicas is not None:
+        plan = {(args.name, partition): replicas for partition, replicas in
+                enumerate(_parse_replica_assignment(args.replicas))}
     with _admin(args) as admin:
         try:
             if args.partitions is not None:
                 admin.create_partitions({args.name: args.partitions})
                 print(f"Topic {args.name} now has {args.partitions} partitions.")
+            if plan is not None:
+                _report_reassignments(
+                    plan, admin.alter_partition_reassignments(plan, raise_on_error=False))
             changes: dict[str, str | None] = dict(_parse_configs(args.config))
             changes.update({key: None for key in args.delete_config})
             if changes:
@@ -187,6 +211,21 @@ def _topics_alter(args: argparse.Namespace) -> int:
         except KraftlogError as exc:
             _fail(f"cannot alter topic {args.name!r}", exc)
     return 0
+
+
+def _parse_replica_assignment(text: str) -> list[list[int]]:
+    """Kafka's --replica-assignment: ``1:2:3,2:3:1`` -> [[1, 2, 3], [2, 3, 1]]."""
+    assignment = []
+    for partition in text.split(","):
+        try:
+            replicas = [int(broker) for broker in partition.split(":")]
+        except ValueError:
+            replicas = []
+        if not replicas or min(replicas) < 0:
+            raise CliError(f"--replicas takes broker ids like 1:2:3,2:3:1 (partitions separated "
+                           f"by ',', partition 0 first; brokers by ':'), got {text!r}")
+        assignment.append(replicas)
+    return assignment
 
 
 def _topics_delete(args: argparse.Namespace) -> int:
@@ -208,6 +247,223 @@ def _inspect(args: argparse.Namespace, path: str) -> dict:
         error = answer["error"]
         raise CliError(f"{error.get('code')}: {error.get('message')}")
     return answer
+
+
+# -- partitions ------------------------------------------------------------------------
+def _add_partitions(commands: argparse._SubParsersAction) -> None:
+    examples = ExamplesFormatter
+    partitions = commands.add_parser(
+        "partitions", help="move partitions between brokers; elect preferred leaders",
+        description="Move partitions to other brokers, like kafka-reassign-partitions, and "
+                    "move leadership back to preferred replicas, like kafka-leader-election. "
+                    "Examples:\n"
+                    "  kraftlog partitions reassign --topic orders --partition 0 --replicas 2,3\n"
+                    "  kraftlog partitions reassign --reassignment-json-file plan.json\n"
+                    "  kraftlog partitions reassignments\n"
+                    "  kraftlog partitions reassign --cancel --topic orders --partition 0\n"
+                    "  kraftlog partitions elect-leaders --topic orders",
+        formatter_class=examples)
+    actions = partitions.add_subparsers(dest="partitions_command", metavar="ACTION")
+    actions.required = True
+
+    reassign = actions.add_parser(
+        "reassign", help="move partitions to new replicas, or cancel a move",
+        description="Give partitions new replicas (the first is the preferred leader). The "
+                    "new replicas copy the log from the leader; once every one is in sync the "
+                    "old ones are dropped, and if the leader is not among the new replicas "
+                    "the first in-sync new one takes over. Name one partition with --topic, "
+                    "--partition and --replicas, or many in a JSON plan in Kafka's format:\n"
+                    '  {"version": 1, "partitions": [\n'
+                    '    {"topic": "orders", "partition": 0, "replicas": [2, 3]}]}\n'
+                    "--cancel stops the reassignment under way of the named partitions "
+                    "(replicas in a plan are then ignored) and goes back to their original "
+                    "replicas. A new target for a partition already moving replaces the old "
+                    "one.",
+        formatter_class=examples)
+    reassign.add_argument("--topic", metavar="TOPIC", help="the partition's topic")
+    reassign.add_argument("--partition", type=int, metavar="P", help="the partition's number")
+    reassign.add_argument("--replicas", metavar="IDS",
+                          help="the new replicas as comma-separated broker ids, e.g. 2,3,1")
+    reassign.add_argument("--reassignment-json-file", metavar="FILE",
+                          help="reassign every partition of this JSON plan (Kafka's format)")
+    reassign.add_argument("--cancel", action="store_true",
+                          help="cancel the reassignment under way instead")
+    reassign.set_defaults(handler=_partitions_reassign)
+
+    listing = actions.add_parser(
+        "reassignments", help="list the reassignments in progress",
+        description="Partitions being reassigned: all their replicas now (the new ones "
+                    "first), those being added (still copying the log) and those removed once "
+                    "the new ones are in sync.")
+    listing.add_argument("--topic", metavar="TOPIC", help="only this topic's partitions")
+    listing.set_defaults(handler=_partitions_reassignments)
+
+    elect = actions.add_parser(
+        "elect-leaders", help="move leadership back to the preferred replicas",
+        description="Preferred leader election, like kafka-leader-election --election-type "
+                    "PREFERRED: a partition whose first replica is live and in sync but does "
+                    "not lead gets it as leader. Every partition without --topic.")
+    elect.add_argument("--topic", metavar="TOPIC", help="only this topic's partitions")
+    elect.add_argument("--partition", type=int, metavar="P",
+                       help="only this partition (needs --topic)")
+    elect.set_defaults(handler=_partitions_elect_leaders)
+
+
+def _partitions_reassign(args: argparse.Namespace) -> int:
+    from api.client import KraftlogError
+
+    plan = _reassignment_request(args)
+    with _admin(args) as admin:
+        try:
+            results = admin.alter_partition_reassignments(plan, raise_on_error=False)
+        except KraftlogError as exc:
+            _fail("cannot reassign", exc)
+    _report_reassignments(plan, results)
+    return 0
+
+
+def _reassignment_request(args: argparse.Namespace) -> dict[tuple[str, int], list[int] | None]:
+    """(topic, partition) -> new replicas (None: cancel), from the flags."""
+    if args.reassignment_json_file is not None:
+        if args.topic is not None or args.partition is not None or args.replicas is not None:
+            raise CliError("--reassignment-json-file names the partitions itself; leave out "
+                           "--topic, --partition and --replicas")
+        plan = _load_reassignment_plan(args.reassignment_json_file, args.cancel)
+        return {tp: None if args.cancel else replicas for tp, replicas in plan.items()}
+    if args.topic is None or args.partition is None:
+        raise CliError("name the partition: --topic T --partition P (or give "
+                       "--reassignment-json-file FILE)")
+    if args.cancel:
+        if args.replicas is not None:
+            raise CliError("--cancel goes back to the original replicas; leave out --replicas")
+        return {(args.topic, args.partition): None}
+    if args.replicas is None:
+        raise CliError("give the new replicas: --replicas 1,2,3 (or --cancel)")
+    try:
+        replicas = [int(broker) for broker in args.replicas.split(",")]
+    except ValueError:
+        replicas = []
+    if not replicas or min(replicas) < 0:
+        raise CliError(f"--replicas takes comma-separated broker ids like 1,2,3, "
+                       f"got {args.replicas!r}")
+    return {(args.topic, args.partition): replicas}
+
+
+def _load_reassignment_plan(path: str, cancel: bool) -> dict[tuple[str, int], list[int]]:
+    """Kafka's reassignment JSON: ``{"version": 1, "partitions": [{"topic",
+    "partition", "replicas"}]}`` (``log_dirs`` and other keys ignored).
+    ``replicas`` may be left out of a plan used to cancel."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            plan = json.load(f)
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise CliError(f"{path} is not valid JSON: {exc}") from None
+    shape = ('{"version": 1, "partitions": [{"topic": "t", "partition": 0, '
+             '"replicas": [1, 2]}]}')
+    entries = plan.get("partitions") if isinstance(plan, dict) else None
+    if not isinstance(entries, list) or not entries or plan.get("version", 1) != 1:
+        raise CliError(f"{path} must hold a plan like {shape}")
+    partitions: dict[tuple[str, int], list[int]] = {}
+    for i, entry in enumerate(entries):
+        where = f"{path}: partitions[{i}]"
+        if not isinstance(entry, dict):
+            raise CliError(f"{where} must be a map like {shape}")
+        topic, partition = entry.get("topic"), entry.get("partition")
+        replicas = entry.get("replicas", [] if cancel else None)
+        if not isinstance(topic, str) or not _is_id(partition):
+            raise CliError(f"{where} needs a topic name and a partition number")
+        if not isinstance(replicas, list) or not all(_is_id(b) for b in replicas):
+            raise CliError(f"{where} needs replicas as a list of broker ids")
+        if (topic, partition) in partitions:
+            raise CliError(f"{where} names {topic}-{partition} a second time")
+        partitions[(topic, partition)] = replicas
+    return partitions
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _report_reassignments(plan: dict, results: dict) -> None:
+    """One line per partition reassigned (or cancelled); the first failure,
+    if any, as the command's error."""
+    failed = []
+    for tp, error in results.items():
+        replicas = plan.get((tp.topic, tp.partition))
+        if error is not None:
+            failed.append((tp, error, replicas))
+        elif replicas is None:
+            print(f"Cancelled the reassignment of {tp.topic}-{tp.partition}.")
+        else:
+            print(f"Reassigning {tp.topic}-{tp.partition} to replicas "
+                  f"{','.join(map(str, replicas))}.")
+    if failed:
+        tp, error, replicas = failed[0]
+        doing = "cancel the reassignment of" if replicas is None else "reassign"
+        more = f" ({len(failed)} of {len(results)} partitions failed)" if len(failed) > 1 else ""
+        raise CliError(f"cannot {doing} {tp.topic}-{tp.partition}: {error.code}: "
+                       f"{error.message}{more}")
+
+
+def _partitions_reassignments(args: argparse.Namespace) -> int:
+    from api.client import KraftlogError
+
+    with _admin(args) as admin:
+        try:
+            found = admin.list_partition_reassignments(
+                None if args.topic is None else [args.topic])
+        except KraftlogError as exc:
+            _fail("cannot list reassignments", exc)
+    if not found:
+        print("No reassignments in progress.")
+        return 0
+    rows = [(tp.topic, str(tp.partition), _ids(r.replicas), _ids(r.adding_replicas),
+             _ids(r.removing_replicas)) for tp, r in sorted(found.items())]
+    print(format_table(("TOPIC", "PARTITION", "REPLICAS", "ADDING", "REMOVING"), rows))
+    return 0
+
+
+def _ids(broker_ids: list[int]) -> str:
+    return ",".join(map(str, broker_ids)) or "-"
+
+
+def _partitions_elect_leaders(args: argparse.Namespace) -> int:
+    from api.client import KraftlogError, TopicPartition
+
+    if args.partition is not None and args.topic is None:
+        raise CliError("--partition needs --topic")
+    with _admin(args) as admin:
+        try:
+            topics = admin.describe_topics(None if args.topic is None else [args.topic])
+            before = {TopicPartition(name, p.partition): p
+                      for name, topic in topics.items() for p in topic.partitions}
+            wanted = None
+            if args.partition is not None:
+                wanted = [TopicPartition(args.topic, args.partition)]
+            elif args.topic is not None:
+                wanted = sorted(before)
+            results = admin.elect_leaders(wanted)
+        except KraftlogError as exc:
+            _fail("cannot elect leaders", exc)
+    # An answer without error means the preferred (first) replica leads now.
+    moved = [(tp, before[tp]) for tp, error in sorted(results.items())
+             if error is None and tp in before and before[tp].replicas
+             and before[tp].leader != before[tp].replicas[0]]
+    failed = [(tp, error) for tp, error in sorted(results.items()) if error is not None]
+    if moved:
+        print(format_table(("TOPIC", "PARTITION", "LEADER", "PREVIOUS-LEADER"), [
+            (tp.topic, str(tp.partition), str(info.replicas[0]), _or_none(info.leader))
+            for tp, info in moved]))
+    elif not failed:
+        print("No leader election needed: every partition is led by its preferred replica.")
+    if failed:
+        tp, error = failed[0]
+        more = f" ({len(failed)} partitions failed)" if len(failed) > 1 else ""
+        raise CliError(f"cannot elect the preferred leader of {tp.topic}-{tp.partition}: "
+                       f"{error.code}: {error.message}{more}")
+    return 0
 
 
 # -- produce ------------------------------------------------------------------------------

@@ -1,11 +1,14 @@
-"""``kraftlog bench produce|consume|e2e``: the data plane measured as users see it.
+"""``kraftlog bench produce|consume|e2e|replication``: the data plane measured
+as users see it.
 
 Each run uses the Python client against real broker processes: a fresh
-single combined node started in a temporary directory (or an existing
-cluster with ``--bootstrap``), and a fresh topic. It prints a progress bar
-while it works and a summary: records/s, MB/s and latency percentiles, next
-to a reference measured in the same run (the same bytes written to a plain
-file, with one fsync at the end) so figures from different machines compare.
+single combined node started in a temporary directory (or, with
+``--brokers N``, a fresh cluster of one dedicated controller and N brokers;
+or an existing cluster with ``--target``), and a fresh topic of
+``--replication-factor`` replicas. It prints a progress bar while it works
+and a summary: records/s, MB/s and latency percentiles, next to a reference
+measured in the same run (the same bytes written to a plain file, with one
+fsync at the end) so figures from different machines compare.
 
   produce  N records of SIZE bytes through ``Producer``; latency from
            ``send`` to acknowledgement, sampled on every 64th record.
@@ -14,6 +17,10 @@ file, with one fsync at the end) so figures from different machines compare.
   e2e      a producer at a fixed rate in this process and a consumer in
            another; latency from ``send`` (stamped into the value) to the
            consumer's ``poll`` returning the record.
+  replication  one fresh cluster of 1 controller + 3 brokers; the same
+           produce run on a fresh topic per setting: RF=1 acks=1, RF=1
+           acks=all, RF=3 acks=1 and RF=3 acks=all (min ISR 2); the
+           reference is RF=1 acks=1 in the same run.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import time
 import uuid
 from typing import Any
 
-from chaos.cluster import ProcessCluster
+from chaos.cluster import ProcessCluster, http_json, wait_until
 
 LATENCY_SAMPLE_EVERY = 64
 PROGRESS_INTERVAL_S = 0.5
@@ -37,23 +44,38 @@ STAMP = struct.Struct(">d")  # send time, seconds since the epoch, at the start 
 
 
 def add_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
+    """The flags of ``kraftlog bench KIND`` (produce, consume, e2e or replication)."""
     parser.add_argument("--records", type=int, default=1_000_000 if kind != "e2e" else 100_000,
-                        help="records to send (default %(default)s)")
+                        help="records to send (default %(default)s)"
+                             + (", in each of the four runs" if kind == "replication" else ""))
     parser.add_argument("--record-size", type=int, default=100,
                         help="value bytes per record (default %(default)s)")
     parser.add_argument("--partitions", type=int, default=4,
                         help="partitions of the benchmark topic (default %(default)s)")
-    parser.add_argument("--acks", default="1", choices=["0", "1", "all", "-1"],
-                        help="producer acks (default %(default)s)")
+    if kind != "replication":
+        parser.add_argument("--acks", default="1", choices=["0", "1", "all", "-1"],
+                            help="producer acks (default %(default)s)")
     parser.add_argument("--batch-size", type=int, default=1024 * 1024,
                         help="producer batch size in bytes (default %(default)s)")
     parser.add_argument("--linger-ms", type=int, default=5 if kind != "e2e" else 1,
                         help="producer linger in ms (default %(default)s)")
-    parser.add_argument("--target", dest="cluster_url", metavar="URL",
-                        help="use this running broker instead of starting a fresh node")
+    if kind != "replication":
+        parser.add_argument("--target", dest="cluster_url", metavar="URL",
+                            help="use this running broker instead of starting a fresh node")
+        parser.add_argument("--brokers", type=int, default=1,
+                            help="1: a fresh single combined node (controller + broker); "
+                                 "N > 1: a fresh cluster of one dedicated controller and N "
+                                 "brokers (default %(default)s)")
+        parser.add_argument("--replication-factor", type=int, default=1,
+                            help="replicas of each partition of the benchmark topic; at most "
+                                 "--brokers (default %(default)s)")
+        parser.add_argument("--min-insync-replicas", type=int, default=1,
+                            help="the topic's min.insync.replicas: acks=all writes are "
+                                 "refused while fewer replicas are in sync (default "
+                                 "%(default)s)")
     parser.add_argument("--dir", help="where the fresh node keeps its data "
                                       "(default: a temporary directory, removed after)")
-    if kind == "produce":
+    if kind in ("produce", "replication"):
         parser.add_argument("--producers", type=int, default=1,
                             help="producer processes sending in parallel, each with its share "
                                  "of --records (default %(default)s)")
@@ -68,9 +90,14 @@ def run(args: argparse.Namespace) -> int:
     if args.record_size < STAMP.size and kind == "e2e":
         print(f"--record-size must be at least {STAMP.size} for e2e", file=sys.stderr)
         return 2
+    problem = _replication_flags_problem(args)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     with _target(args) as bootstrap:
         topic = f"bench-{kind}-{uuid.uuid4().hex[:8]}"
-        _create_topic(bootstrap, topic, args.partitions)
+        _create_topic(bootstrap, topic, args.partitions, args.replication_factor,
+                      args.min_insync_replicas)
         if kind == "produce":
             summary = bench_produce(bootstrap, topic, args)
         elif kind == "consume":
@@ -85,28 +112,56 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replication_flags_problem(args: argparse.Namespace) -> str | None:
+    """Why --brokers, --replication-factor and --min-insync-replicas do not
+    fit together, or None. With --target the cluster judges the topic."""
+    if args.brokers < 1:
+        return "--brokers must be at least 1"
+    if args.cluster_url and args.brokers != 1:
+        return "--brokers starts a fresh cluster; it cannot be used with --target"
+    if args.replication_factor < 1:
+        return "--replication-factor must be at least 1"
+    if not args.cluster_url and args.replication_factor > args.brokers:
+        return (f"--replication-factor {args.replication_factor} needs at least as many "
+                f"brokers; add --brokers {args.replication_factor}")
+    if not 1 <= args.min_insync_replicas <= args.replication_factor:
+        return (f"--min-insync-replicas must be between 1 and the replication factor "
+                f"({args.replication_factor}), not {args.min_insync_replicas}")
+    return None
+
+
 # -- the target cluster -----------------------------------------------------------
 class _target:
-    """A bootstrap URL: the given one, or a fresh single node's."""
+    """Bootstrap URLs: the given one, a fresh single node's, or (``brokers``
+    above 1) those of a fresh cluster of one controller and that many brokers.
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    The fresh nodes run the shipped defaults (no settings of their own), so
+    the figures are those of an out-of-the-box install."""
+
+    def __init__(self, args: argparse.Namespace, brokers: int | None = None) -> None:
         self.args = args
+        self.brokers = args.brokers if brokers is None else brokers
         self.cluster: ProcessCluster | None = None
         self.tmp: tempfile.TemporaryDirectory | None = None
 
-    def __enter__(self) -> str:
-        if self.args.cluster_url:
-            return self.args.cluster_url
+    def __enter__(self) -> list[str]:
+        if getattr(self.args, "cluster_url", None):
+            return [self.args.cluster_url]
         base = self.args.dir
         if base is None:
             self.tmp = tempfile.TemporaryDirectory(prefix="kraftlog-bench-")
             base = self.tmp.name
-        _status(f"starting a single node in {base} ...")
-        self.cluster = ProcessCluster(base, controllers=1, brokers=0, combined=True,
-                                      settings={})
+        if self.brokers == 1:
+            _status(f"starting a single node in {base} ...")
+            self.cluster = ProcessCluster(base, controllers=1, brokers=0, combined=True,
+                                          settings={})
+        else:
+            _status(f"starting 1 controller + {self.brokers} brokers in {base} ...")
+            self.cluster = ProcessCluster(base, controllers=1, brokers=self.brokers,
+                                          settings={})
         self.cluster.start()
         self.cluster.wait_for_brokers_running(timeout_s=60)
-        return self.cluster.nodes[1].broker_url
+        return [self.cluster.nodes[b].broker_url for b in self.cluster.broker_ids]
 
     def __exit__(self, *exc: Any) -> None:
         if self.cluster is not None:
@@ -115,15 +170,42 @@ class _target:
             self.tmp.cleanup()
 
 
-def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+def _create_topic(bootstrap: list[str], topic: str, partitions: int,
+                  replication_factor: int = 1, min_insync_replicas: int = 1) -> None:
+    """Create the benchmark topic and wait (bounded) until every partition
+    has a leader and all its replicas in sync, so no run times the start."""
     from api.client import Admin, NewTopic
 
     with Admin(bootstrap=bootstrap) as admin:
-        admin.create_topics([NewTopic(topic, num_partitions=partitions)])
+        admin.create_topics([NewTopic(
+            topic, num_partitions=partitions, replication_factor=replication_factor,
+            configs={"min.insync.replicas": str(min_insync_replicas)})])
+    _wait_for_replicas_in_sync(bootstrap, topic, partitions)
+
+
+def _wait_for_replicas_in_sync(bootstrap: list[str], topic: str, partitions: int,
+                               timeout_s: float = 120.0) -> None:
+    """Until every partition of ``topic`` has a leader, all its replicas in
+    the ISR, and the same log end on each (GET /v1/topics/TOPIC)."""
+    def in_sync() -> bool:
+        for url in bootstrap:
+            try:
+                status, body = http_json(f"{url}/v1/topics/{topic}")
+            except OSError:
+                continue
+            parts = body.get("partitions", []) if status == 200 else []
+            return len(parts) == partitions and all(
+                p["leader"] >= 0 and sorted(p["isr"]) == sorted(p["replicas"])
+                and p["replica_states"] is not None
+                and len({r["log_end_offset"] for r in p["replica_states"]}) == 1
+                for p in parts)
+        return False
+
+    wait_until(in_sync, timeout_s, f"{topic}: every replica in sync", interval_s=0.1)
 
 
 # -- produce ------------------------------------------------------------------------
-def _producer(bootstrap: str, args: argparse.Namespace):
+def _producer(bootstrap: list[str], args: argparse.Namespace):
     from api.client import Producer
 
     acks = -1 if args.acks in ("all", "-1") else int(args.acks)
@@ -156,10 +238,13 @@ def _fill(producer, topic: str, count: int, size: int, label: str | None,
             "mb_s": count * size / elapsed / 1e6, **_percentiles(latencies_ms)}
 
 
-def bench_produce(bootstrap: str, topic: str, args: argparse.Namespace) -> dict:
+def bench_produce(bootstrap: list[str], topic: str, args: argparse.Namespace,
+                  label: str = "produce") -> dict:
     if args.producers == 1:
         with _producer(bootstrap, args) as producer:
-            return _fill(producer, topic, args.records, args.record_size, "produce")
+            cpu_started_s = time.process_time()  # this process, every thread
+            figures = _fill(producer, topic, args.records, args.record_size, label)
+            return {**figures, "client_cpu_s": time.process_time() - cpu_started_s}
     # Several producer processes (as several producer-perf-test runs would
     # be): each sends its share once all are ready; the figure is the total
     # over the wall time from the start signal to the last flush.
@@ -173,7 +258,8 @@ def bench_produce(bootstrap: str, topic: str, args: argparse.Namespace) -> dict:
     for child in children:
         child.start()
     ready.wait(60)
-    _status(f"{args.producers} producer processes sending {args.records:,} records ...")
+    _status(f"{label}: {args.producers} producer processes sending {args.records:,} "
+            "records ...")
     started = time.time()
     go.set()
     results = [out.get(timeout=600) for _ in children]
@@ -183,22 +269,25 @@ def bench_produce(bootstrap: str, topic: str, args: argparse.Namespace) -> dict:
     latencies = [ms for _, figures in results for ms in figures.pop("latencies")]
     return {"records": args.records, "seconds": elapsed, "records_s": args.records / elapsed,
             "mb_s": args.records * args.record_size / elapsed / 1e6,
-            "producers": args.producers, **_percentiles(latencies)}
+            "producers": args.producers, **_percentiles(latencies),
+            "client_cpu_s": sum(figures["cpu_s"] for _, figures in results)}
 
 
-def _produce_child(bootstrap: str, topic: str, args: argparse.Namespace, count: int,
+def _produce_child(bootstrap: list[str], topic: str, args: argparse.Namespace, count: int,
                    ready, go, out) -> None:
     with _producer(bootstrap, args) as producer:
         producer.send(topic, b"warm-up").result(30)  # metadata fetched before the clock
         ready.wait(60)
         go.wait(60)
         latencies: list[float] = []
+        cpu_started_s = time.process_time()
         _fill(producer, topic, count, args.record_size, None, latencies)
-        out.put((time.time(), {"latencies": latencies}))
+        out.put((time.time(), {"latencies": latencies,
+                               "cpu_s": time.process_time() - cpu_started_s}))
 
 
 # -- consume ------------------------------------------------------------------------
-def bench_consume(bootstrap: str, topic: str, args: argparse.Namespace) -> dict:
+def bench_consume(bootstrap: list[str], topic: str, args: argparse.Namespace) -> dict:
     from api.client import Consumer, TopicPartition
 
     with _producer(bootstrap, args) as producer:
@@ -229,7 +318,7 @@ def bench_consume(bootstrap: str, topic: str, args: argparse.Namespace) -> dict:
 
 
 # -- end to end -----------------------------------------------------------------------
-def _e2e_consumer(bootstrap: str, topic: str, partitions: int, count: int,
+def _e2e_consumer(bootstrap: list[str], topic: str, partitions: int, count: int,
                   ready, out) -> None:
     """Runs in a child process: read ``count`` records, send back latencies."""
     from api.client import Consumer, TopicPartition
@@ -250,7 +339,7 @@ def _e2e_consumer(bootstrap: str, topic: str, partitions: int, count: int,
     out.put(latencies_ms)
 
 
-def bench_e2e(bootstrap: str, topic: str, args: argparse.Namespace) -> dict:
+def bench_e2e(bootstrap: list[str], topic: str, args: argparse.Namespace) -> dict:
     context = multiprocessing.get_context("spawn")
     ready, out = context.Event(), context.Queue()
     child = context.Process(target=_e2e_consumer, daemon=True, args=(
@@ -280,6 +369,114 @@ def bench_e2e(bootstrap: str, topic: str, args: argparse.Namespace) -> dict:
     return {"records": len(latencies_ms), "seconds": sent_s,
             "records_s": args.records / sent_s, "target_rate": args.rate,
             **_percentiles(latencies_ms)}
+
+
+# -- replication: RF=3 acks=all next to RF=1 -------------------------------------------
+#: The runs of ``kraftlog bench replication``, in the order they run:
+#: (label, replication factor, min.insync.replicas, acks). The first is the
+#: reference the others are divided by.
+REPLICATION_RUNS = (
+    ("RF=1 acks=1", 1, 1, "1"),
+    ("RF=1 acks=all", 1, 1, "all"),
+    ("RF=3 acks=1", 3, 2, "1"),
+    ("RF=3 acks=all", 3, 2, "all"),
+)
+REPLICATION_BROKERS = 3
+#: The issue's target: RF=3 acks=all keeps at least this share of the
+#: RF=1 acks=1 throughput.
+REPLICATION_RATIO_TARGET = 0.5
+
+
+def run_replication(args: argparse.Namespace) -> int:
+    """``kraftlog bench replication``: every run of ``REPLICATION_RUNS`` on
+    one fresh cluster, each on a fresh topic of the same shape."""
+    runs = []
+    target = _target(args, brokers=REPLICATION_BROKERS)
+    with target as bootstrap:
+        for label, replication_factor, min_insync, acks in REPLICATION_RUNS:
+            topic = (f"bench-replication-rf{replication_factor}-acks{acks}-"
+                     f"{uuid.uuid4().hex[:8]}")
+            _create_topic(bootstrap, topic, args.partitions, replication_factor, min_insync)
+            run_args = argparse.Namespace(**{**vars(args), "acks": acks})
+            cluster_cpu_before_s = _cluster_cpu_s(target.cluster)
+            figures = bench_produce(bootstrap, topic, run_args, label=label)
+            figures.update(_cpu_figures(cluster_cpu_before_s, _cluster_cpu_s(target.cluster),
+                                        figures))
+            # After an acks=1 run the followers may still be copying; the next
+            # run must not pay for it (not timed, bounded).
+            _wait_for_replicas_in_sync(bootstrap, topic, args.partitions)
+            runs.append({"label": label, "replication_factor": replication_factor,
+                         "min_insync_replicas": min_insync, "acks": acks, **figures})
+    for entry in runs:
+        entry["ratio_to_reference"] = entry["records_s"] / runs[0]["records_s"]
+    summary = {"bench": "replication", **vars_subset(args), "brokers": REPLICATION_BROKERS,
+               "reference": runs[0]["label"], "runs": runs,
+               "ratio_rf3_acks_all_to_rf1": runs[-1]["ratio_to_reference"],
+               "ratio_target": REPLICATION_RATIO_TARGET}
+    _print_replication(args, summary)
+    return 0
+
+
+def _cluster_cpu_s(cluster: ProcessCluster | None) -> float | None:
+    """CPU seconds (user + system) the cluster's node processes have used so
+    far, from /proc; None where there is no /proc."""
+    total_s = 0.0
+    for node in (cluster.nodes.values() if cluster is not None else ()):
+        try:
+            with open(f"/proc/{node.process.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # fields 3.. of proc(5)
+        except (OSError, AttributeError):
+            return None
+        total_s += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime+stime
+    return total_s
+
+
+def _cpu_figures(cluster_before_s: float | None, cluster_after_s: float | None,
+                 figures: dict) -> dict:
+    """The cluster's CPU seconds during one run, and the cores the run kept
+    busy on average, cluster and client together (``cores``, the machine's
+    count, is the ceiling)."""
+    if cluster_before_s is None or cluster_after_s is None:
+        return {}
+    cluster_s = cluster_after_s - cluster_before_s
+    return {"cluster_cpu_s": cluster_s, "cores": os.cpu_count(),
+            "cores_busy": (cluster_s + figures["client_cpu_s"]) / figures["seconds"]}
+
+
+def _print_replication(args: argparse.Namespace, summary: dict) -> None:
+    if args.json:
+        import json
+        print(json.dumps(summary, indent=2))
+        return
+    from api.table import format_table
+
+    def cpu(run: dict, key: str, unit: str) -> str:
+        return f"{run[key]:.1f}{unit}" if key in run else "-"
+
+    rows = [(run["label"], str(run["min_insync_replicas"]), f"{run['records_s']:,.0f}",
+             f"{run['mb_s']:,.1f}", f"{run.get('latency_ms_p50', float('nan')):.1f}",
+             f"{run.get('latency_ms_p99', float('nan')):.1f}",
+             f"{run['ratio_to_reference']:.2f}", cpu(run, "cluster_cpu_s", " s"),
+             cpu(run, "client_cpu_s", " s"),
+             cpu(run, "cores_busy", f" of {run.get('cores')}"))
+            for run in summary["runs"]]
+    ratio = summary["ratio_rf3_acks_all_to_rf1"]
+    verdict = "met" if ratio >= REPLICATION_RATIO_TARGET else "NOT met"
+    print("kraftlog bench replication")
+    print(f"  cluster   1 controller + {REPLICATION_BROKERS} brokers (shipped defaults), "
+          "a fresh topic per run")
+    print(f"  workload  {args.records:,} records of {args.record_size} B, {args.partitions} "
+          f"partitions, batch {args.batch_size} B, linger {args.linger_ms} ms, "
+          f"{args.producers} producer process{'es' if args.producers > 1 else ''}")
+    print()
+    print(format_table(("run", "min ISR", "records/s", "MB/s", "p50 ms", "p99 ms",
+                        f"vs {summary['reference']}", "cluster CPU", "client CPU",
+                        "cores busy"), rows))
+    print()
+    print("CPU: seconds used during the timed run by the four node processes and by the "
+          "producer(s); cores busy = both over the run's wall time.")
+    print(f"RF=3 acks=all / {summary['reference']} throughput: {ratio:.2f} "
+          f"(target >= {REPLICATION_RATIO_TARGET:.2f}: {verdict})")
 
 
 # -- reporting ------------------------------------------------------------------------
@@ -320,6 +517,10 @@ def _print_summary(kind: str, args: argparse.Namespace, summary: dict) -> None:
     rows = [("records", f"{summary['records']:,}"),
             ("record size", f"{args.record_size} B"),
             ("partitions", str(args.partitions)),
+            ("cluster", args.cluster_url or ("1 combined node" if args.brokers == 1 else
+                                             f"1 controller + {args.brokers} brokers")),
+            ("replication", f"RF={args.replication_factor}, min.insync.replicas="
+                            f"{args.min_insync_replicas}"),
             ("acks / batch / linger", f"{args.acks} / {args.batch_size} B / {args.linger_ms} ms"),
             ("records/s", f"{summary['records_s']:,.0f}")]
     if summary.get("producers"):
@@ -344,7 +545,7 @@ def _print_summary(kind: str, args: argparse.Namespace, summary: dict) -> None:
 
 def vars_subset(args: argparse.Namespace) -> dict:
     keys = ("records", "record_size", "partitions", "acks", "batch_size", "linger_ms", "rate",
-            "producers")
+            "producers", "brokers", "replication_factor", "min_insync_replicas")
     return {key: getattr(args, key) for key in keys if hasattr(args, key)}
 
 

@@ -42,7 +42,8 @@ def test_cli_help_lists_the_commands():
 # -- bench produce|consume|e2e: the data plane, tiny sizes ---------------------------------
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMMON_FLAGS = ("--records", "--record-size", "--partitions", "--acks", "--batch-size",
-                "--linger-ms", "--target", "--dir", "--json")
+                "--linger-ms", "--target", "--brokers", "--replication-factor",
+                "--min-insync-replicas", "--dir", "--json")
 
 
 @pytest.fixture(scope="module")
@@ -54,13 +55,19 @@ def node_url(tmp_path_factory):
         yield cluster.nodes[1].broker_url
 
 
-def bench(kind, *args, env=None):
+def bench_json(kind, *args, env=None):
+    """``kraftlog bench KIND ... --json``: the summary it printed."""
     result = subprocess.run([sys.executable, "-m", "api.cli", "bench", kind, *args, "--json"],
                             capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
                             env=env)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)  # stdout is the JSON alone; progress is on stderr
     assert summary["bench"] == kind
+    return summary
+
+
+def bench(kind, *args, env=None):
+    summary = bench_json(kind, *args, env=env)
     assert summary["seconds"] > 0 and summary["records_s"] > 0
     assert summary["reference_disk_mb_s"] > 0
     return summary
@@ -126,3 +133,73 @@ def test_bench_data_help_explains_each_flag():
         for text in COMMON_FLAGS + extra:
             assert text in result.stdout, (kind, text)
         assert absent not in result.stdout, (kind, absent)
+
+
+# -- replication: RF=3 next to RF=1, and the window after a leader kill ----------------------
+def test_bench_produce_on_a_fresh_replicated_cluster(tmp_path):
+    summary = bench("produce", "--records", "2000", "--partitions", "2", "--brokers", "3",
+                    "--replication-factor", "3", "--min-insync-replicas", "2", "--acks", "all",
+                    env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert (summary["brokers"], summary["replication_factor"], summary["min_insync_replicas"],
+            summary["acks"]) == (3, 3, 2, "all")
+    assert summary["records"] == 2000 and summary["mb_s"] > 0
+    assert_latencies(summary, samples=2000 // 64 + 1)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_produce_refuses_replication_flags_that_do_not_fit():
+    for flags, complaint in (
+            (("--replication-factor", "3"), "--brokers 3"),
+            (("--brokers", "3", "--replication-factor", "2", "--min-insync-replicas", "3"),
+             "--min-insync-replicas"),
+            (("--brokers", "2", "--target", "http://127.0.0.1:1"), "--target")):
+        result = subprocess.run([sys.executable, "-m", "api.cli", "bench", "produce", *flags],
+                                capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+        assert result.returncode == 2, (flags, result.stderr)
+        assert complaint in result.stderr, (flags, result.stderr)
+
+
+def test_bench_replication_measures_rf3_acks_all_next_to_rf1(tmp_path):
+    summary = bench_json("replication", "--records", "2000", "--partitions", "2",
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
+    runs = {run["label"]: run for run in summary["runs"]}
+    assert list(runs) == ["RF=1 acks=1", "RF=1 acks=all", "RF=3 acks=1", "RF=3 acks=all"]
+    rf3 = runs["RF=3 acks=all"]
+    assert (rf3["replication_factor"], rf3["min_insync_replicas"], rf3["acks"]) == (3, 2, "all")
+    for run in runs.values():
+        assert run["records"] == 2000 and run["records_s"] > 0 and run["mb_s"] > 0
+        assert_latencies(run, samples=2000 // 64 + 1)
+    assert summary["reference"] == "RF=1 acks=1"
+    assert runs["RF=1 acks=1"]["ratio_to_reference"] == 1
+    assert summary["ratio_rf3_acks_all_to_rf1"] == rf3["ratio_to_reference"] > 0
+    assert (summary["brokers"], summary["ratio_target"]) == (3, 0.5)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_failover_times_a_leader_kill(tmp_path):
+    summary = bench_json("failover", "--trials", "1", "--session-timeout-ms", "1500",
+                         "--dir", str(tmp_path))
+    (trial,) = summary["trials"]
+    assert trial["new_leader"] != trial["killed_broker"]
+    assert trial["new_leader_epoch"] > trial["killed_leader_epoch"]
+    assert 0 < trial["window_ms"] < 30_000
+    assert sum(trial["failed_writes"].values()) > 0  # the writer kept trying meanwhile
+    assert trial["rejoin_ms"] > 0
+    assert summary["window_ms_p50"] == summary["window_ms_max"] == trial["window_ms"]
+    assert (summary["session_timeout_ms"], summary["target_ms"]) == (1500, 2500)
+    assert summary["writes_acknowledged"] > 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_replication_and_failover_help():
+    for kind, texts in (("replication", ("--records", "--producers", "RF=3 acks=all",
+                                         "min.insync.replicas=2", "0.50")),
+                        ("failover", ("--trials", "--session-timeout-ms",
+                                      "Kill -9 the partition leader", "session timeout + 1 s",
+                                      "--json"))):
+        result = subprocess.run([sys.executable, "-m", "api.cli", "bench", kind, "--help"],
+                                capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+        assert result.returncode == 0, result.stderr
+        help_text = " ".join(result.stdout.split())  # argparse wraps lines
+        for text in texts:
+            assert text in help_text, (kind, text)

@@ -1,10 +1,12 @@
-"""`kraftlog topics|produce|consume` as a user runs them: real CLI processes
-against one real single node (started once for the module).
+"""`kraftlog topics|partitions|produce|consume` as a user runs them: real CLI
+processes against one real single node (started once for the module), and,
+for moving partitions between brokers, a cluster of three brokers.
 
 Every call is ``python -m api.cli --bootstrap URL ...`` in its own process,
 with a timeout. Each test uses its own topics, so the tests do not depend on
 one another's order."""
 
+import json
 import os
 import subprocess
 import sys
@@ -12,8 +14,8 @@ import time
 
 import pytest
 
-from api.client import Producer
-from chaos.cluster import ProcessCluster
+from api.client import Admin, NewTopic, Producer
+from chaos.cluster import ProcessCluster, wait_until
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DESCRIBE_COLUMNS = ("PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "LOG-START",
@@ -350,7 +352,12 @@ def test_help_of_each_console_command_explains_its_flags():
     for command, flags in (
             (["topics", "create"], ["--partitions", "--replication-factor", "--config",
                                     "--if-not-exists"]),
-            (["topics", "alter"], ["--partitions", "--config", "--delete-config"]),
+            (["topics", "alter"], ["--partitions", "--replicas", "--config",
+                                   "--delete-config"]),
+            (["partitions", "reassign"], ["--topic", "--partition", "--replicas",
+                                          "--reassignment-json-file", "--cancel"]),
+            (["partitions", "reassignments"], ["--topic"]),
+            (["partitions", "elect-leaders"], ["--topic", "--partition"]),
             (["produce"], ["--key-separator", "--acks", "--partition", "--linger-ms",
                            "--delivery-timeout-ms"]),
             (["consume"], ["--from-beginning", "--partition", "--offset", "--max-messages",
@@ -360,3 +367,166 @@ def test_help_of_each_console_command_explains_its_flags():
         assert result.returncode == 0, result.stderr
         for flag in flags:
             assert flag in result.stdout, (command, flag)
+
+
+# -- partitions ---------------------------------------------------------------------------
+REASSIGNMENT_COLUMNS = ["TOPIC", "PARTITION", "REPLICAS", "ADDING", "REMOVING"]
+
+
+def reassignments(url, *args):
+    """``partitions reassignments`` as [row], each a list of cells; [] when none."""
+    lines = ok(kraftlog(url, "partitions", "reassignments", *args)).stdout.splitlines()
+    if lines == ["No reassignments in progress."]:
+        return []
+    assert lines[0].split() == REASSIGNMENT_COLUMNS
+    return [line.split() for line in lines[1:]]
+
+
+def test_reassign_refusals_are_one_line(url, tmp_path):
+    create(url, "fixed", "--partitions", "2")
+    fails(kraftlog(url, "partitions", "reassign", "--topic", "fixed", "--partition", "0"),
+          "--replicas 1,2,3")
+    fails(kraftlog(url, "partitions", "reassign", "--topic", "fixed", "--replicas", "1"),
+          "--topic T --partition P")
+    fails(kraftlog(url, "partitions", "reassign", "--topic", "fixed", "--partition", "0",
+                   "--replicas", "1;2"), "comma-separated broker ids", "'1;2'")
+    fails(kraftlog(url, "partitions", "reassign", "--topic", "fixed", "--partition", "0",
+                   "--replicas", "1", "--cancel"), "leave out --replicas")
+    fails(kraftlog(url, "partitions", "reassign", "--topic", "fixed", "--partition", "7",
+                   "--replicas", "1"), "UNKNOWN_TOPIC_OR_PARTITION", "fixed-7")
+    fails(kraftlog(url, "partitions", "reassign", "--topic", "fixed", "--partition", "0",
+                   "--replicas", "1,9"), "INVALID_REQUEST", "unregistered brokers [9]")
+    fails(kraftlog(url, "partitions", "reassign", "--cancel", "--topic", "fixed",
+                   "--partition", "0"), "NO_REASSIGNMENT_IN_PROGRESS", "fixed-0")
+    fails(kraftlog(url, "topics", "alter", "fixed", "--replicas", "1:x"), "1:2:3,2:3:1")
+    fails(kraftlog(url, "topics", "alter", "fixed", "--replicas", "1", "--partitions", "3"),
+          "separate call")
+    fails(kraftlog(url, "partitions", "reassign", "--reassignment-json-file",
+                   str(tmp_path / "missing.json")), "cannot read")
+    bad = tmp_path / "bad.json"
+    for text, fragment in (("{", "not valid JSON"), ('{"version": 2, "partitions": []}',
+                                                     "must hold a plan like"),
+                           ('{"partitions": [{"topic": "fixed", "partition": "0", '
+                            '"replicas": [1]}]}', "partitions[0] needs a topic name"),
+                           ('{"partitions": [{"topic": "fixed", "partition": 0}]}',
+                            "partitions[0] needs replicas")):
+        bad.write_text(text)
+        fails(kraftlog(url, "partitions", "reassign", "--reassignment-json-file", str(bad)),
+              fragment)
+    fails(kraftlog(url, "partitions", "reassign", "--reassignment-json-file", str(bad),
+                   "--topic", "fixed"), "leave out --topic")
+    assert reassignments(url) == []
+
+
+def test_reassign_to_the_same_broker_and_a_json_plan_on_one_node(url, tmp_path):
+    create(url, "planned", "--partitions", "2")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"version": 1, "partitions": [
+        {"topic": "planned", "partition": 0, "replicas": [1], "log_dirs": ["any"]},
+        {"topic": "planned", "partition": 1, "replicas": [1]}]}))
+    out = ok(kraftlog(url, "partitions", "reassign", "--reassignment-json-file",
+                      str(plan))).stdout
+    assert out == ("Reassigning planned-0 to replicas 1.\n"
+                   "Reassigning planned-1 to replicas 1.\n")
+    assert reassignments(url, "--topic", "planned") == []
+
+
+def test_elect_leaders_on_one_node_finds_nothing_to_move(url):
+    create(url, "led", "--partitions", "2")
+    for args in ((), ("--topic", "led"), ("--topic", "led", "--partition", "1")):
+        out = ok(kraftlog(url, "partitions", "elect-leaders", *args)).stdout
+        assert out == ("No leader election needed: every partition is led by its preferred "
+                       "replica.\n")
+    fails(kraftlog(url, "partitions", "elect-leaders", "--partition", "0"),
+          "--partition needs --topic")
+    fails(kraftlog(url, "partitions", "elect-leaders", "--topic", "led", "--partition", "9"),
+          "UNKNOWN_TOPIC_OR_PARTITION", "led-9")
+    fails(kraftlog(url, "partitions", "elect-leaders", "--topic", "no-such-topic"),
+          "UNKNOWN_TOPIC_OR_PARTITION", "no-such-topic")
+
+
+@pytest.fixture(scope="module")
+def brokers3(tmp_path_factory):
+    """One controller (node 1) and three brokers (nodes 2, 3, 4)."""
+    with ProcessCluster(str(tmp_path_factory.mktemp("partitions")), controllers=1,
+                        brokers=3) as cluster:
+        cluster.start()
+        cluster.wait_for_brokers_running(timeout_s=30)
+        yield cluster
+
+
+def registration(cluster, topic, partition):
+    """A partition as the controller's image holds it (GET /v1/metadata)."""
+    for entry in cluster.metadata(1)["topics"]:
+        if entry["name"] == topic:
+            return entry["partitions"][partition]
+    raise AssertionError(f"no topic {topic!r} in the metadata")
+
+
+def test_reassign_moves_a_partition_and_its_records_to_another_broker(brokers3):
+    url = brokers3.nodes[2].broker_url
+    with Admin(url) as admin:
+        admin.create_topics([NewTopic("moved", replica_assignments={0: [2]})])
+    produce(url, "moved", ["one", "two", "three"])
+
+    out = ok(kraftlog(url, "partitions", "reassign", "--topic", "moved", "--partition", "0",
+                      "--replicas", "3")).stdout
+    assert out == "Reassigning moved-0 to replicas 3.\n"
+    # Broker 3 copies the log from broker 2, joins the ISR, and takes over.
+    wait_until(lambda: registration(brokers3, "moved", 0)["replicas"] == [3], 30,
+               "moved-0 on broker 3 alone")
+    moved = registration(brokers3, "moved", 0)
+    assert (moved["leader"], moved["isr"], moved["adding_replicas"],
+            moved["removing_replicas"]) == (3, [3], [], [])
+    assert reassignments(url, "--topic", "moved") == []
+    got = consume(url, "moved", "--from-beginning", "--max-messages", "3")
+    assert got.stdout.splitlines() == ["one", "two", "three"]
+
+
+def test_a_reassignment_waits_for_its_target_and_can_be_cancelled(brokers3):
+    url = brokers3.nodes[2].broker_url
+    with Admin(url) as admin:
+        admin.create_topics([NewTopic("stuck", replica_assignments={0: [2], 1: [3]})])
+    # A stopped target can never catch up: the reassignment stays under way.
+    brokers3.pause(4)
+    try:
+        out = ok(kraftlog(url, "topics", "alter", "stuck", "--replicas", "4,2:3")).stdout
+        assert out == ("Reassigning stuck-0 to replicas 4.\n"
+                       "Reassigning stuck-1 to replicas 2,3.\n")
+        wait_until(lambda: registration(brokers3, "stuck", 1)["replicas"] == [2, 3], 30,
+                   "stuck-1 on brokers 2 and 3")
+        assert reassignments(url) == [["stuck", "0", "4,2", "4", "2"]]
+        assert reassignments(url, "--topic", "moved") == []
+        assert registration(brokers3, "stuck", 0)["leader"] == 2
+
+        out = ok(kraftlog(url, "partitions", "reassign", "--cancel", "--topic", "stuck",
+                          "--partition", "0")).stdout
+        assert out == "Cancelled the reassignment of stuck-0.\n"
+        stuck = registration(brokers3, "stuck", 0)
+        assert (stuck["replicas"], stuck["isr"], stuck["leader"]) == ([2], [2], 2)
+        assert reassignments(url) == []
+    finally:
+        brokers3.resume(4)
+    brokers3.wait_for_brokers_running(timeout_s=30)
+
+
+def test_elect_leaders_moves_leadership_back_to_the_preferred_replica(brokers3):
+    url = brokers3.nodes[3].broker_url  # broker 2 is paused for a while
+    with Admin(url) as admin:
+        admin.create_topics([NewTopic("preferred", replica_assignments={0: [2, 3]})])
+    brokers3.pause(2)  # its lease lapses: broker 3 takes over
+    try:
+        wait_until(lambda: registration(brokers3, "preferred", 0)["leader"] == 3, 30,
+                   "broker 3 leading preferred-0")
+    finally:
+        brokers3.resume(2)
+    wait_until(lambda: sorted(registration(brokers3, "preferred", 0)["isr"]) == [2, 3], 30,
+               "broker 2 back in the ISR of preferred-0")
+
+    lines = ok(kraftlog(url, "partitions", "elect-leaders", "--topic", "preferred")
+               ).stdout.splitlines()
+    assert [line.split() for line in lines] == [
+        ["TOPIC", "PARTITION", "LEADER", "PREVIOUS-LEADER"], ["preferred", "0", "2", "3"]]
+    assert registration(brokers3, "preferred", 0)["leader"] == 2
+    out = ok(kraftlog(url, "partitions", "elect-leaders", "--topic", "preferred")).stdout
+    assert out.startswith("No leader election needed")
