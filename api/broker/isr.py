@@ -30,6 +30,10 @@ logger = logging.getLogger(__name__)
 
 #: How long an AlterPartition may take at the controller.
 ALTER_PARTITION_TIMEOUT_MS = 5000
+#: Refusals the controller makes before writing anything, and which a retry
+#: of an already applied request cannot produce (the partition epoch is
+#: checked first): the proposal certainly did not take effect.
+DEFINITE_REFUSALS = frozenset({"INELIGIBLE_REPLICA", "INVALID_REQUEST"})
 
 
 class IsrManager:
@@ -57,7 +61,8 @@ class IsrManager:
         """Send the partition's ISR change if it has one now."""
         if self.broker_epoch() is None:
             return
-        proposal = part.isr_proposal(self.replicas.clock_ms(), self.lag_time_max_ms)
+        proposal = part.isr_proposal(self.replicas.clock_ms(), self.lag_time_max_ms,
+                                     self.replicas.live_broker_ids)
         if proposal is not None:
             task = asyncio.create_task(self._send(part, proposal))
             self._in_flight.add(task)
@@ -76,7 +81,7 @@ class IsrManager:
                                      self.replicas.broker_id, part.tp)
 
     async def _send(self, part: Partition, proposal: IsrProposal) -> None:
-        answer = None
+        answer, refused = None, False
         try:
             answer = await self.client.call("/v1/controller/partitions/alter", {
                 "broker_id": self.replicas.broker_id,
@@ -89,16 +94,20 @@ class IsrManager:
                 "leader_recovery_state": proposal.leader_recovery_state,
             }, timeout_ms=ALTER_PARTITION_TIMEOUT_MS)
         except KraftError as exc:
+            refused = getattr(exc, "code", None) in DEFINITE_REFUSALS
             logger.info("broker %d: ISR change of %s to %s refused: %s",
                         self.replicas.broker_id, proposal.tp, proposal.new_isr, exc)
         finally:
             # Hand the answer back even when cancelled, so no proposal stays
             # pending forever.
-            self._settle(part, proposal, answer)
+            self._settle(part, proposal, answer, refused)
 
-    def _settle(self, part: Partition, proposal: IsrProposal, answer: dict | None) -> None:
+    def _settle(self, part: Partition, proposal: IsrProposal, answer: dict | None,
+                refused: bool) -> None:
         before = list(part.isr)
-        if not part.isr_change_done(proposal, answer):
+        if not isinstance(answer, dict) or not isinstance(answer.get("isr"), list):
+            answer = None
+        if not part.isr_change_done(proposal, answer, refused):
             return
         shrunk = [r for r in before if r not in part.isr]
         grown = [r for r in part.isr if r not in before]

@@ -33,6 +33,11 @@ all the same: its answer lost, or a retried copy refused after the first was
 applied. Its new members stay in the maximal ISR ("unconfirmed") until an
 answer or the image shows a newer partition epoch, or, once they lag, the
 controller answers a proposal of the unchanged ISR at this partition epoch.
+A replica outside the ISR counts as caught up only on a fetch made since the
+ISR's members last changed or a proposal was refused, lost or confirmed: it
+may have restarted with less data since an older fetch. That narrows, but only a
+broker epoch in fetches and AlterPartition (KIP-903) would close, the window
+in which such a replica is proposed on the strength of a fetch from before.
 
 **Follower.** Fetches from the leader at its log end, naming the epoch of its
 last batch; a leader whose log differs answers with the diverging epoch and
@@ -134,6 +139,7 @@ class Partition:
             return False
         became_leader = leader == self.broker_id and (
             self.role is not Role.LEADER or leader_epoch != self.leader_epoch)
+        members_changed = sorted(isr) != sorted(self.isr)
         if partition_epoch != self.partition_epoch:
             self.pending_isr = None  # answered, or overtaken by another change
             self.unconfirmed_isr = []  # the image says what became of them
@@ -153,6 +159,8 @@ class Partition:
             self.replica_states = {
                 r: self.replica_states.get(r) or ReplicaState(last_caught_up_ms=now_ms)
                 for r in self.replicas if r != self.broker_id}
+            if members_changed:
+                self._forget_fetches_outside_isr()
         self.maybe_advance_high_watermark()
         return became_leader
 
@@ -242,10 +250,13 @@ class Partition:
         state.leader_end_offset_at_last_fetch = leader_end
         return self.maybe_advance_high_watermark()
 
-    def isr_proposal(self, now_ms: int, lag_time_max_ms: int) -> IsrProposal | None:
+    def isr_proposal(self, now_ms: int, lag_time_max_ms: int,
+                     eligible: set[int] | None = None) -> IsrProposal | None:
         """The AlterPartition this leader should send now, if any: finish an
         unclean leader's recovery, shrink lagging followers out, or expand
-        caught-up replicas in. None while a proposal is in flight."""
+        caught-up replicas in — only those in ``eligible`` (live, unfenced
+        brokers; None: any), since the controller refuses the others. None
+        while a proposal is in flight."""
         if not self.is_leader or self.pending_isr is not None:
             return None
         if self.leader_recovery_state == LEADER_RECOVERING:
@@ -258,7 +269,8 @@ class Partition:
         if lagging:
             return self._propose([r for r in self.isr if r not in lagging],
                                  f"replicas {lagging} lag more than {lag_time_max_ms} ms")
-        joining = [r for r in self.replicas if r not in self.isr and self._caught_up(r)]
+        joining = [r for r in self.replicas if r not in self.isr and self._caught_up(r)
+                   and (eligible is None or r in eligible)]
         if joining:
             return self._propose(self.isr + joining, f"replicas {joining} caught up")
         return None
@@ -278,8 +290,12 @@ class Partition:
                            self.leader_recovery_state if recovery_state is None
                            else recovery_state, reason)
 
-    def isr_change_done(self, proposal: IsrProposal, answer: dict | None) -> bool:
+    def isr_change_done(self, proposal: IsrProposal, answer: dict | None,
+                        refused: bool = False) -> bool:
         """The controller's answer to ``proposal`` (None: refused or lost).
+        ``refused`` means the controller certainly did not apply it (it
+        refused the request at a check that comes before any write, such as
+        an ineligible replica), so its new members need not count.
         An accepted change is applied at once, without waiting for the image
         to show it; True if it was, or if an answer confirming the ISR as it
         is moved the high watermark."""
@@ -287,23 +303,45 @@ class Partition:
                 or self.partition_epoch != proposal.partition_epoch):
             return False  # answers an earlier proposal, or a newer registration arrived
         self.pending_isr = None
+        if refused:
+            return False
+        if (answer is not None and answer.get("leader_epoch") == self.leader_epoch
+                and answer.get("partition_epoch", -1) > self.partition_epoch + 1):
+            # The same batch changed more (a reassignment completed: other
+            # replicas, maybe another leader): the image will say what.
+            self.unconfirmed_isr += [r for r in proposal.new_isr
+                                     if r not in self.isr and r not in self.unconfirmed_isr]
+            return False
         if (answer is not None and answer.get("leader_epoch") == self.leader_epoch
                 and answer.get("partition_epoch") == self.partition_epoch
                 and answer.get("isr") == self.isr):
             self.unconfirmed_isr = []  # the controller holds this ISR at this epoch
+            self._forget_fetches_outside_isr()
             return self.maybe_advance_high_watermark()
         if (answer is None or answer.get("leader_epoch") != self.leader_epoch
                 or answer.get("partition_epoch", -1) <= self.partition_epoch):
             self.unconfirmed_isr += [r for r in proposal.new_isr
                                      if r not in self.isr and r not in self.unconfirmed_isr]
+            self._forget_fetches_outside_isr()
             return False
         self.unconfirmed_isr = []
+        members_changed = sorted(answer["isr"]) != sorted(self.isr)
         self.isr = list(answer["isr"])
+        if members_changed:
+            self._forget_fetches_outside_isr()
         self.partition_epoch = answer["partition_epoch"]
         self.leader_recovery_state = answer.get("leader_recovery_state",
                                                 self.leader_recovery_state)
         self.maybe_advance_high_watermark()
         return True
+
+    def _forget_fetches_outside_isr(self) -> None:
+        """Until their next fetch the log ends of replicas outside the ISR
+        are unknown: they cannot join it, and any the maximal ISR still
+        counts hold the high watermark where it is."""
+        for replica_id, state in self.replica_states.items():
+            if replica_id not in self.isr:
+                state.log_end_offset = -1
 
     # -- follower --------------------------------------------------------------
     @property

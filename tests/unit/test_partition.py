@@ -267,3 +267,27 @@ def test_describe_shows_each_replicas_log_end_and_lag(tmp_path, describe_now):
     assert (states[F1]["log_end_offset"], states[F1]["lag"]) == (7, 3)
     assert (states[F2]["log_end_offset"], states[F2]["lag"]) == (None, None)
     assert states[LEADER]["lag"] == 0
+
+
+def test_only_live_brokers_are_proposed_and_a_definite_refusal_leaves_no_trace(tmp_path):
+    part = leader(tmp_path, isr=(LEADER, F1))
+    part.append_as_leader(records(4))
+    part.record_follower_fetch(F1, 4, 1)
+    part.record_follower_fetch(F2, 4, 1)
+    assert part.isr_proposal(2, LAG_MS, eligible={LEADER, F1}) is None, "F2 is fenced"
+    proposal = part.isr_proposal(2, LAG_MS, eligible={LEADER, F1, F2})
+    assert proposal.new_isr == [LEADER, F1, F2]
+    part.isr_change_done(proposal, None, refused=True)
+    assert part.maximal_isr == [LEADER, F1], "a refused member does not hold the HW back"
+    part.append_as_leader(records(2))
+    part.record_follower_fetch(F1, 6, 3)
+    assert part.high_watermark == 6
+
+
+def test_an_answer_that_also_completed_a_reassignment_waits_for_the_image(tmp_path):
+    part = leader(tmp_path, isr=(LEADER, F1))
+    part.record_follower_fetch(F2, 0, 1)
+    proposal = part.isr_proposal(1, LAG_MS)
+    assert not part.isr_change_done(proposal, {"leader_epoch": 0, "partition_epoch": 2,
+                                               "isr": [F1, F2], "leader": F1})
+    assert part.isr == [LEADER, F1] and F2 in part.maximal_isr
