@@ -389,7 +389,7 @@ class Controller:
         reset to the new leader and the partition is RECOVERING). One
         PartitionChangeRecord per partition that changes (and one more where
         that completes a reassignment), topics by name, partitions by number."""
-        live = _live_broker_ids(draft.image)
+        live = draft.image.live_broker_ids()
         assert not live & leaving, f"brokers {sorted(live & leaving)} are still live"
         for name in sorted(draft.image.topics):
             topic = draft.image.topics[name]
@@ -448,7 +448,7 @@ class Controller:
         topic_id = creation.new_topic_id(self._id_factory)
         creation.take_partition_budget(len(assignment))
         draft.add(TopicRecord(spec.name, topic_id))
-        live = _live_broker_ids(draft.image)
+        live = draft.image.live_broker_ids()
         for partition, replicas in enumerate(assignment):
             isr = [broker for broker in replicas if broker in live]
             draft.add(PartitionRecord(topic_id, partition, list(replicas), isr, isr[0], 0, 0))
@@ -566,7 +566,7 @@ class Controller:
             _check_replica_lists(draft.image, assignment, replication_factor,
                                  first_partition=current)
         creation.take_partition_budget(added)
-        live = _live_broker_ids(draft.image)
+        live = draft.image.live_broker_ids()
         for offset, replicas in enumerate(assignment):
             isr = [broker for broker in replicas if broker in live]
             draft.add(PartitionRecord(topic.topic_id, current + offset, list(replicas), isr,
@@ -870,12 +870,7 @@ def _leader_within(leader: int, replicas: list[int], isr: list[int],
     ``replicas`` that is in ``isr`` and live, or NO_LEADER."""
     if leader in isr:
         return leader
-    return elect_leader(replicas, isr, _live_broker_ids(image), unclean_allowed=False)[0]
-
-
-def _live_broker_ids(image: MetadataImage) -> set[int]:
-    return {broker.broker_id for broker in image.brokers.values()
-            if not broker.fenced and not broker.in_controlled_shutdown}
+    return elect_leader(replicas, isr, image.live_broker_ids(), unclean_allowed=False)[0]
 
 
 def _unclean_allowed(image: MetadataImage, topic: str, settings: ControllerSettings) -> bool:
@@ -889,7 +884,7 @@ def _elect_offline_partitions(draft: _Draft, settings: ControllerSettings, *,
     possible: clean from the live ISR members, else unclean (ISR reset to the
     new leader, RECOVERING) where the topic allows it. Only partitions of
     ``topics``, and only those ``replica`` is a replica of, when given."""
-    live = _live_broker_ids(draft.image)
+    live = draft.image.live_broker_ids()
     for name in sorted(draft.image.topics if topics is None else topics):
         topic = draft.image.topics[name]
         unclean_allowed = _unclean_allowed(draft.image, name, settings)
@@ -926,7 +921,7 @@ def _preferred_moves(image: MetadataImage, partitions: Iterable[tuple[str, int]]
                      ) -> list[tuple[str, int, int]]:
     """(topic, partition, preferred leader) for each partition whose
     leadership should move to its preferred replica now."""
-    live = _live_broker_ids(image)
+    live = image.live_broker_ids()
     moves = []
     for topic, partition in partitions:
         current = image.topics[topic].partitions[partition]
@@ -1038,7 +1033,7 @@ class _TopicCreation:
 
     def place(self, num_partitions: int, replication_factor: int) -> list[list[int]]:
         image = self.draft.image
-        live = sorted(_live_broker_ids(image))
+        live = sorted(image.live_broker_ids())
         brokers = [BrokerInfo(broker_id, image.brokers[broker_id].rack) for broker_id in live]
         return place_replicas(brokers, num_partitions, replication_factor,
                               existing_replica_counts=self.replica_counts,
@@ -1112,7 +1107,7 @@ def _check_replica_lists(image: MetadataImage, assignment: list[list[int]],
     if replication_factor < 1:
         raise InvalidReplicationFactorError(
             f"replication factor must be at least 1, not {replication_factor}")
-    live = _live_broker_ids(image)
+    live = image.live_broker_ids()
     for offset, replicas in enumerate(assignment):
         where = f"partition {first_partition + offset}"
         if len(replicas) != replication_factor:
@@ -1207,7 +1202,7 @@ def _check_new_isr(image: MetadataImage, current: PartitionRegistration, new_isr
     if current.leader not in new_isr:
         raise InvalidRequestError(
             f"new_isr {new_isr} of {where} must contain the leader {current.leader}")
-    live = _live_broker_ids(image)
+    live = image.live_broker_ids()
     ineligible = sorted(b for b in set(new_isr) - set(current.isr) if b not in live)
     if ineligible:
         raise IneligibleReplicaError(

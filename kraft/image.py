@@ -292,6 +292,12 @@ class MetadataImage:
         image = self.topics.get(topic)
         return None if image is None else image.partitions.get(partition)
 
+    def live_broker_ids(self) -> set[int]:
+        """Brokers that may lead or join an ISR: unfenced and not in
+        controlled shutdown (the controller and the brokers agree on it)."""
+        return {b.broker_id for b in self.brokers.values()
+                if not b.fenced and not b.in_controlled_shutdown}
+
     def unfenced_broker_ids(self) -> set[int]:
         return {b.broker_id for b in self.brokers.values() if not b.fenced}
 

@@ -62,7 +62,7 @@ class IsrManager:
         if self.broker_epoch() is None:
             return
         proposal = part.isr_proposal(self.replicas.clock_ms(), self.lag_time_max_ms,
-                                     self.replicas.live_broker_ids)
+                                     self.replicas.image.live_broker_ids())
         if proposal is not None:
             task = asyncio.create_task(self._send(part, proposal))
             self._in_flight.add(task)

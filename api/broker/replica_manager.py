@@ -256,13 +256,6 @@ class ReplicaManager:
         self.notify(part.tp)
         return info
 
-    @property
-    def live_broker_ids(self) -> set[int]:
-        """Brokers the image shows unfenced and not shutting down: the only
-        ones the controller lets join an ISR."""
-        return {b.broker_id for b in self.image.brokers.values()
-                if not b.fenced and not b.in_controlled_shutdown}
-
     def high_watermarks(self) -> dict[TopicPartition, int]:
         return {tp: part.high_watermark for tp, part in self.partitions.items()}
 
