@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     status.set_defaults(handler=_quorum_status)
     _add_bench_commands(commands)
+    _add_chaos_commands(commands)
     return parser
 
 
@@ -132,6 +133,27 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "each window and p50/max next to the target, the session timeout + 1 s.")
     bench_failover.add_arguments(failover_parser)
     failover_parser.set_defaults(handler=bench_failover.run)
+
+
+def _add_chaos_commands(commands: argparse._SubParsersAction) -> None:
+    from chaos import chaos_cli
+
+    chaos = commands.add_parser(
+        "chaos", help="kill, pause and partition a real cluster; check nothing was lost",
+        formatter_class=ExamplesFormatter,
+        description="Jepsen-style fault injection against real kraftlog processes. "
+                    "`chaos run` starts a fresh cluster, writes unique values with "
+                    "acks=all while a seeded nemesis kills, pauses and partitions nodes, "
+                    "heals everything, reads every partition back and checks that no "
+                    "acknowledged write was lost, reordered or changed. See docs/chaos.md.",
+        epilog="examples:\n"
+               "  kraftlog chaos scenarios\n"
+               "  kraftlog chaos run --scenario kill-leader --duration 60 --seed 1 "
+               "--out /tmp/chaos-kill\n"
+               "  kraftlog chaos check /tmp/chaos-kill")
+    actions = chaos.add_subparsers(dest="chaos_command", metavar="ACTION")
+    actions.required = True
+    chaos_cli.add_commands(actions, ExamplesFormatter)
 
 
 class ExamplesFormatter(argparse.HelpFormatter):

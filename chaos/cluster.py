@@ -31,9 +31,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOOPBACK = "127.0.0.1"
 
 #: Settings that make a test cluster react in well under a second or two.
 FAST_SETTINGS: dict[str, Any] = {
@@ -113,22 +114,25 @@ def node_roles(controllers: int, brokers: int, combined: bool
             for node_id in sorted(set(controller_ids) | set(broker_ids))}
 
 
-def voters_text(controller_ports: Mapping[int, int]) -> str:
-    """``controller.quorum.voters`` for controllers on loopback."""
-    return ",".join(f"{node_id}@127.0.0.1:{port}"
+def voters_text(controller_ports: Mapping[int, int],
+                hosts: Mapping[int, str] | None = None) -> str:
+    """``controller.quorum.voters``: controllers on loopback, or on ``hosts``."""
+    hosts = hosts or {}
+    return ",".join(f"{node_id}@{hosts.get(node_id, LOOPBACK)}:{port}"
                     for node_id, port in sorted(controller_ports.items()))
 
 
 def node_config_values(node_id: int, roles: tuple[str, ...], voters: str,
                        broker_port: int | None, controller_port: int | None,
-                       log_dir: str, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """One node's config: its identity, listeners and data directory, then
-    ``settings`` (shared by every node of the cluster)."""
+                       log_dir: str, settings: Mapping[str, Any],
+                       host: str = "127.0.0.1") -> dict[str, Any]:
+    """One node's config: its identity, listeners (on ``host``) and data
+    directory, then ``settings`` (shared by every node of the cluster)."""
     listeners = []
     if broker_port:
-        listeners.append(f"BROKER://127.0.0.1:{broker_port}")
+        listeners.append(f"BROKER://{host}:{broker_port}")
     if controller_port:
-        listeners.append(f"CONTROLLER://127.0.0.1:{controller_port}")
+        listeners.append(f"CONTROLLER://{host}:{controller_port}")
     return {
         "node.id": node_id,
         "process.roles": ",".join(roles),
@@ -156,6 +160,14 @@ def node_command(config_path: str) -> list[str]:
     return [sys.executable, "-m", "api.cli", "node", "--config", config_path]
 
 
+class NodeNetwork(Protocol):
+    """What ``ProcessCluster`` needs of a network other than loopback."""
+
+    def address(self, node_id: int) -> str: ...
+
+    def wrap(self, node_id: int, argv: list[str]) -> list[str]: ...
+
+
 @dataclass
 class NodeProcess:
     node_id: int
@@ -164,18 +176,19 @@ class NodeProcess:
     log_path: str
     broker_port: int | None
     controller_port: int | None
+    host: str = LOOPBACK
     process: subprocess.Popen | None = None
     paused: bool = False
 
     @property
     def broker_url(self) -> str:
         assert self.broker_port is not None, f"node {self.node_id} is not a broker"
-        return f"http://127.0.0.1:{self.broker_port}"
+        return f"http://{self.host}:{self.broker_port}"
 
     @property
     def controller_url(self) -> str:
         assert self.controller_port is not None, f"node {self.node_id} is not a controller"
-        return f"http://127.0.0.1:{self.controller_port}"
+        return f"http://{self.host}:{self.controller_port}"
 
     @property
     def running(self) -> bool:
@@ -189,6 +202,10 @@ class ProcessCluster:
     brokers: int = 3
     combined: bool = False
     settings: Mapping[str, Any] = field(default_factory=lambda: dict(FAST_SETTINGS))
+    #: Where the nodes live: None for loopback, or a ``chaos.netns.Network``
+    #: (already set up) that gives each node an address and runs it in its
+    #: own network namespace.
+    network: NodeNetwork | None = None
     nodes: dict[int, NodeProcess] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
@@ -202,7 +219,8 @@ class ProcessCluster:
                 log_path=os.path.join(self.base_dir, f"node-{node_id}.log"),
                 broker_port=free_port(taken=taken) if "broker" in roles else None,
                 controller_port=free_port(pair=True, taken=taken)
-                if "controller" in roles else None)
+                if "controller" in roles else None,
+                host=self.network.address(node_id) if self.network else LOOPBACK)
         for node in self.nodes.values():
             self._write_config(node)
 
@@ -210,12 +228,13 @@ class ProcessCluster:
     @property
     def voters(self) -> str:
         return voters_text({n.node_id: n.controller_port for n in self.nodes.values()
-                            if n.controller_port})
+                            if n.controller_port},
+                           {n.node_id: n.host for n in self.nodes.values()})
 
     def _write_config(self, node: NodeProcess) -> None:
         write_node_config(node.config_path, node_config_values(
             node.node_id, node.roles, self.voters, node.broker_port, node.controller_port,
-            os.path.join(self.base_dir, f"data-{node.node_id}"), self.settings))
+            os.path.join(self.base_dir, f"data-{node.node_id}"), self.settings, node.host))
 
     # -- processes ----------------------------------------------------------
     def start(self, node_ids: list[int] | None = None) -> None:
@@ -223,8 +242,11 @@ class ProcessCluster:
             node = self.nodes[node_id]
             assert not node.running, f"node {node_id} is already running"
             log = open(node.log_path, "ab")
+            command = node_command(node.config_path)
+            if self.network is not None:
+                command = self.network.wrap(node_id, command)
             node.process = subprocess.Popen(
-                node_command(node.config_path), cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
             log.close()
             node.paused = False

@@ -92,6 +92,10 @@ class NodeConfig:
     unclean_leader_election_enable: bool       # unclean.leader.election.enable
     auto_leader_rebalance_enable: bool         # auto.leader.rebalance.enable
     leader_imbalance_check_interval_ms: int    # leader.imbalance.check.interval.seconds
+    # A deliberately broken broker for the chaos checker's self-test: acks=all
+    # is answered as soon as the leader has appended (as acks=1), with no
+    # min.insync.replicas check. Never set it anywhere else.
+    unsafe_ack_before_replication: bool = False  # unsafe.ack.before.replication
     # Every setting as read (after overrides), for the parts that own them.
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
 
@@ -141,6 +145,7 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "unclean.leader.election.enable": ("bool", False),
     "auto.leader.rebalance.enable": ("bool", True),
     "leader.imbalance.check.interval.seconds": ("int", 300),
+    "unsafe.ack.before.replication": ("bool", False),
 }
 KNOWN_KEYS = frozenset(_KEYS) | _OTHER_KNOWN_KEYS
 
@@ -198,6 +203,7 @@ def node_config_from_settings(settings: Mapping[str, Any]) -> NodeConfig:
         unclean_leader_election_enable=values["unclean.leader.election.enable"],
         auto_leader_rebalance_enable=values["auto.leader.rebalance.enable"],
         leader_imbalance_check_interval_ms=values["leader.imbalance.check.interval.seconds"] * 1000,
+        unsafe_ack_before_replication=values["unsafe.ack.before.replication"],
         settings=dict(settings),
     )
     _check(config)

@@ -80,8 +80,12 @@ class DataApi:
     def __init__(self, replicas: ReplicaManager, metrics: BrokerMetrics,
                  is_serving: Callable[[], str | None], cluster_id: str,
                  controller_id: Callable[[], int | None],
-                 follower_fetched: Callable[[Partition], None] = lambda part: None) -> None:
+                 follower_fetched: Callable[[Partition], None] = lambda part: None,
+                 ack_before_replication: bool = False) -> None:
         self.replicas = replicas
+        # unsafe.ack.before.replication: the chaos checker's broken broker
+        # (acks=all treated as acks=1); see kraft/config.py.
+        self.ack_before_replication = ack_before_replication
         # Called after a follower's fetch moved its state on a leader (the
         # ISR task decides whether the ISR should grow).
         self.follower_fetched = follower_fetched
@@ -118,6 +122,8 @@ class DataApi:
             acks = -1
         if acks not in (-1, 0, 1) or isinstance(acks, bool):
             raise InvalidRequiredAcksError(f"acks must be 0, 1, -1 or \"all\", got {acks!r}")
+        if acks == -1 and self.ack_before_replication:
+            acks = 1
         timeout_ms = body.integer("timeout_ms", 0, PRODUCE_TIMEOUT_MS_MAX, default=30_000)
         items = body.sequence("partitions", PARTITIONS_PER_REQUEST_MAX)
         batches = []

@@ -98,7 +98,12 @@ class BrokerServer:
                                      self._replication_gauges)
         self.data = DataApi(self.replicas, self.metrics, self._not_serving_reason,
                             config.cluster_id, lambda: self.client.leader_id,
-                            follower_fetched=self.isr.maybe_propose)
+                            follower_fetched=self.isr.maybe_propose,
+                            ack_before_replication=config.unsafe_ack_before_replication)
+        if config.unsafe_ack_before_replication:
+            logger.warning("UNSAFE: unsafe.ack.before.replication is on: acks=all writes are "
+                           "acknowledged before they are replicated and CAN BE LOST. This "
+                           "setting exists only to prove the chaos checker catches it.")
         self.rest = RestProxy(self)
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None

@@ -1,0 +1,267 @@
+"""The chaos checker: what a run's history says about safety.
+
+A run's history (``history.jsonl``, one event per line; see docs/chaos.md)
+records every write attempt with its outcome, every poll of the live
+consumers, and a final read of every partition after all faults healed. This
+module reads nothing else: it sees the system as its users do.
+
+The anomalies are Jepsen's, from its Kafka and Redpanda analyses:
+
+``lost``
+    acknowledged (``ok``), but not in the final read.
+``vanished``
+    read by a live consumer (so it was committed), but not in the final read.
+``duplicated``
+    one value at more than one offset. Reported; it fails nothing until the
+    producer is idempotent, since a producer without idempotence may write a
+    record twice.
+``unexpected``
+    read, but never attempted, or attempted and definitely refused
+    (``failed``: the broker said nothing was written).
+``inconsistent``
+    two different values at one offset: two reads disagree, or a read
+    disagrees with the offset an acknowledgement named.
+``reordered``
+    one producer's acknowledged writes to one partition sit, in the final
+    read, in a different order from the order they were sent.
+``nonmonotonic``
+    a consumer's successive records of a partition whose offsets do not
+    increase.
+``skipped``
+    a consumer's successive records of a partition that jump over offsets
+    the final read holds (without compaction or transactions, offsets are
+    contiguous, so a consumer must see every one).
+
+Writes whose outcome is ``unknown`` (a timeout, a connection lost mid-
+request, an error after the leader appended) may or may not be in the log;
+either is fine. Those found are counted as ``recovered_unknown``.
+
+``check(events)`` is a pure function of the history, so it is tested by
+feeding it histories with planted anomalies (tests/unit/test_chaos_checker.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+#: Anomalies that fail a run.
+FAILING = ("lost", "vanished", "unexpected", "inconsistent", "reordered", "nonmonotonic",
+           "skipped")
+#: Anomalies reported without failing the run.
+REPORTED = ("duplicated",)
+ANOMALIES = FAILING + REPORTED
+#: Examples kept per anomaly kind.
+EXAMPLES_MAX = 10
+#: Width of the buckets the availability figure counts.
+BUCKET_S = 1.0
+
+Position = tuple[int, int]  # (partition, offset)
+
+
+class _Anomalies:
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {kind: 0 for kind in ANOMALIES}
+        self.examples: dict[str, list[Any]] = {kind: [] for kind in ANOMALIES}
+
+    def add(self, kind: str, example: Any) -> None:
+        self.counts[kind] += 1
+        if len(self.examples[kind]) < EXAMPLES_MAX:
+            self.examples[kind].append(example)
+
+    def as_dict(self) -> dict[str, dict]:
+        return {kind: {"count": self.counts[kind], "examples": self.examples[kind]}
+                for kind in ANOMALIES}
+
+
+def check(events: Iterable[dict]) -> dict[str, Any]:
+    """The checker's verdict on a history: counts, anomalies, and ``verdict``
+    ``pass`` or ``fail`` (``fail`` when any anomaly in ``FAILING`` occurred)."""
+    sends: dict[str, dict] = {}
+    polls: list[dict] = []
+    final: dict[Position, str] = {}
+    final_where: dict[str, list[Position]] = defaultdict(list)
+    anomalies = _Anomalies()
+    run: dict = {}
+    drained = False
+    for event in events:
+        kind = event.get("type")
+        if kind == "send":
+            sends[event["value"]] = event
+        elif kind in ("poll", "consumer-reset"):
+            polls.append(event)
+        elif kind == "drain":
+            drained = True
+            for offset, value in event["records"]:
+                position = (event["partition"], offset)
+                if position in final and final[position] != value:
+                    anomalies.add("inconsistent", {"partition": position[0], "offset": offset,
+                                                   "values": [final[position], value],
+                                                   "seen_by": "final read, twice"})
+                    continue
+                if position not in final:
+                    final[position] = value
+                    final_where[value].append(position)
+        elif kind == "run":
+            run = event
+
+    ok = [s for s in sends.values() if s["outcome"] == "ok"]
+    _check_final_read(sends, ok, final, final_where, anomalies)
+    polled = _check_polls(polls, sends, final, final_where, anomalies)
+    _check_order(ok, final_where, anomalies)
+
+    outcomes = {"ok": 0, "failed": 0, "unknown": 0}
+    for send in sends.values():
+        outcomes[send["outcome"]] += 1
+    recovered = sum(1 for s in sends.values()
+                    if s["outcome"] == "unknown" and s["value"] in final_where)
+    failing_found = [kind for kind in FAILING if anomalies.counts[kind]]
+    if not drained:
+        verdict, reason = "fail", "the history has no final read: nothing can be checked"
+    elif failing_found:
+        verdict = "fail"
+        reason = "; ".join(f"{anomalies.counts[k]} {k}" for k in failing_found)
+    else:
+        verdict, reason = "pass", None
+    return {
+        "scenario": run.get("scenario"),
+        "seed": run.get("seed"),
+        "duration_s": run.get("duration_s"),
+        "verdict": verdict,
+        "reason": reason,
+        "counts": {"attempted": len(sends), **outcomes, "recovered_unknown": recovered,
+                   "read": polled, "final_records": len(final)},
+        "anomalies": anomalies.as_dict(),
+        "failing": list(FAILING),
+        **_performance(ok),
+    }
+
+
+def _check_final_read(sends: dict[str, dict], ok: list[dict], final: dict[Position, str],
+                      final_where: dict[str, list[Position]], anomalies: _Anomalies) -> None:
+    for send in ok:
+        value = send["value"]
+        acked_at = (send["partition"], send["offset"])
+        if value not in final_where:
+            anomalies.add("lost", {"value": value, "partition": acked_at[0],
+                                   "offset": acked_at[1], "acked_at_s": send.get("t_end")})
+        if acked_at in final and final[acked_at] != value:
+            anomalies.add("inconsistent", {
+                "partition": acked_at[0], "offset": acked_at[1],
+                "values": [value, final[acked_at]],
+                "seen_by": "acknowledgement vs final read"})
+    for value, positions in final_where.items():
+        if len(positions) > 1:
+            anomalies.add("duplicated", {"value": value, "positions": positions})
+        _check_expected(value, positions, "final read", sends, anomalies)
+
+
+def _check_expected(value: str, positions: list[Position], seen_by: str,
+                    sends: dict[str, dict], anomalies: _Anomalies) -> None:
+    send = sends.get(value)
+    if send is None:
+        anomalies.add("unexpected", {"value": value, "positions": positions,
+                                     "seen_by": seen_by, "why": "never attempted"})
+    elif send["outcome"] == "failed":
+        anomalies.add("unexpected", {"value": value, "positions": positions,
+                                     "seen_by": seen_by,
+                                     "why": f"its write failed definitely ({send.get('error')})"})
+
+
+def _check_polls(polls: list[dict], sends: dict[str, dict], final: dict[Position, str],
+                 final_where: dict[str, list[Position]], anomalies: _Anomalies) -> int:
+    """Consumers' reads against the final read and against themselves; the
+    number of records the live consumers read."""
+    last_offset: dict[tuple[Any, int], int] = {}
+    reported_values: set[str] = set()
+    count = 0
+    for poll in polls:
+        consumer, partition = poll["consumer"], poll["partition"]
+        stream = (consumer, partition)
+        if poll["type"] == "consumer-reset":
+            last_offset.pop(stream, None)  # a new reading session starts
+            continue
+        for offset, value in poll["records"]:
+            count += 1
+            position = (partition, offset)
+            previous = last_offset.get(stream)
+            if previous is not None and offset <= previous:
+                anomalies.add("nonmonotonic", {"consumer": consumer, "partition": partition,
+                                               "offset": offset, "after": previous,
+                                               "t": poll.get("t")})
+            elif previous is not None and offset > previous + 1:
+                missed = [o for o in range(previous + 1, offset) if (partition, o) in final]
+                if missed:
+                    anomalies.add("skipped", {"consumer": consumer, "partition": partition,
+                                              "from": previous, "to": offset,
+                                              "missed": len(missed), "t": poll.get("t")})
+            last_offset[stream] = offset if previous is None else max(previous, offset)
+            if value in reported_values:
+                continue
+            if position in final and final[position] != value:
+                reported_values.add(value)
+                anomalies.add("inconsistent", {
+                    "partition": partition, "offset": offset,
+                    "values": [value, final[position]],
+                    "seen_by": f"consumer {consumer} at t={poll.get('t')} vs final read"})
+            elif value not in final_where:
+                reported_values.add(value)
+                if value in sends and sends[value]["outcome"] != "failed":
+                    if sends[value]["outcome"] != "ok":  # ok ones are already "lost"
+                        anomalies.add("vanished", {"value": value, "partition": partition,
+                                                   "offset": offset, "consumer": consumer,
+                                                   "t": poll.get("t")})
+                else:
+                    _check_expected(value, [position], f"consumer {consumer}", sends,
+                                    anomalies)
+    return count
+
+
+def _check_order(ok: list[dict], final_where: dict[str, list[Position]],
+                 anomalies: _Anomalies) -> None:
+    """Each producer's acknowledged writes to a partition, in send order,
+    must sit at increasing offsets of the final read."""
+    streams: dict[tuple[Any, int], list[dict]] = defaultdict(list)
+    for send in ok:
+        streams[(send["producer"], send["partition"])].append(send)
+    for (producer, partition), writes in streams.items():
+        writes.sort(key=lambda s: s["seq"])
+        previous: tuple[dict, int] | None = None
+        for send in writes:
+            offsets = [o for p, o in final_where.get(send["value"], ()) if p == partition]
+            if not offsets:
+                continue  # lost (reported), or moved to another partition (inconsistent)
+            offset = min(offsets)
+            if previous is not None and offset < previous[1]:
+                earlier, earlier_offset = previous
+                anomalies.add("reordered", {
+                    "producer": producer, "partition": partition,
+                    "sent_first": {"seq": earlier["seq"], "value": earlier["value"],
+                                   "offset": earlier_offset},
+                    "sent_later": {"seq": send["seq"], "value": send["value"],
+                                   "offset": offset}})
+            if previous is None or offset > previous[1]:
+                previous = (send, offset)
+
+
+def _performance(ok: list[dict]) -> dict[str, Any]:
+    """Latency of acknowledged writes, their rate, and the seconds of the
+    run in which no write was acknowledged."""
+    if not ok:
+        return {"latency_ms": {}, "throughput": {"ok_per_s": 0.0}, "unavailable_s": None}
+    latencies = sorted((s["t_end"] - s["t"]) * 1000 for s in ok)
+    first = min(s["t"] for s in ok)
+    last = max(s["t_end"] for s in ok)
+    span = max(last - first, 1e-9)
+    busy = {int(s["t_end"] // BUCKET_S) for s in ok}
+    buckets = range(int(first // BUCKET_S), int(last // BUCKET_S) + 1)
+    return {
+        "latency_ms": {"p50": round(statistics.median(latencies), 2),
+                       "p99": round(latencies[min(len(latencies) - 1,
+                                                  int(len(latencies) * 0.99))], 2),
+                       "max": round(latencies[-1], 2)},
+        "throughput": {"ok_per_s": round(len(ok) / span, 1)},
+        "unavailable_s": sum(BUCKET_S for b in buckets if b not in busy),
+    }

@@ -1,0 +1,369 @@
+"""Nemeses: the faults a chaos run injects, and the scenarios that pick them.
+
+A nemesis looks at the cluster as a user would (the brokers' ``/v1/metadata``
+and the controllers' ``/v1/quorum``), chooses its targets with the run's
+seeded random generator, injects its fault, and returns an ``ActiveFault``
+whose ``heal`` undoes it: restart what it killed, resume what it paused,
+remove the network cuts it made. The runner holds each fault for a seeded
+while and then heals it; at the end of a run every fault is healed before the
+final read, whatever happened.
+
+Faults, by name (``NEMESES``):
+
+``kill-leader``         kill -9 the leader of a random partition
+``kill-random``         kill -9 a random broker
+``kill-two``            kill -9 two of the three brokers (N-1 with RF=3)
+``kill-controller``     kill -9 the active controller
+``restart-cluster``     kill -9 every node at once, then start them all
+``pause``               SIGSTOP a partition leader or the active controller,
+                        SIGCONT on heal
+``pause-kill``          SIGSTOP both followers of a partition's leader, let
+                        writes arrive for a second, kill -9 the leader,
+                        SIGCONT the followers: acknowledged writes now exist
+                        only if the leader waited for its followers
+``rolling-restart``     SIGTERM each node in turn, waiting for it to serve
+                        again before the next (a deploy)
+``partition-leader``    cut a partition leader off from every other node
+                        (clients still reach it)
+``partition-controller`` cut the active controller off from the other
+                        controllers (a quorum split, one against two)
+``partition-halves``    split the nodes into two sides, two controllers on
+                        the majority side and one on the minority, the
+                        brokers spread between them
+
+Partition nemeses need ``chaos.netns``; scenarios that use them are not run
+(and say why) where namespaces are unavailable.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaos.cluster import ProcessCluster, http_json, wait_until
+
+#: How long ``pause-kill`` lets writes reach the leader while its followers
+#: are stopped (shorter than the session timeout, so they are not fenced).
+PAUSE_KILL_WRITE_WINDOW_S = 1.0
+#: How long a rolling restart waits for one node to serve again.
+ROLLING_NODE_WAIT_S = 30.0
+#: Each metadata probe of a broker waits at most this long.
+PROBE_TIMEOUT_S = 2.0
+
+
+@dataclass
+class ActiveFault:
+    name: str
+    targets: list[int]
+    detail: str
+    heal: Callable[[], None]
+    #: False for faults that are over when they return (a rolling restart):
+    #: the runner does not hold them.
+    hold: bool = True
+
+
+@dataclass
+class Target:
+    """What a nemesis acts on."""
+
+    cluster: ProcessCluster
+    topic: str
+    partitions: int
+    rng: random.Random
+    network: Any = None  # chaos.netns.Network, when nodes run in namespaces
+    log: Callable[[str], None] = lambda line: None
+    #: Nodes each fault has killed and not yet restarted, and paused nodes.
+    killed: set[int] = field(default_factory=set)
+    paused: set[int] = field(default_factory=set)
+
+
+# -- observation -------------------------------------------------------------------
+def partition_states(target: Target) -> dict[int, dict]:
+    """partition -> {leader, leader_epoch, isr, replicas}, as the broker with
+    the newest metadata (highest ``metadata_offset``) among those that answer
+    sees it: a cut-off or lagging broker may still think itself leader."""
+    newest: tuple[int, dict] | None = None
+    cluster = target.cluster
+    for broker in cluster.broker_ids:
+        node = cluster.nodes[broker]
+        if not node.running or node.paused:
+            continue
+        try:
+            status, body = http_json(f"{node.broker_url}/v1/metadata?topics={target.topic}",
+                                     timeout_s=PROBE_TIMEOUT_S)
+        except (OSError, ValueError):
+            continue
+        if status == 200 and (newest is None or body.get("metadata_offset", -1) > newest[0]):
+            newest = (body.get("metadata_offset", -1), body)
+    if newest is None:
+        return {}
+    return {state["partition"]: state for topic in newest[1].get("topics", [])
+            for state in topic.get("partitions", [])}
+
+
+def live_leader(target: Target, partition: int) -> int | None:
+    state = partition_states(target).get(partition)
+    leader = state.get("leader") if state else None
+    if leader is None or leader < 0:
+        return None
+    node = target.cluster.nodes.get(leader)
+    return leader if node is not None and node.running and not node.paused else None
+
+
+def running_brokers(target: Target) -> list[int]:
+    return [b for b in target.cluster.broker_ids
+            if target.cluster.nodes[b].running and not target.cluster.nodes[b].paused]
+
+
+def wait_serving(cluster: ProcessCluster, node_ids: list[int], timeout_s: float) -> None:
+    """Until each broker among ``node_ids`` says it is running and, if any of
+    them is a controller, some controller is active."""
+    brokers = [n for n in node_ids if n in cluster.broker_ids]
+    if brokers:
+        cluster.wait_for_brokers_running(brokers, timeout_s)
+    if any(n in cluster.controller_ids for n in node_ids):
+        cluster.wait_for_active_controller(timeout_s)
+
+
+# -- process faults ------------------------------------------------------------------
+def _restart(target: Target, node_ids: list[int]) -> Callable[[], None]:
+    def heal() -> None:
+        dead = [n for n in node_ids if not target.cluster.nodes[n].running]
+        if dead:
+            target.cluster.start(dead)
+        target.killed.difference_update(node_ids)
+    return heal
+
+
+def _kill(target: Target, node_ids: list[int]) -> None:
+    for node_id in node_ids:
+        target.cluster.kill(node_id, signal.SIGKILL)
+        target.killed.add(node_id)
+        target.paused.discard(node_id)
+
+
+def kill_leader(target: Target) -> ActiveFault | None:
+    partition = target.rng.randrange(target.partitions)
+    leader = live_leader(target, partition)
+    if leader is None:
+        return None
+    _kill(target, [leader])
+    return ActiveFault("kill-leader", [leader],
+                       f"kill -9 broker {leader}, leader of {target.topic}-{partition}",
+                       _restart(target, [leader]))
+
+
+def kill_random(target: Target) -> ActiveFault | None:
+    brokers = running_brokers(target)
+    if not brokers:
+        return None
+    victim = target.rng.choice(brokers)
+    _kill(target, [victim])
+    return ActiveFault("kill-random", [victim], f"kill -9 broker {victim}",
+                       _restart(target, [victim]))
+
+
+def kill_two(target: Target) -> ActiveFault | None:
+    brokers = running_brokers(target)
+    if len(brokers) < 2:
+        return None
+    victims = sorted(target.rng.sample(brokers, 2))
+    _kill(target, victims)
+    return ActiveFault("kill-two", victims,
+                       f"kill -9 brokers {victims[0]} and {victims[1]} (two of "
+                       f"{len(target.cluster.broker_ids)})", _restart(target, victims))
+
+
+def kill_controller(target: Target) -> ActiveFault | None:
+    active = target.cluster.active_controller()
+    if active is None:
+        return None
+    _kill(target, [active])
+    return ActiveFault("kill-controller", [active], f"kill -9 active controller {active}",
+                       _restart(target, [active]))
+
+
+def restart_cluster(target: Target) -> ActiveFault | None:
+    everyone = sorted(target.cluster.nodes)
+    _kill(target, everyone)
+    return ActiveFault("restart-cluster", everyone, "kill -9 every node at once",
+                       _restart(target, everyone))
+
+
+def _pause(target: Target, node_ids: list[int]) -> None:
+    for node_id in node_ids:
+        target.cluster.pause(node_id)
+        target.paused.add(node_id)
+
+
+def _resume(target: Target, node_ids: list[int]) -> Callable[[], None]:
+    def heal() -> None:
+        for node_id in node_ids:
+            node = target.cluster.nodes[node_id]
+            if node.running and node.paused:
+                target.cluster.resume(node_id)
+            target.paused.discard(node_id)
+    return heal
+
+
+def pause(target: Target) -> ActiveFault | None:
+    if target.rng.random() < 1 / 3:
+        victim = target.cluster.active_controller()
+        what = "active controller"
+    else:
+        partition = target.rng.randrange(target.partitions)
+        victim = live_leader(target, partition)
+        what = f"broker, leader of {target.topic}-{partition}"
+    if victim is None:
+        return None
+    _pause(target, [victim])
+    return ActiveFault("pause", [victim], f"SIGSTOP node {victim} ({what})",
+                       _resume(target, [victim]))
+
+
+def pause_kill(target: Target) -> ActiveFault | None:
+    partition = target.rng.randrange(target.partitions)
+    state = partition_states(target).get(partition)
+    leader = live_leader(target, partition)
+    if state is None or leader is None:
+        return None
+    followers = [r for r in state.get("replicas", []) if r != leader
+                 and target.cluster.nodes[r].running and not target.cluster.nodes[r].paused]
+    if not followers:
+        return None
+    _pause(target, followers)
+    time.sleep(PAUSE_KILL_WRITE_WINDOW_S)
+    _kill(target, [leader])
+    _resume(target, followers)()
+    return ActiveFault("pause-kill", [leader, *followers],
+                       f"SIGSTOP followers {followers} of {target.topic}-{partition}, "
+                       f"{PAUSE_KILL_WRITE_WINDOW_S:g} s of writes, kill -9 leader {leader}, "
+                       "SIGCONT the followers", _restart(target, [leader]))
+
+
+def rolling_restart(target: Target) -> ActiveFault | None:
+    cluster = target.cluster
+    order = ([b for b in cluster.broker_ids if b not in cluster.controller_ids]
+             + cluster.controller_ids)
+    for node_id in order:
+        node = cluster.nodes[node_id]
+        if not node.running or node.paused:
+            continue
+        target.log(f"rolling restart: SIGTERM node {node_id}")
+        cluster.kill(node_id, signal.SIGTERM, timeout_s=ROLLING_NODE_WAIT_S)
+        cluster.start([node_id])
+        wait_serving(cluster, [node_id], ROLLING_NODE_WAIT_S)
+    return ActiveFault("rolling-restart", order,
+                       f"SIGTERM and restart nodes {order} one at a time",
+                       _restart(target, order), hold=False)
+
+
+# -- network faults ------------------------------------------------------------------
+def _heal_network(target: Target) -> Callable[[], None]:
+    return target.network.heal
+
+
+def partition_leader(target: Target) -> ActiveFault | None:
+    partition = target.rng.randrange(target.partitions)
+    leader = live_leader(target, partition)
+    if leader is None:
+        return None
+    others = set(target.cluster.nodes) - {leader}
+    target.network.isolate(leader, others)
+    return ActiveFault("partition-leader", [leader],
+                       f"cut broker {leader} (leader of {target.topic}-{partition}) off from "
+                       f"nodes {sorted(others)}; clients still reach it",
+                       _heal_network(target))
+
+
+def partition_controller(target: Target) -> ActiveFault | None:
+    active = target.cluster.active_controller()
+    if active is None:
+        return None
+    others = set(target.cluster.controller_ids) - {active}
+    target.network.isolate(active, others)
+    return ActiveFault("partition-controller", [active],
+                       f"cut active controller {active} off from controllers {sorted(others)}",
+                       _heal_network(target))
+
+
+def partition_halves(target: Target) -> ActiveFault | None:
+    cluster = target.cluster
+    controllers = list(cluster.controller_ids)
+    target.rng.shuffle(controllers)
+    minority_size = (len(controllers) - 1) // 2
+    minority, majority = set(controllers[:minority_size]), set(controllers[minority_size:])
+    for broker in cluster.broker_ids:
+        if broker in cluster.controller_ids:
+            continue
+        (minority if target.rng.random() < 0.5 else majority).add(broker)
+    target.network.partition([minority, majority])
+    quorum = set(cluster.controller_ids)
+    return ActiveFault("partition-halves", sorted(minority),
+                       f"split nodes: minority side {sorted(minority)} (controllers "
+                       f"{sorted(minority & quorum)}) | majority side {sorted(majority)} "
+                       f"(controllers {sorted(majority & quorum)})",
+                       _heal_network(target))
+
+
+NEMESES: dict[str, Callable[[Target], ActiveFault | None]] = {
+    "kill-leader": kill_leader,
+    "kill-random": kill_random,
+    "kill-two": kill_two,
+    "kill-controller": kill_controller,
+    "restart-cluster": restart_cluster,
+    "pause": pause,
+    "pause-kill": pause_kill,
+    "rolling-restart": rolling_restart,
+    "partition-leader": partition_leader,
+    "partition-controller": partition_controller,
+    "partition-halves": partition_halves,
+}
+NETWORK_NEMESES = frozenset({"partition-leader", "partition-controller", "partition-halves"})
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    nemeses: tuple[str, ...]
+    proves: str
+
+    @property
+    def needs_network(self) -> bool:
+        return all(n in NETWORK_NEMESES for n in self.nemeses)
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("kill-leader", ("kill-leader",),
+             "a partition leader's crash loses no acknowledged write: the new leader "
+             "comes from the ISR, which holds every committed record"),
+    Scenario("kill-random", ("kill-random",),
+             "any one broker's crash, leader or follower, loses nothing"),
+    Scenario("kill-two", ("kill-two",),
+             "N-1 with RF=3: with two of three brokers dead, writes are refused "
+             "(min.insync.replicas=2) and nothing acknowledged is lost"),
+    Scenario("kill-controller", ("kill-controller",),
+             "the active controller's crash moves control to another voter without "
+             "losing metadata, and the data plane keeps its guarantees"),
+    Scenario("restart-cluster", ("restart-cluster",),
+             "every node crashing at once loses nothing acknowledged: logs, high "
+             "watermarks and metadata recover from disk"),
+    Scenario("pause", ("pause",),
+             "a stopped (not dead) leader or controller is fenced; when it wakes it "
+             "cannot acknowledge or serve anything the cluster moved past"),
+    Scenario("pause-kill", ("pause-kill",),
+             "writes that reached only the leader are never acknowledged: run with "
+             "--unsafe-ack-before-replication to watch the checker catch the loss"),
+    Scenario("rolling-restart", ("rolling-restart",),
+             "a deploy (SIGTERM, restart, one node at a time) loses nothing"),
+    Scenario("partition", ("partition-leader", "partition-controller", "partition-halves"),
+             "network partitions (an isolated leader, a controller quorum split, a "
+             "majority/minority split) lose nothing and never give two leaders "
+             "acknowledging writes for one partition"),
+    Scenario("mixed", tuple(n for n in NEMESES if n != "pause-kill"),
+             "any of the faults above, in a seeded random order"),
+)}

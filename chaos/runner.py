@@ -1,0 +1,377 @@
+"""``kraftlog chaos run``: one chaos run from start to verdict.
+
+1. **Cluster**: real ``kraftlog node`` processes (3 controllers + 3 brokers
+   by default, or combined nodes) with ``configs/chaos.toml`` and the fast
+   timeouts of ``chaos/cluster.py``. Scenarios with network partitions put
+   each node in its own network namespace (``chaos/netns.py``); where the
+   machine cannot, the run is reported as not run, with the reason.
+2. **Topic**: ``partitions`` partitions, replication factor 3 (or the number
+   of brokers if fewer), ``min.insync.replicas`` 2.
+3. **Workload** (``chaos/workload.py``) for ``duration_s`` while the
+   **nemesis** (``chaos/nemesis.py``) loops: quiet for a seeded while, one
+   fault drawn from the scenario, held for a seeded while, healed; it waits
+   for the cluster to serve again before the next quiet spell.
+4. **Heal** everything (network, paused and dead nodes), wait until every
+   broker serves, let the workload run ``RECOVER_S`` more, stop it.
+5. **Final read** once every partition has its whole ISR back.
+6. **Check** (``chaos/checker.py``) and **report**: ``DIR/history.jsonl``,
+   ``DIR/results.json``, ``DIR/report.html``; node logs and data stay in
+   ``DIR/cluster/``.
+
+The random choices (fault order, targets, timing, keys) come from ``seed``.
+Timing of the real processes does not, so a seed reproduces the schedule,
+not every interleaving.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+import tomllib
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from chaos import checker, nemesis, netns
+from chaos.cluster import FAST_SETTINGS, REPO_ROOT, ProcessCluster, wait_until
+from chaos.workload import History, Workload, final_read, read_history
+
+TOPIC = "chaos"
+CHAOS_CONFIG = os.path.join(REPO_ROOT, "configs", "chaos.toml")
+#: Keys of configs/chaos.toml the harness sets per node instead.
+LAYOUT_KEYS = frozenset({"process.roles", "log.dirs", "log.dir", "node.id", "listeners",
+                         "controller.quorum.voters", "metadata.log.dir"})
+#: Settings the harness adds on top of configs/chaos.toml and FAST_SETTINGS.
+CHAOS_SETTINGS: dict[str, Any] = {
+    # Followers silent this long leave the ISR: pauses and cuts shrink it.
+    "replica.lag.time.max.ms": 4000,
+}
+#: Bounds on waits (seconds).
+CLUSTER_START_S = 60.0
+SETTLE_S = 60.0
+FULL_ISR_S = 90.0
+FINAL_READ_S = 120.0
+STOP_WORKLOAD_S = 60.0
+#: After the last fault is healed, the workload runs this long more.
+RECOVER_S = 3.0
+#: Exit statuses of ``kraftlog chaos run``.
+EXIT_PASS, EXIT_FAIL, EXIT_NOT_RUN = 0, 1, 3
+
+
+@dataclass
+class RunConfig:
+    scenario: str
+    duration_s: float
+    seed: int
+    out_dir: str
+    controllers: int = 3
+    brokers: int = 3
+    combined: bool = False
+    partitions: int = 3
+    producers: int = 3
+    consumers: int = 2
+    rate: float = 300.0
+    #: Seconds without faults before each fault, and each fault's hold: (low, high).
+    quiet_s: tuple[float, float] = (2.0, 5.0)
+    fault_s: tuple[float, float] = (3.0, 8.0)
+    unsafe_ack_before_replication: bool = False
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def layout(self) -> str:
+        if self.combined:
+            return f"{self.controllers} combined nodes"
+        return f"{self.controllers} controllers + {self.brokers} brokers"
+
+
+def node_settings(config: RunConfig) -> dict[str, Any]:
+    with open(CHAOS_CONFIG, "rb") as f:
+        base = {k: v for k, v in tomllib.load(f).items() if k not in LAYOUT_KEYS}
+    brokers = config.controllers if config.combined else config.brokers
+    settings = {**base, **FAST_SETTINGS, **CHAOS_SETTINGS,
+                "num.partitions": config.partitions,
+                "default.replication.factor": min(3, brokers),
+                "min.insync.replicas": min(2, brokers)}
+    if config.unsafe_ack_before_replication:
+        settings["unsafe.ack.before.replication"] = True
+        settings["unclean.leader.election.enable"] = True
+    settings.update(config.settings)
+    return settings
+
+
+def run(config: RunConfig, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """One run; its results (also in ``out_dir/results.json``)."""
+    scenario = nemesis.SCENARIOS.get(config.scenario)
+    if scenario is None:
+        raise ValueError(f"unknown scenario {config.scenario!r}; scenarios: "
+                         f"{', '.join(nemesis.SCENARIOS)}")
+    os.makedirs(config.out_dir, exist_ok=True)
+    nemeses = list(scenario.nemeses)
+    use_network = any(n in nemesis.NETWORK_NEMESES for n in nemeses)
+    reason = netns.unavailable_reason() if use_network else None
+    if reason is not None:
+        skipped = [n for n in nemeses if n in nemesis.NETWORK_NEMESES]
+        nemeses = [n for n in nemeses if n not in nemesis.NETWORK_NEMESES]
+        if not nemeses:
+            return _not_run(config, f"network partitions need network namespaces: {reason}",
+                            say)
+        say(f"not running {', '.join(skipped)}: {reason}")
+        use_network = False
+    network = None
+    if use_network:
+        netns.sweep_stale()
+        network = netns.Network(_node_ids(config))
+        network.setup()
+    try:
+        return _run(config, nemeses, network, say)
+    finally:
+        if network is not None:
+            network.teardown()
+
+
+def _node_ids(config: RunConfig) -> list[int]:
+    count = config.controllers if config.combined else config.controllers + config.brokers
+    return list(range(1, count + 1))
+
+
+def _run(config: RunConfig, nemeses: list[str], network: Any,
+         say: Callable[[str], None]) -> dict[str, Any]:
+    rng = random.Random(config.seed)
+    history = History(os.path.join(config.out_dir, "history.jsonl"))
+    settings = node_settings(config)
+    cluster = ProcessCluster(os.path.join(config.out_dir, "cluster"), config.controllers,
+                             config.brokers, config.combined, settings, network=network)
+    target = nemesis.Target(cluster, TOPIC, config.partitions, rng, network,
+                            log=lambda line: history.record({"type": "nemesis",
+                                                             "phase": "info", "detail": line}))
+    history.record({"type": "run", "scenario": config.scenario, "seed": config.seed,
+                    "duration_s": config.duration_s, "topic": TOPIC,
+                    "partitions": config.partitions, "layout": config.layout,
+                    "nemeses": nemeses, "network": "namespaces" if network else "loopback",
+                    "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "settings": settings, "config": _jsonable(asdict(config))})
+    workload: Workload | None = None
+    error: str | None = None
+    try:
+        say(f"starting {config.layout} ({'network namespaces' if network else 'loopback'}) "
+            f"in {config.out_dir}")
+        cluster.start()
+        nemesis.wait_serving(cluster, sorted(cluster.nodes), CLUSTER_START_S)
+        _create_topic(cluster, config, settings)
+        workload = Workload(lambda: _broker_urls(cluster), TOPIC, config.partitions, history,
+                            producers=config.producers, consumers=config.consumers,
+                            rate=config.rate, seed=config.seed)
+        history.record({"type": "phase", "name": "workload"})
+        workload.start()
+        _nemesis_loop(config, nemeses, target, history, workload, say)
+        history.record({"type": "phase", "name": "heal"})
+        _heal_everything(target, history)
+        nemesis.wait_serving(cluster, sorted(cluster.nodes), SETTLE_S)
+        history.record({"type": "phase", "name": "recover"})
+        time.sleep(RECOVER_S)
+        workload.stop_producers(STOP_WORKLOAD_S)
+        _wait_full_isr(target)
+        workload.stop_consumers(STOP_WORKLOAD_S)
+        history.record({"type": "phase", "name": "drain"})
+        say("final read ...")
+        count = final_read(_broker_urls(cluster), TOPIC, config.partitions, history,
+                           FINAL_READ_S)
+        say(f"final read: {count:,} records")
+    except Exception as exc:  # noqa: BLE001  the run fails with its reason
+        error = f"{type(exc).__name__}: {exc}"
+        history.record({"type": "harness-error", "error": error,
+                        "traceback": traceback.format_exc()})
+        say(f"the run could not finish: {error}")
+    finally:
+        try:
+            _heal_everything(target, history, start_dead=False)
+        finally:
+            if workload is not None:
+                workload.abort()
+            cluster.stop()
+            history.record({"type": "phase", "name": "check"})
+            history.close()
+    events = read_history(history.path)
+    results = checker.check(events)
+    if workload is not None and workload.errors:
+        error = error or f"workload threads failed: {workload.errors[:3]}"
+    if error is not None:
+        results["verdict"] = "fail"
+        results["reason"] = f"the harness could not finish the run: {error}"
+    results.update(faults=faults_from_events(events), layout=config.layout, nemeses=nemeses,
+                   network="namespaces" if network else "loopback",
+                   config=_jsonable(asdict(config)))
+    _write_results(config.out_dir, results, events)
+    return results
+
+
+def faults_from_events(events: list[dict]) -> list[dict]:
+    """Each fault window of a history: its start, end (None if the run ended
+    first), fault, targets and detail."""
+    faults: list[dict] = []
+    open_windows: dict[tuple, dict] = {}
+    for event in events:
+        if event.get("type") != "nemesis" or event.get("phase") not in ("start", "end"):
+            continue
+        key = (event.get("fault"), tuple(event.get("targets") or ()))
+        if event["phase"] == "start":
+            window = {"fault": event.get("fault"), "start": event["t"], "end": None,
+                      "targets": list(key[1]), "detail": event.get("detail", "")}
+            faults.append(window)
+            open_windows[key] = window
+        elif key in open_windows:
+            open_windows.pop(key)["end"] = event["t"]
+    return faults
+
+
+def _nemesis_loop(config: RunConfig, nemeses: list[str], target: nemesis.Target,
+                  history: History, workload: Workload,
+                  say: Callable[[str], None]) -> None:
+    rng = target.rng
+    started = time.monotonic()
+    deadline = started + config.duration_s
+    while True:
+        quiet = rng.uniform(*config.quiet_s)
+        if time.monotonic() + quiet >= deadline:
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return
+        time.sleep(quiet)
+        name = rng.choice(nemeses)
+        start_t = history.now()
+        fault = nemesis.NEMESES[name](target)
+        if fault is None:
+            history.record({"type": "nemesis", "phase": "info", "fault": name,
+                            "detail": "no target right now (no live leader or controller)"})
+            continue
+        history.record({"type": "nemesis", "phase": "start", "t": start_t,
+                        "fault": fault.name, "targets": fault.targets, "detail": fault.detail})
+        elapsed = time.monotonic() - started
+        say(f"[{elapsed:6.1f}/{config.duration_s:g} s] {fault.detail}; {workload.tally.line()}")
+        hold = rng.uniform(*config.fault_s) if fault.hold else 0.0
+        time.sleep(min(hold, max(0.0, deadline - time.monotonic())))
+        fault.heal()
+        end_t = history.now()
+        history.record({"type": "nemesis", "phase": "end", "t": end_t, "fault": fault.name,
+                        "targets": fault.targets, "detail": "healed"})
+        try:
+            nemesis.wait_serving(target.cluster, sorted(target.cluster.nodes), SETTLE_S)
+        except TimeoutError as exc:
+            history.record({"type": "nemesis", "phase": "info", "detail": str(exc)})
+            raise
+
+
+def _heal_everything(target: nemesis.Target, history: History, start_dead: bool = True
+                     ) -> None:
+    """Whatever is still broken: cuts removed, paused nodes resumed, and
+    (``start_dead``) dead nodes started."""
+    if target.network is not None:
+        target.network.heal()
+    cluster = target.cluster
+    for node_id, node in cluster.nodes.items():
+        if node.running and node.paused:
+            cluster.resume(node_id)
+    dead = [n for n, node in cluster.nodes.items() if not node.running]
+    if dead and start_dead:
+        cluster.start(dead)
+        history.record({"type": "nemesis", "phase": "info",
+                        "detail": f"final heal: started nodes {dead}"})
+
+
+def _wait_full_isr(target: nemesis.Target) -> None:
+    replication = min(3, len(target.cluster.broker_ids))
+
+    def whole() -> bool:
+        states = nemesis.partition_states(target)
+        return len(states) == target.partitions and all(
+            len(s.get("isr", [])) >= replication and s.get("leader", -1) >= 0
+            for s in states.values())
+
+    wait_until(whole, FULL_ISR_S, f"every partition of {TOPIC} with its whole ISR",
+               interval_s=0.2)
+
+
+def _create_topic(cluster: ProcessCluster, config: RunConfig, settings: dict) -> None:
+    from api.client import Admin, NewTopic
+
+    replication = settings["default.replication.factor"]
+    configs = {"min.insync.replicas": str(settings["min.insync.replicas"])}
+    if config.unsafe_ack_before_replication:
+        configs["unclean.leader.election.enable"] = "true"
+    with Admin(_broker_urls(cluster)) as admin:
+        admin.create_topics([NewTopic(TOPIC, config.partitions, replication, configs=configs)])
+    target = nemesis.Target(cluster, TOPIC, config.partitions, random.Random(0))
+    _wait_full_isr(target)
+
+
+def _broker_urls(cluster: ProcessCluster) -> list[str]:
+    return [cluster.nodes[b].broker_url for b in cluster.broker_ids]
+
+
+def _not_run(config: RunConfig, reason: str, say: Callable[[str], None]) -> dict[str, Any]:
+    say(f"NOT RUN: {reason}")
+    results = {"scenario": config.scenario, "seed": config.seed,
+               "duration_s": config.duration_s, "verdict": "not-run", "reason": reason,
+               "config": _jsonable(asdict(config))}
+    _write_results(config.out_dir, results, [])
+    return results
+
+
+def _write_results(out_dir: str, results: dict, events: list[dict]) -> None:
+    from chaos import report
+
+    path = os.path.join(out_dir, "results.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(results, f, indent=2)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+    report.write_report(out_dir, events, results)
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def exit_status(results: dict) -> int:
+    return {"pass": EXIT_PASS, "not-run": EXIT_NOT_RUN}.get(results.get("verdict"), EXIT_FAIL)
+
+
+def summary(results: dict, out_dir: str) -> str:
+    """The verdict for people: a table of anomalies and counts."""
+    from api.table import format_table
+
+    lines = []
+    verdict = results.get("verdict", "fail").upper()
+    reason = results.get("reason")
+    lines.append(f"{verdict}: {results.get('scenario')} seed {results.get('seed')}"
+                 + (f" — {reason}" if reason else ""))
+    counts = results.get("counts")
+    if counts:
+        lines.append(
+            f"writes: {counts['attempted']:,} attempted, {counts['ok']:,} ok, "
+            f"{counts['failed']:,} failed, {counts['unknown']:,} unknown "
+            f"({counts['recovered_unknown']:,} of them found in the log); "
+            f"{counts['final_records']:,} records in the final read, "
+            f"{counts['read']:,} read live")
+    anomalies = results.get("anomalies")
+    if anomalies:
+        rows = [(kind, f"{a['count']:,}", "yes" if kind in results.get("failing", ()) else "no")
+                for kind, a in anomalies.items()]
+        lines.append(format_table(("Anomaly", "Count", "Fails the run"), rows))
+    faults = results.get("faults")
+    if faults is not None:
+        lines.append(f"faults: {len(faults)} injected and healed")
+    latency = results.get("latency_ms") or {}
+    if latency:
+        lines.append(f"acks=all latency p50 {latency['p50']} ms, p99 {latency['p99']} ms, "
+                     f"max {latency['max']} ms; {results.get('unavailable_s')} s without an "
+                     "acknowledged write")
+    lines.append(f"report: {os.path.join(out_dir, 'report.html')}")
+    return "\n".join(lines)
+
+
+def main_say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

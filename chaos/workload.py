@@ -1,0 +1,340 @@
+"""The chaos workload: acks=all producers, live consumers, a final read, and
+the history they write.
+
+Everything here uses the public client (``api.client``), as a user would.
+
+Producers
+    ``producers`` threads, each with its own ``Producer`` (``acks="all"``,
+    ``retries=0``: one request per attempt, so each attempt has one
+    outcome). Every value is unique, ``"<producer>-<seq>"``, sent to a random
+    key of ``keys``, so murmur2 spreads a producer's writes over every
+    partition. A producer paces itself to its share of ``rate`` writes per
+    second and does not wait for each outcome, so a stalled partition does
+    not stop the others, up to ``OUTSTANDING_MAX`` writes without an outcome. Each attempt is
+    recorded when its outcome is known (the client's delivery callback):
+
+    - ``ok``: acknowledged at (partition, offset);
+    - ``failed``: the broker definitely wrote nothing (``DEFINITE_FAILURES``,
+      or the connection was refused before anything was sent);
+    - ``unknown``: anything else — a timeout, a connection lost mid-request,
+      ``NOT_ENOUGH_REPLICAS_AFTER_APPEND``, a leader change after the append.
+      Such a write may or may not be in the log; the checker accepts both.
+
+Consumers
+    ``consumers`` threads, each reading every partition from offset 0 for the
+    whole run with ``auto_offset_reset="none"`` (a consumer that is told its
+    position is out of range records that and tries the same position again
+    rather than jumping), recording every poll.
+
+Final read
+    After the faults are healed and the ISR is whole again, one fresh
+    consumer reads every partition from the start to its high watermark.
+
+The history is JSON lines (docs/chaos.md has the format); ``History`` writes
+it as events happen, so a run that crashes still leaves what it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from api.client import Consumer, Producer, TopicPartition
+from api.client.errors import KraftlogError, OffsetOutOfRangeError
+
+#: Error codes after which the broker has written nothing (docs/protocol.md):
+#: refused before the append, or never reached a partition.
+DEFINITE_FAILURES = frozenset({
+    "NOT_ENOUGH_REPLICAS", "UNKNOWN_TOPIC_OR_PARTITION", "LEADER_NOT_AVAILABLE",
+    "MESSAGE_TOO_LARGE", "INVALID_TOPIC_EXCEPTION", "CORRUPT_MESSAGE", "INVALID_REQUEST",
+    "BUFFER_EXHAUSTED", "CLIENT_CLOSED",
+})
+#: aiohttp's words for a connection that never opened (nothing was sent).
+NOT_CONNECTED_MARKER = "Cannot connect to host"
+#: Records a producer sends per pacing step.
+ROUND_RECORDS = 5
+#: Writes a producer may have without an outcome: a stalled partition holds
+#: some of them, and the others keep flowing until they are all taken.
+OUTSTANDING_MAX = 300
+#: How long a live consumer's poll waits.
+POLL_TIMEOUT_MS = 250
+#: Pause after a consumer error before polling again.
+CONSUMER_ERROR_BACKOFF_S = 0.2
+#: Records per ``drain`` event line of the final read.
+DRAIN_CHUNK_RECORDS = 2000
+
+
+def classify(error: KraftlogError | None) -> tuple[str, str | None]:
+    """(outcome, error code) of one write attempt."""
+    if error is None:
+        return "ok", None
+    code = getattr(error, "code", None) or type(error).__name__
+    if code in DEFINITE_FAILURES:
+        return "failed", code
+    if code == "BROKER_NOT_AVAILABLE" and NOT_CONNECTED_MARKER in str(error):
+        return "failed", code
+    return "unknown", code
+
+
+class History:
+    """Events appended to ``path`` as JSON lines, each stamped with ``t``,
+    seconds since the history began; safe to call from any thread."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file: TextIO = open(path, "w")
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+
+    def now(self) -> float:
+        return round(time.monotonic() - self._started, 4)
+
+    def record(self, event: dict[str, Any]) -> None:
+        event.setdefault("t", self.now())
+        line = json.dumps(event, separators=(",", ":"))
+        with self._lock:
+            self._file.write(line + "\n")
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def read_history(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class Tally:
+    """Running counts for the progress line."""
+
+    def __init__(self) -> None:
+        self.outcomes = {"ok": 0, "failed": 0, "unknown": 0}
+        self.polled = 0
+
+    def line(self) -> str:
+        o = self.outcomes
+        return (f"writes ok {o['ok']:,} failed {o['failed']:,} unknown {o['unknown']:,}, "
+                f"read {self.polled:,}")
+
+
+class Workload:
+    """The producers and live consumers of one run."""
+
+    def __init__(self, bootstrap: Callable[[], list[str]], topic: str, partitions: int,
+                 history: History, *, producers: int = 3, consumers: int = 2,
+                 rate: float = 300.0, keys: int = 64, seed: int = 0,
+                 request_timeout_ms: int = 3000) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.partitions = partitions
+        self.history = history
+        self.producer_count = producers
+        self.consumer_count = consumers
+        self.rate = rate
+        self.keys = keys
+        self.seed = seed
+        self.request_timeout_ms = request_timeout_ms
+        self.tally = Tally()
+        self._stop_producers = threading.Event()
+        self._stop_consumers = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._consumer_threads: list[threading.Thread] = []
+        self.errors: list[str] = []
+
+    def start(self) -> None:
+        for number in range(self.producer_count):
+            thread = threading.Thread(target=self._guard, args=(self._produce, number),
+                                      name=f"chaos-producer-{number}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        for number in range(self.consumer_count):
+            thread = threading.Thread(target=self._guard, args=(self._consume, number),
+                                      name=f"chaos-consumer-{number}", daemon=True)
+            thread.start()
+            self._consumer_threads.append(thread)
+
+    def stop_producers(self, timeout_s: float) -> None:
+        """Stop sending; return once every attempt has an outcome."""
+        self._stop_producers.set()
+        _join_all(self._threads, timeout_s, "producers")
+
+    def stop_consumers(self, timeout_s: float) -> None:
+        self._stop_consumers.set()
+        _join_all(self._consumer_threads, timeout_s, "consumers")
+
+    def abort(self) -> None:
+        """Tell every thread to stop, without waiting (the harness is failing)."""
+        self._stop_producers.set()
+        self._stop_consumers.set()
+
+    def _guard(self, body: Callable[[int], None], number: int) -> None:
+        try:
+            body(number)
+        except Exception as exc:  # noqa: BLE001  a dead thread must be visible
+            self.errors.append(f"{threading.current_thread().name}: {type(exc).__name__}: {exc}")
+            self.history.record({"type": "workload-error",
+                                 "thread": threading.current_thread().name,
+                                 "error": f"{type(exc).__name__}: {exc}"})
+
+    # -- producers ---------------------------------------------------------------
+    def _produce(self, number: int) -> None:
+        rng = random.Random(f"{self.seed}-producer-{number}")
+        interval_s = ROUND_RECORDS * self.producer_count / self.rate
+        timeout_ms = self.request_timeout_ms
+        with Producer(self.bootstrap(), acks="all", retries=0, linger_ms=1,
+                      request_timeout_ms=timeout_ms, delivery_timeout_ms=3 * timeout_ms,
+                      metadata_max_age_ms=2000, max_block_ms=timeout_ms) as producer:
+            outstanding = _Outstanding(OUTSTANDING_MAX)
+            seq = 0
+            next_round = time.monotonic()
+            while not self._stop_producers.is_set():
+                for _ in range(ROUND_RECORDS):
+                    while not outstanding.acquire(timeout=0.1):
+                        if self._stop_producers.is_set():
+                            break
+                    else:
+                        value = f"{number}-{seq}"
+                        key = f"k{rng.randrange(self.keys)}"
+                        producer.send(self.topic, value, key=key, on_delivery=self._on_delivery(
+                            number, seq, key, value, self.history.now(), outstanding))
+                        seq += 1
+                        continue
+                    break
+                next_round += interval_s
+                delay = next_round - time.monotonic()
+                if delay > 0:
+                    self._stop_producers.wait(delay)
+                else:
+                    next_round = time.monotonic()  # behind: do not burst to catch up
+            producer.flush(timeout_ms=10 * timeout_ms)
+            # Outcomes are recorded by delivery callbacks, which run just after
+            # the flush sees the batches complete: wait for the last of them.
+            if not outstanding.wait_empty(10 * timeout_ms / 1000):
+                raise TimeoutError(f"{outstanding.count} writes never got an outcome")
+
+    def _on_delivery(self, producer: int, seq: int, key: str, value: str, sent: float,
+                     outstanding: _Outstanding
+                     ) -> Callable[[KraftlogError | None, Any], None]:
+        def delivered(error: KraftlogError | None, metadata: Any) -> None:
+            outstanding.release()
+            outcome, code = classify(error)
+            self.tally.outcomes[outcome] += 1
+            self.history.record({
+                "type": "send", "t": sent, "t_end": self.history.now(),
+                "producer": producer, "seq": seq, "key": key, "value": value,
+                "outcome": outcome,
+                "partition": metadata.partition if metadata is not None else None,
+                "offset": metadata.offset if metadata is not None else None,
+                "error": code})
+        return delivered
+
+    # -- consumers ---------------------------------------------------------------
+    def _consume(self, number: int) -> None:
+        tps = [TopicPartition(self.topic, p) for p in range(self.partitions)]
+        with Consumer(self.bootstrap(), auto_offset_reset="none", request_timeout_ms=5000,
+                      metadata_max_age_ms=2000) as consumer:
+            consumer.assign(tps)
+            for tp in tps:
+                consumer.seek(tp, 0)
+            while not self._stop_consumers.is_set():
+                try:
+                    records = consumer.poll(timeout_ms=POLL_TIMEOUT_MS)
+                except OffsetOutOfRangeError as exc:
+                    self._consumer_error(number, exc)
+                    for tp, offset in (exc.partitions or {}).items():
+                        consumer.seek(tp, offset)
+                    continue
+                except KraftlogError as exc:
+                    self._consumer_error(number, exc)
+                    continue
+                by_partition: dict[int, list] = {}
+                for record in records:
+                    value = record.value.decode() if record.value is not None else None
+                    by_partition.setdefault(record.partition, []).append([record.offset, value])
+                for partition, read in by_partition.items():
+                    self.tally.polled += len(read)
+                    self.history.record({"type": "poll", "consumer": number,
+                                         "partition": partition, "records": read})
+
+    def _consumer_error(self, number: int, exc: KraftlogError) -> None:
+        self.history.record({"type": "consumer-error", "consumer": number,
+                             "error": getattr(exc, "code", type(exc).__name__),
+                             "message": str(exc)[:300]})
+        self._stop_consumers.wait(CONSUMER_ERROR_BACKOFF_S)
+
+
+def final_read(bootstrap: list[str], topic: str, partitions: int, history: History,
+               timeout_s: float) -> int:
+    """Read every partition from offset 0 to its high watermark now; record
+    it as ``drain`` events; the number of records read."""
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    deadline = time.monotonic() + timeout_s
+    total = 0
+    with Consumer(bootstrap, auto_offset_reset="none", request_timeout_ms=5000) as consumer:
+        ends = consumer.end_offsets(tps)
+        history.record({"type": "drain-start",
+                        "ends": {str(tp.partition): end for tp, end in ends.items()}})
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, 0)
+        chunks: dict[int, list] = {tp.partition: [] for tp in tps}
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the final read did not reach the high watermarks {dict(ends)} within "
+                    f"{timeout_s:.0f} s (positions "
+                    f"{ {tp.partition: consumer.position(tp) for tp in tps} })")
+            for record in consumer.poll(timeout_ms=500):
+                if record.offset >= ends[TopicPartition(topic, record.partition)]:
+                    continue  # written after the read began: not part of it
+                value = record.value.decode() if record.value is not None else None
+                chunk = chunks[record.partition]
+                chunk.append([record.offset, value])
+                total += 1
+                if len(chunk) >= DRAIN_CHUNK_RECORDS:
+                    history.record({"type": "drain", "partition": record.partition,
+                                    "records": chunk})
+                    chunks[record.partition] = []
+        for partition, chunk in chunks.items():
+            history.record({"type": "drain", "partition": partition, "records": chunk})
+    return total
+
+
+class _Outstanding:
+    """A counting limit on writes without an outcome, which can also be
+    waited on until it is empty."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+        self._changed = threading.Condition()
+
+    def acquire(self, timeout: float) -> bool:
+        with self._changed:
+            if not self._changed.wait_for(lambda: self.count < self.limit, timeout):
+                return False
+            self.count += 1
+            return True
+
+    def release(self) -> None:
+        with self._changed:
+            self.count -= 1
+            self._changed.notify_all()
+
+    def wait_empty(self, timeout: float) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: self.count == 0, timeout)
+
+
+def _join_all(threads: list[threading.Thread], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    alive = [t.name for t in threads if t.is_alive()]
+    if alive:
+        raise TimeoutError(f"the {what} did not stop within {timeout_s:.0f} s: {alive}")
