@@ -34,6 +34,12 @@ def test_a_combined_node_with_kafka_defaults():
     assert (c.session_timeout_ms, c.heartbeat_interval_ms) == (9000, 2000)
     assert c.metadata_log_dir == "/tmp/kraftlog-test-a/__cluster_metadata"
     assert c.controller_urls == {1: "http://127.0.0.1:9093", 2: "http://127.0.0.1:9193"}
+    assert c.unsafe_ack_before_replication is False
+
+
+def test_the_deliberately_broken_broker_is_only_ever_asked_for():
+    assert config(**{"unsafe.ack.before.replication": True}).unsafe_ack_before_replication
+    assert config(**{"unsafe.ack.before.replication": "true"}).unsafe_ack_before_replication
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -55,6 +61,7 @@ def test_a_combined_node_with_kafka_defaults():
     ({"broker.session.timeout.ms": 0}, "at least 1"),
     ({"controller.quorum.fetch.timeout.ms": 100}, "at least controller.quorum.election"),
     ({"unclean.leader.election.enable": "maybe"}, "true or false"),
+    ({"unsafe.ack.before.replication": 1}, "true or false"),
     ({"log.dirs": None}, "metadata needs a directory"),
     ({"controller.quorum.voters": "1@127.0.0.1:65535", "listeners":
       "BROKER://127.0.0.1:9092,CONTROLLER://127.0.0.1:65535"}, "above 65535"),
