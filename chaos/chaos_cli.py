@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -23,8 +24,9 @@ def add_commands(actions: argparse._SubParsersAction, formatter: type) -> None:
                     "partition back and check the history Jepsen-style. Writes "
                     "DIR/history.jsonl, DIR/results.json and DIR/report.html (a timeline "
                     "with the faults shaded); node logs and data stay in DIR/cluster/. "
-                    "Exit status 0 when the checker passes, 1 when it fails, 3 when the "
-                    "scenario cannot run on this machine (the reason is printed).",
+                    "Exit status 0 when the checker passes, 1 when it finds an anomaly, 2 "
+                    "when the harness itself failed (nothing proven; see DIR/cluster/ logs), "
+                    "3 when the scenario cannot run on this machine (the reason is printed).",
         epilog="examples:\n"
                "  kraftlog chaos run --scenario kill-two --duration 600 --seed 7 --out runs/k2\n"
                "  kraftlog chaos run --scenario pause-kill --unsafe-ack-before-replication "
@@ -100,6 +102,9 @@ def _run(args: argparse.Namespace) -> int:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise CliError(f"--set {item!r} must look like key=value")
+        if key.strip() == "unsafe.ack.before.replication":
+            raise CliError("use --unsafe-ack-before-replication to run a broken cluster, so "
+                           "the results say so")
         settings[key.strip()] = _parse_override(value.strip())
     out_dir = args.out or tempfile.mkdtemp(prefix=f"kraftlog-chaos-{args.scenario}-")
     if os.path.exists(os.path.join(out_dir, "history.jsonl")):
@@ -132,7 +137,14 @@ def _check(args: argparse.Namespace) -> int:
     events = read_history(path)
     results = checker.check(events)
     results["faults"] = runner.faults_from_events(events)
-    runner._write_results(args.dir, results, events)
+    previous_path = os.path.join(args.dir, "results.json")
+    if os.path.exists(previous_path):  # keep what only the run knew
+        with open(previous_path) as f:
+            previous = json.load(f)
+        for key in ("layout", "nemeses", "network", "unsafe_ack_before_replication", "config"):
+            if key in previous:
+                results[key] = previous[key]
+    runner.write_results(args.dir, results, events, runner.main_say)
     print(runner.summary(results, args.dir))
     print(f"rewrote {os.path.join(args.dir, 'results.json')}", file=sys.stderr)
     return runner.exit_status(results)

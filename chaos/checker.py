@@ -12,15 +12,18 @@ The anomalies are Jepsen's, from its Kafka and Redpanda analyses:
 ``vanished``
     read by a live consumer (so it was committed), but not in the final read.
 ``duplicated``
-    one value at more than one offset. Reported; it fails nothing until the
-    producer is idempotent, since a producer without idempotence may write a
-    record twice.
+    one value at more than one offset. It fails the run when the history's
+    producers never retry (``retries`` 0 in the ``workload`` event's
+    ``producer`` settings, or no settings given: the harness's own
+    producers never retry), since then only the broker can have written a
+    value twice; a producer that retries without idempotence may.
 ``unexpected``
     read, but never attempted, or attempted and definitely refused
     (``failed``: the broker said nothing was written).
 ``inconsistent``
-    two different values at one offset: two reads disagree, or a read
-    disagrees with the offset an acknowledgement named.
+    two different values at one offset (two reads disagree, or a read
+    disagrees with the offset an acknowledgement named), or an acknowledged
+    value found only somewhere other than where its acknowledgement said.
 ``reordered``
     one producer's acknowledged writes to one partition sit, in the final
     read, in a different order from the order they were sent.
@@ -30,7 +33,14 @@ The anomalies are Jepsen's, from its Kafka and Redpanda analyses:
 ``skipped``
     a consumer's successive records of a partition that jump over offsets
     the final read holds (without compaction or transactions, offsets are
-    contiguous, so a consumer must see every one).
+    contiguous, so a consumer must see every one); a consumer's first record
+    after it started at an offset counts too. A final read that is not
+    exactly the offsets from 0 to the high watermark it started from is
+    reported here as well.
+
+A history whose harness failed (``harness-error``, ``workload-error``) gets
+the verdict ``unknown``: its final read, if any, cannot be trusted to be
+complete, so a pass proves nothing and a failure may be the harness's.
 
 Writes whose outcome is ``unknown`` (a timeout, a connection lost mid-
 request, an error after the leader appended) may or may not be in the log;
@@ -47,12 +57,12 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-#: Anomalies that fail a run.
+#: Anomalies that always fail a run.
 FAILING = ("lost", "vanished", "unexpected", "inconsistent", "reordered", "nonmonotonic",
            "skipped")
-#: Anomalies reported without failing the run.
-REPORTED = ("duplicated",)
-ANOMALIES = FAILING + REPORTED
+#: Fails the run only when the producers never retry (see the module doc).
+DUPLICATED = "duplicated"
+ANOMALIES = FAILING + (DUPLICATED,)
 #: Examples kept per anomaly kind.
 EXAMPLES_MAX = 10
 #: Width of the buckets the availability figure counts.
@@ -78,22 +88,26 @@ class _Anomalies:
 
 def check(events: Iterable[dict]) -> dict[str, Any]:
     """The checker's verdict on a history: counts, anomalies, and ``verdict``
-    ``pass`` or ``fail`` (``fail`` when any anomaly in ``FAILING`` occurred)."""
+    ``pass``, ``fail`` (a failing anomaly occurred) or ``unknown`` (the
+    harness failed, or there is no final read)."""
     sends: dict[str, dict] = {}
     polls: list[dict] = []
     final: dict[Position, str] = {}
     final_where: dict[str, list[Position]] = defaultdict(list)
     anomalies = _Anomalies()
     run: dict = {}
-    drained = False
+    drain_ends: dict[int, int] | None = None
+    harness_errors: list[str] = []
+    producer_settings: dict = {}
     for event in events:
         kind = event.get("type")
         if kind == "send":
             sends[event["value"]] = event
-        elif kind in ("poll", "consumer-reset"):
+        elif kind in ("poll", "consumer-start"):
             polls.append(event)
+        elif kind == "drain-start":
+            drain_ends = {int(p): end for p, end in event["ends"].items()}
         elif kind == "drain":
-            drained = True
             for offset, value in event["records"]:
                 position = (event["partition"], offset)
                 if position in final and final[position] != value:
@@ -106,20 +120,33 @@ def check(events: Iterable[dict]) -> dict[str, Any]:
                     final_where[value].append(position)
         elif kind == "run":
             run = event
+            producer_settings = event.get("producer") or producer_settings
+        elif kind == "workload":
+            producer_settings = event.get("producer") or producer_settings
+        elif kind in ("harness-error", "workload-error"):
+            harness_errors.append(event.get("error", kind))
 
     ok = [s for s in sends.values() if s["outcome"] == "ok"]
+    if drain_ends is not None:
+        _check_final_read_complete(drain_ends, final, anomalies)
     _check_final_read(sends, ok, final, final_where, anomalies)
     polled = _check_polls(polls, sends, final, final_where, anomalies)
-    _check_order(ok, final_where, anomalies)
+    _check_order(ok, final, final_where, anomalies)
 
     outcomes = {"ok": 0, "failed": 0, "unknown": 0}
     for send in sends.values():
         outcomes[send["outcome"]] += 1
     recovered = sum(1 for s in sends.values()
                     if s["outcome"] == "unknown" and s["value"] in final_where)
-    failing_found = [kind for kind in FAILING if anomalies.counts[kind]]
-    if not drained:
-        verdict, reason = "fail", "the history has no final read: nothing can be checked"
+    failing = list(FAILING)
+    if not producer_settings.get("retries"):
+        failing.append(DUPLICATED)
+    failing_found = [kind for kind in failing if anomalies.counts[kind]]
+    if harness_errors:
+        verdict = "unknown"
+        reason = f"the harness failed, so the history may be incomplete: {harness_errors[0]}"
+    elif drain_ends is None:
+        verdict, reason = "unknown", "the history has no final read: nothing can be checked"
     elif failing_found:
         verdict = "fail"
         reason = "; ".join(f"{anomalies.counts[k]} {k}" for k in failing_found)
@@ -134,9 +161,26 @@ def check(events: Iterable[dict]) -> dict[str, Any]:
         "counts": {"attempted": len(sends), **outcomes, "recovered_unknown": recovered,
                    "read": polled, "final_records": len(final)},
         "anomalies": anomalies.as_dict(),
-        "failing": list(FAILING),
+        "failing": failing,
         **_performance(ok),
     }
+
+
+def _check_final_read_complete(ends: dict[int, int], final: dict[Position, str],
+                               anomalies: _Anomalies) -> None:
+    """The final read must hold exactly offsets 0 .. end - 1 of each
+    partition (retention is off in chaos runs)."""
+    by_partition: dict[int, set[int]] = defaultdict(set)
+    for partition, offset in final:
+        by_partition[partition].add(offset)
+    for partition, end in sorted(ends.items()):
+        offsets = by_partition.get(partition, set())
+        missing = end - len([o for o in offsets if 0 <= o < end])
+        extra = sorted(o for o in offsets if not 0 <= o < end)
+        if missing or extra:
+            anomalies.add("skipped", {"consumer": "final read", "partition": partition,
+                                      "high_watermark": end, "missed": missing,
+                                      "outside": extra[:10]})
 
 
 def _check_final_read(sends: dict[str, dict], ok: list[dict], final: dict[Position, str],
@@ -147,10 +191,11 @@ def _check_final_read(sends: dict[str, dict], ok: list[dict], final: dict[Positi
         if value not in final_where:
             anomalies.add("lost", {"value": value, "partition": acked_at[0],
                                    "offset": acked_at[1], "acked_at_s": send.get("t_end")})
-        if acked_at in final and final[acked_at] != value:
+        elif final.get(acked_at) != value:
             anomalies.add("inconsistent", {
                 "partition": acked_at[0], "offset": acked_at[1],
-                "values": [value, final[acked_at]],
+                "values": [value, final.get(acked_at)],
+                "found_at": final_where[value],
                 "seen_by": "acknowledgement vs final read"})
     for value, positions in final_where.items():
         if len(positions) > 1:
@@ -178,11 +223,15 @@ def _check_polls(polls: list[dict], sends: dict[str, dict], final: dict[Position
     reported_values: set[str] = set()
     count = 0
     for poll in polls:
-        consumer, partition = poll["consumer"], poll["partition"]
-        stream = (consumer, partition)
-        if poll["type"] == "consumer-reset":
-            last_offset.pop(stream, None)  # a new reading session starts
+        consumer = poll["consumer"]
+        if poll["type"] == "consumer-start":
+            # A reading session starts: its next record of each partition
+            # must be the one at its starting position.
+            for partition, offset in poll["positions"].items():
+                last_offset[(consumer, int(partition))] = offset - 1
             continue
+        partition = poll["partition"]
+        stream = (consumer, partition)
         for offset, value in poll["records"]:
             count += 1
             position = (partition, offset)
@@ -216,11 +265,18 @@ def _check_polls(polls: list[dict], sends: dict[str, dict], final: dict[Position
                 else:
                     _check_expected(value, [position], f"consumer {consumer}", sends,
                                     anomalies)
+            elif position not in final:
+                # Read here, and it is in the log, but elsewhere: the offset
+                # the consumer read is gone.
+                reported_values.add(value)
+                anomalies.add("vanished", {"value": value, "partition": partition,
+                                           "offset": offset, "consumer": consumer,
+                                           "now_at": final_where[value], "t": poll.get("t")})
     return count
 
 
-def _check_order(ok: list[dict], final_where: dict[str, list[Position]],
-                 anomalies: _Anomalies) -> None:
+def _check_order(ok: list[dict], final: dict[Position, str],
+                 final_where: dict[str, list[Position]], anomalies: _Anomalies) -> None:
     """Each producer's acknowledged writes to a partition, in send order,
     must sit at increasing offsets of the final read."""
     streams: dict[tuple[Any, int], list[dict]] = defaultdict(list)
@@ -230,10 +286,13 @@ def _check_order(ok: list[dict], final_where: dict[str, list[Position]],
         writes.sort(key=lambda s: s["seq"])
         previous: tuple[dict, int] | None = None
         for send in writes:
-            offsets = [o for p, o in final_where.get(send["value"], ()) if p == partition]
-            if not offsets:
-                continue  # lost (reported), or moved to another partition (inconsistent)
-            offset = min(offsets)
+            if final.get((partition, send["offset"])) == send["value"]:
+                offset = send["offset"]  # where it was acknowledged, whatever copies exist
+            else:
+                offsets = [o for p, o in final_where.get(send["value"], ()) if p == partition]
+                if not offsets:
+                    continue  # lost, or only in another partition: both reported already
+                offset = min(offsets)
             if previous is not None and offset < previous[1]:
                 earlier, earlier_offset = previous
                 anomalies.add("reordered", {

@@ -257,9 +257,9 @@ class ProcessCluster:
         node = self.nodes[node_id]
         if node.process is None:
             return
-        if node.paused:
+        if node.paused and sig != signal.SIGKILL:  # SIGKILL needs no waking
             node.process.send_signal(signal.SIGCONT)
-            node.paused = False
+        node.paused = False
         if node.process.poll() is None:
             node.process.send_signal(sig)
             node.process.wait(timeout=timeout_s)

@@ -51,6 +51,8 @@ from chaos.cluster import ProcessCluster, http_json, wait_until
 PAUSE_KILL_WRITE_WINDOW_S = 1.0
 #: How long a rolling restart waits for one node to serve again.
 ROLLING_NODE_WAIT_S = 30.0
+#: A controller this many Raft entries behind the leader counts as caught up.
+CONTROLLER_LAG_MAX = 5
 #: Each metadata probe of a broker waits at most this long.
 PROBE_TIMEOUT_S = 2.0
 
@@ -117,6 +119,31 @@ def live_leader(target: Target, partition: int) -> int | None:
 def running_brokers(target: Target) -> list[int]:
     return [b for b in target.cluster.broker_ids
             if target.cluster.nodes[b].running and not target.cluster.nodes[b].paused]
+
+
+def whole_isr(target: Target) -> bool:
+    """Every partition has a leader and all its replicas in the ISR."""
+    states = partition_states(target)
+    return len(states) == target.partitions and all(
+        len(s.get("isr", [])) == len(s.get("replicas", [])) and s.get("leader", -1) >= 0
+        for s in states.values())
+
+
+def controller_caught_up(cluster: ProcessCluster, node_id: int) -> bool:
+    """The quorum leader sees ``node_id`` connected and within
+    ``CONTROLLER_LAG_MAX`` entries of its log (or ``node_id`` leads)."""
+    status = cluster.quorum(node_id)
+    leader = status.get("leader_id") if status else None
+    if leader is None:
+        return False
+    if leader == node_id:
+        return True
+    leader_status = cluster.quorum(leader)
+    for voter in (leader_status or {}).get("voters", []):
+        if voter["id"] == node_id:
+            return bool(voter.get("connected")) and voter.get("lag") is not None \
+                and voter["lag"] <= CONTROLLER_LAG_MAX
+    return False
 
 
 def wait_serving(cluster: ProcessCluster, node_ids: list[int], timeout_s: float) -> None:
@@ -257,6 +284,18 @@ def rolling_restart(target: Target) -> ActiveFault | None:
         cluster.kill(node_id, signal.SIGTERM, timeout_s=ROLLING_NODE_WAIT_S)
         cluster.start([node_id])
         wait_serving(cluster, [node_id], ROLLING_NODE_WAIT_S)
+        if node_id in cluster.controller_ids:
+            # The next controller only once this one follows the leader
+            # closely again: two voters catching up at once is a lost quorum.
+            wait_until(lambda: controller_caught_up(cluster, node_id), ROLLING_NODE_WAIT_S,
+                       f"controller {node_id} caught up with the quorum leader",
+                       interval_s=0.1)
+        if node_id in cluster.broker_ids:
+            # As an operator would: the next broker only once nothing is
+            # under-replicated.
+            wait_until(lambda: whole_isr(target), ROLLING_NODE_WAIT_S,
+                       f"every partition of {target.topic} with its whole ISR after "
+                       f"restarting broker {node_id}", interval_s=0.2)
     return ActiveFault("rolling-restart", order,
                        f"SIGTERM and restart nodes {order} one at a time",
                        _restart(target, order), hold=False)

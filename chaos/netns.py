@@ -517,11 +517,21 @@ class Network:
                 for node_id, peers in self._dropping.items() for peer in peers}
 
     def heal(self) -> None:
-        """Remove every cut: delete the tc qdisc of every namespace with one."""
+        """Remove every cut: delete the tc qdisc of every namespace with one.
+        Tries every namespace before raising the first real failure."""
+        errors: list[NetworkError] = []
         for node_id, peers in self._dropping.items():
-            if peers:
+            if not peers:
+                continue
+            try:
                 tc_in(self._namespaces[node_id], "qdisc", "del", "dev", NODE_INTERFACE, "root")
-                peers.clear()
+            except NetworkError as error:
+                if not is_already_gone(error):
+                    errors.append(error)
+                    continue
+            peers.clear()
+        if errors:
+            raise errors[0]
 
     # ------------------------------------------------------------ internals
 

@@ -55,11 +55,12 @@ CLUSTER_START_S = 60.0
 SETTLE_S = 60.0
 FULL_ISR_S = 90.0
 FINAL_READ_S = 120.0
-STOP_WORKLOAD_S = 60.0
+STOP_WORKLOAD_S = 120.0
 #: After the last fault is healed, the workload runs this long more.
 RECOVER_S = 3.0
-#: Exit statuses of ``kraftlog chaos run``.
-EXIT_PASS, EXIT_FAIL, EXIT_NOT_RUN = 0, 1, 3
+#: Exit statuses of ``kraftlog chaos run``: passed, an anomaly, the harness
+#: failed (nothing proven either way), the scenario cannot run here.
+EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN, EXIT_NOT_RUN = 0, 1, 2, 3
 
 
 @dataclass
@@ -123,14 +124,21 @@ def run(config: RunConfig, say: Callable[[str], None] = print) -> dict[str, Any]
         use_network = False
     network = None
     if use_network:
-        netns.sweep_stale()
-        network = netns.Network(_node_ids(config))
-        network.setup()
+        try:
+            netns.sweep_stale()
+            network = netns.Network(_node_ids(config))
+            network.setup()
+        except netns.NetworkError as exc:
+            return _not_run(config, f"could not set up network namespaces: {exc}", say)
     try:
         return _run(config, nemeses, network, say)
     finally:
         if network is not None:
-            network.teardown()
+            try:
+                network.teardown()
+            except netns.NetworkError as exc:
+                say(f"warning: network namespaces not fully removed ({exc}); "
+                    "the next run with namespaces sweeps them")
 
 
 def _node_ids(config: RunConfig) -> list[int]:
@@ -152,10 +160,10 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
                     "duration_s": config.duration_s, "topic": TOPIC,
                     "partitions": config.partitions, "layout": config.layout,
                     "nemeses": nemeses, "network": "namespaces" if network else "loopback",
+                    "unsafe_ack_before_replication": config.unsafe_ack_before_replication,
                     "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "settings": settings, "config": _jsonable(asdict(config))})
     workload: Workload | None = None
-    error: str | None = None
     try:
         say(f"starting {config.layout} ({'network namespaces' if network else 'loopback'}) "
             f"in {config.out_dir}")
@@ -165,6 +173,7 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
         workload = Workload(lambda: _broker_urls(cluster), TOPIC, config.partitions, history,
                             producers=config.producers, consumers=config.consumers,
                             rate=config.rate, seed=config.seed)
+        history.record({"type": "workload", "producer": workload.producer_settings()})
         history.record({"type": "phase", "name": "workload"})
         workload.start()
         _nemesis_loop(config, nemeses, target, history, workload, say)
@@ -185,7 +194,7 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
         error = f"{type(exc).__name__}: {exc}"
         history.record({"type": "harness-error", "error": error,
                         "traceback": traceback.format_exc()})
-        say(f"the run could not finish: {error}")
+        say(f"the run could not finish: {error} (node logs: {cluster.base_dir})")
     finally:
         try:
             _heal_everything(target, history, start_dead=False)
@@ -197,15 +206,11 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
             history.close()
     events = read_history(history.path)
     results = checker.check(events)
-    if workload is not None and workload.errors:
-        error = error or f"workload threads failed: {workload.errors[:3]}"
-    if error is not None:
-        results["verdict"] = "fail"
-        results["reason"] = f"the harness could not finish the run: {error}"
     results.update(faults=faults_from_events(events), layout=config.layout, nemeses=nemeses,
                    network="namespaces" if network else "loopback",
+                   unsafe_ack_before_replication=config.unsafe_ack_before_replication,
                    config=_jsonable(asdict(config)))
-    _write_results(config.out_dir, results, events)
+    write_results(config.out_dir, results, events, say)
     return results
 
 
@@ -282,16 +287,8 @@ def _heal_everything(target: nemesis.Target, history: History, start_dead: bool 
 
 
 def _wait_full_isr(target: nemesis.Target) -> None:
-    replication = min(3, len(target.cluster.broker_ids))
-
-    def whole() -> bool:
-        states = nemesis.partition_states(target)
-        return len(states) == target.partitions and all(
-            len(s.get("isr", [])) >= replication and s.get("leader", -1) >= 0
-            for s in states.values())
-
-    wait_until(whole, FULL_ISR_S, f"every partition of {TOPIC} with its whole ISR",
-               interval_s=0.2)
+    wait_until(lambda: nemesis.whole_isr(target), FULL_ISR_S,
+               f"every partition of {TOPIC} with its whole ISR", interval_s=0.2)
 
 
 def _create_topic(cluster: ProcessCluster, config: RunConfig, settings: dict) -> None:
@@ -316,11 +313,14 @@ def _not_run(config: RunConfig, reason: str, say: Callable[[str], None]) -> dict
     results = {"scenario": config.scenario, "seed": config.seed,
                "duration_s": config.duration_s, "verdict": "not-run", "reason": reason,
                "config": _jsonable(asdict(config))}
-    _write_results(config.out_dir, results, [])
+    write_results(config.out_dir, results, [], say)
     return results
 
 
-def _write_results(out_dir: str, results: dict, events: list[dict]) -> None:
+def write_results(out_dir: str, results: dict, events: list[dict],
+                   say: Callable[[str], None]) -> None:
+    """results.json, then report.html (a report that fails to render is
+    said, and leaves the verdict alone)."""
     from chaos import report
 
     path = os.path.join(out_dir, "results.json")
@@ -328,7 +328,10 @@ def _write_results(out_dir: str, results: dict, events: list[dict]) -> None:
         json.dump(results, f, indent=2)
         f.write("\n")
     os.replace(path + ".tmp", path)
-    report.write_report(out_dir, events, results)
+    try:
+        report.write_report(out_dir, events, results)
+    except Exception as exc:  # noqa: BLE001  the verdict stands without the page
+        say(f"warning: report.html could not be written: {type(exc).__name__}: {exc}")
 
 
 def _jsonable(value: Any) -> Any:
@@ -336,7 +339,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def exit_status(results: dict) -> int:
-    return {"pass": EXIT_PASS, "not-run": EXIT_NOT_RUN}.get(results.get("verdict"), EXIT_FAIL)
+    return {"pass": EXIT_PASS, "not-run": EXIT_NOT_RUN, "unknown": EXIT_UNKNOWN}.get(
+        results.get("verdict"), EXIT_FAIL)
 
 
 def summary(results: dict, out_dir: str) -> str:
@@ -348,6 +352,8 @@ def summary(results: dict, out_dir: str) -> str:
     reason = results.get("reason")
     lines.append(f"{verdict}: {results.get('scenario')} seed {results.get('seed')}"
                  + (f" — {reason}" if reason else ""))
+    if results.get("unsafe_ack_before_replication"):
+        lines.append("(a deliberately BROKEN cluster: unsafe.ack.before.replication was on)")
     counts = results.get("counts")
     if counts:
         lines.append(

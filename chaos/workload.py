@@ -51,7 +51,7 @@ from api.client.errors import KraftlogError, OffsetOutOfRangeError
 DEFINITE_FAILURES = frozenset({
     "NOT_ENOUGH_REPLICAS", "UNKNOWN_TOPIC_OR_PARTITION", "LEADER_NOT_AVAILABLE",
     "MESSAGE_TOO_LARGE", "INVALID_TOPIC_EXCEPTION", "CORRUPT_MESSAGE", "INVALID_REQUEST",
-    "BUFFER_EXHAUSTED", "CLIENT_CLOSED",
+    "BUFFER_EXHAUSTED",
 })
 #: aiohttp's words for a connection that never opened (nothing was sent).
 NOT_CONNECTED_MARKER = "Cannot connect to host"
@@ -64,6 +64,8 @@ OUTSTANDING_MAX = 300
 POLL_TIMEOUT_MS = 250
 #: Pause after a consumer error before polling again.
 CONSUMER_ERROR_BACKOFF_S = 0.2
+#: The final read starts once the high watermarks stay put this long.
+END_OFFSETS_SETTLE_S = 1.0
 #: Records per ``drain`` event line of the final read.
 DRAIN_CHUNK_RECORDS = 2000
 
@@ -86,7 +88,8 @@ class History:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._file: TextIO = open(path, "w")
+        # Line-buffered: a harness killed mid-run leaves whole lines.
+        self._file: TextIO = open(path, "w", buffering=1)
         self._lock = threading.Lock()
         self._started = time.monotonic()
 
@@ -105,8 +108,18 @@ class History:
 
 
 def read_history(path: str) -> list[dict]:
+    """The events of a history file; a torn last line (the harness was
+    killed while writing it) is left out."""
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        lines = [line for line in f if line.strip()]
+    events = []
+    for number, line in enumerate(lines, 1):
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise ValueError(f"{path}:{number} is not JSON: {line[:80]!r}") from None
+    return events
 
 
 class Tally:
@@ -186,9 +199,7 @@ class Workload:
         rng = random.Random(f"{self.seed}-producer-{number}")
         interval_s = ROUND_RECORDS * self.producer_count / self.rate
         timeout_ms = self.request_timeout_ms
-        with Producer(self.bootstrap(), acks="all", retries=0, linger_ms=1,
-                      request_timeout_ms=timeout_ms, delivery_timeout_ms=3 * timeout_ms,
-                      metadata_max_age_ms=2000, max_block_ms=timeout_ms) as producer:
+        with Producer(self.bootstrap(), **self.producer_settings()) as producer:
             outstanding = _Outstanding(OUTSTANDING_MAX)
             seq = 0
             next_round = time.monotonic()
@@ -217,20 +228,32 @@ class Workload:
             if not outstanding.wait_empty(10 * timeout_ms / 1000):
                 raise TimeoutError(f"{outstanding.count} writes never got an outcome")
 
+    def producer_settings(self) -> dict[str, Any]:
+        """The producers' client settings (recorded in the history: the
+        checker needs ``retries``). One request in flight per broker keeps a
+        partition's batches in send order: several in flight could be
+        appended out of order over separate connections."""
+        timeout_ms = self.request_timeout_ms
+        return {"acks": "all", "retries": 0, "max_in_flight": 1, "linger_ms": 1,
+                "request_timeout_ms": timeout_ms, "delivery_timeout_ms": 3 * timeout_ms,
+                "metadata_max_age_ms": 2000, "max_block_ms": timeout_ms}
+
     def _on_delivery(self, producer: int, seq: int, key: str, value: str, sent: float,
                      outstanding: _Outstanding
                      ) -> Callable[[KraftlogError | None, Any], None]:
         def delivered(error: KraftlogError | None, metadata: Any) -> None:
-            outstanding.release()
-            outcome, code = classify(error)
-            self.tally.outcomes[outcome] += 1
-            self.history.record({
-                "type": "send", "t": sent, "t_end": self.history.now(),
-                "producer": producer, "seq": seq, "key": key, "value": value,
-                "outcome": outcome,
-                "partition": metadata.partition if metadata is not None else None,
-                "offset": metadata.offset if metadata is not None else None,
-                "error": code})
+            try:
+                outcome, code = classify(error)
+                self.tally.outcomes[outcome] += 1
+                self.history.record({
+                    "type": "send", "t": sent, "t_end": self.history.now(),
+                    "producer": producer, "seq": seq, "key": key, "value": value,
+                    "outcome": outcome,
+                    "partition": metadata.partition if metadata is not None else None,
+                    "offset": metadata.offset if metadata is not None else None,
+                    "error": code})
+            finally:
+                outstanding.release()  # after recording: stop_producers waits on it
         return delivered
 
     # -- consumers ---------------------------------------------------------------
@@ -241,13 +264,17 @@ class Workload:
             consumer.assign(tps)
             for tp in tps:
                 consumer.seek(tp, 0)
+            self.history.record({"type": "consumer-start", "consumer": number,
+                                 "positions": {str(tp.partition): 0 for tp in tps}})
             while not self._stop_consumers.is_set():
                 try:
                     records = consumer.poll(timeout_ms=POLL_TIMEOUT_MS)
                 except OffsetOutOfRangeError as exc:
                     self._consumer_error(number, exc)
-                    for tp, offset in (exc.partitions or {}).items():
-                        consumer.seek(tp, offset)
+                    for tp in exc.partitions or {}:
+                        # Try again where this consumer's user is (its records
+                        # fetched but not yet returned are dropped by seek).
+                        consumer.seek(tp, consumer.position(tp))
                     continue
                 except KraftlogError as exc:
                     self._consumer_error(number, exc)
@@ -276,7 +303,7 @@ def final_read(bootstrap: list[str], topic: str, partitions: int, history: Histo
     deadline = time.monotonic() + timeout_s
     total = 0
     with Consumer(bootstrap, auto_offset_reset="none", request_timeout_ms=5000) as consumer:
-        ends = consumer.end_offsets(tps)
+        ends = _settled_end_offsets(consumer, tps, deadline)
         history.record({"type": "drain-start",
                         "ends": {str(tp.partition): end for tp, end in ends.items()}})
         consumer.assign(tps)
@@ -329,6 +356,21 @@ class _Outstanding:
     def wait_empty(self, timeout: float) -> bool:
         with self._changed:
             return self._changed.wait_for(lambda: self.count == 0, timeout)
+
+
+def _settled_end_offsets(consumer: Consumer, tps: list[TopicPartition], deadline: float
+                         ) -> dict[TopicPartition, int]:
+    """The high watermarks once two looks ``END_OFFSETS_SETTLE_S`` apart
+    agree: a leader elected just now may not yet have raised its high
+    watermark to its log end."""
+    ends = consumer.end_offsets(tps)
+    while time.monotonic() < deadline:
+        time.sleep(END_OFFSETS_SETTLE_S)
+        again = consumer.end_offsets(tps)
+        if again == ends:
+            return ends
+        ends = again
+    raise TimeoutError(f"the high watermarks did not settle: last {dict(ends)}")
 
 
 def _join_all(threads: list[threading.Thread], timeout_s: float, what: str) -> None:

@@ -26,6 +26,19 @@ def drain(partition: int, records: list[tuple[int, str]]) -> dict:
             "records": [list(r) for r in records]}
 
 
+def final_read(**partitions: list[tuple[int, str]]) -> list[dict]:
+    """A complete final read: ``p0=[(0, "0-0"), ...]``; each partition's high
+    watermark is one past its last offset."""
+    ends = {name[1:]: (records[-1][0] + 1 if records else 0)
+            for name, records in partitions.items()}
+    return [{"type": "drain-start", "t": 49.0, "ends": ends},
+            *(drain(int(name[1:]), records) for name, records in partitions.items())]
+
+
+def without_final_read(events: list[dict]) -> list[dict]:
+    return [e for e in events if e["type"] not in ("drain", "drain-start")]
+
+
 def poll(consumer: int, partition: int, records: list[tuple[int, str]], t: float = 2.0) -> dict:
     return {"type": "poll", "t": t, "consumer": consumer, "partition": partition,
             "records": [list(r) for r in records]}
@@ -40,8 +53,7 @@ def clean_history() -> list[dict]:
                send("0-7", "failed", t=8.0)]
     events.append(poll(0, 0, [(0, "0-0"), (1, "0-1")]))
     events.append(poll(0, 0, [(2, "0-2"), (3, "0-3"), (4, "0-4"), (5, "0-5")]))
-    events.append(drain(0, [(i, f"0-{i}") for i in range(5)] + [(5, "0-5")]))
-    events.append(drain(1, []))
+    events += final_read(p0=[(i, f"0-{i}") for i in range(5)] + [(5, "0-5")], p1=[])
     return events
 
 
@@ -60,9 +72,8 @@ def test_a_clean_history_passes_with_exact_counts():
 
 
 def test_a_lost_acknowledged_write_fails_the_run():
-    events = [e for e in clean_history() if e["type"] != "drain"]
-    events.append(drain(0, [(0, "0-0"), (1, "0-1"), (2, "0-2"), (3, "0-3")]))  # no 0-4
-    events = [e for e in events if e["type"] != "poll"]
+    events = [e for e in without_final_read(clean_history()) if e["type"] != "poll"]
+    events += final_read(p0=[(0, "0-0"), (1, "0-1"), (2, "0-2"), (3, "0-3")])  # no 0-4
     results = checker.check(events)
     assert results["verdict"] == "fail"
     assert anomalies(results) == {"lost": 1}
@@ -70,12 +81,24 @@ def test_a_lost_acknowledged_write_fails_the_run():
     assert "1 lost" in results["reason"]
 
 
-def test_a_duplicate_is_reported_without_failing_the_run():
-    events = clean_history()
-    events.append(drain(1, [(0, "0-3")]))  # 0-3 again, in partition 1
-    results = checker.check(events)
+def with_a_duplicate() -> list[dict]:
+    events = without_final_read(clean_history())
+    events += final_read(p0=[(i, f"0-{i}") for i in range(6)], p1=[(0, "0-3")])
+    return events
+
+
+def test_a_duplicate_fails_a_run_whose_producers_never_retry():
+    results = checker.check(with_a_duplicate())
     assert anomalies(results) == {"duplicated": 1}
     assert results["anomalies"]["duplicated"]["examples"][0]["positions"] == [(0, 3), (1, 0)]
+    assert results["verdict"] == "fail"
+
+
+def test_a_duplicate_is_only_reported_when_producers_retry_without_idempotence():
+    events = with_a_duplicate()
+    events[0]["producer"] = {"retries": 5}
+    results = checker.check(events)
+    assert anomalies(results) == {"duplicated": 1}
     assert results["verdict"] == "pass"
     assert "duplicated" not in results["failing"]
 
@@ -85,7 +108,7 @@ def test_reordered_acknowledged_writes_fail_the_run():
     events += [send("0-0", offset=0), send("0-1", offset=1), send("0-2", offset=2)]
     # The log holds 0-1 before 0-0: the acknowledgements named other offsets,
     # so this is also inconsistent; the order check is what this test is about.
-    events.append(drain(0, [(0, "0-1"), (1, "0-0"), (2, "0-2")]))
+    events += final_read(p0=[(0, "0-1"), (1, "0-0"), (2, "0-2")])
     results = checker.check(events)
     assert results["anomalies"]["reordered"]["count"] == 1
     example = results["anomalies"]["reordered"]["examples"][0]
@@ -97,8 +120,19 @@ def test_order_is_per_producer_and_partition():
     """Two producers interleaving in one partition is not reordering."""
     events = [{"type": "run", "t": 0.0},
               send("0-0", offset=1, producer=0), send("1-0", offset=0, producer=1),
-              send("0-1", offset=2, producer=0), drain(0, [(0, "1-0"), (1, "0-0"), (2, "0-1")])]
+              send("0-1", offset=2, producer=0),
+              *final_read(p0=[(0, "1-0"), (1, "0-0"), (2, "0-1")])]
     assert checker.check(events)["verdict"] == "pass"
+
+
+def test_a_copy_does_not_hide_reordering():
+    """0-0 acknowledged at 2 and 0-1 at 1 (reordered); an extra copy of 0-0
+    at offset 0 must not make 0-0 look first."""
+    events = [{"type": "run", "t": 0.0}, send("0-0", offset=2), send("0-1", offset=1),
+              *final_read(p0=[(0, "0-0"), (1, "0-1"), (2, "0-0")])]
+    results = checker.check(events)
+    assert results["anomalies"]["reordered"]["count"] == 1
+    assert results["anomalies"]["duplicated"]["count"] == 1
 
 
 def test_an_inconsistent_read_fails_the_run():
@@ -114,14 +148,41 @@ def test_an_inconsistent_read_fails_the_run():
 
 def test_an_acknowledgement_naming_another_offset_is_inconsistent():
     events = [{"type": "run", "t": 0.0}, send("0-0", offset=0), send("0-1", offset=0),
-              drain(0, [(0, "0-0"), (1, "0-1")])]
+              *final_read(p0=[(0, "0-0"), (1, "0-1")])]
     results = checker.check(events)
     assert anomalies(results) == {"inconsistent": 1}
 
 
+@pytest.mark.parametrize("found_at", [(0, 3), (1, 0)])
+def test_an_acknowledged_value_found_only_elsewhere_is_inconsistent(found_at):
+    """Acknowledged at partition 0 offset 5; the log has it only at another
+    offset or in another partition, and nothing at 0/5."""
+    if found_at == (0, 3):
+        logs = {"p0": [(o, "0-0" if o == 3 else f"1-{o}") for o in range(5)], "p1": []}
+    else:
+        logs = {"p0": [], "p1": [(0, "0-0")]}
+    events = [{"type": "run", "t": 0.0}, send("0-0", offset=5)]
+    events += [send(f"1-{o}", "unknown", t=2.0) for o in range(5)]
+    events += final_read(**logs)
+    results = checker.check(events)
+    assert anomalies(results) == {"inconsistent": 1}, results["anomalies"]
+    assert results["anomalies"]["inconsistent"]["examples"][0]["found_at"] == [found_at]
+
+
+def test_a_final_read_with_a_hole_fails_the_run():
+    events = without_final_read(clean_history())
+    events = [e for e in events if e["type"] != "poll"]
+    events += final_read(p0=[(0, "0-0"), (1, "0-1"), (2, "0-2"), (3, "0-3"), (4, "0-4"),
+                             (6, "0-6")])  # offset 5 missing below the high watermark
+    results = checker.check(events)
+    assert anomalies(results) == {"skipped": 1}
+    assert results["anomalies"]["skipped"]["examples"][0]["missed"] == 1
+
+
 def test_unexpected_values_fail_the_run():
-    events = clean_history()
-    events.append(drain(1, [(0, "9-9"), (1, "0-7")]))  # never sent; definitely failed
+    events = without_final_read(clean_history())
+    events += final_read(p0=[(i, f"0-{i}") for i in range(6)],
+                         p1=[(0, "9-9"), (1, "0-7")])  # never sent; definitely failed
     results = checker.check(events)
     assert anomalies(results) == {"unexpected": 2}
     whys = sorted(e["why"] for e in results["anomalies"]["unexpected"]["examples"])
@@ -148,19 +209,42 @@ def test_nonmonotonic_and_skipping_consumers_fail_the_run():
     assert results["anomalies"]["skipped"]["examples"][0]["missed"] == 2
 
 
-def test_a_consumer_reset_starts_a_new_reading_session():
+def test_a_consumer_start_begins_a_new_reading_session():
     events = clean_history()
     events.append(poll(1, 0, [(0, "0-0"), (1, "0-1")]))
-    events.append({"type": "consumer-reset", "t": 3.0, "consumer": 1, "partition": 0})
+    events.append({"type": "consumer-start", "t": 3.0, "consumer": 1, "positions": {"0": 0}})
     events.append(poll(1, 0, [(0, "0-0")]))
     assert checker.check(events)["verdict"] == "pass"
 
 
-def test_without_a_final_read_nothing_is_proven():
-    events = [e for e in clean_history() if e["type"] != "drain"]
+def test_a_consumer_whose_first_record_skips_its_start_fails_the_run():
+    events = clean_history()
+    events.append({"type": "consumer-start", "t": 3.0, "consumer": 1,
+                   "positions": {"0": 0, "1": 0}})
+    events.append(poll(1, 0, [(3, "0-3")]))  # offsets 0..2 exist
     results = checker.check(events)
-    assert results["verdict"] == "fail"
+    assert anomalies(results) == {"skipped": 1}
+
+
+def test_a_read_offset_missing_from_the_log_vanished_even_if_the_value_is_elsewhere():
+    events = clean_history()
+    events.append(poll(1, 0, [(7, "0-0")]))  # the log ends at 5; 0-0 is at 0
+    results = checker.check(events)
+    assert anomalies(results) == {"vanished": 1}
+
+
+def test_without_a_final_read_nothing_is_proven():
+    results = checker.check(without_final_read(clean_history()))
+    assert results["verdict"] == "unknown"
     assert "no final read" in results["reason"]
+
+
+def test_a_failed_harness_proves_nothing():
+    events = clean_history() + [{"type": "harness-error", "t": 60.0,
+                                 "error": "TimeoutError: brokers [4] running"}]
+    results = checker.check(events)
+    assert results["verdict"] == "unknown"
+    assert "TimeoutError" in results["reason"]
 
 
 @pytest.mark.parametrize("error, outcome", [
@@ -173,6 +257,8 @@ def test_without_a_final_read_nothing_is_proven():
                    "ClientConnectorError: Cannot connect to host h:1"), "failed"),
     (KraftlogError("BROKER_NOT_AVAILABLE", "POST http://h/v1/produce failed: "
                    "ServerDisconnectedError: Server disconnected"), "unknown"),
+    (KraftlogError("CLIENT_CLOSED", "the producer closed with the request in flight"),
+     "unknown"),
 ])
 def test_write_outcomes_are_failed_only_when_nothing_was_written(error, outcome):
     assert classify(error)[0] == outcome
