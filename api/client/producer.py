@@ -21,10 +21,12 @@ the front of its partition's queue) after ``retry_backoff_ms``, until
 ``retries`` or ``delivery_timeout_ms`` run out; other errors fail the batch.
 
 Ordering: records of one partition are appended in ``send`` order, and
-batches leave in that order. As in Kafka without idempotence, a retried
-batch can land after a later batch of the same partition when several
-requests are in flight; set ``max_in_flight=1`` when order must survive
-retries.
+batches leave in that order. They need not arrive in that order: several
+requests in flight to one broker travel over separate HTTP connections, so
+a later batch of a partition can be appended before an earlier one (and, as
+in Kafka without idempotence, a retried batch can land after a later one).
+Set ``max_in_flight=1`` when a partition's order matters; the chaos
+workload does.
 
 Records for a topic whose partition count is not known yet wait in a
 per-topic pending group until the metadata arrives (then they are
