@@ -11,6 +11,7 @@ leaves the quorum. A second signal stops at once.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import os
 import signal
@@ -65,6 +66,9 @@ class Node:
 
 
 async def run_node(config: NodeConfig) -> int:
+    # `kill -USR1 <pid>` writes every thread's stack to the node's stderr:
+    # how a node that hangs (say, in its shutdown) tells where.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     node = Node(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
