@@ -56,6 +56,9 @@ def add_commands(actions: argparse._SubParsersAction, formatter: type) -> None:
                      help="live consumers reading every partition (default 2)")
     run.add_argument("--rate", type=_positive_float, default=300.0, metavar="WRITES_PER_S",
                      help="total acks=all writes per second (default %(default)s)")
+    run.add_argument("--namespaces", action="store_true",
+                     help="run every node in its own network namespace even when the "
+                          "scenario cuts no links (partition scenarios always do)")
     run.add_argument("--unsafe-ack-before-replication", action="store_true",
                      help="run a deliberately BROKEN cluster (acks=all answered before "
                           "replication, unclean election on) to show the checker catches it")
@@ -114,6 +117,7 @@ def _run(args: argparse.Namespace) -> int:
         controllers=args.controllers, brokers=args.brokers, combined=args.combined,
         partitions=args.partitions, producers=args.producers, consumers=args.consumers,
         rate=args.rate, unsafe_ack_before_replication=args.unsafe_ack_before_replication,
+        namespaces=args.namespaces,
         settings=settings)
     results = runner.run(config, runner.main_say)
     print(runner.summary(results, out_dir))

@@ -80,6 +80,8 @@ class RunConfig:
     quiet_s: tuple[float, float] = (2.0, 5.0)
     fault_s: tuple[float, float] = (3.0, 8.0)
     unsafe_ack_before_replication: bool = False
+    #: Nodes in network namespaces even when no fault cuts links.
+    namespaces: bool = False
     settings: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -112,8 +114,10 @@ def run(config: RunConfig, say: Callable[[str], None] = print) -> dict[str, Any]
                          f"{', '.join(nemesis.SCENARIOS)}")
     os.makedirs(config.out_dir, exist_ok=True)
     nemeses = list(scenario.nemeses)
-    use_network = any(n in nemesis.NETWORK_NEMESES for n in nemeses)
+    use_network = config.namespaces or any(n in nemesis.NETWORK_NEMESES for n in nemeses)
     reason = netns.unavailable_reason() if use_network else None
+    if reason is not None and config.namespaces:
+        return _not_run(config, f"--namespaces needs network namespaces: {reason}", say)
     if reason is not None:
         skipped = [n for n in nemeses if n in nemesis.NETWORK_NEMESES]
         nemeses = [n for n in nemeses if n not in nemesis.NETWORK_NEMESES]

@@ -21,12 +21,13 @@ the front of its partition's queue) after ``retry_backoff_ms``, until
 ``retries`` or ``delivery_timeout_ms`` run out; other errors fail the batch.
 
 Ordering: records of one partition are appended in ``send`` order, and
-batches leave in that order. They need not arrive in that order: several
-requests in flight to one broker travel over separate HTTP connections, so
-a later batch of a partition can be appended before an earlier one (and, as
-in Kafka without idempotence, a retried batch can land after a later one).
-Set ``max_in_flight=1`` when a partition's order matters; the chaos
-workload does.
+batches leave in that order, one request at a time per partition: requests
+in flight to one broker travel over separate HTTP connections, so a second
+request carrying the same partition could be appended first. Other
+partitions' batches still go in parallel, up to ``max_in_flight`` requests
+per broker. As in Kafka without idempotence, a retried batch can land after
+a later one of its partition; set ``retries=0`` when order must survive
+failures.
 
 Records for a topic whose partition count is not known yet wait in a
 per-topic pending group until the metadata arrives (then they are
@@ -344,6 +345,10 @@ class RecordAccumulator:
         self._key_hashes: dict[bytes, int] = {}
         self._queues: dict[tuple[str, int], deque[ProducerBatch]] = {}
         self._open: dict[tuple[str, int], ProducerBatch] = {}
+        # Partitions with batches in a request now. Their next batches wait:
+        # two requests in flight travel over separate connections, and the
+        # later one could be appended first.
+        self._sending: set[tuple[str, int]] = set()
         self._pending: dict[str, _PendingGroup] = {}
         self._incomplete: set[_Completion] = set()
 
@@ -597,6 +602,8 @@ class RecordAccumulator:
                     if wait > 0:
                         next_ms = wait if wait < next_ms else next_ms
                         continue
+                if tp in self._sending:
+                    continue  # its previous batches are in flight: keep the order
                 url = leader_url(tp)
                 if url is None:
                     missing.add(tp[0])
@@ -623,6 +630,7 @@ class RecordAccumulator:
                         del self._open[tp]
                     queue.popleft()
                     taken.append(batch)
+                    self._sending.add(tp)
                     request_bytes[url] += size
                     count = self.partition_counts.get(tp[0])
                     if count:
@@ -632,6 +640,12 @@ class RecordAccumulator:
         if next_ms is not None and next_ms < 0:
             next_ms = 0
         return out, next_ms, missing
+
+    def sent(self, batches: Iterable[ProducerBatch]) -> None:
+        """The request carrying ``batches`` is over (answered, failed or
+        abandoned): their partitions may send again."""
+        with self.lock:
+            self._sending.difference_update((b.topic, b.partition) for b in batches)
 
     def requeue(self, batches: list[ProducerBatch], retry_at_ms: int) -> None:
         """Put batches that failed retriably back at the front of their
@@ -1016,6 +1030,7 @@ class Sender:
                     self.acc.complete(batch, error=error)
         finally:
             self._in_flight[url] -= 1
+            self.acc.sent(batches)
             # Before waking: the loop must not see this task still in flight.
             self._requests.discard(asyncio.current_task())
             self.space.set()

@@ -93,10 +93,31 @@ def test_a_batch_waits_for_linger_unless_full_or_flushed():
         acc.append("t", b"x" * 100, partition=1)
     out, next_ms, _ = acc.drain(clock.now_ms, leaders({}))
     assert len(out[A]) == 2 and next_ms == 50
+    acc.sent(out[A])  # the request is over
     targets = acc.begin_flush()
     out, _, _ = acc.drain(clock.now_ms, leaders({}))
     acc.end_flush()
     assert len(out[A]) == 1 and out[A][0] in targets
+
+
+def test_a_partition_sends_its_next_batch_only_when_the_previous_request_is_over():
+    """Two requests in flight could be appended out of order (separate
+    connections), so a partition has at most one."""
+    clock = Clock()
+    acc = accumulator(linger_ms=0, batch_size=400, clock_ms=clock)
+    acc.append("t", b"first", partition=0)
+    acc.append("t", b"other", partition=1)
+    first, _, _ = acc.drain(clock.now_ms, leaders({}))
+    assert sorted(b.partition for b in first[A]) == [0, 1]
+    acc.append("t", b"second", partition=0)
+    acc.append("t", b"next", partition=1)
+    acc.sent([b for b in first[A] if b.partition == 1])  # only partition 1's request ended
+    out, _, _ = acc.drain(clock.now_ms, leaders({}))
+    assert [b.partition for b in out[A]] == [1]
+    acc.sent([b for b in first[A] if b.partition == 0])
+    out, _, _ = acc.drain(clock.now_ms, leaders({}))
+    assert [b.partition for b in out[A]] == [0]
+    assert out[A][0].builder.record_count == 1
 
 
 def test_ready_batches_go_in_one_request_per_leader():
@@ -132,6 +153,7 @@ def test_requeued_batches_go_first_after_their_backoff():
     out, _, _ = acc.drain(now, leaders({}))
     acc.append("t", b"2", partition=0)
     acc.requeue(out[A], retry_at_ms=now + 100)
+    acc.sent(out[A])  # the failed request is over
     out, next_ms, _ = acc.drain(now, leaders({}))
     assert out == {} and next_ms == 100  # the retry holds the partition's queue
     out, _, _ = acc.drain(now + 100, leaders({}))
