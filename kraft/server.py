@@ -74,10 +74,37 @@ WRITE_ATTEMPTS = 3
 METADATA_WAIT_MS_MAX = 30_000
 #: Request bodies the controller accepts (bytes).
 CONTROLLER_REQUEST_BYTES_MAX = 8 * 1024 * 1024
+#: How long stopping waits for the controller's tasks to end, and how often
+#: it cancels again meanwhile (see cancel_until_done).
+STOP_TASKS_TIMEOUT_S = 5.0
+CANCEL_RETRY_S = 0.2
 
 
 def monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
+
+
+async def cancel_until_done(tasks: list[asyncio.Task], timeout_s: float) -> list[asyncio.Task]:
+    """Cancel ``tasks`` and wait for them to end, cancelling again while any
+    runs; those still running after ``timeout_s``.
+
+    One ``cancel()`` is not always enough on Python 3.11: ``asyncio.wait_for``
+    swallows a cancellation that arrives just as the future it waits on
+    completes (fixed in 3.12), and a loop around such a wait then runs on.
+    The chaos harness's rolling restarts caught a controller that never
+    stopped this way, right after it became active.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            break
+        _, pending = await asyncio.wait(pending, timeout=min(CANCEL_RETRY_S, remaining))
+    return list(pending)
 
 
 class ControllerServer:
@@ -102,6 +129,7 @@ class ControllerServer:
         # Replaced (after being set) on every quorum event: long-polls wait on it.
         self._changed = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self._stopping = False
         self._runner: web.AppRunner | None = None
         self.tick_interval_ms = max(10, min(100, config.session_timeout_ms // 10))
 
@@ -121,9 +149,13 @@ class ControllerServer:
         logger.info("controller %d listening on %s", self.config.node_id, endpoint.url)
 
     async def stop(self) -> None:
-        for task in self._tasks + ([self._activation] if self._activation else []):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._stopping = True  # no new activation, no more ticks
+        tasks = self._tasks + ([self._activation] if self._activation else [])
+        left = await cancel_until_done(tasks, STOP_TASKS_TIMEOUT_S)
+        if left:
+            logger.warning("controller %d: tasks still running after %.0f s of stopping: %s",
+                           self.config.node_id, STOP_TASKS_TIMEOUT_S,
+                           ", ".join(t.get_name() for t in left))
         if self._runner is not None:
             await self._runner.cleanup()
         await asyncio.get_running_loop().run_in_executor(None, self.quorum.stop)
@@ -158,6 +190,8 @@ class ControllerServer:
     def _on_quorum_event(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
+        if self._stopping:
+            return
         term = self.quorum.raftCurrentTerm
         if not self.quorum.is_leader:
             if self._active_term is not None:
@@ -273,7 +307,7 @@ class ControllerServer:
             lambda image: self.core.heartbeat(image, body, now_ms)))
 
     async def _tick_loop(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.tick_interval_ms / 1000)
             if not self.is_active:
                 continue
