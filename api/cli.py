@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="ask this controller (its CONTROLLER listener) instead of a broker")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     status.set_defaults(handler=_quorum_status)
+    from api import groups_cli
+
+    groups_cli.add_commands(commands, ExamplesFormatter)
     _add_bench_commands(commands)
     _add_chaos_commands(commands)
     return parser

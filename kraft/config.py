@@ -48,6 +48,7 @@ _OTHER_KNOWN_KEYS = frozenset({
     "log.flush.offset.checkpoint.interval.ms", "message.max.bytes", "min.insync.replicas",
     "replica.lag.time.max.ms", "replica.fetch.max.bytes", "replica.fetch.wait.max.ms",
     "num.replica.fetchers", "offsets.topic.replication.factor", "offsets.topic.num.partitions",
+    "group.consumer.session.timeout.ms", "group.consumer.heartbeat.interval.ms",
     "group.initial.rebalance.delay.ms", "group.min.session.timeout.ms",
     "group.max.session.timeout.ms", "socket.request.max.bytes", "cluster.id",
     "replica.fetch.response.max.bytes", "replica.high.watermark.checkpoint.interval.ms",

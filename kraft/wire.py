@@ -63,6 +63,19 @@ STATUS_BY_CODE = {
     "BROKER_NOT_AVAILABLE": 503,
     "KAFKA_STORAGE_ERROR": 503,
     "NOT_FOUND": 404,
+    # Consumer groups.
+    "INVALID_GROUP_ID": 400,
+    "UNSUPPORTED_ASSIGNOR": 400,
+    "GROUP_ID_NOT_FOUND": 404,
+    "UNKNOWN_MEMBER_ID": 409,
+    "FENCED_MEMBER_EPOCH": 409,
+    "STALE_MEMBER_EPOCH": 409,
+    "UNRELEASED_INSTANCE_ID": 409,
+    "NON_EMPTY_GROUP": 409,
+    "GROUP_MAX_SIZE_REACHED": 409,
+    "NOT_COORDINATOR": 421,
+    "COORDINATOR_LOAD_IN_PROGRESS": 503,
+    "COORDINATOR_NOT_AVAILABLE": 503,
     "UNKNOWN_SERVER_ERROR": 500,
 }
 
@@ -93,7 +106,7 @@ def respond(request: web.Request, body: Any, status: int = 200) -> web.Response:
 def error_body(exc: Exception) -> dict:
     error = {"code": getattr(exc, "code", "UNKNOWN_SERVER_ERROR"), "message": str(exc)}
     for extra in ("leader_id", "leader_epoch", "leader_url", "log_start_offset",
-                  "log_end_offset"):
+                  "log_end_offset", "coordinator_id", "coordinator_url"):
         if getattr(exc, extra, None) is not None:
             error[extra] = getattr(exc, extra)
     return {"error": error}

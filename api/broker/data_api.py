@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from api.broker.errors import (InvalidRequiredAcksError, NotEnoughReplicasAfterAppendError,
-                               NotEnoughReplicasError, NotLeaderOrFollowerError,
-                               ReplicationTimedOutError)
+from api.broker.errors import (CodedError, InvalidRequiredAcksError,
+                               NotEnoughReplicasAfterAppendError, NotEnoughReplicasError,
+                               NotLeaderOrFollowerError, ReplicationTimedOutError)
 from api.broker.metrics import BrokerMetrics
 from api.broker.partition import Partition
 from api.broker.replica_manager import ReplicaManager, broker_url
@@ -170,6 +170,22 @@ class DataApi:
         if pending:
             await self._await_replication(pending, timeout_ms)
         return wire.respond(request, {"partitions": [] if acks == 0 else results})
+
+    async def append_committed(self, part: Partition, records: bytes, timeout_ms: int) -> int:
+        """Append ``records`` as leader and wait until they are committed, as
+        an acks=all produce does (the group coordinator's writes to
+        ``__consumer_offsets``); the base offset. Raises the produce error."""
+        if len(part.isr) < part.min_insync_replicas:
+            raise NotEnoughReplicasError(
+                f"{part.tp} has {len(part.isr)} in-sync replicas {part.isr}, fewer than its "
+                f"min.insync.replicas={part.min_insync_replicas}; nothing was written")
+        info = self.replicas.append(part, records)
+        result: dict = {"error": None}
+        await self._await_replication(
+            [PendingAck(result, part, part.leader_epoch, info.last_offset + 1)], timeout_ms)
+        if result["error"] is not None:
+            raise CodedError(result["error"]["code"], result["error"]["message"])
+        return info.base_offset
 
     async def _await_replication(self, pending: list[PendingAck], timeout_ms: int) -> None:
         """The produce purgatory: wait until each write is committed (its

@@ -64,3 +64,40 @@ class ReplicationTimedOutError(KraftError):
     ``timeout_ms``. Its outcome is unknown: it may still commit."""
 
     code = "REQUEST_TIMED_OUT"
+
+
+class CodedError(KraftError):
+    """An error whose code is known only at run time (relayed from another
+    layer, such as the group coordinator's core or a failed internal write)."""
+
+    def __init__(self, code: str, message: str, **extras: object) -> None:
+        super().__init__(message)
+        self.code = code
+        for name, value in extras.items():
+            setattr(self, name, value)
+
+
+class NotCoordinatorError(KraftError):
+    """This broker does not coordinate the group; the body names who does."""
+
+    code = "NOT_COORDINATOR"
+
+    def __init__(self, message: str, coordinator_id: int | None = None,
+                 coordinator_url: str | None = None) -> None:
+        super().__init__(message)
+        self.coordinator_id = coordinator_id
+        self.coordinator_url = coordinator_url
+
+
+class CoordinatorLoadInProgressError(KraftError):
+    """This broker just became the group's coordinator and is still reading
+    the group's state from ``__consumer_offsets``; retry shortly."""
+
+    code = "COORDINATOR_LOAD_IN_PROGRESS"
+
+
+class CoordinatorNotAvailableError(KraftError):
+    """No broker can coordinate the group right now (``__consumer_offsets``
+    has no leader for its partition, or could not be created); retry."""
+
+    code = "COORDINATOR_NOT_AVAILABLE"

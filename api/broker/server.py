@@ -28,6 +28,8 @@ from aiohttp import web
 
 from api.broker.data_api import DataApi
 from api.broker.fetcher import FetcherSettings, ReplicaFetcherManager
+from api.broker.groups.api import GroupApi
+from api.broker.groups.service import GroupService
 from api.broker.isr import IsrManager
 from api.broker.lifecycle import BrokerLifecycle, BrokerState
 from api.broker.metrics import BrokerMetrics
@@ -105,6 +107,11 @@ class BrokerServer:
                            "acknowledged before they are replicated and CAN BE LOST. This "
                            "setting exists only to prove the chaos checker catches it.")
         self.rest = RestProxy(self)
+        self.groups = GroupService(
+            config.node_id, self.replicas, self.data,
+            lambda path, body: self.client.call(path, body, timeout_ms=ADMIN_TIMEOUT_MS),
+            lambda: self.lifecycle.image, config.settings, self.replicas.clock_ms)
+        self.group_api = GroupApi(self.groups, self._live_broker_urls)
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         # Replaced by a fresh event after every metadata change.
@@ -117,6 +124,7 @@ class BrokerServer:
         await loop.run_in_executor(None, self.log_manager.startup)
         await self.log_manager.start_background_tasks()
         await self.isr.start()
+        self.groups.start()
         self._hw_task = asyncio.create_task(self._checkpoint_high_watermarks_loop(),
                                             name="high-watermark-checkpoint")
         self._session = aiohttp.ClientSession()
@@ -125,6 +133,7 @@ class BrokerServer:
                               client_max_size=self.request_bytes_max)
         self.data.add_routes(app)
         self.rest.add_routes(app)
+        self.group_api.add_routes(app)
         for path in ADMIN_ROUTES:
             app.router.add_post(path, self.handle_admin)
         app.router.add_post("/v1/admin/topics/describe", self.handle_describe_topics)
@@ -145,6 +154,7 @@ class BrokerServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        await self.groups.stop()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -184,6 +194,7 @@ class BrokerServer:
         try:
             self.replicas.apply_image(image, self.lifecycle.metadata_caught_up)
             self.fetchers.sync()
+            self.groups.on_metadata()
         finally:
             changed, self._metadata_changed = self._metadata_changed, asyncio.Event()
             changed.set()
@@ -322,6 +333,11 @@ class BrokerServer:
             "metadata_offset": image.offset,
             "brokers": self._brokers(),
         })
+
+    def _live_broker_urls(self) -> dict[int, str]:
+        image = self.lifecycle.image
+        return {broker: url for broker in sorted(image.live_broker_ids())
+                if (url := broker_url(image, broker)) is not None}
 
     async def handle_brokers(self, request: web.Request) -> web.Response:
         return wire.respond(request, {"brokers": self._brokers()})

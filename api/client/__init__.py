@@ -29,11 +29,13 @@ from api.client.errors import (
     InvalidTopicError, KraftlogError, LeaderNotAvailableError, MessageTooLargeError,
     NoOffsetForPartitionError, NotEnoughReplicasAfterAppendError, NotEnoughReplicasError,
     NotLeaderError, OffsetOutOfRangeError, RequestTimedOutError, TopicAlreadyExistsError, UnknownTopicOrPartitionError, error_from)
+from api.client.group import CommitFailedError
 from api.client.producer import AsyncProducer, Producer, RecordHandle
 
 __all__ = [
     "Admin", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "BrokerNotAvailableError",
-    "BufferExhaustedError", "ClientClosedError", "ConfigEntry", "Consumer", "ConsumerRecord",
+    "BufferExhaustedError", "ClientClosedError", "CommitFailedError", "ConfigEntry",
+    "Consumer", "ConsumerRecord",
     "CorruptRecordError", "CreatedTopic", "InvalidTopicError", "KraftlogError",
     "LeaderNotAvailableError", "MessageTooLargeError", "NewTopic", "NoOffsetForPartitionError",
     "NotEnoughReplicasAfterAppendError", "NotEnoughReplicasError", "NotLeaderError",

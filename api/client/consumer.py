@@ -46,6 +46,7 @@ from api.client._types import (
 from api.client.errors import (
     METADATA_CODES, CorruptRecordError, KraftlogError, NoOffsetForPartitionError,
     OffsetOutOfRangeError, RequestTimedOutError, UnknownTopicOrPartitionError, error_from)
+from api.client.group import GroupMember
 from storage import batch as batch_format
 
 logger = logging.getLogger(__name__)
@@ -267,7 +268,11 @@ class ConsumerConfig:
                  max_buffered_bytes: int = 64 * 1024 * 1024, request_timeout_ms: int = 30_000,
                  retry_backoff_ms: int = 100, metadata_max_age_ms: int = 300_000,
                  check_crcs: bool = True, include_headers: bool = True,
-                 consumer_timeout_ms: int | None = None) -> None:
+                 consumer_timeout_ms: int | None = None, group_id: str | None = None,
+                 group_instance_id: str | None = None, session_timeout_ms: int = 45_000,
+                 rebalance_timeout_ms: int = 300_000, enable_auto_commit: bool = True,
+                 auto_commit_interval_ms: int = 5000,
+                 group_remote_assignor: str | None = None) -> None:
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', "
                              f"not {auto_offset_reset!r}")
@@ -279,7 +284,10 @@ class ConsumerConfig:
                 ("max_poll_records", max_poll_records, 1, 10_000_000),
                 ("max_buffered_bytes", max_buffered_bytes, 1, 2**40),
                 ("request_timeout_ms", request_timeout_ms, 1, 2**31 - 1),
-                ("retry_backoff_ms", retry_backoff_ms, 0, 2**31 - 1)):
+                ("retry_backoff_ms", retry_backoff_ms, 0, 2**31 - 1),
+                ("session_timeout_ms", session_timeout_ms, 1, 2**31 - 1),
+                ("rebalance_timeout_ms", rebalance_timeout_ms, 0, 2**31 - 1),
+                ("auto_commit_interval_ms", auto_commit_interval_ms, 1, 2**31 - 1)):
             if not isinstance(value, int) or not low <= value <= high:
                 raise ValueError(f"{name} must be an int in [{low}, {high}], not {value!r}")
         self.bootstrap = bootstrap
@@ -296,6 +304,15 @@ class ConsumerConfig:
         self.check_crcs = check_crcs
         self.include_headers = include_headers
         self.consumer_timeout_ms = consumer_timeout_ms
+        if group_id is not None and (not isinstance(group_id, str) or not group_id):
+            raise ValueError(f"group_id must be a non-empty str, not {group_id!r}")
+        self.group_id = group_id
+        self.group_instance_id = group_instance_id
+        self.session_timeout_ms = session_timeout_ms
+        self.rebalance_timeout_ms = rebalance_timeout_ms
+        self.enable_auto_commit = bool(enable_auto_commit)
+        self.auto_commit_interval_ms = auto_commit_interval_ms
+        self.group_remote_assignor = group_remote_assignor
 
 
 # ---------------------------------------------------------------------------
@@ -340,6 +357,7 @@ class AsyncConsumer:
         self._fetcher: asyncio.Task | None = None
         self._iter_records: deque[ConsumerRecord] = deque()
         self._closed = False
+        self._group: GroupMember | None = None
 
     # -- lifecycle ----------------------------------------------------------------
     async def start(self) -> None:
@@ -358,6 +376,8 @@ class AsyncConsumer:
     async def close(self) -> None:
         if self._closed:
             return
+        if self._group is not None:
+            await self._group.close()  # commits (auto-commit) and leaves the group
         self._closed = True
         tasks = [t for t in (self._fetcher, self._refresh_task, *self._in_flight.values())
                  if t is not None]
@@ -378,6 +398,97 @@ class AsyncConsumer:
         the previous assignment keep their positions; new ones start without
         one (resolved by ``auto_offset_reset`` unless you ``seek``)."""
         self._check_open()
+        if self._group is not None:
+            raise ValueError("this consumer subscribed to topics: its group assigns its "
+                             "partitions (use assign() on a consumer without subscribe())")
+        self._assign(partitions)
+
+    # -- groups ---------------------------------------------------------------------------
+    def subscribe(self, topics: Iterable[str] | None = None, pattern: str | None = None, *,
+                  on_partitions_revoked: Callable | None = None,
+                  on_partitions_assigned: Callable | None = None,
+                  on_partitions_lost: Callable | None = None) -> None:
+        """Join ``group_id`` and consume what the group assigns: the
+        partitions of ``topics``, or of every topic whose whole name matches
+        ``pattern`` (a regular expression; new matching topics are picked
+        up). The listeners get sets of partitions (may be coroutine
+        functions); they run inside ``poll``. ``on_partitions_lost`` (default:
+        ``on_partitions_revoked``) is called without a commit when the
+        member was removed from the group."""
+        self._check_open()
+        config = self.config
+        if config.group_id is None:
+            raise ValueError("subscribe() needs a group_id: Consumer(..., group_id='my-app')")
+        if (topics is None) == (pattern is None):
+            raise ValueError("give exactly one of topics and pattern")
+        if topics is not None:
+            topics = [topics] if isinstance(topics, str) else list(topics)
+            if not topics or not all(isinstance(t, str) and t for t in topics):
+                raise ValueError(f"topics must be non-empty topic names, not {topics!r}")
+        if self._group is None:
+            self._group = GroupMember(
+                self, config.group_id, instance_id=config.group_instance_id,
+                session_timeout_ms=config.session_timeout_ms,
+                rebalance_timeout_ms=config.rebalance_timeout_ms,
+                auto_commit=config.enable_auto_commit,
+                auto_commit_interval_ms=config.auto_commit_interval_ms,
+                assignor=config.group_remote_assignor, retry_backoff_ms=config.retry_backoff_ms)
+        self._group.subscribe(topics, pattern, on_partitions_revoked, on_partitions_assigned,
+                              on_partitions_lost)
+
+    def _member(self) -> GroupMember:
+        if self._group is None:
+            raise ValueError("commit and committed need a group member: set group_id and "
+                             "subscribe() first")
+        return self._group
+
+    async def commit(self, offsets: Mapping[Any, int] | None = None) -> None:
+        """Commit ``offsets`` (tp -> next offset to read), or the positions of
+        everything ``poll`` returned so far. Raises ``CommitFailedError`` when
+        the group refuses (the member's partitions moved)."""
+        self._check_open()
+        group = self._member()
+        if offsets is None:
+            wanted = group.owned
+            positions = self._consumed_positions(wanted)
+        else:
+            positions = {as_topic_partition(tp): offset for tp, offset in offsets.items()}
+        await group.commit(positions)
+
+    async def committed(self, tps: Iterable[Any]) -> dict[TopicPartition, int | None]:
+        """The group's committed offsets (None where nothing is committed)."""
+        self._check_open()
+        wanted = [as_topic_partition(tp) for tp in tps]
+        found = await self._member().fetch_committed(wanted)
+        return {tp: found.get(tp) for tp in wanted}
+
+    def _assign_for_group(self, partitions: Iterable[TopicPartition],
+                          committed: Mapping[TopicPartition, int] | None = None) -> None:
+        """The group changed this member's partitions: new ones start at their
+        committed offset, or by ``auto_offset_reset``."""
+        self._assign(partitions)
+        for tp, offset in (committed or {}).items():
+            state = self._states.get(tp)
+            if state is not None and offset >= 0:
+                state.seek(offset)
+                self._moved([state])
+
+    def _consumed_positions(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """Where the application is in each partition: the offset after the
+        last record ``poll`` handed it."""
+        held: dict[TopicPartition, int] = {}
+        for record in self._iter_records:  # taken for iteration, not yet handed out
+            held.setdefault(TopicPartition(record.topic, record.partition), record.offset)
+        out = {}
+        for tp in tps:
+            state = self._states.get(tp)
+            if tp in held:
+                out[tp] = held[tp]
+            elif state is not None and state.position is not None:
+                out[tp] = state.position
+        return out
+
+    def _assign(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
         wanted = [as_topic_partition(tp) for tp in partitions]
         states = {}
         for tp in wanted:
@@ -637,6 +748,8 @@ class AsyncConsumer:
             await self.start()
         max_records = max_records or self.config.max_poll_records
         deadline = time.monotonic() + timeout_ms / 1000
+        if self._group is not None:
+            await self._group.reconcile()
         while True:
             self._raise_partition_error()
             self._data.clear()
@@ -901,6 +1014,33 @@ class Consumer:
 
     def assignment(self) -> set[TopicPartition]:
         return self._call(self._consumer.assignment)
+
+    def subscribe(self, topics: Iterable[str] | None = None, pattern: str | None = None,
+                  **listeners: Callable | None) -> None:
+        """As ``AsyncConsumer.subscribe``. The listeners run on the consumer's
+        own thread while ``poll`` waits for them: they must not call this
+        consumer's blocking methods (with ``enable_auto_commit`` the consumer
+        commits revoked partitions itself)."""
+        topics = [topics] if isinstance(topics, str) else (
+            None if topics is None else list(topics))
+        self._call(lambda: self._consumer.subscribe(topics, pattern, **listeners))
+
+    def commit(self, offsets: Mapping[Any, int] | None = None) -> None:
+        """As ``AsyncConsumer.commit``; records this consumer still holds for
+        iteration count as not yet consumed."""
+        if offsets is None and self._pending:
+            offsets = self._thread.run(self._positions_for_commit())
+        self._thread.run(self._consumer.commit(offsets))
+
+    async def _positions_for_commit(self) -> dict[TopicPartition, int]:
+        positions = self._consumer._consumed_positions(self._consumer.assignment())
+        for record in self._pending:
+            tp = TopicPartition(record.topic, record.partition)
+            positions[tp] = min(positions.get(tp, record.offset), record.offset)
+        return positions
+
+    def committed(self, tps: Iterable[Any]) -> dict[TopicPartition, int | None]:
+        return self._thread.run(self._consumer.committed(list(tps)))
 
     def seek(self, tp: TopicPartition | tuple[str, int], offset: int) -> None:
         self._call(self._consumer.seek, tp, offset)

@@ -1,0 +1,273 @@
+"""HTTP endpoints of consumer groups (docs/protocol.md, "Consumer groups").
+
+Members and tools speak to the group's coordinator; any broker tells where
+it is. Bodies are msgpack (or JSON) maps, read field by field; a malformed
+one gets ``INVALID_REQUEST`` naming the field.
+
+=====================================  =========================================
+``POST /v1/groups/coordinator``         ``{group_id}`` -> coordinator id and URL
+``POST /v1/groups/heartbeat``           join, heartbeat, leave (KIP-848 fields)
+``POST /v1/groups/offsets/commit``      commit offsets (member epoch checked)
+``POST /v1/groups/offsets/fetch``       committed offsets
+``POST /v1/admin/groups/delete``        delete an empty group
+``POST /v1/admin/groups/offsets/reset`` set offsets of an empty group
+``GET /v1/groups``                      every group on every live broker
+``GET /v1/groups/{group}``              one group, from its coordinator
+=====================================  =========================================
+
+``GET`` with ``?local=true`` answers from this broker alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from api.broker.groups.coordinator import HeartbeatRequest
+from api.broker.groups.service import GROUP_ID_CHARS_MAX, GroupService
+from kraft import wire
+from kraft.errors import InvalidRequestError
+from kraft.fields import Fields
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+TOPICS_MAX = 10_000
+PARTITIONS_MAX = 100_000
+METADATA_CHARS_MAX = 4096
+NAME_CHARS_MAX = 255
+#: How long a broker waits for another broker's part of ``GET /v1/groups``.
+PEER_TIMEOUT_S = 5.0
+
+
+class GroupApi:
+    def __init__(self, service: GroupService, peers: Any) -> None:
+        self.service = service
+        # Callable returning {broker_id: url} of the live brokers.
+        self.peers = peers
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/groups/coordinator", self.handle_find_coordinator)
+        app.router.add_post("/v1/groups/heartbeat", self.handle_heartbeat)
+        app.router.add_post("/v1/groups/offsets/commit", self.handle_commit)
+        app.router.add_post("/v1/groups/offsets/fetch", self.handle_fetch_offsets)
+        app.router.add_post("/v1/admin/groups/delete", self.handle_delete)
+        app.router.add_post("/v1/admin/groups/offsets/reset", self.handle_reset)
+        app.router.add_get("/v1/groups", self.handle_list)
+        app.router.add_get("/v1/groups/{group}", self.handle_describe)
+
+    # -- members ---------------------------------------------------------------------
+    async def handle_find_coordinator(self, request: web.Request) -> web.Response:
+        body = Fields(await wire.read_body(request), "")
+        return wire.respond(request, await self.service.find_coordinator(_group_id(body)))
+
+    async def handle_heartbeat(self, request: web.Request) -> web.Response:
+        body = Fields(await wire.read_body(request), "")
+        group_id = _group_id(body)
+        heartbeat = HeartbeatRequest(
+            member_id=body.string("member_id", NAME_CHARS_MAX, min_chars=0, default=""),
+            member_epoch=body.integer("member_epoch", -2, INT32_MAX),
+            instance_id=body.string("instance_id", NAME_CHARS_MAX, default=None),
+            rebalance_timeout_ms=body.integer("rebalance_timeout_ms", 0, INT32_MAX,
+                                              default=None),
+            session_timeout_ms=body.integer("session_timeout_ms", 1, INT32_MAX, default=None),
+            subscribed_topic_names=body.strings("subscribed_topic_names", TOPICS_MAX,
+                                                NAME_CHARS_MAX, default=None),
+            subscribed_topic_regex=body.string("subscribed_topic_regex", NAME_CHARS_MAX,
+                                               default=None),
+            server_assignor=body.string("server_assignor", NAME_CHARS_MAX, default=None),
+            owned_partitions=_partitions(body, "owned_partitions", default=None),
+            client_id=body.string("client_id", NAME_CHARS_MAX, min_chars=0, default=None),
+            client_host=request.remote)
+        service = self.service
+        response = await service.run(group_id, lambda core: core.heartbeat(
+            service.clock_ms(), group_id, heartbeat, service.topics()))
+        assignment = response.assignment
+        return wire.respond(request, {
+            "member_id": response.member_id, "member_epoch": response.member_epoch,
+            "heartbeat_interval_ms": response.heartbeat_interval_ms,
+            "assignment": None if assignment is None else _as_wire(assignment)})
+
+    async def handle_commit(self, request: web.Request) -> web.Response:
+        body = Fields(await wire.read_body(request), "")
+        group_id = _group_id(body)
+        member_id = body.string("member_id", NAME_CHARS_MAX, min_chars=0, default="")
+        member_epoch = body.integer("member_epoch", -1, INT32_MAX, default=-1)
+        offsets = _offsets(body)
+        service = self.service
+        results = await service.run(group_id, lambda core: core.commit_offsets(
+            service.clock_ms(), group_id, member_id, member_epoch, offsets))
+        return wire.respond(request, {"partitions": [
+            {"topic": t, "partition": p,
+             "error": None if code is None else {"code": code, "message": _why(code)}}
+            for (t, p), code in sorted(results.items())]})
+
+    async def handle_fetch_offsets(self, request: web.Request) -> web.Response:
+        body = Fields(await wire.read_body(request), "")
+        group_id = _group_id(body)
+        wanted = _partitions(body, "partitions", default=None)
+        committed = await self.service.run(
+            group_id, lambda core: (core.fetch_offsets(group_id, wanted), []))
+        return wire.respond(request, {"group_id": group_id, "partitions": [
+            {"topic": t, "partition": p, "offset": value[0], "metadata": value[1]}
+            for (t, p), value in sorted(committed.items())]})
+
+    # -- admin -----------------------------------------------------------------------
+    async def handle_delete(self, request: web.Request) -> web.Response:
+        body = Fields(await wire.read_body(request), "")
+        group_id = _group_id(body)
+        await self.service.run(group_id, lambda core: (None, core.delete_group(group_id)))
+        return wire.respond(request, {"group_id": group_id, "deleted": True})
+
+    async def handle_reset(self, request: web.Request) -> web.Response:
+        body = Fields(await wire.read_body(request), "")
+        group_id = _group_id(body)
+        offsets = _offsets(body)
+        service = self.service
+        await service.run(group_id, lambda core: (None, core.reset_offsets(
+            service.clock_ms(), group_id, offsets)))
+        return wire.respond(request, {"group_id": group_id, "partitions": [
+            {"topic": t, "partition": p, "offset": o} for (t, p), (o, _) in
+            sorted(offsets.items())]})
+
+    # -- inspection ------------------------------------------------------------------
+    async def handle_list(self, request: web.Request) -> web.Response:
+        if request.query.get("local") == "true":
+            return wire.respond(request, {"groups": self.service.list_local()})
+        groups: list[dict] = []
+        errors: list[dict] = []
+        async with aiohttp.ClientSession() as session:
+            answers = await asyncio.gather(*(
+                _get_json(session, f"{url}/v1/groups?local=true")
+                for url in self.peers().values()), return_exceptions=True)
+        for (broker, _url), answer in zip(self.peers().items(), answers):
+            if isinstance(answer, BaseException):
+                errors.append({"broker_id": broker, "error": str(answer)})
+            else:
+                groups.extend(answer.get("groups", []))
+        return wire.respond(request, {"groups": sorted(groups, key=lambda g: g["group_id"]),
+                                      "unreachable_brokers": errors})
+
+    async def handle_describe(self, request: web.Request) -> web.Response:
+        """The group as its coordinator knows it, with each committed
+        partition's log end offset and lag. Any broker answers: it asks the
+        coordinator (``?local=true``) when that is another broker."""
+        group_id = request.match_info["group"]
+        if not group_id or len(group_id) > GROUP_ID_CHARS_MAX:
+            raise InvalidRequestError("group id must be 1-255 characters")
+        service = self.service
+        if request.query.get("local") != "true":
+            where = await service.find_coordinator(group_id)
+            if where["coordinator_id"] != service.broker_id:
+                async with aiohttp.ClientSession() as session:
+                    url = f"{where['coordinator_url']}/v1/groups/{request.match_info['group']}"
+                    async with session.get(url, params={"local": "true"}, headers={
+                            "Accept": "application/json"},
+                            timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as answer:
+                        return wire.respond(request, await answer.json(), answer.status)
+        described = _jsonable(await service.run(
+            group_id, lambda core: (core.describe(group_id, service.clock_ms()), [])))
+        ends = await self._end_offsets([(o["topic"], o["partition"])
+                                        for o in described["offsets"]])
+        for entry in described["offsets"]:
+            end = ends.get((entry["topic"], entry["partition"]))
+            entry["log_end_offset"] = end
+            entry["lag"] = None if end is None else max(0, end - entry["offset"])
+        return wire.respond(request, described)
+
+    async def _end_offsets(self, partitions: list[tuple[str, int]]
+                           ) -> dict[tuple[str, int], int]:
+        """High watermarks, asked of each partition's leader (None-less: a
+        partition whose leader does not answer is left out)."""
+        image = self.service.image()
+        by_url: dict[str, list[tuple[str, int]]] = {}
+        for topic, partition in partitions:
+            reg = image.partition(topic, partition)
+            url = self.peers().get(reg.leader) if reg is not None else None
+            if url:
+                by_url.setdefault(url, []).append((topic, partition))
+        ends: dict[tuple[str, int], int] = {}
+        async with aiohttp.ClientSession() as session:
+            async def ask(url: str, tps: list[tuple[str, int]]) -> None:
+                body = {"partitions": [{"topic": t, "partition": p, "timestamp": -1}
+                                       for t, p in tps]}
+                try:
+                    async with session.post(f"{url}/v1/offsets", json=body, headers={
+                            "Accept": "application/json"},
+                            timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as answer:
+                        for entry in (await answer.json()).get("partitions") or ():
+                            if entry.get("error") is None:
+                                ends[(entry["topic"], entry["partition"])] = entry["offset"]
+                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                    pass  # lag unknown for these; the rest still answers
+            await asyncio.gather(*(ask(url, tps) for url, tps in by_url.items()))
+        return ends
+
+
+def _group_id(body: Fields) -> str:
+    return body.string("group_id", GROUP_ID_CHARS_MAX)
+
+
+def _partitions(body: Fields, key: str, default: Any) -> list[tuple[str, int]] | None:
+    """``[{"topic": t, "partitions": [p, ...]}, ...]`` as (topic, partition) pairs."""
+    items = body.sequence(key, TOPICS_MAX, default=None)
+    if items is None:
+        return default
+    out: list[tuple[str, int]] = []
+    for i, item in enumerate(items):
+        entry = Fields(item, f"{key}[{i}]")
+        topic = entry.string("topic", NAME_CHARS_MAX)
+        for j, number in enumerate(entry.sequence("partitions", PARTITIONS_MAX)):
+            if not isinstance(number, int) or isinstance(number, bool) or not \
+                    0 <= number <= INT32_MAX:
+                raise InvalidRequestError(
+                    f"{key}[{i}].partitions[{j}] must be a partition number, got {number!r}")
+            out.append((topic, number))
+    return out
+
+
+def _offsets(body: Fields) -> dict[tuple[str, int], tuple[int, str]]:
+    """``[{"topic", "partition", "offset", "metadata"?}, ...]``."""
+    out: dict[tuple[str, int], tuple[int, str]] = {}
+    for i, item in enumerate(body.sequence("offsets", PARTITIONS_MAX)):
+        entry = Fields(item, f"offsets[{i}]")
+        tp = (entry.string("topic", NAME_CHARS_MAX), entry.integer("partition", 0, INT32_MAX))
+        out[tp] = (entry.integer("offset", -(2**63), INT64_MAX),
+                   entry.string("metadata", METADATA_CHARS_MAX, min_chars=0, default=""))
+    return out
+
+
+def _as_wire(partitions: Any) -> list[dict]:
+    by_topic: dict[str, list[int]] = {}
+    for topic, partition in sorted(partitions):
+        by_topic.setdefault(topic, []).append(partition)
+    return [{"topic": t, "partitions": ps} for t, ps in by_topic.items()]
+
+
+_WHY = {
+    "STALE_MEMBER_EPOCH": "the member epoch is older than the member's current one: "
+                          "the partition may have moved; rejoin or refresh the assignment",
+    "UNKNOWN_MEMBER_ID": "the group does not know this member: rejoin",
+    "INVALID_REQUEST": "offsets must be 0 or more",
+}
+
+
+def _why(code: str) -> str:
+    return _WHY.get(code, code)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k) if not isinstance(k, str) else k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value) if isinstance(value, (set, frozenset)) else value
+        return [_jsonable(v) for v in items]
+    return value
+
+
+async def _get_json(session: aiohttp.ClientSession, url: str) -> dict:
+    async with session.get(url, headers={"Accept": "application/json"},
+                           timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as response:
+        return await response.json()

@@ -1,0 +1,306 @@
+"""A consumer's membership in a group (the new protocol, KIP-848).
+
+The broker decides who owns what (a server-side assignor); the member only
+heartbeats and does what it is told:
+
+Heartbeat (a background task)
+    Every ``heartbeat_interval_ms`` (the coordinator says how often) the
+    member sends its member id and epoch, its subscription and the
+    partitions it owns. The answer may carry a new target assignment. A
+    member that joins sends epoch 0 and gets its id; one that leaves sends
+    -1 (or -2 for a static member, which keeps its partitions for a quick
+    restart). ``NOT_COORDINATOR`` and friends send the member to find the
+    coordinator again; ``UNKNOWN_MEMBER_ID`` or ``FENCED_MEMBER_EPOCH`` mean
+    its partitions are lost: it gives them up without committing and
+    rejoins.
+
+Reconciliation (in ``poll``, on the user's side of the consumer)
+    As in Kafka, partitions change hands inside ``poll``: everything ``poll``
+    returned before has been processed by then. Partitions to give up are
+    committed first (with ``enable_auto_commit``), passed to
+    ``on_partitions_revoked`` and removed; only then does the next heartbeat
+    show them released, and the coordinator hands them to their new owner.
+    New partitions start at their committed offset (else
+    ``auto_offset_reset``) and are passed to ``on_partitions_assigned``.
+
+Auto-commit
+    With ``enable_auto_commit``, ``poll`` commits the positions of the
+    records it returned before, every ``auto_commit_interval_ms``, and on
+    revocation and close: at-least-once, duplicates only since the last
+    commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from api.client._transport import monotonic_ms
+from api.client._types import TopicPartition
+from api.client.errors import KraftlogError
+
+if TYPE_CHECKING:
+    from api.client.consumer import AsyncConsumer
+
+logger = logging.getLogger(__name__)
+
+#: Codes after which the member looks for the coordinator again.
+FIND_AGAIN_CODES = frozenset({"NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE",
+                              "BROKER_NOT_AVAILABLE"})
+#: Codes after which the same request is simply retried after a backoff.
+RETRY_CODES = frozenset({"COORDINATOR_LOAD_IN_PROGRESS", "REQUEST_TIMED_OUT",
+                         "NOT_ENOUGH_REPLICAS", "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
+                         "NOT_LEADER_OR_FOLLOWER", "UNKNOWN_SERVER_ERROR"})
+#: Codes that cost the member its partitions and its place.
+REJOIN_CODES = frozenset({"UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH"})
+#: Heartbeat interval until the coordinator says otherwise.
+HEARTBEAT_INTERVAL_MS_DEFAULT = 1000
+#: A member leaving waits at most this long for the coordinator.
+LEAVE_TIMEOUT_MS = 3000
+
+
+class CommitFailedError(KraftlogError):
+    """The commit was refused (the member's epoch is stale or it was
+    removed): its partitions may now belong to another member."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(code, message, retriable=False)
+
+
+Listener = Callable[[set[TopicPartition]], Any]
+
+
+class GroupMember:
+    def __init__(self, consumer: AsyncConsumer, group_id: str, *, instance_id: str | None,
+                 session_timeout_ms: int, rebalance_timeout_ms: int, auto_commit: bool,
+                 auto_commit_interval_ms: int, assignor: str | None,
+                 retry_backoff_ms: int) -> None:
+        self.consumer = consumer
+        self.group_id = group_id
+        self.instance_id = instance_id
+        self.session_timeout_ms = session_timeout_ms
+        self.rebalance_timeout_ms = rebalance_timeout_ms
+        self.auto_commit = auto_commit
+        self.auto_commit_interval_ms = auto_commit_interval_ms
+        self.assignor = assignor
+        self.retry_backoff_ms = retry_backoff_ms
+        self.topics: list[str] | None = None
+        self.pattern: str | None = None
+        self.on_revoked: Listener | None = None
+        self.on_assigned: Listener | None = None
+        self.on_lost: Listener | None = None
+        self.member_id = ""
+        self.member_epoch = 0
+        self.heartbeat_interval_ms = HEARTBEAT_INTERVAL_MS_DEFAULT
+        # What the coordinator wants this member to own (None: nothing said yet).
+        self.target: set[TopicPartition] | None = None
+        # What this member owns (== the consumer's assignment).
+        self.owned: set[TopicPartition] = set()
+        self.lost = False
+        self.coordinator_url: str | None = None
+        self._subscription_sent = False
+        self._next_commit_ms = monotonic_ms() + auto_commit_interval_ms
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._leaving = False
+
+    # -- subscription ---------------------------------------------------------------
+    def subscribe(self, topics: Iterable[str] | None, pattern: str | None,
+                  on_revoked: Listener | None, on_assigned: Listener | None,
+                  on_lost: Listener | None) -> None:
+        self.topics = sorted(set(topics)) if topics is not None else None
+        self.pattern = pattern
+        self.on_revoked, self.on_assigned, self.on_lost = on_revoked, on_assigned, on_lost
+        self._subscription_sent = False
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+        self._wake.set()
+
+    # -- talking to the coordinator ----------------------------------------------------
+    async def _coordinator(self) -> str:
+        if self.coordinator_url is None:
+            answer = await self.consumer._metadata.request_any(
+                "/v1/groups/coordinator", {"group_id": self.group_id})
+            url = answer.get("coordinator_url")
+            if not url:
+                raise KraftlogError("COORDINATOR_NOT_AVAILABLE",
+                                    f"no coordinator for group {self.group_id!r} yet",
+                                    retriable=True)
+            self.coordinator_url = url
+        return self.coordinator_url
+
+    async def _call(self, path: str, body: dict, timeout_ms: int | None = None) -> Any:
+        url = await self._coordinator()
+        try:
+            return await self.consumer._transport.request(url, path, body,
+                                                          timeout_ms=timeout_ms)
+        except KraftlogError as exc:
+            if exc.code in FIND_AGAIN_CODES:
+                self.coordinator_url = None
+            raise
+
+    def _heartbeat_body(self, epoch: int) -> dict:
+        body: dict[str, Any] = {"group_id": self.group_id, "member_id": self.member_id,
+                                "member_epoch": epoch, "instance_id": self.instance_id,
+                                "owned_partitions": _as_wire(self.owned)}
+        if epoch == 0 or not self._subscription_sent:
+            body.update(subscribed_topic_names=self.topics, subscribed_topic_regex=self.pattern,
+                        server_assignor=self.assignor,
+                        rebalance_timeout_ms=self.rebalance_timeout_ms,
+                        session_timeout_ms=self.session_timeout_ms)
+        return body
+
+    async def _heartbeat(self) -> None:
+        answer = await self._call("/v1/groups/heartbeat", self._heartbeat_body(self.member_epoch))
+        self._subscription_sent = True
+        self.member_id = answer["member_id"]
+        self.member_epoch = answer["member_epoch"]
+        self.heartbeat_interval_ms = answer.get("heartbeat_interval_ms") or \
+            HEARTBEAT_INTERVAL_MS_DEFAULT
+        if answer.get("assignment") is not None:
+            self.target = {TopicPartition(entry["topic"], p) for entry in answer["assignment"]
+                           for p in entry["partitions"]}
+
+    async def _heartbeat_loop(self) -> None:
+        while not self._leaving:
+            wait_ms = self.heartbeat_interval_ms
+            try:
+                await self._heartbeat()
+            except asyncio.CancelledError:
+                raise
+            except KraftlogError as exc:
+                if exc.code in REJOIN_CODES:
+                    logger.warning("group %s: %s; giving up partitions %s and rejoining",
+                                   self.group_id, exc, sorted(self.owned))
+                    self.lost = True
+                    self.target = None
+                    self.member_epoch = 0
+                    if exc.code == "UNKNOWN_MEMBER_ID":
+                        self.member_id = ""
+                    self._subscription_sent = False
+                    wait_ms = 0
+                else:
+                    logger.info("group %s: heartbeat failed: %s", self.group_id, exc)
+                    wait_ms = self.retry_backoff_ms
+            except Exception:
+                logger.exception("group %s: heartbeat loop error", self.group_id)
+                wait_ms = self.retry_backoff_ms
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), wait_ms / 1000)
+            except asyncio.TimeoutError:
+                pass
+
+    # -- reconciliation (in poll) ------------------------------------------------------
+    async def reconcile(self) -> None:
+        """Give up and take partitions as the coordinator asked; commit when
+        due. Called at the start of every ``poll``."""
+        consumer = self.consumer
+        if self.lost:
+            lost, self.owned, self.lost = set(self.owned), set(), False
+            consumer._assign_for_group(())
+            if lost:
+                await _call_listener(self.on_lost or self.on_revoked, lost)
+        target = self.target
+        if target is not None:
+            revoke = self.owned - target
+            if revoke:
+                if self.auto_commit:
+                    await self._commit_quietly(consumer._consumed_positions(revoke))
+                await _call_listener(self.on_revoked, revoke)
+                self.owned -= revoke
+                consumer._assign_for_group(self.owned)
+                self._wake.set()  # tell the coordinator now that they are free
+            add = target - self.owned
+            if add:
+                committed = await self.fetch_committed(add)
+                self.owned |= add
+                consumer._assign_for_group(self.owned, {tp: committed[tp] for tp in add
+                                                        if tp in committed})
+                await _call_listener(self.on_assigned, add)
+                self._wake.set()
+        if self.auto_commit and monotonic_ms() >= self._next_commit_ms:
+            self._next_commit_ms = monotonic_ms() + self.auto_commit_interval_ms
+            await self._commit_quietly(consumer._consumed_positions(self.owned))
+
+    async def _commit_quietly(self, offsets: Mapping[TopicPartition, int]) -> None:
+        try:
+            await self.commit(offsets)
+        except KraftlogError as exc:
+            logger.warning("group %s: auto-commit of %d partitions failed: %s",
+                           self.group_id, len(offsets), exc)
+
+    # -- offsets ------------------------------------------------------------------------
+    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        if not offsets:
+            return
+        body = {"group_id": self.group_id, "member_id": self.member_id,
+                "member_epoch": self.member_epoch if self.member_id else -1,
+                "offsets": [{"topic": tp.topic, "partition": tp.partition, "offset": offset}
+                            for tp, offset in sorted(offsets.items())]}
+        answer = await self._retrying(lambda: self._call("/v1/groups/offsets/commit", body))
+        for entry in answer.get("partitions") or ():
+            error = entry.get("error")
+            if error:
+                raise CommitFailedError(error.get("code", "UNKNOWN_SERVER_ERROR"),
+                                        f"commit of {entry['topic']}-{entry['partition']} "
+                                        f"refused: {error.get('message')}")
+
+    async def fetch_committed(self, tps: Iterable[TopicPartition]
+                              ) -> dict[TopicPartition, int]:
+        wanted = set(tps)
+        answer = await self._retrying(lambda: self._call("/v1/groups/offsets/fetch", {
+            "group_id": self.group_id, "partitions": _as_wire(wanted)}))
+        return {TopicPartition(e["topic"], e["partition"]): e["offset"]
+                for e in answer.get("partitions") or ()
+                if TopicPartition(e["topic"], e["partition"]) in wanted}
+
+    async def _retrying(self, call: Callable[[], Any]) -> Any:
+        deadline = monotonic_ms() + self.consumer.config.request_timeout_ms
+        while True:
+            try:
+                return await call()
+            except KraftlogError as exc:
+                if exc.code not in FIND_AGAIN_CODES | RETRY_CODES or monotonic_ms() > deadline:
+                    raise
+            await asyncio.sleep(self.retry_backoff_ms / 1000)
+
+    # -- leaving ------------------------------------------------------------------------
+    async def close(self) -> None:
+        self._leaving = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if not self.member_id:
+            return
+        try:
+            if self.auto_commit and self.owned:
+                await self.commit(self.consumer._consumed_positions(self.owned))
+            await self.consumer._transport.request(
+                await self._coordinator(), "/v1/groups/heartbeat",
+                self._heartbeat_body(-2 if self.instance_id else -1),
+                timeout_ms=LEAVE_TIMEOUT_MS)
+        except KraftlogError as exc:
+            logger.info("group %s: leaving: %s (the session timeout removes this member)",
+                        self.group_id, exc)
+
+
+async def _call_listener(listener: Listener | None, partitions: set[TopicPartition]) -> None:
+    if listener is None:
+        return
+    try:
+        result = listener(set(partitions))
+        if inspect.isawaitable(result):
+            await result
+    except Exception:
+        logger.exception("rebalance listener %r failed", listener)
+
+
+def _as_wire(partitions: Iterable[TopicPartition]) -> list[dict]:
+    by_topic: dict[str, list[int]] = {}
+    for tp in sorted(partitions):
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    return [{"topic": topic, "partitions": ps} for topic, ps in by_topic.items()]
