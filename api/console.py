@@ -541,7 +541,9 @@ def _add_consume(commands: argparse._SubParsersAction) -> None:
         description="Print records as they arrive, like kafka-console-consumer. Starts at "
                     "the end of each partition unless told otherwise. Examples:\n"
                     "  kraftlog consume orders --from-beginning --max-messages 10\n"
-                    "  kraftlog consume orders --partition 2 --offset 100 --print-offset",
+                    "  kraftlog consume orders --partition 2 --offset 100 --print-offset\n"
+                    "  kraftlog consume orders --group billing   # share the partitions, "
+                    "commit offsets",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     consume.add_argument("topic")
     consume.add_argument("--from-beginning", action="store_true",
@@ -556,6 +558,13 @@ def _add_consume(commands: argparse._SubParsersAction) -> None:
     consume.add_argument("--print-key", action="store_true", help="print KEY<TAB>VALUE")
     consume.add_argument("--print-offset", action="store_true",
                          help="prefix each record with PARTITION:OFFSET<TAB>")
+    consume.add_argument("--group", metavar="GROUP",
+                         help="consume as a member of this consumer group: the group assigns "
+                              "the partitions and offsets are committed (a new group starts "
+                              "at the end, or the beginning with --from-beginning)")
+    consume.add_argument("--session-timeout-ms", type=int, default=45_000, metavar="MS",
+                         help="with --group: how long the group waits for a silent member "
+                              "before giving its partitions to others (default %(default)s)")
     consume.set_defaults(handler=_consume)
 
 
@@ -566,8 +575,13 @@ def _consume(args: argparse.Namespace) -> int:
 
     if args.offset is not None and args.partition is None:
         raise CliError("--offset needs --partition (an offset belongs to one partition)")
-    consumer = Consumer(bootstrap=args.bootstrap,
-                        auto_offset_reset="earliest" if args.from_beginning else "latest")
+    if args.group is not None and (args.partition is not None or args.offset is not None):
+        raise CliError("--group lets the group choose partitions and offsets: drop "
+                       "--partition and --offset, or drop --group")
+    reset = "earliest" if args.from_beginning else "latest"
+    consumer = Consumer(bootstrap=args.bootstrap, auto_offset_reset=reset,
+                        **({"group_id": args.group, "session_timeout_ms":
+                            args.session_timeout_ms} if args.group else {}))
     printed = 0
     out = sys.stdout.buffer
     try:
@@ -583,11 +597,17 @@ def _consume(args: argparse.Namespace) -> int:
                                f"{partitions[-1]}, not {args.partition}")
             partitions = [args.partition]
         tps = [TopicPartition(args.topic, p) for p in partitions]
-        consumer.assign(tps)
-        _position(consumer, tps, args)
+        if args.group is not None:
+            consumer.subscribe([args.topic])
+        else:
+            consumer.assign(tps)
+            _position(consumer, tps, args)
         last_record = time.monotonic()
         while args.max_messages is None or printed < args.max_messages:
-            records = consumer.poll(timeout_ms=200)
+            # Never take more than will be printed: with --group, what poll
+            # returned counts as consumed at the next commit.
+            records = consumer.poll(timeout_ms=200, max_records=None if args.max_messages is None
+                                    else args.max_messages - printed)
             if not records:
                 if args.timeout_ms is not None and \
                         (time.monotonic() - last_record) * 1000 >= args.timeout_ms:
