@@ -141,6 +141,17 @@ class BrokerMetrics:
         if read_replication is not None:
             self._add_replication(r, read_replication)
 
+    def add_group_gauges(self, members: Callable[[], dict[tuple, float]],
+                         lags: Callable[[], dict[tuple, float]]) -> None:
+        """Consumer groups coordinated by this broker (refreshed every few
+        seconds, not at scrape time: lag needs the partition leaders)."""
+        r = self.registry
+        r.add(Gauge("kraftlog_group_members", "Members of each group this broker coordinates.",
+                    members, ("group",)))
+        r.add(Gauge("kraftlog_group_lag", "High watermark minus committed offset, per group "
+                    "partition (groups this broker coordinates).", lags,
+                    ("group", "topic", "partition")))
+
     @staticmethod
     def _add_replication(r: Registry, read: Callable[[], dict[str, float]]) -> None:
         def one(key: str) -> Callable[[], dict[tuple, float]]:

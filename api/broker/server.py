@@ -112,6 +112,9 @@ class BrokerServer:
             lambda path, body: self.client.call(path, body, timeout_ms=ADMIN_TIMEOUT_MS),
             lambda: self.lifecycle.image, config.settings, self.replicas.clock_ms)
         self.group_api = GroupApi(self.groups, self._live_broker_urls)
+        self.metrics.add_group_gauges(
+            lambda: {(group,): count for group, count in self.groups.member_counts.items()},
+            lambda: {(g, t, str(p)): lag for (g, t, p), lag in self.groups.lags.items()})
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         # Replaced by a fresh event after every metadata change.

@@ -27,7 +27,7 @@ import aiohttp
 from aiohttp import web
 
 from api.broker.groups.coordinator import HeartbeatRequest
-from api.broker.groups.service import GROUP_ID_CHARS_MAX, GroupService
+from api.broker.groups.service import GROUP_ID_CHARS_MAX, PEER_TIMEOUT_S, GroupService
 from kraft import wire
 from kraft.errors import InvalidRequestError
 from kraft.fields import Fields
@@ -38,8 +38,6 @@ TOPICS_MAX = 10_000
 PARTITIONS_MAX = 100_000
 METADATA_CHARS_MAX = 4096
 NAME_CHARS_MAX = 255
-#: How long a broker waits for another broker's part of ``GET /v1/groups``.
-PEER_TIMEOUT_S = 5.0
 
 
 class GroupApi:
@@ -169,42 +167,13 @@ class GroupApi:
                         return wire.respond(request, await answer.json(), answer.status)
         described = _jsonable(await service.run(
             group_id, lambda core: (core.describe(group_id, service.clock_ms()), [])))
-        ends = await self._end_offsets([(o["topic"], o["partition"])
-                                        for o in described["offsets"]])
+        ends = await service.end_offsets([(o["topic"], o["partition"])
+                                          for o in described["offsets"]])
         for entry in described["offsets"]:
             end = ends.get((entry["topic"], entry["partition"]))
             entry["log_end_offset"] = end
             entry["lag"] = None if end is None else max(0, end - entry["offset"])
         return wire.respond(request, described)
-
-    async def _end_offsets(self, partitions: list[tuple[str, int]]
-                           ) -> dict[tuple[str, int], int]:
-        """High watermarks, asked of each partition's leader (None-less: a
-        partition whose leader does not answer is left out)."""
-        image = self.service.image()
-        by_url: dict[str, list[tuple[str, int]]] = {}
-        for topic, partition in partitions:
-            reg = image.partition(topic, partition)
-            url = self.peers().get(reg.leader) if reg is not None else None
-            if url:
-                by_url.setdefault(url, []).append((topic, partition))
-        ends: dict[tuple[str, int], int] = {}
-        async with aiohttp.ClientSession() as session:
-            async def ask(url: str, tps: list[tuple[str, int]]) -> None:
-                body = {"partitions": [{"topic": t, "partition": p, "timestamp": -1}
-                                       for t, p in tps]}
-                try:
-                    async with session.post(f"{url}/v1/offsets", json=body, headers={
-                            "Accept": "application/json"},
-                            timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as answer:
-                        for entry in (await answer.json()).get("partitions") or ():
-                            if entry.get("error") is None:
-                                ends[(entry["topic"], entry["partition"])] = entry["offset"]
-                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-                    pass  # lag unknown for these; the rest still answers
-            await asyncio.gather(*(ask(url, tps) for url, tps in by_url.items()))
-        return ends
-
 
 def _group_id(body: Fields) -> str:
     return body.string("group_id", GROUP_ID_CHARS_MAX)

@@ -25,7 +25,9 @@ Guarantees of every assignor here:
 
   - when every member has the same subscription, partition counts differ by
     at most one, and the number of partitions that change owner is the
-    least any such balanced result allows;
+    least any such balanced result allows (subscriptions are compared by
+    the topics that exist; a member whose topics have no partitions simply
+    gets none);
   - with different subscriptions the result minimises the sum of the
     squared per-member counts (no chain of moves between eligible members
     would even it out further). In particular it is locally balanced: if

@@ -39,6 +39,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
+
 from api.broker.errors import (CodedError, CoordinatorLoadInProgressError,
                                CoordinatorNotAvailableError, NotCoordinatorError)
 from api.broker.groups import records as group_records
@@ -61,6 +63,10 @@ WRITE_TIMEOUT_MS = 5000
 TICK_INTERVAL_S = 0.25
 #: Bytes read per step while loading a shard.
 LOAD_CHUNK_BYTES = 1024 * 1024
+#: How long asking another broker for offsets may take.
+PEER_TIMEOUT_S = 5.0
+#: How often the lag gauges are refreshed.
+LAG_REFRESH_S = 5.0
 #: group.id limits.
 GROUP_ID_CHARS_MAX = 255
 
@@ -111,16 +117,22 @@ class GroupService:
                 ("heartbeat_interval_ms", "group.consumer.heartbeat.interval.ms"))
             if name in settings}
         self.shards: dict[int, Shard] = {}
+        # For the gauges, refreshed every LAG_REFRESH_S: (group, topic,
+        # partition) -> high watermark - committed offset; group -> members.
+        self.lags: dict[tuple[str, str, int], int] = {}
+        self.member_counts: dict[str, int] = {}
         self._tick_task: asyncio.Task | None = None
+        self._lag_task: asyncio.Task | None = None
         self._create_lock = asyncio.Lock()
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> None:
         self._tick_task = asyncio.create_task(self._tick_loop(), name="group-coordinator-tick")
+        self._lag_task = asyncio.create_task(self._lag_loop(), name="group-lag")
 
     async def stop(self) -> None:
-        tasks = [t for t in [self._tick_task] + [s.load_task for s in self.shards.values()]
-                 if t is not None]
+        tasks = [t for t in [self._tick_task, self._lag_task]
+                 + [s.load_task for s in self.shards.values()] if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -311,6 +323,60 @@ class GroupService:
                                      self.broker_id, OFFSETS_TOPIC, shard.partition)
 
     # -- inspection ------------------------------------------------------------------
+    async def _lag_loop(self) -> None:
+        while True:
+            await asyncio.sleep(LAG_REFRESH_S)
+            try:
+                await self.refresh_lags()
+            except Exception:
+                logger.exception("broker %d: cannot refresh group lag", self.broker_id)
+
+    async def refresh_lags(self) -> None:
+        """Lag of every committed partition of the groups coordinated here."""
+        committed: dict[tuple[str, str, int], int] = {}
+        members: dict[str, int] = {}
+        for shard in list(self.shards.values()):
+            if not shard.loaded:
+                continue
+            for group in shard.core.list_groups():
+                members[group["group_id"]] = group["members"]
+                for (topic, partition), value in shard.core.fetch_offsets(
+                        group["group_id"]).items():
+                    committed[(group["group_id"], topic, partition)] = value[0]
+        ends = await self.end_offsets(sorted({(t, p) for _, t, p in committed}))
+        self.lags = {key: max(0, ends[key[1:]] - offset) for key, offset in committed.items()
+                     if key[1:] in ends}
+        self.member_counts = members
+
+    async def end_offsets(self, partitions: list[tuple[str, int]]
+                           ) -> dict[tuple[str, int], int]:
+        """High watermarks, asked of each partition's leader (None-less: a
+        partition whose leader does not answer is left out)."""
+        image = self.image()
+        by_url: dict[str, list[tuple[str, int]]] = {}
+        for topic, partition in partitions:
+            reg = image.partition(topic, partition)
+            url = broker_url(image, reg.leader) if reg is not None and reg.leader >= 0 else None
+            if url:
+                by_url.setdefault(url, []).append((topic, partition))
+        ends: dict[tuple[str, int], int] = {}
+        async with aiohttp.ClientSession() as session:
+            async def ask(url: str, tps: list[tuple[str, int]]) -> None:
+                body = {"partitions": [{"topic": t, "partition": p, "timestamp": -1}
+                                       for t, p in tps]}
+                try:
+                    async with session.post(f"{url}/v1/offsets", json=body, headers={
+                            "Accept": "application/json"},
+                            timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as answer:
+                        for entry in (await answer.json()).get("partitions") or ():
+                            if entry.get("error") is None:
+                                ends[(entry["topic"], entry["partition"])] = entry["offset"]
+                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                    pass  # lag unknown for these; the rest still answers
+            await asyncio.gather(*(ask(url, tps) for url, tps in by_url.items()))
+        return ends
+
+
     def list_local(self) -> list[dict]:
         groups = []
         for shard in self.shards.values():
