@@ -136,6 +136,16 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "each window and p50/max next to the target, the session timeout + 1 s.")
     bench_failover.add_arguments(failover_parser)
     failover_parser.set_defaults(handler=bench_failover.run)
+    from chaos import bench_groups
+
+    groups_parser = bench_kinds.add_parser(
+        "groups", help="consumer group rebalance time and group consume throughput",
+        description="Start a fresh cluster (1 controller + 3 brokers), fill a 6-partition "
+                    "topic, read it all with a group of 1 and of 3 members (records/s), then "
+                    "time a member joining and leaving a group of two until the group is "
+                    "stable again (p50, max; target: under 1 s plus the heartbeat interval).")
+    bench_groups.add_arguments(groups_parser)
+    groups_parser.set_defaults(handler=bench_groups.run)
 
 
 def _add_chaos_commands(commands: argparse._SubParsersAction) -> None:
