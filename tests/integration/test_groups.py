@@ -113,16 +113,21 @@ def produce(cluster, topic: str, values: list[bytes], partition: int | None = No
 
 
 def find_coordinator(cluster, group: str) -> dict:
+    """Where the group lives, once that broker serves it (its groups loaded)."""
     def ask():
         for url in urls(cluster):
             try:
                 status, body = http_json(url + "/v1/groups/coordinator", {"group_id": group})
+                if status != 200:
+                    continue
+                ready, _ = http_json(body["coordinator_url"] + "/v1/groups/offsets/fetch",
+                                     {"group_id": group})
             except OSError:
                 continue
-            if status == 200:
+            if ready == 200:
                 return body
         return None
-    return wait_until(ask, 20, f"a coordinator for group {group}")
+    return wait_until(ask, 20, f"a coordinator serving group {group}")
 
 
 def describe_group(cluster, group: str) -> dict:
@@ -774,10 +779,7 @@ def test_the_coordinators_broker_killed_9_the_group_and_its_offsets_survive(heal
 
         # Loaded from __consumer_offsets: the member (same id), its
         # partitions and the committed offsets.
-        described = wait_until(lambda: (poll_round([c1], read1),
-                                        settled(cluster, group, [c1], read1))[1], 20,
-                               "the member stable at the new coordinator", interval_s=0)
-        assert described == [set(everything)]
+        assert wait_settled(cluster, group, [c1], read1) == [set(everything)]
         assert member_id(c1) == c1_id
         assert c1.committed(everything) == {tp: 25 for tp in everything}
         assert {(o["topic"], o["partition"]): o["offset"]
@@ -794,6 +796,9 @@ def test_the_coordinators_broker_killed_9_the_group_and_its_offsets_survive(heal
         assert sorted((r.partition, r.offset) for r in read1[0][120:]) == \
             [(p, o) for p in range(3) for o in range(40, 50)]
         c1.commit({tp: 25 for tp in everything})  # the new coordinator takes commits
+        assert sorted((o["partition"], o["offset"], o["log_end_offset"], o["lag"])
+                      for o in describe_group(cluster, group)["offsets"]) == \
+            [(p, 25, 50, 25) for p in range(3)]
 
         # A new member starts from the committed offsets (25), not from 0.
         c2 = stack.enter_context(group_consumer(cluster, group, enable_auto_commit=False))

@@ -21,6 +21,7 @@ one gets ``INVALID_REQUEST`` naming the field.
 from __future__ import annotations
 
 import asyncio
+import urllib.parse
 from typing import Any
 
 import aiohttp
@@ -160,7 +161,8 @@ class GroupApi:
             where = await service.find_coordinator(group_id)
             if where["coordinator_id"] != service.broker_id:
                 async with aiohttp.ClientSession() as session:
-                    url = f"{where['coordinator_url']}/v1/groups/{request.match_info['group']}"
+                    url = (f"{where['coordinator_url']}/v1/groups/"
+                           f"{urllib.parse.quote(group_id, safe='')}")
                     async with session.get(url, params={"local": "true"}, headers={
                             "Accept": "application/json"},
                             timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as answer:

@@ -433,7 +433,7 @@ class GroupCoordinatorCore:
                 raise bad("subscribed topic regex must be a string")
             try:
                 re.compile(req.subscribed_topic_regex)
-            except re.error as e:
+            except (re.error, OverflowError, RecursionError) as e:  # a{4294967296} overflows
                 raise bad(f"invalid subscribed topic regex "
                           f"{req.subscribed_topic_regex!r}: {e}") from None
         if req.server_assignor:
