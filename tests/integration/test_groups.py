@@ -290,8 +290,7 @@ def test_malformed_heartbeats_and_negative_commits_are_refused_never_a_500(clust
     assert (status, body["error"]["code"]) == (400, "UNSUPPORTED_ASSIGNOR"), body
     # None of that made a member.
     assert describe_group(cluster, group)["members"] == []
-    # (A regex that Python refuses with OverflowError rather than re.error:
-    # see the next test.)
+    # (A regex Python refuses with OverflowError rather than re.error: the next test.)
 
     # A real member commits; a negative offset is refused per partition and
     # commits nothing, while the request's good partition is committed.
@@ -326,9 +325,8 @@ def test_malformed_heartbeats_and_negative_commits_are_refused_never_a_500(clust
 
 def test_a_regex_too_large_to_compile_is_invalid_request_not_a_server_error(cluster):
     """``a{4294967296}`` fails ``re.compile`` with OverflowError, not
-    re.error; the coordinator's check catches only re.error, so the
-    heartbeat answers 500 UNKNOWN_SERVER_ERROR (a product bug: this test
-    fails until it is fixed)."""
+    re.error. Before f84366b the coordinator's check caught only re.error
+    and the heartbeat answered 500 UNKNOWN_SERVER_ERROR."""
     group = "bad-regex"
     coordinator = find_coordinator(cluster, group)["coordinator_url"]
     for regex in ("a{4294967296}", "x{1,99999999999}"):
@@ -444,11 +442,11 @@ def test_one_to_four_consumers_share_three_partitions(cluster):
 def test_any_broker_describes_a_group_whose_id_needs_quoting_in_a_url(cluster):
     """Group ids are free text (Kafka allows any); ``GET /v1/groups/{g}``
     with the id percent-encoded must describe that group from any broker.
-    A broker that is not the coordinator forwards the request with the id
-    unquoted (api/broker/groups/api.py handle_describe), so ids with "/" or
-    "#" come back 404 or 421, and "q0?a" comes back 200 describing group
-    "q0" (same coordinator), another group's members and offsets: a product
-    bug, and this test fails until it is fixed."""
+    Before f84366b a broker that was not the coordinator forwarded the
+    request with the id unquoted (api/broker/groups/api.py handle_describe),
+    so ids with "/" or "#" came back 404 or 421, and "q0?a" came back 200
+    describing group "q0" (same coordinator): another group's members and
+    offsets."""
     topic = "quoted-ids"
     create_topic(cluster, topic, 1)
     find_coordinator(cluster, "quoted-ids")  # creates __consumer_offsets if need be
