@@ -813,3 +813,26 @@ def test_the_coordinators_broker_killed_9_the_group_and_its_offsets_survive(heal
         assert sorted((r.partition, r.offset) for r in read[1]) == \
             [(tp.partition, o) for tp in sorted(taken) for o in range(25, 50)]
         assert len(read1[0]) == 150
+
+
+def test_a_backtracking_regex_neither_stalls_the_coordinator_nor_matches_wrongly(cluster):
+    """``(a+)+b`` against a topic named with 26 a's takes Python's ``re``
+    seconds per match (and did stall the broker, every timer tick); topic
+    regexes are matched with a time limit, so the join answers at once."""
+    topic = "a" * 26
+    create_topic(cluster, topic, 1)
+    group = "backtracking"
+    coordinator = find_coordinator(cluster, group)["coordinator_url"]
+    started = time.monotonic()
+    status, body = post(coordinator + "/v1/groups/heartbeat", json.dumps({
+        "group_id": group, "member_id": "", "member_epoch": 0,
+        "subscribed_topic_regex": "(a+)+b"}).encode())
+    assert status == 200, body
+    assert body["assignment"] == []  # no topic ends in "b"
+    # Several timer ticks later the broker still answers at once.
+    wait_until(lambda: time.monotonic() - started > 1.0, 5, "a second of timer ticks")
+    asked = time.monotonic()
+    assert http_json(coordinator + "/healthz", timeout_s=2.0)[0] == 200
+    assert time.monotonic() - asked < 1.0
+    post(coordinator + "/v1/groups/heartbeat", json.dumps({
+        "group_id": group, "member_id": body["member_id"], "member_epoch": -1}).encode())

@@ -41,12 +41,14 @@ no members, from an admin/simple client (member id "" and epoch -1).
 
 from __future__ import annotations
 
-import re
+import functools
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import regex
 
 from api.broker.groups.assignors import DEFAULT_ASSIGNOR, MemberSpec
 from api.broker.groups.assignors import assignor as find_assignor
@@ -79,6 +81,38 @@ GROUP_MAX_SIZE_REACHED = "GROUP_MAX_SIZE_REACHED"
 CODES = frozenset({UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH, STALE_MEMBER_EPOCH,
                    UNRELEASED_INSTANCE_ID, INVALID_REQUEST, GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP,
                    UNSUPPORTED_ASSIGNOR, GROUP_MAX_SIZE_REACHED})
+
+
+#: How long one topic-name match of a member's regex may take. Python's own
+#: ``re`` backtracks without limit (``(a+)+b`` against a long name of a's
+#: takes seconds): the ``regex`` module's timeout keeps the broker responsive.
+REGEX_MATCH_TIMEOUT_S = 0.01
+#: A regex is tried against these at join time; too slow on any is refused.
+REGEX_PROBES = ("a" * 40 + "!", "0" * 40 + "!", "_" * 40 + "!", "x-" * 20 + "!")
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(pattern: str) -> Any:
+    return regex.compile(pattern, flags=regex.VERSION0)
+
+
+@functools.lru_cache(maxsize=65_536)
+def regex_matches(pattern: str, topic: str) -> bool:
+    """Whether ``topic`` wholly matches ``pattern``; a match that runs out of
+    time counts as no match (it was refused at join; a topic name may still
+    be worse than the probes)."""
+    try:
+        return _compiled(pattern).fullmatch(topic, timeout=REGEX_MATCH_TIMEOUT_S) is not None
+    except TimeoutError:
+        return False
+
+
+def check_regex(pattern: str) -> None:
+    """Raises for a pattern that does not compile, or that backtracks badly
+    on simple names (``TimeoutError``)."""
+    compiled = _compiled(pattern)
+    for probe in REGEX_PROBES:
+        compiled.fullmatch(probe, timeout=REGEX_MATCH_TIMEOUT_S)
 
 
 class GroupError(Exception):
@@ -205,8 +239,7 @@ class _Member:
         """The existing topics the member subscribes to (names and regex)."""
         out = {t for t in self.subscribed_topic_names or () if t in topics}
         if self.subscribed_topic_regex:
-            pattern = re.compile(self.subscribed_topic_regex)
-            out.update(t for t in topics if pattern.fullmatch(t))
+            out.update(t for t in topics if regex_matches(self.subscribed_topic_regex, t))
         return out
 
 
@@ -432,8 +465,8 @@ class GroupCoordinatorCore:
             if not isinstance(req.subscribed_topic_regex, str):
                 raise bad("subscribed topic regex must be a string")
             try:
-                re.compile(req.subscribed_topic_regex)
-            except (re.error, OverflowError, RecursionError) as e:  # a{4294967296} overflows
+                check_regex(req.subscribed_topic_regex)
+            except (regex.error, OverflowError, RecursionError, TimeoutError) as e:
                 raise bad(f"invalid subscribed topic regex "
                           f"{req.subscribed_topic_regex!r}: {e}") from None
         if req.server_assignor:
