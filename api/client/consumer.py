@@ -1032,6 +1032,31 @@ class Consumer:
             offsets = self._thread.run(self._positions_for_commit())
         self._thread.run(self._consumer.commit(offsets))
 
+    def commit_async(self, offsets: Mapping[Any, int] | None = None,
+                     callback: Callable[[dict, Exception | None], Any] | None = None) -> None:
+        """Commit without waiting (Kafka's commitAsync): ``callback(offsets,
+        error)`` runs on the consumer's thread once the coordinator answered.
+        A failed async commit is not retried: a later commit covers it."""
+        if offsets is None:
+            offsets = self._thread.run(self._positions_for_commit())
+        chosen = {as_topic_partition(tp): offset for tp, offset in offsets.items()}
+
+        async def commit() -> None:
+            error: Exception | None = None
+            try:
+                await self._consumer.commit(chosen)
+            except Exception as exc:  # noqa: BLE001  handed to the callback
+                error = exc
+                if callback is None:
+                    logger.warning("async commit failed: %s", exc)
+            if callback is not None:
+                try:
+                    callback(chosen, error)
+                except Exception:
+                    logger.exception("commit callback %r failed", callback)
+
+        self._thread.call_soon(lambda: asyncio.ensure_future(commit()))
+
     async def _positions_for_commit(self) -> dict[TopicPartition, int]:
         positions = self._consumer._consumed_positions(self._consumer.assignment())
         for record in self._pending:

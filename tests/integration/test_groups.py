@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import signal
+import re
 import subprocess
 import sys
 import threading
@@ -836,3 +837,51 @@ def test_a_backtracking_regex_neither_stalls_the_coordinator_nor_matches_wrongly
     assert time.monotonic() - asked < 1.0
     post(coordinator + "/v1/groups/heartbeat", json.dumps({
         "group_id": group, "member_id": body["member_id"], "member_epoch": -1}).encode())
+
+
+def kraftlog(cluster, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "api.cli", "--bootstrap", urls(cluster)[0],
+                           *argv], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
+
+
+def test_the_groups_commands_list_describe_reset_and_delete(cluster):
+    """What an operator sees (kafka-consumer-groups): committed offset, log
+    end and lag per partition; resets and deletes only of an empty group."""
+    topic, group = "cli-groups", "cli-billing"
+    create_topic(cluster, topic, 2)
+    produce(cluster, topic, [b"%d" % i for i in range(40)])
+    with Consumer(urls(cluster), group_id=group, auto_offset_reset="earliest",
+                  enable_auto_commit=False) as consumer:
+        consumer.subscribe([topic])
+        wait_until(lambda: len(consumer.poll(200)) >= 0 and len(consumer.assignment()) == 2,
+                   20, "both partitions assigned")
+        consumer.commit({TopicPartition(topic, 0): 5, TopicPartition(topic, 1): 6})
+        answered = []
+        consumer.commit_async({TopicPartition(topic, 1): 7},
+                              callback=lambda offsets, error: answered.append((offsets, error)))
+        wait_until(lambda: answered, 10, "the async commit's callback")
+        assert answered == [({TopicPartition(topic, 1): 7}, None)]
+        listed = kraftlog(cluster, "groups", "list")
+        assert listed.returncode == 0, listed.stderr
+        assert re.search(rf"^{group}\s+stable\s+1\s", listed.stdout, re.M), listed.stdout
+        described = kraftlog(cluster, "groups", "describe", group)
+        assert described.returncode == 0, described.stderr
+        ends = {tp.partition: end for tp, end in consumer.end_offsets(
+            [TopicPartition(topic, 0), TopicPartition(topic, 1)]).items()}
+        for partition, committed in ((0, 5), (1, 7)):
+            row = rf"^{topic}\s+{partition}\s+{committed}\s+{ends[partition]}\s+" \
+                  rf"{ends[partition] - committed}\s+\S+\s+127\.0\.0\.1"
+            assert re.search(row, described.stdout, re.M), described.stdout
+        refused = kraftlog(cluster, "groups", "reset-offsets", group, "--topic", topic,
+                           "--to-earliest")
+        assert refused.returncode == 1 and "NON_EMPTY_GROUP" in refused.stderr, refused
+    reset = kraftlog(cluster, "groups", "reset-offsets", group, "--topic", topic,
+                     "--partition", "1", "--shift-by", "-3")
+    assert reset.returncode == 0, reset.stderr
+    assert re.search(rf"^{topic}\s+1\s+4\s*$", reset.stdout, re.M), reset.stdout
+    offsets = {(o["topic"], o["partition"]): o["offset"]
+               for o in describe_group(cluster, group)["offsets"]}
+    assert offsets == {(topic, 0): 5, (topic, 1): 4}
+    deleted = kraftlog(cluster, "groups", "delete", group)
+    assert deleted.returncode == 0, deleted.stderr
+    assert describe_group(cluster, group)["state"] == "dead"
