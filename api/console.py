@@ -579,9 +579,13 @@ def _consume(args: argparse.Namespace) -> int:
         raise CliError("--group lets the group choose partitions and offsets: drop "
                        "--partition and --offset, or drop --group")
     reset = "earliest" if args.from_beginning else "latest"
+    # With --group, offsets are committed only for records already printed
+    # (after each batch, and at exit), never for ones a Ctrl-C cut off.
     consumer = Consumer(bootstrap=args.bootstrap, auto_offset_reset=reset,
                         **({"group_id": args.group, "session_timeout_ms":
-                            args.session_timeout_ms} if args.group else {}))
+                            args.session_timeout_ms, "enable_auto_commit": False}
+                           if args.group else {}))
+    printed_up_to: dict = {}
     printed = 0
     out = sys.stdout.buffer
     try:
@@ -619,13 +623,22 @@ def _consume(args: argparse.Namespace) -> int:
                     break
                 out.write(_format(record, args))
                 printed += 1
+                printed_up_to[TopicPartition(record.topic, record.partition)] = record.offset + 1
             out.flush()
+            if args.group is not None and printed_up_to:
+                consumer.commit_async(dict(printed_up_to))
     except KeyboardInterrupt:
         pass
     except KraftlogError as exc:
         _fail("consume failed", exc)
     finally:
-        consumer.close()
+        try:
+            if args.group is not None and printed_up_to:
+                consumer.commit(printed_up_to)
+        except KraftlogError as exc:
+            print(f"warning: the last offsets were not committed: {exc}", file=sys.stderr)
+        finally:
+            consumer.close()
     print(f"Processed a total of {printed} messages", file=sys.stderr)
     return 0
 

@@ -988,6 +988,10 @@ class Consumer:
             raise
         self.config = self._consumer.config
         self._pending: deque[ConsumerRecord] = deque()
+        # The group generation the held records came from (see _drop_pending_if_lost).
+        self._pending_generation = 0
+        # commit_async tasks not yet answered (touched on the loop thread only).
+        self._async_commits: set[asyncio.Future] = set()
         self._closed = False
 
     @staticmethod
@@ -1055,7 +1059,26 @@ class Consumer:
                 except Exception:
                     logger.exception("commit callback %r failed", callback)
 
-        self._thread.call_soon(lambda: asyncio.ensure_future(commit()))
+        def start() -> None:
+            task = asyncio.ensure_future(commit())
+            self._async_commits.add(task)  # held until done; close() waits for them
+            task.add_done_callback(self._async_commits.discard)
+
+        self._thread.call_soon(start)
+
+    async def _finish_async_commits(self) -> None:
+        if self._async_commits:
+            await asyncio.gather(*self._async_commits, return_exceptions=True)
+
+    async def _rewind_to_pending(self) -> None:
+        firsts: dict[TopicPartition, int] = {}
+        for record in self._pending:
+            firsts.setdefault(TopicPartition(record.topic, record.partition), record.offset)
+        assigned = self._consumer.assignment()
+        for tp, offset in firsts.items():
+            if tp in assigned:
+                self._consumer.seek(tp, offset)
+        self._pending.clear()
 
     async def _positions_for_commit(self) -> dict[TopicPartition, int]:
         positions = self._consumer._consumed_positions(self._consumer.assignment())
@@ -1097,9 +1120,21 @@ class Consumer:
             return held[0]
         return self._thread.run(self._consumer.position(tp))
 
+    def _drop_pending_if_lost(self) -> None:
+        """Records held for iteration from partitions the group took away
+        (the member was fenced or lost its session) must not be handed out."""
+        group = self._consumer._group
+        if self._pending and group is not None and group.generation != self._pending_generation:
+            self._pending.clear()
+
+    def _held_generation(self) -> int:
+        group = self._consumer._group
+        return group.generation if group is not None else 0
+
     def poll(self, timeout_ms: int = 0, max_records: int | None = None
              ) -> list[ConsumerRecord]:
         max_records = max_records or self.config.max_poll_records
+        self._drop_pending_if_lost()
         if self._pending:
             out = [self._pending.popleft() for _ in range(min(max_records, len(self._pending)))]
             return out
@@ -1110,9 +1145,11 @@ class Consumer:
 
     def __next__(self) -> ConsumerRecord:
         timeout_ms = self.config.consumer_timeout_ms
+        self._drop_pending_if_lost()
         while not self._pending:
             records = self._thread.run(self._consumer.poll(
                 1000 if timeout_ms is None else timeout_ms))
+            self._pending_generation = self._held_generation()
             self._pending.extend(records)
             if not records and timeout_ms is not None:
                 raise StopIteration
@@ -1139,6 +1176,11 @@ class Consumer:
             return
         self._closed = True
         try:
+            self._thread.run(self._finish_async_commits())
+            if self._pending:
+                # Held records were never handed out: the commit on close
+                # must not count them as consumed.
+                self._thread.run(self._rewind_to_pending())
             self._thread.run(self._consumer.close())
         finally:
             self._thread.stop()

@@ -58,6 +58,8 @@ RETRY_CODES = frozenset({"COORDINATOR_LOAD_IN_PROGRESS", "REQUEST_TIMED_OUT",
 REJOIN_CODES = frozenset({"UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH"})
 #: Heartbeat interval until the coordinator says otherwise.
 HEARTBEAT_INTERVAL_MS_DEFAULT = 1000
+#: A heartbeat waits at least this long for its answer.
+HEARTBEAT_TIMEOUT_MS_MIN = 500
 #: A member leaving waits at most this long for the coordinator.
 LEAVE_TIMEOUT_MS = 3000
 
@@ -100,6 +102,12 @@ class GroupMember:
         # What this member owns (== the consumer's assignment).
         self.owned: set[TopicPartition] = set()
         self.lost = False
+        # Partitions taken away by a loss, for on_partitions_lost.
+        self._lost_partitions: set[TopicPartition] = set()
+        # Bumped by every loss: reconciliation started before one gives up.
+        self.generation = 0
+        self._last_ok_ms = monotonic_ms()
+        self._auto_commit: asyncio.Future | None = None
         self.coordinator_url: str | None = None
         self._subscription_sent = False
         self._next_commit_ms = monotonic_ms() + auto_commit_interval_ms
@@ -145,7 +153,7 @@ class GroupMember:
     def _heartbeat_body(self, epoch: int) -> dict:
         body: dict[str, Any] = {"group_id": self.group_id, "member_id": self.member_id,
                                 "member_epoch": epoch, "instance_id": self.instance_id,
-                                "owned_partitions": _as_wire(self.owned)}
+                                "owned_partitions": [] if epoch == 0 else _as_wire(self.owned)}
         if epoch == 0 or not self._subscription_sent:
             body.update(subscribed_topic_names=self.topics, subscribed_topic_regex=self.pattern,
                         server_assignor=self.assignor,
@@ -154,7 +162,12 @@ class GroupMember:
         return body
 
     async def _heartbeat(self) -> None:
-        answer = await self._call("/v1/groups/heartbeat", self._heartbeat_body(self.member_epoch))
+        # Bounded by half the session, so a coordinator that stopped answering
+        # is noticed while the session can still be judged.
+        timeout_ms = min(self.consumer.config.request_timeout_ms,
+                         max(HEARTBEAT_TIMEOUT_MS_MIN, self.session_timeout_ms // 2))
+        answer = await self._call("/v1/groups/heartbeat", self._heartbeat_body(self.member_epoch),
+                                  timeout_ms=timeout_ms)
         self._subscription_sent = True
         self.member_id = answer["member_id"]
         self.member_epoch = answer["member_epoch"]
@@ -167,32 +180,49 @@ class GroupMember:
     async def _heartbeat_loop(self) -> None:
         while not self._leaving:
             wait_ms = self.heartbeat_interval_ms
+            self._wake.clear()  # before the request: a wake-up meanwhile is kept
+            sent_ms = monotonic_ms()
             try:
                 await self._heartbeat()
+                self._last_ok_ms = sent_ms
             except asyncio.CancelledError:
                 raise
             except KraftlogError as exc:
                 if exc.code in REJOIN_CODES:
-                    logger.warning("group %s: %s; giving up partitions %s and rejoining",
-                                   self.group_id, exc, sorted(self.owned))
-                    self.lost = True
-                    self.target = None
-                    self.member_epoch = 0
-                    if exc.code == "UNKNOWN_MEMBER_ID":
-                        self.member_id = ""
-                    self._subscription_sent = False
+                    self._lose(str(exc), forget_id=exc.code == "UNKNOWN_MEMBER_ID")
                     wait_ms = 0
                 else:
                     logger.info("group %s: heartbeat failed: %s", self.group_id, exc)
                     wait_ms = self.retry_backoff_ms
+                    if self.owned and sent_ms - self._last_ok_ms > self.session_timeout_ms:
+                        # The coordinator has surely removed this member and
+                        # given its partitions to others: stop consuming them.
+                        self._lose(f"no heartbeat got through for a whole session "
+                                   f"({self.session_timeout_ms} ms)", forget_id=True)
             except Exception:
                 logger.exception("group %s: heartbeat loop error", self.group_id)
                 wait_ms = self.retry_backoff_ms
-            self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), wait_ms / 1000)
             except asyncio.TimeoutError:
                 pass
+
+    def _lose(self, why: str, forget_id: bool) -> None:
+        """This member's partitions may belong to others now: stop fetching
+        them at once (the listener hears of it in the next ``poll``) and
+        rejoin owning nothing."""
+        logger.warning("group %s: %s; giving up partitions %s and rejoining", self.group_id,
+                       why, sorted(self.owned))
+        self._lost_partitions |= self.owned
+        self.owned = set()
+        self.consumer._assign_for_group(())
+        self.lost = True
+        self.generation += 1
+        self.target = None
+        self.member_epoch = 0
+        if forget_id:
+            self.member_id = ""
+        self._subscription_sent = False
 
     # -- reconciliation (in poll) ------------------------------------------------------
     async def reconcile(self) -> None:
@@ -200,10 +230,10 @@ class GroupMember:
         due. Called at the start of every ``poll``."""
         consumer = self.consumer
         if self.lost:
-            lost, self.owned, self.lost = set(self.owned), set(), False
-            consumer._assign_for_group(())
+            lost, self._lost_partitions, self.lost = self._lost_partitions, set(), False
             if lost:
                 await _call_listener(self.on_lost or self.on_revoked, lost)
+        generation = self.generation
         target = self.target
         if target is not None:
             revoke = self.owned - target
@@ -211,20 +241,28 @@ class GroupMember:
                 if self.auto_commit:
                     await self._commit_quietly(consumer._consumed_positions(revoke))
                 await _call_listener(self.on_revoked, revoke)
+                if generation != self.generation:
+                    return  # lost meanwhile: the next poll starts over
                 self.owned -= revoke
                 consumer._assign_for_group(self.owned)
                 self._wake.set()  # tell the coordinator now that they are free
             add = target - self.owned
             if add:
                 committed = await self.fetch_committed(add)
+                if generation != self.generation or self.target is not target:
+                    return  # lost, or told something newer, meanwhile
                 self.owned |= add
                 consumer._assign_for_group(self.owned, {tp: committed[tp] for tp in add
                                                         if tp in committed})
                 await _call_listener(self.on_assigned, add)
                 self._wake.set()
-        if self.auto_commit and monotonic_ms() >= self._next_commit_ms:
+        if self.auto_commit and monotonic_ms() >= self._next_commit_ms and (
+                self._auto_commit is None or self._auto_commit.done()):
+            # In the background, as Kafka's: poll must not wait for a
+            # coordinator that is slow or gone.
             self._next_commit_ms = monotonic_ms() + self.auto_commit_interval_ms
-            await self._commit_quietly(consumer._consumed_positions(self.owned))
+            self._auto_commit = asyncio.ensure_future(
+                self._commit_quietly(consumer._consumed_positions(self.owned)))
 
     async def _commit_quietly(self, offsets: Mapping[TopicPartition, int]) -> None:
         try:
@@ -274,10 +312,12 @@ class GroupMember:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._auto_commit is not None:
+            await asyncio.gather(self._auto_commit, return_exceptions=True)
         if not self.member_id:
             return
         try:
-            if self.auto_commit and self.owned:
+            if self.auto_commit and self.owned and not self.lost:
                 await self.commit(self.consumer._consumed_positions(self.owned))
             await self.consumer._transport.request(
                 await self._coordinator(), "/v1/groups/heartbeat",

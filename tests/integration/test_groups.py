@@ -885,3 +885,52 @@ def test_the_groups_commands_list_describe_reset_and_delete(cluster):
     deleted = kraftlog(cluster, "groups", "delete", group)
     assert deleted.returncode == 0, deleted.stderr
     assert describe_group(cluster, group)["state"] == "dead"
+
+
+def test_closing_an_iterating_consumer_commits_only_what_it_handed_out(cluster):
+    """Iteration holds a whole poll's records; the commit on close must count
+    only those handed to the application (at-least-once)."""
+    topic = group = "iterate-and-close"
+    create_topic(cluster, topic, 1)
+    produce(cluster, topic, [b"%d" % i for i in range(50)], partition=0)
+    with Consumer(urls(cluster), group_id=group, auto_offset_reset="earliest") as consumer:
+        consumer.subscribe([topic])
+        handed = []
+        for record in consumer:
+            handed.append(record.offset)
+            if len(handed) == 3:
+                break
+    assert handed == [0, 1, 2]
+    offsets = {(o["topic"], o["partition"]): o["offset"]
+               for o in describe_group(cluster, group)["offsets"]}
+    assert offsets == {(topic, 0): 3}
+
+
+def test_a_member_cut_off_from_its_coordinator_stops_consuming_after_a_session(healed):
+    """The coordinator gives a silent member's partitions away after its
+    session; the member must stop consuming them by then too, not keep
+    them while its heartbeats fail."""
+    cluster = healed
+    topic = group = "cut-off-member"
+    create_topic(cluster, topic, 2)
+    coordinator = find_coordinator(cluster, group)["coordinator_id"]
+    lost = []
+    consumer = Consumer(urls(cluster), group_id=group, session_timeout_ms=1500,
+                        auto_offset_reset="earliest")
+    try:
+        consumer.subscribe([topic], on_partitions_lost=lambda tps: lost.append(set(tps)))
+        wait_until(lambda: consumer.poll(100) is not None and len(consumer.assignment()) == 2,
+                   20, "both partitions assigned")
+        cluster.pause(coordinator)
+        try:
+            wait_until(lambda: consumer.poll(100) is not None and lost,
+                       15, "the cut-off member to give up its partitions")
+            assert lost == [{TopicPartition(topic, 0), TopicPartition(topic, 1)}]
+            assert consumer.assignment() == set()
+        finally:
+            cluster.resume(coordinator)
+        # Back in touch: it rejoins and gets them again.
+        wait_until(lambda: consumer.poll(100) is not None and len(consumer.assignment()) == 2,
+                   30, "the member to rejoin")
+    finally:
+        consumer.close()

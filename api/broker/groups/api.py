@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from api.broker.errors import CoordinatorNotAvailableError
 from api.broker.groups.coordinator import HeartbeatRequest
 from api.broker.groups.service import GROUP_ID_CHARS_MAX, PEER_TIMEOUT_S, GroupService
 from kraft import wire
@@ -37,6 +38,8 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 TOPICS_MAX = 10_000
 PARTITIONS_MAX = 100_000
+#: Offsets in one commit: one batch of __consumer_offsets must hold them.
+COMMIT_PARTITIONS_MAX = 2000
 METADATA_CHARS_MAX = 4096
 NAME_CHARS_MAX = 255
 
@@ -137,11 +140,12 @@ class GroupApi:
             return wire.respond(request, {"groups": self.service.list_local()})
         groups: list[dict] = []
         errors: list[dict] = []
+        peers = self.peers()
         async with aiohttp.ClientSession() as session:
             answers = await asyncio.gather(*(
                 _get_json(session, f"{url}/v1/groups?local=true")
-                for url in self.peers().values()), return_exceptions=True)
-        for (broker, _url), answer in zip(self.peers().items(), answers):
+                for url in peers.values()), return_exceptions=True)
+        for (broker, _url), answer in zip(peers.items(), answers):
             if isinstance(answer, BaseException):
                 errors.append({"broker_id": broker, "error": str(answer)})
             else:
@@ -160,13 +164,18 @@ class GroupApi:
         if request.query.get("local") != "true":
             where = await service.find_coordinator(group_id)
             if where["coordinator_id"] != service.broker_id:
-                async with aiohttp.ClientSession() as session:
-                    url = (f"{where['coordinator_url']}/v1/groups/"
-                           f"{urllib.parse.quote(group_id, safe='')}")
-                    async with session.get(url, params={"local": "true"}, headers={
-                            "Accept": "application/json"},
+                url = (f"{where['coordinator_url']}/v1/groups/"
+                       f"{urllib.parse.quote(group_id, safe='')}")
+                try:
+                    async with aiohttp.ClientSession() as session, session.get(
+                            url, params={"local": "true"},
+                            headers={"Accept": "application/json"},
                             timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as answer:
                         return wire.respond(request, await answer.json(), answer.status)
+                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                    raise CoordinatorNotAvailableError(
+                        f"the coordinator of {group_id!r} (broker {where['coordinator_id']}) "
+                        f"did not answer: {type(exc).__name__}; retry") from None
         described = _jsonable(await service.run(
             group_id, lambda core: (core.describe(group_id, service.clock_ms()), [])))
         ends = await service.end_offsets([(o["topic"], o["partition"])
@@ -202,7 +211,7 @@ def _partitions(body: Fields, key: str, default: Any) -> list[tuple[str, int]] |
 def _offsets(body: Fields) -> dict[tuple[str, int], tuple[int, str]]:
     """``[{"topic", "partition", "offset", "metadata"?}, ...]``."""
     out: dict[tuple[str, int], tuple[int, str]] = {}
-    for i, item in enumerate(body.sequence("offsets", PARTITIONS_MAX)):
+    for i, item in enumerate(body.sequence("offsets", COMMIT_PARTITIONS_MAX)):
         entry = Fields(item, f"offsets[{i}]")
         tp = (entry.string("topic", NAME_CHARS_MAX), entry.integer("partition", 0, INT32_MAX))
         out[tp] = (entry.integer("offset", -(2**63), INT64_MAX),

@@ -47,7 +47,7 @@ from api.broker.groups import records as group_records
 from api.broker.groups.coordinator import GroupCoordinatorCore, GroupError
 from api.broker.replica_manager import broker_url
 from kraft.errors import KraftError
-from storage.batch import build_batch, decode_batches
+from storage.batch import RecordTooLargeError, build_batch, decode_batches
 from storage.manager import TopicPartition
 
 logger = logging.getLogger(__name__)
@@ -61,6 +61,10 @@ OFFSETS_REPLICATION_DEFAULT = 3
 WRITE_TIMEOUT_MS = 5000
 #: How often the cores' timers run.
 TICK_INTERVAL_S = 0.25
+#: While loading, how often to look whether the replayed tail is committed.
+LOAD_COMMIT_POLL_S = 0.05
+#: max.message.bytes of __consumer_offsets: room for a large group's batch.
+OFFSETS_MESSAGE_BYTES_MAX = 16 * 1024 * 1024
 #: Bytes read per step while loading a shard.
 LOAD_CHUNK_BYTES = 1024 * 1024
 #: How long asking another broker for offsets may take.
@@ -175,7 +179,8 @@ class GroupService:
             if part is None:
                 return
             offset = part.log.log_start_offset
-            while offset < part.log.log_end_offset:
+            end = part.log.log_end_offset
+            while offset < end:
                 data = part.log.read(offset, LOAD_CHUNK_BYTES)
                 if not data:
                     break
@@ -186,6 +191,12 @@ class GroupService:
                     offset = record.offset + 1
                     count += 1
                 await asyncio.sleep(0)  # let requests in between chunks
+            # What was replayed may include a tail no follower has yet: answer
+            # nothing from it until it is committed (it could be truncated).
+            while part.high_watermark < offset:
+                if self.shards.get(shard.partition) is not shard or not part.is_leader:
+                    return
+                await asyncio.sleep(LOAD_COMMIT_POLL_S)
             shard.core.loaded(self.clock_ms())
             shard.loaded = True
             logger.info("broker %d: coordinating %s-%d: loaded %d records in %.0f ms",
@@ -234,6 +245,7 @@ class GroupService:
                 "replication_factor": replication,
                 # No compaction yet: keep every commit rather than lose the latest.
                 "configs": {"retention.ms": "-1", "retention.bytes": "-1",
+                            "max.message.bytes": str(OFFSETS_MESSAGE_BYTES_MAX),
                             "min.insync.replicas": str(min(2, replication))}}]})
             error = (answer.get("topics") or [{}])[0].get("error")
             if error and error.get("code") != "TOPIC_ALREADY_EXISTS":
@@ -283,6 +295,11 @@ class GroupService:
                 answer, records = operation(shard.core)
             except GroupError as exc:
                 raise CodedError(exc.code, str(exc)) from None
+            except Exception:
+                # The core may have changed part-way: start again from the log.
+                self._drop(shard, "an operation failed part-way; reloading from the log")
+                self.on_metadata()
+                raise
             if records:
                 await self._write(shard, records)
             return answer
@@ -296,10 +313,14 @@ class GroupService:
         batch = build_batch([group_records.encode(record) for record in records])
         try:
             await self.data.append_committed(part, batch, WRITE_TIMEOUT_MS)
-        except KraftError:
+        except Exception as exc:
             # The core is ahead of what is committed: start again from the log.
             self._drop(shard, "a write did not commit; reloading from the log")
             self.on_metadata()
+            if isinstance(exc, RecordTooLargeError):
+                raise CodedError("MESSAGE_TOO_LARGE", f"the group's change is too large for "
+                                 f"one {OFFSETS_TOPIC} batch ({exc}); commit fewer partitions "
+                                 "or shorter metadata at a time") from None
             raise
 
     async def _tick_loop(self) -> None:
