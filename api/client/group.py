@@ -56,6 +56,9 @@ RETRY_CODES = frozenset({"COORDINATOR_LOAD_IN_PROGRESS", "REQUEST_TIMED_OUT",
                          "NOT_LEADER_OR_FOLLOWER", "UNKNOWN_SERVER_ERROR"})
 #: Codes that cost the member its partitions and its place.
 REJOIN_CODES = frozenset({"UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH"})
+#: Codes that no retry can cure: the next ``poll`` raises them.
+FATAL_CODES = frozenset({"INVALID_REQUEST", "UNSUPPORTED_ASSIGNOR", "GROUP_MAX_SIZE_REACHED",
+                         "UNRELEASED_INSTANCE_ID", "INVALID_GROUP_ID"})
 #: Heartbeat interval until the coordinator says otherwise.
 HEARTBEAT_INTERVAL_MS_DEFAULT = 1000
 #: A heartbeat waits at least this long for its answer.
@@ -108,6 +111,8 @@ class GroupMember:
         self.generation = 0
         self._last_ok_ms = monotonic_ms()
         self._auto_commit: asyncio.Future | None = None
+        # A refusal no retry cures (a bad regex, say): raised by poll.
+        self.fatal: KraftlogError | None = None
         self.coordinator_url: str | None = None
         self._subscription_sent = False
         self._next_commit_ms = monotonic_ms() + auto_commit_interval_ms
@@ -123,7 +128,8 @@ class GroupMember:
         self.pattern = pattern
         self.on_revoked, self.on_assigned, self.on_lost = on_revoked, on_assigned, on_lost
         self._subscription_sent = False
-        if self._task is None:
+        self.fatal = None
+        if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
         self._wake.set()
 
@@ -191,6 +197,13 @@ class GroupMember:
                 if exc.code in REJOIN_CODES:
                     self._lose(str(exc), forget_id=exc.code == "UNKNOWN_MEMBER_ID")
                     wait_ms = 0
+                elif exc.code in FATAL_CODES:
+                    logger.error("group %s: the coordinator refused this member: %s",
+                                 self.group_id, exc)
+                    if self.owned:
+                        self._lose(str(exc), forget_id=True)
+                    self.fatal = exc
+                    return
                 else:
                     logger.info("group %s: heartbeat failed: %s", self.group_id, exc)
                     wait_ms = self.retry_backoff_ms
@@ -229,6 +242,8 @@ class GroupMember:
         """Give up and take partitions as the coordinator asked; commit when
         due. Called at the start of every ``poll``."""
         consumer = self.consumer
+        if self.fatal is not None:
+            raise self.fatal
         if self.lost:
             lost, self._lost_partitions, self.lost = self._lost_partitions, set(), False
             if lost:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from api.broker.groups.service import partition_for
-from api.client import Admin, Consumer, NewTopic, Producer, TopicPartition
+from api.client import Admin, Consumer, KraftlogError, NewTopic, Producer, TopicPartition
 from chaos.cluster import FAST_SETTINGS, REPO_ROOT, ProcessCluster, http_json, wait_until
 
 HEARTBEAT_INTERVAL_MS = 300
@@ -934,3 +934,15 @@ def test_a_member_cut_off_from_its_coordinator_stops_consuming_after_a_session(h
                    30, "the member to rejoin")
     finally:
         consumer.close()
+
+
+def test_a_subscription_the_coordinator_refuses_is_raised_by_poll(cluster):
+    """A bad regex is not retried forever in the background: poll says why."""
+    with Consumer(urls(cluster), group_id="bad-pattern") as consumer:
+        consumer.subscribe(pattern="orders-(")
+        deadline = time.monotonic() + 20
+        with pytest.raises(KraftlogError) as raised:
+            while time.monotonic() < deadline:  # poll raises once the refusal is in
+                consumer.poll(100)
+        assert raised.value.code == "INVALID_REQUEST"
+        assert "orders-(" in str(raised.value)
