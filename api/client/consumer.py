@@ -315,6 +315,15 @@ class ConsumerConfig:
         self.group_remote_assignor = group_remote_assignor
 
 
+def first_offsets(records: Iterable[ConsumerRecord]) -> dict[TopicPartition, int]:
+    """Per partition, the offset of the first of ``records`` (records taken
+    from a poll but not yet handed to the application: where it really is)."""
+    firsts: dict[TopicPartition, int] = {}
+    for record in records:
+        firsts.setdefault(TopicPartition(record.topic, record.partition), record.offset)
+    return firsts
+
+
 # ---------------------------------------------------------------------------
 # The asyncio consumer.
 # ---------------------------------------------------------------------------
@@ -449,8 +458,7 @@ class AsyncConsumer:
         self._check_open()
         group = self._member()
         if offsets is None:
-            wanted = group.owned
-            positions = self._consumed_positions(wanted)
+            positions = self._consumed_positions(group.owned)
         else:
             positions = {as_topic_partition(tp): offset for tp, offset in offsets.items()}
         await group.commit(positions)
@@ -476,9 +484,7 @@ class AsyncConsumer:
     def _consumed_positions(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """Where the application is in each partition: the offset after the
         last record ``poll`` handed it."""
-        held: dict[TopicPartition, int] = {}
-        for record in self._iter_records:  # taken for iteration, not yet handed out
-            held.setdefault(TopicPartition(record.topic, record.partition), record.offset)
+        held = first_offsets(self._iter_records)  # taken for iteration, not handed out
         out = {}
         for tp in tps:
             state = self._states.get(tp)
@@ -1071,20 +1077,15 @@ class Consumer:
             await asyncio.gather(*self._async_commits, return_exceptions=True)
 
     async def _rewind_to_pending(self) -> None:
-        firsts: dict[TopicPartition, int] = {}
-        for record in self._pending:
-            firsts.setdefault(TopicPartition(record.topic, record.partition), record.offset)
         assigned = self._consumer.assignment()
-        for tp, offset in firsts.items():
+        for tp, offset in first_offsets(self._pending).items():
             if tp in assigned:
                 self._consumer.seek(tp, offset)
         self._pending.clear()
 
     async def _positions_for_commit(self) -> dict[TopicPartition, int]:
         positions = self._consumer._consumed_positions(self._consumer.assignment())
-        for record in self._pending:
-            tp = TopicPartition(record.topic, record.partition)
-            positions[tp] = min(positions.get(tp, record.offset), record.offset)
+        positions.update(first_offsets(self._pending))  # held records come before those
         return positions
 
     def committed(self, tps: Iterable[Any]) -> dict[TopicPartition, int | None]:

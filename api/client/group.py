@@ -56,6 +56,8 @@ RETRY_CODES = frozenset({"COORDINATOR_LOAD_IN_PROGRESS", "REQUEST_TIMED_OUT",
                          "NOT_LEADER_OR_FOLLOWER", "UNKNOWN_SERVER_ERROR"})
 #: Codes that cost the member its partitions and its place.
 REJOIN_CODES = frozenset({"UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH"})
+#: Whole-commit refusals: the member's partitions may be someone else's now.
+REFUSED_COMMIT_CODES = REJOIN_CODES | {"STALE_MEMBER_EPOCH"}
 #: Codes that no retry can cure: the next ``poll`` raises them.
 FATAL_CODES = frozenset({"INVALID_REQUEST", "UNSUPPORTED_ASSIGNOR", "GROUP_MAX_SIZE_REACHED",
                          "UNRELEASED_INSTANCE_ID", "INVALID_GROUP_ID"})
@@ -294,7 +296,12 @@ class GroupMember:
                 "member_epoch": self.member_epoch if self.member_id else -1,
                 "offsets": [{"topic": tp.topic, "partition": tp.partition, "offset": offset}
                             for tp, offset in sorted(offsets.items())]}
-        answer = await self._retrying(lambda: self._call("/v1/groups/offsets/commit", body))
+        try:
+            answer = await self._retrying(lambda: self._call("/v1/groups/offsets/commit", body))
+        except KraftlogError as exc:
+            if exc.code in REFUSED_COMMIT_CODES:
+                raise CommitFailedError(exc.code, str(exc)) from None
+            raise
         for entry in answer.get("partitions") or ():
             error = entry.get("error")
             if error:
