@@ -30,7 +30,9 @@ class RecordMetadata(NamedTuple):
 
 class ConsumerRecord(NamedTuple):
     """One record as consumed. ``key`` and ``value`` are bytes or None;
-    ``headers`` a tuple of ``(str, bytes or None)`` pairs."""
+    ``headers`` a tuple of ``(str, bytes or None)`` pairs; ``timestamp_type``
+    Kafka's id of what ``timestamp`` means: 0 the producer's create time, 1
+    the broker's log-append time (from the batch's attributes)."""
 
     topic: str
     partition: int
@@ -39,6 +41,7 @@ class ConsumerRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes | None], ...]
+    timestamp_type: int = 0
 
 
 class OffsetAndTimestamp(NamedTuple):

@@ -78,9 +78,10 @@ def decode_batch(topic: str, partition: int, view: memoryview, *, check_crc: boo
         if check_crc and batch_format.compute_crc(view, 0, end) != header.crc:
             raise batch_format.CorruptRecordError(
                 f"CRC mismatch in batch at offset {header.base_offset}")
+        timestamp_type = 1 if header.attributes & batch_format.TIMESTAMP_TYPE_BIT else 0
         if header.compression != batch_format.Compression.NONE:
             return [ConsumerRecord(topic, partition, r.offset, r.timestamp, r.key, r.value,
-                                   r.headers if include_headers else ())
+                                   r.headers if include_headers else (), timestamp_type)
                     for r in batch_format.iter_records(view, verify_crc=False)]
         section = view[batch_format.HEADER_SIZE:end]
         unpacker = msgpack.Unpacker(raw=False, use_list=False,
@@ -91,11 +92,11 @@ def decode_batch(topic: str, partition: int, view: memoryview, *, check_crc: boo
         cls = ConsumerRecord
         if include_headers:
             records = [_new_tuple(cls, (topic, partition, base_offset + od, base_timestamp + td,
-                                        k, v, h))
+                                        k, v, h, timestamp_type))
                        for td, od, k, v, h in unpacker]
         else:
             records = [_new_tuple(cls, (topic, partition, base_offset + od, base_timestamp + td,
-                                        k, v, ()))
+                                        k, v, (), timestamp_type))
                        for td, od, k, v, _h in unpacker]
         if unpacker.tell() != len(section) or len(records) != header.record_count:
             raise batch_format.CorruptRecordError(

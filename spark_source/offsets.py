@@ -1,0 +1,182 @@
+"""Driver-side lookups: the partitions a query reads and their offsets.
+
+``ClusterOffsets`` runs on the Spark driver (in the Python process that
+plans batches) and asks the cluster through the kraftlog client, never
+anything below it: which partitions the subscription covers now, their log
+start offsets and high watermarks, and the offsets for timestamps. It turns
+an ``OffsetSpec`` (``startingOffsets`` and friends) into one offset per
+partition. Lookups are retried ``fetchOffset.numRetries`` times,
+``fetchOffset.retryIntervalMs`` apart, on errors a retry may cure (no leader
+during an election, a broker restarting).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TypeVar
+
+from api.client import Consumer, KraftlogError, TopicPartition, UnknownTopicOrPartitionError
+from spark_source.options import (
+    EARLIEST, LATEST, InvalidOptionError, OffsetSpec, SourceOptions, TopicPartitionKey)
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class ClusterOffsets:
+    """Partitions and offsets of the subscription, asked of the cluster.
+    Opens one client on first use; ``close`` it when done."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._consumer: Consumer | None = None
+
+    def _client(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = Consumer(self.options.bootstrap, auto_offset_reset="none",
+                                      enable_auto_commit=False,
+                                      request_timeout_ms=min(self.options.poll_timeout_ms,
+                                                             30_000))
+        return self._consumer
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def _retry(self, what: str, fn: Callable[[], T]) -> T:
+        attempts = self.options.fetch_offset_retries + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return fn()
+            except KraftlogError as exc:
+                if not exc.retriable or attempt == attempts:
+                    raise
+                logger.warning("%s failed (attempt %d of %d), retrying: %s", what, attempt,
+                               attempts, exc)
+                time.sleep(self.options.fetch_offset_retry_interval_ms / 1000)
+        raise AssertionError("unreachable")
+
+    # -- partitions --------------------------------------------------------------------------
+    def partitions(self) -> set[TopicPartitionKey]:
+        """The partitions the subscription covers now. A subscribed topic
+        that does not exist has none (yet); assigned partitions are taken as
+        given (``check_exist`` says whether they do)."""
+        subscription = self.options.subscription
+        if subscription.partitions is not None:
+            return set(subscription.partitions)
+        if subscription.topics is not None:
+            topics = list(subscription.topics)
+        else:
+            topics = sorted(t for t in self._retry("listing topics", self._client().topics)
+                            if subscription.matches(t))
+        found: set[TopicPartitionKey] = set()
+        for topic in topics:
+            found.update((topic, p) for p in self._topic_partitions(topic))
+        return found
+
+    def _topic_partitions(self, topic: str) -> set[int]:
+        try:
+            return self._retry(f"metadata of {topic}",
+                               lambda: self._client().partitions_for_topic(topic))
+        except UnknownTopicOrPartitionError:
+            return set()
+
+    def existing(self, tps: Iterable[TopicPartitionKey]) -> set[TopicPartitionKey]:
+        """Those of ``tps`` that exist now."""
+        by_topic: dict[str, set[int]] = {}
+        present = set()
+        for topic, partition in tps:
+            if topic not in by_topic:
+                by_topic[topic] = self._topic_partitions(topic)
+            if partition in by_topic[topic]:
+                present.add((topic, partition))
+        return present
+
+    # -- offsets ------------------------------------------------------------------------------
+    def earliest(self, tps: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+        return self._offsets(tps, EARLIEST)
+
+    def latest(self, tps: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+        """High watermarks: the end of what is committed, which is all a
+        query ever reads."""
+        return self._offsets(tps, LATEST)
+
+    def _offsets(self, tps: Iterable[TopicPartitionKey], which: int
+                 ) -> dict[TopicPartitionKey, int]:
+        query = [TopicPartition(*tp) for tp in tps]
+        if not query:
+            return {}
+        client = self._client()
+        lookup = client.beginning_offsets if which == EARLIEST else client.end_offsets
+        found = self._retry("offset lookup", lambda: lookup(query))
+        return {(tp.topic, tp.partition): offset for tp, offset in found.items()}
+
+    def for_times(self, timestamps: Mapping[TopicPartitionKey, int]
+                  ) -> dict[TopicPartitionKey, int | None]:
+        """Per partition the first offset whose timestamp is at or after the
+        given ms, None where no record is."""
+        if not timestamps:
+            return {}
+        query = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
+        found = self._retry("offsets for timestamps",
+                            lambda: self._client().offsets_for_times(query))
+        return {(tp.topic, tp.partition): (None if hit is None else hit.offset)
+                for tp, hit in found.items()}
+
+    # -- OffsetSpec -> offsets ---------------------------------------------------------------
+    def resolve(self, spec: OffsetSpec, tps: set[TopicPartitionKey], *, option: str,
+                ending: bool = False) -> dict[TopicPartitionKey, int]:
+        """One concrete offset per partition of ``tps`` for ``spec``.
+
+        Specific offsets and per-partition timestamps must name exactly the
+        partitions of ``tps`` (Spark's rule: use -2/-1 for the others).
+        A timestamp with no record at or after it is an error with the
+        ``error`` strategy and the high watermark with ``latest``; for an
+        ending timestamp it is always the high watermark.
+        """
+        if spec.kind == "earliest":
+            return self.earliest(tps)
+        if spec.kind == "latest":
+            return self.latest(tps)
+        if spec.kind in ("offsets", "timestamps"):
+            _require_same_partitions(option, spec.offsets or {}, tps)
+        if spec.kind == "offsets":
+            table = dict(spec.offsets or {})
+            earliest = self.earliest([tp for tp, o in table.items() if o == EARLIEST])
+            latest = self.latest([tp for tp, o in table.items() if o == LATEST])
+            return {tp: earliest[tp] if o == EARLIEST else latest[tp] if o == LATEST else o
+                    for tp, o in table.items()}
+        if spec.kind == "timestamp":
+            wanted = {tp: spec.timestamp for tp in tps}
+        else:
+            wanted = dict(spec.offsets or {})
+        found = self.for_times(wanted)
+        missing = sorted(tp for tp, offset in found.items() if offset is None)
+        if missing and not ending and self.options.timestamp_strategy == "error":
+            raise InvalidOptionError(
+                f"{option}: no record at or after the timestamp in "
+                f"{', '.join(f'{t}-{p} ({wanted[(t, p)]} ms)' for t, p in missing)}; set "
+                "startingOffsetsByTimestampStrategy=latest to start those at the end instead")
+        latest = self.latest(missing)
+        return {tp: latest[tp] if offset is None else offset for tp, offset in found.items()}
+
+
+def _require_same_partitions(option: str, table: Mapping[TopicPartitionKey, int],
+                             tps: set[TopicPartitionKey]) -> None:
+    named = set(table)
+    if named == tps:
+        return
+    missing = sorted(tps - named)
+    extra = sorted(named - tps)
+    parts = []
+    if missing:
+        parts.append(f"it does not give {', '.join(f'{t}-{p}' for t, p in missing)}")
+    if extra:
+        parts.append(f"{', '.join(f'{t}-{p}' for t, p in extra)} "
+                     "are not partitions of the subscription")
+    raise InvalidOptionError(
+        f"{option} must give every partition the query reads and no other: "
+        f"{'; '.join(parts)} (use -2 for earliest, -1 for latest)")

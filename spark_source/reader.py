@@ -1,0 +1,188 @@
+"""What one Spark task does: read one offset range, yield Arrow batches.
+
+``read_range`` runs on an executor, in a Python worker that got the reader
+pickled, so it opens its own client here (connections never cross a
+pickle). It reads ``[from, until)`` of one partition with the kraftlog
+``Consumer``: straight from the partition's leader, following leader
+changes and retrying what a retry can cure, and only committed records
+(fetches stop at the high watermark).
+
+Rows leave as ``pyarrow.RecordBatch``es of up to ``BATCH_ROWS`` records in
+Spark's Kafka source schema, built column by column: no per-record Python
+object beyond the consumer's own tuple, and no per-value conversion in
+Spark's Python worker (which tuples would need).
+
+Data loss is what the range promised but the log no longer holds: offsets
+below the log start (retention deleted them), a partition or topic that is
+gone, or a log that ends before ``until`` (truncated, or the topic was
+recreated). With ``failOnDataLoss`` (the default) the task fails with
+``DataLossError``; otherwise it logs a warning and reads what is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from bisect import bisect_left
+from collections.abc import Iterator
+from operator import itemgetter
+
+from spark_source.options import SourceOptions
+from spark_source.planning import OffsetRange
+
+logger = logging.getLogger(__name__)
+
+#: Rows per Arrow batch handed to Spark.
+BATCH_ROWS = 8192
+#: Longest single poll; the no-progress deadline is poll_timeout_ms.
+POLL_MS = 500
+
+_offset_of = itemgetter(2)
+
+
+class DataLossError(RuntimeError):
+    """Records the query was to read are gone (retention, a deleted topic or
+    partition, a truncated log). Raised only with failOnDataLoss=true."""
+
+
+def report_data_loss(options: SourceOptions, message: str) -> None:
+    """Fail the query or warn, as ``failOnDataLoss`` says."""
+    if options.fail_on_data_loss:
+        raise DataLossError(
+            f"{message}. Some data may have been lost: it was deleted by retention, or the "
+            "topic or partition was deleted or recreated. If that is acceptable, set the "
+            "option failOnDataLoss=false to skip it with a warning instead")
+    logger.warning("%s; skipped (failOnDataLoss=false)", message)
+
+
+def arrow_schema(include_headers: bool):  # -> pa.Schema
+    """The Arrow schema Spark expects for the source's rows (the Kafka
+    source's columns), as Spark itself derives it."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from spark_source.schema import kafka_schema
+    return to_arrow_schema(kafka_schema(include_headers), timezone="UTC")
+
+
+def read_range(options: SourceOptions, rng: OffsetRange) -> Iterator:
+    """The records of ``rng`` as Arrow batches, in offset order."""
+    from api.client import (
+        Consumer, KraftlogError, OffsetOutOfRangeError, TopicPartition,
+        UnknownTopicOrPartitionError)
+
+    if rng.size <= 0:
+        return
+    schema = arrow_schema(options.include_headers)
+    tp = TopicPartition(rng.topic, rng.partition)
+    name = f"{rng.topic}-{rng.partition}"
+    position = rng.from_offset
+    consumer = Consumer(options.bootstrap, auto_offset_reset="none", enable_auto_commit=False,
+                        include_headers=options.include_headers, max_poll_records=BATCH_ROWS,
+                        max_partition_fetch_bytes=8 * 1024 * 1024,
+                        max_buffered_bytes=32 * 1024 * 1024, fetch_max_wait_ms=100,
+                        request_timeout_ms=min(options.poll_timeout_ms, 30_000))
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, position)
+        progress_at = time.monotonic()
+        while position < rng.until_offset:
+            try:
+                records = consumer.poll(POLL_MS, BATCH_ROWS)
+            except OffsetOutOfRangeError:
+                position = _after_out_of_range(consumer, options, tp, name, position, rng)
+                if position >= rng.until_offset:
+                    return
+                consumer.seek(tp, position)
+                progress_at = time.monotonic()
+                continue
+            except UnknownTopicOrPartitionError as exc:
+                report_data_loss(options, f"{name} no longer exists ({exc}); offsets "
+                                          f"{position} to {rng.until_offset - 1} were not read")
+                return
+            if not records:
+                if time.monotonic() - progress_at > options.poll_timeout_ms / 1000:
+                    _no_progress(consumer, options, tp, name, position, rng)
+                    return
+                continue
+            progress_at = time.monotonic()
+            first = records[0].offset
+            if first > position:
+                _check_gap(consumer, options, tp, name, position, first)
+            end = bisect_left(records, rng.until_offset, key=_offset_of)
+            if end:
+                yield _to_arrow(records[:end] if end < len(records) else records,
+                                options.include_headers, schema)
+            position = records[-1].offset + 1
+    except KraftlogError as exc:
+        raise RuntimeError(f"reading {name} offsets {rng.from_offset} to "
+                           f"{rng.until_offset - 1} from kraftlog failed: {exc}") from exc
+    finally:
+        consumer.close()
+
+
+def _after_out_of_range(consumer, options: SourceOptions, tp, name: str, position: int,
+                        rng: OffsetRange) -> int:
+    """The position after ``position`` was refused as out of range: the log
+    start when retention moved past it (data loss); ``until`` when the log
+    now ends before ``position`` (data loss too)."""
+    start = consumer.beginning_offsets([tp])[tp]
+    if start > position:
+        report_data_loss(options, f"{name}: offsets {position} to {min(start, rng.until_offset) - 1}"
+                                  f" are below the log start offset {start}")
+        return start
+    end = consumer.end_offsets([tp])[tp]
+    report_data_loss(options, f"{name}: the log ends at {end}, before offset {position} the "
+                              f"query was to read (up to {rng.until_offset - 1})")
+    return rng.until_offset
+
+
+def _no_progress(consumer, options: SourceOptions, tp, name: str, position: int,
+                 rng: OffsetRange) -> None:
+    """No record for ``poll_timeout_ms``: data loss if the log ends before
+    ``until``, otherwise a broker that does not answer (an error)."""
+    end = consumer.end_offsets([tp])[tp]
+    if end < rng.until_offset:
+        report_data_loss(options, f"{name}: the log ends at {end}, before the offsets "
+                                  f"{max(end, position)} to {rng.until_offset - 1} the query was "
+                                  "to read")
+        return
+    raise TimeoutError(
+        f"no record of {name} from offset {position} within kafkaConsumer.pollTimeoutMs "
+        f"({options.poll_timeout_ms} ms) although the high watermark is {end}; are the "
+        "partition's brokers up?")
+
+
+def _check_gap(consumer, options: SourceOptions, tp, name: str, position: int,
+               first: int) -> None:
+    """Records resumed at ``first`` instead of ``position``: lost if the log
+    start moved past ``position`` meanwhile; a gap inside the log (records
+    removed by compaction, transaction markers) is not loss."""
+    start = consumer.beginning_offsets([tp])[tp]
+    if start > position:
+        report_data_loss(options, f"{name}: offsets {position} to {first - 1} were deleted "
+                                  f"while reading (the log start offset is now {start})")
+
+
+def _to_arrow(records: list, include_headers: bool, schema):  # -> pa.RecordBatch
+    """ConsumerRecords of one partition -> one RecordBatch in ``schema``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    count = len(records)
+    first = records[0]
+    columns = list(zip(*records))  # topic, partition, offset, timestamp, key, value, headers, type
+    timestamps_us = pc.multiply(pa.array(columns[3], pa.int64()), 1000)
+    types = columns[7]
+    arrays = [
+        pa.array(columns[4], pa.binary()),
+        pa.array(columns[5], pa.binary()),
+        pa.repeat(pa.scalar(first.topic, pa.string()), count),
+        pa.repeat(pa.scalar(first.partition, pa.int32()), count),
+        pa.array(columns[2], pa.int64()),
+        timestamps_us.cast(schema.field("timestamp").type),
+        (pa.repeat(pa.scalar(types[0], pa.int32()), count) if types.count(types[0]) == count
+         else pa.array(types, pa.int32())),
+    ]
+    if include_headers:
+        arrays.append(pa.array(columns[6], schema.field("headers").type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -1,0 +1,241 @@
+"""The PySpark data source ``kraftlog``: batch and streaming reads of topics.
+
+Where each piece runs::
+
+    driver (planning Python worker)              executors (Python workers)
+    ───────────────────────────────              ──────────────────────────
+    KraftlogDataSource.schema()     options
+    KraftlogBatchReader.partitions() ─ ranges ─> read(OffsetRangePartition)
+    KraftlogStreamReader                            = reader.read_range:
+      initialOffset / latestOffset(start, limit)      Consumer -> leader,
+      partitions(start, end)        ─ ranges ─>       Arrow batches
+
+The driver only looks up partitions and offsets (``offsets.ClusterOffsets``);
+the records go from each partition's leader straight to the executor that
+reads the range. A streaming offset is ``{"topic": {"partition": next
+offset}}``, the layout of Spark's Kafka source, kept by Spark in the query's
+checkpoint: a restarted query re-plans the same ranges and reads the same
+records, which is what makes an idempotent sink exactly-once.
+
+Semantics follow Spark's Kafka source (docs/spark.md):
+  - only committed records (below the high watermark) are read;
+  - partitions that appear while a query runs (new topics matching the
+    subscription, partitions added) are read from offset 0: from their
+    start; a log start above 0 by then is data loss;
+  - a partition that disappears, offsets retention deleted before they were
+    read, and a log that ends before offsets already planned are data loss:
+    the query fails (``failOnDataLoss=true``) or warns and goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+
+from pyspark.sql.datasource import (
+    DataSource, DataSourceReader, DataSourceStreamReader, InputPartition)
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from spark_source.offsets import ClusterOffsets
+from spark_source.options import (
+    SourceOptions, TopicPartitionKey, include_headers, offsets_from_dict, offsets_to_dict,
+    parse_options)
+from spark_source.planning import OffsetRange, limit_offsets, split_ranges
+from spark_source.reader import read_range, report_data_loss
+from spark_source.schema import kafka_schema
+
+logger = logging.getLogger(__name__)
+
+
+class OffsetRangePartition(InputPartition):
+    """One Spark task: one offset range of one topic-partition."""
+
+    def __init__(self, rng: OffsetRange) -> None:
+        super().__init__(tuple(rng))
+        self.range = rng
+
+
+class KraftlogDataSource(DataSource):
+    """``spark.read.format("kraftlog")`` and ``spark.readStream.format(...)``
+    with the options of Spark's Kafka source. Register it once per session
+    with ``spark_source.register(spark)``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "kraftlog"
+
+    def schema(self) -> StructType:
+        return kafka_schema(include_headers(self.options))
+
+    def reader(self, schema: StructType) -> "KraftlogBatchReader":
+        return KraftlogBatchReader(parse_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> "KraftlogStreamReader":
+        return KraftlogStreamReader(parse_options(self.options, streaming=True))
+
+
+def _plan(options: SourceOptions, start: dict[TopicPartitionKey, int],
+          end: dict[TopicPartitionKey, int]) -> list[OffsetRangePartition]:
+    ranges = [OffsetRange(topic, partition, start.get((topic, partition), 0), until)
+              for (topic, partition), until in end.items()]
+    return [OffsetRangePartition(r) for r in split_ranges(
+        ranges, options.min_partitions, options.max_records_per_partition)]
+
+
+class KraftlogBatchReader(DataSourceReader):
+    """A batch query: the ranges between the starting and ending offsets,
+    resolved once, when the query is planned."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        cluster = ClusterOffsets(self.options)
+        try:
+            tps = cluster.partitions()
+            _require_existing(cluster, tps)
+            start = cluster.resolve(self.options.starting, tps, option="startingOffsets")
+            assert self.options.ending is not None
+            end = cluster.resolve(self.options.ending, tps, option="endingOffsets", ending=True)
+            high_watermarks = cluster.latest(tps)
+        finally:
+            cluster.close()
+        for tp in sorted(tps):
+            if end[tp] > high_watermarks[tp]:
+                raise ValueError(
+                    f"endingOffsets for {tp[0]}-{tp[1]} is {end[tp]}, after the end of its "
+                    f"committed records ({high_watermarks[tp]}): use latest or an offset up to "
+                    "the high watermark")
+            if start[tp] > end[tp]:
+                raise ValueError(
+                    f"the starting offset of {tp[0]}-{tp[1]} ({start[tp]}) is after its ending "
+                    f"offset ({end[tp]})")
+        planned = _plan(self.options, start, end)
+        logger.info("kraftlog batch read of %s: %d partitions, %d records in %d tasks",
+                    self.options.subscription.describe(), len(tps),
+                    sum(p.range.size for p in planned), len(planned))
+        return planned
+
+    def read(self, partition: OffsetRangePartition) -> Iterator:
+        return read_range(self.options, partition.range)
+
+
+def _require_existing(cluster: ClusterOffsets, tps: set[TopicPartitionKey]) -> None:
+    """Assigned partitions must exist when a query starts."""
+    if cluster.options.subscription.partitions is None:
+        return
+    missing = sorted(set(tps) - cluster.existing(tps))
+    if missing:
+        raise ValueError(
+            f"assign names partitions that do not exist: "
+            f"{', '.join(f'{t}-{p}' for t, p in missing)}")
+
+
+class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """A streaming query. Offsets are planned on the driver: each micro-batch
+    reads from the previous end to the high watermarks (at most
+    ``maxOffsetsPerTrigger`` records), or, under ``Trigger.AvailableNow``,
+    to the high watermarks seen when the query started."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._cluster: ClusterOffsets | None = None
+        #: Under Trigger.AvailableNow: the offsets to stop at.
+        self._target: dict[TopicPartitionKey, int] | None = None
+        #: Partitions whose high watermark was below the start offset, and
+        #: since when (monotonic s): data loss once it lasts a poll timeout,
+        #: before that a new leader whose high watermark is catching up.
+        self._behind_since: dict[TopicPartitionKey, float] = {}
+
+    def __getstate__(self) -> dict:
+        # Executors get the reader pickled; the driver's client stays here.
+        state = self.__dict__.copy()
+        state["_cluster"] = None
+        return state
+
+    @property
+    def cluster(self) -> ClusterOffsets:
+        if self._cluster is None:
+            self._cluster = ClusterOffsets(self.options)
+        return self._cluster
+
+    def initialOffset(self) -> dict:
+        tps = self.cluster.partitions()
+        _require_existing(self.cluster, tps)
+        start = self.cluster.resolve(self.options.starting, tps, option="startingOffsets")
+        logger.info("kraftlog stream of %s starts at %s", self.options.subscription.describe(),
+                    start)
+        return offsets_to_dict(start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        return super().getDefaultReadLimit()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        tps = self.cluster.partitions()
+        self._target = self.cluster.latest(tps)
+        logger.info("kraftlog Trigger.AvailableNow: reading up to %s", self._target)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = offsets_from_dict(start)
+        available = self._available(begin)
+        if isinstance(limit, ReadMaxRows):
+            available = limit_offsets(begin, available, limit.max_rows)
+        return offsets_to_dict(available)
+
+    def reportLatestOffset(self) -> dict | None:
+        tps = self.cluster.partitions()
+        return offsets_to_dict(self.cluster.latest(tps)) if tps else None
+
+    def _available(self, begin: dict[TopicPartitionKey, int]) -> dict[TopicPartitionKey, int]:
+        """Per partition the offset up to which records may be read now: the
+        high watermark, capped by the AvailableNow target; partitions gone
+        since ``begin`` are data loss and left out."""
+        tps = self.cluster.partitions()
+        gone = sorted(tp for tp in begin if tp not in tps)
+        if gone:
+            report_data_loss(self.options, "partition(s) "
+                             + ", ".join(f"{t}-{p} (at offset {begin[(t, p)]})" for t, p in gone)
+                             + " no longer exist")
+        latest = self.cluster.latest(tps)
+        if self._target is not None:
+            # Nothing past the target; partitions that appeared after it
+            # are left for a later query (they stay out of the offset).
+            latest = {tp: min(hw, self._target[tp]) if tp in self._target else begin[tp]
+                      for tp, hw in latest.items() if tp in self._target or tp in begin}
+        now = time.monotonic()
+        for tp, hw in list(latest.items()):
+            offset = begin.get(tp, 0)
+            if hw >= offset:
+                self._behind_since.pop(tp, None)
+                continue
+            since = self._behind_since.setdefault(tp, now)
+            if now - since < self.options.poll_timeout_ms / 1000:
+                latest[tp] = offset  # wait: a new leader's high watermark may be catching up
+                continue
+            self._behind_since.pop(tp, None)
+            report_data_loss(self.options, f"{tp[0]}-{tp[1]}: the log ends at {hw}, before "
+                                           f"offset {offset} the query had reached")
+        return latest
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        begin = offsets_from_dict(start)
+        until = offsets_from_dict(end)
+        # A partition whose end fell below its start (failOnDataLoss=false
+        # after truncation) reads nothing; the next batch starts at its end.
+        return _plan(self.options, begin,
+                     {tp: u for tp, u in until.items() if u >= begin.get(tp, 0)})
+
+    def read(self, partition: OffsetRangePartition) -> Iterator:
+        return read_range(self.options, partition.range)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: the offsets live in Spark's checkpoint."""
+
+    def stop(self) -> None:
+        if self._cluster is not None:
+            self._cluster.close()
+            self._cluster = None
