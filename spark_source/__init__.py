@@ -29,4 +29,35 @@ def register(spark: Any) -> None:
     spark.dataSource.register(KraftlogDataSource)
 
 
-__all__ = ["FORMAT", "register"]
+def local_session(app_name: str = "kraftlog", master: str = "local[2]",
+                  config: dict[str, str] | None = None) -> Any:
+    """A SparkSession with ``format("kraftlog")`` registered, for scripts,
+    examples and tests on one machine.
+
+    Spark starts its Python workers with ``python3`` from PATH unless told
+    otherwise; here they run this interpreter (``PYSPARK_PYTHON``), which
+    has kraftlog and pyarrow installed: a venv that is not activated works.
+    Spark's driver listens on 127.0.0.1 only; ``config`` adds settings.
+    """
+    import os
+    import sys
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # One machine: keep Spark's own sockets on loopback.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.master(master).appName(app_name)
+               .config("spark.ui.enabled", "false")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.sql.shuffle.partitions", "4"))
+    for key, value in (config or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+__all__ = ["FORMAT", "local_session", "register"]

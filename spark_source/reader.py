@@ -184,5 +184,6 @@ def _to_arrow(records: list, include_headers: bool, schema):  # -> pa.RecordBatc
          else pa.array(types, pa.int32())),
     ]
     if include_headers:
-        arrays.append(pa.array(columns[6], schema.field("headers").type))
+        # A record without headers has null there, not [] (as Spark's Kafka source).
+        arrays.append(pa.array([h or None for h in columns[6]], schema.field("headers").type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -3,7 +3,8 @@
 Spark's Kafka source (``KafkaRecordToRowConverter``) reads every record as
 key binary, value binary, topic string, partition int, offset long,
 timestamp timestamp, timestampType int, and, with ``includeHeaders``,
-headers array<struct<key string, value binary>>; every field nullable. A
+headers array<struct<key string, value binary>> (null for a record without
+headers); every field nullable. A
 pipeline written against ``format("kafka")`` therefore runs unchanged.
 ``timestampType`` is Kafka's id: 0 CreateTime, 1 LogAppendTime.
 """

@@ -118,8 +118,15 @@ class KraftlogBatchReader(DataSourceReader):
                     sum(p.range.size for p in planned), len(planned))
         return planned
 
-    def read(self, partition: OffsetRangePartition) -> Iterator:
-        return read_range(self.options, partition.range)
+    def read(self, partition: InputPartition) -> Iterator:
+        return _read(self.options, partition)
+
+
+def _read(options: SourceOptions, partition: InputPartition) -> Iterator:
+    # Spark plans one InputPartition(None) when a batch query has no range.
+    if not isinstance(partition, OffsetRangePartition):
+        return iter(())
+    return read_range(options, partition.range)
 
 
 def _require_existing(cluster: ClusterOffsets, tps: set[TopicPartitionKey]) -> None:
@@ -229,8 +236,8 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _plan(self.options, begin,
                      {tp: u for tp, u in until.items() if u >= begin.get(tp, 0)})
 
-    def read(self, partition: OffsetRangePartition) -> Iterator:
-        return read_range(self.options, partition.range)
+    def read(self, partition: InputPartition) -> Iterator:
+        return _read(self.options, partition)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the offsets live in Spark's checkpoint."""

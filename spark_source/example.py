@@ -1,0 +1,361 @@
+"""An example pipeline: clicks per user per minute, from a kraftlog topic to
+Parquet, with Spark Structured Streaming.
+
+::
+
+    make run                        # terminal 1: a node on 127.0.0.1:9092
+    make spark-example              # terminal 2: .venv/bin/python -m spark_source.example
+    make spark-example ARGS="--follow --produce 0"
+
+What it does:
+
+1. ``--produce N`` (default 10000): create the topic (``--topic``, default
+   ``clicks``, 3 partitions) if it is missing and write N demo clicks: key
+   the user id (``user-00`` .. ``user-19``), value a small JSON document
+   ``{"page": ..., "user": ...}``, event times (the record timestamp, set with
+   ``Producer.send(timestamp_ms=...)``) spread evenly over the last
+   ``--minutes`` minutes, in increasing order.
+2. Run a streaming query: ``format("kraftlog")``, ``startingOffsets
+   earliest``, ``withWatermark("timestamp", ...)``, a count per key in
+   1-minute tumbling windows of the record timestamp, written to Parquet
+   (``--out``) in append mode, with its checkpoint next to it. By default
+   with ``Trigger.AvailableNow`` (read what is there, write, stop); with
+   ``--follow`` every ``--trigger-seconds`` until Ctrl-C.
+3. Print what the Parquet directory holds: window start, user, clicks.
+
+Append mode writes a window once, when it is final: when the watermark (the
+newest event time seen, minus ``--watermark-seconds``) has passed its end.
+Spark then runs one more micro-batch without data to write those windows, so
+a first run already shows every minute except the newest one or two; those
+stay in the query's state (in the checkpoint) and are written by a later run
+or micro-batch, once newer records move the watermark past their end.
+
+A record whose event time is below the watermark when it arrives is late and
+dropped, as in any watermarked query. So that re-running the example never
+produces late records, new demo clicks start after the newest record already
+in the topic.
+
+Start again from scratch: delete ``./data/spark-example`` (the output and the
+checkpoint; the topic keeps its records, which a fresh checkpoint reads from
+the beginning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import warnings
+from typing import Any
+
+from api.cli import ExamplesFormatter
+from api.table import format_table
+
+DEFAULT_BOOTSTRAP = "http://127.0.0.1:9092"
+DEFAULT_DIR = os.path.join("data", "spark-example")
+USERS = [f"user-{n:02d}" for n in range(20)]
+PAGES = ["/", "/search", "/product", "/cart", "/checkout", "/help"]
+PARTITIONS = 3
+#: The most rows of the result table printed.
+SHOW_ROWS = 200
+#: After Ctrl-C, how long to wait for the micro-batch under way to finish.
+STOP_WAIT_S = 30.0
+
+
+def local_session(app_name: str, conf: dict[str, str] | None = None) -> Any:
+    """A local SparkSession (2 cores, no web UI, quiet logs) with
+    ``format("kraftlog")`` registered; ``conf`` adds or overrides settings.
+
+    Spark's Python workers must run this interpreter (the one with kraftlog
+    installed), so ``PYSPARK_PYTHON`` is set before the session starts."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode: loopback, no warning
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas",
+                            category=FutureWarning)
+    from pyspark.sql import SparkSession
+
+    import spark_source
+
+    builder = SparkSession.builder.master("local[2]").appName(app_name)
+    settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+                "spark.sql.shuffle.partitions": "4", **(conf or {})}
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    spark_source.register(spark)
+    return spark
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m spark_source.example",
+        formatter_class=ExamplesFormatter,
+        description="Count clicks per user in 1-minute event-time windows with Spark "
+                    "Structured Streaming reading a kraftlog topic (format(\"kraftlog\")), "
+                    "and write the counts to Parquet in append mode. Needs a running node: "
+                    "start one with `make run` first.",
+        epilog="""\
+Append mode writes a window once the watermark (newest event time minus --watermark-seconds) \
+has passed its end; the newest one or two windows stay in the query's state (in the \
+checkpoint) until newer records arrive, and appear in a later run.
+
+examples:
+  make run                                   # in another terminal
+  python -m spark_source.example             # 10000 clicks, one AvailableNow run
+  python -m spark_source.example --produce 0 # just process what is new
+  python -m spark_source.example --follow    # keep running; Ctrl-C stops
+  printf 'user-03:{"page": "/"}\\n' | kraftlog produce clicks --key-separator :
+                                             # (while following) one more click
+  rm -rf data/spark-example                  # start the output over""")
+    parser.add_argument("--bootstrap", default=os.environ.get("KRAFTLOG_BOOTSTRAP",
+                                                              DEFAULT_BOOTSTRAP),
+                        metavar="URL",
+                        help="a broker of the running node (default: $KRAFTLOG_BOOTSTRAP or "
+                             "%(default)s, where `make run` listens)")
+    parser.add_argument("--topic", default="clicks", metavar="NAME", help="the topic (default %(default)s)")
+    parser.add_argument("--produce", type=int, default=10_000, metavar="N",
+                        help="first create the topic if missing (3 partitions) and write N "
+                             "demo clicks; 0 writes nothing (default %(default)s)")
+    parser.add_argument("--minutes", type=float, default=5.0, metavar="M",
+                        help="spread the demo clicks' event times over the last this many "
+                             "minutes (default %(default)g)")
+    parser.add_argument("--watermark-seconds", type=int, default=10, metavar="S",
+                        help="the watermark's delay: how late a click may arrive and still "
+                             "count (default %(default)s)")
+    parser.add_argument("--out", default=os.path.join(DEFAULT_DIR, "counts"), metavar="DIR",
+                        help="the Parquet output directory (default %(default)s)")
+    parser.add_argument("--checkpoint", default=os.path.join(DEFAULT_DIR, "checkpoint"),
+                        metavar="DIR",
+                        help="the query's checkpoint: offsets read and open windows "
+                             "(default %(default)s)")
+    parser.add_argument("--follow", action="store_true",
+                        help="keep running, a micro-batch every --trigger-seconds, until "
+                             "Ctrl-C (default: Trigger.AvailableNow, process what is there "
+                             "and stop)")
+    parser.add_argument("--trigger-seconds", type=float, default=5.0, metavar="S",
+                        help="with --follow: the processing-time trigger (default %(default)g)")
+    return parser
+
+
+class ExampleError(Exception):
+    """Something to tell the user in one line, no traceback."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.produce < 0:
+            raise ExampleError("--produce must be 0 or more")
+        prepare_topic(args)
+        return run_query(args)
+    except ExampleError as exc:
+        print(f"spark example: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+# -- the demo data -----------------------------------------------------------------------
+def prepare_topic(args: argparse.Namespace) -> None:
+    """Check the node answers; create the topic and write the demo clicks."""
+    from api.client import Admin, KraftlogError, NewTopic, TopicAlreadyExistsError
+
+    try:
+        with Admin(args.bootstrap, request_timeout_ms=5000) as admin:
+            topics = admin.list_topics()
+            if args.topic not in topics:
+                if not args.produce:
+                    raise ExampleError(
+                        f"topic {args.topic!r} does not exist at {args.bootstrap}; run with "
+                        "--produce N to create it and write demo clicks")
+                try:
+                    admin.create_topics([NewTopic(args.topic, num_partitions=PARTITIONS)])
+                    print(f"created topic {args.topic} ({PARTITIONS} partitions)")
+                except TopicAlreadyExistsError:
+                    pass  # created meanwhile: fine
+    except KraftlogError as exc:
+        raise ExampleError(
+            f"cannot reach a kraftlog node at {args.bootstrap} ({exc.__class__.__name__}). "
+            "Start one first with `make run` (in another terminal), or point --bootstrap "
+            "at a running broker") from None
+    if args.produce:
+        produce_clicks(args)
+
+
+def produce_clicks(args: argparse.Namespace) -> None:
+    """Write ``args.produce`` clicks, event times evenly spread over the last
+    ``args.minutes`` minutes but after the topic's newest record (so a re-run
+    writes nothing the watermark already passed)."""
+    from api.client import Producer
+
+    now_ms = int(time.time() * 1000)
+    first_ms = max(now_ms - int(args.minutes * 60_000), newest_timestamp_ms(args) + 1)
+    first_ms = min(first_ms, now_ms)
+    step = (now_ms - first_ms) / max(args.produce - 1, 1)
+    rng = random.Random()
+    with Producer(args.bootstrap, acks=1) as producer:
+        for i in range(args.produce):
+            user = rng.choice(USERS)
+            value = json.dumps({"page": rng.choice(PAGES), "user": user}).encode()
+            producer.send(args.topic, value, key=user.encode(),
+                          timestamp_ms=first_ms + int(i * step))
+        producer.flush()
+    print(f"wrote {args.produce:,} clicks to {args.topic}, event times "
+          f"{_clock(first_ms)} .. {_clock(now_ms)}")
+
+
+def newest_timestamp_ms(args: argparse.Namespace) -> int:
+    """The timestamp of the newest record in the topic (the last of each
+    partition), or 0 for an empty topic."""
+    from api.client import Consumer, TopicPartition
+
+    newest = 0
+    with Consumer(args.bootstrap, auto_offset_reset="earliest",
+                  enable_auto_commit=False) as consumer:
+        tps = [TopicPartition(args.topic, p) for p in consumer.partitions_for_topic(args.topic)]
+        ends = {tp: end for tp, end in consumer.end_offsets(tps).items() if end > 0}
+        if not ends:
+            return 0
+        consumer.assign(list(ends))
+        for tp, end in ends.items():
+            consumer.seek(tp, end - 1)
+        waiting = set(ends)
+        deadline = time.monotonic() + 10
+        while waiting and time.monotonic() < deadline:
+            for record in consumer.poll(500):
+                tp = TopicPartition(record.topic, record.partition)
+                if record.offset == ends[tp] - 1:
+                    waiting.discard(tp)
+                    newest = max(newest, record.timestamp)
+    return newest
+
+
+# -- the query ----------------------------------------------------------------------------
+def run_query(args: argparse.Namespace) -> int:
+    try:
+        spark = local_session("kraftlog-spark-example")
+    except ImportError:
+        raise ExampleError("pyspark is not installed: run `make install` (it installs the "
+                           "spark extra), or pip install -e '.[spark]'") from None
+    from pyspark.sql import functions as F
+
+    clicks = (spark.readStream.format("kraftlog")
+              .option("kraftlog.bootstrap.servers", args.bootstrap)
+              .option("subscribe", args.topic)
+              .option("startingOffsets", "earliest")
+              .load())
+    counts = (clicks
+              .withWatermark("timestamp", f"{args.watermark_seconds} seconds")
+              .groupBy(F.window("timestamp", "1 minute"), F.col("key").cast("string")
+                       .alias("user"))
+              .count()
+              .select(F.col("window.start").alias("window_start"),
+                      F.col("window.end").alias("window_end"), "user",
+                      F.col("count").alias("clicks")))
+    writer = (counts.writeStream.format("parquet").outputMode("append")
+              .option("path", args.out).option("checkpointLocation", args.checkpoint)
+              .queryName("clicks_per_user_per_minute"))
+    if args.follow:
+        writer = writer.trigger(processingTime=f"{args.trigger_seconds} seconds")
+    else:
+        writer = writer.trigger(availableNow=True)
+    how = (f"a micro-batch every {args.trigger_seconds:g} s until Ctrl-C" if args.follow
+           else "Trigger.AvailableNow: what is there, then stop")
+    print(f"streaming {args.topic} from {args.bootstrap} into {args.out} ({how}) ...",
+          flush=True)
+    query = writer.start()
+    try:
+        watch(query)
+    finally:
+        if query.isActive:
+            query.stop()
+    failure = query.exception()
+    if failure is not None:
+        spark.stop()
+        lines = [line for line in str(failure).splitlines() if line.strip()]
+        raise ExampleError(f"the streaming query failed: {lines[0] if lines else failure}")
+    watermark = (query.lastProgress or {}).get("eventTime", {}).get("watermark")
+    show_output(spark, args, watermark)
+    spark.stop()
+    return 0
+
+
+def watch(query: Any) -> None:
+    """Print one line per micro-batch until the query ends (AvailableNow),
+    fails, or Ctrl-C.
+
+    Ctrl-C only sets a flag here: PySpark's own SIGINT handler calls into the
+    JVM, which fails noisily when the signal lands during another call."""
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    try:
+        printed: set[str] = set()
+        while not interrupted.is_set():
+            active = query.isActive
+            for progress in query.recentProgress:
+                # Idle triggers (nothing to do) report progress too, without addBatch.
+                if progress["timestamp"] in printed or "addBatch" not in progress["durationMs"]:
+                    continue
+                printed.add(progress["timestamp"])
+                state = sum(op.get("numRowsTotal", 0) for op in progress["stateOperators"])
+                print(f"  micro-batch {progress['batchId']}: {progress['numInputRows']} "
+                      f"records read, watermark "
+                      f"{progress.get('eventTime', {}).get('watermark', '-')}, "
+                      f"{state} counts of open windows in state", flush=True)
+            if not active:
+                return
+            interrupted.wait(0.5)
+        # Let the micro-batch under way finish (bounded): stopping in the
+        # middle of one aborts its Parquet write, noisily (it would be redone
+        # by the next run, from the checkpoint).
+        print("\nstopping after the micro-batch under way ...", flush=True)
+        deadline = time.monotonic() + STOP_WAIT_S
+        while query.isActive and query.status["isTriggerActive"] \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def show_output(spark: Any, args: argparse.Namespace, watermark: str | None) -> None:
+    """Print the Parquet directory's windows as a table."""
+    from pyspark.sql.utils import AnalysisException
+
+    try:
+        rows = (spark.read.parquet(args.out)
+                .orderBy("window_start", "user").collect())
+    except AnalysisException:
+        rows = []
+    where = os.path.abspath(args.out)
+    if rows:
+        shown = rows[:SHOW_ROWS]
+        print(format_table(("WINDOW START", "USER", "CLICKS"),
+                           [(str(r.window_start), r.user, str(r.clicks)) for r in shown]))
+        if len(rows) > SHOW_ROWS:
+            print(f"... and {len(rows) - SHOW_ROWS} more rows")
+        windows = len({r.window_start for r in rows})
+        print(f"{len(rows)} rows: {windows} one-minute windows, "
+              f"{sum(r.clicks for r in rows):,} clicks counted")
+    else:
+        print("no windows written yet")
+    print(f"Parquet files: {where}  (read them with spark.read.parquet({args.out!r}))")
+    print(f"checkpoint:    {os.path.abspath(args.checkpoint)}")
+    if watermark:
+        print(f"watermark {watermark}: windows ending after it are still open and kept in "
+              "the checkpoint; a later run writes them once newer records move the "
+              "watermark past their end.")
+
+
+def _clock(epoch_ms: int) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(epoch_ms / 1000))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
