@@ -150,9 +150,11 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
         raise InvalidOptionError(
             f"startingOffsetsByTimestampStrategy must be 'error' or 'latest', not {strategy!r}")
     if subscription.partitions is not None:
-        for spec, which in ((starting, "startingOffsets"), (ending, "endingOffsets")):
+        for spec, which in ((starting, "starting"), (ending, "ending")):
             if spec is not None and spec.offsets is not None:
-                _check_assigned(spec, subscription, which)
+                option = f"{which}OffsetsByTimestamp" if spec.kind == "timestamps" else (
+                    f"{which}Offsets")
+                _check_assigned(spec, subscription, option)
     return SourceOptions(
         bootstrap=bootstrap, subscription=subscription, starting=starting, ending=ending,
         timestamp_strategy=strategy,
@@ -337,7 +339,7 @@ def _partition_table(name: str, value: str) -> dict[TopicPartitionKey, int]:
                 f'{name}: {topic!r} must map partition numbers to values, e.g. '
                 f'{{"{topic}": {{"0": 23}}}}, not {per_partition!r}')
         for partition, number in per_partition.items():
-            if not str(partition).isdigit():
+            if not _is_partition_number(partition):
                 raise InvalidOptionError(
                     f"{name}: partition {partition!r} of {topic!r} is not a partition number")
             if not isinstance(number, int) or isinstance(number, bool):
@@ -371,10 +373,16 @@ def offsets_from_dict(nested: Mapping[str, Any]) -> dict[TopicPartitionKey, int]
         if not isinstance(per_partition, Mapping):
             raise ValueError(f"offset of topic {topic!r} must be an object, not {per_partition!r}")
         for partition, offset in per_partition.items():
-            if not str(partition).isdigit() or not isinstance(offset, int):
+            if (not _is_partition_number(partition) or not isinstance(offset, int)
+                    or isinstance(offset, bool)):
                 raise ValueError(f"bad offset entry {topic}/{partition}: {offset!r}")
             offsets[(str(topic), int(partition))] = offset
     return offsets
+
+
+def _is_partition_number(text: Any) -> bool:
+    # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+    return isinstance(text, str) and text.isascii() and text.isdigit()
 
 
 def _timestamp(name: str, value: str) -> int:
