@@ -50,9 +50,9 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from typing import Any
 
+import spark_source
 from api.cli import ExamplesFormatter
 from api.table import format_table
 
@@ -65,31 +65,9 @@ PARTITIONS = 3
 SHOW_ROWS = 200
 #: After Ctrl-C, how long to wait for the micro-batch under way to finish.
 STOP_WAIT_S = 30.0
-
-
-def local_session(app_name: str, conf: dict[str, str] | None = None) -> Any:
-    """A local SparkSession (2 cores, no web UI, quiet logs) with
-    ``format("kraftlog")`` registered; ``conf`` adds or overrides settings.
-
-    Spark's Python workers must run this interpreter (the one with kraftlog
-    installed), so ``PYSPARK_PYTHON`` is set before the session starts."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode: loopback, no warning
-    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas",
-                            category=FutureWarning)
-    from pyspark.sql import SparkSession
-
-    import spark_source
-
-    builder = SparkSession.builder.master("local[2]").appName(app_name)
-    settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
-                "spark.sql.shuffle.partitions": "4", **(conf or {})}
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    spark_source.register(spark)
-    return spark
+#: Spark settings on top of ``spark_source.local_session``'s: no progress bars
+#: between the example's own lines.
+SPARK_CONFIG = {"spark.ui.showConsoleProgress": "false"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,7 +96,8 @@ examples:
                         metavar="URL",
                         help="a broker of the running node (default: $KRAFTLOG_BOOTSTRAP or "
                              "%(default)s, where `make run` listens)")
-    parser.add_argument("--topic", default="clicks", metavar="NAME", help="the topic (default %(default)s)")
+    parser.add_argument("--topic", default="clicks", metavar="NAME",
+                        help="the topic (default %(default)s)")
     parser.add_argument("--produce", type=int, default=10_000, metavar="N",
                         help="first create the topic if missing (3 partitions) and write N "
                              "demo clicks; 0 writes nothing (default %(default)s)")
@@ -240,7 +219,7 @@ def newest_timestamp_ms(args: argparse.Namespace) -> int:
 # -- the query ----------------------------------------------------------------------------
 def run_query(args: argparse.Namespace) -> int:
     try:
-        spark = local_session("kraftlog-spark-example")
+        spark = spark_source.local_session("kraftlog-spark-example", config=SPARK_CONFIG)
     except ImportError:
         raise ExampleError("pyspark is not installed: run `make install` (it installs the "
                            "spark extra), or pip install -e '.[spark]'") from None
@@ -272,7 +251,9 @@ def run_query(args: argparse.Namespace) -> int:
           flush=True)
     query = writer.start()
     try:
-        watch(query)
+        if not watch(query):
+            print("  no micro-batch: nothing new in the topic since the last run (windows "
+                  "still open wait in the checkpoint for newer records, e.g. --produce N)")
     finally:
         if query.isActive:
             query.stop()
@@ -287,9 +268,9 @@ def run_query(args: argparse.Namespace) -> int:
     return 0
 
 
-def watch(query: Any) -> None:
+def watch(query: Any) -> int:
     """Print one line per micro-batch until the query ends (AvailableNow),
-    fails, or Ctrl-C.
+    fails, or Ctrl-C; the number of micro-batches.
 
     Ctrl-C only sets a flag here: PySpark's own SIGINT handler calls into the
     JVM, which fails noisily when the signal lands during another call."""
@@ -308,9 +289,9 @@ def watch(query: Any) -> None:
                 print(f"  micro-batch {progress['batchId']}: {progress['numInputRows']} "
                       f"records read, watermark "
                       f"{progress.get('eventTime', {}).get('watermark', '-')}, "
-                      f"{state} counts of open windows in state", flush=True)
+                      f"open (window, user) counts in state: {state}", flush=True)
             if not active:
-                return
+                return len(printed)
             interrupted.wait(0.5)
         # Let the micro-batch under way finish (bounded): stopping in the
         # middle of one aborts its Parquet write, noisily (it would be redone
@@ -322,6 +303,7 @@ def watch(query: Any) -> None:
             time.sleep(0.2)
     finally:
         signal.signal(signal.SIGINT, previous)
+    return len(printed)
 
 
 def show_output(spark: Any, args: argparse.Namespace, watermark: str | None) -> None:

@@ -17,12 +17,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
-from api.client import Consumer, KraftlogError, TopicPartition, UnknownTopicOrPartitionError
+from api.client import (
+    Consumer, KraftlogError, RequestTimedOutError, TopicPartition, UnknownTopicOrPartitionError)
 from spark_source.options import (
     EARLIEST, LATEST, InvalidOptionError, OffsetSpec, SourceOptions, TopicPartitionKey)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: Each lookup's deadline; the client retries within it.
+REQUEST_TIMEOUT_MS = 30_000
 
 
 class ClusterOffsets:
@@ -37,8 +41,7 @@ class ClusterOffsets:
         if self._consumer is None:
             self._consumer = Consumer(self.options.bootstrap, auto_offset_reset="none",
                                       enable_auto_commit=False,
-                                      request_timeout_ms=min(self.options.poll_timeout_ms,
-                                                             30_000))
+                                      request_timeout_ms=REQUEST_TIMEOUT_MS)
         return self._consumer
 
     def close(self) -> None:
@@ -47,10 +50,15 @@ class ClusterOffsets:
             self._consumer = None
 
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()``, again after errors a retry may cure. Not after an
+        unknown topic (an answer, not a hiccup) nor a timeout (the client
+        already retried for a whole request timeout)."""
         attempts = self.options.fetch_offset_retries + 1
         for attempt in range(1, attempts + 1):
             try:
                 return fn()
+            except (UnknownTopicOrPartitionError, RequestTimedOutError):
+                raise
             except KraftlogError as exc:
                 if not exc.retriable or attempt == attempts:
                     raise
@@ -61,39 +69,15 @@ class ClusterOffsets:
 
     # -- partitions --------------------------------------------------------------------------
     def partitions(self) -> set[TopicPartitionKey]:
-        """The partitions the subscription covers now. A subscribed topic
-        that does not exist has none (yet); assigned partitions are taken as
-        given (``check_exist`` says whether they do)."""
+        """The partitions the subscription covers now, from one metadata
+        request: the subscribed topics that exist, the topics matching the
+        pattern, or those assigned partitions that exist."""
         subscription = self.options.subscription
+        everything = self._retry("listing topics", self._client().topic_partitions)
         if subscription.partitions is not None:
-            return set(subscription.partitions)
-        if subscription.topics is not None:
-            topics = list(subscription.topics)
-        else:
-            topics = sorted(t for t in self._retry("listing topics", self._client().topics)
-                            if subscription.matches(t))
-        found: set[TopicPartitionKey] = set()
-        for topic in topics:
-            found.update((topic, p) for p in self._topic_partitions(topic))
-        return found
-
-    def _topic_partitions(self, topic: str) -> set[int]:
-        try:
-            return self._retry(f"metadata of {topic}",
-                               lambda: self._client().partitions_for_topic(topic))
-        except UnknownTopicOrPartitionError:
-            return set()
-
-    def existing(self, tps: Iterable[TopicPartitionKey]) -> set[TopicPartitionKey]:
-        """Those of ``tps`` that exist now."""
-        by_topic: dict[str, set[int]] = {}
-        present = set()
-        for topic, partition in tps:
-            if topic not in by_topic:
-                by_topic[topic] = self._topic_partitions(topic)
-            if partition in by_topic[topic]:
-                present.add((topic, partition))
-        return present
+            return {(t, p) for t, p in subscription.partitions if p in everything.get(t, ())}
+        return {(topic, p) for topic, numbers in everything.items()
+                if subscription.matches(topic) for p in numbers}
 
     # -- offsets ------------------------------------------------------------------------------
     def earliest(self, tps: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
@@ -127,8 +111,8 @@ class ClusterOffsets:
                 for tp, hit in found.items()}
 
     # -- OffsetSpec -> offsets ---------------------------------------------------------------
-    def resolve(self, spec: OffsetSpec, tps: set[TopicPartitionKey], *, option: str,
-                ending: bool = False) -> dict[TopicPartitionKey, int]:
+    def resolve(self, spec: OffsetSpec, tps: set[TopicPartitionKey], *, ending: bool = False
+                ) -> dict[TopicPartitionKey, int]:
         """One concrete offset per partition of ``tps`` for ``spec``.
 
         Specific offsets and per-partition timestamps must name exactly the
@@ -137,6 +121,7 @@ class ClusterOffsets:
         ``error`` strategy and the high watermark with ``latest``; for an
         ending timestamp it is always the high watermark.
         """
+        option = spec.option_name("ending" if ending else "starting")
         if spec.kind == "earliest":
             return self.earliest(tps)
         if spec.kind == "latest":
@@ -179,4 +164,5 @@ def _require_same_partitions(option: str, table: Mapping[TopicPartitionKey, int]
                      "are not partitions of the subscription")
     raise InvalidOptionError(
         f"{option} must give every partition the query reads and no other: "
-        f"{'; '.join(parts)} (use -2 for earliest, -1 for latest)")
+        f"{'; '.join(parts)}" + (" (use -2 for earliest, -1 for latest)"
+                                 if "Timestamp" not in option else ""))

@@ -80,6 +80,13 @@ class OffsetSpec:
     offsets: Mapping[TopicPartitionKey, int] | None = None
     timestamp: int | None = None
 
+    def option_name(self, which: str) -> str:
+        """The option the user gave for this spec; ``which`` is "starting"
+        or "ending"."""
+        suffix = {"timestamp": "Timestamp", "timestamps": "OffsetsByTimestamp"}.get(
+            self.kind, "Offsets")
+        return which + suffix
+
 
 @dataclass(frozen=True)
 class SourceOptions:
@@ -152,9 +159,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
     if subscription.partitions is not None:
         for spec, which in ((starting, "starting"), (ending, "ending")):
             if spec is not None and spec.offsets is not None:
-                option = f"{which}OffsetsByTimestamp" if spec.kind == "timestamps" else (
-                    f"{which}Offsets")
-                _check_assigned(spec, subscription, option)
+                _check_assigned(spec, subscription, spec.option_name(which))
     return SourceOptions(
         bootstrap=bootstrap, subscription=subscription, starting=starting, ending=ending,
         timestamp_strategy=strategy,
@@ -197,8 +202,8 @@ def _refuse_unknown(opts: Mapping[str, str], streaming: bool) -> None:
 
 
 def _bootstrap(opts: Mapping[str, str]) -> str:
-    values = {opts[k].strip() for k in ("kraftlog.bootstrap.servers", "kafka.bootstrap.servers")
-              if k in opts}
+    values = {_normal_urls(opts[k]) for k in ("kraftlog.bootstrap.servers",
+                                              "kafka.bootstrap.servers") if k in opts}
     values.discard("")
     if not values:
         raise InvalidOptionError(
@@ -209,6 +214,17 @@ def _bootstrap(opts: Mapping[str, str]) -> str:
             "kraftlog.bootstrap.servers and kafka.bootstrap.servers disagree "
             f"({' vs '.join(sorted(values))}): give one of them")
     return values.pop()
+
+
+def _normal_urls(value: str) -> str:
+    """"h:9092, http://g:9092/" -> "http://h:9092,http://g:9092" (what the
+    client makes of it), so two spellings of one list agree."""
+    urls = []
+    for item in value.split(","):
+        url = item.strip().rstrip("/")
+        if url:
+            urls.append(url if "://" in url else "http://" + url)
+    return ",".join(urls)
 
 
 def _subscription(opts: Mapping[str, str]) -> Subscription:
@@ -316,7 +332,8 @@ def _check_assigned(spec: OffsetSpec, subscription: Subscription, which: str) ->
             + "; ".join(part for part in (
                 f"missing {', '.join(f'{t}-{p}' for t, p in missing)}" if missing else "",
                 f"not assigned {', '.join(f'{t}-{p}' for t, p in extra)}" if extra else "")
-                if part) + " (use -2 for earliest, -1 for latest)")
+                if part) + ("" if spec.kind == "timestamps" else
+                            " (use -2 for earliest, -1 for latest)"))
 
 
 def _json_object(name: str, value: str) -> dict:

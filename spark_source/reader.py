@@ -36,6 +36,12 @@ logger = logging.getLogger(__name__)
 BATCH_ROWS = 8192
 #: Longest single poll; the no-progress deadline is poll_timeout_ms.
 POLL_MS = 500
+#: Most bytes one fetch asks of a partition (ranges of few records ask less).
+FETCH_BYTES_MAX = 8 * 1024 * 1024
+#: Each request's deadline; the client retries within it.
+REQUEST_TIMEOUT_MS = 30_000
+#: While no record comes, how often a task checks its partition still exists.
+EXISTS_CHECK_S = 2.0
 
 _offset_of = itemgetter(2)
 
@@ -76,15 +82,17 @@ def read_range(options: SourceOptions, rng: OffsetRange) -> Iterator:
     tp = TopicPartition(rng.topic, rng.partition)
     name = f"{rng.topic}-{rng.partition}"
     position = rng.from_offset
+    # A small range fetches small: the consumer prefetches up to this much.
+    fetch_bytes = FETCH_BYTES_MAX if rng.size > 16 * BATCH_ROWS else FETCH_BYTES_MAX // 8
     consumer = Consumer(options.bootstrap, auto_offset_reset="none", enable_auto_commit=False,
                         include_headers=options.include_headers, max_poll_records=BATCH_ROWS,
-                        max_partition_fetch_bytes=8 * 1024 * 1024,
-                        max_buffered_bytes=32 * 1024 * 1024, fetch_max_wait_ms=100,
-                        request_timeout_ms=min(options.poll_timeout_ms, 30_000))
+                        max_partition_fetch_bytes=fetch_bytes,
+                        max_buffered_bytes=4 * fetch_bytes, fetch_max_wait_ms=100,
+                        request_timeout_ms=REQUEST_TIMEOUT_MS)
     try:
         consumer.assign([tp])
         consumer.seek(tp, position)
-        progress_at = time.monotonic()
+        progress_at = checked_at = time.monotonic()
         while position < rng.until_offset:
             try:
                 records = consumer.poll(POLL_MS, BATCH_ROWS)
@@ -95,12 +103,17 @@ def read_range(options: SourceOptions, rng: OffsetRange) -> Iterator:
                 consumer.seek(tp, position)
                 progress_at = time.monotonic()
                 continue
-            except UnknownTopicOrPartitionError as exc:
-                report_data_loss(options, f"{name} no longer exists ({exc}); offsets "
-                                          f"{position} to {rng.until_offset - 1} were not read")
-                return
             if not records:
-                if time.monotonic() - progress_at > options.poll_timeout_ms / 1000:
+                now = time.monotonic()
+                if now - checked_at >= EXISTS_CHECK_S:
+                    # The consumer retries an unknown partition forever: ask.
+                    checked_at = now
+                    if not _exists(consumer, tp, UnknownTopicOrPartitionError):
+                        report_data_loss(options, f"{name} no longer exists; offsets "
+                                                  f"{position} to {rng.until_offset - 1} were "
+                                                  "not read")
+                        return
+                if now - progress_at > options.poll_timeout_ms / 1000:
                     _no_progress(consumer, options, tp, name, position, rng)
                     return
                 continue
@@ -118,6 +131,13 @@ def read_range(options: SourceOptions, rng: OffsetRange) -> Iterator:
                            f"{rng.until_offset - 1} from kraftlog failed: {exc}") from exc
     finally:
         consumer.close()
+
+
+def _exists(consumer, tp, unknown_error: type) -> bool:
+    try:
+        return tp.partition in consumer.partitions_for_topic(tp.topic)
+    except unknown_error:
+        return False
 
 
 def _after_out_of_range(consumer, options: SourceOptions, tp, name: str, position: int,

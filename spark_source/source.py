@@ -48,6 +48,14 @@ from spark_source.schema import kafka_schema
 
 logger = logging.getLogger(__name__)
 
+#: How long a partition must be missing from the metadata before it counts
+#: as deleted (a broker that just restarted may briefly not know it).
+VANISHED_GRACE_S = 5.0
+#: How long a high watermark may stay below a query's position before the
+#: records in between count as lost (a new leader's high watermark catches
+#: up with the old leader's within a few fetches).
+BEHIND_GRACE_S = 30.0
+
 
 class OffsetRangePartition(InputPartition):
     """One Spark task: one offset range of one topic-partition."""
@@ -70,10 +78,24 @@ class KraftlogDataSource(DataSource):
         return kafka_schema(include_headers(self.options))
 
     def reader(self, schema: StructType) -> "KraftlogBatchReader":
-        return KraftlogBatchReader(parse_options(self.options, streaming=False))
+        options = parse_options(self.options, streaming=False)
+        _check_schema(schema, options)
+        return KraftlogBatchReader(options)
 
     def streamReader(self, schema: StructType) -> "KraftlogStreamReader":
-        return KraftlogStreamReader(parse_options(self.options, streaming=True))
+        options = parse_options(self.options, streaming=True)
+        _check_schema(schema, options)
+        return KraftlogStreamReader(options)
+
+
+def _check_schema(schema: StructType, options: SourceOptions) -> None:
+    """The rows always have the Kafka source's schema; a user-given one
+    (``.schema(...)``) is refused, as by the Kafka source."""
+    if schema != kafka_schema(options.include_headers):
+        raise ValueError(
+            "format('kraftlog') has a fixed schema (the Kafka source's: key, value, topic, "
+            "partition, offset, timestamp, timestampType[, headers]); remove .schema(...) "
+            "and cast or parse the columns after load()")
 
 
 def _plan(options: SourceOptions, start: dict[TopicPartitionKey, int],
@@ -93,17 +115,21 @@ class KraftlogBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         cluster = ClusterOffsets(self.options)
+        ending = self.options.ending
+        assert ending is not None
         try:
             tps = cluster.partitions()
-            _require_existing(cluster, tps)
-            start = cluster.resolve(self.options.starting, tps, option="startingOffsets")
-            assert self.options.ending is not None
-            end = cluster.resolve(self.options.ending, tps, option="endingOffsets", ending=True)
-            high_watermarks = cluster.latest(tps)
+            _require_assigned(self.options, tps)
+            start = cluster.resolve(self.options.starting, tps)
+            end = cluster.resolve(ending, tps, ending=True)
+            # Offsets the user gave must exist; "latest" is the end by definition.
+            given = {tp for tp, o in (ending.offsets or {}).items()
+                     if ending.kind == "offsets" and o >= 0}
+            high_watermarks = cluster.latest(given)
         finally:
             cluster.close()
         for tp in sorted(tps):
-            if end[tp] > high_watermarks[tp]:
+            if tp in given and end[tp] > high_watermarks[tp]:
                 raise ValueError(
                     f"endingOffsets for {tp[0]}-{tp[1]} is {end[tp]}, after the end of its "
                     f"committed records ({high_watermarks[tp]}): use latest or an offset up to "
@@ -129,11 +155,12 @@ def _read(options: SourceOptions, partition: InputPartition) -> Iterator:
     return read_range(options, partition.range)
 
 
-def _require_existing(cluster: ClusterOffsets, tps: set[TopicPartitionKey]) -> None:
-    """Assigned partitions must exist when a query starts."""
-    if cluster.options.subscription.partitions is None:
+def _require_assigned(options: SourceOptions, tps: set[TopicPartitionKey]) -> None:
+    """Assigned partitions must exist when a query starts (``tps``: those
+    of the subscription that do)."""
+    if options.subscription.partitions is None:
         return
-    missing = sorted(set(tps) - cluster.existing(tps))
+    missing = sorted(set(options.subscription.partitions) - tps)
     if missing:
         raise ValueError(
             f"assign names partitions that do not exist: "
@@ -151,10 +178,13 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._cluster: ClusterOffsets | None = None
         #: Under Trigger.AvailableNow: the offsets to stop at.
         self._target: dict[TopicPartitionKey, int] | None = None
-        #: Partitions whose high watermark was below the start offset, and
-        #: since when (monotonic s): data loss once it lasts a poll timeout,
-        #: before that a new leader whose high watermark is catching up.
+        #: Since when (monotonic s) each partition's high watermark has been
+        #: below the query's position, and each partition of the position
+        #: has been missing from the metadata (see ``_available``).
         self._behind_since: dict[TopicPartitionKey, float] = {}
+        self._vanished_since: dict[TopicPartitionKey, float] = {}
+        #: The high watermarks the last latestOffset saw.
+        self._last_latest: dict[TopicPartitionKey, int] | None = None
 
     def __getstate__(self) -> dict:
         # Executors get the reader pickled; the driver's client stays here.
@@ -170,8 +200,8 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         tps = self.cluster.partitions()
-        _require_existing(self.cluster, tps)
-        start = self.cluster.resolve(self.options.starting, tps, option="startingOffsets")
+        _require_assigned(self.options, tps)
+        start = self.cluster.resolve(self.options.starting, tps)
         logger.info("kraftlog stream of %s starts at %s", self.options.subscription.describe(),
                     start)
         return offsets_to_dict(start)
@@ -194,39 +224,63 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return offsets_to_dict(available)
 
     def reportLatestOffset(self) -> dict | None:
-        tps = self.cluster.partitions()
-        return offsets_to_dict(self.cluster.latest(tps)) if tps else None
+        # What the last latestOffset saw (asking again would double the
+        # driver's lookups per trigger).
+        return None if self._last_latest is None else offsets_to_dict(self._last_latest)
 
     def _available(self, begin: dict[TopicPartitionKey, int]) -> dict[TopicPartitionKey, int]:
         """Per partition the offset up to which records may be read now: the
-        high watermark, capped by the AvailableNow target; partitions gone
-        since ``begin`` are data loss and left out."""
+        high watermark, capped by the AvailableNow target.
+
+        Two observations may be passing, so each must last before it counts
+        as data loss: a partition of ``begin`` missing from the metadata
+        (``VANISHED_GRACE_S``; meanwhile it stays at its offset) and a high
+        watermark below the query's position (``BEHIND_GRACE_S``: a new
+        leader's high watermark catches up with the old one's; meanwhile
+        nothing is read from it).
+        """
         tps = self.cluster.partitions()
-        gone = sorted(tp for tp in begin if tp not in tps)
+        now = time.monotonic()
+        carried = {}
+        gone = []
+        for tp in sorted(set(begin) - tps):
+            if now - self._vanished_since.setdefault(tp, now) < VANISHED_GRACE_S:
+                carried[tp] = begin[tp]
+            else:
+                gone.append(tp)
+        for tp in [tp for tp in self._vanished_since if tp in tps or tp not in begin]:
+            del self._vanished_since[tp]
         if gone:
             report_data_loss(self.options, "partition(s) "
                              + ", ".join(f"{t}-{p} (at offset {begin[(t, p)]})" for t, p in gone)
                              + " no longer exist")
+            for tp in gone:
+                del self._vanished_since[tp]
         latest = self.cluster.latest(tps)
-        if self._target is not None:
-            # Nothing past the target; partitions that appeared after it
-            # are left for a later query (they stay out of the offset).
-            latest = {tp: min(hw, self._target[tp]) if tp in self._target else begin[tp]
-                      for tp, hw in latest.items() if tp in self._target or tp in begin}
-        now = time.monotonic()
-        for tp, hw in list(latest.items()):
+        self._last_latest = dict(latest)
+        ends = dict(carried)
+        for tp, hw in latest.items():
             offset = begin.get(tp, 0)
-            if hw >= offset:
-                self._behind_since.pop(tp, None)
-                continue
-            since = self._behind_since.setdefault(tp, now)
-            if now - since < self.options.poll_timeout_ms / 1000:
-                latest[tp] = offset  # wait: a new leader's high watermark may be catching up
+            if hw < offset:
+                since = self._behind_since.setdefault(tp, now)
+                if now - since < BEHIND_GRACE_S:
+                    ends[tp] = offset  # wait: a new leader's high watermark may be catching up
+                    continue
+                del self._behind_since[tp]
+                report_data_loss(self.options, f"{tp[0]}-{tp[1]}: the log ends at {hw}, before "
+                                               f"offset {offset} the query had reached")
+                ends[tp] = hw  # failOnDataLoss=false: go on from the new end
                 continue
             self._behind_since.pop(tp, None)
-            report_data_loss(self.options, f"{tp[0]}-{tp[1]}: the log ends at {hw}, before "
-                                           f"offset {offset} the query had reached")
-        return latest
+            if self._target is None:
+                ends[tp] = hw
+            elif tp in self._target:
+                # Nothing past the target, and never behind the position.
+                ends[tp] = max(offset, min(hw, self._target[tp]))
+            elif tp in begin:
+                ends[tp] = offset
+            # else: appeared after the AvailableNow target: left for a later run.
+        return ends
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin = offsets_from_dict(start)

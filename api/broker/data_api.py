@@ -81,7 +81,8 @@ class DataApi:
                  is_serving: Callable[[], str | None], cluster_id: str,
                  controller_id: Callable[[], int | None],
                  follower_fetched: Callable[[Partition], None] = lambda part: None,
-                 ack_before_replication: bool = False) -> None:
+                 ack_before_replication: bool = False,
+                 metadata_ready: Callable[[], bool] = lambda: True) -> None:
         self.replicas = replicas
         # unsafe.ack.before.replication: the chaos checker's broken broker
         # (acks=all treated as acks=1); see kraft/config.py.
@@ -95,6 +96,10 @@ class DataApi:
         # Callable: None when the broker may serve data, else the reason it
         # may not (still fenced, stopping).
         self.is_serving = is_serving
+        # Callable: whether the metadata image has caught up with the
+        # controller's log since start-up. Before that the image is partial
+        # (topics missing), and a client would take it for the cluster's.
+        self.metadata_ready = metadata_ready
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/produce", self.handle_produce)
@@ -406,6 +411,11 @@ class DataApi:
 
     # -- metadata ----------------------------------------------------------------
     async def handle_metadata(self, request: web.Request) -> web.Response:
+        if not self.metadata_ready():
+            # Clients move on to another broker on BROKER_NOT_AVAILABLE.
+            raise CodedError("BROKER_NOT_AVAILABLE",
+                             f"broker {self.replicas.broker_id} is still loading the cluster "
+                             "metadata; ask another broker or retry shortly")
         if request.method == "GET":
             raw = request.query.get("topics")
             names = [n for n in raw.split(",") if n] if raw else None

@@ -101,7 +101,8 @@ class BrokerServer:
         self.data = DataApi(self.replicas, self.metrics, self._not_serving_reason,
                             config.cluster_id, lambda: self.client.leader_id,
                             follower_fetched=self.isr.maybe_propose,
-                            ack_before_replication=config.unsafe_ack_before_replication)
+                            ack_before_replication=config.unsafe_ack_before_replication,
+                            metadata_ready=lambda: self.lifecycle.metadata_caught_up)
         if config.unsafe_ack_before_replication:
             logger.warning("UNSAFE: unsafe.ack.before.replication is on: acks=all writes are "
                            "acknowledged before they are replicated and CAN BE LOST. This "

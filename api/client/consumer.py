@@ -743,6 +743,14 @@ class AsyncConsumer:
         answer = await self._metadata.request_any("/v1/metadata", {"topics": None})
         return {t["name"] for t in answer.get("topics") or () if t.get("error") is None}
 
+    async def topic_partitions(self) -> dict[str, set[int]]:
+        """Every topic in the cluster with its partition numbers, in one
+        metadata request (``topics`` and ``partitions_for_topic`` at once)."""
+        self._check_open()
+        answer = await self._metadata.request_any("/v1/metadata", {"topics": None})
+        return {t["name"]: {p["partition"] for p in t.get("partitions") or ()}
+                for t in answer.get("topics") or () if t.get("error") is None}
+
     # -- polling ----------------------------------------------------------------------------
     async def poll(self, timeout_ms: int = 0, max_records: int | None = None
                    ) -> list[ConsumerRecord]:
@@ -1172,6 +1180,9 @@ class Consumer:
 
     def topics(self) -> set[str]:
         return self._thread.run(self._consumer.topics())
+
+    def topic_partitions(self) -> dict[str, set[int]]:
+        return self._thread.run(self._consumer.topic_partitions())
 
     def close(self) -> None:
         if self._closed:

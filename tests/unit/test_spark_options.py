@@ -99,6 +99,17 @@ def test_conflicting_bootstrap_spellings_are_refused():
     assert SERVERS in message and "http://other:9092" in message
 
 
+def test_bootstrap_spellings_of_one_list_agree_and_are_normalised():
+    parsed = batch(opts(**{"kraftlog.bootstrap.servers": "h:9092, http://g:9093/",
+                           "kafka.bootstrap.servers": "http://h:9092,g:9093"}))
+    assert parsed.bootstrap == "http://h:9092,http://g:9093"
+
+
+@pytest.mark.parametrize("value", [",", " , "])
+def test_bootstrap_of_only_commas_counts_as_missing(value):
+    refused(opts(**{"kraftlog.bootstrap.servers": value}), "kraftlog.bootstrap.servers")
+
+
 # -- subscription ------------------------------------------------------------
 
 
