@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test bench-storage bench-controller clean
+.PHONY: install run test bench-storage bench-controller spark-example clean
 
 install: $(STAMP)
 
@@ -20,6 +20,12 @@ $(STAMP): pyproject.toml
 # (controller), data under ./data/node-1. Ctrl-C stops it gracefully.
 run: $(STAMP)
 	$(VENV)/bin/kraftlog node --config configs/single-node.toml
+
+# The Spark example pipeline (spark_source/example.py) against the node `make
+# run` started: demo clicks, clicks per user per minute to Parquet under
+# ./data/spark-example. More flags: make spark-example ARGS="--follow".
+spark-example: $(STAMP)
+	$(PY) -m spark_source.example $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -146,6 +146,21 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "stable again (p50, max; target: under 1 s plus the heartbeat interval).")
     bench_groups.add_arguments(groups_parser)
     groups_parser.set_defaults(handler=bench_groups.run)
+    from chaos import bench_spark
+
+    spark_parser = bench_kinds.add_parser(
+        "spark", help="PySpark format(\"kraftlog\") batch read vs Parquet; streaming latency",
+        description="Fill a topic on a fresh single node (or --target URL) and, in one local "
+                    "SparkSession (local[2]): read the whole topic through "
+                    "format(\"kraftlog\") into the noop sink --repeats times, then the same "
+                    "rows from a local Parquet copy, and print median and best records/s "
+                    "and MB/s and the kraftlog/Parquet ratio (target: at least 0.5). Then "
+                    "produce --rate records/s for --seconds s while a streaming query "
+                    "(startingOffsets latest, foreachBatch) reads them: records seen (must "
+                    "equal records produced), latency p50/p99/max from the record timestamp "
+                    "to foreachBatch, and micro-batch duration p50/p99.")
+    bench_spark.add_arguments(spark_parser)
+    spark_parser.set_defaults(handler=bench_spark.run)
 
 
 def _add_chaos_commands(commands: argparse._SubParsersAction) -> None:

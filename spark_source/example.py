@@ -126,13 +126,15 @@ class ExampleError(Exception):
     """Something to tell the user in one line, no traceback."""
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, spark: Any = None) -> int:
+    """The command line; ``spark``: a session to run in (left running), or
+    None for a local one of its own (stopped at the end)."""
     args = build_parser().parse_args(argv)
     try:
         if args.produce < 0:
             raise ExampleError("--produce must be 0 or more")
         prepare_topic(args)
-        return run_query(args)
+        return run_query(args, spark)
     except ExampleError as exc:
         print(f"spark example: {exc}", file=sys.stderr)
         return 1
@@ -159,13 +161,13 @@ def prepare_topic(args: argparse.Namespace) -> None:
                     print(f"created topic {args.topic} ({PARTITIONS} partitions)")
                 except TopicAlreadyExistsError:
                     pass  # created meanwhile: fine
+        if args.produce:
+            produce_clicks(args)
     except KraftlogError as exc:
         raise ExampleError(
             f"cannot reach a kraftlog node at {args.bootstrap} ({exc.__class__.__name__}). "
             "Start one first with `make run` (in another terminal), or point --bootstrap "
             "at a running broker") from None
-    if args.produce:
-        produce_clicks(args)
 
 
 def produce_clicks(args: argparse.Namespace) -> None:
@@ -217,12 +219,14 @@ def newest_timestamp_ms(args: argparse.Namespace) -> int:
 
 
 # -- the query ----------------------------------------------------------------------------
-def run_query(args: argparse.Namespace) -> int:
-    try:
-        spark = spark_source.local_session("kraftlog-spark-example", config=SPARK_CONFIG)
-    except ImportError:
-        raise ExampleError("pyspark is not installed: run `make install` (it installs the "
-                           "spark extra), or pip install -e '.[spark]'") from None
+def run_query(args: argparse.Namespace, spark: Any = None) -> int:
+    own_session = spark is None
+    if own_session:
+        try:
+            spark = spark_source.local_session("kraftlog-spark-example", config=SPARK_CONFIG)
+        except ImportError:
+            raise ExampleError("pyspark is not installed: run `make install` (it installs "
+                               "the spark extra), or pip install -e '.[spark]'") from None
     from pyspark.sql import functions as F
 
     clicks = (spark.readStream.format("kraftlog")
@@ -259,12 +263,14 @@ def run_query(args: argparse.Namespace) -> int:
             query.stop()
     failure = query.exception()
     if failure is not None:
-        spark.stop()
+        if own_session:
+            spark.stop()
         lines = [line for line in str(failure).splitlines() if line.strip()]
         raise ExampleError(f"the streaming query failed: {lines[0] if lines else failure}")
     watermark = (query.lastProgress or {}).get("eventTime", {}).get("watermark")
     show_output(spark, args, watermark)
-    spark.stop()
+    if own_session:
+        spark.stop()
     return 0
 
 

@@ -203,3 +203,15 @@ def test_bench_replication_and_failover_help():
         help_text = " ".join(result.stdout.split())  # argparse wraps lines
         for text in texts:
             assert text in help_text, (kind, text)
+
+
+def test_bench_spark_help():
+    # Only the help: a run starts a SparkSession, which the suite leaves to its own tests.
+    result = subprocess.run([sys.executable, "-m", "api.cli", "bench", "spark", "--help"],
+                            capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr
+    help_text = " ".join(result.stdout.split())  # argparse wraps lines
+    for text in ("--records", "--record-size", "--keys", "--partitions", "--repeats", "--rate",
+                 "--seconds", "--trigger-ms", "--target", "--dir", "--json PATH",
+                 'format("kraftlog")', "Parquet", "at least 0.5", "foreachBatch"):
+        assert text in help_text, text

@@ -452,3 +452,33 @@ def test_bad_options_fail_when_the_query_starts(spark, bootstrap):
     create_topic(bootstrap, topic, 1)
     with pytest.raises(Exception, match=f"do not exist: {topic}-3"):
         reader(spark, bootstrap, assign=f'{{"{topic}": [0, 3]}}').collect()
+
+
+# -- the example pipeline -----------------------------------------------------------------------
+def test_example_pipeline_counts_every_click_of_closed_windows(spark, bootstrap, tmp_path,
+                                                                capsys):
+    """`make spark-example` (spark_source.example) in the shared session: the
+    Parquet output holds, for every window the watermark closed, exactly the
+    clicks per user that the log holds."""
+    from collections import Counter
+
+    from spark_source import example
+
+    topic = unique("clicks")
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "cp")
+    assert example.main(["--bootstrap", bootstrap, "--topic", topic, "--produce", "2000",
+                         "--minutes", "3", "--out", out, "--checkpoint", checkpoint],
+                        spark=spark) == 0
+    printed = capsys.readouterr().out
+    assert "wrote 2,000 clicks" in printed and "clicks counted" in printed
+    rows = spark.read.parquet(out).selectExpr(
+        "unix_millis(window_start) AS start", "unix_millis(window_end) AS end", "user",
+        "clicks").collect()
+    assert rows, "no window was written"
+    closed_until = max(r["end"] for r in rows)
+    with Consumer(bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=3000) as consumer:
+        consumer.assign([TopicPartition(topic, p) for p in range(3)])
+        clicks = [(r.timestamp, r.key.decode()) for r in consumer]
+    assert len(clicks) == 2000
+    expected = Counter((ts - ts % 60_000, user) for ts, user in clicks if ts < closed_until)
+    assert {(r["start"], r["user"]): r["clicks"] for r in rows} == dict(expected)
