@@ -36,6 +36,10 @@ class ClusterOffsets:
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._consumer: Consumer | None = None
+        #: Topic ids of the subscription's topics, as the last ``partitions``
+        #: call saw them (an id changes when a topic is deleted and created
+        #: again).
+        self.topic_ids: dict[str, str] = {}
 
     def _client(self) -> Consumer:
         if self._consumer is None:
@@ -71,13 +75,17 @@ class ClusterOffsets:
     def partitions(self) -> set[TopicPartitionKey]:
         """The partitions the subscription covers now, from one metadata
         request: the subscribed topics that exist, the topics matching the
-        pattern, or those assigned partitions that exist."""
+        pattern, or those assigned partitions that exist. Also updates
+        ``topic_ids``."""
         subscription = self.options.subscription
-        everything = self._retry("listing topics", self._client().topic_partitions)
+        listed = self._retry("listing topics", self._client().list_topics)
+        self.topic_ids = {name: topic.topic_id for name, topic in listed.items()
+                          if subscription.matches(name) and topic.topic_id is not None}
         if subscription.partitions is not None:
-            return {(t, p) for t, p in subscription.partitions if p in everything.get(t, ())}
-        return {(topic, p) for topic, numbers in everything.items()
-                if subscription.matches(topic) for p in numbers}
+            return {(t, p) for t, p in subscription.partitions
+                    if t in listed and p in listed[t].partitions}
+        return {(name, p) for name, topic in listed.items()
+                if subscription.matches(name) for p in topic.partitions}
 
     # -- offsets ------------------------------------------------------------------------------
     def earliest(self, tps: Iterable[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:

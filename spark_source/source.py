@@ -185,6 +185,8 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._vanished_since: dict[TopicPartitionKey, float] = {}
         #: The high watermarks the last latestOffset saw.
         self._last_latest: dict[TopicPartitionKey, int] | None = None
+        #: The id of each topic read, since this run of the query saw it.
+        self._topic_ids: dict[str, str] = {}
 
     def __getstate__(self) -> dict:
         # Executors get the reader pickled; the driver's client stays here.
@@ -201,6 +203,7 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict:
         tps = self.cluster.partitions()
         _require_assigned(self.options, tps)
+        self._topic_ids.update(self.cluster.topic_ids)
         start = self.cluster.resolve(self.options.starting, tps)
         logger.info("kraftlog stream of %s starts at %s", self.options.subscription.describe(),
                     start)
@@ -256,11 +259,20 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                              + " no longer exist")
             for tp in gone:
                 del self._vanished_since[tp]
+                if tp[0] not in self.cluster.topic_ids:  # a topic created again later is new
+                    self._topic_ids.pop(tp[0], None)
+        recreated = self._recreated_topics()
         latest = self.cluster.latest(tps)
         self._last_latest = dict(latest)
         ends = dict(carried)
         for tp, hw in latest.items():
             offset = begin.get(tp, 0)
+            if tp[0] in recreated and tp in begin:
+                # failOnDataLoss=false: read the new topic from its start (an
+                # end below the start plans nothing; the next batch starts at 0).
+                self._behind_since.pop(tp, None)
+                ends[tp] = 0
+                continue
             if hw < offset:
                 since = self._behind_since.setdefault(tp, now)
                 if now - since < BEHIND_GRACE_S:
@@ -281,6 +293,21 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 ends[tp] = offset
             # else: appeared after the AvailableNow target: left for a later run.
         return ends
+
+    def _recreated_topics(self) -> set[str]:
+        """Topics whose id changed since this run last looked: deleted and
+        created again, so the records not yet read went with the old topic
+        (data loss) and the new one is read from its start."""
+        seen = self.cluster.topic_ids
+        recreated = {t for t, topic_id in seen.items()
+                     if self._topic_ids.get(t, topic_id) != topic_id}
+        self._topic_ids.update(seen)
+        if recreated:
+            report_data_loss(self.options, f"topic(s) {', '.join(sorted(recreated))} were "
+                                           "deleted and created again while the query ran; "
+                                           "records of the old topic not yet read are gone "
+                                           "and the new topic is read from its start")
+        return recreated
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin = offsets_from_dict(start)

@@ -21,7 +21,7 @@ but the record batch format (``storage.batch``).
 
 from api.client._types import (
     ConfigEntry, ConsumerRecord, NewTopic, OffsetAndTimestamp, PartitionInfo,
-    PartitionReassignment, RecordMetadata, TopicDescription, TopicPartition)
+    PartitionReassignment, RecordMetadata, TopicDescription, TopicMetadata, TopicPartition)
 from api.client.admin import Admin, AsyncAdmin, CreatedTopic
 from api.client.consumer import AsyncConsumer, Consumer
 from api.client.errors import (
@@ -42,6 +42,6 @@ __all__ = [
     "OffsetAndTimestamp", "OffsetOutOfRangeError",
     "PartitionInfo", "PartitionReassignment", "Producer", "RecordHandle", "RecordMetadata",
     "RequestTimedOutError",
-    "TopicAlreadyExistsError", "TopicDescription", "TopicPartition",
+    "TopicAlreadyExistsError", "TopicDescription", "TopicMetadata", "TopicPartition",
     "UnknownTopicOrPartitionError", "error_from",
 ]

@@ -63,6 +63,15 @@ class NewTopic(NamedTuple):
     replica_assignments: Mapping[int, list[int]] | None = None
 
 
+class TopicMetadata(NamedTuple):
+    """A topic as the cluster's metadata lists it (``Consumer.list_topics``).
+    ``topic_id`` changes when a topic is deleted and created again."""
+
+    name: str
+    topic_id: str | None
+    partitions: frozenset[int]
+
+
 class PartitionInfo(NamedTuple):
     """A partition as the metadata describes it; ``leader`` -1 while none."""
 

@@ -42,7 +42,7 @@ from api.client._sync import LoopThread
 from api.client._transport import (
     DEFAULT_BOOTSTRAP, ClusterMetadata, Transport, monotonic_ms)
 from api.client._types import (
-    ConsumerRecord, OffsetAndTimestamp, TopicPartition, as_topic_partition)
+    ConsumerRecord, OffsetAndTimestamp, TopicMetadata, TopicPartition, as_topic_partition)
 from api.client.errors import (
     METADATA_CODES, CorruptRecordError, KraftlogError, NoOffsetForPartitionError,
     OffsetOutOfRangeError, RequestTimedOutError, UnknownTopicOrPartitionError, error_from)
@@ -743,12 +743,14 @@ class AsyncConsumer:
         answer = await self._metadata.request_any("/v1/metadata", {"topics": None})
         return {t["name"] for t in answer.get("topics") or () if t.get("error") is None}
 
-    async def topic_partitions(self) -> dict[str, set[int]]:
-        """Every topic in the cluster with its partition numbers, in one
-        metadata request (``topics`` and ``partitions_for_topic`` at once)."""
+    async def list_topics(self) -> dict[str, TopicMetadata]:
+        """Every topic in the cluster with its id and partition numbers, in
+        one metadata request (``topics`` and ``partitions_for_topic`` at
+        once)."""
         self._check_open()
         answer = await self._metadata.request_any("/v1/metadata", {"topics": None})
-        return {t["name"]: {p["partition"] for p in t.get("partitions") or ()}
+        return {t["name"]: TopicMetadata(t["name"], t.get("topic_id"), frozenset(
+                    p["partition"] for p in t.get("partitions") or ()))
                 for t in answer.get("topics") or () if t.get("error") is None}
 
     # -- polling ----------------------------------------------------------------------------
@@ -1181,8 +1183,8 @@ class Consumer:
     def topics(self) -> set[str]:
         return self._thread.run(self._consumer.topics())
 
-    def topic_partitions(self) -> dict[str, set[int]]:
-        return self._thread.run(self._consumer.topic_partitions())
+    def list_topics(self) -> dict[str, TopicMetadata]:
+        return self._thread.run(self._consumer.list_topics())
 
     def close(self) -> None:
         if self._closed:

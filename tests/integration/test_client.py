@@ -136,6 +136,10 @@ def test_seek_position_and_seek_to_end(url, admin):
         assert [(r.offset, r.value) for r in records] == [(20, b"new")]
         assert consumer.partitions_for_topic("seeking") == {0}
         assert "seeking" in consumer.topics()
+        listed = consumer.list_topics()["seeking"]
+        assert listed.partitions == {0}
+        assert listed.topic_id is not None
+        assert listed.topic_id == admin.describe_topics(["seeking"])["seeking"].topic_id
 
 
 def test_auto_offset_reset_none_raises_until_the_application_seeks(url, admin):

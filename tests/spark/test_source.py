@@ -372,6 +372,39 @@ def test_deleted_topic(spark, bootstrap, fail_on_data_loss):
         query.stop()
 
 
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_topic_deleted_and_created_again(spark, bootstrap, fail_on_data_loss):
+    """A new incarnation of a topic (a new topic id) is data loss for what
+    the old one held unread; with failOnDataLoss=false the new one is read
+    from its start, not from the old one's offsets."""
+    topic = unique("again")
+    create_topic(bootstrap, topic, 1)
+    old = set(produce(bootstrap, topic, 20).values())
+    name = topic.replace("-", "_")
+    query = (stream(spark, bootstrap, subscribe=topic, startingOffsets="earliest",
+                    failOnDataLoss=str(fail_on_data_loss).lower())
+             .writeStream.format("memory").queryName(name)
+             .trigger(processingTime="100 milliseconds").start())
+    try:
+        wait_for_rows(spark, query, name, 20)
+        with Admin(bootstrap) as admin:
+            admin.delete_topics([topic])
+            wait_until(lambda: topic not in admin.list_topics(), 30, f"{topic} deleted")
+        create_topic(bootstrap, topic, 1)
+        # Fewer records than the old topic had: offsets alone cannot tell.
+        new = set(produce(bootstrap, topic, 5, start=100).values())
+        if fail_on_data_loss:
+            wait_until(lambda: query.exception() is not None, 60,
+                       "the query failing on the recreated topic")
+            assert "created again" in str(query.exception())
+        else:
+            rows = wait_for_rows(spark, query, name, 25)
+            assert sorted(bytes(r["value"]) for r in rows) == sorted(old | new)
+            assert query.isActive
+    finally:
+        query.stop()
+
+
 # -- a leader killed mid-query ------------------------------------------------------------------
 def test_leader_killed_mid_query_does_not_fail_it(spark, bootstrap, cluster):
     topic = unique("ha")
