@@ -313,8 +313,8 @@ def _produce_paced(bootstrap: list[str], topic: str, args: argparse.Namespace,
     thread = threading.Thread(target=produce, name="bench-spark-producer", daemon=True)
     progress = _Progress("seen", total)  # records the query saw, of those to produce
     thread.start()
-    thread.join(args.seconds + 60)  # bounded: the loop ends by itself well before
-    while thread.is_alive():
+    deadline = time.monotonic() + args.seconds + 60  # the loop ends by itself well before
+    while thread.is_alive() and time.monotonic() < deadline:
         progress.update(len(sink.latencies_ms))
         thread.join(0.5)
     progress.done(len(sink.latencies_ms))

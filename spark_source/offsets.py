@@ -18,15 +18,19 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from api.client import (
-    Consumer, KraftlogError, RequestTimedOutError, TopicPartition, UnknownTopicOrPartitionError)
+    Consumer, KraftlogError, OffsetOutOfRangeError, TopicPartition, UnknownTopicOrPartitionError)
 from spark_source.options import (
     EARLIEST, LATEST, InvalidOptionError, OffsetSpec, SourceOptions, TopicPartitionKey)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: Each lookup's deadline; the client retries within it.
-REQUEST_TIMEOUT_MS = 30_000
+#: Each lookup's deadline; the client retries within it (an election takes
+#: a second or two), and ``fetchOffset.numRetries`` retries beyond it.
+REQUEST_TIMEOUT_MS = 10_000
+#: How long the truncation probe waits for a fetch answer.
+PROBE_POLL_MS = 1000
+UNKNOWN = UnknownTopicOrPartitionError.CODE
 
 
 class ClusterOffsets:
@@ -54,17 +58,16 @@ class ClusterOffsets:
             self._consumer = None
 
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
-        """``fn()``, again after errors a retry may cure. Not after an
-        unknown topic (an answer, not a hiccup) nor a timeout (the client
-        already retried for a whole request timeout)."""
+        """``fn()``, again after errors a retry may cure (timeouts
+        included: each attempt is bounded by ``REQUEST_TIMEOUT_MS``), but
+        not after an unknown topic: an answer, not a hiccup."""
         attempts = self.options.fetch_offset_retries + 1
         for attempt in range(1, attempts + 1):
             try:
                 return fn()
-            except (UnknownTopicOrPartitionError, RequestTimedOutError):
-                raise
             except KraftlogError as exc:
-                if not exc.retriable or attempt == attempts:
+                if (not exc.retriable or attempt == attempts
+                        or UNKNOWN in (exc.code, exc.details.get("last_code"))):
                     raise
                 logger.warning("%s failed (attempt %d of %d), retrying: %s", what, attempt,
                                attempts, exc)
@@ -95,6 +98,40 @@ class ClusterOffsets:
         """High watermarks: the end of what is committed, which is all a
         query ever reads."""
         return self._offsets(tps, LATEST)
+
+    def latest_of_existing(self, tps: set[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+        """``latest(tps)`` for those of ``tps`` that still exist: a topic
+        deleted since ``tps`` was listed is left out of the answer rather
+        than failing the lookup (the caller treats it as missing)."""
+        try:
+            return self.latest(tps)
+        except KraftlogError as exc:
+            if UNKNOWN not in (exc.code, exc.details.get("last_code")):
+                raise
+        still = self.partitions() & tps
+        logger.info("kraftlog: %s vanished during an offset lookup", sorted(tps - still))
+        return self.latest(still)
+
+    def beyond_log_end(self, tp: TopicPartitionKey, offset: int) -> bool | None:
+        """Whether ``offset`` is past the end of the leader's log (a log
+        truncated, or a topic created again, below a query's position), as
+        opposed to a high watermark still catching up after a leader change
+        (the leader's log then holds ``offset``). Asked with one fetch; None
+        when the answer does not say."""
+        client = self._client()
+        partition = TopicPartition(*tp)
+        try:
+            client.assign([partition])
+            client.seek(partition, offset)
+            client.poll(PROBE_POLL_MS, 1)
+            return False
+        except OffsetOutOfRangeError:
+            return True
+        except KraftlogError as exc:
+            logger.info("kraftlog: could not probe %s-%d at %d: %s", *tp, offset, exc)
+            return None
+        finally:
+            client.assign([])
 
     def _offsets(self, tps: Iterable[TopicPartitionKey], which: int
                  ) -> dict[TopicPartitionKey, int]:

@@ -14,8 +14,8 @@ Spark's Python worker (which tuples would need).
 
 Data loss is what the range promised but the log no longer holds: offsets
 below the log start (retention deleted them), a partition or topic that is
-gone, or a log that ends before ``until`` (truncated, or the topic was
-recreated). With ``failOnDataLoss`` (the default) the task fails with
+gone or was created again (a new topic id), or a log that ends before
+``until`` (truncated). With ``failOnDataLoss`` (the default) the task fails with
 ``DataLossError``; otherwise it logs a warning and reads what is left.
 """
 
@@ -43,6 +43,10 @@ FETCH_BYTES_MAX = 8 * 1024 * 1024
 REQUEST_TIMEOUT_MS = 30_000
 #: While no record comes, how often a task checks its partition still exists.
 EXISTS_CHECK_S = 2.0
+#: A partition is gone (or its topic new) only if metadata says so this many
+#: times, this far apart.
+SAME_TOPIC_LOOKS = 3
+SAME_TOPIC_PAUSE_S = 0.5
 
 _offset_of = itemgetter(2)
 
@@ -71,11 +75,12 @@ def arrow_schema(include_headers: bool):  # -> pa.Schema
     return to_arrow_schema(kafka_schema(include_headers), timezone="UTC")
 
 
-def read_range(options: SourceOptions, rng: OffsetRange) -> Iterator:
-    """The records of ``rng`` as Arrow batches, in offset order."""
-    from api.client import (
-        Consumer, KraftlogError, OffsetOutOfRangeError, TopicPartition,
-        UnknownTopicOrPartitionError)
+def read_range(options: SourceOptions, rng: OffsetRange, topic_id: str | None = None
+               ) -> Iterator:
+    """The records of ``rng`` as Arrow batches, in offset order; with
+    ``topic_id``, only if the topic still has that id (a topic created again
+    under the same name holds other records at the same offsets)."""
+    from api.client import Consumer, KraftlogError, OffsetOutOfRangeError, TopicPartition
 
     if rng.size <= 0:
         return
@@ -99,6 +104,8 @@ def read_range(options: SourceOptions, rng: OffsetRange) -> Iterator:
                             max_poll_records=BATCH_ROWS, max_partition_fetch_bytes=fetch_bytes,
                             max_buffered_bytes=4 * fetch_bytes, fetch_max_wait_ms=100,
                             request_timeout_ms=REQUEST_TIMEOUT_MS)
+        if not _same_topic(consumer, options, tp, topic_id, rng):
+            return
         consumer.assign([tp])
         consumer.seek(tp, position)
         progress_at = checked_at = time.monotonic()
@@ -117,10 +124,8 @@ def read_range(options: SourceOptions, rng: OffsetRange) -> Iterator:
                 if now - checked_at >= EXISTS_CHECK_S:
                     # The consumer retries an unknown partition forever: ask.
                     checked_at = now
-                    if not _exists(consumer, tp, UnknownTopicOrPartitionError):
-                        report_data_loss(options, f"{name} no longer exists; offsets "
-                                                  f"{position} to {rng.until_offset - 1} were "
-                                                  "not read")
+                    if not _same_topic(consumer, options, tp, topic_id,
+                                       rng._replace(from_offset=position)):
                         return
                 if now - progress_at > options.poll_timeout_ms / 1000:
                     _no_progress(consumer, options, tp, name, position, rng)
@@ -145,11 +150,33 @@ def read_range(options: SourceOptions, rng: OffsetRange) -> Iterator:
             gc.enable()
 
 
-def _exists(consumer, tp, unknown_error: type) -> bool:
-    try:
-        return tp.partition in consumer.partitions_for_topic(tp.topic)
-    except unknown_error:
-        return False
+def _same_topic(consumer, options: SourceOptions, tp, topic_id: str | None,
+                rng: OffsetRange) -> bool:
+    """Whether the partition still exists (with ``topic_id``, if given);
+    data loss if not. Only an answer given ``SAME_TOPIC_LOOKS`` times in a
+    row counts (a broker may not have learned of a new topic yet); a
+    metadata request that fails says nothing: True."""
+    from api.client import KraftlogError
+
+    for look in range(SAME_TOPIC_LOOKS):
+        if look:
+            time.sleep(SAME_TOPIC_PAUSE_S)
+        try:
+            topic = consumer.list_topics().get(tp.topic)
+        except KraftlogError as exc:
+            if exc.retriable:
+                return True
+            raise
+        if topic is None or tp.partition not in topic.partitions:
+            problem = f"{tp.topic}-{tp.partition} no longer exists"
+        elif topic_id is not None and topic.topic_id not in (None, topic_id):
+            problem = (f"{tp.topic} was deleted and created again (its id is now "
+                       f"{topic.topic_id}, not {topic_id})")
+        else:
+            return True
+    report_data_loss(options, f"{problem}; offsets {rng.from_offset} to "
+                              f"{rng.until_offset - 1} were not read")
+    return False
 
 
 def _after_out_of_range(consumer, options: SourceOptions, tp, name: str, position: int,

@@ -51,18 +51,23 @@ logger = logging.getLogger(__name__)
 #: How long a partition must be missing from the metadata before it counts
 #: as deleted (a broker that just restarted may briefly not know it).
 VANISHED_GRACE_S = 5.0
-#: How long a high watermark may stay below a query's position before the
-#: records in between count as lost (a new leader's high watermark catches
-#: up with the old leader's within a few fetches).
+#: How long a high watermark may stay below a query's position, while the
+#: leader's log holds that position, before the records in between count as
+#: lost (a new leader's high watermark catches up within a few fetches).
 BEHIND_GRACE_S = 30.0
+#: Under Trigger.AvailableNow, how often a partition in a grace period is
+#: looked at again.
+AVAILABLE_NOW_RECHECK_S = 0.5
 
 
 class OffsetRangePartition(InputPartition):
-    """One Spark task: one offset range of one topic-partition."""
+    """One Spark task: one offset range of one topic-partition, and the id
+    the topic had when the range was planned (None if unknown)."""
 
-    def __init__(self, rng: OffsetRange) -> None:
-        super().__init__(tuple(rng))
+    def __init__(self, rng: OffsetRange, topic_id: str | None = None) -> None:
+        super().__init__((*rng, topic_id))
         self.range = rng
+        self.topic_id = topic_id
 
 
 class KraftlogDataSource(DataSource):
@@ -99,10 +104,11 @@ def _check_schema(schema: StructType, options: SourceOptions) -> None:
 
 
 def _plan(options: SourceOptions, start: dict[TopicPartitionKey, int],
-          end: dict[TopicPartitionKey, int]) -> list[OffsetRangePartition]:
+          end: dict[TopicPartitionKey, int], topic_ids: dict[str, str]
+          ) -> list[OffsetRangePartition]:
     ranges = [OffsetRange(topic, partition, start.get((topic, partition), 0), until)
               for (topic, partition), until in end.items()]
-    return [OffsetRangePartition(r) for r in split_ranges(
+    return [OffsetRangePartition(r, topic_ids.get(r.topic)) for r in split_ranges(
         ranges, options.min_partitions, options.max_records_per_partition)]
 
 
@@ -126,6 +132,7 @@ class KraftlogBatchReader(DataSourceReader):
             given = {tp for tp, o in (ending.offsets or {}).items()
                      if ending.kind == "offsets" and o >= 0}
             high_watermarks = cluster.latest(given)
+            topic_ids = dict(cluster.topic_ids)
         finally:
             cluster.close()
         for tp in sorted(tps):
@@ -138,7 +145,7 @@ class KraftlogBatchReader(DataSourceReader):
                 raise ValueError(
                     f"the starting offset of {tp[0]}-{tp[1]} ({start[tp]}) is after its ending "
                     f"offset ({end[tp]})")
-        planned = _plan(self.options, start, end)
+        planned = _plan(self.options, start, end, topic_ids)
         logger.info("kraftlog batch read of %s: %d partitions, %d records in %d tasks",
                     self.options.subscription.describe(), len(tps),
                     sum(p.range.size for p in planned), len(planned))
@@ -152,7 +159,7 @@ def _read(options: SourceOptions, partition: InputPartition) -> Iterator:
     # Spark plans one InputPartition(None) when a batch query has no range.
     if not isinstance(partition, OffsetRangePartition):
         return iter(())
-    return read_range(options, partition.range)
+    return read_range(options, partition.range, partition.topic_id)
 
 
 def _require_assigned(options: SourceOptions, tps: set[TopicPartitionKey]) -> None:
@@ -185,8 +192,8 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._vanished_since: dict[TopicPartitionKey, float] = {}
         #: The high watermarks the last latestOffset saw.
         self._last_latest: dict[TopicPartitionKey, int] | None = None
-        #: The id of each topic read, since this run of the query saw it.
-        self._topic_ids: dict[str, str] = {}
+        #: Every id each topic read has had while this run of the query ran.
+        self._topic_ids: dict[str, set[str]] = {}
 
     def __getstate__(self) -> dict:
         # Executors get the reader pickled; the driver's client stays here.
@@ -203,7 +210,8 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict:
         tps = self.cluster.partitions()
         _require_assigned(self.options, tps)
-        self._topic_ids.update(self.cluster.topic_ids)
+        for topic, topic_id in self.cluster.topic_ids.items():
+            self._topic_ids.setdefault(topic, set()).add(topic_id)
         start = self.cluster.resolve(self.options.starting, tps)
         logger.info("kraftlog stream of %s starts at %s", self.options.subscription.describe(),
                     start)
@@ -221,7 +229,13 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = offsets_from_dict(start)
-        available = self._available(begin)
+        available, pending = self._available(begin)
+        # Trigger.AvailableNow ends when nothing moves: a partition still in
+        # a grace period would end the run unexamined, so wait it out here.
+        deadline = time.monotonic() + max(VANISHED_GRACE_S, BEHIND_GRACE_S) + 1
+        while pending and self._target is not None and time.monotonic() < deadline:
+            time.sleep(AVAILABLE_NOW_RECHECK_S)
+            available, pending = self._available(begin)
         if isinstance(limit, ReadMaxRows):
             available = limit_offsets(begin, available, limit.max_rows)
         return offsets_to_dict(available)
@@ -231,57 +245,57 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # driver's lookups per trigger).
         return None if self._last_latest is None else offsets_to_dict(self._last_latest)
 
-    def _available(self, begin: dict[TopicPartitionKey, int]) -> dict[TopicPartitionKey, int]:
-        """Per partition the offset up to which records may be read now: the
-        high watermark, capped by the AvailableNow target.
+    def _available(self, begin: dict[TopicPartitionKey, int]
+                   ) -> tuple[dict[TopicPartitionKey, int], bool]:
+        """Per partition the offset up to which records may be read now (the
+        high watermark, capped by the AvailableNow target), and whether some
+        partition is in a grace period.
 
         Two observations may be passing, so each must last before it counts
-        as data loss: a partition of ``begin`` missing from the metadata
-        (``VANISHED_GRACE_S``; meanwhile it stays at its offset) and a high
-        watermark below the query's position (``BEHIND_GRACE_S``: a new
-        leader's high watermark catches up with the old one's; meanwhile
-        nothing is read from it).
+        as data loss, and meanwhile the partition stays at its offset: a
+        partition of ``begin`` missing from the metadata
+        (``VANISHED_GRACE_S``: one stale answer) and a high watermark below
+        the query's position while the leader's log still holds that
+        position (``BEHIND_GRACE_S``: a new leader's high watermark catching
+        up). A log that ends below the position (truncated) and a topic with
+        a new id (created again) are data loss at once.
         """
         tps = self.cluster.partitions()
+        latest = self.cluster.latest_of_existing(tps)
+        self._last_latest = dict(latest)
         now = time.monotonic()
-        carried = {}
-        gone = []
-        for tp in sorted(set(begin) - tps):
+        ends, gone = {}, []
+        for tp in sorted(set(begin) - set(latest)):
             if now - self._vanished_since.setdefault(tp, now) < VANISHED_GRACE_S:
-                carried[tp] = begin[tp]
+                ends[tp] = begin[tp]
             else:
                 gone.append(tp)
-        for tp in [tp for tp in self._vanished_since if tp in tps or tp not in begin]:
+        for tp in [tp for tp in self._vanished_since if tp in latest or tp not in begin]:
             del self._vanished_since[tp]
+        pending = bool(ends)
         if gone:
+            for tp in gone:
+                del self._vanished_since[tp]
             report_data_loss(self.options, "partition(s) "
                              + ", ".join(f"{t}-{p} (at offset {begin[(t, p)]})" for t, p in gone)
                              + " no longer exist")
-            for tp in gone:
-                del self._vanished_since[tp]
-                if tp[0] not in self.cluster.topic_ids:  # a topic created again later is new
-                    self._topic_ids.pop(tp[0], None)
-        recreated = self._recreated_topics()
-        latest = self.cluster.latest(tps)
-        self._last_latest = dict(latest)
-        ends = dict(carried)
+        recreated = self._recreated_topics({tp[0] for tp in begin})
         for tp, hw in latest.items():
             offset = begin.get(tp, 0)
-            if tp[0] in recreated and tp in begin:
-                # failOnDataLoss=false: read the new topic from its start (an
-                # end below the start plans nothing; the next batch starts at 0).
+            if tp[0] in recreated:
                 self._behind_since.pop(tp, None)
-                ends[tp] = 0
-                continue
-            if hw < offset:
-                since = self._behind_since.setdefault(tp, now)
-                if now - since < BEHIND_GRACE_S:
-                    ends[tp] = offset  # wait: a new leader's high watermark may be catching up
+                if self._target is not None:
+                    self._target[tp] = hw
+                if tp in begin:
+                    # failOnDataLoss=false: read the new topic from its start
+                    # (an end below the start plans nothing; the next batch
+                    # starts at 0).
+                    ends[tp] = 0
                     continue
-                del self._behind_since[tp]
-                report_data_loss(self.options, f"{tp[0]}-{tp[1]}: the log ends at {hw}, before "
-                                               f"offset {offset} the query had reached")
-                ends[tp] = hw  # failOnDataLoss=false: go on from the new end
+            if hw < offset:
+                end = self._behind(tp, offset, hw, now)
+                ends[tp] = end
+                pending = pending or end == offset
                 continue
             self._behind_since.pop(tp, None)
             if self._target is None:
@@ -292,16 +306,34 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             elif tp in begin:
                 ends[tp] = offset
             # else: appeared after the AvailableNow target: left for a later run.
-        return ends
+        return ends, pending
 
-    def _recreated_topics(self) -> set[str]:
-        """Topics whose id changed since this run last looked: deleted and
-        created again, so the records not yet read went with the old topic
-        (data loss) and the new one is read from its start."""
-        seen = self.cluster.topic_ids
-        recreated = {t for t, topic_id in seen.items()
-                     if self._topic_ids.get(t, topic_id) != topic_id}
-        self._topic_ids.update(seen)
+    def _behind(self, tp: TopicPartitionKey, offset: int, hw: int, now: float) -> int:
+        """The end for a partition whose high watermark ``hw`` is below the
+        query's position ``offset``: ``offset`` (wait) while the leader's log
+        holds the position, for up to ``BEHIND_GRACE_S``; otherwise data
+        loss, and with failOnDataLoss=false the new end ``hw``."""
+        since = self._behind_since.setdefault(tp, now)
+        truncated = self.cluster.beyond_log_end(tp, offset)
+        if not truncated and now - since < BEHIND_GRACE_S:
+            return offset
+        del self._behind_since[tp]
+        report_data_loss(self.options, f"{tp[0]}-{tp[1]}: the log ends at {hw}, before "
+                                       f"offset {offset} the query had reached")
+        return hw
+
+    def _recreated_topics(self, reading: set[str]) -> set[str]:
+        """Topics of ``reading`` with an id this run has not seen before:
+        deleted and created again, so the records not yet read went with the
+        old topic (data loss), and the new one is read from its start. Every
+        id ever seen is kept, so a stale answer with an older id is not
+        taken for yet another incarnation."""
+        recreated = set()
+        for topic, topic_id in self.cluster.topic_ids.items():
+            seen = self._topic_ids.setdefault(topic, set())
+            if seen and topic_id not in seen and topic in reading:
+                recreated.add(topic)
+            seen.add(topic_id)
         if recreated:
             report_data_loss(self.options, f"topic(s) {', '.join(sorted(recreated))} were "
                                            "deleted and created again while the query ran; "
@@ -314,8 +346,11 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         until = offsets_from_dict(end)
         # A partition whose end fell below its start (failOnDataLoss=false
         # after truncation) reads nothing; the next batch starts at its end.
+        if not self.cluster.topic_ids:  # re-planning a batch right after a restart
+            self.cluster.partitions()
         return _plan(self.options, begin,
-                     {tp: u for tp, u in until.items() if u >= begin.get(tp, 0)})
+                     {tp: u for tp, u in until.items() if u >= begin.get(tp, 0)},
+                     self.cluster.topic_ids)
 
     def read(self, partition: InputPartition) -> Iterator:
         return _read(self.options, partition)

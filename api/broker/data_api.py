@@ -410,12 +410,23 @@ class DataApi:
         return wire.respond(request, {"partitions": results})
 
     # -- metadata ----------------------------------------------------------------
-    async def handle_metadata(self, request: web.Request) -> web.Response:
+    def check_metadata_current(self) -> None:
+        """Refuse to describe the cluster from an image that may be wrong: a
+        partial one (still replaying the metadata log after a start) or a
+        stale one (fenced: cut off from the controller). Clients move on to
+        another broker on BROKER_NOT_AVAILABLE."""
         if not self.metadata_ready():
-            # Clients move on to another broker on BROKER_NOT_AVAILABLE.
             raise CodedError("BROKER_NOT_AVAILABLE",
                              f"broker {self.replicas.broker_id} is still loading the cluster "
                              "metadata; ask another broker or retry shortly")
+        reason = self.is_serving()
+        if reason is not None:
+            raise CodedError("BROKER_NOT_AVAILABLE",
+                             f"broker {self.replicas.broker_id} may have stale metadata: "
+                             f"{reason}; ask another broker")
+
+    async def handle_metadata(self, request: web.Request) -> web.Response:
+        self.check_metadata_current()
         if request.method == "GET":
             raw = request.query.get("topics")
             names = [n for n in raw.split(",") if n] if raw else None

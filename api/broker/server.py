@@ -292,6 +292,7 @@ class BrokerServer:
         body = Fields(await wire.read_body(request), "")
         names = body.strings("topics", TOPICS_PER_REQUEST_MAX, TOPIC_NAME_MAX_CHARS,
                              default=None)
+        self.data.check_metadata_current()
         answer = self.data.metadata(names)
         found = [topic["name"] for topic in answer["topics"] if topic["error"] is None]
         if found:

@@ -70,19 +70,24 @@ def produce(bootstrap: str, topic: str, count: int, *, partition: int | None = N
     return acked
 
 
-def log_contents(bootstrap: str, topic: str, partitions: int) -> dict[tuple[int, int], bytes]:
-    """Every committed record of ``topic``, read through the client."""
+def read_log(bootstrap: str, topic: str, partitions: int) -> list:
+    """Every committed record of ``topic`` (ConsumerRecords), read through
+    the client up to the high watermarks."""
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
         consumer.assign(tps)
         ends = consumer.end_offsets(tps)
-        found: dict[tuple[int, int], bytes] = {}
+        records = []
         deadline = time.monotonic() + 30
         while any(consumer.position(tp) < ends[tp] for tp in tps):
             assert time.monotonic() < deadline, "reading the log back took over 30 s"
-            for record in consumer.poll(500):
-                found[(record.partition, record.offset)] = record.value
-    return found
+            records.extend(consumer.poll(500))
+    return records
+
+
+def log_contents(bootstrap: str, topic: str, partitions: int) -> dict[tuple[int, int], bytes]:
+    """(partition, offset) -> value of every committed record of ``topic``."""
+    return {(r.partition, r.offset): r.value for r in read_log(bootstrap, topic, partitions)}
 
 
 def reader(spark, bootstrap: str, **options):
@@ -125,7 +130,7 @@ def wait_for_rows(spark, query, name: str, count: int, timeout_s: float = 60) ->
         assert time.monotonic() < deadline, (
             f"timed out after {timeout_s} s waiting for {count} rows in {name} "
             f"(have {len(rows)})")
-        time.sleep(0.1)
+        time.sleep(0.25)
 
 
 # -- schema ---------------------------------------------------------------------------------------
@@ -217,7 +222,10 @@ def test_available_now_and_max_offsets_per_trigger(spark, bootstrap, tmp_path):
              .writeStream.format("memory").queryName(name)
              .option("checkpointLocation", str(tmp_path / "cp"))
              .trigger(availableNow=True).start())
-    assert query.awaitTermination(120), "the AvailableNow query did not finish in 120 s"
+    try:
+        assert query.awaitTermination(120), "the AvailableNow query did not finish in 120 s"
+    finally:
+        query.stop()
     assert query.exception() is None
     assert rows_by_offset(memory_rows(spark, name)) == acked
     sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
@@ -251,7 +259,10 @@ def test_restart_from_checkpoint_writes_every_record_exactly_once(spark, bootstr
     acked.update(produce(bootstrap, topic, 400, start=600))
 
     second = start(availableNow=True)
-    assert second.awaitTermination(120), "the restarted query did not finish in 120 s"
+    try:
+        assert second.awaitTermination(120), "the restarted query did not finish in 120 s"
+    finally:
+        second.stop()
     assert second.exception() is None
     assert rows_by_offset(spark.read.parquet(out).collect()) == acked
 
@@ -316,9 +327,11 @@ def test_fail_on_data_loss_true_fails_a_query_reading_deleted_offsets(spark, boo
              .writeStream.format("memory").queryName(topic.replace("-", "_") + "_fail")
              .option("checkpointLocation", str(tmp_path / "cp"))
              .trigger(availableNow=True).start())
-    with pytest.raises(Exception, match="below the log start offset"):
-        query.awaitTermination(120)
-    assert not query.isActive
+    try:
+        with pytest.raises(Exception, match="below the log start offset"):
+            query.awaitTermination(120)
+    finally:
+        query.stop()
 
 
 def test_fail_on_data_loss_false_skips_deleted_offsets(spark, bootstrap, aged_topic,
@@ -334,7 +347,10 @@ def test_fail_on_data_loss_false_skips_deleted_offsets(spark, bootstrap, aged_to
              .writeStream.format("memory").queryName(name)
              .option("checkpointLocation", str(tmp_path / "cp"))
              .trigger(availableNow=True).start())
-    assert query.awaitTermination(120)
+    try:
+        assert query.awaitTermination(120), "the AvailableNow query did not finish in 120 s"
+    finally:
+        query.stop()
     assert query.exception() is None
     assert rows_by_offset(memory_rows(spark, name)) == left
     assert sorted(o for _p, o in left) == list(range(start, end))
@@ -396,7 +412,9 @@ def test_topic_deleted_and_created_again(spark, bootstrap, fail_on_data_loss):
         if fail_on_data_loss:
             wait_until(lambda: query.exception() is not None, 60,
                        "the query failing on the recreated topic")
-            assert "created again" in str(query.exception())
+            # Seen as created again, or (missing for over 5 s first) as gone.
+            message = str(query.exception())
+            assert "created again" in message or "no longer exist" in message, message
         else:
             rows = wait_for_rows(spark, query, name, 25)
             assert sorted(bytes(r["value"]) for r in rows) == sorted(old | new)
@@ -416,15 +434,19 @@ def test_leader_killed_mid_query_does_not_fail_it(spark, bootstrap, cluster):
              .trigger(processingTime="100 milliseconds").start())
     acked: dict[tuple[int, int], bytes] = {}
     errors: list[BaseException] = []
-    stop = threading.Event()
+    stop, killed_event = threading.Event(), threading.Event()
 
-    def write() -> None:  # a bounded, paced producer: 4,000 records, about 4 s at least
+    def write() -> None:
+        """Paced writes until 1,000 records after the kill (at most 20,000,
+        which at 1,000 records/s bounds it at 20 s)."""
         try:
             with Producer(bootstrap, acks="all", linger_ms=5) as producer:
                 handles = []
-                for i in range(4000):
-                    if stop.is_set():
+                after_kill = 0
+                for i in range(20_000):
+                    if stop.is_set() or after_kill >= 1000:
                         break
+                    after_kill += killed_event.is_set()
                     value = f"ha-{i}".encode()
                     handles.append((value, producer.send(topic, value)))
                     if i % 100 == 99:
@@ -443,12 +465,12 @@ def test_leader_killed_mid_query_does_not_fail_it(spark, bootstrap, cluster):
         wait_for_rows(spark, query, name, 300)
         with Admin(bootstrap) as admin:
             killed = admin.describe_topics([topic])[topic].partitions[0].leader
-        assert writer.is_alive(), "the producer finished before the leader was killed"
         cluster.kill(killed, signal.SIGKILL)
+        killed_event.set()
         writer.join(120)
         assert not writer.is_alive(), "the producer did not finish in 120 s"
         assert not errors, f"the producer failed: {errors[0]!r}"
-        assert len(acked) == 4000
+        assert len(acked) >= 1300  # 300 read before the kill, 1,000 sent after it
         log = log_contents(bootstrap, topic, 2)
         assert set(acked.items()) <= set(log.items()), "an acknowledged record is not in the log"
         rows = wait_for_rows(spark, query, name, len(log), timeout_s=120)
@@ -509,9 +531,7 @@ def test_example_pipeline_counts_every_click_of_closed_windows(spark, bootstrap,
         "clicks").collect()
     assert rows, "no window was written"
     closed_until = max(r["end"] for r in rows)
-    with Consumer(bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=3000) as consumer:
-        consumer.assign([TopicPartition(topic, p) for p in range(3)])
-        clicks = [(r.timestamp, r.key.decode()) for r in consumer]
+    clicks = [(r.timestamp, r.key.decode()) for r in read_log(bootstrap, topic, 3)]
     assert len(clicks) == 2000
     expected = Counter((ts - ts % 60_000, user) for ts, user in clicks if ts < closed_until)
     assert {(r["start"], r["user"]): r["clicks"] for r in rows} == dict(expected)
