@@ -186,8 +186,9 @@ def _after_out_of_range(consumer, options: SourceOptions, tp, name: str, positio
     now ends before ``position`` (data loss too)."""
     start = consumer.beginning_offsets([tp])[tp]
     if start > position:
-        report_data_loss(options, f"{name}: offsets {position} to {min(start, rng.until_offset) - 1}"
-                                  f" are below the log start offset {start}")
+        last = min(start, rng.until_offset) - 1
+        report_data_loss(options, f"{name}: offsets {position} to {last} are below the log "
+                                  f"start offset {start}")
         return start
     end = consumer.end_offsets([tp])[tp]
     report_data_loss(options, f"{name}: the log ends at {end}, before offset {position} the "

@@ -104,6 +104,28 @@ def stream(spark, bootstrap: str, **options):
     return source.load()
 
 
+def available_now_to_memory(spark, bootstrap: str, name: str, checkpoint: str, **options):
+    """Run a Trigger.AvailableNow query into the memory sink ``name`` until
+    it ends (120 s at most); the finished query."""
+    query = (stream(spark, bootstrap, **options)
+             .writeStream.format("memory").queryName(name)
+             .option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start())
+    try:
+        assert query.awaitTermination(120), "the AvailableNow query did not finish in 120 s"
+    finally:
+        query.stop()
+    return query
+
+
+def streaming_to_memory(spark, bootstrap: str, name: str, **options):
+    """Start a query into the memory sink ``name``, a micro-batch every
+    100 ms; the caller stops it."""
+    return (stream(spark, bootstrap, **options)
+            .writeStream.format("memory").queryName(name)
+            .trigger(processingTime="100 milliseconds").start())
+
+
 def rows_by_offset(rows) -> dict[tuple[int, int], bytes]:
     found: dict[tuple[int, int], bytes] = {}
     for row in rows:
@@ -153,7 +175,7 @@ def test_schema_is_the_kafka_sources(spark, bootstrap):
     assert stream(spark, bootstrap, subscribe="any", includeHeaders="True").schema == with_headers
 
 
-# -- batch ------------------------------------------------------------------------------------------
+# -- batch ----------------------------------------------------------------------------------------
 def test_batch_reads_between_starting_and_ending_offsets(spark, bootstrap):
     topic = unique("batch")
     create_topic(bootstrap, topic, 2)
@@ -211,21 +233,15 @@ def test_batch_starting_timestamp_and_min_partitions(spark, bootstrap):
     assert rows_by_offset(capped.collect()) == acked
 
 
-# -- streaming --------------------------------------------------------------------------------------
+# -- streaming ------------------------------------------------------------------------------------
 def test_available_now_and_max_offsets_per_trigger(spark, bootstrap, tmp_path):
     topic = unique("avail")
     create_topic(bootstrap, topic, 3)
     acked = produce(bootstrap, topic, 1000)
     name = topic.replace("-", "_")
-    query = (stream(spark, bootstrap, subscribe=topic, startingOffsets="earliest",
-                    maxOffsetsPerTrigger="150")
-             .writeStream.format("memory").queryName(name)
-             .option("checkpointLocation", str(tmp_path / "cp"))
-             .trigger(availableNow=True).start())
-    try:
-        assert query.awaitTermination(120), "the AvailableNow query did not finish in 120 s"
-    finally:
-        query.stop()
+    query = available_now_to_memory(spark, bootstrap, name, str(tmp_path / "cp"),
+                                    subscribe=topic, startingOffsets="earliest",
+                                    maxOffsetsPerTrigger="150")
     assert query.exception() is None
     assert rows_by_offset(memory_rows(spark, name)) == acked
     sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
@@ -273,10 +289,8 @@ def test_partitions_and_topics_added_mid_stream_are_read_from_their_start(spark,
     create_topic(bootstrap, first, 1)
     acked = {(first, *k): v for k, v in produce(bootstrap, first, 30).items()}
     name = prefix.replace("-", "_")
-    query = (stream(spark, bootstrap, subscribePattern=f"{prefix}-.*",
-                    startingOffsets="earliest")
-             .writeStream.format("memory").queryName(name)
-             .trigger(processingTime="100 milliseconds").start())
+    query = streaming_to_memory(spark, bootstrap, name, subscribePattern=f"{prefix}-.*",
+                                startingOffsets="earliest")
     try:
         wait_for_rows(spark, query, name, 30)
         with Admin(bootstrap) as admin:
@@ -294,7 +308,7 @@ def test_partitions_and_topics_added_mid_stream_are_read_from_their_start(spark,
         query.stop()
 
 
-# -- failOnDataLoss ----------------------------------------------------------------------------------
+# -- failOnDataLoss -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def aged_topic(bootstrap):
     """A topic whose first records retention has deleted: (name, log start,
@@ -342,15 +356,9 @@ def test_fail_on_data_loss_false_skips_deleted_offsets(spark, bootstrap, aged_to
                   failOnDataLoss="false").collect()
     assert rows_by_offset(rows) == left
     name = topic.replace("-", "_") + "_skip"
-    query = (stream(spark, bootstrap, subscribe=topic, startingOffsets=from_zero,
-                    failOnDataLoss="false")
-             .writeStream.format("memory").queryName(name)
-             .option("checkpointLocation", str(tmp_path / "cp"))
-             .trigger(availableNow=True).start())
-    try:
-        assert query.awaitTermination(120), "the AvailableNow query did not finish in 120 s"
-    finally:
-        query.stop()
+    query = available_now_to_memory(spark, bootstrap, name, str(tmp_path / "cp"),
+                                    subscribe=topic, startingOffsets=from_zero,
+                                    failOnDataLoss="false")
     assert query.exception() is None
     assert rows_by_offset(memory_rows(spark, name)) == left
     assert sorted(o for _p, o in left) == list(range(start, end))
@@ -364,10 +372,9 @@ def test_deleted_topic(spark, bootstrap, fail_on_data_loss):
     produce(bootstrap, gone, 10)
     acked = produce(bootstrap, kept, 10)
     name = gone.replace("-", "_")
-    query = (stream(spark, bootstrap, subscribe=f"{gone},{kept}", startingOffsets="earliest",
-                    failOnDataLoss=str(fail_on_data_loss).lower())
-             .writeStream.format("memory").queryName(name)
-             .trigger(processingTime="100 milliseconds").start())
+    query = streaming_to_memory(spark, bootstrap, name, subscribe=f"{gone},{kept}",
+                                startingOffsets="earliest",
+                                failOnDataLoss=str(fail_on_data_loss).lower())
     try:
         wait_for_rows(spark, query, name, 20)
         with Admin(bootstrap) as admin:
@@ -397,10 +404,9 @@ def test_topic_deleted_and_created_again(spark, bootstrap, fail_on_data_loss):
     create_topic(bootstrap, topic, 1)
     old = set(produce(bootstrap, topic, 20).values())
     name = topic.replace("-", "_")
-    query = (stream(spark, bootstrap, subscribe=topic, startingOffsets="earliest",
-                    failOnDataLoss=str(fail_on_data_loss).lower())
-             .writeStream.format("memory").queryName(name)
-             .trigger(processingTime="100 milliseconds").start())
+    query = streaming_to_memory(spark, bootstrap, name, subscribe=topic,
+                                startingOffsets="earliest",
+                                failOnDataLoss=str(fail_on_data_loss).lower())
     try:
         wait_for_rows(spark, query, name, 20)
         with Admin(bootstrap) as admin:
@@ -428,10 +434,8 @@ def test_leader_killed_mid_query_does_not_fail_it(spark, bootstrap, cluster):
     topic = unique("ha")
     create_topic(bootstrap, topic, 2, rf=3, min_insync_replicas=2)
     name = topic.replace("-", "_")
-    query = (stream(spark, bootstrap, subscribe=topic, startingOffsets="earliest",
-                    maxOffsetsPerTrigger="200")
-             .writeStream.format("memory").queryName(name)
-             .trigger(processingTime="100 milliseconds").start())
+    query = streaming_to_memory(spark, bootstrap, name, subscribe=topic,
+                                startingOffsets="earliest", maxOffsetsPerTrigger="200")
     acked: dict[tuple[int, int], bytes] = {}
     errors: list[BaseException] = []
     stop, killed_event = threading.Event(), threading.Event()
