@@ -367,10 +367,6 @@ def _partition_table(name: str, value: str) -> dict[TopicPartitionKey, int]:
     return table
 
 
-def offsets_to_json(offsets: Mapping[TopicPartitionKey, int]) -> str:
-    return json.dumps(offsets_to_dict(offsets), sort_keys=True)
-
-
 def offsets_to_dict(offsets: Mapping[TopicPartitionKey, int]) -> dict[str, dict[str, int]]:
     """{(topic, 0): 23} -> {"topic": {"0": 23}}: the streaming offset Spark
     keeps in its checkpoint (the Kafka source's layout)."""

@@ -77,7 +77,8 @@ class KraftlogDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
-        return "kraftlog"
+        from spark_source import FORMAT
+        return FORMAT
 
     def schema(self) -> StructType:
         return kafka_schema(include_headers(self.options))
