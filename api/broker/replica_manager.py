@@ -1,28 +1,23 @@
-"""The partitions this broker hosts, kept in step with the metadata image.
+"""The shell around the replication core: disks on one side, asyncio on the other.
 
-The ``BrokerLifecycle`` calls ``apply_image`` after every metadata change. For
-each partition whose replicas include this broker, the manager opens (or
-creates) its log, applies the topic's config overrides, and takes the
-leader, epochs and ISR from the image. Partitions the image no longer gives
-this broker (topic deleted, or recreated under the same name with a new topic
-id) lose their logs, but only once the broker's image has caught up to its own
-registration: an image still replaying the metadata log from the start is a
-past state, in which a topic that exists today may not exist yet.
-
-Each partition directory holds ``partition.metadata`` naming its topic id
-(as Kafka's does), so a broker that was down while a topic was deleted and
-recreated never serves the old topic's data as the new one's.
-
-The produce and fetch handlers ask ``leader_partition`` for the partition
-they write to or read from; it raises ``NotLeaderOrFollowerError`` with the
-current leader when this broker is not it. Fetch long-polls and ``acks=all``
-produces wait on ``data_waiter``; appends, high-watermark moves and role
-changes wake them.
-
-High watermarks survive restarts in each log directory's
+``DiskLogs`` is the disk side of hosting partitions, which the core
+(``replication.ReplicationCore``) calls through its ``HostedLogs`` interface:
+open or create a partition's log in the ``LogManager``, apply topic config
+overrides, delete it. Each partition directory holds ``partition.metadata``
+naming its topic id (as Kafka's does), so a broker that was down while a
+topic was deleted and recreated never serves the old topic's data as the new
+one's. High watermarks survive restarts in each log directory's
 ``replication-offset-checkpoint`` (Kafka's file): written every
 ``replica.high.watermark.checkpoint.interval.ms`` and at shutdown, read when a
 partition is first hosted, and clamped to the recovered log end.
+
+``ReplicaManager`` drives the core on the event loop: it feeds it events
+(metadata changes, requests from ``data_api``, answers from ``fetcher`` and
+``isr``, timer ticks) with the monotonic clock, and carries out its actions:
+it resolves the future of every answered request, hands follower fetches to
+the ``FollowerFetchSender`` and ISR changes to the ``AlterPartitionSender``,
+cancels what the core gave up on, and keeps one timer armed at the core's
+next deadline. It decides nothing itself.
 """
 
 from __future__ import annotations
@@ -32,19 +27,17 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
-from api.broker.errors import (FencedLeaderEpochError, LeaderNotAvailableError,
-                               NotLeaderOrFollowerError, UnknownLeaderEpochError)
+from api.broker.lifecycle_core import LifecycleCore
 from api.broker.partition import Partition
-from kraft.config import BROKER_LISTENER
-from kraft.errors import UnknownTopicOrPartitionError
+from api.broker.replication import (Action, CancelRequest, FetchRequest, ProduceItem,
+                                    ReplicationCore, ReplicationSettings, Respond,
+                                    SendAlterPartition, SendFetch)
 from kraft.image import MetadataImage
-from kraft.records import LEADER_RECOVERING, NO_LEADER
-from kraft.topic_config import MIN_INSYNC_REPLICAS, builtin_defaults
 from storage.checkpoint import CheckpointFormatError, OffsetCheckpoint, write_atomically
-from storage.config import TOPIC_KEYS
-from storage.log import AppendInfo
-from storage.manager import LogManager, TopicPartition, validate_topic_name
+from storage.log import AppendInfo, Log
+from storage.manager import LogManager, TopicPartition
 
 logger = logging.getLogger(__name__)
 
@@ -69,109 +62,21 @@ def read_topic_id(directory: str) -> str | None:
     return None
 
 
-def _as_int(value, default: int) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
+class DiskLogs:
+    """``HostedLogs`` over a ``LogManager``: partition logs on disk, their
+    topic ids and high-watermark checkpoints."""
 
-
-def broker_url(image: MetadataImage, broker_id: int) -> str | None:
-    broker = image.brokers.get(broker_id)
-    if broker is None:
-        return None
-    address = broker.endpoints.get(BROKER_LISTENER)
-    return f"http://{address}" if address else None
-
-
-class ReplicaManager:
-    def __init__(self, broker_id: int, log_manager: LogManager, *,
-                 topic_defaults: Mapping[str, str] | None = None,
-                 clock_ms: Callable[[], int] = monotonic_ms) -> None:
+    def __init__(self, broker_id: int, log_manager: LogManager) -> None:
         self.broker_id = broker_id
         self.log_manager = log_manager
-        self.clock_ms = clock_ms
-        # Topic-level defaults (this node's min.insync.replicas and friends).
-        self.topic_defaults = dict(topic_defaults or builtin_defaults())
-        self.partitions: dict[TopicPartition, Partition] = {}
-        self.image = MetadataImage()
+        # Storage overrides each hosted log was opened with.
+        self._overrides: dict[TopicPartition, dict[str, str]] = {}
         # High watermarks read from the checkpoints, for partitions not yet
         # hosted (loaded on first use, after the log manager started).
         self._checkpointed: dict[TopicPartition, int] | None = None
-        # ISR changes this broker made as leader (metrics).
-        self.isr_shrinks = 0
-        self.isr_expands = 0
-        # Storage overrides each hosted log was opened with.
-        self._overrides: dict[TopicPartition, dict[str, str]] = {}
-        # Fetch long-polls waiting for data, by partition.
-        self._waiters: dict[TopicPartition, set[asyncio.Future]] = {}
-        log_manager.retention_upper_bounds = self.high_watermarks
 
-    # -- following the metadata --------------------------------------------
-    def apply_image(self, image: MetadataImage, caught_up: bool) -> None:
-        """Host what ``image`` gives this broker; with ``caught_up`` also drop
-        what it no longer gives. Called on the event loop after every change."""
-        self.image = image
-        now_ms = self.clock_ms()
-        # Assigned by the image, whether or not its log opens: a log that
-        # fails to open now is retried on the next change, never deleted.
-        assigned: set[TopicPartition] = set()
-        for name, topic in image.topics.items():
-            configs = image.topic_configs(name)
-            overrides = {key: value for key, value in configs.items() if key in TOPIC_KEYS}
-            min_isr = _as_int(configs.get(MIN_INSYNC_REPLICAS,
-                                          self.topic_defaults.get(MIN_INSYNC_REPLICAS)), 1)
-            for number, reg in topic.partitions.items():
-                if self.broker_id not in reg.replicas:
-                    continue
-                tp = TopicPartition(name, number)
-                assigned.add(tp)
-                try:
-                    part = self._hosted(tp, topic.topic_id, overrides, caught_up)
-                except Exception:
-                    logger.exception("broker %d: cannot open the log of %s", self.broker_id, tp)
-                    continue
-                if part is None:
-                    continue
-                part.min_insync_replicas = min_isr
-                if not caught_up:
-                    # A replayed past: the log is opened, but no role is taken
-                    # from it (no epoch written, no high watermark moved, no
-                    # ISR proposed). The caught-up image that follows decides.
-                    continue
-                before = (part.role, part.leader_epoch, part.high_watermark)
-                recovery = reg.leader_recovery_state
-                if part.update(reg.leader, reg.leader_epoch, reg.partition_epoch,
-                               reg.replicas, reg.isr, now_ms, recovery):
-                    self._log_new_leadership(part, recovery)
-                if (part.role, part.leader_epoch, part.high_watermark) != before:
-                    self.notify(tp)  # waiting fetches answer with the new role or data
-        if caught_up:
-            doomed = {tp for tp in self.partitions if tp not in assigned}
-            doomed |= {tp for tp in self.log_manager.logs if tp not in assigned}
-            for tp in sorted(doomed):
-                try:
-                    self._remove(tp, "its topic was deleted or it moved to other brokers")
-                except Exception:
-                    logger.exception("broker %d: cannot delete the log of %s",
-                                     self.broker_id, tp)
-
-    def _hosted(self, tp: TopicPartition, topic_id: str, overrides: dict,
-                caught_up: bool) -> Partition | None:
-        """The partition of topic ``topic_id``, opened or created; None when
-        the log on disk belongs to another incarnation of the topic and the
-        image is too old to say which one is current."""
-        part = self.partitions.get(tp)
-        if part is not None and part.topic_id != topic_id:
-            if not caught_up:
-                return None
-            self._remove(tp, f"topic recreated with id {topic_id}")
-            part = None
-        if part is not None:
-            if overrides != self._overrides.get(tp):
-                self.log_manager.get_or_create_log(tp, overrides)
-                self._overrides[tp] = overrides
-            return part
+    def open(self, tp: TopicPartition, topic_id: str, overrides: dict,
+             caught_up: bool) -> tuple[Log, int | None] | None:
         existing = self.log_manager.get_log(tp)
         if existing is not None:
             recorded = read_topic_id(existing.directory)
@@ -189,80 +94,22 @@ class ReplicaManager:
         elif recorded != topic_id:
             raise RuntimeError(f"{tp}: the log at {log.directory} belongs to topic id "
                                f"{recorded}, not {topic_id}; refusing to serve it")
-        part = Partition(tp, log, self.broker_id, topic_id,
-                         high_watermark=self._checkpointed_high_watermark(tp))
-        self.partitions[tp] = part
         self._overrides[tp] = overrides
-        return part
+        return log, self._load_checkpoints().get(tp)
 
-    def _log_new_leadership(self, part: Partition, recovery: int) -> None:
-        if recovery == LEADER_RECOVERING:
-            logger.warning(
-                "broker %d: UNCLEAN leader election: leads %s in epoch %d although it was not "
-                "in sync; its log ends at offset %d (high watermark %d), so records the "
-                "previous leader acknowledged at or above offset %d are LOST",
-                self.broker_id, part.tp, part.leader_epoch, part.log_end_offset,
-                part.high_watermark, part.log_end_offset)
-        else:
-            logger.info("broker %d: leader of %s in epoch %d (log end %d)", self.broker_id,
-                        part.tp, part.leader_epoch, part.log_end_offset)
+    def reconfigure(self, tp: TopicPartition, overrides: dict) -> None:
+        if overrides != self._overrides.get(tp):
+            self.log_manager.get_or_create_log(tp, overrides)
+            self._overrides[tp] = overrides
 
-    def _remove(self, tp: TopicPartition, reason: str) -> None:
-        logger.info("broker %d: deleting the log of %s (%s)", self.broker_id, tp, reason)
-        self.partitions.pop(tp, None)
+    def delete(self, tp: TopicPartition) -> None:
         self._overrides.pop(tp, None)
         self.log_manager.delete_log(tp)
-        self.notify(tp)
 
-    # -- lookups ---------------------------------------------------------------
-    def leader_partition(self, topic: str, partition: int,
-                         current_leader_epoch: int | None = None) -> Partition:
-        """The partition if this broker leads it (in ``current_leader_epoch``
-        when the caller names one); otherwise the error that tells the
-        caller where to go."""
-        part = self.partitions.get(TopicPartition(topic, partition))
-        if part is None or not part.is_leader:
-            reg = self.image.partition(topic, partition)
-            if reg is None:
-                validate_topic_name(topic)  # a name that can never exist is not retriable
-                if topic in self.image.topics:
-                    count = len(self.image.topics[topic].partitions)
-                    raise UnknownTopicOrPartitionError(
-                        f"topic {topic!r} has partitions 0 to {count - 1}, not {partition}")
-                raise UnknownTopicOrPartitionError(
-                    f"topic {topic!r} does not exist (create it with "
-                    f"`kraftlog topics create {topic}`)")
-            if reg.leader == NO_LEADER:
-                raise LeaderNotAvailableError(
-                    f"{topic}-{partition} has no leader: all its replicas {reg.replicas} "
-                    "are unavailable", leader_epoch=reg.leader_epoch)
-            raise NotLeaderOrFollowerError(
-                f"broker {self.broker_id} is not the leader of {topic}-{partition}; "
-                f"broker {reg.leader} is", leader_id=reg.leader,
-                leader_epoch=reg.leader_epoch, leader_url=broker_url(self.image, reg.leader))
-        if current_leader_epoch is not None and current_leader_epoch >= 0:
-            if current_leader_epoch < part.leader_epoch:
-                raise FencedLeaderEpochError(
-                    f"{topic}-{partition}: leader epoch {current_leader_epoch} is stale; "
-                    f"the current one is {part.leader_epoch}")
-            if current_leader_epoch > part.leader_epoch:
-                raise UnknownLeaderEpochError(
-                    f"{topic}-{partition}: leader epoch {current_leader_epoch} is newer "
-                    f"than this broker's {part.leader_epoch}; retry")
-        return part
-
-    def append(self, part: Partition, records) -> AppendInfo:
-        info = part.append_as_leader(records)
-        self.notify(part.tp)
-        return info
-
-    def high_watermarks(self) -> dict[TopicPartition, int]:
-        return {tp: part.high_watermark for tp, part in self.partitions.items()}
+    def hosted(self) -> set[TopicPartition]:
+        return set(self.log_manager.logs)
 
     # -- high-watermark checkpoints ----------------------------------------------
-    def _checkpointed_high_watermark(self, tp: TopicPartition) -> int | None:
-        return self._load_checkpoints().get(tp)
-
     def _load_checkpoints(self) -> dict[TopicPartition, int]:
         if self._checkpointed is None:
             self._checkpointed = {}
@@ -278,7 +125,8 @@ class ReplicaManager:
                     (TopicPartition(topic, p), hw) for (topic, p), hw in stored.items())
         return self._checkpointed
 
-    def high_watermark_snapshot(self) -> dict[str, dict[tuple[str, int], int]]:
+    def high_watermark_snapshot(self, partitions: Mapping[TopicPartition, Partition]
+                                ) -> dict[str, dict[tuple[str, int], int]]:
         """Event loop: ``{log dir: {(topic, partition): high watermark}}``
         for every log on disk (hosted ones as they are now, others as last
         checkpointed), to hand to ``write_high_watermarks`` on any thread."""
@@ -288,7 +136,7 @@ class ReplicaManager:
         # keeps what the last one held.
         checkpointed = self._load_checkpoints()
         for tp, part_log in self.log_manager.logs.items():
-            part = self.partitions.get(tp)
+            part = partitions.get(tp)
             hw = part.high_watermark if part is not None else checkpointed.get(tp)
             directory = dirs.get(os.path.dirname(os.path.abspath(part_log.directory)))
             if hw is not None and directory is not None:
@@ -300,24 +148,153 @@ class ReplicaManager:
         for directory, offsets in snapshot.items():
             OffsetCheckpoint(os.path.join(directory, HIGH_WATERMARK_FILE)).write(offsets)
 
-    # -- long-poll waiters -----------------------------------------------------
-    def data_waiter(self, tps: list[TopicPartition]) -> asyncio.Future:
-        """A future completed the next time any of ``tps`` gains committed
-        data or changes role. The caller must ``forget_waiter`` it."""
+
+class FetchSender(Protocol):
+    def send(self, action: SendFetch) -> None: ...
+    def cancel(self, request_id: int) -> None: ...
+
+
+class AlterSender(Protocol):
+    def send(self, action: SendAlterPartition) -> None: ...
+    def cancel(self, request_id: int) -> None: ...
+
+
+class ReplicaManager:
+    """Drives the ``ReplicationCore`` on the event loop."""
+
+    def __init__(self, broker_id: int, log_manager: LogManager, lifecycle: LifecycleCore,
+                 settings: ReplicationSettings = ReplicationSettings(), *,
+                 topic_defaults: Mapping[str, str] | None = None,
+                 clock_ms: Callable[[], int] = monotonic_ms) -> None:
+        self.broker_id = broker_id
+        self.log_manager = log_manager
+        self.disk = DiskLogs(broker_id, log_manager)
+        self.core = ReplicationCore(broker_id, self.disk, lifecycle, settings,
+                                    topic_defaults=topic_defaults)
+        self.clock_ms = clock_ms
+        # Set by the server: where follower fetches and ISR changes go.
+        self.fetch_sender: FetchSender | None = None
+        self.alter_sender: AlterSender | None = None
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at_ms: int | None = None
+        self._stopped = False
+        log_manager.retention_upper_bounds = self.core.high_watermarks
+
+    # -- what others read ----------------------------------------------------------
+    @property
+    def partitions(self) -> dict[TopicPartition, Partition]:
+        return self.core.partitions
+
+    @property
+    def image(self) -> MetadataImage:
+        return self.core.image
+
+    @property
+    def isr_shrinks(self) -> int:
+        return self.core.isr_shrinks
+
+    @property
+    def isr_expands(self) -> int:
+        return self.core.isr_expands
+
+    def leader_partition(self, topic: str, partition: int,
+                         current_leader_epoch: int | None = None) -> Partition:
+        return self.core.leader_partition(topic, partition, current_leader_epoch)
+
+    # -- events in -------------------------------------------------------------------
+    def apply_image(self, image: MetadataImage) -> None:
+        self.core.apply_image(image, self.clock_ms())
+        self._carry_out()
+
+    async def produce(self, items: list[ProduceItem], acks: int, timeout_ms: int
+                      ) -> tuple[list[dict], list[tuple[str, AppendInfo]]]:
+        request_id, future = self._new_request()
+        appended = self.core.produce(request_id, items, acks, timeout_ms, self.clock_ms())
+        self._carry_out()
+        return await future, appended
+
+    async def fetch(self, request: FetchRequest) -> list[dict]:
+        request_id, future = self._new_request()
+        self.core.fetch(request_id, request, self.clock_ms())
+        self._carry_out()
+        return await future
+
+    async def append_committed(self, part: Partition, records: bytes, timeout_ms: int
+                               ) -> tuple[dict, AppendInfo]:
+        """Append as leader and wait until committed (the group coordinator's
+        writes); the partition's result entry and what was appended."""
+        request_id, future = self._new_request()
+        try:
+            info = self.core.append_committed(request_id, part, records, timeout_ms,
+                                              self.clock_ms())
+        except BaseException:
+            self._waiting.pop(request_id, None)
+            raise
+        self._carry_out()
+        return (await future)[0], info
+
+    def fetch_answered(self, request_id: int, answer: dict) -> None:
+        self.core.fetch_answered(request_id, answer, self.clock_ms())
+        self._carry_out()
+
+    def fetch_failed(self, request_id: int) -> None:
+        self.core.fetch_failed(request_id, self.clock_ms())
+        self._carry_out()
+
+    def alter_partition_answered(self, request_id: int, answer: dict | None,
+                                 error_code: str | None) -> None:
+        self.core.alter_partition_answered(request_id, answer, error_code, self.clock_ms())
+        self._carry_out()
+
+    def _tick(self) -> None:
+        self._timer, self._timer_at_ms = None, None
+        self.core.tick(self.clock_ms())
+        self._carry_out()
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # -- actions out -------------------------------------------------------------------
+    def _new_request(self) -> tuple[int, asyncio.Future]:
+        request_id = self.core.new_request_id()
         future = asyncio.get_running_loop().create_future()
-        for tp in tps:
-            self._waiters.setdefault(tp, set()).add(future)
-        return future
+        self._waiting[request_id] = future
+        return request_id, future
 
-    def forget_waiter(self, future: asyncio.Future, tps: list[TopicPartition]) -> None:
-        for tp in tps:
-            waiting = self._waiters.get(tp)
-            if waiting is not None:
-                waiting.discard(future)
-                if not waiting:
-                    del self._waiters[tp]
+    def _carry_out(self) -> None:
+        for action in self.core.ready():
+            self._carry_out_one(action)
+        self._arm_timer()
 
-    def notify(self, tp: TopicPartition) -> None:
-        for future in self._waiters.pop(tp, ()):
-            if not future.done():
-                future.set_result(None)
+    def _carry_out_one(self, action: Action) -> None:
+        if isinstance(action, Respond):
+            future = self._waiting.pop(action.request_id, None)
+            if future is not None and not future.done():
+                future.set_result(action.results)
+        elif isinstance(action, SendFetch):
+            if self.fetch_sender is not None:
+                self.fetch_sender.send(action)
+        elif isinstance(action, SendAlterPartition):
+            if self.alter_sender is not None:
+                self.alter_sender.send(action)
+        elif isinstance(action, CancelRequest):
+            for sender in (self.fetch_sender, self.alter_sender):
+                if sender is not None:
+                    sender.cancel(action.request_id)
+
+    def _arm_timer(self) -> None:
+        if self._stopped:
+            return
+        wake_ms = self.core.next_wake_ms()
+        if wake_ms is None or wake_ms == self._timer_at_ms:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        loop = asyncio.get_running_loop()
+        delay_s = max(0.0, (wake_ms - self.clock_ms()) / 1000)
+        self._timer = loop.call_later(delay_s, self._tick)
+        self._timer_at_ms = wake_ms

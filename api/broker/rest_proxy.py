@@ -28,7 +28,7 @@ import msgpack
 from aiohttp import web
 
 from api.broker.errors import LeaderNotAvailableError
-from api.broker.replica_manager import broker_url
+from api.broker.replication import broker_url
 from api.client.partitioner import partition_for_key
 from kraft import wire
 from kraft.errors import InvalidRequestError, KraftError, UnknownTopicOrPartitionError

@@ -27,13 +27,14 @@ import aiohttp
 from aiohttp import web
 
 from api.broker.data_api import DataApi
-from api.broker.fetcher import FetcherSettings, ReplicaFetcherManager
+from api.broker.fetcher import FollowerFetchSender
 from api.broker.groups.api import GroupApi
 from api.broker.groups.service import GroupService
-from api.broker.isr import IsrManager
-from api.broker.lifecycle import BrokerLifecycle, BrokerState
+from api.broker.isr import AlterPartitionSender
+from api.broker.lifecycle import BrokerLifecycle
 from api.broker.metrics import BrokerMetrics
-from api.broker.replica_manager import ReplicaManager, broker_url
+from api.broker.replica_manager import ReplicaManager
+from api.broker.replication import ReplicationSettings, broker_url
 from api.broker.rest_proxy import RestProxy
 from kraft import wire
 from kraft.client import ControllerClient
@@ -72,6 +73,23 @@ ADMIN_ROUTES = {
 }
 
 
+def replication_settings(config: NodeConfig) -> ReplicationSettings:
+    """The replication core's settings from the node config (Kafka's names)."""
+    settings = config.settings
+    defaults = ReplicationSettings()
+    return ReplicationSettings(
+        lag_time_max_ms=int(settings.get("replica.lag.time.max.ms",
+                                         REPLICA_LAG_TIME_MAX_MS_DEFAULT)),
+        fetch_wait_max_ms=int(settings.get("replica.fetch.wait.max.ms",
+                                           defaults.fetch_wait_max_ms)),
+        fetch_partition_bytes_max=int(settings.get("replica.fetch.max.bytes",
+                                                   defaults.fetch_partition_bytes_max)),
+        fetch_response_bytes_max=int(settings.get("replica.fetch.response.max.bytes",
+                                                  defaults.fetch_response_bytes_max)),
+        num_fetchers=int(settings.get("num.replica.fetchers", defaults.num_fetchers)),
+        ack_before_replication=config.unsafe_ack_before_replication)
+
+
 class BrokerServer:
     def __init__(self, config: NodeConfig, lifecycle: BrokerLifecycle,
                  client: ControllerClient) -> None:
@@ -83,14 +101,12 @@ class BrokerServer:
         self.log_manager = LogManager(LogManagerConfig.from_broker_config(config.settings),
                                       LogConfig.from_broker_config(config.settings))
         self.replicas = ReplicaManager(
-            config.node_id, self.log_manager,
+            config.node_id, self.log_manager, lifecycle.core, replication_settings(config),
             topic_defaults=defaults_from_broker_config(config.settings))
-        self.fetchers = ReplicaFetcherManager(
-            self.replicas, FetcherSettings.from_broker_config(config.settings),
-            lambda: self.lifecycle.metadata_caught_up and self.lifecycle.broker_epoch is not None)
-        self.isr = IsrManager(self.replicas, client, lambda: self.lifecycle.broker_epoch,
-                              int(config.settings.get("replica.lag.time.max.ms",
-                                                      REPLICA_LAG_TIME_MAX_MS_DEFAULT)))
+        self.fetchers = FollowerFetchSender(self.replicas)
+        self.isr = AlterPartitionSender(self.replicas, client)
+        self.replicas.fetch_sender = self.fetchers
+        self.replicas.alter_sender = self.isr
         self.hw_checkpoint_interval_ms = int(config.settings.get(
             "replica.high.watermark.checkpoint.interval.ms", HW_CHECKPOINT_INTERVAL_MS_DEFAULT))
         self._hw_task: asyncio.Task | None = None
@@ -100,8 +116,6 @@ class BrokerServer:
                                      self._replication_gauges)
         self.data = DataApi(self.replicas, self.metrics, self._not_serving_reason,
                             config.cluster_id, lambda: self.client.leader_id,
-                            follower_fetched=self.isr.maybe_propose,
-                            ack_before_replication=config.unsafe_ack_before_replication,
                             metadata_ready=lambda: self.lifecycle.metadata_caught_up)
         if config.unsafe_ack_before_replication:
             logger.warning("UNSAFE: unsafe.ack.before.replication is on: acks=all writes are "
@@ -127,7 +141,6 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.log_manager.startup)
         await self.log_manager.start_background_tasks()
-        await self.isr.start()
         self.groups.start()
         self._hw_task = asyncio.create_task(self._checkpoint_high_watermarks_loop(),
                                             name="high-watermark-checkpoint")
@@ -162,6 +175,7 @@ class BrokerServer:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        self.replicas.stop()
         await self.fetchers.stop()
         await self.isr.stop()
         if self._hw_task is not None:
@@ -180,9 +194,9 @@ class BrokerServer:
 
     async def _checkpoint_high_watermarks(self) -> None:
         async with self._hw_lock:
-            snapshot = self.replicas.high_watermark_snapshot()
+            snapshot = self.replicas.disk.high_watermark_snapshot(self.replicas.partitions)
             await asyncio.get_running_loop().run_in_executor(
-                None, self.replicas.write_high_watermarks, snapshot)
+                None, self.replicas.disk.write_high_watermarks, snapshot)
 
     async def _checkpoint_high_watermarks_loop(self) -> None:
         while True:
@@ -196,8 +210,7 @@ class BrokerServer:
     # -- metadata ----------------------------------------------------------------
     def _on_metadata(self, image: MetadataImage) -> None:
         try:
-            self.replicas.apply_image(image, self.lifecycle.metadata_caught_up)
-            self.fetchers.sync()
+            self.replicas.apply_image(image)
             self.groups.on_metadata()
         finally:
             changed, self._metadata_changed = self._metadata_changed, asyncio.Event()
@@ -218,12 +231,7 @@ class BrokerServer:
         return True
 
     def _not_serving_reason(self) -> str | None:
-        state = self.lifecycle.state
-        if state not in (BrokerState.RUNNING, BrokerState.SHUTTING_DOWN):
-            return f"its state is {state.value} (it has not caught up with the controller)"
-        if not self.lifecycle.metadata_caught_up:
-            return "it is replaying the metadata log"
-        return None
+        return self.lifecycle.core.not_serving_reason()
 
     def _partition_counts(self) -> dict[tuple, float]:
         return {(): len(self.replicas.partitions)}

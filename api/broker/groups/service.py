@@ -45,7 +45,7 @@ from api.broker.errors import (CodedError, CoordinatorLoadInProgressError,
                                CoordinatorNotAvailableError, NotCoordinatorError)
 from api.broker.groups import records as group_records
 from api.broker.groups.coordinator import GroupCoordinatorCore, GroupError
-from api.broker.replica_manager import broker_url
+from api.broker.replication import broker_url
 from kraft.errors import KraftError
 from storage.batch import RecordTooLargeError, build_batch, decode_batches
 from storage.manager import TopicPartition

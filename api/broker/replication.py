@@ -1,0 +1,965 @@
+"""The broker's replication core: every replication decision, no I/O.
+
+One ``ReplicationCore`` per broker. It owns the ``Partition``s the broker
+hosts and everything that happens to them: the leader gate of every data
+request, produce appends and the ``acks=all`` purgatory, fetch long-polls,
+the judgement of a follower's fetch (diverged? where does its log end?),
+the follower side (which leader to fetch from, what to ask, how to apply the
+answer: append, truncate, restart), ISR proposals (AlterPartition) in
+flight, and following the metadata image. The broker's membership state
+comes from the ``LifecycleCore`` it is given.
+
+Style: etcd-io/raft's ``Ready``. Callers feed events, each with ``now_ms``:
+
+  ``apply_image``             the broker's metadata image changed
+  ``produce``                 a produce request (appends at once)
+  ``fetch``                   a fetch request, from a consumer or a follower
+  ``fetch_answered`` / ``fetch_failed``    the answer to a ``SendFetch``
+  ``alter_partition_answered``             the answer to a ``SendAlterPartition``
+  ``tick``                    time passed (deadlines, ISR expiration)
+
+and then take ``ready()``: the actions to carry out, in order:
+
+  ``Respond``                 answer request ``request_id`` (produce or fetch)
+  ``SendFetch``               send a follower fetch to leader ``leader_id``
+  ``CancelRequest``           drop a ``SendFetch`` still out (its answer is void)
+  ``SendAlterPartition``      send an ISR change to the controller
+
+``next_wake_ms()`` says when ``tick`` has work. Logs are the only thing the
+core touches directly: it calls the injected ``HostedLogs`` to open and
+delete them and the ``storage.log.Log`` of each partition to append, read
+and truncate. The asyncio shell (``ReplicaManager`` with ``data_api.py``,
+``fetcher.py`` and ``isr.py``) and the seeded simulator
+(``tests/sim/replication.py``) drive this same class.
+
+Results in ``Respond`` carry per-partition errors as exceptions (``error``:
+an ``Exception`` or None); the shell turns them into the wire's error
+entries (an exception without a code is a storage failure).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import zlib
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from api.broker.errors import (FencedLeaderEpochError, LeaderNotAvailableError,
+                               NotEnoughReplicasAfterAppendError, NotEnoughReplicasError,
+                               NotLeaderOrFollowerError, ReplicationTimedOutError,
+                               UnknownLeaderEpochError)
+from api.broker.lifecycle_core import LifecycleCore
+from api.broker.partition import IsrProposal, Partition
+from kraft.config import BROKER_LISTENER
+from kraft.errors import InvalidRequestError, UnknownTopicOrPartitionError
+from kraft.image import MetadataImage
+from kraft.records import LEADER_RECOVERING, NO_LEADER
+from kraft.topic_config import MIN_INSYNC_REPLICAS, builtin_defaults
+from storage.config import TOPIC_KEYS
+from storage.errors import OffsetOutOfRangeError
+from storage.log import AppendInfo, Log
+from storage.manager import TopicPartition, validate_topic_name
+
+logger = logging.getLogger(__name__)
+
+#: How long a follower's partition rests after an error before it is fetched again.
+PARTITION_BACKOFF_MS = 200
+#: Pause of a follower fetch session after its leader could not be reached.
+CONNECT_BACKOFF_MS = 100
+#: How long an AlterPartition may take at the controller.
+ALTER_PARTITION_TIMEOUT_MS = 5000
+#: A follower fetch's answer may take the leader's long-poll plus this.
+FETCH_TIMEOUT_SLACK_MS = 10_000
+#: Longest long-poll of a fetch, whatever the request asks.
+FETCH_WAIT_MS_MAX = 30_000
+#: Refusals the controller makes before writing anything, and which a retry
+#: of an already applied request cannot produce (the partition epoch is
+#: checked first): the proposal certainly did not take effect.
+DEFINITE_REFUSALS = frozenset({"INELIGIBLE_REPLICA", "INVALID_REQUEST"})
+
+
+def broker_url(image: MetadataImage, broker_id: int) -> str | None:
+    broker = image.brokers.get(broker_id)
+    if broker is None:
+        return None
+    address = broker.endpoints.get(BROKER_LISTENER)
+    return f"http://{address}" if address else None
+
+
+def _as_int(value, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+# -- what the core is given -----------------------------------------------------------
+class HostedLogs(Protocol):
+    """The disk side of hosting partitions (``replica_manager.DiskLogs`` in
+    the broker; the simulator passes the same class over its own dirs)."""
+
+    def open(self, tp: TopicPartition, topic_id: str, overrides: dict,
+             caught_up: bool) -> tuple[Log, int | None] | None:
+        """The partition's log, opened or created, with its checkpointed
+        high watermark; None when the log on disk belongs to another
+        incarnation of the topic and the image is too old to say which."""
+
+    def reconfigure(self, tp: TopicPartition, overrides: dict) -> None:
+        """Apply changed topic config overrides to an open log."""
+
+    def delete(self, tp: TopicPartition) -> None:
+        """Delete the partition's log."""
+
+    def hosted(self) -> set[TopicPartition]:
+        """Every partition with a log on disk."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicationSettings:
+    """Kafka's names: replica.lag.time.max.ms, replica.fetch.wait.max.ms,
+    replica.fetch.max.bytes, replica.fetch.response.max.bytes,
+    num.replica.fetchers; unsafe.ack.before.replication (the chaos checker's
+    broken broker: acks=all treated as acks=1)."""
+
+    lag_time_max_ms: int = 30_000
+    fetch_wait_max_ms: int = 500
+    fetch_partition_bytes_max: int = 1024 * 1024
+    fetch_response_bytes_max: int = 10 * 1024 * 1024
+    num_fetchers: int = 1
+    ack_before_replication: bool = False
+
+    @property
+    def isr_check_interval_ms(self) -> int:
+        return max(50, self.lag_time_max_ms // 2)
+
+
+# -- requests --------------------------------------------------------------------------
+@dataclasses.dataclass
+class ProduceItem:
+    tp: TopicPartition
+    current_leader_epoch: int | None
+    records: bytes
+
+
+@dataclasses.dataclass
+class FetchSpec:
+    tp: TopicPartition
+    offset: int
+    max_bytes: int
+    current_leader_epoch: int | None
+    last_fetched_epoch: int = -1
+
+
+@dataclasses.dataclass
+class FetchRequest:
+    replica_id: int  # -1: a consumer
+    specs: list[FetchSpec]
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int
+
+
+# -- actions ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Respond:
+    request_id: int
+    results: list[dict]
+
+
+@dataclasses.dataclass(frozen=True)
+class SendFetch:
+    request_id: int
+    leader_id: int
+    body: dict
+    timeout_ms: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CancelRequest:
+    request_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SendAlterPartition:
+    request_id: int
+    body: dict
+    timeout_ms: int
+
+
+Action = Respond | SendFetch | CancelRequest | SendAlterPartition
+
+
+# -- what waits ------------------------------------------------------------------------
+@dataclasses.dataclass
+class _PendingAck:
+    """An acks=all write waiting for the high watermark to pass it."""
+
+    result: dict
+    part: Partition
+    leader_epoch: int
+    required_offset: int  # the high watermark that commits it
+
+
+@dataclasses.dataclass
+class _ParkedProduce:
+    request_id: int
+    results: list[dict]
+    waiting: list[_PendingAck]
+    deadline_ms: int
+    timeout_ms: int
+    tps: set[TopicPartition]
+
+
+@dataclasses.dataclass
+class _ParkedFetch:
+    request_id: int
+    request: FetchRequest
+    answered: dict[int, dict]  # decided on arrival, by position
+    to_read: list[FetchSpec]
+    deadline_ms: int
+
+
+@dataclasses.dataclass
+class _AlterInFlight:
+    part: Partition
+    proposal: IsrProposal
+    deadline_ms: int
+
+
+@dataclasses.dataclass
+class _FetchInFlight:
+    request_id: int
+    # Per partition: the Partition object, its leader epoch and log end when
+    # the fetch was built; the answer applies only if all three still hold.
+    sent: dict[TopicPartition, tuple[Partition, int, int]]
+    deadline_ms: int
+
+
+class _FollowerSession:
+    """The follower fetch loop towards one leader broker (one of
+    ``num.replica.fetchers`` per leader)."""
+
+    def __init__(self, leader_id: int) -> None:
+        self.leader_id = leader_id
+        # Partitions fetched, with the leader epoch each was assigned in.
+        self.partitions: dict[TopicPartition, int] = {}
+        # Partitions resting after an error, until this time.
+        self.resting: dict[TopicPartition, int] = {}
+        # The order partitions are asked for in: those that just returned
+        # data go to the back, so a busy partition cannot starve the others
+        # of the response budget (only the first with data may exceed it).
+        self.order: list[TopicPartition] = []
+        self.in_flight: _FetchInFlight | None = None
+        # After a failure to reach the leader, no fetch before this time.
+        self.backoff_until_ms = 0
+
+
+class ReplicationCore:
+    def __init__(self, broker_id: int, logs: HostedLogs, lifecycle: LifecycleCore,
+                 settings: ReplicationSettings = ReplicationSettings(), *,
+                 topic_defaults: Mapping[str, str] | None = None,
+                 partition_factory: Callable[..., Partition] = Partition) -> None:
+        self.broker_id = broker_id
+        self.logs = logs
+        self.lifecycle = lifecycle
+        self.settings = settings
+        # Topic-level defaults (this node's min.insync.replicas and friends).
+        self.topic_defaults = dict(topic_defaults or builtin_defaults())
+        # The simulator plants known bugs through a Partition subclass.
+        self.partition_factory = partition_factory
+        self.partitions: dict[TopicPartition, Partition] = {}
+        self.image = MetadataImage()
+        # ISR changes this broker made as leader (metrics).
+        self.isr_shrinks = 0
+        self.isr_expands = 0
+        self._actions: list[Action] = []
+        self._next_request_id = 0
+        # Partitions whose data, high watermark or role changed since waiting
+        # requests were last looked at.
+        self._touched: set[TopicPartition] = set()
+        self._parked_fetches: dict[int, _ParkedFetch] = {}
+        self._parked_produces: dict[int, _ParkedProduce] = {}
+        # Waiting requests by partition (ids into the two maps above).
+        self._waiting_on: dict[TopicPartition, set[int]] = {}
+        self._alters: dict[int, _AlterInFlight] = {}
+        self._sessions: dict[tuple[int, int], _FollowerSession] = {}
+        self._next_isr_check_ms = 0
+
+    # -- the Ready interface ------------------------------------------------------
+    def ready(self) -> list[Action]:
+        """Actions decided since the last call, in order; the caller must
+        carry out every one."""
+        actions, self._actions = self._actions, []
+        return actions
+
+    def new_request_id(self) -> int:
+        self._next_request_id += 1
+        return self._next_request_id
+
+    def next_wake_ms(self) -> int | None:
+        """The earliest time ``tick`` has something to do."""
+        times = [p.deadline_ms for p in self._parked_fetches.values()]
+        times += [p.deadline_ms for p in self._parked_produces.values()]
+        times += [a.deadline_ms for a in self._alters.values()]
+        for session in self._sessions.values():
+            if session.in_flight is not None:
+                times.append(session.in_flight.deadline_ms)
+            else:
+                if session.backoff_until_ms:
+                    times.append(session.backoff_until_ms)
+                times += session.resting.values()
+        if any(p.is_leader for p in self.partitions.values()):
+            times.append(self._next_isr_check_ms)
+        return min(times) if times else None
+
+    def tick(self, now_ms: int) -> None:
+        """Time moved to ``now_ms``: answer long-polls and writes whose time
+        is up, give up on requests out too long, shrink or grow ISRs."""
+        for parked in [p for p in self._parked_fetches.values() if p.deadline_ms <= now_ms]:
+            self._answer_fetch(parked, final=True)
+        for parked in [p for p in self._parked_produces.values() if p.deadline_ms <= now_ms]:
+            self._time_out_produce(parked)
+        for request_id, alter in list(self._alters.items()):
+            if alter.deadline_ms <= now_ms:
+                del self._alters[request_id]
+                self._actions.append(CancelRequest(request_id))
+                self._settle_alter(alter, None, refused=False)
+        for session in self._sessions.values():
+            if session.in_flight is not None and session.in_flight.deadline_ms <= now_ms:
+                self._actions.append(CancelRequest(session.in_flight.request_id))
+                self._fetch_failed(session, now_ms)
+            if session.backoff_until_ms <= now_ms:
+                session.backoff_until_ms = 0
+            session.resting = {tp: t for tp, t in session.resting.items() if t > now_ms}
+        if now_ms >= self._next_isr_check_ms:
+            self._next_isr_check_ms = now_ms + self.settings.isr_check_interval_ms
+            for part in list(self.partitions.values()):
+                if part.is_leader:
+                    self._maybe_propose(part, now_ms)
+        self._after_event(now_ms)
+
+    def _after_event(self, now_ms: int) -> None:
+        """Look again at what waits on touched partitions, then send the
+        follower fetches that are due."""
+        while self._touched:
+            touched, self._touched = self._touched, set()
+            ids: set[int] = set()
+            for tp in touched:
+                ids |= self._waiting_on.get(tp, set())
+            for request_id in sorted(ids):
+                if request_id in self._parked_produces:
+                    self._check_produce(self._parked_produces[request_id])
+                elif request_id in self._parked_fetches:
+                    self._answer_fetch(self._parked_fetches[request_id], final=False)
+        for session in self._sessions.values():
+            self._maybe_fetch(session, now_ms)
+
+    def _touch(self, tp: TopicPartition) -> None:
+        self._touched.add(tp)
+
+    def _wait_on(self, request_id: int, tps) -> None:
+        for tp in tps:
+            self._waiting_on.setdefault(tp, set()).add(request_id)
+
+    def _stop_waiting(self, request_id: int, tps) -> None:
+        for tp in tps:
+            waiting = self._waiting_on.get(tp)
+            if waiting is not None:
+                waiting.discard(request_id)
+                if not waiting:
+                    del self._waiting_on[tp]
+
+    # -- following the metadata ------------------------------------------------------
+    def apply_image(self, image: MetadataImage, now_ms: int) -> None:
+        """Host what ``image`` gives this broker; once the metadata has caught
+        up (``lifecycle.metadata_caught_up``) also take roles from it and
+        drop what it no longer gives."""
+        self.image = image
+        caught_up = self.lifecycle.metadata_caught_up
+        # Assigned by the image, whether or not its log opens: a log that
+        # fails to open now is retried on the next change, never deleted.
+        assigned: set[TopicPartition] = set()
+        for name, topic in image.topics.items():
+            configs = image.topic_configs(name)
+            overrides = {key: value for key, value in configs.items() if key in TOPIC_KEYS}
+            min_isr = _as_int(configs.get(MIN_INSYNC_REPLICAS,
+                                          self.topic_defaults.get(MIN_INSYNC_REPLICAS)), 1)
+            for number, reg in topic.partitions.items():
+                if self.broker_id not in reg.replicas:
+                    continue
+                tp = TopicPartition(name, number)
+                assigned.add(tp)
+                try:
+                    part = self._hosted(tp, topic.topic_id, overrides, caught_up)
+                except Exception:
+                    logger.exception("broker %d: cannot open the log of %s", self.broker_id, tp)
+                    continue
+                if part is None:
+                    continue
+                part.min_insync_replicas = min_isr
+                if not caught_up:
+                    # A replayed past: the log is opened, but no role is taken
+                    # from it (no epoch written, no high watermark moved, no
+                    # ISR proposed). The caught-up image that follows decides.
+                    continue
+                before = (part.role, part.leader_epoch, part.high_watermark)
+                recovery = reg.leader_recovery_state
+                if part.update(reg.leader, reg.leader_epoch, reg.partition_epoch,
+                               reg.replicas, reg.isr, now_ms, recovery):
+                    self._log_new_leadership(part, recovery)
+                if (part.role, part.leader_epoch, part.high_watermark) != before:
+                    self._touch(tp)  # waiting requests answer with the new role or data
+        if caught_up:
+            doomed = {tp for tp in self.partitions if tp not in assigned}
+            doomed |= {tp for tp in self.logs.hosted() if tp not in assigned}
+            for tp in sorted(doomed):
+                try:
+                    self._remove(tp, "its topic was deleted or it moved to other brokers")
+                except Exception:
+                    logger.exception("broker %d: cannot delete the log of %s",
+                                     self.broker_id, tp)
+        self._sync_sessions(now_ms)
+        self._after_event(now_ms)
+
+    def _hosted(self, tp: TopicPartition, topic_id: str, overrides: dict,
+                caught_up: bool) -> Partition | None:
+        part = self.partitions.get(tp)
+        if part is not None and part.topic_id != topic_id:
+            if not caught_up:
+                return None
+            self._remove(tp, f"topic recreated with id {topic_id}")
+            part = None
+        if part is not None:
+            self.logs.reconfigure(tp, overrides)
+            return part
+        opened = self.logs.open(tp, topic_id, overrides, caught_up)
+        if opened is None:
+            return None
+        log, high_watermark = opened
+        part = self.partition_factory(tp, log, self.broker_id, topic_id,
+                                      high_watermark=high_watermark)
+        self.partitions[tp] = part
+        return part
+
+    def _remove(self, tp: TopicPartition, reason: str) -> None:
+        logger.info("broker %d: deleting the log of %s (%s)", self.broker_id, tp, reason)
+        self.partitions.pop(tp, None)
+        self.logs.delete(tp)
+        self._touch(tp)
+
+    def _log_new_leadership(self, part: Partition, recovery: int) -> None:
+        if recovery == LEADER_RECOVERING:
+            logger.warning(
+                "broker %d: UNCLEAN leader election: leads %s in epoch %d although it was not "
+                "in sync; its log ends at offset %d (high watermark %d), so records the "
+                "previous leader acknowledged at or above offset %d are LOST",
+                self.broker_id, part.tp, part.leader_epoch, part.log_end_offset,
+                part.high_watermark, part.log_end_offset)
+        else:
+            logger.info("broker %d: leader of %s in epoch %d (log end %d)", self.broker_id,
+                        part.tp, part.leader_epoch, part.log_end_offset)
+
+    # -- the leader gate ---------------------------------------------------------------
+    def leader_partition(self, topic: str, partition: int,
+                         current_leader_epoch: int | None = None) -> Partition:
+        """The partition if this broker serves data and leads it (in
+        ``current_leader_epoch`` when the caller names one); otherwise the
+        error that tells the caller where to go."""
+        reason = self.lifecycle.not_serving_reason()
+        if reason is not None:
+            raise NotLeaderOrFollowerError(
+                f"broker {self.broker_id} is not serving data: {reason}")
+        part = self.partitions.get(TopicPartition(topic, partition))
+        if part is None or not part.is_leader:
+            raise self._not_leader(topic, partition)
+        if current_leader_epoch is not None and current_leader_epoch >= 0:
+            if current_leader_epoch < part.leader_epoch:
+                raise FencedLeaderEpochError(
+                    f"{topic}-{partition}: leader epoch {current_leader_epoch} is stale; "
+                    f"the current one is {part.leader_epoch}")
+            if current_leader_epoch > part.leader_epoch:
+                raise UnknownLeaderEpochError(
+                    f"{topic}-{partition}: leader epoch {current_leader_epoch} is newer "
+                    f"than this broker's {part.leader_epoch}; retry")
+        return part
+
+    def _not_leader(self, topic: str, partition: int) -> Exception:
+        reg = self.image.partition(topic, partition)
+        if reg is None:
+            validate_topic_name(topic)  # a name that can never exist is not retriable
+            if topic in self.image.topics:
+                count = len(self.image.topics[topic].partitions)
+                return UnknownTopicOrPartitionError(
+                    f"topic {topic!r} has partitions 0 to {count - 1}, not {partition}")
+            return UnknownTopicOrPartitionError(
+                f"topic {topic!r} does not exist (create it with "
+                f"`kraftlog topics create {topic}`)")
+        if reg.leader == NO_LEADER:
+            return LeaderNotAvailableError(
+                f"{topic}-{partition} has no leader: all its replicas {reg.replicas} "
+                "are unavailable", leader_epoch=reg.leader_epoch)
+        return NotLeaderOrFollowerError(
+            f"broker {self.broker_id} is not the leader of {topic}-{partition}; "
+            f"broker {reg.leader} is", leader_id=reg.leader,
+            leader_epoch=reg.leader_epoch, leader_url=broker_url(self.image, reg.leader))
+
+    # -- produce and the acks=all purgatory ----------------------------------------------
+    def produce(self, request_id: int, items: list[ProduceItem], acks: int, timeout_ms: int,
+                now_ms: int) -> list[tuple[str, AppendInfo]]:
+        """Append each partition's batches as leader; the request is answered
+        (``Respond``) at once unless ``acks`` is -1 (all), when it waits until
+        every write is committed or fails, or ``timeout_ms`` ends. Each
+        partition's outcome is its own. Returns what was appended, per
+        topic (for metrics)."""
+        if acks == -1 and self.settings.ack_before_replication:
+            acks = 1
+        seen: set[TopicPartition] = set()
+        results, waiting, appended = [], [], []
+        for item in items:
+            tp = item.tp
+            result = {"topic": tp.topic, "partition": tp.partition, "error": None}
+            try:
+                if tp in seen:
+                    raise InvalidRequestError(
+                        f"{tp} appears more than once in the request; "
+                        "put all its batches in one records field")
+                seen.add(tp)
+                part = self.leader_partition(tp.topic, tp.partition, item.current_leader_epoch)
+                pending = self._append(part, item.records, acks, result)
+                appended.append((tp.topic, pending[1]))
+                if pending[0] is not None:
+                    waiting.append(pending[0])
+            except Exception as exc:  # noqa: BLE001  each partition answers for itself
+                result["error"] = exc
+            results.append(result)
+        self._park_produce(request_id, [] if acks == 0 else results, waiting, timeout_ms, now_ms)
+        self._after_event(now_ms)
+        return appended
+
+    def append_committed(self, request_id: int, part: Partition, records: bytes,
+                         timeout_ms: int, now_ms: int) -> AppendInfo:
+        """Append ``records`` to ``part`` as leader and answer once committed,
+        as an acks=all produce does (the group coordinator's writes to
+        ``__consumer_offsets``, which checks its leadership itself). Raises
+        the error of a write refused before it was appended."""
+        result = {"topic": part.tp.topic, "partition": part.tp.partition, "error": None}
+        pending, info = self._append(part, records, -1, result)
+        self._park_produce(request_id, [result], [pending], timeout_ms, now_ms)
+        self._after_event(now_ms)
+        return info
+
+    def _append(self, part: Partition, records: bytes, acks: int, result: dict
+                ) -> tuple[_PendingAck | None, AppendInfo]:
+        if acks == -1 and len(part.isr) < part.min_insync_replicas:
+            raise NotEnoughReplicasError(
+                f"{part.tp} has {len(part.isr)} in-sync replicas {part.isr}, fewer than its "
+                f"min.insync.replicas={part.min_insync_replicas}; nothing was written. Retry "
+                "once a replica has caught up, or produce with acks=1")
+        info = part.append_as_leader(records)
+        self._touch(part.tp)
+        result.update(base_offset=info.base_offset, log_append_time_ms=-1,
+                      log_start_offset=part.log_start_offset)
+        if acks != -1:
+            return None, info
+        return _PendingAck(result, part, part.leader_epoch, info.last_offset + 1), info
+
+    def _park_produce(self, request_id: int, results: list[dict], waiting: list[_PendingAck],
+                      timeout_ms: int, now_ms: int) -> None:
+        if not waiting:
+            self._actions.append(Respond(request_id, results))
+            return
+        tps = {entry.part.tp for entry in waiting}
+        parked = _ParkedProduce(request_id, results, waiting, now_ms + timeout_ms, timeout_ms,
+                                tps)
+        self._parked_produces[request_id] = parked
+        self._wait_on(request_id, tps)
+        self._check_produce(parked)
+
+    def _check_produce(self, parked: _ParkedProduce) -> None:
+        still = []
+        for entry in parked.waiting:
+            outcome = self._replication_outcome(entry)
+            if outcome is None:
+                still.append(entry)
+            elif isinstance(outcome, Exception):
+                _fail_write(entry, outcome)
+        parked.waiting = still
+        if not still:
+            self._finish_produce(parked)
+
+    def _time_out_produce(self, parked: _ParkedProduce) -> None:
+        for entry in parked.waiting:
+            _fail_write(entry, ReplicationTimedOutError(
+                f"{entry.part.tp}: not every in-sync replica of {entry.part.isr} had the write "
+                f"within timeout_ms={parked.timeout_ms} (high watermark "
+                f"{entry.part.high_watermark}, needed {entry.required_offset}); it may still "
+                "be committed"))
+        parked.waiting = []
+        self._finish_produce(parked)
+
+    def _finish_produce(self, parked: _ParkedProduce) -> None:
+        self._parked_produces.pop(parked.request_id, None)
+        self._stop_waiting(parked.request_id, parked.tps)
+        self._actions.append(Respond(parked.request_id, parked.results))
+
+    def _replication_outcome(self, entry: _PendingAck) -> Exception | bool | None:
+        """True once committed, an error if it never will be here, None to
+        keep waiting."""
+        part = entry.part
+        if (self.partitions.get(part.tp) is not part or not part.is_leader
+                or part.leader_epoch != entry.leader_epoch):
+            return NotLeaderOrFollowerError(
+                f"{part.tp}: this broker stopped leading (epoch {entry.leader_epoch}) before "
+                "the write reached every in-sync replica; it may or may not be committed",
+                leader_id=part.leader_id, leader_epoch=part.leader_epoch,
+                leader_url=broker_url(self.image, part.leader_id))
+        if part.high_watermark < entry.required_offset:
+            return None
+        if len(part.isr) < part.min_insync_replicas:
+            return NotEnoughReplicasAfterAppendError(
+                f"{part.tp}: the write reached the in-sync replicas {part.isr}, fewer than "
+                f"min.insync.replicas={part.min_insync_replicas}, so it is not acknowledged")
+        return True
+
+    # -- fetch: consumers and followers, with long-polls --------------------------------
+    def fetch(self, request_id: int, request: FetchRequest, now_ms: int) -> None:
+        """A fetch: answered (``Respond``) once ``min_bytes`` are there, a
+        partition fails, or ``max_wait_ms`` passes. A follower's fetch
+        (``replica_id`` >= 0) is judged once, on arrival: diverged, or where
+        its log ends; it reads up to the log end, consumers up to the high
+        watermark."""
+        answered = {}
+        if request.replica_id >= 0:
+            answered = self._follower_arrival(request.replica_id, request.specs, now_ms)
+        to_read = [spec for i, spec in enumerate(request.specs) if i not in answered]
+        wait_ms = min(request.max_wait_ms, FETCH_WAIT_MS_MAX)
+        parked = _ParkedFetch(request_id, request, answered, to_read, now_ms + wait_ms)
+        if not self._answer_fetch(parked, final=wait_ms <= 0):
+            self._parked_fetches[request_id] = parked
+            self._wait_on(request_id, {spec.tp for spec in to_read})
+        self._after_event(now_ms)
+
+    def _answer_fetch(self, parked: _ParkedFetch, final: bool) -> bool:
+        """Read; answer if there is enough (or ``final``). True if answered."""
+        request = parked.request
+        read, total_bytes, any_error = self._read_all(parked.to_read, request.max_bytes,
+                                                      follower=request.replica_id >= 0)
+        if not (final or total_bytes >= request.min_bytes or any_error or parked.answered):
+            return False
+        unread = iter(read)
+        results = [parked.answered[i] if i in parked.answered else next(unread)
+                   for i in range(len(request.specs))]
+        if self._parked_fetches.pop(parked.request_id, None) is not None:
+            self._stop_waiting(parked.request_id, {spec.tp for spec in parked.to_read})
+        self._actions.append(Respond(parked.request_id, results))
+        return True
+
+    def _follower_arrival(self, replica_id: int, specs: list[FetchSpec],
+                          now_ms: int) -> dict[int, dict]:
+        """Check each partition of follower ``replica_id``'s fetch against
+        this leader's log and record where the follower's log ends. Returns
+        the answers already decided (errors, diverging epochs) by position."""
+        answered: dict[int, dict] = {}
+        for i, spec in enumerate(specs):
+            try:
+                part = self.leader_partition(spec.tp.topic, spec.tp.partition,
+                                             spec.current_leader_epoch)
+                if replica_id not in part.replicas or replica_id == part.broker_id:
+                    raise NotLeaderOrFollowerError(
+                        f"broker {replica_id} is not a follower of {spec.tp} (replicas "
+                        f"{part.replicas})")
+                diverging = part.diverging_epoch(spec.offset, spec.last_fetched_epoch)
+                if diverging is not None:
+                    result = _empty_fetch_result(spec)
+                    result.update(high_watermark=part.high_watermark,
+                                  log_start_offset=part.log_start_offset,
+                                  log_end_offset=part.log_end_offset,
+                                  diverging_epoch={"epoch": diverging[0],
+                                                   "end_offset": diverging[1]})
+                    answered[i] = result
+                    continue
+                if part.log_start_offset <= spec.offset <= part.log_end_offset:
+                    if part.record_follower_fetch(replica_id, spec.offset, now_ms):
+                        self._touch(part.tp)  # commits: acks=all and consumers
+                    self._maybe_propose(part, now_ms)
+            except Exception as exc:  # noqa: BLE001  each partition answers for itself
+                result = _empty_fetch_result(spec)
+                result["error"] = exc
+                answered[i] = result
+        return answered
+
+    def _read_all(self, specs: list[FetchSpec], max_bytes: int, follower: bool
+                  ) -> tuple[list[dict], int, bool]:
+        results = []
+        total_bytes = 0
+        any_error = False
+        for spec in specs:
+            result = _empty_fetch_result(spec)
+            try:
+                part = self.leader_partition(spec.tp.topic, spec.tp.partition,
+                                             spec.current_leader_epoch)
+                high_watermark = part.high_watermark
+                # Followers read everything the leader has; consumers only
+                # what is committed.
+                upper_bound = part.log_end_offset if follower else high_watermark
+                result.update(high_watermark=high_watermark,
+                              log_start_offset=part.log_start_offset,
+                              log_end_offset=part.log_end_offset)
+                budget = min(spec.max_bytes, max_bytes - total_bytes)
+                if spec.offset < part.log_start_offset or spec.offset > part.log_end_offset:
+                    raise OffsetOutOfRangeError(spec.offset, part.log_start_offset,
+                                                part.log_end_offset)
+                if spec.offset < upper_bound and budget > 0:
+                    # KIP-74: the first batch of the response comes whole even
+                    # when larger than the limits, so a consumer always moves.
+                    data = part.log.read(spec.offset, budget, upper_bound,
+                                         min_one_batch=total_bytes == 0)
+                    result["records"] = data
+                    total_bytes += len(data)
+            except Exception as exc:  # noqa: BLE001  each partition answers for itself
+                result["error"] = exc
+                any_error = True
+            results.append(result)
+        return results, total_bytes, any_error
+
+    # -- follower: fetch sessions ----------------------------------------------------------
+    def _session_key(self, leader_id: int, tp: TopicPartition) -> tuple[int, int]:
+        count = self.settings.num_fetchers
+        index = zlib.crc32(f"{tp.topic}\0{tp.partition}".encode()) % count if count > 1 else 0
+        return leader_id, index
+
+    def _sync_sessions(self, now_ms: int) -> None:
+        """Give each followed partition to the session of its leader; start
+        sessions for new leaders, drop those left with nothing. A session
+        whose partitions changed drops its fetch in flight."""
+        wanted: dict[tuple[int, int], dict[TopicPartition, int]] = {}
+        if self.lifecycle.fetch_ready:
+            for tp, part in self.partitions.items():
+                if not part.is_leader and part.leader_id >= 0:
+                    key = self._session_key(part.leader_id, tp)
+                    wanted.setdefault(key, {})[tp] = part.leader_epoch
+        for key in [k for k in self._sessions if k not in wanted]:
+            self._cancel_fetch(self._sessions.pop(key))
+        for key, epochs in wanted.items():
+            session = self._sessions.get(key)
+            if session is None:
+                session = self._sessions[key] = _FollowerSession(key[0])
+            if epochs == session.partitions:
+                continue
+            session.partitions = dict(epochs)
+            session.resting = {tp: t for tp, t in session.resting.items() if tp in epochs}
+            kept = [tp for tp in session.order if tp in epochs]
+            session.order = kept + sorted(set(epochs) - set(kept))
+            session.backoff_until_ms = 0
+            self._cancel_fetch(session)
+
+    def _cancel_fetch(self, session: _FollowerSession) -> None:
+        if session.in_flight is not None:
+            self._actions.append(CancelRequest(session.in_flight.request_id))
+            session.in_flight = None
+
+    def _followed(self, session: _FollowerSession, tp: TopicPartition) -> Partition | None:
+        part = self.partitions.get(tp)
+        if (part is None or part.is_leader or part.leader_id != session.leader_id
+                or tp not in session.partitions):
+            return None
+        return part
+
+    def _maybe_fetch(self, session: _FollowerSession, now_ms: int) -> None:
+        """Send the session's next fetch, if none is out and any partition
+        may be fetched now."""
+        if session.in_flight is not None or session.backoff_until_ms > now_ms:
+            return
+        s = self.settings
+        items, sent = [], {}
+        for tp in session.order:
+            part = self._followed(session, tp)
+            if part is None or session.resting.get(tp, 0) > now_ms:
+                continue
+            if part.last_fetched_epoch > part.leader_epoch:
+                # Our log is newer than the leader we were told of: wait for
+                # the metadata to name a newer one.
+                logger.warning("broker %d: %s holds leader epoch %d, newer than leader %d's "
+                               "epoch %d; waiting for newer metadata", self.broker_id, tp,
+                               part.last_fetched_epoch, session.leader_id, part.leader_epoch)
+                session.resting[tp] = now_ms + PARTITION_BACKOFF_MS * 10
+                continue
+            items.append({"topic": tp.topic, "partition": tp.partition,
+                          "offset": part.log_end_offset,
+                          "current_leader_epoch": part.leader_epoch,
+                          "last_fetched_epoch": part.last_fetched_epoch,
+                          "max_bytes": s.fetch_partition_bytes_max})
+            sent[tp] = (part, part.leader_epoch, part.log_end_offset)
+        if not items:
+            return
+        request_id = self.new_request_id()
+        timeout_ms = s.fetch_wait_max_ms + FETCH_TIMEOUT_SLACK_MS
+        session.in_flight = _FetchInFlight(request_id, sent, now_ms + timeout_ms)
+        self._actions.append(SendFetch(request_id, session.leader_id, {
+            "replica_id": self.broker_id, "max_wait_ms": s.fetch_wait_max_ms, "min_bytes": 1,
+            "max_bytes": s.fetch_response_bytes_max, "partitions": items}, timeout_ms))
+
+    def _session_of(self, request_id: int) -> _FollowerSession | None:
+        for session in self._sessions.values():
+            if session.in_flight is not None and session.in_flight.request_id == request_id:
+                return session
+        return None
+
+    def fetch_failed(self, request_id: int, now_ms: int) -> None:
+        """The leader could not be reached or its answer was unreadable."""
+        session = self._session_of(request_id)
+        if session is not None:
+            self._fetch_failed(session, now_ms)
+        self._after_event(now_ms)
+
+    def _fetch_failed(self, session: _FollowerSession, now_ms: int) -> None:
+        session.in_flight = None
+        session.backoff_until_ms = now_ms + CONNECT_BACKOFF_MS
+
+    def fetch_answered(self, request_id: int, answer: dict, now_ms: int) -> None:
+        """The leader's answer to ``SendFetch`` ``request_id``: apply each
+        partition's part that still matches what was asked."""
+        session = self._session_of(request_id)
+        if session is None:
+            return  # cancelled or timed out: nothing of it applies
+        sent = session.in_flight.sent
+        session.in_flight = None
+        if "error" in answer and "partitions" not in answer:
+            error = answer.get("error") or {}
+            logger.info("broker %d: leader %d refused the fetch: %s", self.broker_id,
+                        session.leader_id, error.get("message", error))
+            for tp in sent:
+                session.resting[tp] = now_ms + PARTITION_BACKOFF_MS
+            self._after_event(now_ms)
+            return
+        served = []
+        for result in answer.get("partitions", ()):
+            tp = TopicPartition(result.get("topic"), result.get("partition"))
+            if result.get("records"):
+                served.append(tp)
+            expected = sent.get(tp)
+            part = self._followed(session, tp)
+            if expected is None or part is not expected[0]:
+                continue
+            if (part.leader_epoch, part.log_end_offset) != expected[1:]:
+                continue  # the partition moved on while the fetch was out
+            try:
+                self._apply_fetched(session, part, result, now_ms)
+            except Exception:
+                logger.exception("broker %d: cannot apply the fetch of %s from leader %d",
+                                 self.broker_id, tp, session.leader_id)
+                session.resting[tp] = now_ms + PARTITION_BACKOFF_MS
+            self._touch(tp)
+        if served:
+            moved = set(served)
+            session.order = [tp for tp in session.order if tp not in moved] + \
+                [tp for tp in served if tp in session.partitions]
+        self._after_event(now_ms)
+
+    def _apply_fetched(self, session: _FollowerSession, part: Partition, result: dict,
+                       now_ms: int) -> None:
+        error = result.get("error")
+        if error:
+            self._apply_fetch_error(session, part, error, now_ms)
+            return
+        diverging = result.get("diverging_epoch")
+        if diverging:
+            offset = part.truncation_offset(diverging["epoch"], diverging["end_offset"])
+            part.truncate_to(offset, f"diverged from leader {session.leader_id}'s epoch "
+                                     f"{diverging['epoch']}, which ends at "
+                                     f"{diverging['end_offset']}")
+            return
+        part.append_as_follower(result.get("records") or b"", result["high_watermark"])
+
+    def _apply_fetch_error(self, session: _FollowerSession, part: Partition, error: dict,
+                           now_ms: int) -> None:
+        code = error.get("code")
+        if code == "OFFSET_OUT_OF_RANGE":
+            start, end = error.get("log_start_offset", -1), error.get("log_end_offset", -1)
+            if 0 <= start and part.log_end_offset < start:
+                part.restart_at(start)
+                return
+            if 0 <= end < part.log_end_offset:
+                part.truncate_to(end, f"beyond leader {session.leader_id}'s log end")
+                return
+        logger.info("broker %d: fetch of %s from leader %d: %s: %s", self.broker_id,
+                    part.tp, session.leader_id, code, error.get("message"))
+        session.resting[part.tp] = now_ms + PARTITION_BACKOFF_MS
+
+    # -- ISR changes (AlterPartition) ------------------------------------------------------
+    def _maybe_propose(self, part: Partition, now_ms: int) -> None:
+        """Send the partition's ISR change, if it has one now."""
+        broker_epoch = self.lifecycle.broker_epoch
+        if broker_epoch is None:
+            return
+        proposal = part.isr_proposal(now_ms, self.settings.lag_time_max_ms,
+                                     self.image.live_broker_ids())
+        if proposal is None:
+            return
+        request_id = self.new_request_id()
+        self._alters[request_id] = _AlterInFlight(part, proposal,
+                                                  now_ms + ALTER_PARTITION_TIMEOUT_MS)
+        self._actions.append(SendAlterPartition(request_id, {
+            "broker_id": self.broker_id, "broker_epoch": broker_epoch,
+            "topic": proposal.tp.topic, "partition": proposal.tp.partition,
+            "leader_epoch": proposal.leader_epoch,
+            "partition_epoch": proposal.partition_epoch, "new_isr": proposal.new_isr,
+            "leader_recovery_state": proposal.leader_recovery_state,
+        }, ALTER_PARTITION_TIMEOUT_MS))
+
+    def alter_partition_answered(self, request_id: int, answer: dict | None,
+                                 error_code: str | None, now_ms: int) -> None:
+        """The controller's answer (or ``error_code``; both None: no answer)."""
+        alter = self._alters.pop(request_id, None)
+        if alter is None:
+            return  # timed out already, or a duplicate
+        if error_code is not None:
+            logger.info("broker %d: ISR change of %s to %s refused: %s", self.broker_id,
+                        alter.proposal.tp, alter.proposal.new_isr, error_code)
+        if not isinstance(answer, dict) or not isinstance(answer.get("isr"), list):
+            answer = None
+        self._settle_alter(alter, answer, refused=error_code in DEFINITE_REFUSALS)
+        self._after_event(now_ms)
+
+    def _settle_alter(self, alter: _AlterInFlight, answer: dict | None,
+                      refused: bool) -> None:
+        part, proposal = alter.part, alter.proposal
+        before = list(part.isr)
+        if not part.isr_change_done(proposal, answer, refused):
+            return
+        shrunk = [r for r in before if r not in part.isr]
+        grown = [r for r in part.isr if r not in before]
+        if shrunk:
+            self.isr_shrinks += 1
+            logger.warning("broker %d: ISR of %s shrank from %s to %s (%s)", self.broker_id,
+                           part.tp, before, part.isr, proposal.reason)
+        if grown:
+            self.isr_expands += 1
+            logger.info("broker %d: ISR of %s grew from %s to %s (%s)", self.broker_id,
+                        part.tp, before, part.isr, proposal.reason)
+        self._touch(part.tp)  # the high watermark or acks=all outcomes may move
+
+    # -- inspection --------------------------------------------------------------------------
+    def high_watermarks(self) -> dict[TopicPartition, int]:
+        return {tp: part.high_watermark for tp, part in self.partitions.items()}
+
+    def check_invariants(self) -> None:
+        for part in self.partitions.values():
+            part.check_invariants()
+        for request_id, parked in self._parked_produces.items():
+            assert parked.waiting, f"produce {request_id} parked with nothing to wait for"
+        for session in self._sessions.values():
+            assert set(session.order) == set(session.partitions), session.leader_id
+
+
+def _empty_fetch_result(spec: FetchSpec) -> dict:
+    return {"topic": spec.tp.topic, "partition": spec.tp.partition, "error": None,
+            "high_watermark": -1, "log_start_offset": -1, "log_end_offset": -1,
+            "records": b""}
+
+
+def _fail_write(entry: _PendingAck, exc: Exception) -> None:
+    for key in ("base_offset", "log_append_time_ms", "log_start_offset"):
+        entry.result.pop(key, None)
+    entry.result["error"] = exc
