@@ -1,16 +1,18 @@
-"""ReplicaManager and Partition: hosting follows the metadata image, on real
-log directories."""
+"""The replication core and its disk side (``ReplicationCore`` over
+``DiskLogs``): hosting follows the metadata image, on real log directories."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 import pytest
 
 from api.broker.errors import (FencedLeaderEpochError, LeaderNotAvailableError,
                                NotLeaderOrFollowerError, UnknownLeaderEpochError)
-from api.broker.replica_manager import ReplicaManager, read_topic_id
+from api.broker.lifecycle_core import BrokerState, LifecycleCore, LifecycleSettings
+from api.broker.replica_manager import DiskLogs, read_topic_id
+from api.broker.replication import (FetchRequest, FetchSpec, ProduceItem, ReplicationCore,
+                                    Respond)
 from kraft.errors import UnknownTopicOrPartitionError
 from kraft.image import MetadataImage
 from kraft.records import (ConfigRecord, PartitionChangeRecord, PartitionRecord,
@@ -41,10 +43,47 @@ class Cluster:
             self.add(PartitionRecord(topic_id, p, [leader], [leader], leader, 0, 0))
 
 
-def make_manager(tmp_path, name: str = "logs") -> ReplicaManager:
+class Hosting:
+    """A broker's replication core on real log directories, serving data
+    (registered, unfenced); ``caught_up`` says whether its image has caught
+    up with the controller's."""
+
+    def __init__(self, log_manager: LogManager, topic_defaults=None) -> None:
+        self.log_manager = log_manager
+        self.disk = DiskLogs(ME, log_manager)
+        self.lifecycle = LifecycleCore(LifecycleSettings(ME, "inc", {}, None, 1000, 3000), 0)
+        self.lifecycle.broker_epoch = 0
+        self.lifecycle.state = BrokerState.RUNNING
+        self.core = ReplicationCore(ME, self.disk, self.lifecycle,
+                                    topic_defaults=topic_defaults)
+        self.partitions = self.core.partitions
+        self.leader_partition = self.core.leader_partition
+
+    def apply_image(self, image: MetadataImage, caught_up: bool) -> None:
+        self.lifecycle.metadata_caught_up = caught_up
+        self.core.apply_image(image, 0)
+
+    def append(self, part, records):
+        request_id = self.core.new_request_id()
+        (appended,) = self.core.produce(request_id, [ProduceItem(part.tp, None, records)], 1,
+                                        1000, 0)
+        actions = self.take()
+        (answer,) = [a for a in actions if isinstance(a, Respond) and a.request_id == request_id]
+        self.untaken = [a for a in actions if a is not answer]
+        assert answer.results[0]["error"] is None, answer
+        return appended[1]
+
+    def take(self) -> list:
+        """The core's actions not yet taken (``append`` takes its own answer)."""
+        self.untaken = getattr(self, "untaken", []) + self.core.ready()
+        actions, self.untaken = self.untaken, []
+        return actions
+
+
+def make_manager(tmp_path, name: str = "logs", topic_defaults=None) -> Hosting:
     logs = LogManager(LogManagerConfig((str(tmp_path / name),)), LogConfig())
     logs.startup()
-    return ReplicaManager(ME, logs)
+    return Hosting(logs, topic_defaults)
 
 
 def test_hosts_only_partitions_whose_replicas_include_this_broker(tmp_path):
@@ -178,22 +217,34 @@ def test_topic_config_overrides_reach_the_log(tmp_path):
     assert rm.leader_partition("t", 0).log.config.max_message_bytes == 2048
 
 
-def test_waiters_wake_on_append_and_can_be_forgotten(tmp_path):
+def test_a_long_poll_is_answered_by_an_append_and_then_forgotten(tmp_path):
     cluster = Cluster()
     cluster.topic("t", "id-1", [ME, ME])
     rm = make_manager(tmp_path)
     rm.apply_image(cluster.image, caught_up=True)
-    tps = [TopicPartition("t", 0), TopicPartition("t", 1)]
+    specs = [FetchSpec(TopicPartition("t", p), 0, 1 << 20, None) for p in (0, 1)]
+    rm.core.fetch(7, FetchRequest(-1, specs, 5000, 1, 1 << 20), now_ms=0)
+    assert rm.take() == [], "nothing to read yet: the fetch waits"
+    rm.append(rm.leader_partition("t", 1), build_batch([(None, b"x")]))
+    (answer,) = [a for a in rm.take() if isinstance(a, Respond) and a.request_id == 7]
+    assert [bool(r["records"]) for r in answer.results] == [False, True]
+    assert rm.core._waiting_on == {} and rm.core._parked_fetches == {}
 
-    async def scenario() -> None:
-        waiter = rm.data_waiter(tps)
-        assert not waiter.done()
-        rm.append(rm.leader_partition("t", 1), build_batch([(None, b"x")]))
-        await asyncio.wait_for(waiter, 1)
-        rm.forget_waiter(waiter, tps)
-        assert rm._waiters == {}
 
-    asyncio.run(scenario())
+def test_a_long_poll_with_nothing_new_is_answered_at_its_deadline(tmp_path):
+    cluster = Cluster()
+    cluster.topic("t", "id-1", [ME])
+    rm = make_manager(tmp_path)
+    rm.apply_image(cluster.image, caught_up=True)
+    spec = FetchSpec(TopicPartition("t", 0), 0, 1 << 20, None)
+    rm.core.tick(1000)  # the ISR check runs; the next is lag.time.max / 2 away
+    rm.core.fetch(9, FetchRequest(-1, [spec], 500, 1, 1 << 20), now_ms=1000)
+    assert rm.core.next_wake_ms() == 1500
+    rm.core.tick(1499)
+    assert not [a for a in rm.take() if isinstance(a, Respond)]
+    rm.core.tick(1500)
+    (answer,) = [a for a in rm.take() if isinstance(a, Respond)]
+    assert answer.request_id == 9 and answer.results[0]["records"] == b""
 
 
 def test_a_log_that_fails_to_open_is_kept_and_retried(tmp_path, monkeypatch):
@@ -260,8 +311,8 @@ def test_high_watermarks_survive_a_restart_through_the_checkpoint(tmp_path):
     leader.append(lead, leader_log_data)
     part.append_as_follower(lead.log.read(0, 1 << 20, 8), 6)
     assert part.high_watermark == 6
-    snapshot = rm.high_watermark_snapshot()
-    rm.write_high_watermarks(snapshot)
+    snapshot = rm.disk.high_watermark_snapshot(rm.partitions)
+    rm.disk.write_high_watermarks(snapshot)
     rm.log_manager.shutdown()
     restarted = make_manager(tmp_path)
     restarted.apply_image(cluster.image, caught_up=True)
@@ -273,9 +324,7 @@ def test_min_insync_replicas_comes_from_the_topic_or_the_broker_default(tmp_path
     cluster.topic("plain", "id-1", [ME])
     cluster.topic("strict", "id-2", [ME])
     cluster.add(ConfigRecord("topic", "strict", "min.insync.replicas", "3"))
-    logs = LogManager(LogManagerConfig((str(tmp_path / "logs"),)), LogConfig())
-    logs.startup()
-    rm = ReplicaManager(ME, logs, topic_defaults={"min.insync.replicas": "2"})
+    rm = make_manager(tmp_path, topic_defaults={"min.insync.replicas": "2"})
     rm.apply_image(cluster.image, caught_up=True)
     assert rm.leader_partition("plain", 0).min_insync_replicas == 2
     assert rm.leader_partition("strict", 0).min_insync_replicas == 3
