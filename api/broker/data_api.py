@@ -66,6 +66,27 @@ def render_results(api: str, results: list[dict],
     return results
 
 
+def decode_fetch(values: dict) -> FetchRequest:
+    """A fetch request body (see docs/protocol.md) as the core's
+    ``FetchRequest``; a wrong field fails it with INVALID_REQUEST naming it."""
+    body = Fields(values, "")
+    max_wait_ms = body.integer("max_wait_ms", 0, INT32_MAX, default=500)
+    min_bytes = body.integer("min_bytes", 0, INT32_MAX, default=1)
+    max_bytes = body.integer("max_bytes", 1, INT32_MAX, default=FETCH_MAX_BYTES_DEFAULT)
+    replica_id = body.integer("replica_id", -1, INT32_MAX, default=-1)
+    specs = []
+    for i, item in enumerate(body.sequence("partitions", PARTITIONS_PER_REQUEST_MAX)):
+        fields = Fields(item, f"partitions[{i}]")
+        specs.append(FetchSpec(
+            TopicPartition(fields.string("topic", TOPIC_NAME_MAX_CHARS),
+                           fields.integer("partition", 0, INT32_MAX)),
+            fields.integer("offset", -INT64_MAX, INT64_MAX),
+            fields.integer("max_bytes", 1, INT32_MAX, default=PARTITION_FETCH_BYTES_DEFAULT),
+            _leader_epoch(fields),
+            fields.integer("last_fetched_epoch", -1, INT32_MAX, default=-1)))
+    return FetchRequest(replica_id, specs, max_wait_ms, min_bytes, max_bytes)
+
+
 class DataApi:
     def __init__(self, replicas: ReplicaManager, metrics: BrokerMetrics,
                  is_serving: Callable[[], str | None], cluster_id: str,
@@ -138,24 +159,9 @@ class DataApi:
                 "fetch answers with raw record batches, which only msgpack can carry: send "
                 f"Accept: {wire.MSGPACK} (people can read records with GET "
                 "/topics/{topic}/partitions/{p}/records)")
-        body = Fields(await wire.read_body(request), "")
-        max_wait_ms = body.integer("max_wait_ms", 0, INT32_MAX, default=500)
-        min_bytes = body.integer("min_bytes", 0, INT32_MAX, default=1)
-        max_bytes = body.integer("max_bytes", 1, INT32_MAX, default=FETCH_MAX_BYTES_DEFAULT)
-        replica_id = body.integer("replica_id", -1, INT32_MAX, default=-1)
-        specs = []
-        for i, item in enumerate(body.sequence("partitions", PARTITIONS_PER_REQUEST_MAX)):
-            fields = Fields(item, f"partitions[{i}]")
-            specs.append(FetchSpec(
-                TopicPartition(fields.string("topic", TOPIC_NAME_MAX_CHARS),
-                               fields.integer("partition", 0, INT32_MAX)),
-                fields.integer("offset", -INT64_MAX, INT64_MAX),
-                fields.integer("max_bytes", 1, INT32_MAX,
-                               default=PARTITION_FETCH_BYTES_DEFAULT),
-                _leader_epoch(fields),
-                fields.integer("last_fetched_epoch", -1, INT32_MAX, default=-1)))
-        results = self._render("fetch", await self.replicas.fetch(
-            FetchRequest(replica_id, specs, max_wait_ms, min_bytes, max_bytes)))
+        fetch = decode_fetch(await wire.read_body(request))
+        replica_id = fetch.replica_id
+        results = self._render("fetch", await self.replicas.fetch(fetch))
         for result in results if replica_id < 0 else ():
             records = result["records"]
             if records:

@@ -806,6 +806,11 @@ class ReplicationCore:
                 return session
         return None
 
+    def fetches_to(self, leader_id: int) -> list[int]:
+        """Request ids of the follower fetches out to ``leader_id``."""
+        return [s.in_flight.request_id for s in self._sessions.values()
+                if s.leader_id == leader_id and s.in_flight is not None]
+
     def fetch_failed(self, request_id: int, now_ms: int) -> None:
         """The leader could not be reached or its answer was unreadable."""
         session = self._session_of(request_id)

@@ -1,19 +1,24 @@
 """A seeded, deterministic simulation of one partition's replication.
 
-What runs for real: ``api.broker.partition.Partition`` (one per simulated
-broker, recreated at every restart), ``storage.epoch_cache.LeaderEpochCache``,
-and the controller core ``kraft.controller.Controller`` with its
-``kraft.image.MetadataImage``, driven with an injected clock. What is
-simulated: the log (``SimLog``, in memory, with a flushed prefix), the
-network (a queue of messages that may be delivered in any order, dropped,
-delayed or duplicated), the broker shells (registration and heartbeats as in
-``api/broker/lifecycle.py``, metadata as in ``ReplicaManager.apply_image``,
-the follower fetch loop as in ``api/broker/fetcher.py``, the leader's side of
-a follower fetch and the acks=all purgatory as in ``api/broker/data_api.py``,
-AlterPartition as in ``api/broker/isr.py``), producers, and crashes. Every
-step takes one action chosen by ``random.Random(seed)``; the invariants below
-are checked after every step. A failure raises ``SimulationFailure`` naming
-the seed, the step and the last events.
+What runs is the shipped code, driven the way the broker's asyncio shell
+drives it: per simulated broker, ``api.broker.lifecycle_core.LifecycleCore``
+(registration, heartbeats, fencing), ``api.broker.replication.ReplicationCore``
+(the leader gate, produce and the acks=all purgatory, fetch long-polls, the
+judgement of follower fetches, the follower's fetch sessions and how it
+applies answers, AlterPartition in flight) with its ``Partition``, over the
+broker's real disk side (``replica_manager.DiskLogs`` on a
+``storage.manager.LogManager``, so real ``storage.log.Log`` segments,
+indexes, epoch checkpoints, recovery and high-watermark checkpoints, in a
+directory under /dev/shm); requests are decoded and answers rendered by
+``data_api.decode_fetch`` and ``render_results``; and the controller core
+``kraft.controller.Controller`` with its ``kraft.image.MetadataImage``. What
+is simulated: the network (a queue of messages that may be delivered in any
+order, dropped, delayed or duplicated), time (an injected clock: every core
+takes ``now_ms``), producers, and crashes, which lose exactly what a real
+crash would (below). Every step takes one action chosen by
+``random.Random(seed)``; the invariants below are checked after every step.
+A failure raises ``SimulationFailure`` naming the seed, the step and the
+last events.
 
 Modelled:
   - N brokers (3 or 5), one topic with one partition whose replicas are all
@@ -22,12 +27,13 @@ Modelled:
     elections on.
   - Batches of 1 to 3 records; follower fetches return whole batches, at
     most ``FETCH_BATCHES_MAX`` of them (the fetch size limit).
-  - Flushes, a durable high-watermark checkpoint written at random times
+  - Flushes (``Log.flush`` and the recovery-point checkpoint), the
+    high-watermark checkpoint written at random times
     (``replication-offset-checkpoint``), process crashes (kill -9: the page
-    cache survives, nothing is lost) and machine crashes (everything above
-    the last flush is lost), restarts with a new incarnation id.
-  - Recovery as ``Log.open`` does it: the leader-epoch cache is durable
-    (written through on every change) and is cut at the recovered log end.
+    cache survives, nothing is lost; the logs are abandoned unflushed) and
+    machine crashes (the log file is cut at the last fsynced position, the
+    recovery point), restarts with a new incarnation id and a new
+    ``LogManager`` that recovers the logs as a real start does.
   - Metadata: each broker holds its own image, fed by delayable deliveries
     of the controller's records (after every controller change, on a poll
     timer, and at random, sometimes only a prefix of what is missing), so a
@@ -43,7 +49,9 @@ one partition, reassignment, controlled shutdown, unclean elections,
 controller failover (the controller never crashes and commits at once),
 consumers, producer idempotence and retries (a retried write is a new
 write), corruption of flushed data, torn writes, and a truncation being
-undone by a machine crash (truncations are durable at once).
+undone by a machine crash (truncations are durable at once). The HTTP
+transport's own retries are modelled where they matter: while a machine crash
+is unresolved, a lost control-plane request is sent again.
 
 **Durability assumption.** Kafka's model, which the product follows, makes
 data durable by replication, not fsync: an acknowledged write survives as
@@ -130,26 +138,31 @@ Invariants, after every step (``Simulation.check_invariants``):
 
 from __future__ import annotations
 
-import bisect
 import collections
 import dataclasses
+import os
 import random
+import shutil
+import tempfile
 from collections.abc import Callable
 
-from api.broker.fetcher import CONNECT_BACKOFF_MS, PARTITION_BACKOFF_MS
-from api.broker.isr import ALTER_PARTITION_TIMEOUT_MS
-from api.broker.lifecycle import RE_REGISTER_CODES, RETRY_BACKOFF_MS, BrokerState
-from api.broker.partition import IsrProposal, Partition, Role
+from api.broker.data_api import decode_fetch, render_results
+from api.broker.lifecycle_core import BrokerState, LifecycleCore, LifecycleSettings
+from api.broker.partition import Partition, Role
+from api.broker.replica_manager import DiskLogs
+from api.broker.replication import (CancelRequest, ProduceItem, ReplicationCore,
+                                    ReplicationSettings, Respond, SendAlterPartition,
+                                    SendFetch)
 from kraft import records as rec
 from kraft.controller import Controller, ControllerSettings
 from kraft.errors import KraftError
 from kraft.image import MetadataImage
 from kraft.records import NO_LEADER
 from kraft.topic_config import MIN_INSYNC_REPLICAS
-from storage.epoch_cache import LeaderEpochCache
-from storage.errors import InvalidOffsetError
-from storage.log import AppendInfo
-from storage.manager import TopicPartition
+from storage.batch import build_batch, iter_batches, iter_records
+from storage.config import LogConfig
+from storage.log import Log
+from storage.manager import LogManager, LogManagerConfig, TopicPartition
 
 TOPIC = "sim"
 TP = TopicPartition(TOPIC, 0)
@@ -158,11 +171,8 @@ CONTROLLER = -1  # the controller's address in the network
 # -- timing (ms of simulated time) -------------------------------------------------
 SESSION_TIMEOUT_MS = 3000  # broker.session.timeout.ms (short: leases lapse often)
 HEARTBEAT_INTERVAL_MS = 1000  # broker.heartbeat.interval.ms
-HEARTBEAT_TIMEOUT_MS = SESSION_TIMEOUT_MS // 2  # lifecycle._send_heartbeat's timeout
 LAG_TIME_MAX_MS = 2000  # replica.lag.time.max.ms
-ISR_CHECK_INTERVAL_MS = LAG_TIME_MAX_MS // 2  # isr.py's expiration loop
 FETCH_WAIT_MAX_MS = 500  # replica.fetch.wait.max.ms: how long a leader parks a fetch
-FETCH_TIMEOUT_MS = FETCH_WAIT_MAX_MS + 10_000  # fetcher._post's timeout
 PRODUCE_TIMEOUT_MS = 30_000  # a produce's timeout_ms: an ack not given by then never is
 METADATA_POLL_MS = 1000  # a broker behind the controller asks again this often
 PREFERRED_CHECK_INTERVAL_MS = 4000  # leader.imbalance.check.interval
@@ -172,11 +182,12 @@ LATENCY_MS_MAX = 20  # ordinary network latency
 DELAY_MS_MIN, DELAY_MS_MAX = 300, 5000  # a delayed message
 
 # -- limits ----------------------------------------------------------------------------
-FETCH_BATCHES_MAX = 4  # batches per fetch answer (replica.fetch.max.bytes)
+# replica.fetch.max.bytes: a few of the simulation's small batches per fetch.
+FETCH_PARTITION_BYTES_MAX = 400
 BATCH_RECORDS_MAX = 3
 TRACE_EVENTS_MAX = 30  # events a failure shows
 # Healing: rounds of HEAL_TICK_MS, each delivering what is due. Correct runs
-# converge within ~110 rounds (a lost fetch waits out FETCH_TIMEOUT_MS); a
+# converge within ~110 rounds (a lost fetch waits out its timeout); a
 # follower looping on diverging answers uses a round's deliveries at once.
 HEAL_ROUNDS_MAX = 400
 HEAL_TICK_MS = 100
@@ -195,6 +206,13 @@ CONTROL_KINDS = ("register", "heartbeat", "register_answer", "heartbeat_answer")
 REQUEST_KINDS = ("register", "heartbeat", "alter_partition", "fetch")
 
 
+def _scratch_root() -> str:
+    """Logs live in memory-backed files when the machine has them: the
+    simulation fsyncs often and its data is worth nothing after the run."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    return tempfile.mkdtemp(prefix="kraftlog-sim-", dir=base)
+
+
 class SimulationFailure(AssertionError):
     """An invariant broke. The message names the seed and step, the invariant,
     the details and the last events, and how to replay the run."""
@@ -204,7 +222,8 @@ class SimulationFailure(AssertionError):
 @dataclasses.dataclass(frozen=True)
 class Rules:
     """Switches for the checker's own tests. The defaults are the product's
-    rules; each False (or "brief") plants one known bug."""
+    rules; each False (or "brief") plants one known bug, through a subclass
+    of the shipped ``Partition``."""
 
     # (a) A follower answered with diverging_epoch truncates its log.
     follower_truncates_on_divergence: bool = True
@@ -227,11 +246,24 @@ class Rules:
         return f" --rule {planted[0]}" if planted else ""
 
     def partition_class(self) -> type[Partition]:
+        if not self.follower_truncates_on_divergence:
+            return _IgnoresDivergence
         if not self.high_watermark_waits_for_followers:
             return _HighWatermarkIgnoresFollowers
         if not self.follower_asks_leader:
             return _TrustsOwnHighWatermark
         return Partition
+
+
+class _IgnoresDivergence(Partition):
+    """Broken rule (a): a diverging answer cuts nothing."""
+
+    def truncation_offset(self, leader_epoch: int, leader_end_offset: int) -> int:
+        return self.log_end_offset
+
+    def truncate_to(self, offset: int, reason: str) -> None:
+        if offset < self.log_end_offset:
+            super().truncate_to(offset, reason)
 
 
 class _HighWatermarkIgnoresFollowers(Partition):
@@ -259,153 +291,27 @@ class _TrustsOwnHighWatermark(Partition):
         became_leader = super().update(leader, leader_epoch, partition_epoch, replicas, isr,
                                        now_ms, leader_recovery_state)
         if self.role is Role.FOLLOWER and self.leader_epoch != epoch_before:
-            self.log.truncate_to(self.high_watermark)
+            self.truncate_to(self.high_watermark, "pre-KIP-101: to its own high watermark")
         return became_leader
 
 
-# -- the log ------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Batch:
-    """Records appended together, stamped with the leader epoch they were
-    appended in. Immutable: leaders hand the same objects to followers."""
+def _observed(base: type[Partition], broker: "SimBroker") -> type[Partition]:
+    """``base`` telling ``broker`` when it removes records from its log's end,
+    so the checker knows when to read the log again from the start."""
 
-    base_offset: int
-    leader_epoch: int
-    values: tuple[str, ...]
+    class Observed(base):  # type: ignore[misc, valid-type]
+        def truncate_to(self, offset: int, reason: str) -> None:
+            broker.truncations += 1
+            super().truncate_to(offset, reason)
 
-    @property
-    def next_offset(self) -> int:
-        return self.base_offset + len(self.values)
+        def restart_at(self, offset: int) -> None:
+            broker.truncations += 1
+            super().restart_at(offset)
 
-    @property
-    def last_offset(self) -> int:
-        return self.next_offset - 1
+    return Observed
 
 
-class SimLog:
-    """The part of ``storage.log.Log`` that ``Partition`` uses, in memory.
-
-    Invariants: ``batches`` are contiguous from offset 0 (retention is not
-    modelled, so the log start is always 0); ``entries[o]`` is the
-    ``(leader_epoch, value)`` of offset o; ``0 <= flushed_offset <=
-    log_end_offset`` and ``flushed_offset`` is a batch boundary; what is
-    below it survives a machine crash.
-    """
-
-    def __init__(self) -> None:
-        self.log_start_offset = 0
-        self.batches: list[Batch] = []
-        self._bases: list[int] = []
-        self.entries: list[tuple[int, str]] = []
-        self.flushed_offset = 0
-        # No checkpoint file: every change is "durable" at once, as the real
-        # cache's write-through checkpoint is.
-        self.epoch_cache = LeaderEpochCache(None)
-        # Bumped whenever records are removed from the end (truncation or a
-        # crash), so checks of an unchanged prefix can be skipped.
-        self.truncations = 0
-
-    # -- what Partition reads ----------------------------------------------------
-    @property
-    def log_end_offset(self) -> int:
-        return len(self.entries)
-
-    @property
-    def size_bytes(self) -> int:
-        return len(self.entries)
-
-    @property
-    def segments(self) -> list["SimLog"]:
-        return [self]
-
-    @property
-    def latest_epoch(self) -> int:
-        return self.epoch_cache.latest_epoch
-
-    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
-        return self.epoch_cache.end_offset_for(epoch, self.log_end_offset)
-
-    # -- appends (as Log.append / Log.append_as_follower) ----------------------------
-    def append(self, values, leader_epoch: int) -> AppendInfo:
-        batch = Batch(self.log_end_offset, leader_epoch, tuple(values))
-        self._write(batch)
-        if leader_epoch >= 0:  # only once the records are written, as Log.append
-            self.epoch_cache.assign(leader_epoch, batch.base_offset)
-        return AppendInfo(batch.base_offset, batch.last_offset, 0, len(batch.values),
-                          len(batch.values), -1)
-
-    def append_as_follower(self, batches) -> AppendInfo:
-        expected = self.log_end_offset
-        for batch in batches:
-            if batch.base_offset != expected:
-                raise InvalidOffsetError(
-                    f"follower batch starts at offset {batch.base_offset}, expected {expected}")
-            expected = batch.next_offset
-        for batch in batches:
-            self._write(batch)
-        for batch in batches:
-            self.epoch_cache.assign(batch.leader_epoch, batch.base_offset)
-        count = sum(len(b.values) for b in batches)
-        return AppendInfo(batches[0].base_offset, batches[-1].last_offset, 0, count, count, -1)
-
-    def _write(self, batch: Batch) -> None:
-        self.batches.append(batch)
-        self._bases.append(batch.base_offset)
-        self.entries.extend((batch.leader_epoch, value) for value in batch.values)
-
-    # -- reads (as Log.read with an upper bound) ----------------------------------------
-    def read(self, offset: int, upper_bound_offset: int, batches_max: int) -> tuple[Batch, ...]:
-        """Whole batches from the one holding ``offset``, none reaching
-        ``upper_bound_offset``, at most ``batches_max``."""
-        assert self.log_start_offset <= offset <= self.log_end_offset
-        index = max(bisect.bisect_right(self._bases, offset) - 1, 0)
-        out = []
-        for batch in self.batches[index:index + batches_max]:
-            if batch.last_offset >= upper_bound_offset:
-                break
-            out.append(batch)
-        return tuple(out)
-
-    # -- truncation, flush and crash -------------------------------------------------------
-    def truncate_to(self, offset: int) -> None:
-        """As ``Log.truncate_to``: the batch holding ``offset`` goes whole."""
-        if offset >= self.log_end_offset:
-            return
-        if offset < self.log_start_offset:
-            self.truncate_fully_and_start_at(offset)
-            return
-        # Cut from the batch holding offset: it goes whole.
-        self._cut(bisect.bisect_right(self._bases, offset) - 1)
-        self.epoch_cache.truncate_from_end(self.log_end_offset)
-
-    def truncate_fully_and_start_at(self, offset: int) -> None:
-        assert offset == 0, "retention is not modelled: the log always starts at 0"
-        self._cut(0)
-        self.epoch_cache.clear()
-
-    def _cut(self, keep_batches: int) -> None:
-        del self.batches[keep_batches:]
-        del self._bases[keep_batches:]
-        end = self.batches[-1].next_offset if self.batches else 0
-        del self.entries[end:]
-        self.flushed_offset = min(self.flushed_offset, end)
-        self.truncations += 1
-
-    def flush(self) -> None:
-        self.flushed_offset = self.log_end_offset
-
-    def crash(self, lose_unflushed: bool) -> int:
-        """What the disk holds after a crash, as ``Log.open`` recovers it;
-        returns how many records were lost."""
-        lost = 0
-        if lose_unflushed and self.flushed_offset < self.log_end_offset:
-            lost = self.log_end_offset - self.flushed_offset
-            self._cut(bisect.bisect_left(self._bases, self.flushed_offset))
-        self.epoch_cache.truncate_from_end(self.log_end_offset)
-        return lost
-
-
-# -- messages and pending work ---------------------------------------------------------------
+# -- messages ------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Message:
     msg_id: int
@@ -416,7 +322,9 @@ class Message:
     # message reaching a later incarnation of a broker is discarded.
     src_incarnation: int | None
     dst_incarnation: int | None
-    seq: int  # matches an answer to its request
+    # Matches an answer to its request: the sender's request id (the core's
+    # for fetches and AlterPartition, negative for the control plane).
+    seq: int
     body: dict
     deliver_at_ms: int
 
@@ -429,82 +337,54 @@ def _node_name(node: int) -> str:
 
 
 @dataclasses.dataclass
-class FetchInFlight:
-    """A follower's fetch awaiting its answer, with what its partition was
-    when it was sent (fetcher._build_request's ``sent``)."""
-
-    seq: int
-    leader_id: int
-    part: Partition
+class ProduceInFlight:
+    values: list[str]
+    acks_all: bool
     leader_epoch: int
-    log_end_offset: int
-    deadline_ms: int
-
-
-@dataclasses.dataclass
-class ParkedFetch:
-    """A follower fetch the leader holds until data arrives (a long-poll)."""
-
-    msg: Message
-    deadline_ms: int
-
-
-@dataclasses.dataclass
-class PendingAck:
-    """An acks=all write in the purgatory (data_api.PendingAck)."""
-
-    part: Partition
-    leader_epoch: int
-    required_offset: int
-    batch: Batch
-    deadline_ms: int
-
-
-@dataclasses.dataclass
-class IsrInFlight:
-    proposal: IsrProposal
-    part: Partition
-    deadline_ms: int
 
 
 class SimBroker:
-    """One broker: durable state (log, high-watermark checkpoint) and the
-    state of its current process, which a crash throws away."""
+    """One broker: its log directory (which survives crashes, as a disk does)
+    and the process running over it (the cores), which a crash throws away."""
 
-    def __init__(self, broker_id: int) -> None:
+    def __init__(self, broker_id: int, root: str, rules: Rules) -> None:
         self.broker_id = broker_id
-        self.log = SimLog()
-        self.hw_checkpoint: int | None = None
+        self.directory = os.path.join(root, f"b{broker_id}")
+        self.rules = rules
         self.up = True
         self.incarnation = 0
+        # Bumped whenever records may have left the log's end (a truncation
+        # or a restart), so checks of an unchanged prefix can be skipped.
+        self.truncations = 0
         # The broker epoch of the registration that stood for this broker
         # when a machine crash lost its unflushed data, until the controller
         # has fenced it and dropped it from the ISR (_unresolved_crash).
         self.lost_data_broker_epoch: int | None = None
-        self.start_process(0)
+        self.start_process(0, lambda: 0)
 
-    def start_process(self, now_ms: int) -> None:
-        """What a process start creates (BrokerLifecycle, ReplicaManager,
-        fetchers and ISR manager, all empty)."""
+    def start_process(self, now_ms: int, clock_ms: Callable[[], int]) -> None:
+        """What a process start creates: a ``LogManager`` that loads (and
+        recovers) the logs, and the cores, all empty."""
+        self.truncations += 1
+        self.log_manager = LogManager(LogManagerConfig((self.directory,)), LogConfig(),
+                                      clock=clock_ms)
+        self.log_manager.startup()
+        self.disk = DiskLogs(self.broker_id, self.log_manager)
+        self.lifecycle = LifecycleCore(LifecycleSettings(
+            self.broker_id, self.incarnation_id, {"BROKER": f"127.0.0.1:{9000 + self.broker_id}"},
+            None, HEARTBEAT_INTERVAL_MS, SESSION_TIMEOUT_MS), now_ms)
+        self.core = ReplicationCore(
+            self.broker_id, self.disk, self.lifecycle,
+            ReplicationSettings(lag_time_max_ms=LAG_TIME_MAX_MS,
+                                fetch_wait_max_ms=FETCH_WAIT_MAX_MS,
+                                fetch_partition_bytes_max=FETCH_PARTITION_BYTES_MAX),
+            partition_factory=_observed(self.rules.partition_class(), self))
         self.image = MetadataImage()
-        self.broker_epoch: int | None = None
-        self.state = BrokerState.STARTING
-        self.metadata_caught_up = False
-        self.part: Partition | None = None
-        # Registration or heartbeat in flight: (seq, deadline); one at a time.
-        self.control_in_flight: tuple[int, int] | None = None
-        self.next_control_ms = now_ms
-        self.last_heartbeat_ok_ms = now_ms
-        # The fetcher: whom it follows in which epoch, its one fetch in
-        # flight, and when a resting partition may fetch again.
-        self.fetch_target: tuple[int, int] | None = None
-        self.fetch_in_flight: FetchInFlight | None = None
-        self.resting_until_ms = 0
-        # Leader side.
-        self.parked: list[ParkedFetch] = []
-        self.pending_acks: list[PendingAck] = []
-        self.isr_in_flight: dict[int, IsrInFlight] = {}
-        self.next_isr_check_ms = now_ms + ISR_CHECK_INTERVAL_MS
+        # The control-plane request in flight, as sent (to send again).
+        self.control_msg: Message | None = None
+        # Leader side: fetches being served, by the core's request id.
+        self.fetches_in: dict[int, Message] = {}
+        self.produces: dict[int, ProduceInFlight] = {}
         self.next_metadata_poll_ms = now_ms
 
     @property
@@ -512,39 +392,47 @@ class SimBroker:
         return f"b{self.broker_id}-i{self.incarnation}"
 
     @property
-    def serving(self) -> bool:
-        """DataApi.is_serving: RUNNING and metadata caught up."""
-        return self.up and self.state is BrokerState.RUNNING and self.metadata_caught_up
+    def part(self) -> Partition | None:
+        return self.core.partitions.get(TP) if self.up else None
 
     @property
-    def fetch_ready(self) -> bool:
-        """ReplicaFetcherManager.is_ready."""
-        return self.metadata_caught_up and self.broker_epoch is not None
+    def log(self) -> Log | None:
+        return self.log_manager.get_log(TP) if self.up else None
 
+    @property
+    def state(self) -> BrokerState:
+        return self.lifecycle.state
 
-class _Refused(Exception):
-    """A per-partition error answer (the product's typed errors, by code)."""
+    @property
+    def broker_epoch(self) -> int | None:
+        return self.lifecycle.broker_epoch
 
-    def __init__(self, code: str, **extra) -> None:
-        super().__init__(code)
-        self.code = code
-        self.extra = extra
-
-    def as_error(self) -> dict:
-        return {"code": self.code, **self.extra}
-
-
-def _fetch_result(**fields) -> dict:
-    result = {"error": None, "high_watermark": -1, "log_start_offset": -1,
-              "log_end_offset": -1, "records": (), "diverging_epoch": None}
-    result.update(fields)
-    return result
+    @property
+    def serving(self) -> bool:
+        """RUNNING and metadata caught up (the core's leader gate)."""
+        return self.up and self.lifecycle.not_serving_reason() is None
 
 
 def _describe_record(record: rec.Record) -> str:
     fields = {k: v for k, v in dataclasses.asdict(record).items()
               if v is not None and k not in ("topic_id", "endpoints", "rack")}
     return f"{type(record).__name__}{fields}"
+
+
+def _lose_unflushed(log: Log) -> int:
+    """Cut ``log``'s file at its recovery point, the last position fsynced
+    (what a machine crash keeps of it; the log is closed after); returns how
+    many records were lost."""
+    lost = log.log_end_offset - log.recovery_point
+    segments = log.segments
+    assert len(segments) == 1, "the simulation's logs never roll"
+    segment = segments[0]
+    found = segment.find_batch(log.recovery_point) if lost > 0 else None
+    log.abandon()
+    if found is not None:
+        with open(segment.log_path, "r+b") as f:
+            f.truncate(found[0])
+    return max(lost, 0)
 
 
 # -- the simulation ------------------------------------------------------------------------------
@@ -577,12 +465,16 @@ class Simulation:
         self.image = MetadataImage()
         self.metadata_log: list[rec.Record] = []
         self.controller.become_active(self.image, self.now_ms)
-        self.brokers = [SimBroker(i) for i in range(1, broker_count + 1)]
+        self.root = _scratch_root()
+        self.brokers = [SimBroker(i, self.root, rules) for i in range(1, broker_count + 1)]
+        for b in self.brokers:
+            b.log_manager.clock = self.clock_ms
         # Checker state.
         self.epoch_leaders: dict[int, tuple[int, str]] = {}  # epoch -> (leader, who said)
         self.leader_hw: dict[tuple[int, int, int], int] = {}  # (broker, incarnation, epoch)
         self.committed: list[tuple[int, str]] = []
         self.verified: dict[int, tuple[int, int]] = {}  # broker -> (truncations, prefix ok)
+        self._read: dict[int, tuple[int, list[tuple[int, str]]]] = {}  # broker -> entries
         self.acked: dict[int, tuple[int, str]] = {}  # offset -> (leader_epoch, value)
         self.values_written = 0
         self.heal_rounds: int | None = None
@@ -592,15 +484,27 @@ class Simulation:
         self.event_counts: collections.Counter[str] = collections.Counter()
         self._bootstrap()
 
+    def clock_ms(self) -> int:
+        return self.now_ms
+
     # -- running --------------------------------------------------------------------------------
     def run(self, steps: int) -> None:
         """``steps`` random steps, then heal and check that nothing
-        acknowledged was lost."""
+        acknowledged was lost. The logs' directory is removed at the end."""
         self.steps_planned = steps
-        for _ in range(steps):
-            self.step()
-        self.heal()
-        self.check_final()
+        try:
+            for _ in range(steps):
+                self.step()
+            self.heal()
+            self.check_final()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for b in self.brokers:
+            if b.up:
+                b.log_manager.abandon()
+        shutil.rmtree(self.root, ignore_errors=True)
 
     def step(self) -> None:
         self.step_no += 1
@@ -634,30 +538,31 @@ class Simulation:
                  f"pe={reg.partition_epoch}" if reg else "controller: no partition"]
         for b in self.brokers:
             if not b.up:
-                parts.append(f"b{b.broker_id}: DOWN end={b.log.log_end_offset} "
-                             f"flushed={b.log.flushed_offset}")
+                parts.append(f"b{b.broker_id}: DOWN")
                 continue
-            p = b.part
+            p, log = b.part, b.log
             role = (f"{p.role.value} epoch={p.leader_epoch} hw={p.high_watermark} isr={p.isr}"
                     if p else "no partition")
-            parts.append(f"b{b.broker_id}: {b.state.value} {role} end={b.log.log_end_offset} "
-                         f"flushed={b.log.flushed_offset} epochs={b.log.epoch_cache.entries}")
+            where = (f"end={log.log_end_offset} flushed={log.recovery_point} "
+                     f"epochs={log.epoch_cache.entries}" if log else "no log")
+            parts.append(f"b{b.broker_id}: {b.state.value} {role} {where}")
         return "; ".join(parts)
 
     # -- bootstrap: brokers registered and unfenced, the topic created ----------------------
     def _bootstrap(self) -> None:
+        """Every broker's lifecycle core registers and is unfenced, its
+        requests answered directly by the controller core."""
         for b in self.brokers:
-            result = self.controller.register_broker(self.image, self._register_body(b),
-                                                     self.now_ms)
+            request = b.lifecycle.poll(self.now_ms)
+            result = self.controller.register_broker(self.image, request.body, self.now_ms)
             self._commit(result.records, f"b{b.broker_id} registers")
-            b.broker_epoch = result.response["broker_epoch"]
-            b.state = BrokerState.FENCED
+            b.lifecycle.answered(request.kind, result.response, self.now_ms)
         for b in self.brokers:
             self._deliver_metadata_now(b)
-            result = self.controller.heartbeat(self.image, self._heartbeat_body(b), self.now_ms)
+            request = b.lifecycle.poll(self.now_ms)
+            result = self.controller.heartbeat(self.image, request.body, self.now_ms)
             self._commit(result.records, f"b{b.broker_id} heartbeats")
-            b.state = BrokerState.RUNNING
-            b.next_control_ms = self.now_ms + HEARTBEAT_INTERVAL_MS
+            b.lifecycle.answered(request.kind, result.response, self.now_ms)
         result = self.controller.create_topics(self.image, {"topics": [{
             "name": TOPIC, "num_partitions": 1, "replication_factor": self.broker_count,
             "configs": {MIN_INSYNC_REPLICAS: str(self.min_insync_replicas)}}]})
@@ -665,7 +570,10 @@ class Simulation:
         self._commit(result.records, "topic created")
         for b in self.brokers:
             self._deliver_metadata_now(b)
-        self.queue.clear()
+        # Every broker has the whole image already; the first fetches stay.
+        self.queue = [m for m in self.queue if m.kind != "metadata"]
+        for b in self.brokers:
+            assert b.serving, b.state
         self._after_event()
         self.check_invariants()
 
@@ -731,18 +639,19 @@ class Simulation:
             self.note(f"network delays {msg.describe()} until t={msg.deliver_at_ms}")
 
     def _act_flush(self) -> None:
-        up = [b for b in self.brokers if b.up]
-        if up:
-            b = self.rng.choice(up)
+        hosting = [b for b in self.brokers if b.up and b.log is not None]
+        if hosting:
+            b = self.rng.choice(hosting)
             b.log.flush()
-            self.note(f"b{b.broker_id} flushes its log to {b.log.flushed_offset}")
+            b.log_manager.checkpoint()
+            self.note(f"b{b.broker_id} flushes its log to {b.log.recovery_point}")
 
     def _act_checkpoint(self) -> None:
         hosting = [b for b in self.brokers if b.up and b.part is not None]
         if hosting:
             b = self.rng.choice(hosting)
-            b.hw_checkpoint = b.part.high_watermark
-            self.note(f"b{b.broker_id} checkpoints high watermark {b.hw_checkpoint}")
+            b.disk.write_high_watermarks(b.disk.high_watermark_snapshot(b.core.partitions))
+            self.note(f"b{b.broker_id} checkpoints high watermark {b.part.high_watermark}")
 
     def _act_crash(self) -> None:
         up = [b for b in self.brokers if b.up]
@@ -773,15 +682,17 @@ class Simulation:
         return None if node == CONTROLLER else self.brokers[node - 1].incarnation
 
     def _send(self, kind: str, src: int, dst: int, body: dict, seq: int = 0,
-              dst_incarnation: int | None = None) -> None:
+              dst_incarnation: int | None = None) -> Message:
         """Queue a message; it may be delivered after ordinary latency, in
         any order with the others, unless a fault action gets it first."""
         self._ids += 1
         if dst_incarnation is None:
             dst_incarnation = self._incarnation_of(dst)
         latency_ms = 0 if self.healing else self.rng.randint(0, LATENCY_MS_MAX)
-        self.queue.append(Message(self._ids, kind, src, dst, self._incarnation_of(src),
-                                  dst_incarnation, seq, body, self.now_ms + latency_ms))
+        msg = Message(self._ids, kind, src, dst, self._incarnation_of(src), dst_incarnation,
+                      seq, body, self.now_ms + latency_ms)
+        self.queue.append(msg)
+        return msg
 
     def _reply(self, request: Message, kind: str, body: dict) -> None:
         """Answer ``request``, to the incarnation that sent it."""
@@ -817,15 +728,16 @@ class Simulation:
     def _deliver_control_plane(self) -> None:
         """While a machine crash is unresolved the control plane is perfect:
         registrations, heartbeats and their answers all arrive before the
-        clock moves, and a request lost before that began is sent again."""
+        clock moves, and a request lost before that began is sent again (the
+        controller client retries a request whose connection failed)."""
         for _ in range(10 * self.broker_count):
             for b in self.brokers:
-                if b.up and b.control_in_flight is not None and not any(
-                        m.seq == b.control_in_flight[0] for m in self.queue
-                        if m.kind in CONTROL_KINDS):
-                    b.control_in_flight = None
-                    b.next_control_ms = self.now_ms
-                    self._control_tick(b)
+                sent = b.control_msg
+                if b.up and sent is not None and not any(
+                        m.seq == sent.seq and m.src == b.broker_id for m in self.queue):
+                    self._ids += 1
+                    self.queue.append(dataclasses.replace(sent, msg_id=self._ids,
+                                                          deliver_at_ms=self.now_ms))
             pending = [m for m in self.queue if m.kind in CONTROL_KINDS]
             if not pending:
                 return
@@ -882,372 +794,172 @@ class Simulation:
         self._send("metadata", CONTROLLER, b.broker_id,
                    {"records": records, "offset": self.image.offset})
 
-    # -- broker: registration and heartbeats (lifecycle.py) -----------------------------------
-    def _register_body(self, b: SimBroker) -> dict:
-        return {"broker_id": b.broker_id, "incarnation_id": b.incarnation_id,
-                "endpoints": {"BROKER": f"127.0.0.1:{9000 + b.broker_id}"}, "rack": None}
-
-    def _heartbeat_body(self, b: SimBroker) -> dict:
-        return {"broker_id": b.broker_id, "broker_epoch": b.broker_epoch,
-                "metadata_offset": b.image.offset, "want_fence": False,
-                "want_shutdown": False}
-
+    # -- broker: the lifecycle core's registration and heartbeats --------------------------------
     def _control_tick(self, b: SimBroker) -> None:
-        """BrokerLifecycle._heartbeat_loop: register until registered, then
-        heartbeat every interval; one request at a time."""
-        if b.control_in_flight is not None or self.now_ms < b.next_control_ms:
+        """BrokerLifecycle._control_loop: send what the core says is due."""
+        request = b.lifecycle.poll(self.now_ms)
+        if request is None:
             return
         self._ids += 1
-        seq = self._ids
-        if b.broker_epoch is None:
-            kind, body, timeout_ms = "register", self._register_body(b), SESSION_TIMEOUT_MS
-        else:
-            kind, body, timeout_ms = "heartbeat", self._heartbeat_body(b), HEARTBEAT_TIMEOUT_MS
-        b.control_in_flight = (seq, self.now_ms + timeout_ms)
-        self._send(kind, b.broker_id, CONTROLLER, body, seq)
+        b.control_msg = self._send(request.kind, b.broker_id, CONTROLLER, request.body,
+                                   -self._ids)
 
     def _on_control_answer(self, b: SimBroker, msg: Message) -> None:
-        if b.control_in_flight is None or b.control_in_flight[0] != msg.seq:
+        sent = b.control_msg
+        if sent is None or sent.seq != msg.seq:
             return  # an answer to a request given up on
-        b.control_in_flight = None
+        b.control_msg = None
         self._withdraw(b, msg.seq)
+        kind = sent.kind
+        state_before = b.state
         if "error" in msg.body:
-            self.note(f"b{b.broker_id}: {msg.kind} refused: {msg.body['error']}")
-            if msg.kind == "heartbeat_answer" and msg.body["error"] in RE_REGISTER_CODES:
-                b.broker_epoch = None
-                b.state = BrokerState.STARTING
-                b.next_control_ms = self.now_ms
-            else:
-                self._control_failed(b)
-            return
-        answer = msg.body["answer"]
-        if msg.kind == "register_answer":
-            b.broker_epoch = answer["broker_epoch"]
-            b.state = BrokerState.FENCED
-            b.next_control_ms = self.now_ms  # heartbeat at once
-            self.note(f"b{b.broker_id} registered with broker epoch {b.broker_epoch}")
-            return
-        b.last_heartbeat_ok_ms = self.now_ms
-        state = BrokerState.FENCED if answer["is_fenced"] else BrokerState.RUNNING
-        if state is not b.state:
-            self.note(f"b{b.broker_id}: {b.state.value} -> {state.value}")
-        b.state = state
-        b.next_control_ms = self.now_ms + HEARTBEAT_INTERVAL_MS
+            self.note(f"b{b.broker_id}: {kind} refused: {msg.body['error']}")
+            b.lifecycle.failed(kind, msg.body["error"], self.now_ms)
+        else:
+            b.lifecycle.answered(kind, msg.body["answer"], self.now_ms)
+            if kind == "register":
+                self.note(f"b{b.broker_id} registered with broker epoch {b.broker_epoch}")
+        if b.state is not state_before:
+            self.note(f"b{b.broker_id}: {state_before.value} -> {b.state.value}")
 
-    def _control_failed(self, b: SimBroker) -> None:
-        b.next_control_ms = self.now_ms + min(HEARTBEAT_INTERVAL_MS, RETRY_BACKOFF_MS)
-        if (b.state is BrokerState.RUNNING
-                and self.now_ms - b.last_heartbeat_ok_ms > SESSION_TIMEOUT_MS):
-            self.note(f"b{b.broker_id}: no heartbeat got through for a session; fences itself")
-            b.state = BrokerState.FENCED
+    def _lifecycle_tick(self, b: SimBroker) -> None:
+        state_before = b.state
+        b.lifecycle.tick(self.now_ms)
+        if b.control_msg is not None and b.lifecycle.in_flight is None:
+            self._withdraw(b, b.control_msg.seq)  # given up on: timed out
+            b.control_msg = None
+        if b.state is not state_before:
+            self.note(f"b{b.broker_id}: {state_before.value} -> {b.state.value}")
 
-    # -- broker: metadata (lifecycle._apply, ReplicaManager.apply_image, fetchers.sync) -----------
+    # -- broker: metadata (BrokerLifecycle._apply, then the replication core) ----------------------
     def _on_metadata_message(self, b: SimBroker, msg: Message) -> None:
         self._on_metadata(b, msg.body)
 
     def _on_metadata(self, b: SimBroker, body: dict) -> None:
-        before = b.image.offset
         for offset, record in body["records"]:
             if offset <= b.image.offset:
                 continue  # already applied
             assert offset == b.image.offset + 1, (offset, b.image.offset)
             b.image.apply(record, offset)
-        was_caught_up = b.metadata_caught_up
-        b.metadata_caught_up = (b.broker_epoch is not None
-                                and b.image.offset >= max(b.broker_epoch, body["offset"]))
-        if b.image.offset == before and (was_caught_up or not b.metadata_caught_up):
+        if not b.lifecycle.metadata_applied(b.image.offset, body["offset"], self.now_ms):
             return
-        if (b.state is BrokerState.FENCED and b.broker_epoch is not None
-                and b.image.offset >= b.broker_epoch):
-            b.next_control_ms = min(b.next_control_ms, self.now_ms)  # ask to be unfenced
-        self._apply_image(b)
-        self._sync_fetcher(b)
-
-    def _apply_image(self, b: SimBroker) -> None:
-        """ReplicaManager.apply_image for the one partition: the log is
-        opened even for a replayed image, but a role is taken only from one
-        the broker has caught up to."""
-        topic = b.image.topics.get(TOPIC)
-        reg = topic.partitions.get(0) if topic else None
-        if reg is None or b.broker_id not in reg.replicas:
-            return
-        if b.part is None:
-            b.part = self.rules.partition_class()(TP, b.log, b.broker_id, topic.topic_id,
-                                                  high_watermark=b.hw_checkpoint)
         part = b.part
-        part.min_insync_replicas = int(b.image.topic_configs(TOPIC).get(MIN_INSYNC_REPLICAS, 1))
-        if not b.metadata_caught_up:
-            return
-        before = (part.role, part.leader_epoch, part.partition_epoch)
-        part.update(reg.leader, reg.leader_epoch, reg.partition_epoch, reg.replicas, reg.isr,
-                    self.now_ms, reg.leader_recovery_state)
-        if (part.role, part.leader_epoch, part.partition_epoch) != before:
+        before = (part.role, part.leader_epoch, part.partition_epoch) if part else None
+        b.core.apply_image(b.image, self.now_ms)
+        self._carry_out(b)
+        part = b.part
+        if part is not None and (part.role, part.leader_epoch, part.partition_epoch) != before:
             self.note(f"b{b.broker_id} applies image @{b.image.offset}: {part.role.value} "
                       f"epoch={part.leader_epoch} pe={part.partition_epoch} isr={part.isr} "
                       f"hw={part.high_watermark} end={part.log_end_offset}")
 
-    def _sync_fetcher(self, b: SimBroker) -> None:
-        """ReplicaFetcherManager.sync + ReplicaFetcher.assign: follow the
-        partition's leader in its epoch; any change cancels the fetch in
-        flight (its answer, if it comes, is ignored)."""
-        part = b.part
-        wanted = None
-        if b.fetch_ready and part is not None and not part.is_leader and part.leader_id >= 0:
-            wanted = (part.leader_id, part.leader_epoch)
-        if wanted == b.fetch_target:
-            return
-        if b.fetch_target is None or wanted is None or wanted[0] != b.fetch_target[0]:
-            b.resting_until_ms = 0  # a new fetcher starts with nothing resting
-        b.fetch_target = wanted
-        if b.fetch_in_flight is not None:
-            self._withdraw(b, b.fetch_in_flight.seq)
-            b.fetch_in_flight = None
+    # -- broker: carrying out the replication core's actions --------------------------------------
+    def _carry_out(self, b: SimBroker) -> None:
+        """ReplicaManager._carry_out: every action the core decided, until
+        it has no more (a refused connection is an event too)."""
+        while True:
+            actions = b.core.ready()
+            if not actions:
+                return
+            for action in actions:
+                if isinstance(action, Respond):
+                    self._on_respond(b, action)
+                elif isinstance(action, SendFetch):
+                    self._send_fetch(b, action)
+                elif isinstance(action, SendAlterPartition):
+                    self.note(f"b{b.broker_id} proposes ISR {action.body['new_isr']}")
+                    self._send("alter_partition", b.broker_id, CONTROLLER, action.body,
+                               action.request_id)
+                elif isinstance(action, CancelRequest):
+                    self._withdraw(b, action.request_id)
 
-    # -- broker as follower (fetcher.py) ----------------------------------------------------------
-    def _maybe_fetch(self, b: SimBroker) -> None:
-        """ReplicaFetcher._build_request and the send."""
-        part = b.part
-        if (b.fetch_target is None or b.fetch_in_flight is not None or part is None
-                or part.is_leader or part.leader_id != b.fetch_target[0]
-                or b.resting_until_ms > self.now_ms):
-            return
-        if part.last_fetched_epoch > part.leader_epoch:
-            # Our log is newer than the leader we were told of: wait for the
-            # metadata to name a newer one.
-            b.resting_until_ms = self.now_ms + PARTITION_BACKOFF_MS * 10
-            return
-        leader = self.brokers[part.leader_id - 1]
+    def _send_fetch(self, b: SimBroker, action: SendFetch) -> None:
+        leader = self.brokers[action.leader_id - 1]
         if not leader.up:
-            b.resting_until_ms = self.now_ms + CONNECT_BACKOFF_MS  # connection refused
+            b.core.fetch_failed(action.request_id, self.now_ms)  # connection refused
             return
-        self._ids += 1
-        b.fetch_in_flight = FetchInFlight(self._ids, part.leader_id, part, part.leader_epoch,
-                                          part.log_end_offset, self.now_ms + FETCH_TIMEOUT_MS)
-        self._send("fetch", b.broker_id, part.leader_id, {
-            "replica_id": b.broker_id, "offset": part.log_end_offset,
-            "current_leader_epoch": part.leader_epoch,
-            "last_fetched_epoch": part.last_fetched_epoch}, self._ids)
+        self._send("fetch", b.broker_id, action.leader_id, action.body, action.request_id)
 
+    def _on_respond(self, b: SimBroker, action: Respond) -> None:
+        fetch = b.fetches_in.pop(action.request_id, None)
+        if fetch is not None:
+            answer = {"partitions": render_results("fetch", action.results)}
+            self._reply(fetch, "fetch_answer", answer)
+            return
+        produce = b.produces.pop(action.request_id, None)
+        if produce is not None:
+            self._settle_produce(b, produce, action.results)
+
+    # -- broker as leader: follower fetches arrive --------------------------------------------------
+    def _on_fetch(self, leader: SimBroker, msg: Message) -> None:
+        """DataApi.handle_fetch: decode, hand to the core (which answers at
+        once or parks the fetch as a long-poll)."""
+        request_id = leader.core.new_request_id()
+        leader.fetches_in[request_id] = msg
+        leader.core.fetch(request_id, decode_fetch(msg.body), self.now_ms)
+        self._carry_out(leader)
+
+    # -- broker as follower: answers come back --------------------------------------------------------
     def _on_fetch_answer(self, b: SimBroker, msg: Message) -> None:
-        """ReplicaFetcher._handle_answer for the one partition."""
-        sent = b.fetch_in_flight
-        if sent is None or sent.seq != msg.seq:
-            return  # cancelled, timed out or duplicated: nothing of it applies
-        b.fetch_in_flight = None
         self._withdraw(b, msg.seq)
         part = b.part
-        if part is not sent.part or part.is_leader or part.leader_id != sent.leader_id:
-            return
-        if (part.leader_epoch, part.log_end_offset) != (sent.leader_epoch, sent.log_end_offset):
-            return  # the partition moved on while the fetch was out
-        try:
-            self._apply_fetch(b, part, msg.body)
-        except InvalidOffsetError as exc:
-            self.event_counts["unappliable fetch answers"] += 1
-            self.note(f"b{b.broker_id} cannot apply the fetch: {exc}")
-            b.resting_until_ms = self.now_ms + PARTITION_BACKOFF_MS
-
-    def _apply_fetch(self, b: SimBroker, part: Partition, result: dict) -> None:
-        """ReplicaFetcher._apply."""
-        if result["error"]:
-            self._apply_fetch_error(b, part, result["error"])
-            return
-        diverging = result["diverging_epoch"]
-        if diverging:
-            if not self.rules.follower_truncates_on_divergence:
-                return  # broken rule (a)
-            offset = part.truncation_offset(diverging["epoch"], diverging["end_offset"])
-            end = part.log_end_offset
-            part.truncate_to(offset, f"diverged from b{part.leader_id}")
-            self.event_counts["diverging answers"] += 1
-            if part.log_end_offset < end:
-                self.event_counts["follower truncations"] += 1
-            self.note(f"b{b.broker_id} told epoch {diverging['epoch']} ends at "
-                      f"{diverging['end_offset']}: truncates {end} -> {part.log_end_offset}")
-            return
-        records = result["records"]
-        part.append_as_follower(records, result["high_watermark"])
-        if records:
-            self.note(f"b{b.broker_id} appends [{records[0].base_offset}, "
-                      f"{records[-1].next_offset}) from b{part.leader_id}, hw -> "
-                      f"{part.high_watermark}")
-
-    def _apply_fetch_error(self, b: SimBroker, part: Partition, error: dict) -> None:
-        """ReplicaFetcher._apply_error."""
-        if error["code"] == "OFFSET_OUT_OF_RANGE":
-            start, end = error.get("log_start_offset", -1), error.get("log_end_offset", -1)
-            if 0 <= start and part.log_end_offset < start:
-                part.restart_at(start)
-                return
-            if 0 <= end < part.log_end_offset:
-                part.truncate_to(end, "beyond the leader's log end")
-                self.note(f"b{b.broker_id} truncates to the leader's log end {end}")
-                return
-        b.resting_until_ms = self.now_ms + PARTITION_BACKOFF_MS
-
-    # -- broker as leader (data_api.py) ---------------------------------------------------------
-    def _serving_partition(self, b: SimBroker, current_leader_epoch: int | None) -> Partition:
-        """DataApi._serving_partition + ReplicaManager.leader_partition."""
-        if not b.serving:
-            raise _Refused("NOT_LEADER_OR_FOLLOWER")
+        before = (part.log_end_offset, part.high_watermark, b.truncations) if part else None
+        b.core.fetch_answered(msg.seq, msg.body, self.now_ms)
+        self._carry_out(b)
         part = b.part
-        if part is None or not part.is_leader:
-            raise _Refused("NOT_LEADER_OR_FOLLOWER")
-        if current_leader_epoch is not None and current_leader_epoch >= 0:
-            if current_leader_epoch < part.leader_epoch:
-                raise _Refused("FENCED_LEADER_EPOCH")
-            if current_leader_epoch > part.leader_epoch:
-                raise _Refused("UNKNOWN_LEADER_EPOCH")
-        return part
-
-    def _on_fetch(self, leader: SimBroker, msg: Message) -> None:
-        """DataApi.handle_fetch for a follower: judged on arrival, then read;
-        parked (a long-poll) while there is nothing to send."""
-        answer = self._follower_arrival(leader, msg.body)
-        if answer is None:
-            answer = self._read_for_follower(leader, msg.body)
-            if not answer["records"] and answer["error"] is None:
-                leader.parked.append(ParkedFetch(msg, self.now_ms + FETCH_WAIT_MAX_MS))
-                return
-        self._answer_fetch(leader, msg, answer)
-
-    def _answer_fetch(self, leader: SimBroker, msg: Message, answer: dict) -> None:
-        self._reply(msg, "fetch_answer", answer)
-
-    def _follower_arrival(self, leader: SimBroker, spec: dict) -> dict | None:
-        """DataApi._follower_arrival for the one partition: an answer already
-        decided (error, diverging epoch), or None to read."""
-        try:
-            part = self._serving_partition(leader, spec["current_leader_epoch"])
-            replica_id = spec["replica_id"]
-            if replica_id not in part.replicas or replica_id == part.broker_id:
-                raise _Refused("NOT_LEADER_OR_FOLLOWER")
-            diverging = part.diverging_epoch(spec["offset"], spec["last_fetched_epoch"])
-            if diverging is not None:
-                return _fetch_result(high_watermark=part.high_watermark,
-                                     log_start_offset=part.log_start_offset,
-                                     log_end_offset=part.log_end_offset,
-                                     diverging_epoch={"epoch": diverging[0],
-                                                      "end_offset": diverging[1]})
-            if part.log_start_offset <= spec["offset"] <= part.log_end_offset:
-                part.record_follower_fetch(replica_id, spec["offset"], self.now_ms)
-                self._maybe_propose_isr(leader)  # DataApi.follower_fetched
-            return None
-        except _Refused as exc:
-            return _fetch_result(error=exc.as_error())
-
-    def _read_for_follower(self, leader: SimBroker, spec: dict) -> dict:
-        """DataApi._read_all(follower=True) for the one partition."""
-        try:
-            part = self._serving_partition(leader, spec["current_leader_epoch"])
-            result = _fetch_result(high_watermark=part.high_watermark,
-                                   log_start_offset=part.log_start_offset,
-                                   log_end_offset=part.log_end_offset)
-            offset = spec["offset"]
-            if offset < part.log_start_offset or offset > part.log_end_offset:
-                raise _Refused("OFFSET_OUT_OF_RANGE", log_start_offset=part.log_start_offset,
-                               log_end_offset=part.log_end_offset)
-            if offset < part.log_end_offset:
-                result["records"] = part.log.read(offset, part.log_end_offset,
-                                                  FETCH_BATCHES_MAX)
-            return result
-        except _Refused as exc:
-            return _fetch_result(error=exc.as_error())
-
-    def _retry_parked(self, leader: SimBroker, timed_out_only: bool = False) -> None:
-        """A parked fetch wakes on new data or a role change (notify), or at
-        its deadline, and is read again."""
-        still = []
-        for parked in leader.parked:
-            due = parked.deadline_ms <= self.now_ms
-            if timed_out_only and not due:
-                still.append(parked)
-                continue
-            answer = self._read_for_follower(leader, parked.msg.body)
-            if answer["records"] or answer["error"] is not None or due:
-                self._answer_fetch(leader, parked.msg, answer)
-            else:
-                still.append(parked)
-        leader.parked = still
-
-    def _maybe_propose_isr(self, b: SimBroker) -> None:
-        """IsrManager.maybe_propose + _send."""
-        if b.broker_epoch is None or b.part is None:
+        if part is None or before is None:
             return
-        proposal = b.part.isr_proposal(self.now_ms, LAG_TIME_MAX_MS)
-        if proposal is None:
-            return
-        self._ids += 1
-        b.isr_in_flight[self._ids] = IsrInFlight(proposal, b.part,
-                                                 self.now_ms + ALTER_PARTITION_TIMEOUT_MS)
-        self.note(f"b{b.broker_id} proposes ISR {proposal.new_isr} ({proposal.reason})")
-        self._send("alter_partition", b.broker_id, CONTROLLER, {
-            "broker_id": b.broker_id, "broker_epoch": b.broker_epoch, "topic": TOPIC,
-            "partition": 0, "leader_epoch": proposal.leader_epoch,
-            "partition_epoch": proposal.partition_epoch, "new_isr": proposal.new_isr,
-            "leader_recovery_state": proposal.leader_recovery_state}, self._ids)
+        end, hw, truncations = before
+        if b.truncations != truncations:
+            self.event_counts["follower truncations"] += 1
+            self.note(f"b{b.broker_id} truncates {end} -> {part.log_end_offset}")
+        elif part.log_end_offset > end:
+            self.note(f"b{b.broker_id} appends [{end}, {part.log_end_offset}) from "
+                      f"b{part.leader_id}, hw -> {part.high_watermark}")
 
     def _on_alter_partition_answer(self, b: SimBroker, msg: Message) -> None:
-        pending = b.isr_in_flight.pop(msg.seq, None)
-        if pending is None:
-            return  # timed out already (settled as refused) or a duplicate
         self._withdraw(b, msg.seq)
-        answer = msg.body.get("answer")
-        self._settle_isr(b, pending, answer, msg.body.get("error"))
-
-    def _settle_isr(self, b: SimBroker, pending: IsrInFlight, answer: dict | None,
-                    error: str | None) -> None:
-        """IsrManager._settle."""
-        applied = pending.part.isr_change_done(pending.proposal, answer)
+        isr_before = list(b.part.isr) if b.part else None
+        b.core.alter_partition_answered(msg.seq, msg.body.get("answer"), msg.body.get("error"),
+                                        self.now_ms)
+        self._carry_out(b)
+        applied = b.part is not None and b.part.isr != isr_before
         self.event_counts["isr answers applied" if applied else "isr answers not applied"] += 1
-        self.note(f"b{b.broker_id}: ISR {pending.proposal.new_isr} "
-                  f"{'applied' if applied else 'not applied'}"
-                  f"{f' ({error})' if error else ''}")
+        self.note(f"b{b.broker_id}: ISR answer {msg.body.get('answer') or msg.body}")
 
-    # -- clients: produce and the acks=all purgatory ---------------------------------------------
+    # -- clients: produce and acknowledgements ---------------------------------------------------------
     def _produce(self, b: SimBroker, acks_all: bool) -> None:
-        part = b.part
-        if acks_all and len(part.isr) < part.min_insync_replicas:
-            self.note(f"b{b.broker_id} refuses an acks=all write: ISR {part.isr}")
-            return
         count = self.rng.randint(1, BATCH_RECORDS_MAX)
         values = [f"v{self.values_written + i}" for i in range(count)]
         self.values_written += count
-        info = part.append_as_leader(values)
-        batch = b.log.batches[-1]
-        assert batch.base_offset == info.base_offset
-        self.note(f"b{b.broker_id} appends {values} at {info.base_offset} in epoch "
-                  f"{part.leader_epoch} (acks={'all' if acks_all else 1})")
-        if acks_all:
-            b.pending_acks.append(PendingAck(part, part.leader_epoch, info.last_offset + 1,
-                                             batch, self.now_ms + PRODUCE_TIMEOUT_MS))
+        batch = build_batch([(None, v.encode()) for v in values], timestamp_ms=self.now_ms)
+        request_id = b.core.new_request_id()
+        b.produces[request_id] = ProduceInFlight(values, acks_all, b.part.leader_epoch)
+        appended = b.core.produce(request_id, [ProduceItem(TP, None, batch)],
+                                  -1 if acks_all else 1, PRODUCE_TIMEOUT_MS, self.now_ms)
+        if appended:
+            self.note(f"b{b.broker_id} appends {values} at {appended[0][1].base_offset} in "
+                      f"epoch {b.part.leader_epoch} (acks={'all' if acks_all else 1})")
+        self._carry_out(b)
 
-    def _settle_acks(self, b: SimBroker) -> None:
-        """DataApi._replication_outcome for every waiting write."""
-        waiting = []
-        for entry in b.pending_acks:
-            part = entry.part
-            if b.part is not part or not part.is_leader or part.leader_epoch != entry.leader_epoch:
-                continue  # NOT_LEADER_OR_FOLLOWER: not acknowledged
-            if part.high_watermark < entry.required_offset:
-                if entry.deadline_ms > self.now_ms:
-                    waiting.append(entry)
-                continue
-            if len(part.isr) < part.min_insync_replicas:
-                continue  # NOT_ENOUGH_REPLICAS_AFTER_APPEND
-            self._acknowledge(b, entry.batch)
-            self.event_counts["acks=all writes acknowledged"] += 1
-        b.pending_acks = waiting
-
-    def _acknowledge(self, b: SimBroker, batch: Batch) -> None:
-        for i, value in enumerate(batch.values):
-            offset = batch.base_offset + i
-            record = (batch.leader_epoch, value)
-            if self.acked.setdefault(offset, record) != record:
+    def _settle_produce(self, b: SimBroker, produce: ProduceInFlight,
+                        results: list[dict]) -> None:
+        (result,) = results
+        if result["error"] is not None:
+            code = getattr(result["error"], "code", result["error"])
+            self.note(f"b{b.broker_id} refuses {produce.values}: {code}")
+            return
+        if not produce.acks_all:
+            return
+        base_offset = result["base_offset"]
+        for i, value in enumerate(produce.values):
+            record = (produce.leader_epoch, value)
+            if self.acked.setdefault(base_offset + i, record) != record:
                 self.fail("5 (acknowledged writes)",
-                          f"offset {offset} acknowledged twice: {self.acked[offset]} and "
-                          f"{record}")
-        self.note(f"b{b.broker_id} acknowledges {list(batch.values)} at {batch.base_offset}")
+                          f"offset {base_offset + i} acknowledged twice: "
+                          f"{self.acked[base_offset + i]} and {record}")
+        self.event_counts["acks=all writes acknowledged"] += 1
+        self.note(f"b{b.broker_id} acknowledges {produce.values} at {base_offset}")
 
     # -- time ------------------------------------------------------------------------------------
     def _advance_time(self, delta_ms: int) -> None:
@@ -1268,41 +980,21 @@ class Simulation:
                     self._run_timers(b)
 
     def _run_timers(self, b: SimBroker) -> None:
-        now = self.now_ms
-        if b.control_in_flight is not None and b.control_in_flight[1] <= now:
-            self._withdraw(b, b.control_in_flight[0])
-            b.control_in_flight = None
-            self._control_failed(b)
+        self._lifecycle_tick(b)
         self._control_tick(b)
-        if b.fetch_in_flight is not None and b.fetch_in_flight.deadline_ms <= now:
-            self._withdraw(b, b.fetch_in_flight.seq)
-            b.fetch_in_flight = None
-            b.resting_until_ms = now + CONNECT_BACKOFF_MS
-        self._retry_parked(b, timed_out_only=True)
-        for seq, pending in list(b.isr_in_flight.items()):
-            if pending.deadline_ms <= now:
-                del b.isr_in_flight[seq]
-                self._withdraw(b, seq)
-                self._settle_isr(b, pending, None, "timed out")
-        if now >= b.next_isr_check_ms:
-            b.next_isr_check_ms = now + ISR_CHECK_INTERVAL_MS
-            if b.part is not None and b.part.is_leader:
-                self._maybe_propose_isr(b)
-        if now >= b.next_metadata_poll_ms:
-            b.next_metadata_poll_ms = now + METADATA_POLL_MS
+        b.core.tick(self.now_ms)
+        self._carry_out(b)
+        if self.now_ms >= b.next_metadata_poll_ms:
+            b.next_metadata_poll_ms = self.now_ms + METADATA_POLL_MS
             if b.image.offset < self.image.offset:
                 self._send_metadata(b)
 
     def _after_event(self) -> None:
-        """What the brokers' event loops do at once after any event: answer
-        woken long-polls, send the next fetch, settle acks, heartbeat when
-        asked to."""
+        """What the brokers' event loops do at once after any event: send a
+        registration or heartbeat that became due."""
         for b in self.brokers:
             if b.up:
                 self._control_tick(b)
-                self._retry_parked(b)
-                self._maybe_fetch(b)
-                self._settle_acks(b)
 
     # -- crashes and restarts ---------------------------------------------------------------------
     def _unresolved_crash(self, b: SimBroker) -> bool:
@@ -1346,11 +1038,12 @@ class Simulation:
 
     def _crash(self, b: SimBroker, lose_unflushed: bool) -> None:
         epoch_at_crash = b.broker_epoch
-        lost = b.log.crash(lose_unflushed)
+        log = b.log
+        lost = _lose_unflushed(log) if lose_unflushed and log is not None else 0
+        b.log_manager.abandon()  # no flush, no clean-shutdown marker
         self.event_counts["machine crashes" if lose_unflushed else "process crashes"] += 1
         self.event_counts["records lost in crashes"] += lost
         b.up = False
-        b.part = None
         if lose_unflushed and lost:
             # The disk lost data: whichever registration of this broker the
             # controller still counts (perhaps a previous incarnation's, if
@@ -1359,25 +1052,24 @@ class Simulation:
             if reg is not None:
                 b.lost_data_broker_epoch = reg.broker_epoch
         self.note(f"b{b.broker_id} {'MACHINE' if lose_unflushed else 'process'} crash "
-                  f"(broker epoch {epoch_at_crash}): lost {lost} records, log ends at "
-                  f"{b.log.log_end_offset}, epochs {b.log.epoch_cache.entries}")
+                  f"(broker epoch {epoch_at_crash}): lost {lost} records")
         # Its connections close: nothing it sent is delivered any more, and
-        # nothing sent to it.
+        # nothing sent to it. Its peers see the failure of what they sent it.
         self.queue = [m for m in self.queue
                       if m.src != b.broker_id and m.dst != b.broker_id]
         for other in self.brokers:
-            if other.up and other.fetch_in_flight and other.fetch_in_flight.leader_id == \
-                    b.broker_id:
-                other.fetch_in_flight = None
-                other.resting_until_ms = self.now_ms + CONNECT_BACKOFF_MS
-            other.parked = [p for p in other.parked if p.msg.src != b.broker_id]
+            if other.up and other is not b:
+                for session_request in list(other.core.fetches_to(b.broker_id)):
+                    other.core.fetch_failed(session_request, self.now_ms)
+                self._carry_out(other)
 
     def _restart(self, b: SimBroker) -> None:
         b.up = True
         b.incarnation += 1
-        b.start_process(self.now_ms)
+        b.start_process(self.now_ms, self.clock_ms)
+        log = b.log
         self.note(f"b{b.broker_id} restarts as {b.incarnation_id} (log end "
-                  f"{b.log.log_end_offset}, checkpointed hw {b.hw_checkpoint})")
+                  f"{log.log_end_offset if log else 0})")
         self._send_metadata(b)
 
     # -- invariants -------------------------------------------------------------------------------
@@ -1394,8 +1086,8 @@ class Simulation:
                 continue
             part = b.part
             try:
-                part.check_invariants()
-                b.log.epoch_cache.check_invariants()
+                b.core.check_invariants()
+                b.log.check_invariants()
             except AssertionError as exc:
                 self.fail("6 (Partition.check_invariants)", f"b{b.broker_id}: {exc}")
             if part.is_leader:
@@ -1421,23 +1113,42 @@ class Simulation:
         self._check_committed_prefix(b, hw, "3 (consistent committed data)",
                                      "leads and serves, and below its high watermark")
         if hw > len(self.committed):
-            self.committed.extend(b.log.entries[len(self.committed):hw])
+            self.committed.extend(self._entries(b)[len(self.committed):hw])
 
     def _check_committed_prefix(self, b: SimBroker, limit: int, invariant: str,
                                 where: str) -> None:
         shared = min(limit, len(self.committed), b.log.log_end_offset)
         truncations, verified = self.verified.get(b.broker_id, (-1, 0))
-        if truncations == b.log.truncations and verified >= shared:
+        if truncations == b.truncations and verified >= shared:
             return
-        start = verified if truncations == b.log.truncations else 0
-        if b.log.entries[start:shared] != self.committed[start:shared]:
+        start = verified if truncations == b.truncations else 0
+        if self._entries(b)[start:shared] != self.committed[start:shared]:
             self._report_mismatch(b, shared, invariant, where)
-        self.verified[b.broker_id] = (b.log.truncations, shared)
+        self.verified[b.broker_id] = (b.truncations, shared)
 
     def _report_mismatch(self, b: SimBroker, limit: int, invariant: str, where: str) -> None:
-        first = next(o for o in range(limit) if b.log.entries[o] != self.committed[o])
+        entries = self._entries(b)
+        first = next(o for o in range(limit) if entries[o] != self.committed[o])
         self.fail(invariant, f"b{b.broker_id} {where}: offset {first} holds "
-                             f"{b.log.entries[first]}, committed is {self.committed[first]}")
+                             f"{entries[first]}, committed is {self.committed[first]}")
+
+    def _entries(self, b: SimBroker) -> list[tuple[int, str]]:
+        """``(leader_epoch, value)`` of every offset in b's log, decoded from
+        its files; read again from the start only after a truncation."""
+        truncations, entries = self._read.get(b.broker_id, (-1, []))
+        if truncations != b.truncations:
+            entries = []
+        log = b.log
+        end = log.log_end_offset if log is not None else 0
+        while len(entries) < end:
+            data = log.read(len(entries), 1 << 20, end)
+            for header, batch in iter_batches(data):
+                for record in iter_records(batch):
+                    if record.offset >= len(entries):
+                        assert record.offset == len(entries), (record.offset, len(entries))
+                        entries.append((header.partition_leader_epoch, record.value.decode()))
+        self._read[b.broker_id] = (b.truncations, entries)
+        return entries
 
     def _check_isr_holds_committed(self) -> None:
         reg = self.image.partition(TOPIC, 0)
@@ -1447,7 +1158,7 @@ class Simulation:
             if not b.up or registration is None or \
                     registration.incarnation_id != b.incarnation_id:
                 continue
-            if b.log.log_end_offset < len(self.committed):
+            if b.log is None or b.log.log_end_offset < len(self.committed):
                 self.fail("4 (committed data is in the ISR)",
                           f"b{broker_id} is in the controller's ISR {reg.isr} (partition epoch "
                           f"{reg.partition_epoch}) but its log ends at {b.log.log_end_offset}, "
@@ -1501,7 +1212,7 @@ class Simulation:
     def check_final(self) -> None:
         reg = self.image.partition(TOPIC, 0)
         leader = self.brokers[reg.leader - 1]
-        entries = leader.log.entries
+        entries = self._entries(leader)
         for offset, record in sorted(self.acked.items()):
             held = entries[offset] if offset < len(entries) else None
             if held != record:
@@ -1509,9 +1220,10 @@ class Simulation:
                           f"acknowledged {record} at offset {offset}; the final leader "
                           f"b{leader.broker_id} holds {held}")
         for b in self.brokers:
-            if b.log.entries != entries:
-                first = next((o for o, (x, y) in enumerate(zip(b.log.entries, entries))
-                              if x != y), min(len(b.log.entries), len(entries)))
+            held = self._entries(b)
+            if held != entries:
+                first = next((o for o, (x, y) in enumerate(zip(held, entries))
+                              if x != y), min(len(held), len(entries)))
                 self.fail("5 (replicas identical)",
                           f"b{b.broker_id} differs from the leader b{leader.broker_id} from "
                           f"offset {first}")
@@ -1521,7 +1233,7 @@ class Simulation:
     def summary(self) -> str:
         reg = self.image.partition(TOPIC, 0)
         return (f"seed={self.seed} brokers={self.broker_count} steps={self.step_no} "
-                f"t={self.now_ms}ms log={len(self.brokers[0].log.entries)} "
+                f"t={self.now_ms}ms log={len(self._entries(self.brokers[0]))} "
                 f"committed={len(self.committed)} acked={len(self.acked)} "
                 f"leader_epoch={reg.leader_epoch} metadata={self.image.offset}\n"
                 f"  actions={dict(sorted(self.action_counts.items()))}\n"

@@ -1,7 +1,8 @@
-"""Seeded simulation of one partition's replication: the real ``Partition``
-and controller cores, a simulated network, logs, crashes and clients (see
-``tests/sim/replication.py`` for what is modelled, the durability assumption
-and the exact invariants, checked after every step).
+"""Seeded simulation of one partition's replication: the shipped broker cores
+(``LifecycleCore``, ``ReplicationCore`` with its ``Partition``s over real
+``storage`` logs) and controller core, a simulated network, time, crashes and
+clients (see ``tests/sim/replication.py`` for what is modelled, the
+durability assumption and the exact invariants, checked after every step).
 
 Every seed is deterministic. A failure prints the seed, the step, the broken
 invariant and the last events, and can be replayed with the full trace:
@@ -32,9 +33,14 @@ import time
 
 import pytest
 
+import shutil
+import tempfile
+
 from api.broker.partition import IsrProposal, Partition
+from storage.batch import build_batch
+from storage.log import Log
 from storage.manager import TopicPartition
-from tests.sim.replication import Rules, SimLog, SimulationFailure, run_simulation
+from tests.sim.replication import Rules, SimulationFailure, run_simulation
 
 SEEDS_RF3 = int(os.environ.get("KRAFTLOG_SIM_SEEDS", "64"))
 SEEDS_RF5 = int(os.environ.get("KRAFTLOG_SIM_SEEDS", "24"))
@@ -101,12 +107,33 @@ LEADER, F1, F2 = 1, 2, 3
 LAG_MS = 1000
 
 
+def new_log() -> Log:
+    """A real, empty partition log in a directory removed at exit."""
+    directory = tempfile.mkdtemp(prefix="kraftlog-partition-")
+    _dirs.append(directory)
+    return Log.open(directory)
+
+
+_dirs: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _remove_logs():
+    yield
+    while _dirs:
+        shutil.rmtree(_dirs.pop(), ignore_errors=True)
+
+
+def records(count: int) -> bytes:
+    return build_batch([(None, b"v")] * count, timestamp_ms=0)
+
+
 def leader_with_f2_caught_up() -> tuple[Partition, IsrProposal]:
     """A leader with ISR [LEADER, F1] whose log ends at 5, where F2 has
     caught up: it proposes adding F2 at partition epoch 0."""
-    part = Partition(TP, SimLog(), LEADER, "id")
+    part = Partition(TP, new_log(), LEADER, "id")
     part.update(LEADER, 0, 0, [LEADER, F1, F2], [LEADER, F1], 0)
-    part.append_as_leader(["a"] * 5)
+    part.append_as_leader(records(5))
     part.record_follower_fetch(F1, 5, 1)
     part.record_follower_fetch(F2, 5, 1)
     proposal = part.isr_proposal(1, LAG_MS)
@@ -132,7 +159,7 @@ def test_a_late_answer_does_not_settle_a_newer_proposal_of_the_same_isr():
     assert (second.new_isr, second.partition_epoch) == ([LEADER, F1, F2], 2)
     assert not part.isr_change_done(first, answer(1, [LEADER, F1, F2]))
     assert part.pending_isr == [LEADER, F1, F2], "still waiting for the second answer"
-    part.append_as_leader(["b"] * 5)
+    part.append_as_leader(records(5))
     part.record_follower_fetch(F1, 10, 4)
     assert part.high_watermark == 5, "F2, maybe joining, holds it back"
 
@@ -146,7 +173,7 @@ def test_a_refused_expansion_counts_its_member_until_the_image_says_more():
     assert not part.isr_change_done(proposal, None)
     assert part.pending_isr is None and part.unconfirmed_isr == [F2]
     assert part.maximal_isr == [LEADER, F1, F2]
-    part.append_as_leader(["b"] * 5)
+    part.append_as_leader(records(5))
     part.record_follower_fetch(F1, 10, 2)
     assert part.high_watermark == 5
     part.update(LEADER, 0, 1, [LEADER, F1, F2], [LEADER, F1, F2], 3)  # it was applied
@@ -162,7 +189,7 @@ def test_a_lagging_unconfirmed_member_is_confirmed_out_by_the_unchanged_isr():
     same partition epoch confirms F2 was never added."""
     part, proposal = leader_with_f2_caught_up()
     part.isr_change_done(proposal, None)
-    part.append_as_leader(["b"] * 5)
+    part.append_as_leader(records(5))
     part.record_follower_fetch(F1, 10, LAG_MS)
     assert part.high_watermark == 5
     confirm = part.isr_proposal(LAG_MS + 2, LAG_MS)
@@ -176,9 +203,9 @@ def test_a_follower_that_left_the_isr_fetches_again_before_it_rejoins():
     its unflushed records in a machine crash, registered again (fenced, out
     of the ISR), was unfenced, and the leader proposed it back at once on the
     log end its last fetch before the crash had shown."""
-    part = Partition(TP, SimLog(), LEADER, "id")
+    part = Partition(TP, new_log(), LEADER, "id")
     part.update(LEADER, 0, 0, [LEADER, F1, F2], [LEADER, F1, F2], 0)
-    part.append_as_leader(["a"] * 10)
+    part.append_as_leader(records(10))
     part.record_follower_fetch(F1, 10, 1)
     part.record_follower_fetch(F2, 10, 1)
     assert part.high_watermark == 10
@@ -195,9 +222,9 @@ def test_a_replica_outside_the_isr_fetches_again_once_the_isr_changes():
     up to the leader's end while another proposal was pending, then lost
     records in a machine crash; once that proposal was applied and F2's new
     incarnation was unfenced, the leader proposed F2 on the old fetch."""
-    part = Partition(TP, SimLog(), LEADER, "id")
+    part = Partition(TP, new_log(), LEADER, "id")
     part.update(LEADER, 0, 0, [LEADER, F1, F2], [LEADER], 0)
-    part.append_as_leader(["a"] * 5)
+    part.append_as_leader(records(5))
     part.record_follower_fetch(F1, 5, 1)
     assert part.isr_proposal(1, LAG_MS).new_isr == [LEADER, F1]
     part.record_follower_fetch(F2, 5, 2)  # caught up, but a proposal is pending
@@ -215,7 +242,11 @@ def main(argv: list[str] | None = None) -> int:
                     "every event) or sweep seeds 0..N-1.")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--seed", type=int, help="run this seed")
-    which.add_argument("--seeds", type=int, help="run seeds 0..N-1 and report failures")
+    which.add_argument("--seeds", type=int,
+                       help="run N seeds (0..N-1, or from --first) and report failures")
+    parser.add_argument("--first", type=int, default=0,
+                        help="with --seeds: start the sweep at this seed (split a long sweep "
+                             "over processes)")
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--brokers", type=int, default=3, choices=(3, 5))
     parser.add_argument("--trace", action="store_true", help="print every event")
@@ -229,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
              "b": Rules(high_watermark_waits_for_followers=False),
              "c": Rules(follower_asks_leader=False),
              "brief": Rules(durability="brief")}[args.rule]
-    seeds = [args.seed] if args.seed is not None else range(args.seeds)
+    seeds = [args.seed] if args.seed is not None else range(args.first,
+                                                             args.first + args.seeds)
     failed = []
     started = time.monotonic()
     for seed in seeds:
