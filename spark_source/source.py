@@ -318,10 +318,23 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         truncated = self.cluster.beyond_log_end(tp, offset)
         if not truncated and now - since < BEHIND_GRACE_S:
             return offset
+        if truncated and self._has_new_topic_id(tp[0]):
+            # The metadata this round was planned on predates the topic's
+            # new incarnation (its leader already answered for the new one):
+            # the next round sees it created again and says so.
+            return offset
         del self._behind_since[tp]
         report_data_loss(self.options, f"{tp[0]}-{tp[1]}: the log ends at {hw}, before "
                                        f"offset {offset} the query had reached")
         return hw
+
+    def _has_new_topic_id(self, topic: str) -> bool:
+        """Whether fresh metadata names ``topic`` with an id this run has
+        not seen (it was created again)."""
+        self.cluster.partitions()
+        topic_id = self.cluster.topic_ids.get(topic)
+        seen = self._topic_ids.get(topic, set())
+        return topic_id is not None and bool(seen) and topic_id not in seen
 
     def _recreated_topics(self, reading: set[str]) -> set[str]:
         """Topics of ``reading`` with an id this run has not seen before:

@@ -1,0 +1,192 @@
+"""ReplicationCore as a state machine: events in, actions out, time as integers.
+
+Two cores (a leader and a follower of one partition) on real log
+directories, wired by hand: each ``SendFetch`` the follower's core emits is
+handed to the leader's core and its ``Respond`` back, as the broker's shell
+and the simulator do.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from api.broker.data_api import decode_fetch, render_results
+from api.broker.lifecycle_core import BrokerState, LifecycleCore, LifecycleSettings
+from api.broker.replica_manager import DiskLogs
+from api.broker.replication import (ALTER_PARTITION_TIMEOUT_MS, CONNECT_BACKOFF_MS,
+                                    CancelRequest, ProduceItem, ReplicationCore,
+                                    ReplicationSettings, Respond, SendAlterPartition, SendFetch)
+from kraft.image import MetadataImage
+from kraft.records import (ConfigRecord, PartitionChangeRecord, PartitionRecord,
+                           RegisterBrokerRecord, TopicRecord)
+from storage.batch import build_batch
+from storage.config import LogConfig
+from storage.manager import LogManager, LogManagerConfig, TopicPartition
+
+LEADER, FOLLOWER = 1, 2
+TP = TopicPartition("t", 0)
+LAG_MS = 10_000
+
+
+def image_with(leader: int, isr: list[int], min_isr: int = 2) -> MetadataImage:
+    image = MetadataImage()
+    for broker in (LEADER, FOLLOWER):
+        image.apply(RegisterBrokerRecord(broker, f"inc-{broker}",
+                                         {"BROKER": f"127.0.0.1:{9000 + broker}"}, None),
+                    image.offset + 1)
+    image.apply(TopicRecord("t", "id-1"), image.offset + 1)
+    image.apply(PartitionRecord("id-1", 0, [LEADER, FOLLOWER], isr, leader, 0, 0),
+                image.offset + 1)
+    image.apply(ConfigRecord("topic", "t", "min.insync.replicas", str(min_isr)),
+                image.offset + 1)
+    return image
+
+
+def broker(tmp_path, broker_id: int, image: MetadataImage) -> ReplicationCore:
+    logs = LogManager(LogManagerConfig((str(tmp_path / f"b{broker_id}"),)), LogConfig())
+    logs.startup()
+    lifecycle = LifecycleCore(LifecycleSettings(broker_id, "inc", {}, None, 1000, 3000), 0)
+    lifecycle.broker_epoch = broker_id
+    lifecycle.state = BrokerState.RUNNING
+    lifecycle.metadata_caught_up = True
+    core = ReplicationCore(broker_id, DiskLogs(broker_id, logs), lifecycle,
+                           ReplicationSettings(lag_time_max_ms=LAG_MS))
+    core.apply_image(image, 0)
+    return core
+
+
+def of(actions, kind):
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def deliver_fetch(leader: ReplicationCore, fetch: SendFetch, now_ms: int
+                  ) -> tuple[list, list]:
+    """The leader's answer to ``fetch`` (as the wire carries it; [] when the
+    leader parked it), and the leader's other actions."""
+    request_id = leader.new_request_id()
+    leader.fetch(request_id, decode_fetch(fetch.body), now_ms)
+    actions = leader.ready()
+    answers = [a for a in of(actions, Respond) if a.request_id == request_id]
+    rest = [a for a in actions if a not in answers]
+    return ([render_results("fetch", answers[0].results)] if answers else []), rest
+
+
+def produce(core: ReplicationCore, count: int, acks: int, now_ms: int,
+            timeout_ms: int = 30_000) -> int:
+    request_id = core.new_request_id()
+    core.produce(request_id, [ProduceItem(TP, None, build_batch([(None, b"v")] * count))],
+                 acks, timeout_ms, now_ms)
+    return request_id
+
+
+@pytest.fixture
+def pair(tmp_path):
+    image = image_with(LEADER, [LEADER, FOLLOWER])
+    leader = broker(tmp_path, LEADER, image)
+    follower = broker(tmp_path, FOLLOWER, image)
+    leader.ready()
+    return leader, follower, image
+
+
+def test_acks_all_waits_for_the_follower_and_is_answered_by_its_fetch(pair):
+    leader, follower, _image = pair
+    (first_fetch,) = of(follower.ready(), SendFetch)
+    assert first_fetch.leader_id == LEADER and first_fetch.body["replica_id"] == FOLLOWER
+    assert deliver_fetch(leader, first_fetch, 1) == ([], []), "nothing to send: parked"
+    request_id = produce(leader, 3, -1, now_ms=2)
+    actions = leader.ready()
+    assert not [a for a in of(actions, Respond) if a.request_id == request_id]
+    # The parked follower fetch was answered by the append.
+    (answer,) = [a for a in of(actions, Respond)]
+    follower.fetch_answered(first_fetch.request_id, {"partitions": render_results(
+        "fetch", answer.results)}, 3)
+    assert follower.partitions[TP].log_end_offset == 3
+    (second_fetch,) = of(follower.ready(), SendFetch)
+    assert second_fetch.body["partitions"][0]["offset"] == 3
+    answer, rest = deliver_fetch(leader, second_fetch, 4)
+    assert answer == [], "nothing new: parked again"
+    (ack,) = [a for a in of(rest, Respond) if a.request_id == request_id]
+    assert ack.results[0]["error"] is None and ack.results[0]["base_offset"] == 0
+    assert leader.partitions[TP].high_watermark == 3
+
+
+def test_acks_all_times_out_at_its_deadline(pair):
+    leader, _follower, _image = pair
+    request_id = produce(leader, 1, -1, now_ms=0, timeout_ms=500)
+    leader.ready()
+    leader.tick(499)
+    assert not [a for a in of(leader.ready(), Respond) if a.request_id == request_id]
+    leader.tick(500)
+    (ack,) = [a for a in of(leader.ready(), Respond) if a.request_id == request_id]
+    assert ack.results[0]["error"].code == "REQUEST_TIMED_OUT"
+
+
+def test_acks_all_is_refused_before_appending_when_the_isr_is_too_small(tmp_path):
+    leader = broker(tmp_path, LEADER, image_with(LEADER, [LEADER]))
+    request_id = produce(leader, 1, -1, now_ms=0)
+    (answer,) = [a for a in of(leader.ready(), Respond) if a.request_id == request_id]
+    assert answer.results[0]["error"].code == "NOT_ENOUGH_REPLICAS"
+    assert leader.partitions[TP].log_end_offset == 0
+
+
+def test_a_lost_leadership_fails_the_waiting_write(pair):
+    leader, _follower, image = pair
+    request_id = produce(leader, 1, -1, now_ms=0)
+    leader.ready()
+    image.apply(PartitionChangeRecord("id-1", 0, leader=FOLLOWER), image.offset + 1)
+    leader.apply_image(image, 1)
+    (ack,) = [a for a in of(leader.ready(), Respond) if a.request_id == request_id]
+    assert ack.results[0]["error"].code == "NOT_LEADER_OR_FOLLOWER"
+
+
+def test_a_new_leader_cancels_the_fetch_in_flight_and_fetches_from_it(pair):
+    _leader, follower, image = pair
+    (first,) = of(follower.ready(), SendFetch)
+    image.apply(PartitionChangeRecord("id-1", 0, leader=-1), image.offset + 1)
+    follower.apply_image(image, 5)
+    assert [a.request_id for a in of(follower.ready(), CancelRequest)] == [first.request_id]
+    follower.fetch_answered(first.request_id, {"partitions": []}, 6)  # void: ignored
+    assert of(follower.ready(), SendFetch) == []
+
+
+def test_an_unreachable_leader_is_asked_again_after_a_back_off(pair):
+    _leader, follower, _image = pair
+    (first,) = of(follower.ready(), SendFetch)
+    follower.fetch_failed(first.request_id, 100)
+    assert of(follower.ready(), SendFetch) == []
+    assert follower.next_wake_ms() == 100 + CONNECT_BACKOFF_MS
+    follower.tick(100 + CONNECT_BACKOFF_MS)
+    (again,) = of(follower.ready(), SendFetch)
+    assert again.request_id != first.request_id
+
+
+def test_a_lagging_follower_is_proposed_out_and_the_answer_applied(pair):
+    leader, _follower, _image = pair
+    leader.tick(0)
+    leader.ready()
+    leader.tick(LAG_MS + 1)
+    (proposal,) = of(leader.ready(), SendAlterPartition)
+    assert proposal.body["new_isr"] == [LEADER] and proposal.body["broker_epoch"] == LEADER
+    assert proposal.timeout_ms == ALTER_PARTITION_TIMEOUT_MS
+    leader.alter_partition_answered(proposal.request_id, {
+        "leader_epoch": 0, "partition_epoch": 1, "isr": [LEADER],
+        "leader_recovery_state": 0}, None, LAG_MS + 2)
+    assert leader.partitions[TP].isr == [LEADER] and leader.isr_shrinks == 1
+
+
+def test_an_unanswered_proposal_is_given_up_at_its_deadline_and_made_afresh(pair):
+    leader, _follower, _image = pair
+    leader.tick(0)
+    leader.ready()
+    leader.tick(LAG_MS + 1)
+    (proposal,) = of(leader.ready(), SendAlterPartition)
+    leader.tick(LAG_MS + ALTER_PARTITION_TIMEOUT_MS)
+    assert of(leader.ready(), CancelRequest) == []
+    leader.tick(LAG_MS + 1 + ALTER_PARTITION_TIMEOUT_MS)
+    actions = leader.ready()
+    assert [a.request_id for a in of(actions, CancelRequest)] == [proposal.request_id]
+    (again,) = of(actions, SendAlterPartition)
+    assert again.request_id != proposal.request_id and again.body == proposal.body
+    leader.alter_partition_answered(proposal.request_id, {"isr": [LEADER]}, None, 0)
+    assert leader.partitions[TP].isr == [LEADER, FOLLOWER], "a void answer changes nothing"
+    leader.check_invariants()
