@@ -40,6 +40,8 @@ entries (an exception without a code is a storage failure).
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 import logging
 import zlib
 from collections.abc import Callable, Mapping
@@ -240,8 +242,9 @@ class _FollowerSession:
     """The follower fetch loop towards one leader broker (one of
     ``num.replica.fetchers`` per leader)."""
 
-    def __init__(self, leader_id: int) -> None:
-        self.leader_id = leader_id
+    def __init__(self, key: tuple[int, int]) -> None:
+        self.key = key
+        self.leader_id = key[0]
         # Partitions fetched, with the leader epoch each was assigned in.
         self.partitions: dict[TopicPartition, int] = {}
         # Partitions resting after an error, until this time.
@@ -285,6 +288,13 @@ class ReplicationCore:
         self._alters: dict[int, _AlterInFlight] = {}
         self._sessions: dict[tuple[int, int], _FollowerSession] = {}
         self._next_isr_check_ms = 0
+        # Deadlines, as a heap of (time, tie-breaker, kind, key): a parked
+        # fetch's or produce's, an AlterPartition's, a session's (its fetch
+        # in flight, its back-off, a resting partition). Entries whose
+        # object is gone or has another deadline are skipped when met, so
+        # nothing is ever searched for: no event costs O(partitions).
+        self._timers: list[tuple[int, int, str, object]] = []
+        self._timer_seq = itertools.count()
 
     # -- the Ready interface ------------------------------------------------------
     def ready(self) -> list[Action]:
@@ -297,47 +307,65 @@ class ReplicationCore:
         self._next_request_id += 1
         return self._next_request_id
 
-    def next_wake_ms(self) -> int | None:
-        """The earliest time ``tick`` has something to do."""
-        times = [p.deadline_ms for p in self._parked_fetches.values()]
-        times += [p.deadline_ms for p in self._parked_produces.values()]
-        times += [a.deadline_ms for a in self._alters.values()]
-        for session in self._sessions.values():
-            if session.in_flight is not None:
-                times.append(session.in_flight.deadline_ms)
-            else:
-                if session.backoff_until_ms:
-                    times.append(session.backoff_until_ms)
-                times += session.resting.values()
-        if any(p.is_leader for p in self.partitions.values()):
-            times.append(self._next_isr_check_ms)
-        return min(times) if times else None
+    def next_wake_ms(self) -> int:
+        """The earliest time ``tick`` may have something to do."""
+        while self._timers and not self._timer_live(self._timers[0]):
+            heapq.heappop(self._timers)
+        if self._timers:
+            return min(self._timers[0][0], self._next_isr_check_ms)
+        return self._next_isr_check_ms
+
+    def _at(self, deadline_ms: int, kind: str, key) -> None:
+        heapq.heappush(self._timers, (deadline_ms, next(self._timer_seq), kind, key))
+
+    def _timer_live(self, entry: tuple[int, int, str, object]) -> bool:
+        deadline_ms, _seq, kind, key = entry
+        if kind == "fetch":
+            parked = self._parked_fetches.get(key)
+            return parked is not None and parked.deadline_ms == deadline_ms
+        if kind == "produce":
+            parked = self._parked_produces.get(key)
+            return parked is not None and parked.deadline_ms == deadline_ms
+        if kind == "alter":
+            alter = self._alters.get(key)
+            return alter is not None and alter.deadline_ms == deadline_ms
+        return key in self._sessions  # a session's: at worst an early tick
 
     def tick(self, now_ms: int) -> None:
         """Time moved to ``now_ms``: answer long-polls and writes whose time
         is up, give up on requests out too long, shrink or grow ISRs."""
-        for parked in [p for p in self._parked_fetches.values() if p.deadline_ms <= now_ms]:
-            self._answer_fetch(parked, final=True)
-        for parked in [p for p in self._parked_produces.values() if p.deadline_ms <= now_ms]:
-            self._time_out_produce(parked)
-        for request_id, alter in list(self._alters.items()):
-            if alter.deadline_ms <= now_ms:
-                del self._alters[request_id]
-                self._actions.append(CancelRequest(request_id))
-                self._settle_alter(alter, None, refused=False)
-        for session in self._sessions.values():
-            if session.in_flight is not None and session.in_flight.deadline_ms <= now_ms:
-                self._actions.append(CancelRequest(session.in_flight.request_id))
-                self._fetch_failed(session, now_ms)
-            if session.backoff_until_ms <= now_ms:
-                session.backoff_until_ms = 0
-            session.resting = {tp: t for tp, t in session.resting.items() if t > now_ms}
+        while self._timers and self._timers[0][0] <= now_ms:
+            entry = heapq.heappop(self._timers)
+            if self._timer_live(entry):
+                self._expire(entry[2], entry[3], now_ms)
         if now_ms >= self._next_isr_check_ms:
             self._next_isr_check_ms = now_ms + self.settings.isr_check_interval_ms
             for part in list(self.partitions.values()):
                 if part.is_leader:
                     self._maybe_propose(part, now_ms)
         self._after_event(now_ms)
+
+    def _expire(self, kind: str, key, now_ms: int) -> None:
+        if kind == "fetch":
+            self._answer_fetch(self._parked_fetches[key], final=True)
+        elif kind == "produce":
+            self._time_out_produce(self._parked_produces[key])
+        elif kind == "alter":
+            alter = self._alters.pop(key)
+            self._actions.append(CancelRequest(key))
+            self._settle_alter(alter, None, refused=False)
+        else:
+            session = self._sessions[key]
+            if session.in_flight is not None and session.in_flight.deadline_ms <= now_ms:
+                self._actions.append(CancelRequest(session.in_flight.request_id))
+                self._fetch_failed(session, now_ms)
+            if session.backoff_until_ms <= now_ms:
+                session.backoff_until_ms = 0
+            session.resting = {tp: t for tp, t in session.resting.items() if t > now_ms}
+
+    def _rest(self, session: _FollowerSession, tp: TopicPartition, until_ms: int) -> None:
+        session.resting[tp] = until_ms
+        self._at(until_ms, "session", session.key)
 
     def _after_event(self, now_ms: int) -> None:
         """Look again at what waits on touched partitions, then send the
@@ -573,6 +601,7 @@ class ReplicationCore:
         parked = _ParkedProduce(request_id, results, waiting, now_ms + timeout_ms, timeout_ms,
                                 tps)
         self._parked_produces[request_id] = parked
+        self._at(parked.deadline_ms, "produce", request_id)
         self._wait_on(request_id, tps)
         self._check_produce(parked)
 
@@ -637,6 +666,7 @@ class ReplicationCore:
         parked = _ParkedFetch(request_id, request, answered, to_read, now_ms + wait_ms)
         if not self._answer_fetch(parked, final=wait_ms <= 0):
             self._parked_fetches[request_id] = parked
+            self._at(parked.deadline_ms, "fetch", request_id)
             self._wait_on(request_id, {spec.tp for spec in to_read})
         self._after_event(now_ms)
 
@@ -744,7 +774,7 @@ class ReplicationCore:
         for key, epochs in wanted.items():
             session = self._sessions.get(key)
             if session is None:
-                session = self._sessions[key] = _FollowerSession(key[0])
+                session = self._sessions[key] = _FollowerSession(key)
             if epochs == session.partitions:
                 continue
             session.partitions = dict(epochs)
@@ -783,7 +813,7 @@ class ReplicationCore:
                 logger.warning("broker %d: %s holds leader epoch %d, newer than leader %d's "
                                "epoch %d; waiting for newer metadata", self.broker_id, tp,
                                part.last_fetched_epoch, session.leader_id, part.leader_epoch)
-                session.resting[tp] = now_ms + PARTITION_BACKOFF_MS * 10
+                self._rest(session, tp, now_ms + PARTITION_BACKOFF_MS * 10)
                 continue
             items.append({"topic": tp.topic, "partition": tp.partition,
                           "offset": part.log_end_offset,
@@ -796,6 +826,7 @@ class ReplicationCore:
         request_id = self.new_request_id()
         timeout_ms = s.fetch_wait_max_ms + FETCH_TIMEOUT_SLACK_MS
         session.in_flight = _FetchInFlight(request_id, sent, now_ms + timeout_ms)
+        self._at(now_ms + timeout_ms, "session", session.key)
         self._actions.append(SendFetch(request_id, session.leader_id, {
             "replica_id": self.broker_id, "max_wait_ms": s.fetch_wait_max_ms, "min_bytes": 1,
             "max_bytes": s.fetch_response_bytes_max, "partitions": items}, timeout_ms))
@@ -821,6 +852,7 @@ class ReplicationCore:
     def _fetch_failed(self, session: _FollowerSession, now_ms: int) -> None:
         session.in_flight = None
         session.backoff_until_ms = now_ms + CONNECT_BACKOFF_MS
+        self._at(session.backoff_until_ms, "session", session.key)
 
     def fetch_answered(self, request_id: int, answer: dict, now_ms: int) -> None:
         """The leader's answer to ``SendFetch`` ``request_id``: apply each
@@ -835,7 +867,7 @@ class ReplicationCore:
             logger.info("broker %d: leader %d refused the fetch: %s", self.broker_id,
                         session.leader_id, error.get("message", error))
             for tp in sent:
-                session.resting[tp] = now_ms + PARTITION_BACKOFF_MS
+                self._rest(session, tp, now_ms + PARTITION_BACKOFF_MS)
             self._after_event(now_ms)
             return
         served = []
@@ -854,7 +886,7 @@ class ReplicationCore:
             except Exception:
                 logger.exception("broker %d: cannot apply the fetch of %s from leader %d",
                                  self.broker_id, tp, session.leader_id)
-                session.resting[tp] = now_ms + PARTITION_BACKOFF_MS
+                self._rest(session, tp, now_ms + PARTITION_BACKOFF_MS)
             self._touch(tp)
         if served:
             moved = set(served)
@@ -890,7 +922,7 @@ class ReplicationCore:
                 return
         logger.info("broker %d: fetch of %s from leader %d: %s: %s", self.broker_id,
                     part.tp, session.leader_id, code, error.get("message"))
-        session.resting[part.tp] = now_ms + PARTITION_BACKOFF_MS
+        self._rest(session, part.tp, now_ms + PARTITION_BACKOFF_MS)
 
     # -- ISR changes (AlterPartition) ------------------------------------------------------
     def _maybe_propose(self, part: Partition, now_ms: int) -> None:
@@ -905,6 +937,7 @@ class ReplicationCore:
         request_id = self.new_request_id()
         self._alters[request_id] = _AlterInFlight(part, proposal,
                                                   now_ms + ALTER_PARTITION_TIMEOUT_MS)
+        self._at(now_ms + ALTER_PARTITION_TIMEOUT_MS, "alter", request_id)
         self._actions.append(SendAlterPartition(request_id, {
             "broker_id": self.broker_id, "broker_epoch": broker_epoch,
             "topic": proposal.tp.topic, "partition": proposal.tp.partition,

@@ -151,6 +151,7 @@ def test_a_new_leader_cancels_the_fetch_in_flight_and_fetches_from_it(pair):
 
 def test_an_unreachable_leader_is_asked_again_after_a_back_off(pair):
     _leader, follower, _image = pair
+    follower.tick(0)  # the first ISR check; the next is lag.time.max / 2 away
     (first,) = of(follower.ready(), SendFetch)
     follower.fetch_failed(first.request_id, 100)
     assert of(follower.ready(), SendFetch) == []
