@@ -1,8 +1,7 @@
 """One partition hosted by this broker: its log, its role, and the replication
 state a leader keeps about its followers. A pure core: no I/O beyond the log,
-time passed in as ``now_ms``; the shells (``ReplicaManager``, the follower
-fetchers in ``fetcher.py``, the ISR task in ``isr.py``) carry out what it
-decides. Roles::
+time passed in as ``now_ms``; the broker's ``ReplicationCore``
+(``replication.py``) owns every ``Partition`` and asks it what to do. Roles::
 
     FOLLOWER --image names this broker leader (new epoch)--> LEADER
     LEADER   --image names another leader or none-----------> FOLLOWER
