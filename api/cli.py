@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       dest="overrides",
                       help="override one config key, e.g. --set node.id=2 (repeatable)")
+    node.add_argument("--print-config", action="store_true",
+                      help="print the effective config (every key, its value and where it "
+                           "came from: default, the file, or --set) and exit without "
+                           "starting; docs/config.md describes every key")
     node.set_defaults(handler=_run_node)
 
     _add_cluster_commands(commands)
@@ -304,7 +308,7 @@ def _run_node(args: argparse.Namespace) -> int:
     import asyncio
 
     from api.node import run_node
-    from kraft.config import load_node_config
+    from kraft.config import load_node_config, print_config
     from kraft.errors import InvalidConfigError
 
     try:
@@ -312,6 +316,9 @@ def _run_node(args: argparse.Namespace) -> int:
     except InvalidConfigError as exc:
         print(f"kraftlog node: {exc}", file=sys.stderr)
         return 2
+    if args.print_config:
+        print(print_config(config))
+        return 0
     logging.getLogger().setLevel(logging.DEBUG if args.verbose else logging.INFO)
     for handler in logging.getLogger().handlers:
         handler.setFormatter(logging.Formatter(

@@ -98,7 +98,7 @@ def _positive_float(text: str) -> float:
 
 def _run(args: argparse.Namespace) -> int:
     from api.cli import CliError
-    from kraft.config import _parse_override
+    from kraft.config import parse_override
 
     settings = {}
     for item in args.overrides:
@@ -108,7 +108,7 @@ def _run(args: argparse.Namespace) -> int:
         if key.strip() == "unsafe.ack.before.replication":
             raise CliError("use --unsafe-ack-before-replication to run a broken cluster, so "
                            "the results say so")
-        settings[key.strip()] = _parse_override(value.strip())
+        settings[key.strip()] = parse_override(value.strip())
     out_dir = args.out or tempfile.mkdtemp(prefix=f"kraftlog-chaos-{args.scenario}-")
     if os.path.exists(os.path.join(out_dir, "history.jsonl")):
         raise CliError(f"{out_dir} already holds a run (history.jsonl); choose another --out")

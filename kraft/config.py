@@ -1,11 +1,15 @@
 """A node's configuration: one TOML file, keys spelled as Kafka spells them.
 
 ``load_node_config(path, overrides)`` reads the file, applies ``key=value``
-overrides (the command line's ``--set``), and returns a ``NodeConfig`` that
-has checked everything the node's identity and control plane need. Storage
-settings stay in ``NodeConfig.settings`` and are validated by
-``storage.config`` / ``storage.manager`` when the broker starts, so each key
-is validated once, by the part of the system that owns it.
+overrides (the command line's ``--set``), and returns a ``NodeConfig``. Every
+key is declared once, with its type, default, range and doc, in
+``kraft/config_schema.py``: an unknown key is refused with the nearest valid
+name, every value is checked against its declaration, and
+``NodeConfig.settings`` hands the components typed values (a key left unset
+with no default is absent, so the component's own rule applies).
+``print_config`` shows the effective config (``kraftlog node
+--print-config``). What needs more than one key (roles against listeners,
+timeouts against each other) is checked here too.
 
 Addresses. ``controller.quorum.voters`` (``1@127.0.0.1:9093,...``) names every
 controller by the address of its ``CONTROLLER`` listener: the HTTP API that
@@ -26,6 +30,7 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kraft.config_schema import BY_NAME, SCHEMA, ConfigError, typed, unknown_key_message
 from kraft.errors import InvalidConfigError
 
 logger = logging.getLogger(__name__)
@@ -37,23 +42,6 @@ CONTROLLER_LISTENER = "CONTROLLER"
 #: metadata.log.dir's default, inside the first log dir (not a partition name,
 #: so the log manager passes it by).
 METADATA_DIR_NAME = "__cluster_metadata"
-
-# Keys read outside this module (storage, the broker); listed so a typo in a
-# config file is reported instead of silently ignored.
-_OTHER_KNOWN_KEYS = frozenset({
-    "log.dir", "log.dirs", "log.segment.bytes", "log.roll.ms", "log.roll.hours",
-    "log.index.interval.bytes", "log.retention.ms", "log.retention.minutes",
-    "log.retention.hours", "log.retention.bytes", "log.retention.check.interval.ms",
-    "log.flush.interval.messages", "log.flush.interval.ms", "log.flush.scheduler.interval.ms",
-    "log.flush.offset.checkpoint.interval.ms", "message.max.bytes", "min.insync.replicas",
-    "replica.lag.time.max.ms", "replica.fetch.max.bytes", "replica.fetch.wait.max.ms",
-    "num.replica.fetchers", "offsets.topic.replication.factor", "offsets.topic.num.partitions",
-    "group.consumer.session.timeout.ms", "group.consumer.heartbeat.interval.ms",
-    "group.initial.rebalance.delay.ms", "group.min.session.timeout.ms",
-    "group.max.session.timeout.ms", "socket.request.max.bytes", "cluster.id",
-    "replica.fetch.response.max.bytes", "replica.high.watermark.checkpoint.interval.ms",
-})
-
 
 @dataclasses.dataclass(frozen=True)
 class Endpoint:
@@ -97,8 +85,10 @@ class NodeConfig:
     # is answered as soon as the leader has appended (as acks=1), with no
     # min.insync.replicas check. Never set it anywhere else.
     unsafe_ack_before_replication: bool = False  # unsafe.ack.before.replication
-    # Every setting as read (after overrides), for the parts that own them.
+    # Every key of the schema that has a value (set, or a default), typed.
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    # Where each key's value came from: "default", the file's path, or "--set".
+    sources: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def is_controller(self) -> bool:
@@ -128,27 +118,8 @@ class NodeConfig:
         return {node_id: endpoint.url for node_id, endpoint in sorted(self.voters.items())}
 
 
-_KEYS: dict[str, tuple[str, Any]] = {
-    # key: (kind, default)
-    "node.id": ("int", None),
-    "process.roles": ("str", "broker,controller"),
-    "controller.quorum.voters": ("str", None),
-    "listeners": ("str", None),
-    "metadata.log.dir": ("str", None),
-    "broker.rack": ("str", None),
-    "broker.session.timeout.ms": ("int", 9000),
-    "broker.heartbeat.interval.ms": ("int", 2000),
-    "controller.quorum.election.timeout.ms": ("int", 500),
-    "controller.quorum.fetch.timeout.ms": ("int", 2000),
-    "controller.quorum.raft.port.offset": ("int", 1),
-    "num.partitions": ("int", 1),
-    "default.replication.factor": ("int", 1),
-    "unclean.leader.election.enable": ("bool", False),
-    "auto.leader.rebalance.enable": ("bool", True),
-    "leader.imbalance.check.interval.seconds": ("int", 300),
-    "unsafe.ack.before.replication": ("bool", False),
-}
-KNOWN_KEYS = frozenset(_KEYS) | _OTHER_KNOWN_KEYS
+#: Every key a node accepts (the schema's).
+KNOWN_KEYS = frozenset(BY_NAME)
 
 
 def load_node_config(path: str, overrides: Iterable[str] = ()) -> NodeConfig:
@@ -160,27 +131,44 @@ def load_node_config(path: str, overrides: Iterable[str] = ()) -> NodeConfig:
         raise InvalidConfigError(f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise InvalidConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    sources = {key: path for key in settings}
+    for key in settings:
+        if key not in BY_NAME:
+            raise InvalidConfigError(unknown_key_message(key, path))
     for override in overrides:
         key, sep, value = override.partition("=")
         if not sep or not key.strip():
             raise InvalidConfigError(f"override {override!r} must look like key=value")
-        settings[key.strip()] = _parse_override(value.strip())
-    return node_config_from_settings(settings)
+        if key.strip() not in BY_NAME:
+            raise InvalidConfigError(unknown_key_message(key.strip(), "--set"))
+        settings[key.strip()] = parse_override(value.strip())
+        sources[key.strip()] = "--set"
+    return node_config_from_settings(settings, sources)
 
 
-def node_config_from_settings(settings: Mapping[str, Any]) -> NodeConfig:
-    unknown = sorted(set(settings) - KNOWN_KEYS)
-    if unknown:
-        logger.warning("ignoring unknown config keys: %s", ", ".join(unknown))
-    values = {key: _typed(settings, key, kind, default)
-              for key, (kind, default) in _KEYS.items()}
+def node_config_from_settings(settings: Mapping[str, Any],
+                              sources: Mapping[str, str] | None = None) -> NodeConfig:
+    """A ``NodeConfig`` from raw ``settings`` (as TOML gives them)."""
+    for key in settings:
+        if key not in BY_NAME:
+            raise InvalidConfigError(unknown_key_message(key, "the node settings"))
+    sources = dict(sources or {})
+    values: dict[str, Any] = {}
+    for key in SCHEMA:
+        raw = settings.get(key.name, key.default)
+        try:
+            values[key.name] = typed(key, raw)
+        except ConfigError as exc:
+            where = sources.get(key.name)
+            raise InvalidConfigError(f"{exc}{f' (in {where})' if where else ''}") from None
+        sources.setdefault(key.name, "settings" if key.name in settings else "default")
     node_id = values["node.id"]
-    if node_id is None or node_id < 0:
+    if node_id is None:
         raise InvalidConfigError("node.id must be set to a non-negative integer")
     roles = parse_roles(values["process.roles"])
     listeners = parse_listeners(values["listeners"] or "")
     voters = parse_voters(values["controller.quorum.voters"] or "")
-    log_dirs = settings.get("log.dirs", settings.get("log.dir"))
+    log_dirs = values["log.dirs"] if values["log.dirs"] is not None else values["log.dir"]
     if isinstance(log_dirs, str):
         log_dirs = [d.strip() for d in log_dirs.split(",") if d.strip()]
     metadata_dir = values["metadata.log.dir"] or (
@@ -205,10 +193,23 @@ def node_config_from_settings(settings: Mapping[str, Any]) -> NodeConfig:
         auto_leader_rebalance_enable=values["auto.leader.rebalance.enable"],
         leader_imbalance_check_interval_ms=values["leader.imbalance.check.interval.seconds"] * 1000,
         unsafe_ack_before_replication=values["unsafe.ack.before.replication"],
-        settings=dict(settings),
+        settings={key: value for key, value in values.items() if value is not None},
+        sources=sources,
     )
     _check(config)
     return config
+
+
+def print_config(config: NodeConfig) -> str:
+    """The effective config as an aligned table: key, value, where from."""
+    rows = [("KEY", "VALUE", "FROM")]
+    for key in SCHEMA:
+        value = config.settings.get(key.name)
+        shown = "(not set)" if value is None else (
+            str(value).lower() if isinstance(value, bool) else str(value))
+        rows.append((key.name, shown, config.sources.get(key.name, "default")))
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    return "\n".join(f"{k:<{widths[0]}}  {v:<{widths[1]}}  {src}" for k, v, src in rows)
 
 
 def parse_roles(text: str) -> frozenset[str]:
@@ -302,32 +303,11 @@ def _check(config: NodeConfig) -> None:
                                      f"{config.raft_port_offset} is above 65535")
 
 
-def _typed(settings: Mapping[str, Any], key: str, kind: str, default: Any) -> Any:
-    value = settings.get(key, default)
-    if value is None:
-        return None
-    if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise InvalidConfigError(f"{key} must be an integer, got {value!r}")
-        try:
-            return int(value)
-        except ValueError:
-            raise InvalidConfigError(f"{key} must be an integer, got {value!r}") from None
-    if kind == "bool":
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        raise InvalidConfigError(f"{key} must be true or false, got {value!r}")
-    if not isinstance(value, str):
-        raise InvalidConfigError(f"{key} must be a string, got {value!r}")
-    return value
-
-
-def _parse_override(value: str) -> Any:
+def parse_override(value: str) -> Any:
     """``--set key=value``: TOML's reading of the value when it has one
     (numbers, booleans, quoted strings), else the text itself."""
     try:
         return tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
         return value
+

@@ -122,7 +122,6 @@ KNOWN_CROSSINGS: dict[tuple[str, str], str] = {
     ("chaos.bench_failover", "storage.batch"): "benchmarks move to their own package",
     ("chaos.bench_spark", "storage.bench"): "benchmarks move to their own package",
     ("chaos.chaos_cli", "kraft.config"): "chaos writes node configs: needs a public loader",
-    ("chaos.chaos_cli", "kraft.config._parse_override"): "the same, through a private helper",
 }
 
 

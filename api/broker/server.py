@@ -50,10 +50,6 @@ logger = logging.getLogger(__name__)
 
 #: How long the quorum proxy and leader-stat calls wait for another node.
 PEER_CALL_TIMEOUT_S = 5.0
-#: replica.lag.time.max.ms: a follower not caught up for this long leaves the ISR.
-REPLICA_LAG_TIME_MAX_MS_DEFAULT = 30_000
-#: replica.high.watermark.checkpoint.interval.ms (Kafka's default).
-HW_CHECKPOINT_INTERVAL_MS_DEFAULT = 5000
 #: How long an admin call waits for this broker's metadata to show its change.
 ADMIN_METADATA_WAIT_MS = 10_000
 #: Default time an admin call may take at the controller.
@@ -76,17 +72,12 @@ ADMIN_ROUTES = {
 def replication_settings(config: NodeConfig) -> ReplicationSettings:
     """The replication core's settings from the node config (Kafka's names)."""
     settings = config.settings
-    defaults = ReplicationSettings()
     return ReplicationSettings(
-        lag_time_max_ms=int(settings.get("replica.lag.time.max.ms",
-                                         REPLICA_LAG_TIME_MAX_MS_DEFAULT)),
-        fetch_wait_max_ms=int(settings.get("replica.fetch.wait.max.ms",
-                                           defaults.fetch_wait_max_ms)),
-        fetch_partition_bytes_max=int(settings.get("replica.fetch.max.bytes",
-                                                   defaults.fetch_partition_bytes_max)),
-        fetch_response_bytes_max=int(settings.get("replica.fetch.response.max.bytes",
-                                                  defaults.fetch_response_bytes_max)),
-        num_fetchers=int(settings.get("num.replica.fetchers", defaults.num_fetchers)),
+        lag_time_max_ms=settings["replica.lag.time.max.ms"],
+        fetch_wait_max_ms=settings["replica.fetch.wait.max.ms"],
+        fetch_partition_bytes_max=settings["replica.fetch.max.bytes"],
+        fetch_response_bytes_max=settings["replica.fetch.response.max.bytes"],
+        num_fetchers=settings["num.replica.fetchers"],
         ack_before_replication=config.unsafe_ack_before_replication)
 
 
@@ -96,8 +87,7 @@ class BrokerServer:
         self.config = config
         self.lifecycle = lifecycle
         self.client = client
-        self.request_bytes_max = int(config.settings.get(
-            "socket.request.max.bytes", wire.REQUEST_BYTES_MAX_DEFAULT))
+        self.request_bytes_max = config.settings["socket.request.max.bytes"]
         self.log_manager = LogManager(LogManagerConfig.from_broker_config(config.settings),
                                       LogConfig.from_broker_config(config.settings))
         self.replicas = ReplicaManager(
@@ -107,8 +97,8 @@ class BrokerServer:
         self.isr = AlterPartitionSender(self.replicas, client)
         self.replicas.fetch_sender = self.fetchers
         self.replicas.alter_sender = self.isr
-        self.hw_checkpoint_interval_ms = int(config.settings.get(
-            "replica.high.watermark.checkpoint.interval.ms", HW_CHECKPOINT_INTERVAL_MS_DEFAULT))
+        self.hw_checkpoint_interval_ms = config.settings[
+            "replica.high.watermark.checkpoint.interval.ms"]
         self._hw_task: asyncio.Task | None = None
         # One high-watermark checkpoint write at a time (they share a temp file).
         self._hw_lock = asyncio.Lock()

@@ -60,6 +60,7 @@ REJOIN_CODES = frozenset({"UNKNOWN_MEMBER_ID", "FENCED_MEMBER_EPOCH"})
 REFUSED_COMMIT_CODES = REJOIN_CODES | {"STALE_MEMBER_EPOCH"}
 #: Codes that no retry can cure: the next ``poll`` raises them.
 FATAL_CODES = frozenset({"INVALID_REQUEST", "UNSUPPORTED_ASSIGNOR", "GROUP_MAX_SIZE_REACHED",
+                         "INVALID_SESSION_TIMEOUT",
                          "UNRELEASED_INSTANCE_ID", "INVALID_GROUP_ID"})
 #: Heartbeat interval until the coordinator says otherwise.
 HEARTBEAT_INTERVAL_MS_DEFAULT = 1000

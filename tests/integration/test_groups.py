@@ -43,7 +43,9 @@ from api.client import Admin, Consumer, KraftlogError, NewTopic, Producer, Topic
 from chaos.cluster import FAST_SETTINGS, REPO_ROOT, ProcessCluster, http_json, wait_until
 
 HEARTBEAT_INTERVAL_MS = 300
-SETTINGS = {**FAST_SETTINGS, "group.consumer.heartbeat.interval.ms": HEARTBEAT_INTERVAL_MS}
+SETTINGS = {**FAST_SETTINGS, "group.consumer.heartbeat.interval.ms": HEARTBEAT_INTERVAL_MS,
+            # Sessions as short as half a second, for tests that wait one out.
+            "group.min.session.timeout.ms": 500}
 
 
 @pytest.fixture(scope="module")

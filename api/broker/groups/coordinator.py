@@ -78,6 +78,7 @@ GROUP_ID_NOT_FOUND = "GROUP_ID_NOT_FOUND"
 NON_EMPTY_GROUP = "NON_EMPTY_GROUP"
 UNSUPPORTED_ASSIGNOR = "UNSUPPORTED_ASSIGNOR"
 GROUP_MAX_SIZE_REACHED = "GROUP_MAX_SIZE_REACHED"
+INVALID_SESSION_TIMEOUT = "INVALID_SESSION_TIMEOUT"
 CODES = frozenset({UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH, STALE_MEMBER_EPOCH,
                    UNRELEASED_INSTANCE_ID, INVALID_REQUEST, GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP,
                    UNSUPPORTED_ASSIGNOR, GROUP_MAX_SIZE_REACHED})
@@ -406,8 +407,12 @@ class GroupCoordinatorCore:
 
     def __init__(self, *, session_timeout_ms: int = 45000, heartbeat_interval_ms: int = 5000,
                  rebalance_timeout_ms: int = 300000, max_group_size: int = 1000,
+                 session_timeout_ms_min: int = 1, session_timeout_ms_max: int = 2**31 - 1,
                  id_factory: Callable[[], str] | None = None) -> None:
         self.session_timeout_ms = session_timeout_ms
+        #: The session a member may ask for (group.min/max.session.timeout.ms).
+        self.session_timeout_ms_min = session_timeout_ms_min
+        self.session_timeout_ms_max = session_timeout_ms_max
         self.heartbeat_interval_ms = heartbeat_interval_ms
         #: Used for members whose join does not name one.
         self.rebalance_timeout_ms = rebalance_timeout_ms
@@ -457,6 +462,13 @@ class GroupCoordinatorCore:
         if req.session_timeout_ms is not None and (not _is_int(req.session_timeout_ms)
                                                    or req.session_timeout_ms <= 0):
             raise bad("session timeout must be > 0")
+        if req.session_timeout_ms is not None and not (
+                self.session_timeout_ms_min <= req.session_timeout_ms
+                <= self.session_timeout_ms_max):
+            raise GroupError(INVALID_SESSION_TIMEOUT, (
+                f"session timeout {req.session_timeout_ms} ms is outside what this cluster "
+                f"allows, [{self.session_timeout_ms_min}, {self.session_timeout_ms_max}] ms "
+                "(group.min.session.timeout.ms, group.max.session.timeout.ms)"))
         if req.subscribed_topic_names is not None:
             if isinstance(req.subscribed_topic_names, str) or not all(
                     isinstance(t, str) and t for t in req.subscribed_topic_names):

@@ -53,10 +53,6 @@ from storage.manager import TopicPartition
 logger = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
-#: offsets.topic.num.partitions (Kafka: 50; fewer here, each is a log).
-OFFSETS_PARTITIONS_DEFAULT = 10
-#: offsets.topic.replication.factor (capped at the live brokers).
-OFFSETS_REPLICATION_DEFAULT = 3
 #: How long a coordinator write may take to commit.
 WRITE_TIMEOUT_MS = 5000
 #: How often the cores' timers run.
@@ -111,15 +107,15 @@ class GroupService:
         self.controller_call = controller_call
         self.image = image
         self.clock_ms = clock_ms
-        self.partitions_wanted = int(settings.get("offsets.topic.num.partitions",
-                                                  OFFSETS_PARTITIONS_DEFAULT))
-        self.replication_wanted = int(settings.get("offsets.topic.replication.factor",
-                                                   OFFSETS_REPLICATION_DEFAULT))
+        # Typed and range-checked by the node config's schema.
+        self.partitions_wanted = settings["offsets.topic.num.partitions"]
+        self.replication_wanted = settings["offsets.topic.replication.factor"]
         self.core_settings = {
-            key: int(settings[name]) for key, name in (
-                ("session_timeout_ms", "group.consumer.session.timeout.ms"),
-                ("heartbeat_interval_ms", "group.consumer.heartbeat.interval.ms"))
-            if name in settings}
+            "session_timeout_ms": settings["group.consumer.session.timeout.ms"],
+            "heartbeat_interval_ms": settings["group.consumer.heartbeat.interval.ms"],
+            "session_timeout_ms_min": settings["group.min.session.timeout.ms"],
+            "session_timeout_ms_max": settings["group.max.session.timeout.ms"],
+        }
         self.shards: dict[int, Shard] = {}
         # For the gauges, refreshed every LAG_REFRESH_S: (group, topic,
         # partition) -> high watermark - committed offset; group -> members.

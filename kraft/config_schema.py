@@ -1,0 +1,252 @@
+"""Every node config key, declared once: name, type, default, range, doc.
+
+A node's TOML file (and ``--set key=value``) may name only these keys;
+anything else is refused at start-up with the nearest valid name. Each key
+says which module reads it (``read_by``); ``tests/unit/test_config_schema.py``
+checks that module really reads it, so no key is accepted and then silently
+ignored. Values are checked here once (type, range, choices) and handed to
+the components typed; ``kraftlog node --print-config`` shows the effective
+value of each and where it came from, and ``docs/config.md`` is rendered
+from this table (``render_markdown``).
+
+A default of ``None`` means "not set": the component's own rule applies (the
+log's defaults for the ``log.*`` keys, whose finest unit wins, as in Kafka;
+``metadata.log.dir`` under the first log dir). No key is dynamic yet: a
+change takes a restart. Topic-level overrides (``retention.ms`` and friends,
+set per topic through the admin API) are a separate registry,
+``kraft/topic_config.py``; the ``log.*`` keys here are their node defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any
+
+from storage.config import LogConfig
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+#: How a limit of "none" is spelled by Kafka's size and time settings.
+NO_LIMIT = -1
+
+_LOG_DEFAULTS = LogConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    name: str
+    type: str  # "int", "bool", "str" or "dirs" (a list or comma-separated string)
+    default: Any
+    doc: str
+    read_by: str  # the module that reads it, relative to the repository
+    min: int | None = None
+    max: int | None = None
+    dynamic: bool = False
+
+    def describe_range(self) -> str:
+        if self.type != "int":
+            return ""
+        low = "" if self.min is None else str(self.min)
+        high = "" if self.max is None else str(self.max)
+        return f"[{low}, {high}]" if self.min is not None or self.max is not None else ""
+
+
+def _k(name, type_, default, doc, read_by, low=None, high=None) -> Key:
+    return Key(name, type_, default, doc, read_by, low, high)
+
+
+_CONFIG = "kraft/config.py"
+_TOPIC = "kraft/topic_config.py"
+_STORAGE = "storage/config.py"
+_MANAGER = "storage/manager.py"
+_BROKER = "api/broker/server.py"
+_GROUPS = "api/broker/groups/service.py"
+
+SCHEMA: tuple[Key, ...] = (
+    # -- identity and the control plane ---------------------------------------------------
+    _k("node.id", "int", None, "This node's id, unique in the cluster (required).",
+       _CONFIG, 0, INT32_MAX),
+    _k("process.roles", "str", "broker,controller",
+       "What this node runs: broker, controller, or both (combined).", _CONFIG),
+    _k("controller.quorum.voters", "str", None,
+       "Every controller as id@host:port of its CONTROLLER listener (required).", _CONFIG),
+    _k("listeners", "str", None,
+       "NAME://host:port per listener: BROKER (data plane), CONTROLLER (controllers).",
+       _CONFIG),
+    _k("metadata.log.dir", "str", None,
+       "Where a controller keeps its Raft journal and snapshots (default: "
+       "__cluster_metadata under the first log dir).", _CONFIG),
+    _k("cluster.id", "str", None,
+       "The cluster's id (default: derived from the voter set).", _CONFIG),
+    _k("broker.rack", "str", None, "This broker's rack, for rack-aware replica placement.",
+       _CONFIG),
+    _k("broker.session.timeout.ms", "int", 9000,
+       "A broker not heard from for this long is fenced and loses its leaderships.",
+       _CONFIG, 1, INT32_MAX),
+    _k("broker.heartbeat.interval.ms", "int", 2000,
+       "How often a broker heartbeats (below the session timeout).", _CONFIG, 1, INT32_MAX),
+    _k("controller.quorum.election.timeout.ms", "int", 500,
+       "A controller that hears no leader for this long (to twice it) starts an election.",
+       _CONFIG, 1, INT32_MAX),
+    _k("controller.quorum.fetch.timeout.ms", "int", 2000,
+       "A Raft leader that hears from no majority for this long steps down.", _CONFIG, 1,
+       INT32_MAX),
+    _k("controller.quorum.raft.port.offset", "int", 1,
+       "The Raft port is the CONTROLLER port plus this.", _CONFIG, 1, 65534),
+    _k("num.partitions", "int", 1, "Partitions of a topic created without a count.",
+       _CONFIG, 1, 1_000_000),
+    _k("default.replication.factor", "int", 1,
+       "Replicas of a topic created without a replication factor.", _CONFIG, 1, 1000),
+    _k("unclean.leader.election.enable", "bool", False,
+       "Elect a leader outside the ISR when none is left (accepts data loss).", _CONFIG),
+    _k("auto.leader.rebalance.enable", "bool", True,
+       "Move leadership back to preferred replicas periodically.", _CONFIG),
+    _k("leader.imbalance.check.interval.seconds", "int", 300,
+       "How often preferred leaders are checked.", _CONFIG, 1, INT32_MAX),
+    _k("min.insync.replicas", "int", 1,
+       "Default for topics: fewest in-sync replicas an acks=all write needs.", _TOPIC, 1,
+       1000),
+    _k("unsafe.ack.before.replication", "bool", False,
+       "UNSAFE, for the chaos checker's self-test only: answer acks=all before replication.",
+       _CONFIG),
+    # -- storage ----------------------------------------------------------------------------
+    _k("log.dirs", "dirs", None, "Directories holding partition logs, comma-separated.",
+       _MANAGER),
+    _k("log.dir", "dirs", None, "One log directory (log.dirs wins when both are set).",
+       _MANAGER),
+    _k("log.segment.bytes", "int", None,
+       f"Roll a segment at this size (default {_LOG_DEFAULTS.segment_bytes}).", _STORAGE,
+       1024, INT32_MAX),
+    _k("log.roll.ms", "int", None, "Roll a segment this old (default 7 days).", _STORAGE,
+       1, INT64_MAX),
+    _k("log.roll.hours", "int", None, "log.roll.ms in hours.", _STORAGE, 1, INT32_MAX),
+    _k("log.index.interval.bytes", "int", None,
+       f"Bytes between index entries (default {_LOG_DEFAULTS.index_interval_bytes}).",
+       _STORAGE, 0, INT32_MAX),
+    _k("log.retention.ms", "int", None,
+       "Delete segments older than this; -1 keeps them (default 7 days).", _STORAGE,
+       NO_LIMIT, INT64_MAX),
+    _k("log.retention.minutes", "int", None, "log.retention.ms in minutes.", _STORAGE,
+       NO_LIMIT, INT32_MAX),
+    _k("log.retention.hours", "int", None, "log.retention.ms in hours.", _STORAGE,
+       NO_LIMIT, INT32_MAX),
+    _k("log.retention.bytes", "int", None,
+       "Delete old segments past this size per partition; -1: no limit.", _STORAGE,
+       NO_LIMIT, INT64_MAX),
+    _k("log.flush.interval.messages", "int", None,
+       "fsync after this many records; -1: no limit.", _STORAGE, NO_LIMIT, INT64_MAX),
+    _k("log.flush.interval.ms", "int", None,
+       f"fsync data at most this old (default {_LOG_DEFAULTS.flush_ms} ms); -1: never "
+       "by time.", _STORAGE, NO_LIMIT, INT64_MAX),
+    _k("message.max.bytes", "int", None,
+       f"Largest record batch accepted (default {_LOG_DEFAULTS.max_message_bytes}).",
+       _STORAGE, 61, INT32_MAX),
+    _k("log.cleanup.policy", "str", "delete",
+       "Default cleanup.policy of topics (only delete: compaction is not built yet).",
+       _TOPIC),
+    _k("log.retention.check.interval.ms", "int", 300_000,
+       "How often retention runs.", _MANAGER, 1, INT32_MAX),
+    _k("log.flush.scheduler.interval.ms", "int", 200,
+       "How often logs are checked for a due flush.", _MANAGER, 1, INT32_MAX),
+    _k("log.flush.offset.checkpoint.interval.ms", "int", 60_000,
+       "How often recovery points are checkpointed.", _MANAGER, 1, INT32_MAX),
+    # -- the broker ---------------------------------------------------------------------------
+    _k("socket.request.max.bytes", "int", 100 * 1024 * 1024,
+       "Largest request body a broker reads.", _BROKER, 1024, INT32_MAX),
+    _k("replica.lag.time.max.ms", "int", 30_000,
+       "A follower not caught up for this long leaves the ISR.", _BROKER, 1, INT32_MAX),
+    _k("replica.fetch.wait.max.ms", "int", 500,
+       "How long a leader holds a follower's fetch when it has nothing new.", _BROKER, 0,
+       30_000),
+    _k("replica.fetch.max.bytes", "int", 1024 * 1024,
+       "Bytes a follower asks for per partition per fetch.", _BROKER, 1, INT32_MAX),
+    _k("replica.fetch.response.max.bytes", "int", 10 * 1024 * 1024,
+       "Bytes a follower asks for per fetch.", _BROKER, 1, INT32_MAX),
+    _k("num.replica.fetchers", "int", 1,
+       "Follower fetch sessions per source broker (partitions spread by hash).", _BROKER, 1,
+       64),
+    _k("replica.high.watermark.checkpoint.interval.ms", "int", 5000,
+       "How often high watermarks are checkpointed.", _BROKER, 1, INT32_MAX),
+    # -- consumer groups ------------------------------------------------------------------------
+    _k("offsets.topic.num.partitions", "int", 10, "Partitions of __consumer_offsets.",
+       _GROUPS, 1, 1000),
+    _k("offsets.topic.replication.factor", "int", 3,
+       "Replicas of __consumer_offsets (capped at the live brokers).", _GROUPS, 1, 1000),
+    _k("group.consumer.session.timeout.ms", "int", 45_000,
+       "Session of a member whose heartbeat names none.", _GROUPS, 1, INT32_MAX),
+    _k("group.consumer.heartbeat.interval.ms", "int", 5000,
+       "Heartbeat interval the coordinator asks members for.", _GROUPS, 1, INT32_MAX),
+    _k("group.min.session.timeout.ms", "int", 6000,
+       "Shortest session a member may ask for (else INVALID_SESSION_TIMEOUT).", _GROUPS, 1,
+       INT32_MAX),
+    _k("group.max.session.timeout.ms", "int", 1_800_000,
+       "Longest session a member may ask for (else INVALID_SESSION_TIMEOUT).", _GROUPS, 1,
+       INT32_MAX),
+)
+
+BY_NAME: dict[str, Key] = {key.name: key for key in SCHEMA}
+assert len(BY_NAME) == len(SCHEMA), "a key is declared twice"
+
+
+class ConfigError(ValueError):
+    """A value the schema refuses (the caller adds where it came from)."""
+
+
+def suggest(name: str) -> str:
+    """`` did you mean 'x'?`` for the nearest known key, or ''."""
+    close = difflib.get_close_matches(name, list(BY_NAME), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def unknown_key_message(name: str, where: str) -> str:
+    return (f"unknown config key {name!r} in {where}{suggest(name)} "
+            "(docs/config.md lists every key)")
+
+
+def typed(key: Key, value: Any) -> Any:
+    """``value`` as ``key``'s type, checked against its range."""
+    if value is None:
+        return None
+    if key.type == "int":
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ConfigError(f"{key.name} must be an integer, got {value!r}")
+        try:
+            number = int(value)
+        except ValueError:
+            raise ConfigError(f"{key.name} must be an integer, got {value!r}") from None
+        if (key.min is not None and number < key.min) or (
+                key.max is not None and number > key.max):
+            raise ConfigError(f"{key.name} = {number} is outside {key.describe_range()}")
+        return number
+    if key.type == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ConfigError(f"{key.name} must be true or false, got {value!r}")
+    if key.type == "dirs":
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise ConfigError(f"{key.name} must be a directory or a list of them, got {value!r}")
+    if not isinstance(value, str):
+        raise ConfigError(f"{key.name} must be a string, got {value!r}")
+    return value
+
+
+def render_markdown() -> str:
+    """docs/config.md: every key, as this table declares it."""
+    lines = ["# Node configuration", "",
+             "Generated from `kraft/config_schema.py` (`render_markdown`); a test keeps this "
+             "file equal to it. Keys are spelled as Kafka spells the same setting. An unknown "
+             "key stops the node at start-up with the nearest valid name; "
+             "`kraftlog node --config FILE --print-config` shows the effective value of each "
+             "and where it came from. No key is dynamic yet: a change takes a restart.", "",
+             "| key | type | default | range | what it does |", "|---|---|---|---|---|"]
+    for key in SCHEMA:
+        default = "(not set)" if key.default is None else f"`{key.default}`"
+        lines.append(f"| `{key.name}` | {key.type} | {default} | {key.describe_range()} | "
+                     f"{key.doc} |")
+    return "\n".join(lines) + "\n"
