@@ -309,7 +309,7 @@ def _run_node(args: argparse.Namespace) -> int:
 
     from api.node import run_node
     from kraft.config import load_node_config, print_config
-    from kraft.errors import InvalidConfigError
+    from protocol.errors import InvalidConfigError
 
     try:
         config = load_node_config(args.config, args.overrides)

@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import msgpack
 
-from kraft.errors import KraftError
+from protocol.errors import KraftError
 
 logger = logging.getLogger(__name__)
 

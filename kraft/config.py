@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kraft.config_schema import BY_NAME, SCHEMA, ConfigError, typed, unknown_key_message
-from kraft.errors import InvalidConfigError
+from protocol.errors import InvalidConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -62,8 +62,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kraft.config import NodeConfig
-from kraft.fields import Fields, as_int, as_str
-from kraft.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistrationError,
+from protocol.fields import Fields, as_int, as_str
+from protocol.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistrationError,
                           FencedLeaderEpochError, IneligibleReplicaError, InvalidConfigError,
                           InvalidPartitionsError, InvalidReplicationFactorError,
                           InvalidRequestError, InvalidTopicError, InvalidUpdateVersionError,

@@ -27,7 +27,7 @@ from typing import Any
 
 import msgpack
 
-from kraft.errors import MetadataApplyError
+from protocol.errors import MetadataApplyError
 from kraft.records import (LEADER_RECOVERED, LEADER_RECOVERY_STATES, NO_LEADER,
                            BrokerRegistrationChangeRecord, ConfigRecord,
                            FenceBrokerRecord, NoOpRecord, PartitionChangeRecord,

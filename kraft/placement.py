@@ -32,7 +32,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from kraft.errors import InvalidPartitionsError, InvalidReplicationFactorError
+from protocol.errors import InvalidPartitionsError, InvalidReplicationFactorError
 
 NO_LEADER = -1  # Kafka's LeaderConstants.NO_LEADER: the partition is offline.
 UNRACKED = ""  # The rack name a broker without ``rack`` is placed in.

@@ -56,7 +56,7 @@ from pysyncobj import FAIL_REASON, SyncObjConf, replicated
 from pysyncobj.journal import FileJournal
 
 from kraft import records as metadata_records
-from kraft.errors import NotControllerError, RequestTimedOutError
+from protocol.errors import NotControllerError, RequestTimedOutError
 from kraft.image import MetadataImage
 from kraft.raft_guard import GuardedSyncObj
 

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Optional
 
 import msgpack
 
-from kraft.errors import InvalidRecordError
+from protocol.errors import InvalidRecordError
 
 NO_LEADER = -1
 RECORD_VERSION = 0

@@ -53,10 +53,10 @@ from typing import Any
 
 from aiohttp import web
 
-from kraft import wire
+from protocol import wire
 from kraft.config import NodeConfig
 from kraft.controller import Controller, ControllerResult, ControllerSettings
-from kraft.errors import InvalidRequestError, KraftError, NotControllerError, \
+from protocol.errors import InvalidRequestError, KraftError, NotControllerError, \
     RequestTimedOutError, UnknownServerError
 from kraft.image import MetadataImage
 from kraft.quorum import ApplyStatus, MetadataQuorum, RaftSettings

@@ -26,7 +26,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from kraft.errors import InvalidConfigError
+from protocol.errors import InvalidConfigError
+from protocol.fields import printable
 from kraft.image import TOPIC_RESOURCE
 from storage import errors as storage_errors
 from storage.config import BROKER_TO_TOPIC_KEYS, LogConfig
@@ -146,18 +147,6 @@ def _parse_int(key: str, value: Any) -> int:
         return int(value.strip())
     except ValueError:
         raise InvalidConfigError(f"{key} must be an integer, got {printable(value)}") from None
-
-
-def printable(value: Any) -> str:
-    """A short rendering of any request value for an error message. Never
-    raises: Python refuses to print integers of more than 4300 digits, and a
-    request may carry one."""
-    if isinstance(value, (list, tuple, dict)):
-        return f"a {'map' if isinstance(value, dict) else 'list'} of {len(value)} items"
-    if isinstance(value, int) and not isinstance(value, bool) and not -10**18 < value < 10**18:
-        return "an integer of 19 or more digits"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _build_registry() -> dict[str, TopicConfigKey]:

@@ -22,15 +22,15 @@ import dataclasses
 import fcntl
 import logging
 import os
-import re
 import shutil
 import uuid
-from typing import Any, Callable, Iterable, Mapping, NamedTuple
+from typing import Any, Callable, Iterable, Mapping
 
 from storage.checkpoint import OffsetCheckpoint, fsync_directory, write_atomically
 from storage.config import LogConfig
 from storage.errors import InvalidConfigError, InvalidTopicError, LogDirectoryError
 from storage.log import Log, wall_clock_ms
+from storage.names import TOPIC_NAME_MAX_CHARS, TopicPartition, validate_topic_name
 
 log = logging.getLogger(__name__)
 
@@ -39,32 +39,6 @@ LOG_START_FILE = "log-start-offset-checkpoint"
 CLEAN_SHUTDOWN_FILE = ".kraftlog_cleanshutdown"
 LOCK_FILE = ".lock"
 DELETE_SUFFIX = "-delete"
-
-TOPIC_NAME_MAX_CHARS = 249
-_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
-
-
-class TopicPartition(NamedTuple):
-    topic: str
-    partition: int
-
-    def __str__(self) -> str:
-        return f"{self.topic}-{self.partition}"
-
-
-def validate_topic_name(name: str) -> None:
-    """Kafka's rule: 1-249 characters of ``[A-Za-z0-9._-]``, not ``.``/``..``."""
-    if not isinstance(name, str) or not name:
-        raise InvalidTopicError("topic name must be a non-empty string")
-    if len(name) > TOPIC_NAME_MAX_CHARS:
-        raise InvalidTopicError(
-            f"topic name is {len(name)} characters long; the limit is {TOPIC_NAME_MAX_CHARS}")
-    if name in (".", ".."):
-        raise InvalidTopicError(f"topic name cannot be {name!r}")
-    if not _TOPIC_NAME.match(name):
-        raise InvalidTopicError(
-            f"topic name {name!r} may only contain ASCII letters, digits, '.', '_' and '-'")
-
 
 def parse_partition_dir(name: str) -> TopicPartition | None:
     """``orders-3`` -> ``TopicPartition("orders", 3)``; None for other names."""

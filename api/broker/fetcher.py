@@ -19,7 +19,7 @@ import msgpack
 
 from api.broker.replica_manager import ReplicaManager
 from api.broker.replication import SendFetch, broker_url
-from kraft import wire
+from protocol import wire
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import logging
 from api.broker.replica_manager import ReplicaManager
 from api.broker.replication import SendAlterPartition
 from kraft.client import ControllerClient
-from kraft.errors import KraftError
+from protocol.errors import KraftError
 
 logger = logging.getLogger(__name__)
 

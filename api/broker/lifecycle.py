@@ -24,7 +24,7 @@ from api.broker.lifecycle_core import (RE_REGISTER_CODES, RETRY_BACKOFF_MS, Brok
                                        LifecycleCore, LifecycleSettings)
 from kraft.client import ControllerClient
 from kraft.config import NodeConfig
-from kraft.errors import KraftError, MetadataApplyError
+from protocol.errors import KraftError, MetadataApplyError
 from kraft.image import MetadataImage
 from kraft.records import decode
 

@@ -47,14 +47,14 @@ import zlib
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from api.broker.errors import (FencedLeaderEpochError, LeaderNotAvailableError,
+from protocol.errors import (FencedLeaderEpochError, LeaderNotAvailableError,
                                NotEnoughReplicasAfterAppendError, NotEnoughReplicasError,
                                NotLeaderOrFollowerError, ReplicationTimedOutError,
                                UnknownLeaderEpochError)
 from api.broker.lifecycle_core import LifecycleCore
 from api.broker.partition import IsrProposal, Partition
 from kraft.config import BROKER_LISTENER
-from kraft.errors import InvalidRequestError, UnknownTopicOrPartitionError
+from protocol.errors import InvalidRequestError, UnknownTopicOrPartitionError
 from kraft.image import MetadataImage
 from kraft.records import LEADER_RECOVERING, NO_LEADER
 from kraft.topic_config import MIN_INSYNC_REPLICAS, builtin_defaults

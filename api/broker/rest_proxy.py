@@ -27,12 +27,12 @@ import aiohttp
 import msgpack
 from aiohttp import web
 
-from api.broker.errors import LeaderNotAvailableError
+from protocol.errors import LeaderNotAvailableError
 from api.broker.replication import broker_url
-from api.client.partitioner import partition_for_key
-from kraft import wire
-from kraft.errors import InvalidRequestError, KraftError, UnknownTopicOrPartitionError
-from kraft.fields import Fields
+from protocol.partitioner import partition_for_key
+from protocol import wire
+from protocol.errors import InvalidRequestError, KraftError, UnknownTopicOrPartitionError
+from protocol.fields import Fields
 from storage.batch import BatchBuilder, iter_batches, iter_records
 
 if TYPE_CHECKING:

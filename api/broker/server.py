@@ -36,11 +36,11 @@ from api.broker.metrics import BrokerMetrics
 from api.broker.replica_manager import ReplicaManager
 from api.broker.replication import ReplicationSettings, broker_url
 from api.broker.rest_proxy import RestProxy
-from kraft import wire
+from protocol import wire
 from kraft.client import ControllerClient
 from kraft.config import BROKER_LISTENER, NodeConfig
-from kraft.errors import UnknownTopicOrPartitionError
-from kraft.fields import Fields
+from protocol.errors import UnknownTopicOrPartitionError
+from protocol.fields import Fields
 from kraft.image import MetadataImage
 from kraft.topic_config import defaults_from_broker_config
 from storage.config import LogConfig

@@ -10,10 +10,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from protocol import TopicPartition
 
-class TopicPartition(NamedTuple):
-    topic: str
-    partition: int
+__all__ = ["TopicPartition", "RecordMetadata", "ConsumerRecord"]
 
 
 class RecordMetadata(NamedTuple):

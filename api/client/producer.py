@@ -52,7 +52,7 @@ from api.client._types import RecordMetadata
 from api.client.errors import (
     METADATA_CODES, BufferExhaustedError, ClientClosedError, KraftlogError,
     MessageTooLargeError, RequestTimedOutError, error_from)
-from api.client.partitioner import StickyPartitioner, murmur2
+from protocol.partitioner import StickyPartitioner, murmur2
 from storage.batch import BatchBuilder, Compression
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from api.client import (
     NewTopic,
     NoOffsetForPartitionError, OffsetOutOfRangeError, Producer, RecordMetadata,
     TopicAlreadyExistsError, TopicPartition, UnknownTopicOrPartitionError)
-from api.client.partitioner import partition_for_key
+from protocol.partitioner import partition_for_key
 from chaos.cluster import ProcessCluster
 
 

@@ -11,7 +11,7 @@ import msgpack
 import pytest
 
 from chaos.cluster import free_port
-from kraft.errors import NotControllerError
+from protocol.errors import NotControllerError
 from kraft.image import MetadataImage
 from kraft.quorum import ApplyStatus, MetadataQuorum, RaftSettings
 from kraft.records import NoOpRecord, PartitionRecord, TopicRecord

@@ -157,7 +157,7 @@ from api.broker.replication import (CancelRequest, ProduceItem, ReplicationCore,
                                     SendFetch)
 from kraft import records as rec
 from kraft.controller import Controller, ControllerSettings
-from kraft.errors import KraftError
+from protocol.errors import KraftError
 from kraft.image import MetadataImage
 from kraft.records import NO_LEADER
 from kraft.topic_config import MIN_INSYNC_REPLICAS

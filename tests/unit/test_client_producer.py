@@ -12,7 +12,7 @@ import pytest
 from api.client import (
     AsyncProducer, BufferExhaustedError, KraftlogError, MessageTooLargeError, Producer,
     RecordMetadata)
-from api.client.partitioner import StickyPartitioner, partition_for_key
+from protocol.partitioner import StickyPartitioner, partition_for_key
 from api.client.producer import ProducerConfig, RecordAccumulator, flush_targets
 from storage.batch import HEADER_SIZE, iter_batches, iter_records, parse_header
 

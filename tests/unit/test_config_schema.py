@@ -13,7 +13,7 @@ import pytest
 
 from kraft.config import load_node_config, node_config_from_settings, print_config
 from kraft.config_schema import BY_NAME, SCHEMA, Key, render_markdown
-from kraft.errors import InvalidConfigError
+from protocol.errors import InvalidConfigError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MINIMAL = {"node.id": 1, "process.roles": "broker",

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from kraft import records as rec
 from kraft.controller import (PARTITIONS_PER_REQUEST_MAX, PARTITIONS_PER_TOPIC_MAX,
                               Controller, ControllerResult, ControllerSettings, random_topic_id)
-from kraft.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistrationError,
+from protocol.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistrationError,
                           FencedLeaderEpochError, IneligibleReplicaError, InvalidConfigError,
                           InvalidRequestError, InvalidUpdateVersionError, KraftError,
                           NotLeaderOrFollowerError, StaleBrokerEpochError,

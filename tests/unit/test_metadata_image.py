@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kraft import records as rec
-from kraft.errors import InvalidRecordError, MetadataApplyError
+from protocol.errors import InvalidRecordError, MetadataApplyError
 from kraft.image import MetadataImage
 from kraft.records import NO_LEADER
 

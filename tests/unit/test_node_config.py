@@ -4,7 +4,7 @@ mistyped config gets."""
 import pytest
 
 from kraft.config import load_node_config, node_config_from_settings
-from kraft.errors import InvalidConfigError
+from protocol.errors import InvalidConfigError
 
 BASE = {
     "node.id": 1,

@@ -5,7 +5,7 @@ placement of keyless records."""
 import pytest
 from hypothesis import given, strategies as st
 
-from api.client.partitioner import StickyPartitioner, murmur2, partition_for_key
+from protocol.partitioner import StickyPartitioner, murmur2, partition_for_key
 
 # Kafka's own vectors (clients/.../common/utils/UtilsTest.java, testMurmur2).
 KAFKA_VECTORS = [

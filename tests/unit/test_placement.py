@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kraft.errors import InvalidPartitionsError, InvalidReplicationFactorError, KraftError
+from protocol.errors import InvalidPartitionsError, InvalidReplicationFactorError, KraftError
 from kraft.placement import (
     NO_LEADER,
     UNRACKED,

@@ -7,13 +7,13 @@ import os
 
 import pytest
 
-from api.broker.errors import (FencedLeaderEpochError, LeaderNotAvailableError,
+from protocol.errors import (FencedLeaderEpochError, LeaderNotAvailableError,
                                NotLeaderOrFollowerError, UnknownLeaderEpochError)
 from api.broker.lifecycle_core import BrokerState, LifecycleCore, LifecycleSettings
 from api.broker.replica_manager import DiskLogs, read_topic_id
 from api.broker.replication import (FetchRequest, FetchSpec, ProduceItem, ReplicationCore,
                                     Respond)
-from kraft.errors import UnknownTopicOrPartitionError
+from protocol.errors import UnknownTopicOrPartitionError
 from kraft.image import MetadataImage
 from kraft.records import (ConfigRecord, PartitionChangeRecord, PartitionRecord,
                            RegisterBrokerRecord, RemoveTopicRecord, TopicRecord)

@@ -7,7 +7,7 @@ import pytest
 
 from kraft import records as rec
 from kraft import topic_config as tc
-from kraft.errors import InvalidConfigError
+from protocol.errors import InvalidConfigError
 from kraft.image import MetadataImage
 from storage.config import TOPIC_KEYS, LogConfig
 

@@ -27,12 +27,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from api.broker.errors import CoordinatorNotAvailableError
+from protocol.errors import CoordinatorNotAvailableError
 from api.broker.groups.coordinator import HeartbeatRequest
 from api.broker.groups.service import GROUP_ID_CHARS_MAX, PEER_TIMEOUT_S, GroupService
-from kraft import wire
-from kraft.errors import InvalidRequestError
-from kraft.fields import Fields
+from protocol import wire
+from protocol.errors import InvalidRequestError
+from protocol.fields import Fields
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1

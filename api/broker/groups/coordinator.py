@@ -41,6 +41,8 @@ no members, from an admin/simple client (member id "" and epoch -1).
 
 from __future__ import annotations
 
+from protocol import TopicPartition
+
 import functools
 import uuid
 from collections import Counter
@@ -57,7 +59,6 @@ from api.broker.groups.records import (GroupMetadataRecord, GroupTombstone, Memb
                                        Record, TargetAssignmentRecord,
                                        TargetAssignmentTombstone)
 
-TopicPartition = tuple[str, int]
 
 #: Member epochs a heartbeat may carry besides the member's own.
 JOIN_EPOCH = 0

@@ -20,12 +20,13 @@ is reserved for incompatible ones.
 
 from __future__ import annotations
 
+from protocol import TopicPartition
+
 from dataclasses import dataclass
 from typing import Any, Union
 
 import msgpack
 
-TopicPartition = tuple[str, int]          # (topic, partition)
 Partitions = tuple[TopicPartition, ...]   # sorted, no duplicates
 
 #: Version of the key layout. Keys are compaction identities: changing their

@@ -11,11 +11,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from kraft.errors import InvalidRequestError
-from kraft.topic_config import printable
+from protocol.errors import InvalidRequestError
 
 REQUIRED = object()
 
+
+
+def printable(value: Any) -> str:
+    """A short rendering of any request value for an error message. Never
+    raises: Python refuses to print integers of more than 4300 digits, and a
+    request may carry one."""
+    if isinstance(value, (list, tuple, dict)):
+        return f"a {'map' if isinstance(value, dict) else 'list'} of {len(value)} items"
+    if isinstance(value, int) and not isinstance(value, bool) and not -10**18 < value < 10**18:
+        return "an integer of 19 or more digits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 class Fields:
     """One map of a request, read field by field. Every problem raises

@@ -21,7 +21,7 @@ from typing import Any
 import msgpack
 from aiohttp import web
 
-from kraft.errors import InvalidRequestError, KraftError
+from protocol.errors import InvalidRequestError, KraftError
 
 logger = logging.getLogger(__name__)
 
