@@ -11,12 +11,17 @@ import logging
 import os
 import sys
 
+from api.cli_support import DEFAULT_BOOTSTRAP, CliError, ExamplesFormatter, get_json
 from api.table import format_table
 
-DEFAULT_BOOTSTRAP = "http://127.0.0.1:9092"
+__all__ = ["DEFAULT_BOOTSTRAP", "CliError", "build_parser", "get_json", "main"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line. The benchmarks and the chaos harness are big
+    and load what they measure, so their commands are built (and their
+    modules imported) only when ``command`` is theirs; otherwise ``kraftlog
+    --help`` still lists them."""
     parser = argparse.ArgumentParser(
         prog="kraftlog",
         description="kraftlog: a Kafka-style replicated commit log in Python.",
@@ -70,19 +75,40 @@ def build_parser() -> argparse.ArgumentParser:
     from api import groups_cli
 
     groups_cli.add_commands(commands, ExamplesFormatter)
-    _add_bench_commands(commands)
-    _add_chaos_commands(commands)
+    if command == "bench":
+        _add_bench_commands(commands)
+    else:
+        commands.add_parser("bench", help=BENCH_HELP)
+    if command == "chaos":
+        _add_chaos_commands(commands)
+    else:
+        commands.add_parser("chaos", help=CHAOS_HELP)
     return parser
+
+
+BENCH_HELP = "measure performance (figures go to BENCHMARKS.md)"
+CHAOS_HELP = "kill, pause and partition a real cluster; check nothing was lost"
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The subcommand ``argv`` names, past the global options."""
+    args = iter(argv)
+    for arg in args:
+        if arg == "--bootstrap":
+            next(args, None)
+        elif not arg.startswith("-"):
+            return arg
+    return None
 
 
 def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
     bench = commands.add_parser(
-        "bench", help="measure performance (figures go to BENCHMARKS.md)",
+        "bench", help=BENCH_HELP,
         description="Benchmark programs. Each prints its figures next to a reference "
                     "measured in the same run.")
     bench_kinds = bench.add_subparsers(dest="bench_kind", metavar="KIND")
     bench_kinds.required = True
-    from storage import bench as storage_bench
+    from bench import storage as storage_bench
 
     storage_parser = bench_kinds.add_parser(
         "storage", help="partition log append/read/lookup/recovery vs raw disk writes",
@@ -91,7 +117,7 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "of the same bytes.")
     storage_bench.add_arguments(storage_parser)
     storage_parser.set_defaults(handler=storage_bench.run)
-    from chaos import bench_controller
+    from bench import controller as bench_controller
 
     controller_parser = bench_kinds.add_parser(
         "controller", help="controller failover, broker failover, topic creations/s",
@@ -101,7 +127,7 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "second; next to the disk's fsync rate and (optionally) NATS JetStream.")
     bench_controller.add_arguments(controller_parser)
     controller_parser.set_defaults(handler=bench_controller.run)
-    from chaos import bench_data
+    from bench import data as bench_data
 
     for kind, summary, description in (
             ("produce", "producer throughput and acknowledgement latency",
@@ -128,7 +154,7 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "throughput as a share of RF=1 acks=1 (target: at least 0.50).")
     bench_data.add_arguments(replication_parser, "replication")
     replication_parser.set_defaults(handler=bench_data.run_replication)
-    from chaos import bench_failover
+    from bench import failover as bench_failover
 
     failover_parser = bench_kinds.add_parser(
         "failover", help="acks=all unavailability after kill -9 of a partition leader",
@@ -140,7 +166,7 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "each window and p50/max next to the target, the session timeout + 1 s.")
     bench_failover.add_arguments(failover_parser)
     failover_parser.set_defaults(handler=bench_failover.run)
-    from chaos import bench_groups
+    from bench import groups as bench_groups
 
     groups_parser = bench_kinds.add_parser(
         "groups", help="consumer group rebalance time and group consume throughput",
@@ -150,7 +176,7 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "stable again (p50, max; target: under 1 s plus the heartbeat interval).")
     bench_groups.add_arguments(groups_parser)
     groups_parser.set_defaults(handler=bench_groups.run)
-    from chaos import bench_spark
+    from bench import spark as bench_spark
 
     spark_parser = bench_kinds.add_parser(
         "spark", help="PySpark format(\"kraftlog\") batch read vs Parquet; streaming latency",
@@ -171,7 +197,7 @@ def _add_chaos_commands(commands: argparse._SubParsersAction) -> None:
     from chaos import chaos_cli
 
     chaos = commands.add_parser(
-        "chaos", help="kill, pause and partition a real cluster; check nothing was lost",
+        "chaos", help=CHAOS_HELP,
         formatter_class=ExamplesFormatter,
         description="Jepsen-style fault injection against real kraftlog processes. "
                     "`chaos run` starts a fresh cluster, writes unique values with "
@@ -186,19 +212,6 @@ def _add_chaos_commands(commands: argparse._SubParsersAction) -> None:
     actions = chaos.add_subparsers(dest="chaos_command", metavar="ACTION")
     actions.required = True
     chaos_cli.add_commands(actions, ExamplesFormatter)
-
-
-class ExamplesFormatter(argparse.HelpFormatter):
-    """Wraps each line of prose to the terminal; keeps indented lines (the
-    examples) exactly as written."""
-
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        import textwrap
-
-        return "\n".join(indent + line if line.startswith(" ") or not line else
-                         textwrap.fill(line, width, initial_indent=indent,
-                                       subsequent_indent=indent)
-                         for line in text.splitlines())
 
 
 def _add_cluster_commands(commands: argparse._SubParsersAction) -> None:
@@ -330,29 +343,6 @@ def _run_node(args: argparse.Namespace) -> int:
         return 1
 
 
-def get_json(url: str, timeout_s: float = 10.0) -> object:
-    import json
-    import urllib.error
-    import urllib.request
-
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return json.load(response)
-    except urllib.error.HTTPError as exc:
-        try:
-            return json.load(exc)
-        except ValueError:
-            raise CliError(f"{url} answered HTTP {exc.code}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise CliError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}; is the node "
-                       "running? (set --bootstrap or $KRAFTLOG_BOOTSTRAP)") from None
-
-
-class CliError(Exception):
-    """A failure to report in one line, exit status 1."""
-
-
 def _quorum_status(args: argparse.Namespace) -> int:
     import json
 
@@ -397,7 +387,8 @@ def format_quorum_status(status: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -19,7 +19,7 @@ import sys
 from typing import Any
 from urllib.parse import quote
 
-from api.cli import CliError, ExamplesFormatter, get_json
+from api.cli_support import CliError, ExamplesFormatter, get_json
 from api.table import format_table
 
 

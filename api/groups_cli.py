@@ -121,13 +121,13 @@ def _end_offsets(args: argparse.Namespace, partitions: list[tuple[str, int]]
 
 
 def _delete(args: argparse.Namespace) -> int:
-    _coordinator_call(args, "/v1/admin/groups/delete", {"group_id": args.group})
+    _admin_call(args, lambda admin: admin.delete_consumer_groups([args.group]))
     print(f"Deleted group {args.group}.")
     return 0
 
 
 def _reset(args: argparse.Namespace) -> int:
-    from api.cli import CliError
+    from api.cli_support import CliError
     from api.client import Consumer, KraftlogError, TopicPartition
 
     with Consumer(args.bootstrap, request_timeout_ms=5000) as consumer:
@@ -143,17 +143,14 @@ def _reset(args: argparse.Namespace) -> int:
             numbers = sorted(set(args.partitions))
         tps = [TopicPartition(args.topic, p) for p in numbers]
         targets = _reset_targets(args, consumer, tps)
-    _coordinator_call(args, "/v1/admin/groups/offsets/reset", {
-        "group_id": args.group,
-        "offsets": [{"topic": tp.topic, "partition": tp.partition, "offset": offset}
-                    for tp, offset in sorted(targets.items())]})
+    _admin_call(args, lambda admin: admin.alter_consumer_group_offsets(args.group, targets))
     print(format_table(("TOPIC", "PARTITION", "NEW-OFFSET"), [
         (tp.topic, str(tp.partition), str(offset)) for tp, offset in sorted(targets.items())]))
     return 0
 
 
 def _reset_targets(args: argparse.Namespace, consumer: Any, tps: list) -> dict:
-    from api.cli import CliError
+    from api.cli_support import CliError
 
     starts = consumer.beginning_offsets(tps)
     ends = consumer.end_offsets(tps)
@@ -189,24 +186,13 @@ def _committed(args: argparse.Namespace, tps: list) -> dict:
             if TopicPartition(o["topic"], o["partition"]) in wanted}
 
 
-def _coordinator_call(args: argparse.Namespace, path: str, body: dict) -> dict:
-    """POST ``body`` to the group's coordinator (found through --bootstrap)."""
-    import asyncio
-
-    from api.cli import CliError
-    from api.client import KraftlogError
-    from api.client._transport import Transport
-
-    async def call() -> dict:
-        transport = Transport(request_timeout_ms=10_000)
-        try:
-            where = await transport.request(args.bootstrap, "/v1/groups/coordinator",
-                                            {"group_id": body["group_id"]})
-            return await transport.request(where["coordinator_url"], path, body)
-        finally:
-            await transport.close()
+def _admin_call(args: argparse.Namespace, action) -> None:
+    """Run ``action(admin)`` with an Admin on --bootstrap; errors as one line."""
+    from api.cli_support import CliError
+    from api.client import Admin, KraftlogError
 
     try:
-        return asyncio.run(call())
+        with Admin(args.bootstrap, request_timeout_ms=10_000) as admin:
+            action(admin)
     except KraftlogError as exc:
         raise CliError(f"{exc.code}: {exc}") from None

@@ -96,8 +96,8 @@ async def run_node(config: NodeConfig) -> int:
 def startup_banner(config: NodeConfig) -> str:
     """What a person starting a node needs: where it listens and, for a
     broker, three commands to try it."""
-    from api.cli import DEFAULT_BOOTSTRAP
     from kraft.config import BROKER_LISTENER, CONTROLLER_LISTENER
+    from protocol import DEFAULT_BOOTSTRAP
 
     roles = ",".join(sorted(config.roles))
     lines = [f"kraftlog node {config.node_id} ({roles}) started"]

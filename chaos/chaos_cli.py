@@ -97,8 +97,8 @@ def _positive_float(text: str) -> float:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from api.cli import CliError
-    from kraft.config import parse_override
+    from api.cli_support import CliError
+    from chaos.local_cluster import parse_setting
 
     settings = {}
     for item in args.overrides:
@@ -108,7 +108,7 @@ def _run(args: argparse.Namespace) -> int:
         if key.strip() == "unsafe.ack.before.replication":
             raise CliError("use --unsafe-ack-before-replication to run a broken cluster, so "
                            "the results say so")
-        settings[key.strip()] = parse_override(value.strip())
+        settings[key.strip()] = parse_setting(value.strip())
     out_dir = args.out or tempfile.mkdtemp(prefix=f"kraftlog-chaos-{args.scenario}-")
     if os.path.exists(os.path.join(out_dir, "history.jsonl")):
         raise CliError(f"{out_dir} already holds a run (history.jsonl); choose another --out")
@@ -133,7 +133,7 @@ def _scenarios(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from api.cli import CliError
+    from api.cli_support import CliError
 
     path = os.path.join(args.dir, "history.jsonl")
     if not os.path.exists(path):

@@ -283,11 +283,18 @@ def parse_settings(items: Iterable[str]) -> dict[str, Any]:
         if key in LAYOUT_KEYS:
             raise ClusterError(f"--set {key}: `cluster up` sets {key} per node; "
                                f"its keys {', '.join(sorted(LAYOUT_KEYS))} cannot be set")
-        try:
-            settings[key] = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            settings[key] = value
+        settings[key] = parse_setting(value)
     return settings
+
+
+def parse_setting(text: str) -> Any:
+    """A ``--set`` value as TOML reads it when it can (numbers, booleans,
+    quoted strings), else the text itself: what ``kraftlog node --set``
+    does too."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
 
 
 def plan_cluster(base_dir: str, controllers: int, brokers: int, combined: bool,
@@ -524,7 +531,7 @@ def table_rows(cluster: LocalCluster, pids: Mapping[int, int],
             for i, node in sorted(cluster.nodes.items())]
 
 
-def format_table(rows: list[tuple[str, ...]], header: tuple[str, ...] = TABLE_HEADER) -> str:
+def status_table(rows: list[tuple[str, ...]], header: tuple[str, ...] = TABLE_HEADER) -> str:
     return table.format_table(header, rows)
 
 
@@ -613,7 +620,7 @@ def cluster_up(base_dir: str, *, controllers: int | None = None, brokers: int | 
         pids = {i: node.pid for i, node in cluster.nodes.items() if node.pid is not None}
         healths = _wait_until_ready(cluster, pids, started, timeout_s, out)
     _say(out)
-    _say(out, format_table(table_rows(cluster, pids, healths)))
+    _say(out, status_table(table_rows(cluster, pids, healths)))
     _say(out)
     _say(out, f"Use it:   export KRAFTLOG_BOOTSTRAP={cluster.bootstrap_url}")
     _say(out, f"Inspect:  kraftlog cluster status --dir {base_dir}")
@@ -729,7 +736,7 @@ def cluster_status(base_dir: str, *, as_json: bool = False, out: TextIO = sys.st
         return 0
     _say(out, f"Cluster in {cluster.base_dir}: {cluster.layout_text}")
     _say(out)
-    _say(out, format_table(table_rows(cluster, pids, healths)))
+    _say(out, status_table(table_rows(cluster, pids, healths)))
     _say(out)
     if not pids:
         _say(out, f"No node is running. Start them: kraftlog cluster up --dir {cluster.base_dir}")

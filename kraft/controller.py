@@ -62,28 +62,24 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kraft.config import NodeConfig
-from protocol.fields import Fields, as_int, as_str
-from protocol.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistrationError,
-                          FencedLeaderEpochError, IneligibleReplicaError, InvalidConfigError,
-                          InvalidPartitionsError, InvalidReplicationFactorError,
-                          InvalidRequestError, InvalidTopicError, InvalidUpdateVersionError,
-                          KraftError, NoReassignmentInProgressError,
-                          NotLeaderOrFollowerError, StaleBrokerEpochError,
-                          TopicAlreadyExistsError, UnknownLeaderEpochError,
-                          UnknownTopicOrPartitionError)
-from kraft.image import (TOPIC_RESOURCE, BrokerRegistration, MetadataImage,
-                         PartitionRegistration)
+from kraft.image import TOPIC_RESOURCE, BrokerRegistration, MetadataImage, PartitionRegistration
 from kraft.placement import (BrokerInfo, elect_leader, isr_after_fencing, place_replicas,
                              preferred_leader_election)
 from kraft.records import (LEADER_RECOVERED, LEADER_RECOVERING, NO_LEADER,
-                           BrokerRegistrationChangeRecord, ConfigRecord,
-                           FenceBrokerRecord, PartitionChangeRecord, PartitionRecord, Record,
-                           RegisterBrokerRecord, RemoveTopicRecord, TopicRecord,
-                           UnfenceBrokerRecord)
-from kraft.topic_config import (TOPIC_CONFIGS, UNCLEAN_LEADER_ELECTION_ENABLE,
-                                builtin_defaults, defaults_from_broker_config,
-                                normalise_topic_config, printable,
+                           BrokerRegistrationChangeRecord, ConfigRecord, FenceBrokerRecord,
+                           PartitionChangeRecord, PartitionRecord, Record, RegisterBrokerRecord,
+                           RemoveTopicRecord, TopicRecord, UnfenceBrokerRecord)
+from kraft.topic_config import (TOPIC_CONFIGS, UNCLEAN_LEADER_ELECTION_ENABLE, builtin_defaults,
+                                defaults_from_broker_config, normalise_topic_config, printable,
                                 unclean_election_enabled, validate_topic_configs)
+from protocol.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistrationError,
+                             FencedLeaderEpochError, IneligibleReplicaError, InvalidConfigError,
+                             InvalidPartitionsError, InvalidReplicationFactorError,
+                             InvalidRequestError, InvalidTopicError, InvalidUpdateVersionError,
+                             KraftError, NoReassignmentInProgressError, NotLeaderOrFollowerError,
+                             StaleBrokerEpochError, TopicAlreadyExistsError,
+                             UnknownLeaderEpochError, UnknownTopicOrPartitionError)
+from protocol.fields import Fields, as_int, as_str
 from storage import errors as storage_errors
 from storage.manager import validate_topic_name
 

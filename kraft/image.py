@@ -27,13 +27,12 @@ from typing import Any
 
 import msgpack
 
-from protocol.errors import MetadataApplyError
 from kraft.records import (LEADER_RECOVERED, LEADER_RECOVERY_STATES, NO_LEADER,
-                           BrokerRegistrationChangeRecord, ConfigRecord,
-                           FenceBrokerRecord, NoOpRecord, PartitionChangeRecord,
-                           PartitionRecord, ProducerIdsRecord, Record, RegisterBrokerRecord,
-                           RemoveTopicRecord, TopicRecord, UnfenceBrokerRecord,
-                           UnregisterBrokerRecord)
+                           BrokerRegistrationChangeRecord, ConfigRecord, FenceBrokerRecord,
+                           NoOpRecord, PartitionChangeRecord, PartitionRecord, ProducerIdsRecord,
+                           Record, RegisterBrokerRecord, RemoveTopicRecord, TopicRecord,
+                           UnfenceBrokerRecord, UnregisterBrokerRecord)
+from protocol.errors import MetadataApplyError
 
 TOPIC_RESOURCE = "topic"
 BROKER_RESOURCE = "broker"

@@ -56,9 +56,9 @@ from pysyncobj import FAIL_REASON, SyncObjConf, replicated
 from pysyncobj.journal import FileJournal
 
 from kraft import records as metadata_records
-from protocol.errors import NotControllerError, RequestTimedOutError
 from kraft.image import MetadataImage
 from kraft.raft_guard import GuardedSyncObj
+from protocol.errors import NotControllerError, RequestTimedOutError
 
 logger = logging.getLogger(__name__)
 

@@ -53,14 +53,14 @@ from typing import Any
 
 from aiohttp import web
 
-from protocol import wire
 from kraft.config import NodeConfig
 from kraft.controller import Controller, ControllerResult, ControllerSettings
-from protocol.errors import InvalidRequestError, KraftError, NotControllerError, \
-    RequestTimedOutError, UnknownServerError
 from kraft.image import MetadataImage
 from kraft.quorum import ApplyStatus, MetadataQuorum, RaftSettings
 from kraft.records import NoOpRecord, decode
+from protocol import wire
+from protocol.errors import (InvalidRequestError, KraftError, NotControllerError,
+                             RequestTimedOutError, UnknownServerError)
 
 logger = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from kraft.image import TOPIC_RESOURCE
 from protocol.errors import InvalidConfigError
 from protocol.fields import printable
-from kraft.image import TOPIC_RESOURCE
 from storage import errors as storage_errors
 from storage.config import BROKER_TO_TOPIC_KEYS, LogConfig
 from storage.config import TOPIC_KEYS as LOG_TOPIC_KEYS

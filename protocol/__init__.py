@@ -10,4 +10,7 @@ names, so every other package may use it.
 
 from storage.names import TOPIC_NAME_MAX_CHARS, TopicPartition, validate_topic_name
 
-__all__ = ["TOPIC_NAME_MAX_CHARS", "TopicPartition", "validate_topic_name"]
+#: Where clients look for a broker when told nothing else (Kafka's port).
+DEFAULT_BOOTSTRAP = "http://127.0.0.1:9092"
+
+__all__ = ["DEFAULT_BOOTSTRAP", "TOPIC_NAME_MAX_CHARS", "TopicPartition", "validate_topic_name"]

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-#: The name to use in ``format(...)``.
-FORMAT = "kraftlog"
+from spark_source.options import FORMAT
+
+__all__ = ["FORMAT", "local_session", "register"]
 
 
 def register(spark: Any) -> None:

@@ -53,7 +53,7 @@ import time
 from typing import Any
 
 import spark_source
-from api.cli import ExamplesFormatter
+from api.cli_support import ExamplesFormatter
 from api.table import format_table
 
 DEFAULT_BOOTSTRAP = "http://127.0.0.1:9092"

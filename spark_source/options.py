@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+#: The name to use in ``format(...)``.
+FORMAT = "kraftlog"
 EARLIEST = -2
 LATEST = -1
 

@@ -33,15 +33,14 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 
-from pyspark.sql.datasource import (
-    DataSource, DataSourceReader, DataSourceStreamReader, InputPartition)
+from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader,
+                                    InputPartition)
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
 from spark_source.offsets import ClusterOffsets
-from spark_source.options import (
-    SourceOptions, TopicPartitionKey, include_headers, offsets_from_dict, offsets_to_dict,
-    parse_options)
+from spark_source.options import (FORMAT, SourceOptions, TopicPartitionKey, include_headers,
+                                  offsets_from_dict, offsets_to_dict, parse_options)
 from spark_source.planning import OffsetRange, limit_offsets, split_ranges
 from spark_source.reader import read_range, report_data_loss
 from spark_source.schema import kafka_schema
@@ -77,7 +76,6 @@ class KraftlogDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
-        from spark_source import FORMAT
         return FORMAT
 
     def schema(self) -> StructType:

@@ -21,10 +21,9 @@ importing module to the module it names. The rules, from DESIGN.md:
     owns it (``api.client._transport`` is ``api.client``'s own);
   - no import cycle among modules.
 
-``KNOWN_CROSSINGS`` lists, edge by edge, the crossings that exist today and
-that issue 17 removes (each with where it is). It is a ratchet, not an
-exemption: a new crossing fails, and so does a listed one that no longer
-exists (delete its line, so the list stays the truth).
+There is no list of exceptions: an arrow the wrong way is fixed, not
+allowed. The rules themselves are tested on planted edges, so a rule that
+stopped matching would fail too.
 """
 
 from __future__ import annotations
@@ -118,17 +117,6 @@ def violation(importer: str, imported: str) -> str | None:
     return None
 
 
-#: Crossings that exist today, each removed by issue 17's layering step.
-#: (importer, imported): why it is there.
-KNOWN_CROSSINGS: dict[tuple[str, str], str] = {
-    ("api.groups_cli", "api.client._transport"): "the CLI needs a public transport helper",
-    ("api.node", "api.cli"): "the node's --help text comes from the CLI parser",
-    ("chaos.bench_failover", "storage.batch"): "benchmarks move to their own package",
-    ("chaos.bench_spark", "storage.bench"): "benchmarks move to their own package",
-    ("chaos.chaos_cli", "kraft.config"): "chaos writes node configs: needs a public loader",
-}
-
-
 def crossings() -> dict[tuple[str, str], str]:
     found = {}
     for importer, imported, where in all_edges():
@@ -138,15 +126,10 @@ def crossings() -> dict[tuple[str, str], str]:
     return found
 
 
-def test_no_new_layer_crossing():
-    new = {edge: why for edge, why in crossings().items() if edge not in KNOWN_CROSSINGS}
-    assert not new, "imports that break the layers (DESIGN.md, 'Dependency rules'):\n" + \
-        "\n".join(f"  {a} -> {b}  ({why})" for (a, b), why in sorted(new.items()))
-
-
-def test_every_known_crossing_still_exists():
-    gone = sorted(set(KNOWN_CROSSINGS) - set(crossings()))
-    assert not gone, f"remove these from KNOWN_CROSSINGS, they are fixed: {gone}"
+def test_no_import_crosses_the_layers():
+    found = crossings()
+    assert not found, "imports that break the layers (DESIGN.md, 'Dependency rules'):\n" + \
+        "\n".join(f"  {a} -> {b}  ({why})" for (a, b), why in sorted(found.items()))
 
 
 def import_cycles(edges) -> list[tuple[str, ...]]:
@@ -197,24 +180,9 @@ def import_cycles(edges) -> list[tuple[str, ...]]:
     return sorted(cycles)
 
 
-#: Import cycles that exist today (the modules of each), removed by issue 17.
-KNOWN_CYCLES: set[tuple[str, ...]] = {
-    ("api.broker.rest_proxy", "api.broker.server"),
-    ("api.cli", "api.console", "api.groups_cli", "api.node", "chaos.bench_spark",
-     "chaos.chaos_cli", "spark_source.example"),
-    ("api.client.consumer", "api.client.group"),
-    ("spark_source", "spark_source.source"),
-}
-
-
-def test_no_new_import_cycle():
-    new = [c for c in import_cycles(all_edges()) if c not in KNOWN_CYCLES]
-    assert not new, "import cycles:\n" + "\n".join(f"  {' <-> '.join(c)}" for c in new)
-
-
-def test_every_known_cycle_still_exists():
-    gone = sorted(KNOWN_CYCLES - set(import_cycles(all_edges())))
-    assert not gone, f"remove these from KNOWN_CYCLES, they are broken: {gone}"
+def test_no_import_cycle():
+    cycles = import_cycles(all_edges())
+    assert not cycles, "import cycles:\n" + "\n".join(f"  {' <-> '.join(c)}" for c in cycles)
 
 
 def test_a_planted_cycle_is_found():

@@ -20,13 +20,12 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from protocol.errors import CodedError, InvalidRequiredAcksError
 from api.broker.metrics import BrokerMetrics
 from api.broker.partition import Partition
 from api.broker.replica_manager import ReplicaManager
 from api.broker.replication import FetchRequest, FetchSpec, ProduceItem, broker_url
 from protocol import wire
-from protocol.errors import InvalidRequestError, KraftError
+from protocol.errors import CodedError, InvalidRequestError, InvalidRequiredAcksError, KraftError
 from protocol.fields import Fields
 from storage.batch import iter_batches, iter_records
 from storage.manager import TOPIC_NAME_MAX_CHARS, TopicPartition

@@ -24,9 +24,9 @@ from api.broker.lifecycle_core import (RE_REGISTER_CODES, RETRY_BACKOFF_MS, Brok
                                        LifecycleCore, LifecycleSettings)
 from kraft.client import ControllerClient
 from kraft.config import NodeConfig
-from protocol.errors import KraftError, MetadataApplyError
 from kraft.image import MetadataImage
 from kraft.records import decode
+from protocol.errors import KraftError, MetadataApplyError
 
 logger = logging.getLogger(__name__)
 

@@ -47,17 +47,16 @@ import zlib
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from protocol.errors import (FencedLeaderEpochError, LeaderNotAvailableError,
-                               NotEnoughReplicasAfterAppendError, NotEnoughReplicasError,
-                               NotLeaderOrFollowerError, ReplicationTimedOutError,
-                               UnknownLeaderEpochError)
 from api.broker.lifecycle_core import LifecycleCore
 from api.broker.partition import IsrProposal, Partition
 from kraft.config import BROKER_LISTENER
-from protocol.errors import InvalidRequestError, UnknownTopicOrPartitionError
 from kraft.image import MetadataImage
 from kraft.records import LEADER_RECOVERING, NO_LEADER
 from kraft.topic_config import MIN_INSYNC_REPLICAS, builtin_defaults
+from protocol.errors import (FencedLeaderEpochError, InvalidRequestError, LeaderNotAvailableError,
+                             NotEnoughReplicasAfterAppendError, NotEnoughReplicasError,
+                             NotLeaderOrFollowerError, ReplicationTimedOutError,
+                             UnknownLeaderEpochError, UnknownTopicOrPartitionError)
 from storage.config import TOPIC_KEYS
 from storage.errors import OffsetOutOfRangeError
 from storage.log import AppendInfo, Log

@@ -21,22 +21,29 @@ import base64
 import binascii
 import json
 import random
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 import msgpack
 from aiohttp import web
 
-from protocol.errors import LeaderNotAvailableError
 from api.broker.replication import broker_url
-from protocol.partitioner import partition_for_key
 from protocol import wire
-from protocol.errors import InvalidRequestError, KraftError, UnknownTopicOrPartitionError
+from protocol.errors import (InvalidRequestError, KraftError, LeaderNotAvailableError,
+                             UnknownTopicOrPartitionError)
 from protocol.fields import Fields
+from protocol.partitioner import partition_for_key
 from storage.batch import BatchBuilder, iter_batches, iter_records
 
-if TYPE_CHECKING:
-    from api.broker.server import BrokerServer
+
+class BrokerHost(Protocol):
+    """What the REST proxy uses of the broker it runs in (``BrokerServer``):
+    its metadata image, its log defaults and its HTTP client session."""
+
+    lifecycle: Any  # .image: the broker's MetadataImage
+    log_manager: Any  # .default_log_config
+    session: aiohttp.ClientSession
+
 
 JSON_V2 = "application/vnd.kafka.json.v2+json"
 BINARY_V2 = "application/vnd.kafka.binary.v2+json"
@@ -47,7 +54,7 @@ FORWARD_TIMEOUT_S = 35.0
 
 
 class RestProxy:
-    def __init__(self, server: "BrokerServer") -> None:
+    def __init__(self, server: BrokerHost) -> None:
         self.server = server
 
     def add_routes(self, app: web.Application) -> None:

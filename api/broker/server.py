@@ -36,13 +36,13 @@ from api.broker.metrics import BrokerMetrics
 from api.broker.replica_manager import ReplicaManager
 from api.broker.replication import ReplicationSettings, broker_url
 from api.broker.rest_proxy import RestProxy
-from protocol import wire
 from kraft.client import ControllerClient
 from kraft.config import BROKER_LISTENER, NodeConfig
-from protocol.errors import UnknownTopicOrPartitionError
-from protocol.fields import Fields
 from kraft.image import MetadataImage
 from kraft.topic_config import defaults_from_broker_config
+from protocol import wire
+from protocol.errors import UnknownTopicOrPartitionError
+from protocol.fields import Fields
 from storage.config import LogConfig
 from storage.manager import TOPIC_NAME_MAX_CHARS, LogManager, LogManagerConfig, TopicPartition
 

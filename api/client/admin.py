@@ -27,9 +27,8 @@ from typing import Any, NamedTuple
 
 from api.client._sync import LoopThread
 from api.client._transport import DEFAULT_BOOTSTRAP, ClusterMetadata, Transport, monotonic_ms
-from api.client._types import (
-    ConfigEntry, NewTopic, PartitionInfo, PartitionReassignment, TopicDescription,
-    TopicPartition, as_topic_partition)
+from api.client._types import (ConfigEntry, NewTopic, PartitionInfo, PartitionReassignment,
+                               TopicDescription, TopicPartition, as_topic_partition)
 from api.client.errors import KraftlogError, UnknownTopicOrPartitionError, error_from
 
 #: Codes after which an admin call is tried again (nothing was applied).
@@ -257,6 +256,30 @@ class AsyncAdmin:
                     list(e.get("removing_replicas", ())))
                 for e in answer.get("partitions") or ()}
 
+    # -- consumer groups ------------------------------------------------------------
+    async def _coordinator_call(self, group_id: str, path: str, body: dict) -> Any:
+        """POST ``body`` to the coordinator of ``group_id`` (found through
+        any broker)."""
+        where = await self._call("/v1/groups/coordinator", {"group_id": group_id})
+        return await self._transport.request(where["coordinator_url"], path, body)
+
+    async def delete_consumer_groups(self, group_ids: Iterable[str]) -> None:
+        """Delete each (empty) group and its committed offsets (Kafka's
+        ``deleteConsumerGroups``); raises ``NON_EMPTY_GROUP`` for a group
+        with members, ``GROUP_ID_NOT_FOUND`` for an unknown one."""
+        for group_id in group_ids:
+            await self._coordinator_call(group_id, "/v1/admin/groups/delete",
+                                         {"group_id": group_id})
+
+    async def alter_consumer_group_offsets(self, group_id: str,
+                                           offsets: Mapping[Any, int]) -> None:
+        """Set the committed offsets of an empty group (Kafka's
+        ``alterConsumerGroupOffsets``): ``{TopicPartition: offset}``."""
+        await self._coordinator_call(group_id, "/v1/admin/groups/offsets/reset", {
+            "group_id": group_id,
+            "offsets": [{"topic": tp[0], "partition": tp[1], "offset": offset}
+                        for tp, offset in sorted(offsets.items())]})
+
     async def describe_cluster(self) -> dict:
         """The cluster id, the active controller and the brokers
         (``GET /v1/cluster``)."""
@@ -326,6 +349,12 @@ class Admin:
                                      ) -> dict[TopicPartition, PartitionReassignment]:
         return self._thread.run(self._admin.list_partition_reassignments(
             None if topics is None else list(topics)))
+
+    def delete_consumer_groups(self, group_ids: Iterable[str]) -> None:
+        self._thread.run(self._admin.delete_consumer_groups(list(group_ids)))
+
+    def alter_consumer_group_offsets(self, group_id: str, offsets: Mapping[Any, int]) -> None:
+        self._thread.run(self._admin.alter_consumer_group_offsets(group_id, dict(offsets)))
 
     def describe_cluster(self) -> dict:
         return self._thread.run(self._admin.describe_cluster())

@@ -36,14 +36,27 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from api.client._transport import monotonic_ms
+from api.client._transport import ClusterMetadata, Transport, monotonic_ms
 from api.client._types import TopicPartition
 from api.client.errors import KraftlogError
 
-if TYPE_CHECKING:
-    from api.client.consumer import AsyncConsumer
+
+class GroupConsumer(Protocol):
+    """What a member needs of the consumer it belongs to (``AsyncConsumer``):
+    its settings, its transport and metadata, and the two calls that hand
+    partitions over (with their positions) and back."""
+
+    config: Any
+    _transport: Transport
+    _metadata: ClusterMetadata
+
+    def _assign_for_group(self, tps: Iterable[TopicPartition],
+                          committed: Mapping[TopicPartition, int] | None = None) -> None: ...
+
+    def _consumed_positions(self, tps: Iterable[TopicPartition]
+                            ) -> dict[TopicPartition, int]: ...
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +95,7 @@ Listener = Callable[[set[TopicPartition]], Any]
 
 
 class GroupMember:
-    def __init__(self, consumer: AsyncConsumer, group_id: str, *, instance_id: str | None,
+    def __init__(self, consumer: GroupConsumer, group_id: str, *, instance_id: str | None,
                  session_timeout_ms: int, rebalance_timeout_ms: int, auto_commit: bool,
                  auto_commit_interval_ms: int, assignor: str | None,
                  retry_backoff_ms: int) -> None:

@@ -46,12 +46,11 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from api.client._sync import LoopThread
-from api.client._transport import (
-    DEFAULT_BOOTSTRAP, ClusterMetadata, Transport, monotonic_ms)
+from api.client._transport import DEFAULT_BOOTSTRAP, ClusterMetadata, Transport, monotonic_ms
 from api.client._types import RecordMetadata
-from api.client.errors import (
-    METADATA_CODES, BufferExhaustedError, ClientClosedError, KraftlogError,
-    MessageTooLargeError, RequestTimedOutError, error_from)
+from api.client.errors import (METADATA_CODES, BufferExhaustedError, ClientClosedError,
+                               KraftlogError, MessageTooLargeError, RequestTimedOutError,
+                               error_from)
 from protocol.partitioner import StickyPartitioner, murmur2
 from storage.batch import BatchBuilder, Compression
 

@@ -35,8 +35,8 @@ from urllib.parse import urlsplit
 import msgpack
 import pytest
 
-from protocol.partitioner import partition_for_key
 from chaos.cluster import FAST_SETTINGS, ProcessCluster, wait_until
+from protocol.partitioner import partition_for_key
 from storage.batch import (ATTRIBUTES_OFFSET, CRC_OFFSET, HEADER_SIZE, MAGIC_OFFSET, BatchBuilder,
                            Compression, build_batch, iter_batches, iter_records)
 

@@ -7,13 +7,12 @@ import urllib.request
 
 import pytest
 
-from api.client import (
-    Admin, AsyncAdmin, AsyncConsumer, AsyncProducer, ConfigEntry, Consumer, KraftlogError,
-    NewTopic,
-    NoOffsetForPartitionError, OffsetOutOfRangeError, Producer, RecordMetadata,
-    TopicAlreadyExistsError, TopicPartition, UnknownTopicOrPartitionError)
-from protocol.partitioner import partition_for_key
+from api.client import (Admin, AsyncAdmin, AsyncConsumer, AsyncProducer, ConfigEntry, Consumer,
+                        KraftlogError, NewTopic, NoOffsetForPartitionError, OffsetOutOfRangeError,
+                        Producer, RecordMetadata, TopicAlreadyExistsError, TopicPartition,
+                        UnknownTopicOrPartitionError)
 from chaos.cluster import ProcessCluster
+from protocol.partitioner import partition_for_key
 
 
 @pytest.fixture(scope="module")

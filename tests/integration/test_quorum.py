@@ -11,10 +11,10 @@ import msgpack
 import pytest
 
 from chaos.cluster import free_port
-from protocol.errors import NotControllerError
 from kraft.image import MetadataImage
 from kraft.quorum import ApplyStatus, MetadataQuorum, RaftSettings
 from kraft.records import NoOpRecord, PartitionRecord, TopicRecord
+from protocol.errors import NotControllerError
 
 FAST = RaftSettings(election_timeout_ms=200, fetch_timeout_ms=1000)
 

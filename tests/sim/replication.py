@@ -153,14 +153,13 @@ from api.broker.lifecycle_core import BrokerState, LifecycleCore, LifecycleSetti
 from api.broker.partition import Partition, Role
 from api.broker.replica_manager import DiskLogs
 from api.broker.replication import (CancelRequest, ProduceItem, ReplicationCore,
-                                    ReplicationSettings, Respond, SendAlterPartition,
-                                    SendFetch)
+                                    ReplicationSettings, Respond, SendAlterPartition, SendFetch)
 from kraft import records as rec
 from kraft.controller import Controller, ControllerSettings
-from protocol.errors import KraftError
 from kraft.image import MetadataImage
 from kraft.records import NO_LEADER
 from kraft.topic_config import MIN_INSYNC_REPLICAS
+from protocol.errors import KraftError
 from storage.batch import build_batch, iter_batches, iter_records
 from storage.config import LogConfig
 from storage.log import Log

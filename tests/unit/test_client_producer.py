@@ -9,11 +9,10 @@ import time
 
 import pytest
 
-from api.client import (
-    AsyncProducer, BufferExhaustedError, KraftlogError, MessageTooLargeError, Producer,
-    RecordMetadata)
-from protocol.partitioner import StickyPartitioner, partition_for_key
+from api.client import (AsyncProducer, BufferExhaustedError, KraftlogError, MessageTooLargeError,
+                        Producer, RecordMetadata)
 from api.client.producer import ProducerConfig, RecordAccumulator, flush_targets
+from protocol.partitioner import StickyPartitioner, partition_for_key
 from storage.batch import HEADER_SIZE, iter_batches, iter_records, parse_header
 
 A, B = "http://a:1", "http://b:1"

@@ -14,15 +14,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kraft import records as rec
-from kraft.controller import (PARTITIONS_PER_REQUEST_MAX, PARTITIONS_PER_TOPIC_MAX,
-                              Controller, ControllerResult, ControllerSettings, random_topic_id)
-from protocol.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistrationError,
-                          FencedLeaderEpochError, IneligibleReplicaError, InvalidConfigError,
-                          InvalidRequestError, InvalidUpdateVersionError, KraftError,
-                          NotLeaderOrFollowerError, StaleBrokerEpochError,
-                          UnknownLeaderEpochError, UnknownTopicOrPartitionError)
+from kraft.controller import (PARTITIONS_PER_REQUEST_MAX, PARTITIONS_PER_TOPIC_MAX, Controller,
+                              ControllerResult, ControllerSettings, random_topic_id)
 from kraft.image import MetadataImage
 from kraft.records import NO_LEADER
+from protocol.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistrationError,
+                             FencedLeaderEpochError, IneligibleReplicaError, InvalidConfigError,
+                             InvalidRequestError, InvalidUpdateVersionError, KraftError,
+                             NotLeaderOrFollowerError, StaleBrokerEpochError,
+                             UnknownLeaderEpochError, UnknownTopicOrPartitionError)
 
 SESSION_MS = 9000
 INTERVAL_MS = 300_000

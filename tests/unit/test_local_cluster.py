@@ -9,7 +9,7 @@ import os
 import pytest
 
 from chaos.local_cluster import (ClusterError, LocalCluster, NodeHealth, describe_state,
-                                 format_table, parse_settings, plan_cluster, progress_text,
+                                 status_table, parse_settings, plan_cluster, progress_text,
                                  quorum_text, resolve_layout, table_rows)
 from kraft.config import load_node_config
 
@@ -123,7 +123,7 @@ def test_table_and_states(tmp_path):
     pids = {1: 101, 2: 102}
     assert [describe_state(cluster.nodes[i], healths[i]) for i in (1, 2, 3)] == [
         "active", "running", "down"]
-    assert format_table(table_rows(cluster, pids, healths)).splitlines() == [
+    assert status_table(table_rows(cluster, pids, healths)).splitlines() == [
         "ID  ROLES       PID  BROKER URL              CONTROLLER URL          STATE",
         "1   controller  101  -                       http://127.0.0.1:30000  active",
         "2   broker      102  http://127.0.0.1:30002  -                       running",

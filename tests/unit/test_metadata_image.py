@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kraft import records as rec
-from protocol.errors import InvalidRecordError, MetadataApplyError
 from kraft.image import MetadataImage
 from kraft.records import NO_LEADER
+from protocol.errors import InvalidRecordError, MetadataApplyError
 
 
 def apply_all(records, image=None, start=0) -> MetadataImage:

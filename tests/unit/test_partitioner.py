@@ -3,7 +3,8 @@ Kafka's UtilsTest.testMurmur2, the positive-modulo mapping, and sticky
 placement of keyless records."""
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from protocol.partitioner import StickyPartitioner, murmur2, partition_for_key
 

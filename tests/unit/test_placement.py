@@ -17,16 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kraft.placement import (NO_LEADER, UNRACKED, BrokerInfo, elect_leader, isr_after_fencing,
+                             place_replicas, preferred_leader_election)
 from protocol.errors import InvalidPartitionsError, InvalidReplicationFactorError, KraftError
-from kraft.placement import (
-    NO_LEADER,
-    UNRACKED,
-    BrokerInfo,
-    elect_leader,
-    isr_after_fencing,
-    place_replicas,
-    preferred_leader_election,
-)
 
 
 def brokers_of(*ids: int, rack: str | None = None) -> list[BrokerInfo]:

@@ -7,16 +7,15 @@ import os
 
 import pytest
 
-from protocol.errors import (FencedLeaderEpochError, LeaderNotAvailableError,
-                               NotLeaderOrFollowerError, UnknownLeaderEpochError)
 from api.broker.lifecycle_core import BrokerState, LifecycleCore, LifecycleSettings
 from api.broker.replica_manager import DiskLogs, read_topic_id
-from api.broker.replication import (FetchRequest, FetchSpec, ProduceItem, ReplicationCore,
-                                    Respond)
-from protocol.errors import UnknownTopicOrPartitionError
+from api.broker.replication import FetchRequest, FetchSpec, ProduceItem, ReplicationCore, Respond
 from kraft.image import MetadataImage
 from kraft.records import (ConfigRecord, PartitionChangeRecord, PartitionRecord,
                            RegisterBrokerRecord, RemoveTopicRecord, TopicRecord)
+from protocol.errors import (FencedLeaderEpochError, LeaderNotAvailableError,
+                             NotLeaderOrFollowerError, UnknownLeaderEpochError,
+                             UnknownTopicOrPartitionError)
 from storage.batch import build_batch, decode_batches
 from storage.config import LogConfig
 from storage.manager import LogManager, LogManagerConfig, TopicPartition

@@ -7,8 +7,8 @@ import pytest
 
 from kraft import records as rec
 from kraft import topic_config as tc
-from protocol.errors import InvalidConfigError
 from kraft.image import MetadataImage
+from protocol.errors import InvalidConfigError
 from storage.config import TOPIC_KEYS, LogConfig
 
 

@@ -27,11 +27,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from protocol.errors import CoordinatorNotAvailableError
 from api.broker.groups.coordinator import HeartbeatRequest
 from api.broker.groups.service import GROUP_ID_CHARS_MAX, PEER_TIMEOUT_S, GroupService
 from protocol import wire
-from protocol.errors import InvalidRequestError
+from protocol.errors import CoordinatorNotAvailableError, InvalidRequestError
 from protocol.fields import Fields
 
 INT32_MAX = 2**31 - 1

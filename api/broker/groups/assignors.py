@@ -56,13 +56,12 @@ and its owned partitions, which is what stickiness works from.
 
 from __future__ import annotations
 
-from protocol import TopicPartition
-
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from protocol import TopicPartition
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,6 @@ no members, from an admin/simple client (member id "" and epoch -1).
 
 from __future__ import annotations
 
-from protocol import TopicPartition
-
 import functools
 import uuid
 from collections import Counter
@@ -55,10 +53,9 @@ import regex
 from api.broker.groups.assignors import DEFAULT_ASSIGNOR, MemberSpec
 from api.broker.groups.assignors import assignor as find_assignor
 from api.broker.groups.records import (GroupMetadataRecord, GroupTombstone, MemberRecord,
-                                       MemberTombstone, OffsetCommitRecord, OffsetTombstone,
-                                       Record, TargetAssignmentRecord,
-                                       TargetAssignmentTombstone)
-
+                                       MemberTombstone, OffsetCommitRecord, OffsetTombstone, Record,
+                                       TargetAssignmentRecord, TargetAssignmentTombstone)
+from protocol import TopicPartition
 
 #: Member epochs a heartbeat may carry besides the member's own.
 JOIN_EPOCH = 0

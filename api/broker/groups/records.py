@@ -20,12 +20,12 @@ is reserved for incompatible ones.
 
 from __future__ import annotations
 
-from protocol import TopicPartition
-
 from dataclasses import dataclass
 from typing import Any, Union
 
 import msgpack
+
+from protocol import TopicPartition
 
 Partitions = tuple[TopicPartition, ...]   # sorted, no duplicates
 

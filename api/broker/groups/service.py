@@ -41,12 +41,11 @@ from typing import Any
 
 import aiohttp
 
-from protocol.errors import (CodedError, CoordinatorLoadInProgressError,
-                               CoordinatorNotAvailableError, NotCoordinatorError)
 from api.broker.groups import records as group_records
 from api.broker.groups.coordinator import GroupCoordinatorCore, GroupError
 from api.broker.replication import broker_url
-from protocol.errors import KraftError
+from protocol.errors import (CodedError, CoordinatorLoadInProgressError,
+                             CoordinatorNotAvailableError, KraftError, NotCoordinatorError)
 from storage.batch import RecordTooLargeError, build_batch, decode_batches
 from storage.manager import TopicPartition
 

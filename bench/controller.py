@@ -18,7 +18,7 @@ References: the raw fsync rate of the disk the metadata log lives on (each
 committed metadata write waits for the leader's and a follower's fsync, so it
 is a ceiling for sequential writes), and, with ``--nats-python``, the same
 failover and creation measurements of a 3-node NATS JetStream cluster
-(chaos/peer_nats.py: meta-leader failover and stream creations).
+(bench/peer_nats.py: meta-leader failover and stream creations).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def measure_fsync(work: str, count: int = 200) -> dict[str, float]:
 
 def run_nats_reference(python: str, creations: int, failovers: int) -> dict | None:
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_nats.py")
-    progress("nats reference: running chaos/peer_nats.py ...")
+    progress("nats reference: running bench/peer_nats.py ...")
     try:
         out = subprocess.run([python, script, "--creations", str(creations), "--failovers",
                               str(failovers), "--json"], capture_output=True, text=True,

@@ -3,7 +3,7 @@ ceiling of PySpark's Python Data Source API on this machine, with rows handed
 over as Arrow batches or as tuples.
 
 Its own module because it imports pyspark, which ``kraftlog`` (and so
-``chaos.bench_spark``, imported by the CLI) must not need.
+``bench.spark``, imported by the CLI) must not need.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ import uuid
 from typing import Any
 
 from api.table import format_table
-from chaos.bench_data import _create_topic, _percentiles, _Progress, _status, _target
+from bench.data import _create_topic, _percentiles, _Progress, _status, _target
 from chaos.cluster import wait_until
 
 #: The issue's target: a batch read through format("kraftlog") at least this
@@ -108,8 +108,8 @@ def run(args: argparse.Namespace) -> int:
               "install)", file=sys.stderr)
         return 2
     import spark_source
+    from bench.storage import describe_machine, machine_facts
     from spark_source.example import SPARK_CONFIG
-    from storage.bench import describe_machine, machine_facts
 
     with tempfile.TemporaryDirectory(prefix="kraftlog-bench-spark-", dir=args.dir) as work:
         facts = machine_facts(work)
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
                "cluster": args.cluster_url or "1 combined node", **batch, "stream": stream}
     _print_summary(args, summary)
     if args.json:
-        from storage.bench import write_json
+        from bench.storage import write_json
         write_json(args.json, summary)
         print(f"figures written to {args.json}")
     return 0 if stream["records_match"] else 1
@@ -184,7 +184,7 @@ def bench_batch(spark: Any, bootstrap: list[str], topic: str, work: str,
     if copied != args.records:
         raise SystemExit(f"the Parquet copy holds {copied:,} rows, not the {args.records:,} "
                          "records of the topic")
-    from chaos.spark_in_memory import InMemorySource  # needs pyspark: imported late
+    from bench.spark_in_memory import InMemorySource  # needs pyspark: imported late
 
     spark.dataSource.register(InMemorySource)
     in_memory = {shape: (spark.read.format(InMemorySource.name()).option("rows", shape)
@@ -326,7 +326,7 @@ def _produce_paced(bootstrap: list[str], topic: str, args: argparse.Namespace,
 
 # -- reporting ----------------------------------------------------------------------------
 def _print_summary(args: argparse.Namespace, summary: dict) -> None:
-    from storage.bench import describe_machine, verdict
+    from bench.storage import describe_machine, verdict
 
     runs, stream = summary["batch"], summary["stream"]
     trigger = f"processingTime {args.trigger_ms} ms" if args.trigger_ms else \

@@ -38,7 +38,7 @@ out-of-the-box NATS cluster gets, which is what our ratio is against.
 
 Run it with the peers' venv (nats-py lives there; kraftlog never imports it):
 
-    /tmp/peers-venv/bin/python chaos/peer_nats.py [--creations N] [--failovers K] [--json]
+    /tmp/peers-venv/bin/python bench/peer_nats.py [--creations N] [--failovers K] [--json]
 
 Needs ``nats-server`` on PATH (Debian: ``apt-get install -y nats-server``) and
 ``python3 -m venv /tmp/peers-venv && /tmp/peers-venv/bin/pip install nats-py``.

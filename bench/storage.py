@@ -1,4 +1,4 @@
-"""Storage benchmark: ``kraftlog bench storage`` (or ``python -m storage.bench``).
+"""Storage benchmark: ``kraftlog bench storage`` (or ``python -m bench.storage``).
 
 One run measures, on the local disk, with pre-built ~1 MiB batches of small
 records (built before any timing starts, reused from a pool of distinct ones):
@@ -41,6 +41,7 @@ import tempfile
 import time
 from typing import Callable, Iterable, Sequence
 
+from api import table
 from storage import batch as fmt
 from storage.config import MAX_MESSAGE_BYTES_DEFAULT, SEGMENT_BYTES_DEFAULT, LogConfig
 from storage.log import Log
@@ -93,7 +94,7 @@ def _positive_int(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m storage.bench",
+    parser = argparse.ArgumentParser(prog="python -m bench.storage",
                                      description="Benchmark the storage engine (storage.log).")
     add_arguments(parser)
     return run(parser.parse_args(argv))
@@ -182,17 +183,8 @@ def percentile(ordered: list[float], pct: float) -> float:
 
 
 def format_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    """Columns aligned: the first to the left, the others (numbers) right."""
-    rows = [list(map(str, row)) for row in rows]
-    widths = [max(len(str(h)), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-
-    def line(cells: Sequence[str]) -> str:
-        first = str(cells[0]).ljust(widths[0])
-        rest = (str(c).rjust(w) for c, w in zip(cells[1:], widths[1:]))
-        return "  ".join([first, *rest]).rstrip()
-
-    rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(headers), rule, *(line(r) for r in rows)])
+    """Benchmark figures: the first column to the left, the numbers right."""
+    return table.format_table(headers, rows, numbers_right=True, rule=True)
 
 
 def print_section(title: str) -> None:
