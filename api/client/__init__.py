@@ -2,7 +2,14 @@
 each synchronous (``Producer``, ``Consumer``, ``Admin``) and asyncio
 (``AsyncProducer``, ``AsyncConsumer``, ``AsyncAdmin``). They speak the
 broker's HTTP protocol (docs/protocol.md) and depend on nothing of kraftlog
-but the record batch format (``storage.batch``).
+but the record batch format (``storage.batch``) and what every part speaks
+(``protocol``: error codes, the partitioner, partition names).
+
+Modules by concept: ``accumulator`` (records into batches per partition),
+``sender`` (batches to leaders), ``producer`` (the producers), ``fetcher``
+(fetches from leaders into a buffer, batch decoding), ``consumer`` (the
+consumers), ``group`` (a consumer's group member), ``admin``, ``config``
+(settings, checked once).
 
 ::
 
@@ -19,16 +26,18 @@ but the record batch format (``storage.batch``).
             print(record)
 """
 
-from api.client._types import (
-    ConfigEntry, ConsumerRecord, NewTopic, OffsetAndTimestamp, PartitionInfo,
-    PartitionReassignment, RecordMetadata, TopicDescription, TopicMetadata, TopicPartition)
+from api.client._types import (ConfigEntry, ConsumerRecord, NewTopic, OffsetAndTimestamp,
+                               PartitionInfo, PartitionReassignment, RecordMetadata,
+                               TopicDescription, TopicMetadata, TopicPartition)
 from api.client.admin import Admin, AsyncAdmin, CreatedTopic
 from api.client.consumer import AsyncConsumer, Consumer
-from api.client.errors import (
-    BrokerNotAvailableError, BufferExhaustedError, ClientClosedError, CorruptRecordError,
-    InvalidTopicError, KraftlogError, LeaderNotAvailableError, MessageTooLargeError,
-    NoOffsetForPartitionError, NotEnoughReplicasAfterAppendError, NotEnoughReplicasError,
-    NotLeaderError, OffsetOutOfRangeError, RequestTimedOutError, TopicAlreadyExistsError, UnknownTopicOrPartitionError, error_from)
+from api.client.errors import (BrokerNotAvailableError, BufferExhaustedError, ClientClosedError,
+                               CorruptRecordError, InvalidTopicError, KraftlogError,
+                               LeaderNotAvailableError, MessageTooLargeError,
+                               NoOffsetForPartitionError, NotEnoughReplicasAfterAppendError,
+                               NotEnoughReplicasError, NotLeaderError, OffsetOutOfRangeError,
+                               RequestTimedOutError, TopicAlreadyExistsError,
+                               UnknownTopicOrPartitionError, error_from)
 from api.client.group import CommitFailedError
 from api.client.producer import AsyncProducer, Producer, RecordHandle
 

@@ -27,11 +27,11 @@ from typing import Any, NamedTuple
 import aiohttp
 import msgpack
 
-from api.client.errors import (
-    BrokerNotAvailableError, KraftlogError, RequestTimedOutError, error_from)
+from api.client.errors import (BrokerNotAvailableError, KraftlogError, RequestTimedOutError,
+                               error_from)
+from protocol import DEFAULT_BOOTSTRAP
 
 MSGPACK = "application/msgpack"
-DEFAULT_BOOTSTRAP = "http://127.0.0.1:9092"
 #: Connections one client keeps open in all (aiohttp pools them per broker).
 CONNECTIONS_MAX = 64
 #: Largest response body read; a fetch answer is bounded by its max_bytes

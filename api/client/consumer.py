@@ -1,21 +1,15 @@
 """The consumer: assigned partitions, prefetched batches, records on poll.
 
-Without consumer groups (they come later): the application ``assign``s
-partitions and, optionally, ``seek``s; each partition then has a
-*position*, the offset of the next record ``poll`` returns.
+The application ``assign``s partitions (and may ``seek``), or ``subscribe``s
+with a ``group_id`` and lets its group member (``group.py``) take partitions
+from the group coordinator; each partition then has a *position*, the offset
+of the next record ``poll`` returns.
 
 How records travel::
 
-    fetcher (per leader broker:       FetchBuffer (bounded by      poll()
-    one POST /v1/fetch in flight) ──> max_buffered_bytes, raw  ──> decodes a
-                                      batches, decoded lazily)     batch at a time
-
-A background task groups the fetchable partitions by leader and keeps one
-fetch in flight per broker, so the next fetch overlaps the application's
-processing. Responses go into the ``FetchBuffer`` as raw bytes; ``poll``
-decodes one batch at a time (one msgpack ``Unpacker`` per batch), skips
-records below the position (a fetch may start mid-batch), and returns at
-most ``max_poll_records``.
+    Fetcher (fetcher.py: per leader    FetchBuffer (bounded by      poll()
+    broker, one POST /v1/fetch in ──>  max_buffered_bytes, raw  ──> decodes a
+    flight)                            batches, decoded lazily)     batch at a time
 
 Errors: ``NOT_LEADER_OR_FOLLOWER`` and other metadata errors refresh the
 metadata and fetching carries on with the new leader. ``OFFSET_OUT_OF_RANGE``
@@ -30,290 +24,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from operator import itemgetter
 from typing import Any
 
-import msgpack
-
 from api.client._sync import LoopThread
-from api.client._transport import (
-    DEFAULT_BOOTSTRAP, ClusterMetadata, Transport, monotonic_ms)
-from api.client._types import (
-    ConsumerRecord, OffsetAndTimestamp, TopicMetadata, TopicPartition, as_topic_partition)
-from api.client.errors import (
-    METADATA_CODES, CorruptRecordError, KraftlogError, NoOffsetForPartitionError,
-    OffsetOutOfRangeError, RequestTimedOutError, UnknownTopicOrPartitionError, error_from)
+from api.client._transport import DEFAULT_BOOTSTRAP, ClusterMetadata, Transport, monotonic_ms
+from api.client._types import (ConsumerRecord, OffsetAndTimestamp, TopicMetadata, TopicPartition,
+                               as_topic_partition)
+from api.client.errors import (METADATA_CODES, KraftlogError, NoOffsetForPartitionError,
+                               RequestTimedOutError, UnknownTopicOrPartitionError, error_from)
 from api.client.group import GroupMember
-from storage import batch as batch_format
 
 logger = logging.getLogger(__name__)
 
-EARLIEST = -2
-LATEST = -1
-_RESET_TIMESTAMPS = {"earliest": EARLIEST, "latest": LATEST}
-_new_tuple = tuple.__new__
-_record_offset = itemgetter(2)
-
-
-# ---------------------------------------------------------------------------
-# Decoding: the consumer's hot path.
-# ---------------------------------------------------------------------------
-def decode_batch(topic: str, partition: int, view: memoryview, *, check_crc: bool = True,
-                 include_headers: bool = True) -> list[ConsumerRecord]:
-    """Every record of one whole batch, as ``ConsumerRecord``s.
-
-    Uncompressed batches are decoded here with one ``Unpacker`` and no
-    per-record function calls; compressed ones go through
-    ``storage.batch.iter_records``, which also inflates them. Both check the
-    header, the CRC (unless ``check_crc`` is off) and that the records
-    section holds exactly ``record_count`` records and nothing else.
-    """
-    header = batch_format.parse_header(view)
-    try:
-        batch_format.check_header(header, len(view), batch_format.MAX_BATCH_BYTES, strict=False)
-        end = header.size_bytes
-        if check_crc and batch_format.compute_crc(view, 0, end) != header.crc:
-            raise batch_format.CorruptRecordError(
-                f"CRC mismatch in batch at offset {header.base_offset}")
-        timestamp_type = 1 if header.attributes & batch_format.TIMESTAMP_TYPE_BIT else 0
-        if header.compression != batch_format.Compression.NONE:
-            return [ConsumerRecord(topic, partition, r.offset, r.timestamp, r.key, r.value,
-                                   r.headers if include_headers else (), timestamp_type)
-                    for r in batch_format.iter_records(view, verify_crc=False)]
-        section = view[batch_format.HEADER_SIZE:end]
-        unpacker = msgpack.Unpacker(raw=False, use_list=False,
-                                    max_buffer_size=max(len(section), 1))
-        unpacker.feed(section)
-        base_offset = header.base_offset
-        base_timestamp = header.base_timestamp
-        cls = ConsumerRecord
-        if include_headers:
-            records = [_new_tuple(cls, (topic, partition, base_offset + od, base_timestamp + td,
-                                        k, v, h, timestamp_type))
-                       for td, od, k, v, h in unpacker]
-        else:
-            records = [_new_tuple(cls, (topic, partition, base_offset + od, base_timestamp + td,
-                                        k, v, (), timestamp_type))
-                       for td, od, k, v, _h in unpacker]
-        if unpacker.tell() != len(section) or len(records) != header.record_count:
-            raise batch_format.CorruptRecordError(
-                f"batch at offset {base_offset} holds {len(records)} decodable records in "
-                f"{unpacker.tell()} of {len(section)} bytes; its header says "
-                f"{header.record_count}")
-        return records
-    except batch_format.RecordFormatError as exc:
-        raise CorruptRecordError(f"{topic}-{partition}: {exc}") from None
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise CorruptRecordError(
-            f"{topic}-{partition}: records of batch at offset {header.base_offset} do not "
-            f"decode: {exc}") from None
-
-
-class PartitionState:
-    """What the consumer knows of one assigned partition.
-
-    ``position`` is the next offset ``poll`` returns (None: to be reset with
-    ``reset``); ``fetch_position`` the next offset to fetch, ahead of
-    ``position`` by what the buffer holds. ``generation`` changes on every
-    seek or reset, so fetches and buffered data from before are dropped.
-    ``error`` is raised by ``poll`` until the application seeks.
-    """
-
-    __slots__ = ("tp", "position", "fetch_position", "generation", "reset", "error",
-                 "high_watermark", "log_start_offset", "retry_at_ms")
-
-    def __init__(self, tp: TopicPartition, reset: str) -> None:
-        self.tp = tp
-        self.position: int | None = None
-        self.fetch_position: int | None = None
-        self.generation = 0
-        self.reset = reset
-        self.error: KraftlogError | None = None
-        self.high_watermark = -1
-        self.log_start_offset = -1
-        self.retry_at_ms = 0
-
-    def seek(self, offset: int | None, reset: str | None = None) -> None:
-        self.position = self.fetch_position = offset
-        if reset is not None:
-            self.reset = reset
-        self.generation += 1
-        self.error = None
-        self.retry_at_ms = 0
-
-    def fetchable(self, now_ms: int) -> bool:
-        return (self.fetch_position is not None and self.error is None
-                and self.retry_at_ms <= now_ms)
-
-
-class _CompletedFetch:
-    """The records a fetch returned for one partition, decoded a batch at a
-    time as ``poll`` asks."""
-
-    __slots__ = ("state", "generation", "data", "batches", "records", "index",
-                 "batch_next_offset", "size_bytes")
-
-    def __init__(self, state: PartitionState, data: bytes,
-                 batches: list[tuple[batch_format.BatchHeader, memoryview]]) -> None:
-        self.state = state
-        self.generation = state.generation
-        self.data = data
-        self.batches = deque(batches)
-        self.records: list[ConsumerRecord] = []
-        self.index = 0
-        self.batch_next_offset = -1
-        self.size_bytes = len(data)
-
-
-class FetchBuffer:
-    """Fetched, not yet polled data, bounded by bytes. Pure: no I/O."""
-
-    def __init__(self, *, check_crcs: bool = True, include_headers: bool = True) -> None:
-        self.check_crcs = check_crcs
-        self.include_headers = include_headers
-        self.buffered_bytes = 0
-        self._fetches: deque[_CompletedFetch] = deque()
-
-    def __len__(self) -> int:
-        return len(self._fetches)
-
-    def add(self, state: PartitionState, data: bytes) -> int | None:
-        """Buffer the record batches of a fetch answer; the offset after the
-        last whole batch (the next fetch offset), or None if none was whole."""
-        batches = list(batch_format.iter_batches(data))
-        if not batches:
-            return None
-        self._fetches.append(_CompletedFetch(state, data, batches))
-        self.buffered_bytes += len(data)
-        return batches[-1][0].next_offset
-
-    def discard(self, tp: TopicPartition | None = None) -> None:
-        """Drop buffered data of ``tp`` (all data for None)."""
-        keep = deque(f for f in self._fetches if tp is not None and f.state.tp != tp)
-        self.buffered_bytes = sum(f.size_bytes for f in keep)
-        self._fetches = keep
-
-    def drain(self, max_records: int) -> list[ConsumerRecord]:
-        """Up to ``max_records`` records at their partitions' positions,
-        advancing the positions. A batch that does not decode sets its
-        partition's ``error`` and drops the partition's buffered data."""
-        out: list[ConsumerRecord] = []
-        fetches = self._fetches
-        while fetches and len(out) < max_records:
-            fetch = fetches[0]
-            state = fetch.state
-            if (state.generation != fetch.generation or state.position is None
-                    or state.error is not None):
-                self._pop()
-                continue
-            if fetch.index >= len(fetch.records):
-                if fetch.batch_next_offset > state.position:
-                    state.position = fetch.batch_next_offset
-                if not self._decode_next(fetch):
-                    self._pop()
-                continue
-            wanted = max_records - len(out)
-            records = fetch.records
-            start = fetch.index
-            stop = min(len(records), start + wanted)
-            out.extend(records[start:stop] if start or stop < len(records) else records)
-            fetch.index = stop
-            state.position = records[stop - 1][2] + 1
-        return out
-
-    def _decode_next(self, fetch: _CompletedFetch) -> bool:
-        """Decode the next batch of ``fetch`` holding records at or after the
-        position; False when none is left."""
-        state = fetch.state
-        while fetch.batches:
-            header, view = fetch.batches.popleft()
-            if header.next_offset <= state.position or header.is_control:
-                # Below the position (a fetch may start mid-batch), or a
-                # control batch (transaction markers): nothing to return.
-                state.position = max(state.position, header.next_offset)
-                continue
-            try:
-                records = decode_batch(state.tp.topic, state.tp.partition, view,
-                                       check_crc=self.check_crcs,
-                                       include_headers=self.include_headers)
-            except KraftlogError as exc:
-                state.error = exc
-                return False
-            start = 0
-            if records and records[0][2] < state.position:
-                start = bisect_left(records, state.position, key=_record_offset)
-            fetch.records = records
-            fetch.index = start
-            fetch.batch_next_offset = header.next_offset
-            return True
-        return False
-
-    def _pop(self) -> None:
-        fetch = self._fetches.popleft()
-        self.buffered_bytes -= fetch.size_bytes
-
-
-# ---------------------------------------------------------------------------
-# Configuration.
-# ---------------------------------------------------------------------------
-class ConsumerConfig:
-    """The consumer's settings, checked once. Names as Kafka's, snake_case."""
-
-    def __init__(self, *, bootstrap: str | Iterable[str] = DEFAULT_BOOTSTRAP,
-                 auto_offset_reset: str = "latest", fetch_min_bytes: int = 1,
-                 fetch_max_wait_ms: int = 500, fetch_max_bytes: int = 50 * 1024 * 1024,
-                 max_partition_fetch_bytes: int = 1024 * 1024, max_poll_records: int = 500,
-                 max_buffered_bytes: int = 64 * 1024 * 1024, request_timeout_ms: int = 30_000,
-                 retry_backoff_ms: int = 100, metadata_max_age_ms: int = 300_000,
-                 check_crcs: bool = True, include_headers: bool = True,
-                 consumer_timeout_ms: int | None = None, group_id: str | None = None,
-                 group_instance_id: str | None = None, session_timeout_ms: int = 45_000,
-                 rebalance_timeout_ms: int = 300_000, enable_auto_commit: bool = True,
-                 auto_commit_interval_ms: int = 5000,
-                 group_remote_assignor: str | None = None) -> None:
-        if auto_offset_reset not in ("earliest", "latest", "none"):
-            raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', "
-                             f"not {auto_offset_reset!r}")
-        for name, value, low, high in (
-                ("fetch_min_bytes", fetch_min_bytes, 0, 2**31 - 1),
-                ("fetch_max_wait_ms", fetch_max_wait_ms, 0, 30_000),
-                ("fetch_max_bytes", fetch_max_bytes, 1, 2**31 - 1),
-                ("max_partition_fetch_bytes", max_partition_fetch_bytes, 1, 2**31 - 1),
-                ("max_poll_records", max_poll_records, 1, 10_000_000),
-                ("max_buffered_bytes", max_buffered_bytes, 1, 2**40),
-                ("request_timeout_ms", request_timeout_ms, 1, 2**31 - 1),
-                ("retry_backoff_ms", retry_backoff_ms, 0, 2**31 - 1),
-                ("session_timeout_ms", session_timeout_ms, 1, 2**31 - 1),
-                ("rebalance_timeout_ms", rebalance_timeout_ms, 0, 2**31 - 1),
-                ("auto_commit_interval_ms", auto_commit_interval_ms, 1, 2**31 - 1)):
-            if not isinstance(value, int) or not low <= value <= high:
-                raise ValueError(f"{name} must be an int in [{low}, {high}], not {value!r}")
-        self.bootstrap = bootstrap
-        self.auto_offset_reset = auto_offset_reset
-        self.fetch_min_bytes = fetch_min_bytes
-        self.fetch_max_wait_ms = fetch_max_wait_ms
-        self.fetch_max_bytes = fetch_max_bytes
-        self.max_partition_fetch_bytes = max_partition_fetch_bytes
-        self.max_poll_records = max_poll_records
-        self.max_buffered_bytes = max_buffered_bytes
-        self.request_timeout_ms = request_timeout_ms
-        self.retry_backoff_ms = retry_backoff_ms
-        self.metadata_max_age_ms = metadata_max_age_ms
-        self.check_crcs = check_crcs
-        self.include_headers = include_headers
-        self.consumer_timeout_ms = consumer_timeout_ms
-        if group_id is not None and (not isinstance(group_id, str) or not group_id):
-            raise ValueError(f"group_id must be a non-empty str, not {group_id!r}")
-        self.group_id = group_id
-        self.group_instance_id = group_instance_id
-        self.session_timeout_ms = session_timeout_ms
-        self.rebalance_timeout_ms = rebalance_timeout_ms
-        self.enable_auto_commit = bool(enable_auto_commit)
-        self.auto_commit_interval_ms = auto_commit_interval_ms
-        self.group_remote_assignor = group_remote_assignor
+from api.client.config import ConsumerConfig
+from api.client.fetcher import (_RESET_TIMESTAMPS, EARLIEST, LATEST, FetchBuffer, Fetcher,
+                                PartitionState)
 
 
 def first_offsets(records: Iterable[ConsumerRecord]) -> dict[TopicPartition, int]:
@@ -361,9 +88,9 @@ class AsyncConsumer:
         self._states: dict[TopicPartition, PartitionState] = {}
         self._wakeup = asyncio.Event()
         self._data = asyncio.Event()
-        self._in_flight: dict[str, asyncio.Task] = {}
-        self._refresh_task: asyncio.Task | None = None
-        self._last_refresh_ms = -(2**62)
+        self._fetch = Fetcher(config, self._metadata, self._transport, self._buffer,
+                              self._states, self._wakeup, self._data, self._reset_positions,
+                              self._refresh_metadata)
         self._fetcher: asyncio.Task | None = None
         self._iter_records: deque[ConsumerRecord] = deque()
         self._closed = False
@@ -374,7 +101,7 @@ class AsyncConsumer:
         """Start the background fetcher (``poll`` does it too)."""
         self._check_open()
         if self._fetcher is None:
-            self._fetcher = asyncio.get_running_loop().create_task(self._fetch_loop())
+            self._fetcher = asyncio.get_running_loop().create_task(self._fetch.run())
 
     async def __aenter__(self) -> "AsyncConsumer":
         await self.start()
@@ -388,9 +115,8 @@ class AsyncConsumer:
             return
         if self._group is not None:
             await self._group.close()  # commits (auto-commit) and leaves the group
-        self._closed = True
-        tasks = [t for t in (self._fetcher, self._refresh_task, *self._in_flight.values())
-                 if t is not None]
+        self._closed = self._fetch.closed = True
+        tasks = [t for t in (self._fetcher, *self._fetch.tasks()) if t is not None]
         for task in tasks:
             task.cancel()
         if tasks:
@@ -504,7 +230,9 @@ class AsyncConsumer:
             self._buffer.discard(tp)
         self._iter_records = deque(r for r in self._iter_records
                                    if TopicPartition(r.topic, r.partition) in states)
-        self._states = states
+        # In place: the fetcher holds this same dict.
+        self._states.clear()
+        self._states.update(states)
         self._metadata.topics_wanted = {tp.topic for tp in states}
         self._metadata.request_update()
         self._wakeup.set()
@@ -801,185 +529,6 @@ class AsyncConsumer:
             if not pending and timeout_ms is not None:
                 raise StopAsyncIteration
         return pending.popleft()
-
-    # -- fetching -----------------------------------------------------------------------------
-    async def _fetch_loop(self) -> None:
-        """Keep one fetch in flight per leader while the buffer has room;
-        reset positions and refresh metadata as needed."""
-        config = self.config
-        while not self._closed:
-            self._wakeup.clear()
-            now = monotonic_ms()
-            next_ms: int | None = None
-            try:
-                unpositioned = [s for s in self._states.values()
-                                if s.position is None and s.error is None
-                                and s.retry_at_ms <= now]
-                if unpositioned:
-                    await self._reset_positions(unpositioned, None)
-                    now = monotonic_ms()
-                if self._buffer.buffered_bytes < config.max_buffered_bytes:
-                    next_ms = self._start_fetches(now)
-                refresh_wait = self._maybe_refresh(now)
-                if refresh_wait is not None:
-                    next_ms = refresh_wait if next_ms is None else min(next_ms, refresh_wait)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # never let the fetcher die silently
-                logger.exception("consumer fetch loop error")
-                next_ms = config.retry_backoff_ms
-            try:
-                await asyncio.wait_for(self._wakeup.wait(),
-                                       None if next_ms is None else max(next_ms, 1) / 1000)
-            except asyncio.TimeoutError:
-                pass
-
-    def _start_fetches(self, now_ms: int) -> int | None:
-        """Start a fetch to each leader that has none in flight; ms until a
-        partition backing off may be fetched again."""
-        by_url: dict[str, list[PartitionState]] = {}
-        next_ms = None
-        for state in self._states.values():
-            if not state.fetchable(now_ms):
-                if state.retry_at_ms > now_ms and state.error is None:
-                    wait = state.retry_at_ms - now_ms
-                    next_ms = wait if next_ms is None else min(next_ms, wait)
-                continue
-            url = self._metadata.leader_url(state.tp)
-            if url is None:
-                self._metadata.request_update()
-                continue
-            if url not in self._in_flight:
-                by_url.setdefault(url, []).append(state)
-        for url, states in by_url.items():
-            self._in_flight[url] = asyncio.get_running_loop().create_task(
-                self._fetch(url, states))
-        return next_ms
-
-    def _maybe_refresh(self, now_ms: int) -> int | None:
-        if (not self._states or self._refresh_task is not None
-                or not self._metadata.needs_update(now_ms)):
-            return None
-        wait = self._last_refresh_ms + self.config.retry_backoff_ms - now_ms
-        if wait > 0:
-            return wait
-        self._last_refresh_ms = now_ms
-        self._refresh_task = asyncio.get_running_loop().create_task(self._refresh())
-        return None
-
-    async def _refresh(self) -> None:
-        try:
-            await self._refresh_metadata({tp.topic for tp in self._states})
-        except KraftlogError as exc:
-            logger.warning("metadata refresh failed: %s", exc)
-        finally:
-            self._refresh_task = None
-            self._wakeup.set()
-
-    async def _fetch(self, url: str, states: list[PartitionState]) -> None:
-        config = self.config
-        asked = {state.tp: (state, state.generation, state.fetch_position) for state in states}
-        partitions = []
-        for state in states:
-            entry = {"topic": state.tp.topic, "partition": state.tp.partition,
-                     "offset": state.fetch_position,
-                     "max_bytes": config.max_partition_fetch_bytes}
-            leader = self._metadata.leader(*state.tp)
-            if leader is not None and leader.leader_epoch >= 0:
-                entry["current_leader_epoch"] = leader.leader_epoch
-            partitions.append(entry)
-        room = config.max_buffered_bytes - self._buffer.buffered_bytes
-        body = {"max_wait_ms": config.fetch_max_wait_ms, "min_bytes": config.fetch_min_bytes,
-                "max_bytes": max(1, min(config.fetch_max_bytes, room)),
-                "partitions": partitions}
-        try:
-            answer = await self._transport.request(
-                url, "/v1/fetch", body,
-                timeout_ms=config.request_timeout_ms + config.fetch_max_wait_ms)
-            self._take_fetch_answer(url, asked, answer)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if not isinstance(exc, KraftlogError):  # a malformed answer, or a bug
-                logger.exception("fetch from %s failed", url)
-                exc = KraftlogError("UNKNOWN_SERVER_ERROR", f"fetch from {url} failed: {exc!r}",
-                                    retriable=True)
-            retry_at = monotonic_ms() + config.retry_backoff_ms
-            if exc.code == "BROKER_NOT_AVAILABLE":
-                self._metadata.forget_broker_url(url)
-            for state, generation, _offset in asked.values():
-                if state.generation != generation:
-                    continue
-                if exc.retriable:
-                    self._metadata.request_update()
-                    state.retry_at_ms = retry_at
-                else:
-                    state.error = exc
-                    self._data.set()
-        finally:
-            del self._in_flight[url]
-            self._wakeup.set()
-
-    def _take_fetch_answer(self, url: str, asked: dict, answer: dict) -> None:
-        now = monotonic_ms()
-        got_data = False
-        for entry in answer.get("partitions") or ():
-            tp = TopicPartition(entry.get("topic"), entry.get("partition"))
-            if tp not in asked:
-                continue
-            state, generation, offset = asked[tp]
-            if (self._states.get(tp) is not state or state.generation != generation
-                    or state.fetch_position != offset):
-                continue  # seeked or unassigned while the fetch was in flight
-            if entry.get("high_watermark", -1) >= 0:
-                state.high_watermark = entry["high_watermark"]
-            if entry.get("log_start_offset", -1) >= 0:
-                state.log_start_offset = entry["log_start_offset"]
-            error = error_from(entry.get("error"))
-            if error is not None:
-                self._fetch_error(state, error, entry, now)
-                got_data = got_data or state.error is not None
-                continue
-            records = entry.get("records")
-            if records:
-                next_offset = self._buffer.add(state, records)
-                if next_offset is None:
-                    state.error = KraftlogError(
-                        "RECORD_TOO_LARGE", f"{url} answered {len(records)} bytes for "
-                        f"{tp.topic}-{tp.partition} holding no whole batch", retriable=False)
-                else:
-                    state.fetch_position = max(next_offset, state.fetch_position)
-                got_data = True
-        if got_data:
-            self._data.set()
-
-    def _fetch_error(self, state: PartitionState, error: KraftlogError, entry: dict,
-                     now_ms: int) -> None:
-        tp = state.tp
-        if error.code == "OFFSET_OUT_OF_RANGE":
-            reset = self.config.auto_offset_reset
-            if reset == "none":
-                state.error = OffsetOutOfRangeError(
-                    f"offset {state.fetch_position} of {tp.topic}-{tp.partition} is out of "
-                    f"range [{entry.get('log_start_offset')}, {entry.get('high_watermark')}] "
-                    "and auto_offset_reset is 'none': seek() to a valid offset",
-                    partitions={tp: state.fetch_position})
-                return
-            offset = entry.get("log_start_offset" if reset == "earliest" else "high_watermark")
-            logger.info("%s-%d: offset %s out of range, resetting to %s (%s)", tp.topic,
-                        tp.partition, state.fetch_position, offset, reset)
-            self._buffer.discard(tp)
-            if isinstance(offset, int) and offset >= 0:
-                state.seek(offset)
-            else:
-                state.seek(None, reset)
-            return
-        if error.code in METADATA_CODES:
-            self._metadata.learn_leader(tp.topic, tp.partition, error)
-        if error.retriable:
-            state.retry_at_ms = now_ms + self.config.retry_backoff_ms
-            return
-        state.error = error
 
 
 class Consumer:

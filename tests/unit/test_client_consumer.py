@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from api.client import (
     AsyncConsumer, ConsumerRecord, CorruptRecordError, NoOffsetForPartitionError,
     OffsetAndTimestamp, OffsetOutOfRangeError, TopicPartition)
-from api.client.consumer import FetchBuffer, PartitionState, decode_batch
+from api.client.fetcher import FetchBuffer, PartitionState, decode_batch
 from storage.batch import (
     CONTROL_BIT, CRC_OFFSET, BatchBuilder, Compression, iter_batches, iter_records,
     parse_header, stamped_prefix)
@@ -244,7 +244,7 @@ class FakeBroker:
 
 def fake_consumer(broker, **settings):
     consumer = AsyncConsumer(A, **{"fetch_max_wait_ms": 50, "retry_backoff_ms": 5, **settings})
-    consumer._transport = consumer._metadata.transport = broker
+    consumer._transport = consumer._metadata.transport = consumer._fetch.transport = broker
     return consumer
 
 
@@ -360,7 +360,7 @@ async def test_prefetching_stops_while_the_buffer_is_full():
         # Let the fetcher run until it stops for the full buffer.
         for _ in range(100):
             await asyncio.sleep(0)
-            if not consumer._in_flight and consumer._buffer.buffered_bytes >= one_batch:
+            if not consumer._fetch.in_flight and consumer._buffer.buffered_bytes >= one_batch:
                 break
         fetches = len(broker.fetches())
         for _ in range(100):

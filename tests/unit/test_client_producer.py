@@ -11,7 +11,8 @@ import pytest
 
 from api.client import (AsyncProducer, BufferExhaustedError, KraftlogError, MessageTooLargeError,
                         Producer, RecordMetadata)
-from api.client.producer import ProducerConfig, RecordAccumulator, flush_targets
+from api.client.accumulator import RecordAccumulator, flush_targets
+from api.client.config import ProducerConfig
 from protocol.partitioner import StickyPartitioner, partition_for_key
 from storage.batch import HEADER_SIZE, iter_batches, iter_records, parse_header
 

@@ -1,0 +1,446 @@
+"""The consumer's fetching: partition positions, fetches to leaders, the buffer.
+
+A background task (``Fetcher.run``) groups the fetchable partitions by
+leader and keeps one ``POST /v1/fetch`` in flight per broker, so the next
+fetch overlaps the application's processing. Answers go into the
+``FetchBuffer`` as raw bytes; ``poll`` decodes one batch at a time
+(``decode_batch``: one msgpack ``Unpacker`` per batch, checked against
+``storage.batch.iter_records`` by a property test) and skips records below
+the position (a fetch may start mid-batch). ``PartitionState`` is one
+assigned partition: its position, the next offset to fetch, its high
+watermark and any error ``poll`` must raise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Awaitable, Callable
+from operator import itemgetter
+
+import msgpack
+
+from api.client._transport import ClusterMetadata, Transport, monotonic_ms
+from api.client._types import ConsumerRecord, TopicPartition
+from api.client.config import ConsumerConfig
+from api.client.errors import (METADATA_CODES, CorruptRecordError, KraftlogError,
+                               OffsetOutOfRangeError, error_from)
+from storage import batch as batch_format
+
+logger = logging.getLogger(__name__)
+
+EARLIEST = -2
+LATEST = -1
+_RESET_TIMESTAMPS = {"earliest": EARLIEST, "latest": LATEST}
+_new_tuple = tuple.__new__
+_record_offset = itemgetter(2)
+
+
+# ---------------------------------------------------------------------------
+# Decoding: the consumer's hot path.
+# ---------------------------------------------------------------------------
+def decode_batch(topic: str, partition: int, view: memoryview, *, check_crc: bool = True,
+                 include_headers: bool = True) -> list[ConsumerRecord]:
+    """Every record of one whole batch, as ``ConsumerRecord``s.
+
+    Uncompressed batches are decoded here with one ``Unpacker`` and no
+    per-record function calls; compressed ones go through
+    ``storage.batch.iter_records``, which also inflates them. Both check the
+    header, the CRC (unless ``check_crc`` is off) and that the records
+    section holds exactly ``record_count`` records and nothing else.
+    """
+    header = batch_format.parse_header(view)
+    try:
+        batch_format.check_header(header, len(view), batch_format.MAX_BATCH_BYTES, strict=False)
+        end = header.size_bytes
+        if check_crc and batch_format.compute_crc(view, 0, end) != header.crc:
+            raise batch_format.CorruptRecordError(
+                f"CRC mismatch in batch at offset {header.base_offset}")
+        timestamp_type = 1 if header.attributes & batch_format.TIMESTAMP_TYPE_BIT else 0
+        if header.compression != batch_format.Compression.NONE:
+            return [ConsumerRecord(topic, partition, r.offset, r.timestamp, r.key, r.value,
+                                   r.headers if include_headers else (), timestamp_type)
+                    for r in batch_format.iter_records(view, verify_crc=False)]
+        section = view[batch_format.HEADER_SIZE:end]
+        unpacker = msgpack.Unpacker(raw=False, use_list=False,
+                                    max_buffer_size=max(len(section), 1))
+        unpacker.feed(section)
+        base_offset = header.base_offset
+        base_timestamp = header.base_timestamp
+        cls = ConsumerRecord
+        if include_headers:
+            records = [_new_tuple(cls, (topic, partition, base_offset + od, base_timestamp + td,
+                                        k, v, h, timestamp_type))
+                       for td, od, k, v, h in unpacker]
+        else:
+            records = [_new_tuple(cls, (topic, partition, base_offset + od, base_timestamp + td,
+                                        k, v, (), timestamp_type))
+                       for td, od, k, v, _h in unpacker]
+        if unpacker.tell() != len(section) or len(records) != header.record_count:
+            raise batch_format.CorruptRecordError(
+                f"batch at offset {base_offset} holds {len(records)} decodable records in "
+                f"{unpacker.tell()} of {len(section)} bytes; its header says "
+                f"{header.record_count}")
+        return records
+    except batch_format.RecordFormatError as exc:
+        raise CorruptRecordError(f"{topic}-{partition}: {exc}") from None
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise CorruptRecordError(
+            f"{topic}-{partition}: records of batch at offset {header.base_offset} do not "
+            f"decode: {exc}") from None
+
+
+class PartitionState:
+    """What the consumer knows of one assigned partition.
+
+    ``position`` is the next offset ``poll`` returns (None: to be reset with
+    ``reset``); ``fetch_position`` the next offset to fetch, ahead of
+    ``position`` by what the buffer holds. ``generation`` changes on every
+    seek or reset, so fetches and buffered data from before are dropped.
+    ``error`` is raised by ``poll`` until the application seeks.
+    """
+
+    __slots__ = ("tp", "position", "fetch_position", "generation", "reset", "error",
+                 "high_watermark", "log_start_offset", "retry_at_ms")
+
+    def __init__(self, tp: TopicPartition, reset: str) -> None:
+        self.tp = tp
+        self.position: int | None = None
+        self.fetch_position: int | None = None
+        self.generation = 0
+        self.reset = reset
+        self.error: KraftlogError | None = None
+        self.high_watermark = -1
+        self.log_start_offset = -1
+        self.retry_at_ms = 0
+
+    def seek(self, offset: int | None, reset: str | None = None) -> None:
+        self.position = self.fetch_position = offset
+        if reset is not None:
+            self.reset = reset
+        self.generation += 1
+        self.error = None
+        self.retry_at_ms = 0
+
+    def fetchable(self, now_ms: int) -> bool:
+        return (self.fetch_position is not None and self.error is None
+                and self.retry_at_ms <= now_ms)
+
+
+class _CompletedFetch:
+    """The records a fetch returned for one partition, decoded a batch at a
+    time as ``poll`` asks."""
+
+    __slots__ = ("state", "generation", "data", "batches", "records", "index",
+                 "batch_next_offset", "size_bytes")
+
+    def __init__(self, state: PartitionState, data: bytes,
+                 batches: list[tuple[batch_format.BatchHeader, memoryview]]) -> None:
+        self.state = state
+        self.generation = state.generation
+        self.data = data
+        self.batches = deque(batches)
+        self.records: list[ConsumerRecord] = []
+        self.index = 0
+        self.batch_next_offset = -1
+        self.size_bytes = len(data)
+
+
+class FetchBuffer:
+    """Fetched, not yet polled data, bounded by bytes. Pure: no I/O."""
+
+    def __init__(self, *, check_crcs: bool = True, include_headers: bool = True) -> None:
+        self.check_crcs = check_crcs
+        self.include_headers = include_headers
+        self.buffered_bytes = 0
+        self._fetches: deque[_CompletedFetch] = deque()
+
+    def __len__(self) -> int:
+        return len(self._fetches)
+
+    def add(self, state: PartitionState, data: bytes) -> int | None:
+        """Buffer the record batches of a fetch answer; the offset after the
+        last whole batch (the next fetch offset), or None if none was whole."""
+        batches = list(batch_format.iter_batches(data))
+        if not batches:
+            return None
+        self._fetches.append(_CompletedFetch(state, data, batches))
+        self.buffered_bytes += len(data)
+        return batches[-1][0].next_offset
+
+    def discard(self, tp: TopicPartition | None = None) -> None:
+        """Drop buffered data of ``tp`` (all data for None)."""
+        keep = deque(f for f in self._fetches if tp is not None and f.state.tp != tp)
+        self.buffered_bytes = sum(f.size_bytes for f in keep)
+        self._fetches = keep
+
+    def drain(self, max_records: int) -> list[ConsumerRecord]:
+        """Up to ``max_records`` records at their partitions' positions,
+        advancing the positions. A batch that does not decode sets its
+        partition's ``error`` and drops the partition's buffered data."""
+        out: list[ConsumerRecord] = []
+        fetches = self._fetches
+        while fetches and len(out) < max_records:
+            fetch = fetches[0]
+            state = fetch.state
+            if (state.generation != fetch.generation or state.position is None
+                    or state.error is not None):
+                self._pop()
+                continue
+            if fetch.index >= len(fetch.records):
+                if fetch.batch_next_offset > state.position:
+                    state.position = fetch.batch_next_offset
+                if not self._decode_next(fetch):
+                    self._pop()
+                continue
+            wanted = max_records - len(out)
+            records = fetch.records
+            start = fetch.index
+            stop = min(len(records), start + wanted)
+            out.extend(records[start:stop] if start or stop < len(records) else records)
+            fetch.index = stop
+            state.position = records[stop - 1][2] + 1
+        return out
+
+    def _decode_next(self, fetch: _CompletedFetch) -> bool:
+        """Decode the next batch of ``fetch`` holding records at or after the
+        position; False when none is left."""
+        state = fetch.state
+        while fetch.batches:
+            header, view = fetch.batches.popleft()
+            if header.next_offset <= state.position or header.is_control:
+                # Below the position (a fetch may start mid-batch), or a
+                # control batch (transaction markers): nothing to return.
+                state.position = max(state.position, header.next_offset)
+                continue
+            try:
+                records = decode_batch(state.tp.topic, state.tp.partition, view,
+                                       check_crc=self.check_crcs,
+                                       include_headers=self.include_headers)
+            except KraftlogError as exc:
+                state.error = exc
+                return False
+            start = 0
+            if records and records[0][2] < state.position:
+                start = bisect_left(records, state.position, key=_record_offset)
+            fetch.records = records
+            fetch.index = start
+            fetch.batch_next_offset = header.next_offset
+            return True
+        return False
+
+    def _pop(self) -> None:
+        fetch = self._fetches.popleft()
+        self.buffered_bytes -= fetch.size_bytes
+
+
+class Fetcher:
+    """The consumer's background fetching: one fetch in flight per leader
+    broker while the buffer has room, answers into the ``FetchBuffer``,
+    positions reset and metadata refreshed as needed. It shares the
+    consumer's partition states, buffer, metadata and events (``wakeup``: look
+    again now; ``data``: records or an error arrived for ``poll``); the
+    consumer owns the task running ``run``."""
+
+    def __init__(self, config: ConsumerConfig, metadata: ClusterMetadata, transport: Transport,
+                 buffer: FetchBuffer, states: dict[TopicPartition, PartitionState],
+                 wakeup: asyncio.Event, data: asyncio.Event,
+                 reset_positions: Callable[..., Awaitable[None]],
+                 refresh_metadata: Callable[..., Awaitable[None]]) -> None:
+        self.config = config
+        self.metadata = metadata
+        self.transport = transport
+        self.buffer = buffer
+        self.states = states
+        self.wakeup = wakeup
+        self.data = data
+        self.reset_positions = reset_positions
+        self.refresh_metadata = refresh_metadata
+        self.in_flight: dict[str, asyncio.Task] = {}
+        self.refresh_task: asyncio.Task | None = None
+        self.last_refresh_ms = -(2**62)
+        self.closed = False
+
+    def tasks(self) -> list[asyncio.Task]:
+        """Its tasks now (fetches and a metadata refresh), to cancel on close."""
+        return [t for t in (self.refresh_task, *self.in_flight.values()) if t is not None]
+
+    async def run(self) -> None:
+        """Keep one fetch in flight per leader while the buffer has room;
+        reset positions and refresh metadata as needed."""
+        config = self.config
+        while not self.closed:
+            self.wakeup.clear()
+            now = monotonic_ms()
+            next_ms: int | None = None
+            try:
+                unpositioned = [s for s in self.states.values()
+                                if s.position is None and s.error is None
+                                and s.retry_at_ms <= now]
+                if unpositioned:
+                    await self.reset_positions(unpositioned, None)
+                    now = monotonic_ms()
+                if self.buffer.buffered_bytes < config.max_buffered_bytes:
+                    next_ms = self._start_fetches(now)
+                refresh_wait = self._maybe_refresh(now)
+                if refresh_wait is not None:
+                    next_ms = refresh_wait if next_ms is None else min(next_ms, refresh_wait)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let the fetcher die silently
+                logger.exception("consumer fetch loop error")
+                next_ms = config.retry_backoff_ms
+            try:
+                await asyncio.wait_for(self.wakeup.wait(),
+                                       None if next_ms is None else max(next_ms, 1) / 1000)
+            except asyncio.TimeoutError:
+                pass
+
+    def _start_fetches(self, now_ms: int) -> int | None:
+        """Start a fetch to each leader that has none in flight; ms until a
+        partition backing off may be fetched again."""
+        by_url: dict[str, list[PartitionState]] = {}
+        next_ms = None
+        for state in self.states.values():
+            if not state.fetchable(now_ms):
+                if state.retry_at_ms > now_ms and state.error is None:
+                    wait = state.retry_at_ms - now_ms
+                    next_ms = wait if next_ms is None else min(next_ms, wait)
+                continue
+            url = self.metadata.leader_url(state.tp)
+            if url is None:
+                self.metadata.request_update()
+                continue
+            if url not in self.in_flight:
+                by_url.setdefault(url, []).append(state)
+        for url, states in by_url.items():
+            self.in_flight[url] = asyncio.get_running_loop().create_task(
+                self._fetch(url, states))
+        return next_ms
+
+    def _maybe_refresh(self, now_ms: int) -> int | None:
+        if (not self.states or self.refresh_task is not None
+                or not self.metadata.needs_update(now_ms)):
+            return None
+        wait = self.last_refresh_ms + self.config.retry_backoff_ms - now_ms
+        if wait > 0:
+            return wait
+        self.last_refresh_ms = now_ms
+        self.refresh_task = asyncio.get_running_loop().create_task(self._refresh())
+        return None
+
+    async def _refresh(self) -> None:
+        try:
+            await self.refresh_metadata({tp.topic for tp in self.states})
+        except KraftlogError as exc:
+            logger.warning("metadata refresh failed: %s", exc)
+        finally:
+            self.refresh_task = None
+            self.wakeup.set()
+
+    async def _fetch(self, url: str, states: list[PartitionState]) -> None:
+        config = self.config
+        asked = {state.tp: (state, state.generation, state.fetch_position) for state in states}
+        partitions = []
+        for state in states:
+            entry = {"topic": state.tp.topic, "partition": state.tp.partition,
+                     "offset": state.fetch_position,
+                     "max_bytes": config.max_partition_fetch_bytes}
+            leader = self.metadata.leader(*state.tp)
+            if leader is not None and leader.leader_epoch >= 0:
+                entry["current_leader_epoch"] = leader.leader_epoch
+            partitions.append(entry)
+        room = config.max_buffered_bytes - self.buffer.buffered_bytes
+        body = {"max_wait_ms": config.fetch_max_wait_ms, "min_bytes": config.fetch_min_bytes,
+                "max_bytes": max(1, min(config.fetch_max_bytes, room)),
+                "partitions": partitions}
+        try:
+            answer = await self.transport.request(
+                url, "/v1/fetch", body,
+                timeout_ms=config.request_timeout_ms + config.fetch_max_wait_ms)
+            self._take_fetch_answer(url, asked, answer)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not isinstance(exc, KraftlogError):  # a malformed answer, or a bug
+                logger.exception("fetch from %s failed", url)
+                exc = KraftlogError("UNKNOWN_SERVER_ERROR", f"fetch from {url} failed: {exc!r}",
+                                    retriable=True)
+            retry_at = monotonic_ms() + config.retry_backoff_ms
+            if exc.code == "BROKER_NOT_AVAILABLE":
+                self.metadata.forget_broker_url(url)
+            for state, generation, _offset in asked.values():
+                if state.generation != generation:
+                    continue
+                if exc.retriable:
+                    self.metadata.request_update()
+                    state.retry_at_ms = retry_at
+                else:
+                    state.error = exc
+                    self.data.set()
+        finally:
+            del self.in_flight[url]
+            self.wakeup.set()
+
+    def _take_fetch_answer(self, url: str, asked: dict, answer: dict) -> None:
+        now = monotonic_ms()
+        got_data = False
+        for entry in answer.get("partitions") or ():
+            tp = TopicPartition(entry.get("topic"), entry.get("partition"))
+            if tp not in asked:
+                continue
+            state, generation, offset = asked[tp]
+            if (self.states.get(tp) is not state or state.generation != generation
+                    or state.fetch_position != offset):
+                continue  # seeked or unassigned while the fetch was in flight
+            if entry.get("high_watermark", -1) >= 0:
+                state.high_watermark = entry["high_watermark"]
+            if entry.get("log_start_offset", -1) >= 0:
+                state.log_start_offset = entry["log_start_offset"]
+            error = error_from(entry.get("error"))
+            if error is not None:
+                self._fetch_error(state, error, entry, now)
+                got_data = got_data or state.error is not None
+                continue
+            records = entry.get("records")
+            if records:
+                next_offset = self.buffer.add(state, records)
+                if next_offset is None:
+                    state.error = KraftlogError(
+                        "RECORD_TOO_LARGE", f"{url} answered {len(records)} bytes for "
+                        f"{tp.topic}-{tp.partition} holding no whole batch", retriable=False)
+                else:
+                    state.fetch_position = max(next_offset, state.fetch_position)
+                got_data = True
+        if got_data:
+            self.data.set()
+
+    def _fetch_error(self, state: PartitionState, error: KraftlogError, entry: dict,
+                     now_ms: int) -> None:
+        tp = state.tp
+        if error.code == "OFFSET_OUT_OF_RANGE":
+            reset = self.config.auto_offset_reset
+            if reset == "none":
+                state.error = OffsetOutOfRangeError(
+                    f"offset {state.fetch_position} of {tp.topic}-{tp.partition} is out of "
+                    f"range [{entry.get('log_start_offset')}, {entry.get('high_watermark')}] "
+                    "and auto_offset_reset is 'none': seek() to a valid offset",
+                    partitions={tp: state.fetch_position})
+                return
+            offset = entry.get("log_start_offset" if reset == "earliest" else "high_watermark")
+            logger.info("%s-%d: offset %s out of range, resetting to %s (%s)", tp.topic,
+                        tp.partition, state.fetch_position, offset, reset)
+            self.buffer.discard(tp)
+            if isinstance(offset, int) and offset >= 0:
+                state.seek(offset)
+            else:
+                state.seek(None, reset)
+            return
+        if error.code in METADATA_CODES:
+            self.metadata.learn_leader(tp.topic, tp.partition, error)
+        if error.retriable:
+            state.retry_at_ms = now_ms + self.config.retry_backoff_ms
+            return
+        state.error = error
