@@ -17,7 +17,7 @@ import logging
 import aiohttp
 import msgpack
 
-from api.broker.replica_manager import ReplicaManager
+from api.broker.replica_manager import ReplicaManager, RequestTasks
 from api.broker.replication import SendFetch, broker_url
 from protocol import wire
 
@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 class FollowerFetchSender:
     def __init__(self, replicas: ReplicaManager) -> None:
         self.replicas = replicas
-        self._tasks: dict[int, asyncio.Task] = {}
+        self._requests = RequestTasks()
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -37,15 +37,11 @@ class FollowerFetchSender:
         return self._session
 
     def send(self, action: SendFetch) -> None:
-        task = asyncio.create_task(self._fetch(action),
-                                   name=f"replica-fetch-{action.leader_id}-{action.request_id}")
-        self._tasks[action.request_id] = task
-        task.add_done_callback(lambda _t, rid=action.request_id: self._tasks.pop(rid, None))
+        self._requests.start(action.request_id, self._fetch(action),
+                             f"replica-fetch-{action.leader_id}-{action.request_id}")
 
     def cancel(self, request_id: int) -> None:
-        task = self._tasks.pop(request_id, None)
-        if task is not None:
-            task.cancel()
+        self._requests.cancel(request_id)
 
     async def _fetch(self, action: SendFetch) -> None:
         url = broker_url(self.replicas.image, action.leader_id)
@@ -75,11 +71,7 @@ class FollowerFetchSender:
         return answer
 
     async def stop(self) -> None:
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._tasks.clear()
+        await self._requests.stop()
         if self._session is not None:
             await self._session.close()
             self._session = None

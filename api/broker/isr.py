@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from api.broker.replica_manager import ReplicaManager
+from api.broker.replica_manager import ReplicaManager, RequestTasks
 from api.broker.replication import SendAlterPartition
 from kraft.client import ControllerClient
 from protocol.errors import KraftError
@@ -25,17 +25,14 @@ class AlterPartitionSender:
     def __init__(self, replicas: ReplicaManager, client: ControllerClient) -> None:
         self.replicas = replicas
         self.client = client
-        self._tasks: dict[int, asyncio.Task] = {}
+        self._requests = RequestTasks()
 
     def send(self, action: SendAlterPartition) -> None:
-        task = asyncio.create_task(self._send(action), name=f"alter-partition-{action.request_id}")
-        self._tasks[action.request_id] = task
-        task.add_done_callback(lambda _t, rid=action.request_id: self._tasks.pop(rid, None))
+        self._requests.start(action.request_id, self._send(action),
+                             f"alter-partition-{action.request_id}")
 
     def cancel(self, request_id: int) -> None:
-        task = self._tasks.pop(request_id, None)
-        if task is not None:
-            task.cancel()
+        self._requests.cancel(request_id)
 
     async def _send(self, action: SendAlterPartition) -> None:
         try:
@@ -54,8 +51,4 @@ class AlterPartitionSender:
         self.replicas.alter_partition_answered(action.request_id, answer, None)
 
     async def stop(self) -> None:
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._tasks.clear()
+        await self._requests.stop()

@@ -57,6 +57,9 @@ class BrokerLifecycle:
         self._tasks: list[asyncio.Task] = []
         # Set when the core may have a request due sooner than it said.
         self._wake = asyncio.Event()
+        # Set by stop(): the loops end even if a cancellation is lost (in
+        # Python 3.11, wait_for swallows one that races its own result).
+        self._stopping = False
 
     # -- the core's state, for the rest of the broker ---------------------------
     @property
@@ -88,6 +91,8 @@ class BrokerLifecycle:
                        asyncio.create_task(self._metadata_loop(), name="broker-metadata")]
 
     async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -122,7 +127,7 @@ class BrokerLifecycle:
 
     # -- registration and heartbeats: the core decides, this loop sends -----
     async def _control_loop(self) -> None:
-        while True:
+        while not self._stopping:
             self._wake.clear()
             now_ms = monotonic_ms()
             self.core.tick(now_ms)
@@ -149,7 +154,7 @@ class BrokerLifecycle:
 
     # -- metadata ---------------------------------------------------------
     async def _metadata_loop(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 answer = await self.client.call(
                     "/v1/controller/metadata",

@@ -149,6 +149,36 @@ class DiskLogs:
             OffsetCheckpoint(os.path.join(directory, HIGH_WATERMARK_FILE)).write(offsets)
 
 
+class RequestTasks:
+    """The senders' requests in flight: one asyncio task per request id of
+    the core, cancelled when the core gives up on it or the broker stops."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[int, asyncio.Task] = {}
+        self._stopped = False
+
+    def start(self, request_id: int, coroutine, name: str) -> None:
+        if self._stopped:
+            coroutine.close()  # stopping: never started, never awaited
+            return
+        task = asyncio.create_task(coroutine, name=name)
+        self._tasks[request_id] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(request_id, None))
+
+    def cancel(self, request_id: int) -> None:
+        task = self._tasks.pop(request_id, None)
+        if task is not None:
+            task.cancel()
+
+    async def stop(self) -> None:
+        self._stopped = True
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+
+
 class FetchSender(Protocol):
     def send(self, action: SendFetch) -> None: ...
     def cancel(self, request_id: int) -> None: ...
@@ -275,6 +305,8 @@ class ReplicaManager:
             future = self._waiting.pop(action.request_id, None)
             if future is not None and not future.done():
                 future.set_result(action.results)
+        elif self._stopped:
+            return  # stopping: nothing new goes out (the senders are closing)
         elif isinstance(action, SendFetch):
             if self.fetch_sender is not None:
                 self.fetch_sender.send(action)
