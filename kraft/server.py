@@ -23,7 +23,7 @@ Time. ``clock_ms`` (monotonic) is a parameter; lease expiry and periodic
 leader rebalancing are decided by the core's ``tick`` and written as records,
 never computed inside ``apply``.
 
-Endpoints (controller listener; msgpack or JSON bodies, see kraft/wire.py):
+Endpoints (controller listener; msgpack or JSON bodies, see protocol/wire.py):
 
   POST /v1/controller/brokers/register     broker registration
   POST /v1/controller/brokers/heartbeat    lease renewal, fence/unfence, shutdown

@@ -13,7 +13,7 @@ Who uses it:
 Values are stored as strings, normalised so that equal settings are equal
 strings: integers in decimal (``"1_000"`` and ``1000`` both become
 ``"1000"``), booleans as ``"true"`` / ``"false"``. A value is refused with
-``kraft.errors.InvalidConfigError`` naming the key and the rule.
+``protocol.errors.InvalidConfigError`` naming the key and the rule.
 
 The log keys (``segment.bytes``, ``retention.ms``, ...) are exactly the ones
 ``storage.config.LogConfig`` understands, and they are validated by building

@@ -196,7 +196,7 @@ def test_a_planted_cycle_is_found():
     ("kraft.controller", "bench.data", "kraft (control plane)"),
     ("kraft.controller", "api.broker.partition", "kraft (control plane)"),
     ("api.broker.server", "api.client.producer", "the broker never imports"),
-    ("api.client.consumer", "kraft.errors", "the client imports only"),
+    ("api.client.consumer", "kraft.records", "the client imports only"),
     ("spark_source.reader", "api.broker.partition", "spark_source and chaos"),
     ("api.console", "kraft.config._parse_override", "no private name"),
     ("api.groups_cli", "api.client._transport", "no private name"),
