@@ -69,7 +69,8 @@ from kraft.records import (LEADER_RECOVERED, LEADER_RECOVERING, NO_LEADER,
                            BrokerRegistrationChangeRecord, ConfigRecord, FenceBrokerRecord,
                            PartitionChangeRecord, PartitionRecord, Record, RegisterBrokerRecord,
                            RemoveTopicRecord, TopicRecord, UnfenceBrokerRecord)
-from kraft.topic_config import (TOPIC_CONFIGS, UNCLEAN_LEADER_ELECTION_ENABLE, builtin_defaults,
+from kraft.topic_config import (MIN_INSYNC_REPLICAS, TOPIC_CONFIGS,
+                                UNCLEAN_LEADER_ELECTION_ENABLE, builtin_defaults,
                                 defaults_from_broker_config, normalise_topic_config, printable,
                                 unclean_election_enabled, validate_topic_configs)
 from protocol.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistrationError,
@@ -441,6 +442,7 @@ class Controller:
         configs = validate_topic_configs(spec.configs)
         assignment = (self._manual_assignment(creation, spec) if spec.assignments is not None
                       else self._placed_assignment(creation, spec))
+        self._check_writable(spec.name, len(assignment[0]), configs, creating=True)
         topic_id = creation.new_topic_id(self._id_factory)
         creation.take_partition_budget(len(assignment))
         draft.add(TopicRecord(spec.name, topic_id))
@@ -454,6 +456,25 @@ class Controller:
         return {"name": spec.name, "topic_id": None if creation.validate_only else topic_id,
                 "num_partitions": len(assignment), "replication_factor": len(assignment[0]),
                 "configs": configs, "error": None}
+
+    def _check_writable(self, topic: str, replication_factor: int, configs: Mapping[str, str],
+                        creating: bool) -> None:
+        """Refuse a topic that no acks=all write could ever commit to: fewer
+        replicas than its min.insync.replicas (the producer's default acks
+        is all, so its sends would retry until delivery.timeout.ms)."""
+        own = MIN_INSYNC_REPLICAS in configs
+        min_isr = int(configs[MIN_INSYNC_REPLICAS] if own else
+                      self.settings.topic_config_defaults.get(MIN_INSYNC_REPLICAS, "1"))
+        if replication_factor >= min_isr:
+            return
+        source = "its" if own else "the cluster's default"
+        fix = (f"create it with --config {MIN_INSYNC_REPLICAS}={replication_factor} or a "
+               f"replication factor of at least {min_isr}" if creating else
+               f"keep {MIN_INSYNC_REPLICAS} at most {replication_factor}, or add replicas first")
+        error = InvalidReplicationFactorError if creating else InvalidConfigError
+        raise error(f"topic {topic!r}: replication factor {replication_factor} is below "
+                    f"{source} {MIN_INSYNC_REPLICAS}={min_isr}, so no acks=all write could "
+                    f"ever succeed; {fix}")
 
     def _placed_assignment(self, creation: "_TopicCreation", spec: "_NewTopic"
                            ) -> list[list[int]]:
@@ -662,6 +683,9 @@ class Controller:
         # is left alone rather than blocking every later change.
         validate_topic_configs({key: value for key, value in updated.items()
                                 if key in TOPIC_CONFIGS})
+        replication = min(len(reg.replicas)
+                          for reg in draft.image.topics[spec.name].partitions.values())
+        self._check_writable(spec.name, replication, updated, creating=False)
         was_unclean = _unclean_allowed(draft.image, spec.name, self.settings)
         for key in keys:
             if current.get(key) != updated.get(key):

@@ -45,6 +45,10 @@ class Sender:
         self._last_refresh_ms = -(2**62)
         self._stopping = False
         self._task: asyncio.Task | None = None
+        # Partitions already warned about: a partition whose ISR is below its
+        # min.insync.replicas makes every acks=all send retry until
+        # delivery_timeout_ms, which the user would otherwise not hear of.
+        self._warned: set[tuple[str, int]] = set()
 
     def start(self) -> None:
         if self._task is None:
@@ -294,6 +298,10 @@ class Sender:
         retries and delivery time remain; else fail them."""
         now = self._clock_ms()
         head = batches[0]
+        if error.code == "NOT_ENOUGH_REPLICAS" and (head.topic, head.partition) not in self._warned:
+            self._warned.add((head.topic, head.partition))
+            logger.warning("%s-%d: acks=all sends cannot succeed now and are retried until "
+                           "delivery_timeout_ms: %s", head.topic, head.partition, error)
         if error.code in METADATA_CODES:
             self.metadata.learn_leader(head.topic, head.partition, error)
         elif error.retriable:

@@ -124,6 +124,17 @@ def test_creating_an_existing_topic_fails_unless_if_not_exists(url):
     assert (fields["PartitionCount"], fields["Configs"], len(rows)) == ("2", "-", 2)
 
 
+def test_a_topic_no_acks_all_write_could_reach_is_refused_with_the_fix(url):
+    line = fails(kraftlog(url, "topics", "create", "unwritable", "--replication-factor", "1",
+                          "--config", "min.insync.replicas=2"),
+                 "INVALID_REPLICATION_FACTOR", "min.insync.replicas=2",
+                 "--config min.insync.replicas=1")
+    assert "no acks=all write could ever succeed" in line
+    create(url, "writable", "--replication-factor", "1")
+    fails(kraftlog(url, "topics", "alter", "writable", "--config", "min.insync.replicas=2"),
+          "INVALID_CONFIG", "keep min.insync.replicas at most 1")
+
+
 def test_describe_shows_each_partitions_offsets_and_size(url):
     create(url, "offsets", "--partitions", "3")
     produce(url, "offsets", ["x", "y", "z"], "--partition", "2")

@@ -169,6 +169,14 @@ def test_producing_to_an_unknown_topic_fails_after_the_delivery_timeout(url):
         assert caught.value.code == "UNKNOWN_TOPIC_OR_PARTITION"
 
 
+def test_admin_refuses_a_topic_with_fewer_replicas_than_min_insync_replicas(url, admin):
+    with pytest.raises(KraftlogError) as caught:
+        admin.create_topics([NewTopic("unwritable", 1, 1, {"min.insync.replicas": "2"})])
+    assert caught.value.code == "INVALID_REPLICATION_FACTOR"
+    assert "min.insync.replicas=2" in str(caught.value)
+    assert "unwritable" not in admin.list_topics()
+
+
 def test_admin_creates_describes_alters_and_deletes(url, admin):
     assert admin.create_topics([NewTopic("admin-t", 2, 1)], validate_only=True)[
         "admin-t"].error is None

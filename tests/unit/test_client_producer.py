@@ -452,7 +452,7 @@ async def test_not_leader_with_a_hint_retries_at_the_new_leader():
     assert [r.value for r in broker.logs[("t", 0)]] == [b"first", b"second"]
 
 
-async def test_retriable_errors_are_retried_and_others_fail_the_batch():
+async def test_retriable_errors_are_retried_and_others_fail_the_batch(caplog):
     broker = FakeBroker({"t": 2})
     broker.fail[("t", 0)] = [{"code": "NOT_ENOUGH_REPLICAS", "message": "wait"}] * 2
     broker.fail[("t", 1)] = [{"code": "MESSAGE_TOO_LARGE", "message": "too big"}]
@@ -465,6 +465,9 @@ async def test_retriable_errors_are_retried_and_others_fail_the_batch():
     attempts = [e["partition"] for _, body in broker.produce_requests()
                 for e in body["partitions"]]
     assert attempts.count(0) == 3 and attempts.count(1) == 1
+    # Told once per partition why acks=all sends keep retrying, not per retry.
+    warnings = [r.getMessage() for r in caplog.records if "cannot succeed now" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("t-0:"), warnings
 
 
 async def test_records_for_an_unknown_topic_fail_after_delivery_timeout():

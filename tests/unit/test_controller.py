@@ -749,12 +749,39 @@ def test_alter_configs_set_and_delete():
     response = cluster.call("alter_configs", {"resources": [{"type": "topic", "name": "t", "ops": [
         {"name": "retention.ms", "op": "set", "value": "2_000"},
         {"name": "segment.ms", "op": "delete"},
-        {"name": "min.insync.replicas", "op": "set", "value": 2}]}]})
+        {"name": "min.insync.replicas", "op": "set", "value": 1}]}]})
     assert response == {"resources": [{"type": "topic", "name": "t", "error": None}]}
     assert cluster.image.topic_configs("t") == {"retention.ms": "2000",
-                                                "min.insync.replicas": "2"}
+                                                "min.insync.replicas": "1"}
     configs = {c["name"]: c for c in describe(cluster, "t")["configs"]}
     assert configs["segment.ms"]["source"] == "DEFAULT_CONFIG"
+
+
+def test_a_topic_no_acks_all_write_could_reach_is_refused():
+    """Replication factor below min.insync.replicas: the producer's default
+    acks=all sends would retry until delivery.timeout.ms and fail."""
+    cluster = Cluster(topic_config_defaults={"min.insync.replicas": "2"})
+    cluster.start(3)
+    response = cluster.call("create_topics", {"topics": [
+        {"name": "lonely", "num_partitions": 1, "replication_factor": 1},
+        {"name": "strict", "num_partitions": 1, "replication_factor": 1,
+         "configs": {"min.insync.replicas": "3"}},
+        {"name": "fine", "num_partitions": 1, "replication_factor": 1,
+         "configs": {"min.insync.replicas": "1"}}]})
+    lonely, strict, fine = response["topics"]
+    assert lonely["error"]["code"] == "INVALID_REPLICATION_FACTOR"
+    assert ("below the cluster's default min.insync.replicas=2" in lonely["error"]["message"]
+            and "--config min.insync.replicas=1" in lonely["error"]["message"])
+    assert strict["error"]["code"] == "INVALID_REPLICATION_FACTOR"
+    assert "below its min.insync.replicas=3" in strict["error"]["message"]
+    assert fine["error"] is None and set(cluster.image.topics) == {"fine"}
+    response = cluster.call("alter_configs", {"resources": [{"type": "topic", "name": "fine",
+                                                             "ops": [{"name": "min.insync.replicas",
+                                                                      "op": "delete"}]}]})
+    (result,) = response["resources"]
+    assert result["error"]["code"] == "INVALID_CONFIG"
+    assert "keep min.insync.replicas at most 1" in result["error"]["message"]
+    assert cluster.image.topic_configs("fine") == {"min.insync.replicas": "1"}
 
 
 def test_alter_configs_that_change_nothing_write_nothing():
