@@ -27,8 +27,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="kraftlog: a Kafka-style replicated commit log in Python.",
     )
     parser.add_argument(
-        "--bootstrap", default=os.environ.get("KRAFTLOG_BOOTSTRAP", DEFAULT_BOOTSTRAP),
-        help="broker URL to contact (default: $KRAFTLOG_BOOTSTRAP or %(default)s)")
+        "--bootstrap", "--bootstrap-server", dest="bootstrap",
+        default=os.environ.get("KRAFTLOG_BOOTSTRAP", DEFAULT_BOOTSTRAP),
+        help="broker URL, or host:port, to contact; several comma-separated (default: "
+             "$KRAFTLOG_BOOTSTRAP or %(default)s)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
@@ -90,11 +92,18 @@ BENCH_HELP = "measure performance (figures go to BENCHMARKS.md)"
 CHAOS_HELP = "kill, pause and partition a real cluster; check nothing was lost"
 
 
+def normalise_bootstrap(bootstrap: str) -> str:
+    """``host:port`` as Kafka's tools take it means ``http://host:port``;
+    URLs stay as they are. Several are comma-separated."""
+    return ",".join(item if "://" in item else f"http://{item}"
+                    for item in (part.strip() for part in bootstrap.split(",")) if item)
+
+
 def _command_of(argv: list[str]) -> str | None:
     """The subcommand ``argv`` names, past the global options."""
     args = iter(argv)
     for arg in args:
-        if arg == "--bootstrap":
+        if arg in ("--bootstrap", "--bootstrap-server"):
             next(args, None)
         elif not arg.startswith("-"):
             return arg
@@ -390,9 +399,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
+    args.bootstrap = normalise_bootstrap(args.bootstrap)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        from api.console import resolve_topic_arguments
+
+        resolve_topic_arguments(args)
         return int(args.handler(args) or 0)
     except CliError as exc:
         print(f"kraftlog: {exc}", file=sys.stderr)

@@ -23,6 +23,45 @@ from api.cli_support import CliError, ExamplesFormatter, get_json
 from api.table import format_table
 
 
+
+def add_topic_argument(parser: argparse.ArgumentParser, dest: str, *, many: bool = False,
+                       required: bool = True) -> None:
+    """The topic as a positional argument, or as Kafka's tools spell it,
+    ``--topic NAME``; ``resolve_topic_arguments`` merges the two after
+    parsing."""
+    if many:
+        parser.add_argument(dest, nargs="*", metavar="NAME", default=[], help="topic names")
+        parser.add_argument("--topic", action="append", default=[], dest=f"{dest}_flag",
+                            metavar="NAME", help="a topic, as Kafka's tools name it "
+                                                 "(repeatable; the same as NAME)")
+    else:
+        parser.add_argument(dest, nargs="?", metavar="TOPIC", help="the topic's name")
+        parser.add_argument("--topic", dest=f"{dest}_flag", metavar="TOPIC",
+                            help="the topic, as Kafka's tools name it (the same as TOPIC)")
+    parser.set_defaults(topic_argument=(dest, many, required))
+
+
+def resolve_topic_arguments(args: argparse.Namespace) -> None:
+    """Fold ``--topic`` into the positional topic argument of the command
+    that has one; raise ``CliError`` when neither or two different are given."""
+    spec = getattr(args, "topic_argument", None)
+    if spec is None:
+        return
+    dest, many, required = spec
+    positional, flag = getattr(args, dest), getattr(args, f"{dest}_flag")
+    if many:
+        names = list(positional) + [n for n in flag if n not in positional]
+        if required and not names:
+            raise CliError("name at least one topic (NAME or --topic NAME)")
+        setattr(args, dest, names)
+        return
+    if positional is not None and flag is not None and positional != flag:
+        raise CliError(f"two topics given: {positional!r} and --topic {flag!r}; give one")
+    topic = positional if positional is not None else flag
+    if required and topic is None:
+        raise CliError("name the topic (TOPIC or --topic TOPIC)")
+    setattr(args, dest, topic)
+
 def add_commands(commands: argparse._SubParsersAction) -> None:
     _add_topics(commands)
     _add_partitions(commands)
@@ -46,9 +85,12 @@ def _add_topics(commands: argparse._SubParsersAction) -> None:
         "create", help="create a topic",
         description="Create a topic. Partitions and replication factor default to the "
                     "cluster's num.partitions and default.replication.factor.")
-    create.add_argument("name")
-    create.add_argument("--partitions", type=int, default=-1, metavar="N")
-    create.add_argument("--replication-factor", type=int, default=-1, metavar="R")
+    add_topic_argument(create, "name")
+    create.add_argument("--partitions", type=int, default=-1, metavar="N",
+                        help="partition count (default: the cluster's num.partitions)")
+    create.add_argument("--replication-factor", type=int, default=-1, metavar="R",
+                        help="copies of each partition (default: the cluster's "
+                             "default.replication.factor)")
     create.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                         help="topic config, e.g. retention.ms=86400000 (repeatable)")
     create.add_argument("--if-not-exists", action="store_true",
@@ -63,7 +105,7 @@ def _add_topics(commands: argparse._SubParsersAction) -> None:
         description="For each partition: leader, leader epoch, replicas, in-sync replicas, "
                     "log start offset, high watermark, log end offset and size. Without a "
                     "name, every topic.")
-    describe.add_argument("names", nargs="*", metavar="NAME")
+    add_topic_argument(describe, "names", many=True, required=False)
     describe.set_defaults(handler=_topics_describe)
 
     alter = actions.add_parser(
@@ -74,7 +116,7 @@ def _add_topics(commands: argparse._SubParsersAction) -> None:
                     "  kraftlog topics alter orders --replicas 1:2:3,2:3:1\n"
                     "  kraftlog topics alter orders --config retention.ms=86400000",
         formatter_class=ExamplesFormatter)
-    alter.add_argument("name")
+    add_topic_argument(alter, "name")
     alter.add_argument("--partitions", type=int, metavar="N", help="new total partition count")
     alter.add_argument("--replicas", metavar="ASSIGNMENT",
                        help="reassign partitions, as Kafka's --replica-assignment: partitions "
@@ -87,7 +129,7 @@ def _add_topics(commands: argparse._SubParsersAction) -> None:
     alter.set_defaults(handler=_topics_alter)
 
     delete = actions.add_parser("delete", help="delete topics and their data")
-    delete.add_argument("names", nargs="+", metavar="NAME")
+    add_topic_argument(delete, "names", many=True)
     delete.set_defaults(handler=_topics_delete)
 
 
@@ -130,7 +172,7 @@ def _topics_create(args: argparse.Namespace) -> int:
 
 
 def _topics_list(args: argparse.Namespace) -> int:
-    answer = _inspect(args, "/v1/topics")
+    answer = inspect_json(args, "/v1/topics")
     rows = [(t["name"], str(t["partitions"]), str(t["replication_factor"]))
             for t in answer["topics"]]
     if not rows:
@@ -141,10 +183,10 @@ def _topics_list(args: argparse.Namespace) -> int:
 
 
 def _topics_describe(args: argparse.Namespace) -> int:
-    names = args.names or [t["name"] for t in _inspect(args, "/v1/topics")["topics"]]
+    names = args.names or [t["name"] for t in inspect_json(args, "/v1/topics")["topics"]]
     blocks = []
     for name in names:
-        topic = _inspect(args, "/v1/topics/" + quote(name, safe=""))
+        topic = inspect_json(args, "/v1/topics/" + quote(name, safe=""))
         configs = ",".join(f"{k}={v}" for k, v in sorted(topic.get("configs", {}).items()))
         header = (f"Topic: {name}\tTopicId: {topic['topic_id']}\t"
                   f"PartitionCount: {len(topic['partitions'])}\t"
@@ -241,7 +283,7 @@ def _topics_delete(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inspect(args: argparse.Namespace, path: str) -> dict:
+def inspect_json(args: argparse.Namespace, path: str) -> dict:
     answer = get_json(args.bootstrap.rstrip("/") + path)
     if isinstance(answer, dict) and "error" in answer:
         error = answer["error"]
@@ -476,7 +518,7 @@ def _add_produce(commands: argparse._SubParsersAction) -> None:
                     "  printf 'user-1:{\"total\":42}\\n' | kraftlog produce orders "
                     "--key-separator :",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    produce.add_argument("topic")
+    add_topic_argument(produce, "topic")
     produce.add_argument("--key-separator", metavar="SEP",
                          help="split each line at the first SEP into key and value "
                               "(lines without it are keyless)")
@@ -485,7 +527,8 @@ def _add_produce(commands: argparse._SubParsersAction) -> None:
     produce.add_argument("--partition", type=int, metavar="P",
                          help="send every record to this partition (default: by key, "
                               "or sticky for keyless records)")
-    produce.add_argument("--linger-ms", type=int, default=5, metavar="MS")
+    produce.add_argument("--linger-ms", type=int, default=5, metavar="MS",
+                         help="wait up to this long to fill a batch (default %(default)s)")
     produce.add_argument("--delivery-timeout-ms", type=int, default=30_000, metavar="MS",
                          help="give up on a record after this long (default %(default)s)")
     produce.set_defaults(handler=_produce)
@@ -530,7 +573,7 @@ def _produce(args: argparse.Namespace) -> int:
         producer.close()
     if failures:
         raise CliError(f"{failed} of {sent} records failed, e.g. {failures[0]}")
-    print(f"Produced {sent} record{'' if sent == 1 else 's'} to {args.topic}.", file=sys.stderr)
+    print(f"Produced {sent} record{'' if sent == 1 else 's'} to {args.topic}.")
     return 0
 
 
@@ -545,7 +588,7 @@ def _add_consume(commands: argparse._SubParsersAction) -> None:
                     "  kraftlog consume orders --group billing   # share the partitions, "
                     "commit offsets",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    consume.add_argument("topic")
+    add_topic_argument(consume, "topic")
     consume.add_argument("--from-beginning", action="store_true",
                          help="start at the earliest offset of each partition")
     consume.add_argument("--partition", type=int, metavar="P", help="read only this partition")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import sys
 import urllib.parse
 from typing import Any
 
@@ -31,24 +32,31 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
         description="Per partition the group consumes or has offsets for: the committed "
                     "offset, the log end offset (high watermark), the lag between them, and "
                     "the member that owns it with its host; then the members.")
-    describe.add_argument("group", metavar="GROUP")
+    describe.add_argument("group", metavar="GROUP", help="the group id")
     describe.set_defaults(handler=_describe)
     delete = actions.add_parser("delete", help="delete an empty group and its offsets")
-    delete.add_argument("group", metavar="GROUP")
+    delete.add_argument("group", metavar="GROUP", help="the group id")
     delete.set_defaults(handler=_delete)
     reset = actions.add_parser(
         "reset-offsets", help="move an empty group's committed offsets",
-        description="Set the committed offsets of GROUP for the partitions of --topic (all "
-                    "of them, or --partition P). The group must have no members (stop its "
-                    "consumers first): a member would overwrite them with its next commit.")
-    reset.add_argument("group", metavar="GROUP")
-    reset.add_argument("--topic", required=True)
+        description="Plan, and with --execute set, the committed offsets of GROUP for the "
+                    "partitions of --topic (all of them, or --partition P): a table of "
+                    "current -> new offsets. As kafka-consumer-groups, nothing changes "
+                    "without --execute. The group must have no members (stop its consumers "
+                    "first): a member would overwrite them with its next commit.")
+    reset.add_argument("group", metavar="GROUP", help="the group id")
+    reset.add_argument("--topic", required=True, help="the topic whose offsets move")
+    run = reset.add_mutually_exclusive_group()
+    run.add_argument("--execute", action="store_true", help="apply the plan")
+    run.add_argument("--dry-run", action="store_true",
+                     help="only show the plan (the default without --execute)")
     reset.add_argument("--partition", type=int, action="append", dest="partitions",
                        help="only this partition (repeatable)")
     to = reset.add_mutually_exclusive_group(required=True)
     to.add_argument("--to-earliest", action="store_true", help="the log start offset")
     to.add_argument("--to-latest", action="store_true", help="the log end offset")
-    to.add_argument("--to-offset", type=int, metavar="OFFSET", help="this offset")
+    to.add_argument("--to-offset", type=int, metavar="OFFSET",
+                    help="this offset (0 or more; clamped into the log)")
     to.add_argument("--to-datetime", metavar="ISO8601",
                     help="the first record at or after this time, e.g. 2026-11-21T10:00:00Z")
     to.add_argument("--shift-by", type=int, metavar="N",
@@ -57,9 +65,9 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
 
 
 def _get(args: argparse.Namespace, path: str) -> dict:
-    from api.console import _inspect
+    from api.console import inspect_json
 
-    return _inspect(args, path)
+    return inspect_json(args, path)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -76,7 +84,12 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _describe(args: argparse.Namespace) -> int:
+    from api.cli_support import CliError
+
     group = _get(args, "/v1/groups/" + urllib.parse.quote(args.group, safe=""))
+    if group["state"] == "dead" and not group["members"] and not group["offsets"]:
+        raise CliError(f"GROUP_ID_NOT_FOUND: group {args.group!r} does not exist (kraftlog "
+                       "groups list shows the groups there are)")
     owners: dict[tuple[str, int], dict] = {}
     for member in group["members"]:
         for topic, partition in member["assigned"] + member["pending_revocation"]:
@@ -134,7 +147,7 @@ def _reset(args: argparse.Namespace) -> int:
         try:
             numbers = sorted(consumer.partitions_for_topic(args.topic))
         except KraftlogError as exc:
-            raise CliError(f"{exc.code}: {exc}") from None
+            raise CliError(str(exc)) from None
         if args.partitions:
             unknown = sorted(set(args.partitions) - set(numbers))
             if unknown:
@@ -143,15 +156,23 @@ def _reset(args: argparse.Namespace) -> int:
             numbers = sorted(set(args.partitions))
         tps = [TopicPartition(args.topic, p) for p in numbers]
         targets = _reset_targets(args, consumer, tps)
-    _admin_call(args, lambda admin: admin.alter_consumer_group_offsets(args.group, targets))
-    print(format_table(("TOPIC", "PARTITION", "NEW-OFFSET"), [
-        (tp.topic, str(tp.partition), str(offset)) for tp, offset in sorted(targets.items())]))
+        current = _committed(args, tps)
+    if args.execute:
+        _admin_call(args, lambda admin: admin.alter_consumer_group_offsets(args.group, targets))
+    print(format_table(("TOPIC", "PARTITION", "CURRENT-OFFSET", "NEW-OFFSET"), [
+        (tp.topic, str(tp.partition), str(current.get(tp, "-")), str(offset))
+        for tp, offset in sorted(targets.items())]))
+    if not args.execute:
+        print("Nothing changed (a dry run): add --execute to apply this plan.", file=sys.stderr)
     return 0
 
 
 def _reset_targets(args: argparse.Namespace, consumer: Any, tps: list) -> dict:
     from api.cli_support import CliError
 
+    if args.to_offset is not None and args.to_offset < 0:
+        raise CliError(f"--to-offset must be 0 or more, not {args.to_offset}; use "
+                       "--to-earliest for the log start")
     starts = consumer.beginning_offsets(tps)
     ends = consumer.end_offsets(tps)
     if args.to_earliest:
@@ -195,4 +216,4 @@ def _admin_call(args: argparse.Namespace, action) -> None:
         with Admin(args.bootstrap, request_timeout_ms=10_000) as admin:
             action(admin)
     except KraftlogError as exc:
-        raise CliError(f"{exc.code}: {exc}") from None
+        raise CliError(str(exc)) from None

@@ -61,8 +61,9 @@ def create(url, name, *args):
 def produce(url, topic, lines, *args):
     result = ok(kraftlog(url, "produce", topic, *args, stdin="".join(l + "\n" for l in lines)))
     noun = "record" if len(lines) == 1 else "records"
-    assert result.stderr == f"Produced {len(lines)} {noun} to {topic}.\n"
-    assert result.stdout == ""
+    # The result on stdout, like every command's; stderr only for trouble.
+    assert result.stdout == f"Produced {len(lines)} {noun} to {topic}.\n"
+    assert result.stderr == ""
 
 
 def listed(url):
@@ -133,6 +134,25 @@ def test_a_topic_no_acks_all_write_could_reach_is_refused_with_the_fix(url):
     create(url, "writable", "--replication-factor", "1")
     fails(kraftlog(url, "topics", "alter", "writable", "--config", "min.insync.replicas=2"),
           "INVALID_CONFIG", "keep min.insync.replicas at most 1")
+
+
+def test_kafka_spellings_topic_flag_and_schemeless_bootstrap_server(url):
+    """What Kafka's tools take: --bootstrap-server host:port and --topic."""
+    host_port = url.removeprefix("http://")
+    result = subprocess.run(
+        [sys.executable, "-m", "api.cli", "--bootstrap-server", host_port, "topics", "create",
+         "--topic", "kafka-habits", "--partitions", "1"],
+        capture_output=True, text=True, timeout=30, cwd=REPO_ROOT)
+    assert result.returncode == 0 and result.stdout == "Created topic kafka-habits.\n", result
+    ok(kraftlog(url, "produce", "--topic", "kafka-habits", stdin="one\n"))
+    got = ok(kraftlog(url, "consume", "--topic", "kafka-habits", "--from-beginning",
+                      "--max-messages", "1"))
+    assert got.stdout == "one\n"
+    assert "kafka-habits" in ok(kraftlog(url, "topics", "describe", "--topic",
+                                         "kafka-habits")).stdout
+    fails(kraftlog(url, "produce", "kafka-habits", "--topic", "other", stdin="x\n"),
+          "two topics given")
+    fails(kraftlog(url, "consume"), "name the topic")
 
 
 def test_describe_shows_each_partitions_offsets_and_size(url):
@@ -232,7 +252,7 @@ def test_produced_lines_come_back_in_order(url):
     lines = [f"line-{i}" for i in range(20)] + ["héllo wörld", "with\ttab", "{\"json\": 1}"]
     result = ok(kraftlog(url, "produce", "lines",
                          stdin="".join(l + "\n" for l in lines[:-1]) + lines[-1] + "\r\n"))
-    assert result.stderr == f"Produced {len(lines)} records to lines.\n"
+    assert result.stdout == f"Produced {len(lines)} records to lines.\n"
 
     got = consume(url, "lines", "--from-beginning", "--max-messages", str(len(lines)))
     assert got.stdout.splitlines() == lines

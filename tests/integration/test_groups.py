@@ -875,18 +875,34 @@ def test_the_groups_commands_list_describe_reset_and_delete(cluster):
                   rf"{ends[partition] - committed}\s+\S+\s+127\.0\.0\.1"
             assert re.search(row, described.stdout, re.M), described.stdout
         refused = kraftlog(cluster, "groups", "reset-offsets", group, "--topic", topic,
-                           "--to-earliest")
-        assert refused.returncode == 1 and "NON_EMPTY_GROUP" in refused.stderr, refused
+                           "--to-earliest", "--execute")
+        assert refused.returncode == 1 and refused.stderr.count("NON_EMPTY_GROUP") == 1, refused
+    plan = kraftlog(cluster, "groups", "reset-offsets", group, "--topic", topic,
+                    "--partition", "1", "--shift-by", "-3")
+    assert plan.returncode == 0, plan.stderr
+    assert re.search(rf"^{topic}\s+1\s+7\s+4\s*$", plan.stdout, re.M), plan.stdout
+    assert "add --execute" in plan.stderr
+    offsets = {(o["topic"], o["partition"]): o["offset"]
+               for o in describe_group(cluster, group)["offsets"]}
+    assert offsets == {(topic, 0): 5, (topic, 1): 7}, "a plan changes nothing"
     reset = kraftlog(cluster, "groups", "reset-offsets", group, "--topic", topic,
-                     "--partition", "1", "--shift-by", "-3")
+                     "--partition", "1", "--shift-by", "-3", "--execute")
     assert reset.returncode == 0, reset.stderr
-    assert re.search(rf"^{topic}\s+1\s+4\s*$", reset.stdout, re.M), reset.stdout
+    assert re.search(rf"^{topic}\s+1\s+7\s+4\s*$", reset.stdout, re.M), reset.stdout
     offsets = {(o["topic"], o["partition"]): o["offset"]
                for o in describe_group(cluster, group)["offsets"]}
     assert offsets == {(topic, 0): 5, (topic, 1): 4}
+    negative = kraftlog(cluster, "groups", "reset-offsets", group, "--topic", topic,
+                        "--to-offset", "-1", "--execute")
+    assert negative.returncode == 1 and "--to-offset must be 0 or more" in negative.stderr
     deleted = kraftlog(cluster, "groups", "delete", group)
     assert deleted.returncode == 0, deleted.stderr
     assert describe_group(cluster, group)["state"] == "dead"
+    for argv in (("describe", group), ("delete", group)):
+        gone = kraftlog(cluster, "groups", *argv)
+        assert gone.returncode == 1, gone
+        (line,) = gone.stderr.strip().splitlines()
+        assert line.count("GROUP_ID_NOT_FOUND") == 1 and "does not exist" in line, line
 
 
 def test_closing_an_iterating_consumer_commits_only_what_it_handed_out(cluster):

@@ -289,7 +289,7 @@ class GroupService:
             try:
                 answer, records = operation(shard.core)
             except GroupError as exc:
-                raise CodedError(exc.code, str(exc)) from None
+                raise CodedError(exc.code, exc.message) from None
             except Exception:
                 # The core may have changed part-way: start again from the log.
                 self._drop(shard, "an operation failed part-way; reloading from the log")
