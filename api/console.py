@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 from urllib.parse import quote
@@ -98,6 +99,11 @@ def _add_topics(commands: argparse._SubParsersAction) -> None:
     create.set_defaults(handler=_topics_create)
 
     listing = actions.add_parser("list", help="list topics with partition counts")
+    listing.add_argument("--include", metavar="REGEX",
+                         help="only topics whose whole name matches REGEX, e.g. 'orders.*'")
+    listing.add_argument("--exclude-internal", action="store_true",
+                         help="leave out internal topics (__consumer_offsets and others "
+                              "starting with __)")
     listing.set_defaults(handler=_topics_list)
 
     describe = actions.add_parser(
@@ -172,9 +178,16 @@ def _topics_create(args: argparse.Namespace) -> int:
 
 
 def _topics_list(args: argparse.Namespace) -> int:
+    try:
+        include = re.compile(args.include) if args.include else None
+    except re.error as exc:
+        raise CliError(f"--include {args.include!r} is not a regular expression: {exc}") \
+            from None
     answer = inspect_json(args, "/v1/topics")
     rows = [(t["name"], str(t["partitions"]), str(t["replication_factor"]))
-            for t in answer["topics"]]
+            for t in answer["topics"]
+            if (include is None or include.fullmatch(t["name"]))
+            and not (args.exclude_internal and t["name"].startswith("__"))]
     if not rows:
         print("No topics. Create one: kraftlog topics create NAME --partitions 3")
         return 0
@@ -188,9 +201,10 @@ def _topics_describe(args: argparse.Namespace) -> int:
     for name in names:
         topic = inspect_json(args, "/v1/topics/" + quote(name, safe=""))
         configs = ",".join(f"{k}={v}" for k, v in sorted(topic.get("configs", {}).items()))
+        replication = max((len(p["replicas"]) for p in topic["partitions"]), default=0)
         header = (f"Topic: {name}\tTopicId: {topic['topic_id']}\t"
                   f"PartitionCount: {len(topic['partitions'])}\t"
-                  f"Configs: {configs or '-'}")
+                  f"ReplicationFactor: {replication}\tConfigs: {configs or '-'}")
         rows = [(str(p["partition"]), _or_none(p["leader"]), str(p["leader_epoch"]),
                  ",".join(map(str, p["replicas"])), ",".join(map(str, p["isr"])),
                  _or_dash(p.get("log_start_offset")), _or_dash(p.get("high_watermark")),
@@ -704,7 +718,17 @@ def _position(consumer, tps: list, args: argparse.Namespace) -> None:
                            f"not {args.offset!r}") from None
         if offset < 0:
             raise CliError("--offset must not be negative")
-        consumer.seek(tps[0], offset)
+        tp = tps[0]
+        start = consumer.beginning_offsets([tp])[tp]
+        end = consumer.end_offsets([tp])[tp]
+        if not start <= offset <= end:
+            reset = "earliest" if args.from_beginning else "latest"
+            raise CliError(
+                f"OFFSET_OUT_OF_RANGE: offset {offset} of {tp.topic}-{tp.partition} is outside "
+                f"its range [{start}, {end}] (log start to end); give an offset in it, or "
+                f"'earliest' or 'latest' (auto.offset.reset={reset} would start at "
+                f"{start if reset == 'earliest' else end})")
+        consumer.seek(tp, offset)
 
 
 def _format(record, args: argparse.Namespace) -> bytes:

@@ -122,7 +122,8 @@ def test_creating_an_existing_topic_fails_unless_if_not_exists(url):
     assert quiet.stdout == "" and quiet.stderr == ""
     # --if-not-exists leaves the existing topic exactly as it was.
     fields, rows = describe(url, "payments")["payments"]
-    assert (fields["PartitionCount"], fields["Configs"], len(rows)) == ("2", "-", 2)
+    assert (fields["PartitionCount"], fields["ReplicationFactor"], fields["Configs"],
+            len(rows)) == ("2", "1", "-", 2)
 
 
 def test_a_topic_no_acks_all_write_could_reach_is_refused_with_the_fix(url):
@@ -153,6 +154,21 @@ def test_kafka_spellings_topic_flag_and_schemeless_bootstrap_server(url):
     fails(kraftlog(url, "produce", "kafka-habits", "--topic", "other", stdin="x\n"),
           "two topics given")
     fails(kraftlog(url, "consume"), "name the topic")
+
+
+def test_list_filters_by_regex_and_leaves_out_internal_topics(url):
+    create(url, "filter-orders", "--partitions", "1")
+    create(url, "filter-payments", "--partitions", "1")
+    ok(kraftlog(url, "consume", "filter-orders", "--group", "filter-group",
+                "--timeout-ms", "500"))  # a group: __consumer_offsets exists
+    everything = ok(kraftlog(url, "topics", "list")).stdout
+    assert "__consumer_offsets" in everything
+    only = ok(kraftlog(url, "topics", "list", "--include", "filter-o.*")).stdout
+    assert [line.split()[0] for line in only.splitlines()[1:]] == ["filter-orders"]
+    public = ok(kraftlog(url, "topics", "list", "--exclude-internal")).stdout
+    assert "__consumer_offsets" not in public and "filter-payments" in public
+    fails(kraftlog(url, "topics", "list", "--include", "(unclosed"),
+          "is not a regular expression")
 
 
 def test_describe_shows_each_partitions_offsets_and_size(url):
@@ -375,6 +391,10 @@ def test_offset_and_partition_choose_where_to_start(url):
           "must not be negative")
     fails(kraftlog(url, "consume", "seek", "--partition", "5", "--timeout-ms", "300"),
           "has partitions 0 to 1, not 5")
+    # Past the end: said, with the range, not a silent "0 messages".
+    fails(kraftlog(url, "consume", "seek", "--partition", "0", "--offset", "999",
+                   "--timeout-ms", "300"),
+          "OFFSET_OUT_OF_RANGE", "offset 999 of seek-0", "[0, 3]", "auto.offset.reset=latest")
     fails(kraftlog(url, "consume", "no-such-topic", "--timeout-ms", "300"),
           "UNKNOWN_TOPIC_OR_PARTITION", "'no-such-topic'")
 
