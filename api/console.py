@@ -549,8 +549,18 @@ def _add_produce(commands: argparse._SubParsersAction) -> None:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from api.client import KraftlogError, Producer
+    from api.client import Consumer, KraftlogError, Producer
 
+    # A broker that cannot be reached fails now, as `consume` and `topics`
+    # do, instead of every record failing after delivery_timeout_ms as if
+    # the topic were missing. (A missing topic still waits: it may be
+    # created meanwhile, as Kafka's producer waits for its metadata.)
+    with Consumer(args.bootstrap, request_timeout_ms=5000) as probe:
+        try:
+            probe.partitions_for_topic(args.topic)
+        except KraftlogError as exc:
+            if exc.code == "BROKER_NOT_AVAILABLE":
+                _fail(f"cannot write to topic {args.topic!r}", exc)
     acks = -1 if args.acks in ("all", "-1") else int(args.acks)
     failures: list[str] = []  # the first failed record's error, then a count
     failed = 0

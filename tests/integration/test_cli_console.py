@@ -262,6 +262,16 @@ def test_an_unreachable_broker_is_one_clear_line():
     fails(result, "cannot reach", "is the node running?")
 
 
+def test_producing_to_a_dead_bootstrap_fails_at_once_saying_so():
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "api.cli", "--bootstrap", "http://127.0.0.1:9", "produce",
+         "orders"], input="a\n", capture_output=True, text=True, timeout=30, cwd=REPO_ROOT)
+    line = fails(result, "BROKER_NOT_AVAILABLE", "'orders'")
+    assert "UNKNOWN_TOPIC" not in line
+    assert time.monotonic() - started < 10, "not after a delivery timeout"
+
+
 # -- produce ------------------------------------------------------------------------------
 def test_produced_lines_come_back_in_order(url):
     create(url, "lines", "--partitions", "1")
