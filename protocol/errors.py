@@ -5,6 +5,22 @@ and turns any of them into the error body ``{"error": {"code", "message",
 ...}}``; the client turns that body back into its own exception types."""
 
 
+#: Codes a client retries, after refreshing metadata (docs/protocol.md).
+RETRIABLE_CODES = frozenset({
+    "NOT_LEADER_OR_FOLLOWER",
+    "UNKNOWN_TOPIC_OR_PARTITION",
+    "LEADER_NOT_AVAILABLE",
+    "FENCED_LEADER_EPOCH",
+    "UNKNOWN_LEADER_EPOCH",
+    "REQUEST_TIMED_OUT",
+    "NOT_ENOUGH_REPLICAS",
+    "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
+    "NOT_CONTROLLER",
+    "BROKER_NOT_AVAILABLE",
+    "KAFKA_STORAGE_ERROR",
+})
+
+
 class KraftError(Exception):
     """Base class: a request a controller or broker refuses, with a reason."""
 

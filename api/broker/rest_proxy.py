@@ -28,9 +28,9 @@ import msgpack
 from aiohttp import web
 
 from api.broker.replication import broker_url
-from protocol import wire
-from protocol.errors import (InvalidRequestError, KraftError, LeaderNotAvailableError,
-                             UnknownTopicOrPartitionError)
+from protocol import validate_topic_name, wire
+from protocol.errors import (RETRIABLE_CODES, InvalidRequestError, KraftError,
+                             LeaderNotAvailableError, UnknownTopicOrPartitionError)
 from protocol.fields import Fields
 from protocol.partitioner import partition_for_key
 from storage.batch import BatchBuilder, iter_batches, iter_records
@@ -96,12 +96,13 @@ class RestProxy:
             for delta, (i, _, _) in enumerate(records):
                 offsets[i] = {"partition": partition,
                               "offset": None if error else outcome["base_offset"] + delta,
-                              "error_code": error["code"] if error else None,
-                              "error": error["message"] if error else None}
+                              "error_code": _proxy_error_code(error),
+                              "error": f"{error['code']}: {error['message']}" if error else None}
         return web.json_response({"key_schema_id": None, "value_schema_id": None,
                                   "offsets": offsets})
 
     def _partition_count(self, topic: str) -> int:
+        validate_topic_name(topic)  # INVALID_TOPIC_EXCEPTION: no such name can ever exist
         found = self.server.lifecycle.image.topics.get(topic)
         if found is None or not found.partitions:
             raise UnknownTopicOrPartitionError(
@@ -253,3 +254,11 @@ def _query_int(text: str, name: str, minimum: int, maximum: int) -> int:
     if not minimum <= value <= maximum:
         raise InvalidRequestError(f"{name} must be from {minimum} to {maximum}, got {value}")
     return value
+
+
+def _proxy_error_code(error: dict | None) -> int | None:
+    """Confluent REST Proxy v2's per-record ``error_code``: 2 when a retry
+    may succeed, 1 when it cannot; the error's name goes in ``error``."""
+    if error is None:
+        return None
+    return 2 if error["code"] in RETRIABLE_CODES else 1

@@ -18,20 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-#: Codes a client retries, after refreshing metadata (docs/protocol.md).
-RETRIABLE_CODES = frozenset({
-    "NOT_LEADER_OR_FOLLOWER",
-    "UNKNOWN_TOPIC_OR_PARTITION",
-    "LEADER_NOT_AVAILABLE",
-    "FENCED_LEADER_EPOCH",
-    "UNKNOWN_LEADER_EPOCH",
-    "REQUEST_TIMED_OUT",
-    "NOT_ENOUGH_REPLICAS",
-    "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
-    "NOT_CONTROLLER",
-    "BROKER_NOT_AVAILABLE",
-    "KAFKA_STORAGE_ERROR",
-})
+from protocol.errors import RETRIABLE_CODES
 
 #: Codes after which the client's idea of who leads a partition is wrong.
 METADATA_CODES = frozenset({

@@ -1183,7 +1183,8 @@ def test_rest_errors_are_per_record_when_one_partition_refuses(url):
     assert ok1 == {"partition": 1, "offset": 0, "error_code": None, "error": None}
     assert ok2 == {"partition": 1, "offset": 1, "error_code": None, "error": None}
     assert refused["partition"] == 0 and refused["offset"] is None
-    assert refused["error_code"] == "MESSAGE_TOO_LARGE" and refused["error"]
+    # Confluent's shape: a number (1: a retry cannot help), the name in "error".
+    assert refused["error_code"] == 1 and refused["error"].startswith("MESSAGE_TOO_LARGE: ")
     assert (log_end(url, topic, 0), log_end(url, topic, 1)) == (0, 2)
 
 
@@ -1203,6 +1204,10 @@ def test_rest_bad_base64_and_unknown_topics_are_refused(url):
     assert_error(rest_read(url, "rest-nowhere", 0, 0), 404, "UNKNOWN_TOPIC_OR_PARTITION")
     assert_error(rest_read(url, topic, 5, 0), 404, "UNKNOWN_TOPIC_OR_PARTITION")
     assert_error(rest_read(url, topic, 0, 9), 416, "OFFSET_OUT_OF_RANGE")
+    # A name no topic can ever have (here a path trick) is not "does not exist".
+    for bad in ("..%2Fetc", "has%20space", "x" * 250):
+        assert_error(rest_produce(url, bad, [{"value": 1}]), 400, "INVALID_TOPIC_EXCEPTION")
+        assert_error(rest_read(url, bad, 0, 0), 400, "INVALID_TOPIC_EXCEPTION")
     assert_serving(url)
 
 
