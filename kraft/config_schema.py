@@ -152,6 +152,9 @@ SCHEMA: tuple[Key, ...] = (
     _k("log.flush.offset.checkpoint.interval.ms", "int", 60_000,
        "How often recovery points are checkpointed.", _MANAGER, 1, INT32_MAX),
     # -- the broker ---------------------------------------------------------------------------
+    _k("connections.max.idle.ms", "int", 600_000,
+       "Close a connection idle this long, and give up on a request whose body stalls "
+       "this long.", _BROKER, 100, INT32_MAX),
     _k("socket.request.max.bytes", "int", 100 * 1024 * 1024,
        "Largest request body a broker reads.", _BROKER, 1024, INT32_MAX),
     _k("replica.lag.time.max.ms", "int", 30_000,

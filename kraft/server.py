@@ -140,8 +140,12 @@ class ControllerServer:
         self.quorum.start()
         app = web.Application(middlewares=[wire.error_middleware],
                               client_max_size=CONTROLLER_REQUEST_BYTES_MAX)
+        idle_ms = self.config.settings["connections.max.idle.ms"]
+        app[wire.BODY_BYTES_MAX_KEY] = CONTROLLER_REQUEST_BYTES_MAX
+        app[wire.BODY_IDLE_MS_KEY] = idle_ms
         self.add_routes(app)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
+                                     keepalive_timeout=idle_ms / 1000)
         await self._runner.setup()
         endpoint = self.config.voters[self.config.node_id]
         await web.TCPSite(self._runner, endpoint.host, endpoint.port).start()

@@ -14,10 +14,12 @@ anything else is logged with its traceback as ``UNKNOWN_SERVER_ERROR``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
 
+import aiohttp
 import msgpack
 from aiohttp import web
 
@@ -57,6 +59,7 @@ STATUS_BY_CODE = {
     "NOT_CONTROLLER": 421,
     "NOT_LEADER_OR_FOLLOWER": 421,
     "REQUEST_TIMED_OUT": 503,
+    "NETWORK_EXCEPTION": 400,
     "NOT_ENOUGH_REPLICAS": 503,
     "NOT_ENOUGH_REPLICAS_AFTER_APPEND": 503,
     "LEADER_NOT_AVAILABLE": 503,
@@ -125,10 +128,7 @@ async def read_body(request: web.Request) -> dict:
     if content_type not in (MSGPACK, JSON):
         raise InvalidRequestError(
             f"Content-Type must be {MSGPACK} or {JSON}, not {content_type or 'missing'}")
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise BodyTooLargeError(f"request body too large: {exc.text}") from None
+    raw = await read_raw_body(request)
     if not raw:
         raise InvalidRequestError("request body is empty; send a map")
     try:
@@ -155,6 +155,62 @@ class BodyTooLargeError(KraftError):
     code = "MESSAGE_TOO_LARGE"
 
 
+class BodyStalledError(KraftError):
+    """The sender stopped sending its body: the request is abandoned, so a
+    slow or stalled client cannot hold the server's resources forever."""
+
+    code = "REQUEST_TIMED_OUT"
+
+
+class ClientGoneError(KraftError):
+    """The client closed its connection in the middle of its request: normal
+    traffic (a client timed out or was stopped), not a server fault."""
+
+    code = "NETWORK_EXCEPTION"
+
+
+#: App keys the servers set: the largest body they read, and how long a body
+#: may stall (``connections.max.idle.ms``).
+BODY_BYTES_MAX_KEY = web.AppKey("body_bytes_max", int)
+BODY_IDLE_MS_KEY = web.AppKey("body_idle_ms", int)
+#: Used when a server sets no limit of its own.
+BODY_IDLE_MS_DEFAULT = 600_000
+BODY_CHUNK_BYTES = 256 * 1024
+
+
+async def read_raw_body(request: web.Request) -> bytes:
+    """The whole body, read chunk by chunk: each chunk must arrive within
+    the idle limit, and the total may not pass the size limit."""
+    limit = request.app.get(BODY_BYTES_MAX_KEY, REQUEST_BYTES_MAX_DEFAULT)
+    idle_s = request.app.get(BODY_IDLE_MS_KEY, BODY_IDLE_MS_DEFAULT) / 1000
+    declared = request.content_length
+    chunks, size = [], 0
+    try:
+        while True:
+            try:
+                chunk = await asyncio.wait_for(request.content.read(BODY_CHUNK_BYTES), idle_s)
+            except asyncio.TimeoutError:
+                raise BodyStalledError(
+                    f"the request body stalled: nothing arrived for {idle_s * 1000:.0f} ms "
+                    f"after {size} bytes{f' of {declared}' if declared is not None else ''} "
+                    "(connections.max.idle.ms)") from None
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLargeError(
+                    f"request body passes {limit} bytes (socket.request.max.bytes); send "
+                    "smaller requests")
+            chunks.append(chunk)
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
+        logger.debug("%s %s: the client went away mid-body: %s", request.method, request.path,
+                     exc)
+        raise ClientGoneError(f"the client closed the connection mid-body ({exc})") from None
+    if declared is not None and size < declared:
+        raise ClientGoneError(f"the body ended after {size} of {declared} bytes")
+    return b"".join(chunks)
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
@@ -173,6 +229,9 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         return respond(request, {"error": {"code": code, "message": message}}, exc.status)
     except KraftError as exc:
         return error_response(request, exc)
+    except ConnectionResetError as exc:  # the client left: normal traffic, said quietly
+        logger.debug("%s %s: the client went away: %s", request.method, request.path, exc)
+        return error_response(request, ClientGoneError(str(exc)))
     except Exception as exc:
         if hasattr(exc, "code") and isinstance(getattr(exc, "code"), str):
             return error_response(request, exc)  # storage errors carry codes too

@@ -138,6 +138,9 @@ class BrokerServer:
         app = web.Application(middlewares=[self._metrics_middleware, wire.error_middleware,
                                            self._size_middleware],
                               client_max_size=self.request_bytes_max)
+        idle_ms = self.config.settings["connections.max.idle.ms"]
+        app[wire.BODY_BYTES_MAX_KEY] = self.request_bytes_max
+        app[wire.BODY_IDLE_MS_KEY] = idle_ms
         self.data.add_routes(app)
         self.rest.add_routes(app)
         self.group_api.add_routes(app)
@@ -151,7 +154,8 @@ class BrokerServer:
         app.router.add_get("/v1/topics", self.handle_topics)
         app.router.add_get("/v1/topics/{topic}", self.handle_topic)
         app.router.add_get("/v1/quorum", self.handle_quorum)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
+                                     keepalive_timeout=idle_ms / 1000)
         await self._runner.setup()
         endpoint = self.config.listeners[BROKER_LISTENER]
         await web.TCPSite(self._runner, endpoint.host, endpoint.port).start()
