@@ -219,6 +219,26 @@ class Controller:
         self._lease_start_ms = {broker_id: now_ms for broker_id, broker in image.brokers.items()
                                 if not broker.fenced}
         self._last_preferred_check_ms = now_ms
+        for warning in self.unwritable_topics(image):
+            logger.warning(warning)
+
+    def unwritable_topics(self, image: MetadataImage) -> list[str]:
+        """A warning per topic no acks=all write could reach: fewer replicas
+        than its min.insync.replicas, typically after the cluster default
+        was raised (a topic's own override cannot get there: it is refused)."""
+        default = self.settings.topic_config_defaults.get(MIN_INSYNC_REPLICAS, "1")
+        warnings = []
+        for name, topic in sorted(image.topics.items()):
+            min_isr = int(image.topic_configs(name).get(MIN_INSYNC_REPLICAS, default))
+            replication = min((len(reg.replicas) for reg in topic.partitions.values()),
+                              default=min_isr)
+            if replication < min_isr:
+                warnings.append(
+                    f"topic {name!r} has {replication} replicas, fewer than its "
+                    f"min.insync.replicas={min_isr}: every acks=all write to it fails; set "
+                    f"`kraftlog topics alter {name} --config min.insync.replicas="
+                    f"{replication}` or lower the cluster default")
+        return warnings
 
     def lease_expiry_ms(self, broker_id: int) -> int | None:
         """When the broker's lease lapses (monotonic ms), None if it has none."""

@@ -784,6 +784,19 @@ def test_a_topic_no_acks_all_write_could_reach_is_refused():
     assert cluster.image.topic_configs("fine") == {"min.insync.replicas": "1"}
 
 
+def test_raising_the_cluster_default_warns_of_each_topic_it_makes_unwritable(caplog):
+    cluster = Cluster()
+    cluster.start(3)
+    cluster.create("old", replication_factor=1)
+    cluster.create("pinned", replication_factor=1, configs={"min.insync.replicas": "1"})
+    stricter = Controller(ControllerSettings(topic_config_defaults={"min.insync.replicas": "2"}))
+    with caplog.at_level("WARNING"):
+        stricter.become_active(cluster.image, 0)
+    warnings = [r.getMessage() for r in caplog.records if "every acks=all" in r.getMessage()]
+    assert len(warnings) == 1 and "'old'" in warnings[0], warnings
+    assert "kraftlog topics alter old --config min.insync.replicas=1" in warnings[0]
+
+
 def test_alter_configs_that_change_nothing_write_nothing():
     cluster = Cluster()
     cluster.start(1)
