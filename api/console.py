@@ -297,12 +297,25 @@ def _topics_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Answers that mean "ask again shortly" (a group's coordinator being
+#: created or loading), and how long the CLI keeps asking.
+INSPECT_RETRY_CODES = frozenset({"COORDINATOR_NOT_AVAILABLE", "COORDINATOR_LOAD_IN_PROGRESS"})
+INSPECT_RETRY_S = 10.0
+
+
 def inspect_json(args: argparse.Namespace, path: str) -> dict:
-    answer = get_json(args.bootstrap.rstrip("/") + path)
-    if isinstance(answer, dict) and "error" in answer:
+    """GET an inspection endpoint; its error as one line (``CODE: message``)."""
+    import time
+
+    deadline = time.monotonic() + INSPECT_RETRY_S
+    while True:
+        answer = get_json(args.bootstrap.rstrip("/") + path)
+        if not (isinstance(answer, dict) and "error" in answer):
+            return answer
         error = answer["error"]
-        raise CliError(f"{error.get('code')}: {error.get('message')}")
-    return answer
+        if error.get("code") not in INSPECT_RETRY_CODES or time.monotonic() > deadline:
+            raise CliError(f"{error.get('code')}: {error.get('message')}")
+        time.sleep(0.1)
 
 
 # -- partitions ------------------------------------------------------------------------

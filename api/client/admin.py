@@ -32,6 +32,9 @@ from api.client._types import (ConfigEntry, NewTopic, PartitionInfo, PartitionRe
 from api.client.errors import KraftlogError, UnknownTopicOrPartitionError, error_from
 
 #: Codes after which an admin call is tried again (nothing was applied).
+#: A group's coordinator is being created, is loading, or moved: ask again.
+COORDINATOR_RETRY_CODES = frozenset({"COORDINATOR_NOT_AVAILABLE",
+                                     "COORDINATOR_LOAD_IN_PROGRESS", "NOT_COORDINATOR"})
 ADMIN_RETRY_CODES = frozenset({"NOT_CONTROLLER", "BROKER_NOT_AVAILABLE"})
 
 
@@ -259,9 +262,18 @@ class AsyncAdmin:
     # -- consumer groups ------------------------------------------------------------
     async def _coordinator_call(self, group_id: str, path: str, body: dict) -> Any:
         """POST ``body`` to the coordinator of ``group_id`` (found through
-        any broker)."""
-        where = await self._call("/v1/groups/coordinator", {"group_id": group_id})
-        return await self._transport.request(where["coordinator_url"], path, body)
+        any broker), finding it again while it moves, loads or is created,
+        within ``request_timeout_ms``."""
+        deadline_ms = monotonic_ms() + self.request_timeout_ms
+        while True:
+            try:
+                where = await self._call("/v1/groups/coordinator", {"group_id": group_id})
+                return await self._transport.request(where["coordinator_url"], path, body)
+            except KraftlogError as exc:
+                wait_ms = min(self.retry_backoff_ms, deadline_ms - monotonic_ms())
+                if exc.code not in COORDINATOR_RETRY_CODES or wait_ms <= 0:
+                    raise
+                await asyncio.sleep(wait_ms / 1000)
 
     async def delete_consumer_groups(self, group_ids: Iterable[str]) -> None:
         """Delete each (empty) group and its committed offsets (Kafka's

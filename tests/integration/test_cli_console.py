@@ -137,6 +137,29 @@ def test_a_topic_no_acks_all_write_could_reach_is_refused_with_the_fix(url):
           "INVALID_CONFIG", "keep min.insync.replicas at most 1")
 
 
+def test_every_cli_error_is_one_line_naming_its_code_once(url):
+    """The error paths a user meets, each: exit 1, one line, the code once."""
+    create(url, "one-line", "--partitions", "1")
+    cases = [
+        (("topics", "create", "one-line"), "TOPIC_ALREADY_EXISTS"),
+        (("topics", "create", "bad/name"), "INVALID_TOPIC_EXCEPTION"),
+        (("topics", "describe", "no-such"), "UNKNOWN_TOPIC_OR_PARTITION"),
+        (("topics", "alter", "no-such", "--partitions", "3"), "UNKNOWN_TOPIC_OR_PARTITION"),
+        (("topics", "alter", "one-line", "--partitions", "1"), "INVALID_PARTITIONS"),
+        (("topics", "delete", "no-such"), "UNKNOWN_TOPIC_OR_PARTITION"),
+        (("consume", "no-such", "--timeout-ms", "300"), "UNKNOWN_TOPIC_OR_PARTITION"),
+        (("consume", "one-line", "--partition", "0", "--offset", "5"), "OFFSET_OUT_OF_RANGE"),
+        (("groups", "describe", "no-such-group"), "GROUP_ID_NOT_FOUND"),
+        (("groups", "delete", "no-such-group"), "GROUP_ID_NOT_FOUND"),
+        (("groups", "reset-offsets", "g", "--topic", "no-such", "--to-earliest"),
+         "UNKNOWN_TOPIC_OR_PARTITION"),
+    ]
+    for argv, code in cases:
+        result = kraftlog(url, *argv)
+        line = fails(result, code)
+        assert line.count(code) == 1, (argv, line)
+
+
 def test_kafka_spellings_topic_flag_and_schemeless_bootstrap_server(url):
     """What Kafka's tools take: --bootstrap-server host:port and --topic."""
     host_port = url.removeprefix("http://")
