@@ -69,6 +69,10 @@ CRC_OFFSET = MAGIC_OFFSET + struct.calcsize(">b")  # 17
 ATTRIBUTES_OFFSET = CRC_OFFSET + struct.calcsize(">I")  # 21
 assert (LENGTH_OFFSET, LEADER_EPOCH_OFFSET, MAGIC_OFFSET, CRC_OFFSET, ATTRIBUTES_OFFSET) == (
     8, 12, 16, 17, 21)
+# producer_id, producer_epoch, base_sequence: after attributes (h), last
+# offset delta (i) and the two timestamps (qq).
+PRODUCER_ID_OFFSET = ATTRIBUTES_OFFSET + struct.calcsize(">hiqq")  # 43
+assert PRODUCER_ID_OFFSET == 43
 
 # The two leading fields every batch has regardless of version; batch_length
 # counts the bytes after them.
@@ -520,6 +524,21 @@ class BatchBuilder:
         crc = zlib.crc32(section, zlib.crc32(memoryview(header)[ATTRIBUTES_OFFSET:]))
         struct.pack_into(">I", header, CRC_OFFSET, crc & 0xFFFFFFFF)
         return bytes(header) + section
+
+
+def with_producer(batch: bytes, producer_id: int, producer_epoch: int,
+                  base_sequence: int) -> bytes:
+    """A copy of one built batch stamped with another producer id, epoch and
+    base sequence (inside the CRC, so it is recomputed over the header only
+    and combined with the unchanged records section's). The idempotent
+    producer re-sequences a batch this way after an epoch bump."""
+    header = bytearray(batch[:HEADER_SIZE])
+    struct.pack_into(">qhi", header, PRODUCER_ID_OFFSET, producer_id, producer_epoch,
+                     base_sequence)
+    section = memoryview(batch)[HEADER_SIZE:]
+    crc = zlib.crc32(section, zlib.crc32(memoryview(header)[ATTRIBUTES_OFFSET:]))
+    struct.pack_into(">I", header, CRC_OFFSET, crc & 0xFFFFFFFF)
+    return bytes(header) + bytes(section)
 
 
 def build_batch(records: Sequence[tuple[bytes | None, bytes | None]], *,

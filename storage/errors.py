@@ -58,3 +58,17 @@ class InvalidTopicError(StorageError):
     """A topic name that cannot become a partition directory."""
 
     code = "INVALID_TOPIC_EXCEPTION"
+
+
+class OutOfOrderSequenceError(StorageError):
+    """An idempotent producer's batch that does not continue its sequence:
+    a batch before it is missing (``storage.producer_state``)."""
+
+    code = "OUT_OF_ORDER_SEQUENCE_NUMBER"
+
+
+class InvalidProducerEpochError(StorageError):
+    """A batch from an older epoch of a producer than this partition has
+    seen: a newer instance of the producer fenced it."""
+
+    code = "INVALID_PRODUCER_EPOCH"

@@ -40,7 +40,8 @@ from storage import batch as fmt
 from storage.checkpoint import CheckpointFormatError, LeaderEpochCheckpoint, fsync_directory
 from storage.config import NO_LIMIT, LogConfig
 from storage.epoch_cache import LeaderEpochCache
-from storage.errors import InvalidOffsetError, OffsetOutOfRangeError
+from storage.errors import InvalidOffsetError, InvalidRecordError, OffsetOutOfRangeError
+from storage.producer_state import Duplicate, ProducerStateManager, snapshot_offsets
 from storage.segment import LOG_SUFFIX, BatchMeta, Segment
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,9 @@ class AppendInfo:
     record_count: int
     size_bytes: int
     max_timestamp: int
+    #: An idempotent producer's retry of a batch already in the log: nothing
+    #: was written, and the offsets are the original batch's.
+    duplicate: bool = False
 
 
 @dataclasses.dataclass
@@ -74,10 +78,20 @@ class FlushTicket:
     offset: int
     directory: str | None  # fsync it too when segment files were created
     truncations: int  # the log's truncation count when the ticket was taken
+    files: list[str] = dataclasses.field(default_factory=list)  # producer snapshots
 
     def sync(self) -> None:
         for segment in self.segments:
             segment.sync()
+        for path in self.files:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # deleted since (truncation, retention)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         if self.directory is not None:
             fsync_directory(self.directory)
 
@@ -105,6 +119,11 @@ class Log:
         # must not advance the recovery point (see end_flush).
         self._truncations = 0
         self.closed = False
+        #: Idempotent producers' sequences and epochs (storage.producer_state).
+        self.producer_state = ProducerStateManager(directory)
+        self._unsynced_snapshots: list[str] = []
+        self._writing = False
+        self._snapshot_due = False
 
     # ------------------------------------------------------------------
     # Opening and recovery
@@ -180,10 +199,41 @@ class Log:
                         "restarting it empty there", directory, log_end_offset,
                         log_start_offset)
             instance.truncate_fully_and_start_at(log_start_offset)
+        instance._load_producer_state()
         if recovered_any:
             # What recovery validated may still be only in the page cache.
             instance.flush()
         return instance
+
+    def _load_producer_state(self) -> None:
+        """Producer state as of the log end: the newest intact snapshot at
+        or below it, then the batch headers after it (records are never
+        decoded). After a clean close the snapshot is at the log end and
+        nothing is read."""
+        state = self.producer_state
+        end = self.log_end_offset
+        state.delete_snapshots(above=end)
+        for offset in reversed(snapshot_offsets(self.directory)):
+            if state.load_snapshot(offset):
+                break
+        else:
+            state.clear(self._segments[0].base_offset)
+        self._replay_producer_state()
+
+    def _replay_producer_state(self) -> None:
+        """Apply the batch headers from the producer state's end offset to
+        the log end."""
+        state = self.producer_state
+        start = max(state.end_offset, self._segments[0].base_offset)
+        state.end_offset = start
+        index = max(bisect.bisect_right(self._bases, start) - 1, 0)
+        for segment in self._segments[index:]:
+            if segment.next_offset <= start:
+                continue
+            found = segment.find_batch(start) if start > segment.base_offset else None
+            position = found[0] if found is not None else 0
+            state.apply_all(header for _pos, header in segment.iter_batch_headers(position))
+        state.end_offset = self.log_end_offset
 
     @staticmethod
     def _remove_leftovers(directory: str) -> None:
@@ -242,6 +292,13 @@ class Log:
         """
         view = memoryview(records)
         validated = fmt.validate_batches(view, self.config.max_message_bytes, strict=True)
+        first = validated[0][1]
+        if first.producer_id >= 0 or len(validated) > 1 and any(
+                header.producer_id >= 0 for _pos, header in validated):
+            duplicate = self._check_producer(validated)
+            if duplicate is not None:
+                return AppendInfo(duplicate.first_offset, duplicate.last_offset, self.clock(),
+                                  0, 0, duplicate.timestamp, duplicate=True)
         offset = self.log_end_offset
         entries = []
         for pos, header in validated:
@@ -254,7 +311,37 @@ class Log:
         info = self._write(entries)
         if leader_epoch >= 0:  # only once the bytes are written
             self.epoch_cache.assign(leader_epoch, info.base_offset)
+        if first.producer_id >= 0:
+            self.producer_state.apply(first._replace(base_offset=info.base_offset))
+        self._producer_state_caught_up()
         return info
+
+    def _check_producer(self, validated: list[tuple[int, fmt.BatchHeader]]
+                        ) -> Duplicate | None:
+        """An idempotent producer's batch: one per request (as Kafka's
+        produce v3+), with a sequence, judged by the producer state."""
+        if len(validated) > 1:
+            raise InvalidRecordError(
+                "a batch with a producer id must travel alone: send one batch per partition "
+                "per produce request when idempotence is on")
+        header = validated[0][1]
+        if header.producer_epoch < 0 or header.base_sequence < 0:
+            raise InvalidRecordError(
+                f"a batch with producer id {header.producer_id} needs a producer epoch and a "
+                f"base sequence >= 0, not {header.producer_epoch} and {header.base_sequence}")
+        return self.producer_state.check(header)
+
+    def _producer_state_caught_up(self) -> None:
+        """Every batch up to the log end is applied: record that, and take
+        the snapshot a roll during the write asked for."""
+        self.producer_state.end_offset = self.log_end_offset
+        if self._snapshot_due:
+            self._snapshot_due = False
+            self._take_snapshot()
+
+    def _take_snapshot(self) -> None:
+        self._unsynced_snapshots.append(self.producer_state.write_snapshot())
+        self._dir_dirty = True
 
     def append_as_follower(self, records) -> AppendInfo:
         """Append a leader's batches unchanged (offsets and epochs as stamped).
@@ -276,8 +363,12 @@ class Log:
                             header.record_count))
             expected = header.next_offset
         info = self._write(entries)
+        state = self.producer_state
         for _pos, header in validated:
             self.epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
+            if header.producer_id >= 0:
+                state.apply(header)
+        self._producer_state_caught_up()
         return info
 
     def _write(self, entries: list[tuple[list, BatchMeta, int]]) -> AppendInfo:
@@ -287,12 +378,18 @@ class Log:
         metas: list[BatchMeta] = []
         run_bytes = 0
         messages = 0
-        for batch_pieces, meta, count in entries:
+        for i, (batch_pieces, meta, count) in enumerate(entries):
             if self._should_roll(run_bytes, meta):
                 if metas:
                     self.active_segment.append(pieces, metas)
                     pieces, metas, run_bytes = [], [], 0
-                self.roll()
+                # The producer state catches up after the write: once this
+                # write has put a batch in, the roll's snapshot waits for it.
+                self._snapshot_due = self._writing = i > 0
+                try:
+                    self.roll()
+                finally:
+                    self._writing = False
             pieces.extend(batch_pieces)
             metas.append(meta)
             run_bytes += meta.size_bytes
@@ -332,6 +429,8 @@ class Log:
         self._segments = self._segments + [segment]
         self._bases = self._bases + [segment.base_offset]
         self._dir_dirty = True
+        if not self._writing:
+            self._take_snapshot()  # recovery replays from here, not the log start
         return segment
 
     # ------------------------------------------------------------------
@@ -408,6 +507,8 @@ class Log:
             return
         self.epoch_cache.truncate_from_end(end)
         self.recovery_point = min(self.recovery_point, end)
+        self._dir_dirty = True
+        self._load_producer_state()
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete everything and restart the log empty at ``offset`` (a
@@ -426,6 +527,8 @@ class Log:
         self.log_start_offset = offset
         self.recovery_point = offset
         self._dir_dirty = True
+        self.producer_state.delete_snapshots()
+        self.producer_state.clear(offset)
 
     def delete_records_before(self, offset: int) -> int:
         """Move the log start offset up to ``offset`` (Kafka's DeleteRecords)
@@ -492,6 +595,9 @@ class Log:
             self._bases = self._bases[count:]
             self.recovery_point = max(self.recovery_point, self._segments[0].base_offset)
             self._dir_dirty = True
+            # Producers stay (KIP-360: until producer.id.expiration.ms); the
+            # snapshots of deleted segments go.
+            self.producer_state.delete_snapshots(below=self._segments[0].base_offset)
         return count
 
     # ------------------------------------------------------------------
@@ -520,7 +626,8 @@ class Log:
         self._dir_dirty = False
         self._unflushed_messages = 0
         self._first_unflushed_ms = None
-        return FlushTicket(todo, target, directory, self._truncations)
+        files, self._unsynced_snapshots = self._unsynced_snapshots, []
+        return FlushTicket(todo, target, directory, self._truncations, files)
 
     def end_flush(self, ticket: FlushTicket) -> None:
         """Owner thread: the ticket's data is durable; advance the recovery
@@ -544,6 +651,8 @@ class Log:
         """Flush and close every file (a clean shutdown)."""
         if self.closed:
             return
+        # A snapshot at the log end: the next open reads no batch header.
+        self._take_snapshot()
         self.flush()
         for segment in self._segments:
             segment.close()
@@ -576,6 +685,9 @@ class Log:
         self.epoch_cache.check_invariants()
         for _epoch, start in self.epoch_cache.entries:
             assert start <= self.log_end_offset, (start, self.log_end_offset)
+        assert self.producer_state.end_offset == self.log_end_offset, (
+            self.producer_state.end_offset, self.log_end_offset)
+        self.producer_state.check_invariants()
 
     def __repr__(self) -> str:
         return (f"Log({self.directory!r}, start={self.log_start_offset}, "

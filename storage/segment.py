@@ -345,9 +345,10 @@ class Segment:
             yield pos, header
             pos += header.size_bytes
 
-    def iter_batch_headers(self) -> Iterator[tuple[int, BatchHeader]]:
-        """``(position, header)`` of every batch, in order (no CRC checks)."""
-        return self._iter_headers(0)
+    def iter_batch_headers(self, start_pos: int = 0) -> Iterator[tuple[int, BatchHeader]]:
+        """``(position, header)`` of every batch from ``start_pos`` (a batch
+        boundary), in order (no CRC checks)."""
+        return self._iter_headers(start_pos)
 
     def find_batch(self, offset: int) -> tuple[int, BatchHeader] | None:
         """Position and header of the first batch whose last offset is
