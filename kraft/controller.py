@@ -67,8 +67,9 @@ from kraft.placement import (BrokerInfo, elect_leader, isr_after_fencing, place_
                              preferred_leader_election)
 from kraft.records import (LEADER_RECOVERED, LEADER_RECOVERING, NO_LEADER,
                            BrokerRegistrationChangeRecord, ConfigRecord, FenceBrokerRecord,
-                           PartitionChangeRecord, PartitionRecord, Record, RegisterBrokerRecord,
-                           RemoveTopicRecord, TopicRecord, UnfenceBrokerRecord)
+                           PartitionChangeRecord, PartitionRecord, ProducerIdsRecord, Record,
+                           RegisterBrokerRecord, RemoveTopicRecord, TopicRecord,
+                           UnfenceBrokerRecord)
 from kraft.topic_config import (MIN_INSYNC_REPLICAS, TOPIC_CONFIGS,
                                 UNCLEAN_LEADER_ELECTION_ENABLE, builtin_defaults,
                                 defaults_from_broker_config, normalise_topic_config, printable,
@@ -79,7 +80,8 @@ from protocol.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistra
                              InvalidRequestError, InvalidTopicError, InvalidUpdateVersionError,
                              KraftError, NoReassignmentInProgressError, NotLeaderOrFollowerError,
                              StaleBrokerEpochError, TopicAlreadyExistsError,
-                             UnknownLeaderEpochError, UnknownTopicOrPartitionError)
+                             UnknownLeaderEpochError, UnknownServerError,
+                             UnknownTopicOrPartitionError)
 from protocol.fields import Fields, as_int, as_str
 from storage import errors as storage_errors
 from storage.manager import validate_topic_name
@@ -101,6 +103,11 @@ TOPIC_ID_ATTEMPTS_MAX = 16  # fresh ids drawn before giving up on a colliding fa
 
 INT32_MAX = 2**31 - 1  # broker ids, partitions, epochs (Kafka int32)
 INT64_MAX = 2**63 - 1  # metadata offsets and broker epochs (Kafka int64)
+
+#: Producer ids a broker takes from the controller at a time (Kafka's block).
+PRODUCER_ID_BLOCK_SIZE = 1000
+#: Producer ids are int64; the last block must end by then.
+PRODUCER_ID_MAX = 2**63 - 1
 
 CONFIG_SOURCE_TOPIC = "TOPIC_CONFIG"
 CONFIG_SOURCE_DEFAULT = "DEFAULT_CONFIG"
@@ -776,6 +783,24 @@ class Controller:
             if items is not None or moved or result["error"] is not None:
                 results.append(result)
         return ControllerResult(draft.records, {"partitions": results})
+
+    # -- producer ids -------------------------------------------------------
+    def allocate_producer_ids(self, image: MetadataImage, request: Any) -> ControllerResult:
+        """AllocateProducerIds (KIP-730): the next block of
+        ``PRODUCER_ID_BLOCK_SIZE`` producer ids for a registered broker, which
+        hands them to idempotent and transactional producers. The block is
+        taken through the metadata log, so no id is ever handed out twice,
+        whichever controller is active."""
+        body = Fields(request, "")
+        broker_id = body.integer("broker_id", 0, INT32_MAX)
+        broker_epoch = body.integer("broker_epoch", 0, INT64_MAX)
+        _registered_broker(image, broker_id, broker_epoch)
+        start = image.next_producer_id
+        if start > PRODUCER_ID_MAX - PRODUCER_ID_BLOCK_SIZE:
+            raise UnknownServerError("every producer id is taken")
+        record = ProducerIdsRecord(broker_id, broker_epoch, start + PRODUCER_ID_BLOCK_SIZE)
+        return ControllerResult([record], {"producer_id_start": start,
+                                           "producer_id_len": PRODUCER_ID_BLOCK_SIZE})
 
     # -- reassignment -------------------------------------------------------
     def alter_partition_reassignments(self, image: MetadataImage, request: Any

@@ -176,6 +176,7 @@ class ControllerServer:
             "partitions/alter": self._writer(lambda c: c.alter_partition),
             "leaders/elect": self._writer(lambda c: c.elect_leaders),
             "partitions/reassign": self._writer(lambda c: c.alter_partition_reassignments),
+            "producer_ids/allocate": self._writer(lambda c: c.allocate_producer_ids),
             "configs/describe": self._reader(lambda c: c.describe_configs),
             "partitions/reassignments": self._reader(lambda c: c.list_partition_reassignments),
         }

@@ -88,6 +88,8 @@ NO_PARTITION_LEADER_EPOCH = -1
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 NO_SEQUENCE = -1
+#: Sequence numbers are int32 and wrap from this to 0.
+SEQUENCE_MAX = 2**31 - 1
 NO_TIMESTAMP = -1
 
 # Attribute bits.
@@ -524,6 +526,11 @@ class BatchBuilder:
         crc = zlib.crc32(section, zlib.crc32(memoryview(header)[ATTRIBUTES_OFFSET:]))
         struct.pack_into(">I", header, CRC_OFFSET, crc & 0xFFFFFFFF)
         return bytes(header) + section
+
+
+def next_sequence(sequence: int, increment: int = 1) -> int:
+    """``sequence + increment``, wrapping past ``SEQUENCE_MAX`` to 0 as Kafka's do."""
+    return (sequence + increment) % (SEQUENCE_MAX + 1)
 
 
 def with_producer(batch: bytes, producer_id: int, producer_epoch: int,

@@ -45,7 +45,8 @@ from typing import Iterable, NamedTuple
 
 import msgpack
 
-from storage.batch import NO_PRODUCER_EPOCH, NO_SEQUENCE, BatchHeader
+from storage.batch import (NO_PRODUCER_EPOCH, NO_SEQUENCE,  # noqa: F401  (re-exported)
+                           SEQUENCE_MAX, BatchHeader, next_sequence)
 from storage.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 
 log = logging.getLogger(__name__)
@@ -53,16 +54,10 @@ log = logging.getLogger(__name__)
 #: Batches remembered per producer for duplicate detection: a producer may
 #: have this many requests in flight per partition (Kafka's limit, 5).
 BATCHES_KEPT = 5
-SEQUENCE_MAX = 2**31 - 1
 SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOT_VERSION = 1
 #: Snapshot file: a CRC-32 of the body, then the msgpack body.
 _SNAPSHOT_HEADER = struct.Struct(">I")
-
-
-def next_sequence(sequence: int, increment: int = 1) -> int:
-    """``sequence + increment``, wrapping past 2**31 - 1 to 0 as Kafka's do."""
-    return (sequence + increment) % (SEQUENCE_MAX + 1)
 
 
 def snapshot_path(directory: str, offset: int) -> str:

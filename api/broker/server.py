@@ -33,6 +33,7 @@ from api.broker.groups.service import GroupService
 from api.broker.isr import AlterPartitionSender
 from api.broker.lifecycle import BrokerLifecycle
 from api.broker.metrics import BrokerMetrics
+from api.broker.producers import ProducerApi, ProducerIdManager
 from api.broker.replica_manager import ReplicaManager
 from api.broker.replication import ReplicationSettings, broker_url
 from api.broker.rest_proxy import RestProxy
@@ -117,6 +118,10 @@ class BrokerServer:
             lambda path, body: self.client.call(path, body, timeout_ms=ADMIN_TIMEOUT_MS),
             lambda: self.lifecycle.image, config.settings, self.replicas.clock_ms)
         self.group_api = GroupApi(self.groups, self._live_broker_urls)
+        self.producer_ids = ProducerIdManager(
+            lambda path, body: self.client.call(path, body, timeout_ms=ADMIN_TIMEOUT_MS),
+            lambda: self.lifecycle.core.broker_epoch, config.node_id)
+        self.producer_api = ProducerApi(self.producer_ids)
         self.metrics.add_group_gauges(
             lambda: {(group,): count for group, count in self.groups.member_counts.items()},
             lambda: {(g, t, str(p)): lag for (g, t, p), lag in self.groups.lags.items()})
@@ -144,6 +149,7 @@ class BrokerServer:
         self.data.add_routes(app)
         self.rest.add_routes(app)
         self.group_api.add_routes(app)
+        self.producer_api.add_routes(app)
         for path in ADMIN_ROUTES:
             app.router.add_post(path, self.handle_admin)
         app.router.add_post("/v1/admin/topics/describe", self.handle_describe_topics)

@@ -21,8 +21,9 @@ from api.client._transport import monotonic_ms
 from api.client._types import RecordMetadata
 from api.client.errors import (BufferExhaustedError, ClientClosedError, KraftlogError,
                                MessageTooLargeError)
+from api.client.idempotence import IdempotenceState
 from protocol.partitioner import StickyPartitioner, murmur2
-from storage.batch import BatchBuilder, Compression
+from storage.batch import BatchBuilder, Compression, with_producer
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +160,8 @@ class ProducerBatch(_Completion):
     ``builder`` becomes None."""
 
     __slots__ = ("topic", "partition", "builder", "room_bytes", "payload", "record_count",
-                 "attempts", "retry_at_ms", "last_error", "base_offset", "log_append_time_ms")
+                 "attempts", "retry_at_ms", "last_error", "base_offset", "log_append_time_ms",
+                 "serial", "producer_id", "producer_epoch", "base_sequence")
 
     def __init__(self, topic: str, partition: int, builder: BatchBuilder,
                  created_ms: int, batch_size: int) -> None:
@@ -178,6 +180,28 @@ class ProducerBatch(_Completion):
         self.last_error: KraftlogError | None = None
         self.base_offset = -1
         self.log_append_time_ms = -1
+        #: Creation order within the producer: retries go back in this order.
+        self.serial = 0
+        # What an idempotent producer stamped on it when it first left.
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self.base_sequence = -1
+
+    @property
+    def count(self) -> int:
+        return self.record_count if self.builder is None else self.builder.record_count
+
+    def stamp(self, producer_id: int, epoch: int, base_sequence: int) -> None:
+        """Carry an idempotent producer's id, epoch and sequence."""
+        self.producer_id, self.producer_epoch, self.base_sequence = (
+            producer_id, epoch, base_sequence)
+        if self.builder is not None:
+            self.builder.producer_id = producer_id
+            self.builder.producer_epoch = epoch
+            self.builder.base_sequence = base_sequence
+        else:
+            assert self.payload is not None
+            self.payload = with_producer(self.payload, producer_id, epoch, base_sequence)
 
     def metadata(self, index: int, timestamp_ms: int) -> RecordMetadata:
         if self.error is not None:
@@ -289,7 +313,8 @@ class RecordAccumulator:
                  sticky: StickyPartitioner | None = None,
                  clock_ms: Callable[[], int] = monotonic_ms,
                  wake: Callable[[], None] = lambda: None,
-                 max_block_ms: int | None = None) -> None:
+                 max_block_ms: int | None = None,
+                 idempotence: IdempotenceState | None = None) -> None:
         self.batch_size = batch_size
         self.buffer_memory = buffer_memory
         self.linger_ms = linger_ms
@@ -314,10 +339,14 @@ class RecordAccumulator:
         self._key_hashes: dict[bytes, int] = {}
         self._queues: dict[tuple[str, int], deque[ProducerBatch]] = {}
         self._open: dict[tuple[str, int], ProducerBatch] = {}
-        # Partitions with batches in a request now. Their next batches wait:
-        # two requests in flight travel over separate connections, and the
-        # later one could be appended first.
-        self._sending: set[tuple[str, int]] = set()
+        # Requests in flight per partition. Without idempotence a partition's
+        # next batches wait for its one request: two requests in flight
+        # travel over separate connections, and the later one could be
+        # appended first. With it, ``idempotence.may_send`` decides: the
+        # broker's sequence check keeps the order.
+        self._sending: dict[tuple[str, int], int] = {}
+        self.idempotence = idempotence
+        self._serial = 0
         self._pending: dict[str, _PendingGroup] = {}
         self._incomplete: set[_Completion] = set()
 
@@ -444,6 +473,8 @@ class RecordAccumulator:
             raise ValueError(f"partition must be an int >= 0, not {partition!r}")
         batch = ProducerBatch(topic, partition, BatchBuilder(compression=self.compression),
                               self._clock_ms(), self.batch_size)
+        self._serial += 1
+        batch.serial = self._serial
         self._open[tp] = batch
         queue = self._queues.get(tp)
         if queue is None:
@@ -550,6 +581,7 @@ class RecordAccumulator:
         next_ms: int | None = None
         missing: set[str] = set()
         linger_ms = self.linger_ms
+        idem = self.idempotence
         with self.lock:
             urgent = self.flushing > 0 or self.closed
             for group in self._pending.values():
@@ -571,13 +603,15 @@ class RecordAccumulator:
                     if wait > 0:
                         next_ms = wait if wait < next_ms else next_ms
                         continue
-                if tp in self._sending:
+                if idem is None and tp in self._sending:
                     continue  # its previous batches are in flight: keep the order
                 url = leader_url(tp)
                 if url is None:
                     missing.add(tp[0])
                     continue
                 if url in busy_urls:
+                    continue
+                if idem is not None and not idem.may_send(tp, url, head.base_sequence >= 0):
                     continue
                 taken = out.get(url)
                 if taken is None:
@@ -599,11 +633,20 @@ class RecordAccumulator:
                         del self._open[tp]
                     queue.popleft()
                     taken.append(batch)
-                    self._sending.add(tp)
+                    self._sending[tp] = self._sending.get(tp, 0) + 1
                     request_bytes[url] += size
                     count = self.partition_counts.get(tp[0])
                     if count:
                         self._sticky.on_batch_closed(tp[0], tp[1], count)
+                    if idem is not None:
+                        # One batch per partition per request (the broker
+                        # dedupes batch by batch), stamped as it leaves.
+                        stamp = idem.stamp(tp, batch.count, batch.producer_epoch,
+                                           batch.base_sequence, batch.producer_id)
+                        if stamp is not None:
+                            batch.stamp(*stamp)
+                        idem.sending(tp, url)
+                        break
                 if not taken:
                     del out[url]
         if next_ms is not None and next_ms < 0:
@@ -614,19 +657,29 @@ class RecordAccumulator:
         """The request carrying ``batches`` is over (answered, failed or
         abandoned): their partitions may send again."""
         with self.lock:
-            self._sending.difference_update((b.topic, b.partition) for b in batches)
+            for b in batches:
+                tp = (b.topic, b.partition)
+                left = self._sending.get(tp, 0) - 1
+                if left > 0:
+                    self._sending[tp] = left
+                else:
+                    self._sending.pop(tp, None)
 
     def requeue(self, batches: list[ProducerBatch], retry_at_ms: int) -> None:
-        """Put batches that failed retriably back at the front of their
-        partitions' queues, in their original order."""
+        """Put batches that failed retriably back into their partitions'
+        queues, in creation order: a batch retried after a later one failed
+        too still goes first (its sequence is lower)."""
         with self.lock:
-            for batch in reversed(batches):
+            for batch in batches:
                 batch.retry_at_ms = retry_at_ms
                 tp = (batch.topic, batch.partition)
                 queue = self._queues.get(tp)
                 if queue is None:
                     queue = self._queues[tp] = deque()
-                queue.appendleft(batch)
+                index = 0
+                while index < len(queue) and queue[index].serial < batch.serial:
+                    index += 1
+                queue.insert(index, batch)
 
     def expired(self, now_ms: int) -> list[_Completion]:
         """Remove and return the queued batches and pending groups older than

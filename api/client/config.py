@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from api.client._transport import DEFAULT_BOOTSTRAP
 from api.client.accumulator import MAX_REQUEST_BYTES_DEFAULT, Partitioner
+from api.client.idempotence import MAX_IN_FLIGHT_IDEMPOTENT
 from storage.batch import Compression
 
 
@@ -20,11 +21,30 @@ class ProducerConfig:
                  delivery_timeout_ms: int = 120_000, request_timeout_ms: int = 30_000,
                  max_in_flight: int = 5, max_request_bytes: int = MAX_REQUEST_BYTES_DEFAULT,
                  metadata_max_age_ms: int = 300_000,
-                 partitioner: Partitioner | None = None) -> None:
+                 partitioner: Partitioner | None = None,
+                 enable_idempotence: bool | None = None) -> None:
         if acks == "all":
             acks = -1
         if acks not in (0, 1, -1):
             raise ValueError(f"acks must be 0, 1, -1 or 'all', not {acks!r}")
+        if enable_idempotence is None:
+            # Kafka 3's default: on, unless other settings the user chose
+            # rule it out.
+            enable_idempotence = (acks == -1 and retries > 0
+                                  and max_in_flight <= MAX_IN_FLIGHT_IDEMPOTENT)
+        elif enable_idempotence:
+            if acks != -1:
+                raise ValueError("enable_idempotence=True needs acks='all': an acks=1 write "
+                                 "can be lost with its leader, and with it the sequence")
+            if retries < 1:
+                raise ValueError("enable_idempotence=True needs retries >= 1")
+            if not isinstance(max_in_flight, int) or max_in_flight > MAX_IN_FLIGHT_IDEMPOTENT:
+                raise ValueError(
+                    f"enable_idempotence=True allows max_in_flight up to "
+                    f"{MAX_IN_FLIGHT_IDEMPOTENT}, the batches a broker remembers per producer; "
+                    f"not {max_in_flight!r}")
+        elif not isinstance(enable_idempotence, bool):
+            raise TypeError(f"enable_idempotence must be a bool, not {enable_idempotence!r}")
         try:
             compression = Compression[(compression_type or "none").upper()]
         except KeyError:
@@ -64,6 +84,7 @@ class ProducerConfig:
         self.max_request_bytes = max_request_bytes
         self.metadata_max_age_ms = metadata_max_age_ms
         self.partitioner = partitioner
+        self.enable_idempotence = enable_idempotence
 
 
 class ConsumerConfig:

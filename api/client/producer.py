@@ -49,6 +49,7 @@ from api.client._types import RecordMetadata
 from api.client.accumulator import DeliveryCallback, RecordAccumulator, RecordHandle, flush_targets
 from api.client.config import ProducerConfig
 from api.client.errors import BufferExhaustedError, KraftlogError
+from api.client.idempotence import IdempotenceState
 from api.client.sender import Sender
 
 logger = logging.getLogger(__name__)
@@ -90,7 +91,9 @@ class AsyncProducer:
             batch_size=config.batch_size, buffer_memory=config.buffer_memory,
             linger_ms=config.linger_ms, delivery_timeout_ms=config.delivery_timeout_ms,
             compression=config.compression, partition_counts=self._metadata.partition_counts,
-            partitioner=config.partitioner, wake=self._wake)
+            partitioner=config.partitioner, wake=self._wake,
+            idempotence=(IdempotenceState(config.max_in_flight)
+                         if config.enable_idempotence else None))
         self._sender = Sender(config, self._acc, self._metadata, self._transport)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False

@@ -19,6 +19,7 @@ from api.client.accumulator import (RESPONSE_MARGIN_MS, ProducerBatch, RecordAcc
 from api.client.config import ProducerConfig
 from api.client.errors import (METADATA_CODES, ClientClosedError, KraftlogError,
                                RequestTimedOutError, error_from)
+from api.client.idempotence import SEQUENCE_CODES
 from storage.batch import Compression
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,9 @@ class Sender:
         # min.insync.replicas makes every acks=all send retry until
         # delivery_timeout_ms, which the user would otherwise not hear of.
         self._warned: set[tuple[str, int]] = set()
+        self.idempotence = accumulator.idempotence
+        self._init_task: asyncio.Task | None = None
+        self._last_init_ms = -(2**62)
 
     def start(self) -> None:
         if self._task is None:
@@ -68,9 +72,11 @@ class Sender:
             for task in list(self._requests):
                 task.cancel()
         self.wake()
-        tasks = [t for t in (self._task, self._refresh_task) if t is not None]
-        if abort and self._refresh_task is not None:
-            self._refresh_task.cancel()
+        tasks = [t for t in (self._task, self._refresh_task, self._init_task) if t is not None]
+        if abort:
+            for task in (self._refresh_task, self._init_task):
+                if task is not None:
+                    task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         if self._requests:
@@ -93,14 +99,19 @@ class Sender:
         self._wakeup.clear()
         now = self._clock_ms()
         self._expire(now)
+        if self.idempotence is not None:
+            init_wait = self._maybe_init_producer_id(now)
+        else:
+            init_wait = None
         busy = {url for url, n in self._in_flight.items() if n >= self.config.max_in_flight}
         ready, next_ms, missing = self.acc.drain(
             now, self.metadata.leader_url, busy, self.config.max_request_bytes)
         if missing or self.acc.pending_topics():
             self.metadata.request_update()
         refresh_wait = self._maybe_refresh(now)
-        if refresh_wait is not None:
-            next_ms = refresh_wait if next_ms is None else min(next_ms, refresh_wait)
+        for wait in (refresh_wait, init_wait):
+            if wait is not None:
+                next_ms = wait if next_ms is None else min(next_ms, wait)
         for url, batches in ready.items():
             self._in_flight[url] = self._in_flight.get(url, 0) + 1
             task = asyncio.get_running_loop().create_task(self._produce(url, batches))
@@ -162,10 +173,52 @@ class Sender:
             self._refresh_task = None
             self.wake()
 
+    # -- idempotence ---------------------------------------------------------------------
+    def _maybe_init_producer_id(self, now_ms: int) -> int | None:
+        """Bump the epoch, or take a producer id from the cluster, when
+        the idempotence state needs it and its requests are all back; ms
+        until the next try when backing off."""
+        idem = self.idempotence
+        assert idem is not None
+        if idem.maybe_bump():
+            logger.info("producer %d: epoch bumped to %d; sequences restart at 0",
+                        idem.producer_id, idem.epoch)
+            return None
+        if not idem.needs_new_id or self._init_task is not None or self._requests:
+            return None
+        if not self.acc.has_incomplete():
+            return None  # nothing to send: take an id when there is
+        wait = self._last_init_ms + self.config.retry_backoff_ms - now_ms
+        if wait > 0:
+            return wait
+        self._last_init_ms = now_ms
+        self._init_task = asyncio.get_running_loop().create_task(self._init_producer_id())
+        return None
+
+    async def _init_producer_id(self) -> None:
+        idem = self.idempotence
+        assert idem is not None
+        try:
+            answer = await self.metadata.request_any(
+                "/v1/producers/init",
+                {"transactional_id": None, "transaction_timeout_ms": 60_000})
+            idem.set_id(answer["producer_id"], answer["producer_epoch"])
+            logger.debug("idempotent producer id %d epoch %d", idem.producer_id, idem.epoch)
+        except KraftlogError as exc:
+            logger.info("cannot get a producer id yet (retrying): %s", exc)
+        except Exception:  # a malformed answer: try again after the back-off
+            logger.exception("cannot get a producer id (retrying)")
+        finally:
+            self._init_task = None
+            self.wake()
+
     # -- expiry ----------------------------------------------------------------------
     def _expire(self, now_ms: int) -> None:
         expired = self.acc.expired(now_ms)
         for done in expired:
+            if self.idempotence is not None and isinstance(done, ProducerBatch):
+                self.idempotence.given_up((done.topic, done.partition), done.producer_epoch,
+                                          done.base_sequence >= 0)
             self.acc.complete(done, error=self._expiry_error(done))
         if expired:
             self.space.set()
@@ -204,6 +257,9 @@ class Sender:
         config = self.config
         groups: dict[tuple[str, int], list[ProducerBatch]] = {}
         settled = False
+        idem = self.idempotence
+        if idem is not None:
+            idem.request_started()
         try:
             for batch in batches:
                 if batch.payload is None:
@@ -250,6 +306,10 @@ class Sender:
                 for batch in batches:
                     self.acc.complete(batch, error=error)
         finally:
+            if idem is not None:
+                idem.request_ended()
+                for batch in batches:
+                    idem.returned((batch.topic, batch.partition))
             self._in_flight[url] -= 1
             self.acc.sent(batches)
             # Before waking: the loop must not see this task still in flight.
@@ -284,6 +344,10 @@ class Sender:
             append_time_ms = entry.get("log_append_time_ms", -1)
             if append_time_ms is None:
                 append_time_ms = -1
+            if self.idempotence is not None:
+                for batch in batches:
+                    self.idempotence.acked((batch.topic, batch.partition), batch.producer_epoch,
+                                           batch.base_sequence, batch.record_count)
             for batch in batches:
                 self.acc.complete(batch, base_offset=offset, log_append_time_ms=append_time_ms)
                 offset += batch.record_count
@@ -307,7 +371,15 @@ class Sender:
         elif error.retriable:
             self.metadata.request_update()
         retry_at = now + self.config.retry_backoff_ms
-        if (error.retriable and head.attempts <= self.config.retries
+        retriable = error.retriable
+        idem = self.idempotence
+        if idem is not None:
+            for batch in batches:
+                idem.failed((batch.topic, batch.partition), batch.producer_epoch,
+                            batch.base_sequence, error.code)
+            if error.code in SEQUENCE_CODES:
+                retriable = True  # after an epoch bump if need be (see idempotence.py)
+        if (retriable and head.attempts <= self.config.retries
                 and all(retry_at < b.created_ms + self.config.delivery_timeout_ms
                         for b in batches)):
             for batch in batches:
@@ -315,4 +387,7 @@ class Sender:
             self.acc.requeue(batches, retry_at)
             return
         for batch in batches:
+            if idem is not None:
+                idem.given_up((batch.topic, batch.partition), batch.producer_epoch,
+                              batch.base_sequence >= 0)
             self.acc.complete(batch, error=error)

@@ -15,6 +15,7 @@ from api.client.accumulator import RecordAccumulator, flush_targets
 from api.client.config import ProducerConfig
 from protocol.partitioner import StickyPartitioner, partition_for_key
 from storage.batch import HEADER_SIZE, iter_batches, iter_records, parse_header
+from storage.producer_state import ProducerStateManager
 
 A, B = "http://a:1", "http://b:1"
 NOW = 1_000_000  # the accumulators' clock
@@ -357,6 +358,9 @@ class FakeBroker:
         self.requests = []
         self.fail = {}
         self.hold = None  # an asyncio.Event produce waits on, when set
+        self.producer_ids = 0
+        self.producer_states = {}
+        self.lose_answers = 0
 
     def leader(self, tp):
         return self.leaders.get(tp, A)
@@ -366,9 +370,20 @@ class FakeBroker:
         if path == "/v1/metadata":
             return {"brokers": [{"id": 1, "url": A}, {"id": 2, "url": B}], "topics": [
                 self._topic(name) for name in body["topics"] or self.topics]}
+        if path == "/v1/producers/init":
+            self.producer_ids += 1
+            return {"producer_id": 1000 + self.producer_ids, "producer_epoch": 0}
         assert path == "/v1/produce"
         if self.hold is not None:
             await self.hold.wait()
+        answer = self._produce(url, body)
+        if self.lose_answers:
+            # Appended, but the answer never reaches the producer.
+            self.lose_answers -= 1
+            raise KraftlogError("REQUEST_TIMED_OUT", "the answer was lost", retriable=True)
+        return answer
+
+    def _produce(self, url, body):
         results = []
         for entry in body["partitions"]:
             tp = (entry["topic"], entry["partition"])
@@ -384,7 +399,19 @@ class FakeBroker:
                 log = self.logs.setdefault(tp, [])
                 result["base_offset"] = len(log)
                 result["log_append_time_ms"] = -1
-                for _header, view in iter_batches(entry["records"]):
+                state = self.producer_states.setdefault(tp, ProducerStateManager(""))
+                for header, view in iter_batches(entry["records"]):
+                    # The broker's own duplicate and sequence rules.
+                    try:
+                        duplicate = (state.check(header) if header.producer_id >= 0
+                                     else None)
+                    except Exception as exc:  # noqa: BLE001
+                        result = {**result, "error": {"code": exc.code, "message": str(exc)}}
+                        break
+                    if duplicate is not None:
+                        result["base_offset"] = duplicate.first_offset
+                        continue
+                    state.apply(header._replace(base_offset=len(log)))
                     log.extend(iter_records(view))
             results.append(result)
         return {"partitions": [] if body["acks"] == 0 else results}
@@ -426,10 +453,12 @@ async def test_one_produce_request_per_broker_carries_many_partitions():
 
 
 async def test_batches_of_one_partition_share_a_request_and_get_consecutive_offsets():
+    # Without idempotence; an idempotent producer sends one batch per
+    # partition per request (the broker dedupes batch by batch).
     broker = FakeBroker({"t": 1})
     broker.hold = asyncio.Event()  # the first request waits: later batches queue up
     async with fake_producer(broker, linger_ms=10_000, batch_size=300,
-                             max_in_flight=1) as producer:
+                             max_in_flight=1, enable_idempotence=False) as producer:
         handles = [await producer.send("t", b"x" * 100, partition=0) for _ in range(8)]
         flushed = asyncio.ensure_future(producer.flush())
         broker.hold.set()
@@ -569,3 +598,89 @@ def test_batch_header_offsets_start_at_zero_for_the_leader_to_stamp():
     handle = acc.append("t", b"v", partition=0)
     data = handle._batch.builder.build()
     assert parse_header(data).base_offset == 0 and len(data) > HEADER_SIZE
+
+
+# -- idempotence ---------------------------------------------------------------------
+def stamps(broker, tp=("t", 0)):
+    """(producer id, epoch, base sequence, records) of every batch sent to ``tp``."""
+    out = []
+    for _, body in broker.produce_requests():
+        for entry in body["partitions"]:
+            if (entry["topic"], entry["partition"]) == tp:
+                for header, _view in iter_batches(entry["records"]):
+                    out.append((header.producer_id, header.producer_epoch,
+                                header.base_sequence, header.record_count))
+    return out
+
+
+def test_idempotence_is_on_by_default_with_acks_all_and_refused_with_acks_1():
+    assert ProducerConfig().enable_idempotence is True
+    assert ProducerConfig(acks=1).enable_idempotence is False
+    assert ProducerConfig(max_in_flight=6).enable_idempotence is False
+    with pytest.raises(ValueError, match="acks='all'"):
+        ProducerConfig(acks=1, enable_idempotence=True)
+    with pytest.raises(ValueError, match="max_in_flight up to 5"):
+        ProducerConfig(max_in_flight=6, enable_idempotence=True)
+
+
+async def test_batches_carry_the_producer_id_and_consecutive_sequences():
+    broker = FakeBroker({"t": 1})
+    async with fake_producer(broker, batch_size=300) as producer:
+        handles = [await producer.send("t", b"x" * 100, partition=0) for _ in range(6)]
+        await producer.flush()
+        assert [(await h).offset for h in handles] == list(range(6))
+    sent = stamps(broker)
+    assert {(pid, epoch) for pid, epoch, _, _ in sent} == {(1001, 0)}
+    sequences, expected = [seq for _, _, seq, _ in sent], 0
+    for (_, _, seq, count) in sent:
+        assert seq == expected
+        expected += count
+    assert sequences[0] == 0 and expected == 6
+
+
+async def test_a_lost_answer_is_retried_and_lands_once_with_its_original_offset():
+    broker = FakeBroker({"t": 1})
+    broker.lose_answers = 1
+    async with fake_producer(broker) as producer:
+        first = await producer.send("t", b"a", partition=0)
+        assert (await first).offset == 0
+        second = await producer.send("t", b"b", partition=0)
+        assert (await second).offset == 1
+    assert [r.value for r in broker.logs[("t", 0)]] == [b"a", b"b"]
+    assert stamps(broker)[:2] == [(1001, 0, 0, 1), (1001, 0, 0, 1)]  # the retry: same seq
+
+
+async def test_pipelined_batches_after_a_failed_one_land_in_send_order():
+    broker = FakeBroker({"t": 1})
+    async with fake_producer(broker, batch_size=200, linger_ms=0) as producer:
+        await (await producer.send("t", b"first", partition=0))  # the leader knows us
+        broker.hold = asyncio.Event()
+        handles = [await producer.send("t", b"%03d" % i + b"." * 150, partition=0)
+                   for i in range(12)]
+        for _ in range(50):  # until several requests are in flight
+            await asyncio.sleep(0.01)
+            if len(broker.produce_requests()) >= 4:
+                break
+        assert len(broker.produce_requests()) >= 4  # three in flight at once
+        broker.fail[("t", 0)] = [{"code": "NOT_LEADER_OR_FOLLOWER", "message": "moved"}]
+        broker.hold.set()
+        broker.hold = None
+        await producer.flush()
+        offsets = [(await h).offset for h in handles]
+    values = [r.value[:3] for r in broker.logs[("t", 0)]]
+    assert values == [b"fir"] + [b"%03d" % i for i in range(12)]
+    assert offsets == list(range(1, 13))
+
+
+async def test_a_real_sequence_gap_bumps_the_epoch_and_restarts_the_sequence():
+    broker = FakeBroker({"t": 1})
+    async with fake_producer(broker) as producer:
+        await (await producer.send("t", b"a", partition=0))
+        # The leader loses this producer's batches (e.g. an unclean election).
+        entry = broker.producer_states[("t", 0)].producers[1001]
+        entry.batches.clear()
+        handle = await producer.send("t", b"b", partition=0)
+        assert (await handle).offset == 1
+    assert [s[:3] for s in stamps(broker)] == [(1001, 0, 0), (1001, 0, 1), (1001, 1, 0)]
+    assert producer._acc.idempotence.bumps == 1
+    assert [r.value for r in broker.logs[("t", 0)]] == [b"a", b"b"]
