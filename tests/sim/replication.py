@@ -135,7 +135,11 @@ Invariants, after every step (``Simulation.check_invariants``):
      leader at the offset it was acknowledged at, and all replicas' logs are
      identical. Failing to converge is reported too.
   6. ``Partition.check_invariants()`` and the epoch cache's own
-     ``check_invariants()`` on every up broker.
+     ``check_invariants()`` on every up broker (the log's include its
+     producer state). And at the end: the idempotent producer's records
+     (a third of the produces, retried with the same sequence until a
+     leader acknowledges them, often to another leader than the first
+     attempt's) are each in the final log once, in the order sent.
 """
 
 from __future__ import annotations
@@ -160,7 +164,7 @@ from kraft.image import MetadataImage
 from kraft.records import NO_LEADER
 from kraft.topic_config import MIN_INSYNC_REPLICAS
 from protocol.errors import KraftError
-from storage.batch import build_batch, iter_batches, iter_records
+from storage.batch import BatchBuilder, build_batch, iter_batches, iter_records
 from storage.config import LogConfig
 from storage.log import Log
 from storage.manager import LogManager, LogManagerConfig, TopicPartition
@@ -186,6 +190,9 @@ DELAY_MS_MIN, DELAY_MS_MAX = 300, 5000  # a delayed message
 # replica.fetch.max.bytes: a few of the simulation's small batches per fetch.
 FETCH_PARTITION_BYTES_MAX = 400
 BATCH_RECORDS_MAX = 3
+#: The simulated idempotent producer's id; its values are "i<n>".
+IDEMPOTENT_PRODUCER_ID = 4242
+IDEMPOTENT_SHARE = 0.35
 TRACE_EVENTS_MAX = 30  # events a failure shows
 # Healing: rounds of HEAL_TICK_MS, each delivering what is due. Correct runs
 # converge within ~110 rounds (a lost fetch waits out its timeout); a
@@ -342,6 +349,22 @@ class ProduceInFlight:
     values: list[str]
     acks_all: bool
     leader_epoch: int
+    #: The idempotent producer's batch (a retry may be answered with the
+    #: offsets a former leader gave it, whatever the epoch).
+    idempotent: bool = False
+
+
+@dataclasses.dataclass
+class IdempotentProducer:
+    """A client with idempotence on: one batch outstanding, resent
+    unchanged (same sequence) until a leader acknowledges it, whatever
+    happened to earlier attempts; a sequence the leader cannot place
+    (OUT_OF_ORDER_SEQUENCE_NUMBER) bumps the epoch as KIP-360 does."""
+
+    epoch: int = 0
+    next_seq: int = 0
+    values_written: int = 0
+    pending: tuple[list[str], bytes] | None = None
 
 
 class SimBroker:
@@ -478,6 +501,7 @@ class Simulation:
         self._read: dict[int, tuple[int, list[tuple[int, str]]]] = {}  # broker -> entries
         self.acked: dict[int, tuple[int, str]] = {}  # offset -> (leader_epoch, value)
         self.values_written = 0
+        self.idempotent = IdempotentProducer()
         self.heal_rounds: int | None = None
         self.steps_planned = 0
         # What happened, for summaries: actions taken and notable events.
@@ -600,7 +624,11 @@ class Simulation:
         leaders = [b for b in self.brokers if b.serving and b.part and b.part.is_leader]
         if not leaders:
             return
-        self._produce(self.rng.choice(leaders), acks_all=self.rng.random() < 0.85)
+        leader = self.rng.choice(leaders)
+        if self.rng.random() < IDEMPOTENT_SHARE:
+            self._produce_idempotent(leader)
+        else:
+            self._produce(leader, acks_all=self.rng.random() < 0.85)
 
     def _act_advance_time(self) -> None:
         roll = self.rng.random()
@@ -943,9 +971,61 @@ class Simulation:
                       f"epoch {b.part.leader_epoch} (acks={'all' if acks_all else 1})")
         self._carry_out(b)
 
+    def _produce_idempotent(self, b: SimBroker) -> None:
+        """Send the idempotent producer's outstanding batch again, or its
+        next one: acks=all, same bytes on every attempt."""
+        producer = self.idempotent
+        if producer.pending is None:
+            count = self.rng.randint(1, BATCH_RECORDS_MAX)
+            values = [f"i{producer.values_written + i}" for i in range(count)]
+            producer.values_written += count
+            builder = BatchBuilder(producer_id=IDEMPOTENT_PRODUCER_ID,
+                                   producer_epoch=producer.epoch,
+                                   base_sequence=producer.next_seq)
+            for value in values:
+                builder.append(None, value.encode(), timestamp_ms=self.now_ms)
+            producer.pending = (values, builder.build())
+        values, batch = producer.pending
+        request_id = b.core.new_request_id()
+        b.produces[request_id] = ProduceInFlight(values, True, b.part.leader_epoch,
+                                                 idempotent=True)
+        appended = b.core.produce(request_id, [ProduceItem(TP, None, batch)], -1,
+                                  PRODUCE_TIMEOUT_MS, self.now_ms)
+        if appended and not appended[0][1].duplicate:
+            self.note(f"b{b.broker_id} appends idempotent {values} at "
+                      f"{appended[0][1].base_offset} in epoch {b.part.leader_epoch}")
+        elif appended:
+            self.event_counts["idempotent retries deduplicated"] += 1
+            self.note(f"b{b.broker_id} finds idempotent {values} already at "
+                      f"{appended[0][1].base_offset}")
+        self._carry_out(b)
+
+    def _settle_idempotent(self, produce: ProduceInFlight, result: dict) -> None:
+        producer = self.idempotent
+        current = producer.pending is not None and producer.pending[0] == produce.values
+        if result["error"] is not None:
+            code = getattr(result["error"], "code", None)
+            if current and code == "OUT_OF_ORDER_SEQUENCE_NUMBER":
+                # The leader lost this producer's acknowledged batches: a
+                # new epoch, its sequence from 0, the same records.
+                producer.epoch += 1
+                producer.next_seq = 0
+                builder = BatchBuilder(producer_id=IDEMPOTENT_PRODUCER_ID,
+                                       producer_epoch=producer.epoch, base_sequence=0)
+                for value in produce.values:
+                    builder.append(None, value.encode(), timestamp_ms=self.now_ms)
+                producer.pending = (produce.values, builder.build())
+                self.event_counts["idempotent epoch bumps"] += 1
+            return
+        if current:
+            producer.next_seq += len(produce.values)
+            producer.pending = None
+
     def _settle_produce(self, b: SimBroker, produce: ProduceInFlight,
                         results: list[dict]) -> None:
         (result,) = results
+        if produce.idempotent:
+            self._settle_idempotent(produce, result)
         if result["error"] is not None:
             code = getattr(result["error"], "code", result["error"])
             self.note(f"b{b.broker_id} refuses {produce.values}: {code}")
@@ -954,7 +1034,9 @@ class Simulation:
             return
         base_offset = result["base_offset"]
         for i, value in enumerate(produce.values):
-            record = (produce.leader_epoch, value)
+            # An idempotent retry may be answered with where a former
+            # leader put it: its epoch is not this leader's.
+            record = (None if produce.idempotent else produce.leader_epoch, value)
             if self.acked.setdefault(base_offset + i, record) != record:
                 self.fail("5 (acknowledged writes)",
                           f"offset {base_offset + i} acknowledged twice: "
@@ -1216,7 +1298,7 @@ class Simulation:
         entries = self._entries(leader)
         for offset, record in sorted(self.acked.items()):
             held = entries[offset] if offset < len(entries) else None
-            if held != record:
+            if held is None or held[1] != record[1] or record[0] not in (None, held[0]):
                 self.fail("5 (no acknowledged write lost)",
                           f"acknowledged {record} at offset {offset}; the final leader "
                           f"b{leader.broker_id} holds {held}")
@@ -1230,6 +1312,12 @@ class Simulation:
                           f"offset {first}")
         if entries[:len(self.committed)] != self.committed:
             self.fail("5 (no committed record lost)", "the final log lost committed records")
+        idempotent = [int(value[1:]) for _epoch, value in entries if value.startswith("i")]
+        if idempotent != sorted(set(idempotent)):
+            duplicated = sorted(v for v in set(idempotent) if idempotent.count(v) > 1)
+            self.fail("6 (idempotent producer: no duplicate, no reorder)",
+                      f"the idempotent producer's records are {idempotent[:40]}...; "
+                      f"duplicated: {duplicated[:10]}")
 
     def summary(self) -> str:
         reg = self.image.partition(TOPIC, 0)

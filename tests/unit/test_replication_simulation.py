@@ -40,6 +40,7 @@ from api.broker.partition import IsrProposal, Partition
 from storage.batch import build_batch
 from storage.log import Log
 from storage.manager import TopicPartition
+from storage.producer_state import ProducerStateManager
 from tests.sim.replication import Rules, SimulationFailure, run_simulation
 
 SEEDS_RF3 = int(os.environ.get("KRAFTLOG_SIM_SEEDS", "64"))
@@ -99,6 +100,14 @@ def test_the_invariants_catch_a_planted_bug(rules, caught_by):
     message = str(failure)
     assert f"invariant broken: {caught_by}" in message, message
     assert "seed=" in message and "last " in message and "replay: python -m" in message
+
+
+def test_the_idempotence_invariant_catches_a_broker_that_forgets_to_dedupe(monkeypatch):
+    # Planted: the leader appends every retry as if it were new.
+    monkeypatch.setattr(ProducerStateManager, "check", lambda self, header: None)
+    failure = first_failure(Rules())
+    assert failure is not None, f"no seed in {BROKEN_RULE_SEEDS} caught the missing dedupe"
+    assert "invariant broken: 6 (idempotent producer: no duplicate, no reorder)" in str(failure)
 
 
 # -- regressions the simulation found in Partition (fixed in api/broker/partition.py) ------
