@@ -17,6 +17,7 @@ import argparse
 import json
 import re
 import sys
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -110,8 +111,13 @@ def _add_topics(commands: argparse._SubParsersAction) -> None:
         "describe", help="partitions with leader, epoch, replicas, ISR and offsets",
         description="For each partition: leader, leader epoch, replicas, in-sync replicas, "
                     "log start offset, high watermark, log end offset and size. Without a "
-                    "name, every topic.")
+                    "name, every topic. With --producers, the idempotent producers each "
+                    "partition's leader remembers instead (kafka-transactions.sh "
+                    "describe-producers).")
     add_topic_argument(describe, "names", many=True, required=False)
+    describe.add_argument("--producers", action="store_true",
+                          help="list each partition's producers: id, epoch, last sequence, "
+                               "last offset and when it last wrote")
     describe.set_defaults(handler=_topics_describe)
 
     alter = actions.add_parser(
@@ -198,6 +204,8 @@ def _topics_list(args: argparse.Namespace) -> int:
 def _topics_describe(args: argparse.Namespace) -> int:
     names = args.names or [t["name"] for t in inspect_json(args, "/v1/topics")["topics"]]
     blocks = []
+    if args.producers:
+        return _describe_producers(args, names)
     for name in names:
         topic = inspect_json(args, "/v1/topics/" + quote(name, safe=""))
         configs = ",".join(f"{k}={v}" for k, v in sorted(topic.get("configs", {}).items()))
@@ -215,6 +223,36 @@ def _topics_describe(args: argparse.Namespace) -> int:
              "LOG-END", "SIZE"), rows))
     print("\n\n".join(blocks) if blocks else "No topics.")
     return 0
+
+
+def _describe_producers(args: argparse.Namespace, names: list[str]) -> int:
+    rows = []
+    for name in names:
+        topic = inspect_json(args, "/v1/topics/" + quote(name, safe="") + "?producers=true")
+        for p in topic["partitions"]:
+            producers = p.get("producers")
+            if producers is None:
+                rows.append((name, str(p["partition"]), "?", "-", "-", "-",
+                             "leader unavailable"))
+                continue
+            for producer in producers:
+                rows.append((name, str(p["partition"]), str(producer["producer_id"]),
+                             str(producer["producer_epoch"]), str(producer["last_sequence"]),
+                             str(producer["last_offset"]),
+                             _timestamp(producer["last_timestamp"])))
+    if not rows:
+        print("No idempotent producers have written to "
+              f"{', '.join(names) if names else 'any topic'}.")
+        return 0
+    print(format_table(("TOPIC", "PARTITION", "PRODUCER-ID", "EPOCH", "LAST-SEQUENCE",
+                        "LAST-OFFSET", "LAST-WRITE"), rows))
+    return 0
+
+
+def _timestamp(ms: int) -> str:
+    if ms is None or ms < 0:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
 
 
 def _or_none(leader: int) -> str:

@@ -151,6 +151,11 @@ SCHEMA: tuple[Key, ...] = (
        "How often logs are checked for a due flush.", _MANAGER, 1, INT32_MAX),
     _k("log.flush.offset.checkpoint.interval.ms", "int", 60_000,
        "How often recovery points are checkpointed.", _MANAGER, 1, INT32_MAX),
+    _k("producer.id.expiration.ms", "int", 86_400_000,
+       "How long a partition remembers an idempotent producer after its last batch; a "
+       "producer silent for longer may continue at any sequence.", _MANAGER, 1, INT32_MAX),
+    _k("producer.id.expiration.check.interval.ms", "int", 600_000,
+       "How often expired producer ids are removed.", _MANAGER, 1, INT32_MAX),
     # -- the broker ---------------------------------------------------------------------------
     _k("connections.max.idle.ms", "int", 600_000,
        "Close a connection idle this long, and give up on a request whose body stalls "

@@ -65,12 +65,17 @@ class LogManagerConfig:
     flush_check_interval_ms: int = 200
     # log.flush.offset.checkpoint.interval.ms (Kafka: 60000)
     checkpoint_interval_ms: int = 60_000
+    # producer.id.expiration.ms (Kafka: 86400000)
+    producer_id_expiration_ms: int = 86_400_000
+    # producer.id.expiration.check.interval.ms (Kafka: 600000)
+    producer_id_expiration_check_interval_ms: int = 600_000
 
     def __post_init__(self) -> None:
         if not self.log_dirs:
             raise InvalidConfigError("log.dirs must name at least one directory")
         for name in ("retention_check_interval_ms", "flush_check_interval_ms",
-                     "checkpoint_interval_ms"):
+                     "checkpoint_interval_ms", "producer_id_expiration_ms",
+                     "producer_id_expiration_check_interval_ms"):
             if getattr(self, name) < 1:
                 raise InvalidConfigError(f"{name} must be at least 1 ms")
 
@@ -89,6 +94,11 @@ class LogManagerConfig:
                 "log.flush.scheduler.interval.ms", cls.flush_check_interval_ms)),
             checkpoint_interval_ms=int(settings.get(
                 "log.flush.offset.checkpoint.interval.ms", cls.checkpoint_interval_ms)),
+            producer_id_expiration_ms=int(settings.get(
+                "producer.id.expiration.ms", cls.producer_id_expiration_ms)),
+            producer_id_expiration_check_interval_ms=int(settings.get(
+                "producer.id.expiration.check.interval.ms",
+                cls.producer_id_expiration_check_interval_ms)),
         )
 
 
@@ -284,6 +294,9 @@ class LogManager:
                                             self._flush_tick), name="log-flush"),
             asyncio.create_task(self._every(self.config.checkpoint_interval_ms,
                                             self._checkpoint_tick), name="log-checkpoint"),
+            asyncio.create_task(self._every(self.config.producer_id_expiration_check_interval_ms,
+                                            self._producer_expiry_tick),
+                                name="producer-id-expiration"),
         ]
 
     async def _every(self, interval_ms: int, tick) -> None:
@@ -300,6 +313,16 @@ class LogManager:
 
     async def _flush_tick(self) -> None:
         await self.flush_logs_async(self.logs_due_for_flush())
+
+    def expire_producers(self, now_ms: int | None = None) -> int:
+        """Forget idempotent producers silent for ``producer.id.expiration.ms``
+        in every log. Returns how many went."""
+        now_ms = self.clock() if now_ms is None else now_ms
+        return sum(len(part_log.producer_state.remove_expired(
+            now_ms, self.config.producer_id_expiration_ms)) for part_log in self._logs.values())
+
+    async def _producer_expiry_tick(self) -> None:
+        self.expire_producers()
 
     async def _checkpoint_tick(self) -> None:
         loop = asyncio.get_running_loop()

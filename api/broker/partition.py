@@ -418,7 +418,9 @@ class Partition:
         assert self.pending_isr is None or self.broker_id in self.pending_isr
         assert set(self.unconfirmed_isr) <= set(self.replicas), self.unconfirmed_isr
 
-    def describe(self, now_ms: int | None = None) -> dict:
+    def describe(self, now_ms: int | None = None, producers: bool = False) -> dict:
+        """This replica as the JSON inspection endpoints show it; with
+        ``producers``, the idempotent producers its log knows."""
         entry = {"partition": self.tp.partition, "role": self.role.value,
                  "leader": self.leader_id, "leader_epoch": self.leader_epoch,
                  "log_start_offset": self.log_start_offset,
@@ -428,6 +430,8 @@ class Partition:
                  "segments": len(self.log.segments)}
         if self.is_leader:
             entry["replica_states"] = [self._describe_replica(r, now_ms) for r in self.replicas]
+        if producers:
+            entry["producers"] = self.log.producer_state.describe()
         return entry
 
     def _describe_replica(self, replica_id: int, now_ms: int | None) -> dict:

@@ -365,18 +365,20 @@ class BrokerServer:
     async def handle_topic(self, request: web.Request) -> web.Response:
         """Per partition: the registration from the metadata, and the log's
         offsets and size as its leader reports them (``?local=true``: only
-        the partitions this broker hosts, as this broker sees them)."""
+        the partitions this broker hosts, as this broker sees them;
+        ``?producers=true``: with the idempotent producers each knows)."""
         name = request.match_info["topic"]
         image = self.lifecycle.image
         topic = image.topics.get(name)
         if topic is None:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        producers = request.query.get("producers") in ("1", "true")
         if request.query.get("local") in ("1", "true"):
             now_ms = self.replicas.clock_ms()
             return wire.respond(request, {"name": name, "partitions": [
-                part.describe(now_ms) for tp, part in sorted(self.replicas.partitions.items())
-                if tp.topic == name]})
-        stats = await self._leader_stats(name, topic.partitions)
+                part.describe(now_ms, producers)
+                for tp, part in sorted(self.replicas.partitions.items()) if tp.topic == name]})
+        stats = await self._leader_stats(name, topic.partitions, producers)
         partitions = []
         for p, reg in sorted(topic.partitions.items()):
             entry = {"partition": p, "leader": reg.leader, "leader_epoch": reg.leader_epoch,
@@ -385,24 +387,27 @@ class BrokerServer:
                      "removing_replicas": reg.removing_replicas,
                      "log_start_offset": None, "high_watermark": None,
                      "log_end_offset": None, "size_bytes": None, "replica_states": None}
+            if producers:
+                entry["producers"] = None
             found = stats.get(p)
             if found is not None:
                 for key in ("log_start_offset", "high_watermark", "log_end_offset",
-                            "size_bytes", "replica_states"):
+                            "size_bytes", "replica_states") + (("producers",) if producers else ()):
                     entry[key] = found.get(key)
             partitions.append(entry)
         return wire.respond(request, {"name": name, "topic_id": topic.topic_id,
                                       "configs": image.topic_configs(name),
                                       "partitions": partitions})
 
-    async def _leader_stats(self, name: str, registrations: dict) -> dict[int, dict]:
+    async def _leader_stats(self, name: str, registrations: dict, producers: bool = False
+                            ) -> dict[int, dict]:
         """Each partition's log figures, from the broker that leads it."""
         stats: dict[int, dict] = {}
         remote: set[int] = set()
         for p, reg in registrations.items():
             part = self.replicas.partitions.get(TopicPartition(name, p))
             if part is not None and part.is_leader:
-                stats[p] = part.describe(self.replicas.clock_ms())
+                stats[p] = part.describe(self.replicas.clock_ms(), producers)
             elif reg.leader >= 0 and reg.leader != self.config.node_id:
                 remote.add(reg.leader)
 
@@ -412,7 +417,8 @@ class BrokerServer:
                 return
             try:
                 async with self._session.get(
-                        f"{url}/v1/topics/{name}", params={"local": "true"},
+                        f"{url}/v1/topics/{name}",
+                        params={"local": "true", **({"producers": "true"} if producers else {})},
                         headers={"Accept": wire.JSON},
                         timeout=aiohttp.ClientTimeout(total=PEER_CALL_TIMEOUT_S)) as response:
                     answer = await response.json()

@@ -614,3 +614,21 @@ def test_elect_leaders_moves_leadership_back_to_the_preferred_replica(brokers3):
     assert registration(brokers3, "preferred", 0)["leader"] == 2
     out = ok(kraftlog(url, "partitions", "elect-leaders", "--topic", "preferred")).stdout
     assert out.startswith("No leader election needed")
+
+
+def test_describe_producers_lists_the_idempotent_producers_of_each_partition(url):
+    create(url, "producers", "--partitions", "2")
+    produce(url, "producers", ["a", "b"], "--partition", "1")
+    produce(url, "producers", ["c"], "--partition", "1")
+    out = ok(kraftlog(url, "topics", "describe", "producers", "--producers")).stdout
+    header, *rows = out.strip().splitlines()
+    assert header.split() == ["TOPIC", "PARTITION", "PRODUCER-ID", "EPOCH", "LAST-SEQUENCE",
+                              "LAST-OFFSET", "LAST-WRITE"]
+    # Two CLI runs: two producers (each process takes its own id), on partition 1 only.
+    fields = [row.split() for row in rows]
+    assert [(f[0], f[1], f[3]) for f in fields] == [("producers", "1", "0")] * 2
+    assert sorted((f[4], f[5]) for f in fields) == [("0", "2"), ("1", "1")]
+    assert len({f[2] for f in fields}) == 2
+    create(url, "no-producers")
+    empty = ok(kraftlog(url, "topics", "describe", "no-producers", "--producers")).stdout
+    assert empty == "No idempotent producers have written to no-producers.\n"

@@ -220,3 +220,17 @@ def test_producers_expire_after_their_last_batch_is_old_enough(log_dir):
     assert set(state_of(log)) == {8}
     # An expired producer is unknown: it may continue at any sequence.
     assert log.append(pbatch(7, 0, 3), leader_epoch=0).base_offset == 6
+
+
+def test_the_log_manager_expires_silent_producers_in_every_log(tmp_path):
+    from storage.manager import LogManager, LogManagerConfig, TopicPartition
+    manager = LogManager(LogManagerConfig((str(tmp_path),), producer_id_expiration_ms=3_000),
+                         SMALL, clock=lambda: 7_000)
+    manager.startup()
+    for partition, ts in ((0, 1_000), (1, 5_000)):
+        log = manager.get_or_create_log(TopicPartition("t", partition))
+        log.append(pbatch(7, 0, 0, ts=ts), leader_epoch=0)
+    assert manager.expire_producers() == 1
+    assert [state_of(manager.get_log(TopicPartition("t", p))) for p in (0, 1)] == [
+        {}, {7: (0, 2, 2)}]
+    manager.shutdown()
