@@ -56,6 +56,10 @@ def add_commands(actions: argparse._SubParsersAction, formatter: type) -> None:
                      help="live consumers reading every partition (default 2)")
     run.add_argument("--rate", type=_positive_float, default=300.0, metavar="WRITES_PER_S",
                      help="total acks=all writes per second (default %(default)s)")
+    run.add_argument("--workload", choices=("plain", "idempotent"), default="plain",
+                     help="plain: producers send each write once (retries=0); idempotent: "
+                          "the client retries every failure itself with idempotence on, "
+                          "and the checker fails the run on any duplicate (default plain)")
     run.add_argument("--namespaces", action="store_true",
                      help="run every node in its own network namespace even when the "
                           "scenario cuts no links (partition scenarios always do)")
@@ -117,7 +121,7 @@ def _run(args: argparse.Namespace) -> int:
         controllers=args.controllers, brokers=args.brokers, combined=args.combined,
         partitions=args.partitions, producers=args.producers, consumers=args.consumers,
         rate=args.rate, unsafe_ack_before_replication=args.unsafe_ack_before_replication,
-        namespaces=args.namespaces,
+        namespaces=args.namespaces, workload=args.workload,
         settings=settings)
     results = runner.run(config, runner.main_say)
     print(runner.summary(results, out_dir))

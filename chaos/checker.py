@@ -14,9 +14,10 @@ The anomalies are Jepsen's, from its Kafka and Redpanda analyses:
 ``duplicated``
     one value at more than one offset. It fails the run when the history's
     producers never retry (``retries`` 0 in the ``workload`` event's
-    ``producer`` settings, or no settings given: the harness's own
-    producers never retry), since then only the broker can have written a
-    value twice; a producer that retries without idempotence may.
+    ``producer`` settings, or no settings given), since then only the broker
+    can have written a value twice, and when they retry with idempotence on
+    (``enable_idempotence``), which promises no duplicate however often the
+    client retries; a producer that retries without idempotence may.
 ``unexpected``
     read, but never attempted, or attempted and definitely refused
     (``failed``: the broker said nothing was written).
@@ -139,7 +140,7 @@ def check(events: Iterable[dict]) -> dict[str, Any]:
     recovered = sum(1 for s in sends.values()
                     if s["outcome"] == "unknown" and s["value"] in final_where)
     failing = list(FAILING)
-    if not producer_settings.get("retries"):
+    if not producer_settings.get("retries") or producer_settings.get("enable_idempotence"):
         failing.append(DUPLICATED)
     failing_found = [kind for kind in failing if anomalies.counts[kind]]
     if harness_errors:

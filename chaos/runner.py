@@ -82,6 +82,8 @@ class RunConfig:
     unsafe_ack_before_replication: bool = False
     #: Nodes in network namespaces even when no fault cuts links.
     namespaces: bool = False
+    #: "plain" (each write sent once) or "idempotent" (the client retries).
+    workload: str = "plain"
     settings: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -176,7 +178,8 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
         _create_topic(cluster, config, settings)
         workload = Workload(lambda: _broker_urls(cluster), TOPIC, config.partitions, history,
                             producers=config.producers, consumers=config.consumers,
-                            rate=config.rate, seed=config.seed)
+                            rate=config.rate, seed=config.seed,
+                            idempotent=config.workload == "idempotent")
         history.record({"type": "workload", "producer": workload.producer_settings()})
         history.record({"type": "phase", "name": "workload"})
         workload.start()

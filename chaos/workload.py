@@ -141,7 +141,7 @@ class Workload:
     def __init__(self, bootstrap: Callable[[], list[str]], topic: str, partitions: int,
                  history: History, *, producers: int = 3, consumers: int = 2,
                  rate: float = 300.0, keys: int = 64, seed: int = 0,
-                 request_timeout_ms: int = 3000) -> None:
+                 request_timeout_ms: int = 3000, idempotent: bool = False) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.partitions = partitions
@@ -152,6 +152,7 @@ class Workload:
         self.keys = keys
         self.seed = seed
         self.request_timeout_ms = request_timeout_ms
+        self.idempotent = idempotent
         self.tally = Tally()
         self._stop_producers = threading.Event()
         self._stop_consumers = threading.Event()
@@ -234,9 +235,17 @@ class Workload:
         default: the client keeps a partition's batches in order itself, and
         the reordering check covers it too."""
         timeout_ms = self.request_timeout_ms
-        return {"acks": "all", "retries": 0, "max_in_flight": 5, "linger_ms": 1,
-                "request_timeout_ms": timeout_ms, "delivery_timeout_ms": 3 * timeout_ms,
-                "metadata_max_age_ms": 2000, "max_block_ms": timeout_ms}
+        if self.idempotent:
+            # The client retries every failure itself, for as long as faults
+            # last; idempotence must keep each value once and in order.
+            return {"acks": "all", "enable_idempotence": True, "retries": 2**31 - 1,
+                    "max_in_flight": 5, "linger_ms": 1, "retry_backoff_ms": 50,
+                    "request_timeout_ms": timeout_ms, "delivery_timeout_ms": 40 * timeout_ms,
+                    "metadata_max_age_ms": 2000, "max_block_ms": 40 * timeout_ms}
+        return {"acks": "all", "retries": 0, "enable_idempotence": False, "max_in_flight": 5,
+                "linger_ms": 1, "request_timeout_ms": timeout_ms,
+                "delivery_timeout_ms": 3 * timeout_ms, "metadata_max_age_ms": 2000,
+                "max_block_ms": timeout_ms}
 
     def _on_delivery(self, producer: int, seq: int, key: str, value: str, sent: float,
                      outstanding: _Outstanding

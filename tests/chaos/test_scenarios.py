@@ -91,3 +91,16 @@ def test_the_same_faults_pass_on_a_correct_broker(tmp_path):
     assert_passed(results, "pause-kill")
     # The writes that reached only the stopped leader were not acknowledged.
     assert results["counts"]["unknown"] > 0
+
+
+@pytest.mark.parametrize("scenario", ["kill-leader", "pause"])
+def test_an_idempotent_producer_retrying_through_faults_writes_each_value_once(tmp_path,
+                                                                               scenario):
+    # The client retries every failure itself; the checker fails the run on
+    # a single duplicate as well as on a loss or a reorder.
+    results, events = chaos_run(tmp_path, scenario, workload="idempotent")
+    assert "duplicated" in results["failing"]
+    assert results["anomalies"]["duplicated"]["count"] == 0
+    assert_passed(results, scenario)
+    workload = next(e for e in events if e["type"] == "workload")
+    assert workload["producer"]["enable_idempotence"] is True

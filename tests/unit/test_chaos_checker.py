@@ -103,6 +103,16 @@ def test_a_duplicate_is_only_reported_when_producers_retry_without_idempotence()
     assert "duplicated" not in results["failing"]
 
 
+def test_a_duplicate_fails_a_run_whose_producers_retry_with_idempotence():
+    # The idempotent workload: the client retries as much as it likes, and
+    # not one value may land twice (Jepsen found this in Redpanda 21.10).
+    events = with_a_duplicate()
+    events[0]["producer"] = {"retries": 2**31 - 1, "enable_idempotence": True}
+    results = checker.check(events)
+    assert anomalies(results) == {"duplicated": 1}
+    assert results["verdict"] == "fail" and "duplicated" in results["failing"]
+
+
 def test_reordered_acknowledged_writes_fail_the_run():
     events = [{"type": "run", "t": 0.0}]
     events += [send("0-0", offset=0), send("0-1", offset=1), send("0-2", offset=2)]
