@@ -163,6 +163,14 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "throughput as a share of RF=1 acks=1 (target: at least 0.50).")
     bench_data.add_arguments(replication_parser, "replication")
     replication_parser.set_defaults(handler=bench_data.run_replication)
+    idempotence_parser = bench_kinds.add_parser(
+        "idempotence", help="acks=all produce throughput with and without idempotence",
+        description="Start one fresh node and produce the same --records with acks=all, "
+                    "alternately without and with enable_idempotence, three rounds, each on "
+                    "a fresh topic. Print the median records/s, MB/s and latency of each and "
+                    "the idempotent / plain ratio (target: at least 0.90).")
+    bench_data.add_arguments(idempotence_parser, "idempotence")
+    idempotence_parser.set_defaults(handler=bench_data.run_idempotence)
     from bench import failover as bench_failover
 
     failover_parser = bench_kinds.add_parser(

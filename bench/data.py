@@ -52,14 +52,18 @@ def add_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
                         help="value bytes per record (default %(default)s)")
     parser.add_argument("--partitions", type=int, default=4,
                         help="partitions of the benchmark topic (default %(default)s)")
-    if kind != "replication":
+    if kind not in ("replication", "idempotence"):
         parser.add_argument("--acks", default="1", choices=["0", "1", "all", "-1"],
                             help="producer acks (default %(default)s)")
+    if kind != "idempotence":
+        parser.add_argument("--idempotence", choices=("on", "off"),
+                            help="the producer's enable_idempotence (default: the client's, "
+                                 "on with acks=all)")
     parser.add_argument("--batch-size", type=int, default=1024 * 1024,
                         help="producer batch size in bytes (default %(default)s)")
     parser.add_argument("--linger-ms", type=int, default=5 if kind != "e2e" else 1,
                         help="producer linger in ms (default %(default)s)")
-    if kind != "replication":
+    if kind not in ("replication", "idempotence"):
         parser.add_argument("--target", dest="cluster_url", metavar="URL",
                             help="use this running broker instead of starting a fresh node")
         parser.add_argument("--brokers", type=int, default=1,
@@ -75,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
                                  "%(default)s)")
     parser.add_argument("--dir", help="where the fresh node keeps its data "
                                       "(default: a temporary directory, removed after)")
-    if kind in ("produce", "replication"):
+    if kind in ("produce", "replication", "idempotence"):
         parser.add_argument("--producers", type=int, default=1,
                             help="producer processes sending in parallel, each with its share "
                                  "of --records (default %(default)s)")
@@ -209,8 +213,10 @@ def _producer(bootstrap: list[str], args: argparse.Namespace):
     from api.client import Producer
 
     acks = -1 if args.acks in ("all", "-1") else int(args.acks)
+    idempotence = getattr(args, "idempotence", None)
+    settings = {} if idempotence is None else {"enable_idempotence": idempotence == "on"}
     return Producer(bootstrap=bootstrap, acks=acks, batch_size=args.batch_size,
-                    linger_ms=args.linger_ms)
+                    linger_ms=args.linger_ms, **settings)
 
 
 def _fill(producer, topic: str, count: int, size: int, label: str | None,
@@ -414,6 +420,63 @@ def run_replication(args: argparse.Namespace) -> int:
                "ratio_rf3_acks_all_to_rf1": runs[-1]["ratio_to_reference"],
                "ratio_target": REPLICATION_RATIO_TARGET}
     _print_replication(args, summary)
+    return 0
+
+
+#: ``kraftlog bench idempotence``: (label, enable_idempotence), acks=all both.
+IDEMPOTENCE_RUNS = (("acks=all", "off"), ("acks=all idempotent", "on"))
+IDEMPOTENCE_RATIO_TARGET = 0.9
+#: Each pair of runs is repeated; the figure per run is the median.
+IDEMPOTENCE_ROUNDS = 3
+
+
+def run_idempotence(args: argparse.Namespace) -> int:
+    """``kraftlog bench idempotence``: acks=all produce without and with
+    idempotence on one fresh node, alternating, each on a fresh topic."""
+    samples: dict[str, list[dict]] = {label: [] for label, _ in IDEMPOTENCE_RUNS}
+    args = argparse.Namespace(**{**vars(args), "cluster_url": None,
+                                 "replication_factor": 1, "min_insync_replicas": 1})
+    with _target(args, brokers=1) as bootstrap:
+        for round_no in range(IDEMPOTENCE_ROUNDS):
+            for label, idempotence in IDEMPOTENCE_RUNS:
+                topic = f"bench-idempotence-{idempotence}-{uuid.uuid4().hex[:8]}"
+                _create_topic(bootstrap, topic, args.partitions, 1, 1)
+                run_args = argparse.Namespace(**{**vars(args), "acks": "all",
+                                                 "idempotence": idempotence})
+                samples[label].append(bench_produce(
+                    bootstrap, topic, run_args,
+                    label=f"{label} ({round_no + 1}/{IDEMPOTENCE_ROUNDS})"))
+    runs = []
+    for label, idempotence in IDEMPOTENCE_RUNS:
+        ordered = sorted(samples[label], key=lambda run: run["records_s"])
+        median = ordered[len(ordered) // 2]
+        runs.append({"label": label, "enable_idempotence": idempotence == "on",
+                     "records_s_all": [run["records_s"] for run in samples[label]],
+                     **median})
+    ratio = runs[1]["records_s"] / runs[0]["records_s"]
+    summary = {"bench": "idempotence", **vars_subset(args), "runs": runs,
+               "ratio_idempotent_to_plain": ratio, "ratio_target": IDEMPOTENCE_RATIO_TARGET}
+    if args.json:
+        import json
+        print(json.dumps(summary, indent=2))
+        return 0
+    from api.table import format_table
+    rows = [(run["label"], f"{run['records_s']:,.0f}",
+             " / ".join(f"{r:,.0f}" for r in run["records_s_all"]), f"{run['mb_s']:,.1f}",
+             f"{run.get('latency_ms_p50', float('nan')):.1f}",
+             f"{run.get('latency_ms_p99', float('nan')):.1f}") for run in runs]
+    print("kraftlog bench idempotence")
+    print(f"  node      one fresh combined node (shipped defaults), a fresh topic per run, "
+          f"{IDEMPOTENCE_ROUNDS} alternating rounds")
+    print(f"  workload  {args.records:,} records of {args.record_size} B, {args.partitions} "
+          f"partitions, batch {args.batch_size} B, linger {args.linger_ms} ms, acks=all")
+    print()
+    print(format_table(("run", "records/s (median)", "each round", "MB/s", "p50 ms",
+                        "p99 ms"), rows))
+    print()
+    verdict = "met" if ratio >= IDEMPOTENCE_RATIO_TARGET else "NOT met"
+    print(f"idempotent / plain acks=all throughput: {ratio:.2f} "
+          f"(target >= {IDEMPOTENCE_RATIO_TARGET:.2f}: {verdict})")
     return 0
 
 
