@@ -1694,3 +1694,31 @@ def test_a_long_scenario_never_changes_the_image_it_is_given():
         {"topic": "t", "partition": 1, "replicas": None}]})
     cluster.call("delete_topics", {"topics": ["t"]})
     assert cluster.image.topics == {}
+
+
+# -- producer ids (AllocateProducerIds) ----------------------------------------------
+def test_producer_id_blocks_never_overlap_and_survive_in_the_image():
+    cluster = Cluster()
+    cluster.start(1, 2)
+    blocks = []
+    for broker_id in (1, 2, 1):
+        epoch = cluster.image.brokers[broker_id].broker_epoch
+        answer = cluster.call("allocate_producer_ids",
+                              {"broker_id": broker_id, "broker_epoch": epoch})
+        blocks.append((answer["producer_id_start"], answer["producer_id_len"]))
+    assert blocks == [(0, 1000), (1000, 1000), (2000, 1000)]
+    restored = MetadataImage.from_snapshot(cluster.image.to_snapshot())
+    assert restored.next_producer_id == 3000
+
+
+def test_producer_ids_go_only_to_a_registered_broker_of_the_current_epoch():
+    cluster = Cluster()
+    cluster.start(1)
+    epoch = cluster.image.brokers[1].broker_epoch
+    with pytest.raises(StaleBrokerEpochError):
+        cluster.call("allocate_producer_ids", {"broker_id": 1, "broker_epoch": epoch + 7})
+    with pytest.raises(BrokerIdNotRegisteredError):
+        cluster.call("allocate_producer_ids", {"broker_id": 9, "broker_epoch": 0})
+    with pytest.raises(InvalidRequestError):
+        cluster.call("allocate_producer_ids", {"broker_id": "one", "broker_epoch": 0})
+    assert cluster.image.next_producer_id == 0
