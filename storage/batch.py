@@ -528,6 +528,46 @@ class BatchBuilder:
         return bytes(header) + section
 
 
+class ControlType(enum.IntEnum):
+    """What a control batch (attribute bit 5) marks, as Kafka numbers it: the
+    end of a producer's transaction in this partition."""
+
+    ABORT = 0
+    COMMIT = 1
+
+
+#: A control record's key: version, type; its value: version, the
+#: transaction coordinator's epoch (Kafka's EndTransactionMarker).
+CONTROL_KEY = struct.Struct(">hh")
+CONTROL_VALUE = struct.Struct(">hi")
+
+
+def build_control_batch(control_type: ControlType, producer_id: int, producer_epoch: int,
+                        coordinator_epoch: int, timestamp_ms: int) -> bytes:
+    """A transaction marker: one control record in a transactional control
+    batch of the producer's, written by the transaction coordinator."""
+    builder = BatchBuilder(producer_id=producer_id, producer_epoch=producer_epoch,
+                           transactional=True, control=True)
+    builder.append(CONTROL_KEY.pack(0, int(control_type)),
+                   CONTROL_VALUE.pack(0, coordinator_epoch), timestamp_ms=timestamp_ms)
+    return builder.build()
+
+
+def parse_control_batch(batch) -> tuple[ControlType, int]:
+    """``(type, coordinator epoch)`` of a control batch (its one record)."""
+    records = list(iter_records(batch, verify_crc=False))
+    if len(records) != 1 or records[0].key is None or len(records[0].key) != CONTROL_KEY.size:
+        raise CorruptRecordError("a control batch holds one control record")
+    _version, kind = CONTROL_KEY.unpack(records[0].key)
+    value = records[0].value or b""
+    coordinator_epoch = (CONTROL_VALUE.unpack(value)[1] if len(value) == CONTROL_VALUE.size
+                         else -1)
+    try:
+        return ControlType(kind), coordinator_epoch
+    except ValueError:
+        raise CorruptRecordError(f"unknown control record type {kind}") from None
+
+
 def next_sequence(sequence: int, increment: int = 1) -> int:
     """``sequence + increment``, wrapping past ``SEQUENCE_MAX`` to 0 as Kafka's do."""
     return (sequence + increment) % (SEQUENCE_MAX + 1)

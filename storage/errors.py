@@ -72,3 +72,17 @@ class InvalidProducerEpochError(StorageError):
     seen: a newer instance of the producer fenced it."""
 
     code = "INVALID_PRODUCER_EPOCH"
+
+
+class InvalidTxnStateError(StorageError):
+    """A write that contradicts the producer's transaction: a plain batch
+    from a producer whose transaction is open in this partition."""
+
+    code = "INVALID_TXN_STATE"
+
+
+class TransactionCoordinatorFencedError(StorageError):
+    """A transaction marker from a coordinator older than one this
+    partition has seen (a deposed coordinator)."""
+
+    code = "TRANSACTION_COORDINATOR_FENCED"

@@ -42,6 +42,7 @@ from storage.config import NO_LIMIT, LogConfig
 from storage.epoch_cache import LeaderEpochCache
 from storage.errors import InvalidOffsetError, InvalidRecordError, OffsetOutOfRangeError
 from storage.producer_state import Duplicate, ProducerStateManager, snapshot_offsets
+from storage.txn_index import AbortedTxn, AbortedTxns
 from storage.segment import LOG_SUFFIX, BatchMeta, Segment
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,8 @@ class Log:
         self.closed = False
         #: Idempotent producers' sequences and epochs (storage.producer_state).
         self.producer_state = ProducerStateManager(directory)
+        #: Aborted transactions, for read_committed fetches (storage.txn_index).
+        self.aborted_txns = AbortedTxns(directory)
         self._unsynced_snapshots: list[str] = []
         self._writing = False
         self._snapshot_due = False
@@ -212,6 +215,7 @@ class Log:
         nothing is read."""
         state = self.producer_state
         end = self.log_end_offset
+        self.aborted_txns.load(self._bases, end)
         state.delete_snapshots(above=end)
         for offset in reversed(snapshot_offsets(self.directory)):
             if state.load_snapshot(offset):
@@ -232,8 +236,32 @@ class Log:
                 continue
             found = segment.find_batch(start) if start > segment.base_offset else None
             position = found[0] if found is not None else 0
-            state.apply_all(header for _pos, header in segment.iter_batch_headers(position))
+            for pos, header in segment.iter_batch_headers(position):
+                if header.next_offset <= state.end_offset:
+                    continue
+                if header.is_control and header.producer_id >= 0:
+                    self._apply_marker(header, segment.read_batch_at(pos, header),
+                                       segment.base_offset)
+                else:
+                    state.apply(header)
         state.end_offset = self.log_end_offset
+
+    def _apply_marker(self, header: fmt.BatchHeader, batch, segment_base: int) -> None:
+        """A transaction marker is in the log: end the producer's
+        transaction, and index it if it aborted."""
+        control_type, coordinator_epoch = fmt.parse_control_batch(batch)
+        aborted = self.producer_state.apply_marker(header, control_type, coordinator_epoch)
+        if aborted is not None:
+            self.aborted_txns.append(aborted, segment_base)
+
+    @property
+    def first_unstable_offset(self) -> int | None:
+        """First offset of the oldest transaction still open here."""
+        return self.producer_state.first_unstable_offset
+
+    def collect_aborted(self, start_offset: int, upper_offset: int) -> list[AbortedTxn]:
+        """Aborted transactions with records in ``[start_offset, upper_offset)``."""
+        return self.aborted_txns.collect(start_offset, upper_offset)
 
     @staticmethod
     def _remove_leftovers(directory: str) -> None:
@@ -243,7 +271,8 @@ class Log:
         for name in names:
             stem, _, suffix = name.rpartition(".")
             if name.endswith(".tmp") or (
-                    suffix in ("index", "timeindex") and f"{stem}{LOG_SUFFIX}" not in names):
+                    suffix in ("index", "timeindex", "txnindex")
+                    and f"{stem}{LOG_SUFFIX}" not in names):
                 os.unlink(os.path.join(directory, name))
 
     @staticmethod
@@ -293,6 +322,10 @@ class Log:
         view = memoryview(records)
         validated = fmt.validate_batches(view, self.config.max_message_bytes, strict=True)
         first = validated[0][1]
+        if any(header.is_control for _pos, header in validated):
+            raise InvalidRecordError(
+                "control batches (transaction markers) are written by the transaction "
+                "coordinator, not by producers")
         if first.producer_id >= 0 or len(validated) > 1 and any(
                 header.producer_id >= 0 for _pos, header in validated):
             duplicate = self._check_producer(validated)
@@ -364,10 +397,43 @@ class Log:
             expected = header.next_offset
         info = self._write(entries)
         state = self.producer_state
-        for _pos, header in validated:
+        for pos, header in validated:
             self.epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
-            if header.producer_id >= 0:
+            if header.producer_id < 0:
+                continue
+            if header.is_control:
+                self._apply_marker(header, view[pos:pos + header.size_bytes],
+                                   self._segment_holding(header.base_offset))
+            else:
                 state.apply(header)
+        self._producer_state_caught_up()
+        return info
+
+    def _segment_holding(self, offset: int) -> int:
+        return self._bases[max(bisect.bisect_right(self._bases, offset) - 1, 0)]
+
+    def append_marker(self, control_type: fmt.ControlType, producer_id: int,
+                      producer_epoch: int, coordinator_epoch: int, leader_epoch: int,
+                      timestamp_ms: int | None = None) -> AppendInfo:
+        """Append a transaction marker as the partition leader (the
+        transaction coordinator's WriteTxnMarkers): ends the producer's
+        transaction here; an ABORT is indexed for read_committed readers.
+        A marker from an older producer epoch or coordinator is refused."""
+        self.producer_state.check_marker(producer_id, producer_epoch, coordinator_epoch)
+        batch = fmt.build_control_batch(control_type, producer_id, producer_epoch,
+                                        coordinator_epoch,
+                                        self.clock() if timestamp_ms is None else timestamp_ms)
+        header = fmt.parse_header(batch)
+        offset = self.log_end_offset
+        view = memoryview(batch)
+        prefix = fmt.stamped_prefix(header, offset, leader_epoch)
+        info = self._write([([prefix, view[fmt.MAGIC_OFFSET:]],
+                             BatchMeta(offset, offset, header.max_timestamp, header.size_bytes),
+                             1)])
+        if leader_epoch >= 0:
+            self.epoch_cache.assign(leader_epoch, offset)
+        self._apply_marker(header._replace(base_offset=offset), batch,
+                           self._segment_holding(offset))
         self._producer_state_caught_up()
         return info
 
@@ -508,6 +574,7 @@ class Log:
         self.epoch_cache.truncate_from_end(end)
         self.recovery_point = min(self.recovery_point, end)
         self._dir_dirty = True
+        self.aborted_txns.truncate_to(end)
         self._load_producer_state()
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
@@ -529,6 +596,7 @@ class Log:
         self._dir_dirty = True
         self.producer_state.delete_snapshots()
         self.producer_state.clear(offset)
+        self.aborted_txns.clear()
 
     def delete_records_before(self, offset: int) -> int:
         """Move the log start offset up to ``offset`` (Kafka's DeleteRecords)
@@ -598,6 +666,7 @@ class Log:
             # Producers stay (KIP-360: until producer.id.expiration.ms); the
             # snapshots of deleted segments go.
             self.producer_state.delete_snapshots(below=self._segments[0].base_offset)
+            self.aborted_txns.drop_segments_below(self._segments[0].base_offset)
         return count
 
     # ------------------------------------------------------------------
@@ -687,6 +756,10 @@ class Log:
             assert start <= self.log_end_offset, (start, self.log_end_offset)
         assert self.producer_state.end_offset == self.log_end_offset, (
             self.producer_state.end_offset, self.log_end_offset)
+        aborted = self.aborted_txns.entries
+        assert all(e.first_offset <= e.last_offset < self.log_end_offset for e in aborted), (
+            aborted, self.log_end_offset)
+        assert [e.last_offset for e in aborted] == sorted({e.last_offset for e in aborted})
         self.producer_state.check_invariants()
 
     def __repr__(self) -> str:

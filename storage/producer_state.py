@@ -46,8 +46,10 @@ from typing import Iterable, NamedTuple
 import msgpack
 
 from storage.batch import (NO_PRODUCER_EPOCH, NO_SEQUENCE,  # noqa: F401  (re-exported)
-                           SEQUENCE_MAX, BatchHeader, next_sequence)
-from storage.errors import InvalidProducerEpochError, OutOfOrderSequenceError
+                           SEQUENCE_MAX, BatchHeader, ControlType, next_sequence)
+from storage.errors import (InvalidProducerEpochError, InvalidTxnStateError,
+                            OutOfOrderSequenceError, TransactionCoordinatorFencedError)
+from storage.txn_index import AbortedTxn
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,7 @@ log = logging.getLogger(__name__)
 #: have this many requests in flight per partition (Kafka's limit, 5).
 BATCHES_KEPT = 5
 SNAPSHOT_SUFFIX = ".snapshot"
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
 #: Snapshot file: a CRC-32 of the body, then the msgpack body.
 _SNAPSHOT_HEADER = struct.Struct(">I")
 
@@ -97,6 +99,10 @@ class ProducerEntry:
     batches: deque = dataclasses.field(default_factory=lambda: deque(maxlen=BATCHES_KEPT))
     #: Max timestamp of its last batch (ms): what expiry measures.
     last_timestamp: int = -1
+    #: Offset of its open transaction's first batch here, -1 if none.
+    txn_first_offset: int = -1
+    #: Epoch of the transaction coordinator that wrote its last marker.
+    coordinator_epoch: int = -1
 
     @property
     def last_seq(self) -> int:
@@ -114,20 +120,16 @@ class ProducerEntry:
                 return Duplicate(batch.first_offset, batch.last_offset, batch.timestamp)
         return None
 
-    def copy(self) -> "ProducerEntry":
-        return ProducerEntry(self.producer_id, self.epoch,
-                             deque(self.batches, maxlen=BATCHES_KEPT), self.last_timestamp)
-
     def to_wire(self) -> list:
         return [self.producer_id, self.epoch, self.last_timestamp,
-                [list(b) for b in self.batches]]
+                [list(b) for b in self.batches], self.txn_first_offset, self.coordinator_epoch]
 
     @classmethod
     def from_wire(cls, raw: list) -> "ProducerEntry":
-        producer_id, epoch, last_timestamp, batches = raw
+        producer_id, epoch, last_timestamp, batches, txn_first, coordinator_epoch = raw
         return cls(producer_id, epoch,
                    deque((BatchMetadata(*b) for b in batches), maxlen=BATCHES_KEPT),
-                   last_timestamp)
+                   last_timestamp, txn_first, coordinator_epoch)
 
 
 def _last_seq(header: BatchHeader) -> int:
@@ -142,6 +144,14 @@ class ProducerStateManager:
         self.directory = directory
         self.producers: dict[int, ProducerEntry] = {}
         self.end_offset = 0
+        #: Producers with a transaction open here -> its first offset.
+        self.ongoing: dict[int, int] = {}
+
+    @property
+    def first_unstable_offset(self) -> int | None:
+        """The first offset of the oldest open transaction: a
+        read_committed consumer reads no further (the LSO)."""
+        return min(self.ongoing.values()) if self.ongoing else None
 
     # -- the leader's checks ------------------------------------------------
     def check(self, header: BatchHeader) -> Duplicate | None:
@@ -155,6 +165,11 @@ class ProducerStateManager:
         duplicate = entry.find_duplicate(epoch, first_seq, _last_seq(header))
         if duplicate is not None:
             return duplicate
+        if not header.is_transactional and entry.txn_first_offset >= 0 and \
+                epoch == entry.epoch:
+            raise InvalidTxnStateError(
+                f"producer {header.producer_id} sent a non-transactional batch while its "
+                f"transaction (from offset {entry.txn_first_offset}) is open here")
         if epoch < entry.epoch:
             raise InvalidProducerEpochError(
                 f"producer {header.producer_id} sent epoch {epoch}, older than the epoch "
@@ -190,22 +205,61 @@ class ProducerStateManager:
                     header.base_sequence, _last_seq(header), header.base_offset,
                     header.last_offset, header.max_timestamp))
             entry.last_timestamp = max(entry.last_timestamp, header.max_timestamp)
+            if header.is_transactional and entry.txn_first_offset < 0:
+                entry.txn_first_offset = header.base_offset
+                self.ongoing[header.producer_id] = header.base_offset
         self.end_offset = max(self.end_offset, header.next_offset)
 
-    def apply_all(self, headers: Iterable[BatchHeader]) -> None:
-        for header in headers:
-            if header.next_offset > self.end_offset:
-                self.apply(header)
+    # -- transaction markers (written by the transaction coordinator) -----------------
+    def check_marker(self, producer_id: int, producer_epoch: int,
+                     coordinator_epoch: int) -> None:
+        """Refuse a marker from a fenced producer epoch or coordinator."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            return
+        if producer_epoch < entry.epoch:
+            raise InvalidProducerEpochError(
+                f"a marker for producer {producer_id} epoch {producer_epoch}, older than "
+                f"its epoch {entry.epoch} here")
+        if coordinator_epoch < entry.coordinator_epoch:
+            raise TransactionCoordinatorFencedError(
+                f"a marker from coordinator epoch {coordinator_epoch}, older than "
+                f"{entry.coordinator_epoch} which wrote this producer's last marker")
+
+    def apply_marker(self, header: BatchHeader, control_type: ControlType,
+                     coordinator_epoch: int) -> AbortedTxn | None:
+        """A marker at ``header.base_offset`` ends the producer's open
+        transaction here; an ABORT returns the aborted transaction for the
+        index."""
+        pid = header.producer_id
+        entry = self.producers.get(pid)
+        if entry is None:
+            entry = self.producers[pid] = ProducerEntry(pid)
+        if header.producer_epoch > entry.epoch:
+            entry.batches.clear()
+            entry.epoch = header.producer_epoch
+        entry.coordinator_epoch = max(entry.coordinator_epoch, coordinator_epoch)
+        entry.last_timestamp = max(entry.last_timestamp, header.max_timestamp)
+        first, entry.txn_first_offset = entry.txn_first_offset, -1
+        self.ongoing.pop(pid, None)
+        self.end_offset = max(self.end_offset, header.next_offset)
+        if control_type != ControlType.ABORT or first < 0:
+            return None
+        stable = self.first_unstable_offset
+        return AbortedTxn(pid, first, header.base_offset,
+                          header.next_offset if stable is None else stable)
 
     def clear(self, offset: int) -> None:
         self.producers.clear()
+        self.ongoing.clear()
         self.end_offset = offset
 
     def remove_expired(self, now_ms: int, expiration_ms: int) -> list[int]:
         """Forget producers whose last batch is older than ``expiration_ms``
         (``producer.id.expiration.ms``). Returns their ids."""
         cutoff = now_ms - expiration_ms
-        gone = [pid for pid, entry in self.producers.items() if entry.last_timestamp < cutoff]
+        gone = [pid for pid, entry in self.producers.items()
+                if entry.last_timestamp < cutoff and entry.txn_first_offset < 0]
         for pid in gone:
             del self.producers[pid]
         return gone
@@ -214,7 +268,9 @@ class ProducerStateManager:
         """Each producer as ``topics describe --producers`` shows it."""
         return [{"producer_id": e.producer_id, "producer_epoch": e.epoch,
                  "last_sequence": e.last_seq, "last_offset": e.last_offset,
-                 "last_timestamp": e.last_timestamp}
+                 "last_timestamp": e.last_timestamp,
+                 "coordinator_epoch": e.coordinator_epoch,
+                 "current_transaction_start_offset": e.txn_first_offset}
                 for e in sorted(self.producers.values(), key=lambda e: e.producer_id)]
 
     # -- snapshots ------------------------------------------------------------
@@ -259,6 +315,8 @@ class ProducerStateManager:
             _unlink(path)
             return False
         self.producers = producers
+        self.ongoing = {pid: e.txn_first_offset for pid, e in producers.items()
+                        if e.txn_first_offset >= 0}
         self.end_offset = offset
         return True
 
@@ -279,6 +337,8 @@ class ProducerStateManager:
             assert offsets == sorted(offsets), entry
             assert all(b.last_offset < self.end_offset for b in entry.batches), (
                 entry, self.end_offset)
+            assert (entry.txn_first_offset >= 0) == (pid in self.ongoing), entry
+            assert entry.txn_first_offset < self.end_offset, entry
 
 
 def _unlink(path: str) -> None:
