@@ -23,7 +23,8 @@ from aiohttp import web
 from api.broker.metrics import BrokerMetrics
 from api.broker.partition import Partition
 from api.broker.replica_manager import ReplicaManager
-from api.broker.replication import FetchRequest, FetchSpec, ProduceItem, broker_url
+from api.broker.replication import (READ_COMMITTED, READ_UNCOMMITTED, FetchRequest, FetchSpec,
+                                    MarkerItem, ProduceItem, broker_url)
 from protocol import wire
 from protocol.errors import CodedError, InvalidRequestError, InvalidRequiredAcksError, KraftError
 from protocol.fields import Fields
@@ -34,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+INT16_MAX = 2**15 - 1
 PARTITIONS_PER_REQUEST_MAX = 10_000
 PRODUCE_TIMEOUT_MS_MAX = 300_000
 FETCH_MAX_BYTES_DEFAULT = 50 * 1024 * 1024
@@ -73,6 +75,7 @@ def decode_fetch(values: dict) -> FetchRequest:
     min_bytes = body.integer("min_bytes", 0, INT32_MAX, default=1)
     max_bytes = body.integer("max_bytes", 1, INT32_MAX, default=FETCH_MAX_BYTES_DEFAULT)
     replica_id = body.integer("replica_id", -1, INT32_MAX, default=-1)
+    isolation = _isolation_level(body)
     specs = []
     for i, item in enumerate(body.sequence("partitions", PARTITIONS_PER_REQUEST_MAX)):
         fields = Fields(item, f"partitions[{i}]")
@@ -83,7 +86,22 @@ def decode_fetch(values: dict) -> FetchRequest:
             fields.integer("max_bytes", 1, INT32_MAX, default=PARTITION_FETCH_BYTES_DEFAULT),
             _leader_epoch(fields),
             fields.integer("last_fetched_epoch", -1, INT32_MAX, default=-1)))
-    return FetchRequest(replica_id, specs, max_wait_ms, min_bytes, max_bytes)
+    return FetchRequest(replica_id, specs, max_wait_ms, min_bytes, max_bytes, isolation)
+
+
+ISOLATION_LEVELS = {"read_uncommitted": READ_UNCOMMITTED, "read_committed": READ_COMMITTED,
+                    READ_UNCOMMITTED: READ_UNCOMMITTED, READ_COMMITTED: READ_COMMITTED}
+
+
+def _isolation_level(body: Fields) -> int:
+    """``isolation_level``: "read_uncommitted" (default, as Kafka's) or
+    "read_committed", or Kafka's numbers 0 and 1."""
+    value = body.values.get("isolation_level", READ_UNCOMMITTED)
+    if isinstance(value, bool) or value not in ISOLATION_LEVELS:
+        raise InvalidRequestError(
+            f"isolation_level must be \"read_uncommitted\" or \"read_committed\", not "
+            f"{value!r}")
+    return ISOLATION_LEVELS[value]
 
 
 class DataApi:
@@ -107,6 +125,7 @@ class DataApi:
         app.router.add_post("/v1/produce", self.handle_produce)
         app.router.add_post("/v1/fetch", self.handle_fetch)
         app.router.add_post("/v1/offsets", self.handle_list_offsets)
+        app.router.add_post("/v1/txn/markers", self.handle_write_markers)
         app.router.add_post("/v1/metadata", self.handle_metadata)
         app.router.add_get("/v1/metadata", self.handle_metadata)
 
@@ -140,6 +159,25 @@ class DataApi:
             self.metrics.bytes_in.inc(info.size_bytes, topic)
             self.metrics.messages_in.inc(info.record_count, topic)
         return wire.respond(request, {"partitions": self._render("produce", results)})
+
+    # -- transaction markers (from transaction coordinators) ----------------------
+    async def handle_write_markers(self, request: web.Request) -> web.Response:
+        """WriteTxnMarkers: append a COMMIT or ABORT marker for a producer in
+        each partition this broker leads, answered once committed."""
+        body = Fields(await wire.read_body(request), "")
+        timeout_ms = body.integer("timeout_ms", 0, PRODUCE_TIMEOUT_MS_MAX, default=30_000)
+        items = []
+        for i, item in enumerate(body.sequence("markers", PARTITIONS_PER_REQUEST_MAX)):
+            fields = Fields(item, f"markers[{i}]")
+            items.append(MarkerItem(
+                TopicPartition(fields.string("topic", TOPIC_NAME_MAX_CHARS),
+                               fields.integer("partition", 0, INT32_MAX)),
+                fields.integer("producer_id", 0, INT64_MAX),
+                fields.integer("producer_epoch", 0, INT16_MAX),
+                fields.integer("coordinator_epoch", 0, INT32_MAX),
+                fields.boolean("committed")))
+        results = await self.replicas.write_markers(items, timeout_ms)
+        return wire.respond(request, {"markers": self._render("markers", results)})
 
     async def append_committed(self, part: Partition, records: bytes, timeout_ms: int) -> int:
         """Append ``records`` as leader and wait until they are committed, as
@@ -180,11 +218,12 @@ class DataApi:
             partition = fields.integer("partition", 0, INT32_MAX)
             timestamp = fields.integer("timestamp", -2, INT64_MAX)
             epoch = _leader_epoch(fields)
+            isolation = _isolation_level(body)
             result = {"topic": topic, "partition": partition, "error": None,
                       "offset": -1, "timestamp": -1}
             try:
                 part = self.replicas.leader_partition(topic, partition, epoch)
-                result["offset"], result["timestamp"] = _offset_for(part, timestamp)
+                result["offset"], result["timestamp"] = _offset_for(part, timestamp, isolation)
             except Exception as exc:  # noqa: BLE001  each partition answers for itself
                 result["error"] = exc
             results.append(result)
@@ -244,9 +283,12 @@ def _leader_epoch(fields: Fields) -> int | None:
     return fields.integer("current_leader_epoch", -1, INT32_MAX, default=None)
 
 
-def _offset_for(part: Partition, timestamp: int) -> tuple[int, int]:
-    """(offset, timestamp) answering a list-offsets query on a leader."""
-    high_watermark = part.high_watermark
+def _offset_for(part: Partition, timestamp: int, isolation: int = READ_UNCOMMITTED
+                ) -> tuple[int, int]:
+    """(offset, timestamp) answering a list-offsets query on a leader;
+    read_committed readers' end is the last stable offset."""
+    high_watermark = (part.last_stable_offset if isolation == READ_COMMITTED
+                      else part.high_watermark)
     if timestamp == EARLIEST_TIMESTAMP:
         return part.log_start_offset, -1
     if timestamp == LATEST_TIMESTAMP:

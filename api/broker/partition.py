@@ -188,6 +188,13 @@ class Partition:
     def log_start_offset(self) -> int:
         return self.log.log_start_offset
 
+    @property
+    def last_stable_offset(self) -> int:
+        """The LSO: the high watermark, or the first offset of the oldest
+        open transaction if that is lower."""
+        first = self.log.first_unstable_offset
+        return self.high_watermark if first is None else min(first, self.high_watermark)
+
     def append_as_leader(self, records) -> AppendInfo:
         assert self.is_leader, f"{self.tp}: append on a follower"
         info = self.log.append(records, self.leader_epoch)

@@ -31,9 +31,9 @@ from typing import Protocol
 
 from api.broker.lifecycle_core import LifecycleCore
 from api.broker.partition import Partition
-from api.broker.replication import (Action, CancelRequest, FetchRequest, ProduceItem,
-                                    ReplicationCore, ReplicationSettings, Respond,
-                                    SendAlterPartition, SendFetch)
+from api.broker.replication import (Action, CancelRequest, FetchRequest, MarkerItem,
+                                    ProduceItem, ReplicationCore, ReplicationSettings,
+                                    Respond, SendAlterPartition, SendFetch)
 from kraft.image import MetadataImage
 from storage.checkpoint import CheckpointFormatError, OffsetCheckpoint, write_atomically
 from storage.log import AppendInfo, Log
@@ -243,6 +243,12 @@ class ReplicaManager:
         appended = self.core.produce(request_id, items, acks, timeout_ms, self.clock_ms())
         self._carry_out()
         return await future, appended
+
+    async def write_markers(self, items: list[MarkerItem], timeout_ms: int) -> list[dict]:
+        request_id, future = self._new_request()
+        self.core.write_markers(request_id, items, timeout_ms, self.clock_ms())
+        self._carry_out()
+        return await future
 
     async def fetch(self, request: FetchRequest) -> list[dict]:
         request_id, future = self._new_request()

@@ -57,6 +57,7 @@ from protocol.errors import (FencedLeaderEpochError, InvalidRequestError, Leader
                              NotEnoughReplicasAfterAppendError, NotEnoughReplicasError,
                              NotLeaderOrFollowerError, ReplicationTimedOutError,
                              UnknownLeaderEpochError, UnknownTopicOrPartitionError)
+from storage.batch import ControlType
 from storage.config import TOPIC_KEYS
 from storage.errors import OffsetOutOfRangeError
 from storage.log import AppendInfo, Log
@@ -144,6 +145,17 @@ class ProduceItem:
 
 
 @dataclasses.dataclass
+class MarkerItem:
+    """One transaction marker to write (WriteTxnMarkers)."""
+
+    tp: TopicPartition
+    producer_id: int
+    producer_epoch: int
+    coordinator_epoch: int
+    committed: bool
+
+
+@dataclasses.dataclass
 class FetchSpec:
     tp: TopicPartition
     offset: int
@@ -159,6 +171,11 @@ class FetchRequest:
     max_wait_ms: int
     min_bytes: int
     max_bytes: int
+    #: READ_UNCOMMITTED (0) or READ_COMMITTED (1), Kafka's numbers.
+    isolation_level: int = 0
+
+
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 
 
 # -- actions ---------------------------------------------------------------------------
@@ -564,6 +581,38 @@ class ReplicationCore:
         self._after_event(now_ms)
         return appended
 
+    def write_markers(self, request_id: int, items: list[MarkerItem], timeout_ms: int,
+                      now_ms: int) -> None:
+        """WriteTxnMarkers from a transaction coordinator: append each
+        marker as the partition's leader and answer once every one is
+        committed (acks=all), as Kafka's coordinator requires before it
+        completes the transaction. Each partition answers for itself."""
+        results, waiting = [], []
+        for item in items:
+            tp = item.tp
+            result = {"topic": tp.topic, "partition": tp.partition,
+                      "producer_id": item.producer_id, "error": None}
+            try:
+                part = self.leader_partition(tp.topic, tp.partition)
+                if len(part.isr) < part.min_insync_replicas:
+                    raise NotEnoughReplicasError(
+                        f"{tp} has {len(part.isr)} in-sync replicas, fewer than its "
+                        f"min.insync.replicas={part.min_insync_replicas}; the marker waits")
+                info = part.log.append_marker(
+                    ControlType.COMMIT if item.committed else ControlType.ABORT,
+                    item.producer_id, item.producer_epoch, item.coordinator_epoch,
+                    part.leader_epoch)
+                part.maybe_advance_high_watermark()
+                self._touch(tp)
+                result.update(base_offset=info.base_offset)
+                waiting.append(_PendingAck(result, part, part.leader_epoch,
+                                           info.last_offset + 1))
+            except Exception as exc:  # noqa: BLE001  each partition answers for itself
+                result["error"] = exc
+            results.append(result)
+        self._park_produce(request_id, results, waiting, timeout_ms, now_ms)
+        self._after_event(now_ms)
+
     def append_committed(self, request_id: int, part: Partition, records: bytes,
                          timeout_ms: int, now_ms: int) -> AppendInfo:
         """Append ``records`` to ``part`` as leader and answer once committed,
@@ -672,8 +721,9 @@ class ReplicationCore:
     def _answer_fetch(self, parked: _ParkedFetch, final: bool) -> bool:
         """Read; answer if there is enough (or ``final``). True if answered."""
         request = parked.request
-        read, total_bytes, any_error = self._read_all(parked.to_read, request.max_bytes,
-                                                      follower=request.replica_id >= 0)
+        read, total_bytes, any_error = self._read_all(
+            parked.to_read, request.max_bytes, follower=request.replica_id >= 0,
+            committed=request.isolation_level == READ_COMMITTED)
         if not (final or total_bytes >= request.min_bytes or any_error or parked.answered):
             return False
         unread = iter(read)
@@ -718,8 +768,8 @@ class ReplicationCore:
                 answered[i] = result
         return answered
 
-    def _read_all(self, specs: list[FetchSpec], max_bytes: int, follower: bool
-                  ) -> tuple[list[dict], int, bool]:
+    def _read_all(self, specs: list[FetchSpec], max_bytes: int, follower: bool,
+                  committed: bool = False) -> tuple[list[dict], int, bool]:
         results = []
         total_bytes = 0
         any_error = False
@@ -729,12 +779,16 @@ class ReplicationCore:
                 part = self.leader_partition(spec.tp.topic, spec.tp.partition,
                                              spec.current_leader_epoch)
                 high_watermark = part.high_watermark
+                stable = part.last_stable_offset
                 # Followers read everything the leader has; consumers only
-                # what is committed.
-                upper_bound = part.log_end_offset if follower else high_watermark
+                # what is committed, and read_committed ones only what no
+                # open transaction holds back (the LSO).
+                upper_bound = (part.log_end_offset if follower
+                               else stable if committed else high_watermark)
                 result.update(high_watermark=high_watermark,
                               log_start_offset=part.log_start_offset,
-                              log_end_offset=part.log_end_offset)
+                              log_end_offset=part.log_end_offset,
+                              last_stable_offset=stable)
                 budget = min(spec.max_bytes, max_bytes - total_bytes)
                 if spec.offset < part.log_start_offset or spec.offset > part.log_end_offset:
                     raise OffsetOutOfRangeError(spec.offset, part.log_start_offset,
@@ -746,6 +800,10 @@ class ReplicationCore:
                                          min_one_batch=total_bytes == 0)
                     result["records"] = data
                     total_bytes += len(data)
+                    if committed:
+                        result["aborted_transactions"] = [
+                            {"producer_id": txn.producer_id, "first_offset": txn.first_offset}
+                            for txn in part.log.collect_aborted(spec.offset, upper_bound)]
             except Exception as exc:  # noqa: BLE001  each partition answers for itself
                 result["error"] = exc
                 any_error = True

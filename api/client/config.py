@@ -101,7 +101,11 @@ class ConsumerConfig:
                  group_instance_id: str | None = None, session_timeout_ms: int = 45_000,
                  rebalance_timeout_ms: int = 300_000, enable_auto_commit: bool = True,
                  auto_commit_interval_ms: int = 5000,
-                 group_remote_assignor: str | None = None) -> None:
+                 group_remote_assignor: str | None = None,
+                 isolation_level: str = "read_uncommitted") -> None:
+        if isolation_level not in ("read_uncommitted", "read_committed"):
+            raise ValueError(f"isolation_level must be 'read_uncommitted' or 'read_committed', "
+                             f"not {isolation_level!r}")
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', "
                              f"not {auto_offset_reset!r}")
@@ -120,6 +124,7 @@ class ConsumerConfig:
             if not isinstance(value, int) or not low <= value <= high:
                 raise ValueError(f"{name} must be an int in [{low}, {high}], not {value!r}")
         self.bootstrap = bootstrap
+        self.isolation_level = isolation_level
         self.auto_offset_reset = auto_offset_reset
         self.fetch_min_bytes = fetch_min_bytes
         self.fetch_max_wait_ms = fetch_max_wait_ms

@@ -355,9 +355,10 @@ class AsyncConsumer:
 
         async def ask(url: str, tps: list[TopicPartition]) -> Any:
             try:
-                return await self._transport.request(url, "/v1/offsets", {"partitions": [
-                    {"topic": tp.topic, "partition": tp.partition, "timestamp": query[tp]}
-                    for tp in tps]})
+                return await self._transport.request(url, "/v1/offsets", {
+                    "isolation_level": self.config.isolation_level, "partitions": [
+                        {"topic": tp.topic, "partition": tp.partition, "timestamp": query[tp]}
+                        for tp in tps]})
             except KraftlogError as exc:
                 return exc
 

@@ -160,12 +160,17 @@ class FetchBuffer:
     def __len__(self) -> int:
         return len(self._fetches)
 
-    def add(self, state: PartitionState, data: bytes) -> int | None:
+    def add(self, state: PartitionState, data: bytes, aborted: list[dict] | None = None
+              ) -> int | None:
         """Buffer the record batches of a fetch answer; the offset after the
-        last whole batch (the next fetch offset), or None if none was whole."""
+        last whole batch (the next fetch offset), or None if none was whole.
+        ``aborted`` (read_committed): the answer's aborted transactions,
+        whose batches are dropped here."""
         batches = list(batch_format.iter_batches(data))
         if not batches:
             return None
+        if aborted:
+            batches = _without_aborted(batches, aborted)
         self._fetches.append(_CompletedFetch(state, data, batches))
         self.buffered_bytes += len(data)
         return batches[-1][0].next_offset
@@ -210,9 +215,10 @@ class FetchBuffer:
         state = fetch.state
         while fetch.batches:
             header, view = fetch.batches.popleft()
-            if header.next_offset <= state.position or header.is_control:
-                # Below the position (a fetch may start mid-batch), or a
-                # control batch (transaction markers): nothing to return.
+            if header.next_offset <= state.position or header.is_control or view is None:
+                # Below the position (a fetch may start mid-batch), a
+                # control batch (transaction markers) or an aborted
+                # transaction's (read_committed): nothing to return.
                 state.position = max(state.position, header.next_offset)
                 continue
             try:
@@ -234,6 +240,29 @@ class FetchBuffer:
     def _pop(self) -> None:
         fetch = self._fetches.popleft()
         self.buffered_bytes -= fetch.size_bytes
+
+
+def _without_aborted(batches: list, aborted: list[dict]) -> list:
+    """Kafka's read_committed filter: a producer's transactional batches
+    from its aborted transaction's first offset up to its next marker are
+    dropped (their view replaced by None, so the position still moves past
+    them)."""
+    pending = sorted((txn["first_offset"], txn["producer_id"]) for txn in aborted)
+    index = 0
+    aborting: set[int] = set()
+    out = []
+    for header, view in batches:
+        while index < len(pending) and pending[index][0] <= header.last_offset:
+            aborting.add(pending[index][1])
+            index += 1
+        if header.producer_id in aborting:
+            if header.is_control:
+                aborting.discard(header.producer_id)  # its transaction ends here
+                view = None
+            elif header.is_transactional:
+                view = None
+        out.append((header, view))
+    return out
 
 
 class Fetcher:
@@ -355,7 +384,7 @@ class Fetcher:
         room = config.max_buffered_bytes - self.buffer.buffered_bytes
         body = {"max_wait_ms": config.fetch_max_wait_ms, "min_bytes": config.fetch_min_bytes,
                 "max_bytes": max(1, min(config.fetch_max_bytes, room)),
-                "partitions": partitions}
+                "isolation_level": config.isolation_level, "partitions": partitions}
         try:
             answer = await self.transport.request(
                 url, "/v1/fetch", body,
@@ -406,7 +435,9 @@ class Fetcher:
                 continue
             records = entry.get("records")
             if records:
-                next_offset = self.buffer.add(state, records)
+                aborted = (entry.get("aborted_transactions") or []
+                           if self.config.isolation_level == "read_committed" else None)
+                next_offset = self.buffer.add(state, records, aborted)
                 if next_offset is None:
                     state.error = KraftlogError(
                         "RECORD_TOO_LARGE", f"{url} answered {len(records)} bytes for "

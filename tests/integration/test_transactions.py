@@ -1,0 +1,93 @@
+"""Transactions against real brokers: markers, the last stable offset,
+read_committed fetches and consumers."""
+
+from __future__ import annotations
+
+import time
+
+from api.client import Consumer, TopicPartition
+from storage.batch import BatchBuilder
+from tests.integration.test_broker_api import (assert_serving, call, create_topic, fetch,
+                                               post, produce)
+from tests.integration.test_broker_api import single  # noqa: F401  (fixture)
+from tests.integration.test_broker_api import url  # noqa: F401  (fixture)
+from tests.integration.test_idempotence import init_producer
+
+
+def txn_batch(pid: int, epoch: int, seq: int, values: list[bytes]) -> bytes:
+    builder = BatchBuilder(producer_id=pid, producer_epoch=epoch, base_sequence=seq,
+                           transactional=True)
+    for value in values:
+        builder.append(None, value, timestamp_ms=int(time.time() * 1000))
+    return builder.build()
+
+
+def marker(url: str, topic: str, pid: int, epoch: int, committed: bool,
+           coordinator_epoch: int = 0) -> dict:
+    (result,) = call(url, "/v1/txn/markers", {"markers": [
+        {"topic": topic, "partition": 0, "producer_id": pid, "producer_epoch": epoch,
+         "coordinator_epoch": coordinator_epoch, "committed": committed}]})["markers"]
+    return result
+
+
+def committed_values(url: str, topic: str) -> list[bytes]:
+    with Consumer(url, isolation_level="read_committed", auto_offset_reset="earliest") as c:
+        tp = TopicPartition(topic, 0)
+        c.assign([tp])
+        end = c.end_offsets([tp])[tp]
+        values: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while c.position(tp) < end and time.monotonic() < deadline:
+            values.extend(r.value for r in c.poll(timeout_ms=200))
+        return values
+
+
+def test_read_committed_stops_at_an_open_transaction_and_skips_aborted_ones(url):
+    topic = "txn-visibility"
+    create_topic(url, topic)
+    a, b = init_producer(url)[0], init_producer(url)[0]
+    produce(url, [(topic, 0, txn_batch(a, 0, 0, [b"a1", b"a2"]))], acks=-1)     # 0-1
+    produce(url, [(topic, 0, txn_batch(b, 0, 0, [b"b1"]))], acks=-1)            # 2
+    (part,) = fetch(url, [(topic, 0, 0)])
+    assert (part["high_watermark"], part["last_stable_offset"]) == (3, 0)
+    body = {"isolation_level": "read_committed", "max_wait_ms": 0,
+            "partitions": [{"topic": topic, "partition": 0, "offset": 0}]}
+    (held,) = call(url, "/v1/fetch", body)["partitions"]
+    assert held["records"] == b"" and held["last_stable_offset"] == 0
+    assert marker(url, topic, a, 0, committed=False)["error"] is None           # 3
+    assert marker(url, topic, b, 0, committed=True)["error"] is None            # 4
+    (done,) = call(url, "/v1/fetch", body)["partitions"]
+    assert done["last_stable_offset"] == 5
+    assert done["aborted_transactions"] == [{"producer_id": a, "first_offset": 0}]
+    assert committed_values(url, topic) == [b"b1"]
+    # read_uncommitted consumers see both, never the markers.
+    with Consumer(url, auto_offset_reset="earliest") as c:
+        c.assign([TopicPartition(topic, 0)])
+        seen: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while len(seen) < 3 and time.monotonic() < deadline:
+            seen.extend(r.value for r in c.poll(timeout_ms=200))
+    assert seen == [b"a1", b"a2", b"b1"]
+
+
+def test_markers_from_fenced_epochs_and_bad_marker_requests_are_refused(url):
+    topic = "txn-fencing"
+    create_topic(url, topic)
+    pid, _ = init_producer(url)
+    produce(url, [(topic, 0, txn_batch(pid, 3, 0, [b"x"]))], acks=-1)
+    assert marker(url, topic, pid, 2, True)["error"]["code"] == "INVALID_PRODUCER_EPOCH"
+    assert marker(url, topic, pid, 3, True, coordinator_epoch=5)["error"] is None
+    produce(url, [(topic, 0, txn_batch(pid, 3, 1, [b"y"]))], acks=-1)
+    assert marker(url, topic, pid, 3, True, coordinator_epoch=4)["error"]["code"] == \
+        "TRANSACTION_COORDINATOR_FENCED"
+    (plain,) = produce(url, [(topic, 0, _plain_from(pid, 3, 2))], acks=-1)
+    assert plain["error"]["code"] == "INVALID_TXN_STATE"
+    reply = post(url, "/v1/txn/markers", {"markers": [{"topic": topic, "partition": 0}]})
+    assert reply.status == 400 and reply.body["error"]["code"] == "INVALID_REQUEST"
+    assert_serving(url)
+
+
+def _plain_from(pid: int, epoch: int, seq: int) -> bytes:
+    builder = BatchBuilder(producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+    builder.append(None, b"plain", timestamp_ms=int(time.time() * 1000))
+    return builder.build()
