@@ -62,6 +62,7 @@ _STORAGE = "storage/config.py"
 _MANAGER = "storage/manager.py"
 _BROKER = "api/broker/server.py"
 _GROUPS = "api/broker/groups/service.py"
+_TXNS = "api/broker/transactions/service.py"
 
 SCHEMA: tuple[Key, ...] = (
     # -- identity and the control plane ---------------------------------------------------
@@ -181,6 +182,15 @@ SCHEMA: tuple[Key, ...] = (
        _GROUPS, 1, 1000),
     _k("offsets.topic.replication.factor", "int", 3,
        "Replicas of __consumer_offsets (capped at the live brokers).", _GROUPS, 1, 1000),
+    _k("transaction.state.log.num.partitions", "int", 10,
+       "Partitions of __transaction_state.", _TXNS, 1, 1000),
+    _k("transaction.state.log.replication.factor", "int", 3,
+       "Replicas of __transaction_state (capped at the live brokers).", _TXNS, 1, 1000),
+    _k("transaction.max.timeout.ms", "int", 900_000,
+       "Longest transaction_timeout_ms a producer may ask for (else "
+       "INVALID_TRANSACTION_TIMEOUT).", _TXNS, 1, INT32_MAX),
+    _k("transactional.id.expiration.ms", "int", 604_800_000,
+       "How long a transactional id with no transaction is kept.", _TXNS, 1, INT32_MAX),
     _k("group.consumer.session.timeout.ms", "int", 45_000,
        "Session of a member whose heartbeat names none.", _GROUPS, 1, INT32_MAX),
     _k("group.consumer.heartbeat.interval.ms", "int", 5000,

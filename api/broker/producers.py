@@ -13,19 +13,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
 from protocol import wire
-from protocol.errors import CoordinatorNotAvailableError, InvalidRequestError, KraftError
+from protocol.errors import CoordinatorNotAvailableError, KraftError
 from protocol.fields import Fields
 
 logger = logging.getLogger(__name__)
 
 #: Fetch the next block when this share of the current one is used.
 PREFETCH_AT = 0.9
-#: Longest transaction a producer may ask for (transaction.max.timeout.ms).
-TRANSACTION_TIMEOUT_MS_MAX = 15 * 60 * 1000
+#: Beyond transaction.max.timeout.ms, which the coordinator checks.
+TRANSACTION_TIMEOUT_MS_MAX = 2**31 - 1
+TRANSACTIONAL_ID_CHARS_MAX = 255
+INT16_MAX = 2**15 - 1
+INT64_MAX = 2**63 - 1
 
 Call = Callable[[str, dict], Awaitable[dict]]
 
@@ -98,19 +102,25 @@ class ProducerIdManager:
 class ProducerApi:
     """``POST /v1/producers/init`` (Kafka's InitProducerId)."""
 
-    def __init__(self, ids: ProducerIdManager) -> None:
+    def __init__(self, ids: ProducerIdManager, transactions: Any = None) -> None:
         self.ids = ids
+        #: The transaction coordinator's shell (``init_producer_id``), which
+        #: answers for transactional ids.
+        self.transactions = transactions
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/producers/init", self.handle_init)
 
     async def handle_init(self, request: web.Request) -> web.Response:
         body = Fields(await wire.read_body(request), "")
-        transactional_id = body.values.get("transactional_id")
-        body.integer("transaction_timeout_ms", 1, TRANSACTION_TIMEOUT_MS_MAX, default=60_000)
-        if transactional_id is not None:
-            raise InvalidRequestError(
-                "transactional producers are not available yet: leave transactional_id "
-                "unset for an idempotent producer")
+        timeout_ms = body.integer("transaction_timeout_ms", 1, TRANSACTION_TIMEOUT_MS_MAX,
+                                  default=60_000)
+        if body.values.get("transactional_id") is not None:
+            # On the transactional id's coordinator (else NOT_COORDINATOR).
+            tid = body.string("transactional_id", TRANSACTIONAL_ID_CHARS_MAX)
+            answer = await self.transactions.init_producer_id(
+                tid, timeout_ms, body.integer("producer_id", -1, INT64_MAX, default=-1),
+                body.integer("producer_epoch", -1, INT16_MAX, default=-1))
+            return wire.respond(request, answer)
         producer_id = await self.ids.next_id()
         return wire.respond(request, {"producer_id": producer_id, "producer_epoch": 0})

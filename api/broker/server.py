@@ -37,6 +37,7 @@ from api.broker.producers import ProducerApi, ProducerIdManager
 from api.broker.replica_manager import ReplicaManager
 from api.broker.replication import ReplicationSettings, broker_url
 from api.broker.rest_proxy import RestProxy
+from api.broker.transactions.service import TransactionApi, TransactionService
 from kraft.client import ControllerClient
 from kraft.config import BROKER_LISTENER, NodeConfig
 from kraft.image import MetadataImage
@@ -121,7 +122,13 @@ class BrokerServer:
         self.producer_ids = ProducerIdManager(
             lambda path, body: self.client.call(path, body, timeout_ms=ADMIN_TIMEOUT_MS),
             lambda: self.lifecycle.core.broker_epoch, config.node_id)
-        self.producer_api = ProducerApi(self.producer_ids)
+        self.transactions = TransactionService(
+            config.node_id, self.replicas, self.data,
+            lambda path, body: self.client.call(path, body, timeout_ms=ADMIN_TIMEOUT_MS),
+            lambda: self.lifecycle.image, config.settings, self.replicas.clock_ms,
+            self.producer_ids)
+        self.transaction_api = TransactionApi(self.transactions, self._live_broker_urls)
+        self.producer_api = ProducerApi(self.producer_ids, self.transactions)
         self.metrics.add_group_gauges(
             lambda: {(group,): count for group, count in self.groups.member_counts.items()},
             lambda: {(g, t, str(p)): lag for (g, t, p), lag in self.groups.lags.items()})
@@ -137,6 +144,7 @@ class BrokerServer:
         await loop.run_in_executor(None, self.log_manager.startup)
         await self.log_manager.start_background_tasks()
         self.groups.start()
+        self.transactions.start()
         self._hw_task = asyncio.create_task(self._checkpoint_high_watermarks_loop(),
                                             name="high-watermark-checkpoint")
         self._session = aiohttp.ClientSession()
@@ -150,6 +158,7 @@ class BrokerServer:
         self.rest.add_routes(app)
         self.group_api.add_routes(app)
         self.producer_api.add_routes(app)
+        self.transaction_api.add_routes(app)
         for path in ADMIN_ROUTES:
             app.router.add_post(path, self.handle_admin)
         app.router.add_post("/v1/admin/topics/describe", self.handle_describe_topics)
@@ -172,6 +181,7 @@ class BrokerServer:
             await self._runner.cleanup()
             self._runner = None
         await self.groups.stop()
+        await self.transactions.stop()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -212,6 +222,7 @@ class BrokerServer:
         try:
             self.replicas.apply_image(image)
             self.groups.on_metadata()
+            self.transactions.on_metadata()
         finally:
             changed, self._metadata_changed = self._metadata_changed, asyncio.Event()
             changed.set()

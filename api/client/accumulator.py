@@ -314,7 +314,8 @@ class RecordAccumulator:
                  clock_ms: Callable[[], int] = monotonic_ms,
                  wake: Callable[[], None] = lambda: None,
                  max_block_ms: int | None = None,
-                 idempotence: IdempotenceState | None = None) -> None:
+                 idempotence: IdempotenceState | None = None,
+                 transactional: bool = False) -> None:
         self.batch_size = batch_size
         self.buffer_memory = buffer_memory
         self.linger_ms = linger_ms
@@ -347,6 +348,10 @@ class RecordAccumulator:
         self._sending: dict[tuple[str, int], int] = {}
         self.idempotence = idempotence
         self._serial = 0
+        #: A transactional producer's batches carry the transactional bit,
+        #: and records are taken only while a transaction is open.
+        self.transactional = transactional
+        self.txn_open = False
         self._pending: dict[str, _PendingGroup] = {}
         self._incomplete: set[_Completion] = set()
 
@@ -358,6 +363,10 @@ class RecordAccumulator:
         """Add one record and return its handle. When the buffer is full it
         blocks up to ``max_block_ms`` (then raises ``BUFFER_EXHAUSTED``) or,
         with ``max_block_ms`` None, returns None for the caller to wait."""
+        if self.transactional and not self.txn_open:
+            raise KraftlogError("INVALID_TXN_STATE",
+                                "a transactional producer sends only inside a transaction: "
+                                "call begin_transaction() first", retriable=False)
         if value is not None and value.__class__ is not bytes:
             value = _to_bytes(value, "value")
         if key is not None and key.__class__ is not bytes:
@@ -471,7 +480,9 @@ class RecordAccumulator:
             raise TypeError(f"topic must be a non-empty str, not {topic!r}")
         if not isinstance(partition, int) or partition < 0:
             raise ValueError(f"partition must be an int >= 0, not {partition!r}")
-        batch = ProducerBatch(topic, partition, BatchBuilder(compression=self.compression),
+        batch = ProducerBatch(topic, partition,
+                              BatchBuilder(compression=self.compression,
+                                           transactional=self.transactional),
                               self._clock_ms(), self.batch_size)
         self._serial += 1
         batch.serial = self._serial
@@ -506,6 +517,11 @@ class RecordAccumulator:
         return handle
 
     # -- the sender's side ----------------------------------------------------------
+    def partitions_with_data(self) -> list[tuple[str, int]]:
+        """Partitions with a queued batch."""
+        with self.lock:
+            return [tp for tp, queue in self._queues.items() if queue]
+
     def pending_topics(self) -> list[str]:
         with self.lock:
             return list(self._pending)

@@ -22,11 +22,24 @@ class ProducerConfig:
                  max_in_flight: int = 5, max_request_bytes: int = MAX_REQUEST_BYTES_DEFAULT,
                  metadata_max_age_ms: int = 300_000,
                  partitioner: Partitioner | None = None,
-                 enable_idempotence: bool | None = None) -> None:
+                 enable_idempotence: bool | None = None,
+                 transactional_id: str | None = None,
+                 transaction_timeout_ms: int = 60_000) -> None:
         if acks == "all":
             acks = -1
         if acks not in (0, 1, -1):
             raise ValueError(f"acks must be 0, 1, -1 or 'all', not {acks!r}")
+        if transactional_id is not None:
+            if not isinstance(transactional_id, str) or not 0 < len(transactional_id) <= 255:
+                raise ValueError("transactional_id must be a non-empty str of at most 255 "
+                                 f"characters, not {transactional_id!r}")
+            if enable_idempotence is False:
+                raise ValueError("a transactional producer is idempotent: do not set "
+                                 "enable_idempotence=False with transactional_id")
+            enable_idempotence = True
+            if not isinstance(transaction_timeout_ms, int) or transaction_timeout_ms < 1:
+                raise ValueError(f"transaction_timeout_ms must be an int >= 1, not "
+                                 f"{transaction_timeout_ms!r}")
         if enable_idempotence is None:
             # Kafka 3's default: on, unless other settings the user chose
             # rule it out.
@@ -85,6 +98,8 @@ class ProducerConfig:
         self.metadata_max_age_ms = metadata_max_age_ms
         self.partitioner = partitioner
         self.enable_idempotence = enable_idempotence
+        self.transactional_id = transactional_id
+        self.transaction_timeout_ms = transaction_timeout_ms
 
 
 class ConsumerConfig:

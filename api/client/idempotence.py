@@ -65,6 +65,10 @@ class IdempotenceState:
         #: in flight.
         self.bump_needed = False
         self.bumps = 0
+        #: A transactional producer's: the partitions added to its open
+        #: transaction, the only ones it may send to (None: any). Its epoch
+        #: is the coordinator's to bump, never its own.
+        self.allowed: set[TP] | None = None
 
     # -- identity -------------------------------------------------------------------
     @property
@@ -74,6 +78,8 @@ class IdempotenceState:
     @property
     def needs_new_id(self) -> bool:
         """No id yet, or the epoch to bump to would overflow."""
+        if self.allowed is not None:
+            return False  # the transaction manager takes the id
         return not self.has_id or (self.bump_needed and self.epoch >= EPOCH_MAX)
 
     def set_id(self, producer_id: int, epoch: int) -> None:
@@ -84,7 +90,8 @@ class IdempotenceState:
     def maybe_bump(self) -> bool:
         """Bump the epoch if one is needed and nothing is in flight (a new
         id is needed instead past the last epoch). True if it bumped."""
-        if not self.bump_needed or self._requests_in_flight or self.epoch >= EPOCH_MAX:
+        if (not self.bump_needed or self._requests_in_flight or self.epoch >= EPOCH_MAX
+                or self.allowed is not None):
             return False
         self.epoch += 1
         self.bumps += 1
@@ -102,6 +109,8 @@ class IdempotenceState:
     def may_send(self, tp: TP, url: str, is_retry: bool) -> bool:
         """Whether the head batch of ``tp`` may leave for ``url`` now."""
         if not self.has_id or self.bump_needed:
+            return False
+        if self.allowed is not None and tp not in self.allowed:
             return False
         part = self._partitions.get(tp)
         if part is None or part.in_flight == 0:

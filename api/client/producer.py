@@ -46,10 +46,12 @@ from typing import Any
 from api.client._sync import LoopThread
 from api.client._transport import DEFAULT_BOOTSTRAP, ClusterMetadata, Transport, monotonic_ms
 from api.client._types import RecordMetadata
-from api.client.accumulator import DeliveryCallback, RecordAccumulator, RecordHandle, flush_targets
+from api.client.accumulator import (DeliveryCallback, ProducerBatch, RecordAccumulator,
+                                    RecordHandle, flush_targets)
 from api.client.config import ProducerConfig
 from api.client.errors import BufferExhaustedError, KraftlogError
 from api.client.idempotence import IdempotenceState
+from api.client.transactions import TransactionManager
 from api.client.sender import Sender
 
 logger = logging.getLogger(__name__)
@@ -93,8 +95,19 @@ class AsyncProducer:
             compression=config.compression, partition_counts=self._metadata.partition_counts,
             partitioner=config.partitioner, wake=self._wake,
             idempotence=(IdempotenceState(config.max_in_flight)
-                         if config.enable_idempotence else None))
+                         if config.enable_idempotence else None),
+            transactional=config.transactional_id is not None)
         self._sender = Sender(config, self._acc, self._metadata, self._transport)
+        self._txn: TransactionManager | None = None
+        if config.transactional_id is not None:
+            assert self._acc.idempotence is not None
+            self._txn = TransactionManager(
+                config.transactional_id, config.transaction_timeout_ms, self._metadata,
+                self._transport, self._acc.idempotence, max_block_ms=config.max_block_ms,
+                retry_backoff_ms=config.retry_backoff_ms,
+                request_timeout_ms=config.request_timeout_ms)
+            self._txn.on_change = self._wake
+            self._sender.txn = self._txn
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         #: Set by the sync Producer: wakes the sender from other threads.
@@ -194,6 +207,69 @@ class AsyncProducer:
                 await target.wait_async()
         finally:
             self._acc.end_flush()
+
+    # -- transactions (producers with a transactional_id) ---------------------------------
+    def _transactions(self) -> TransactionManager:
+        if self._txn is None:
+            raise KraftlogError("INVALID_TXN_STATE", "this producer has no transactional_id",
+                                retriable=False)
+        return self._txn
+
+    async def init_transactions(self) -> None:
+        """Take the transactional id: its producer id and a new epoch. Any
+        older producer with the same id is fenced, and a transaction it left
+        open is aborted first. Call once, before the first transaction."""
+        if self._loop is None:
+            await self.start()
+        await self._transactions().init()
+
+    def begin_transaction(self) -> None:
+        """Open a transaction: records sent until ``commit_transaction`` or
+        ``abort_transaction`` become visible to read_committed consumers all
+        together, or never."""
+        self._transactions().begin()
+        self._acc.txn_open = True
+
+    async def commit_transaction(self) -> None:
+        """Send what is queued, wait for every record of the transaction,
+        and commit it; returns once the commit markers are written. If a
+        record failed, raises and the transaction can only be aborted."""
+        txn = self._transactions()
+        txn._require("IN_TRANSACTION", "ABORTABLE_ERROR", action="commit_transaction")
+        self._acc.txn_open = False
+        await self._flush()
+        if txn.state != "IN_TRANSACTION":
+            error = txn.error
+            raise KraftlogError(
+                "TRANSACTION_ABORTABLE", f"a record of the transaction failed ({error}); call "
+                "abort_transaction()", retriable=False) if txn.state == "ABORTABLE_ERROR" \
+                else KraftlogError(error.code if error else "PRODUCER_FENCED", str(error),
+                                   retriable=False)
+        try:
+            await txn.end(commit=True)
+        except KraftlogError:
+            if txn.state != "FATAL_ERROR":
+                txn.state = "ABORTABLE_ERROR"
+            raise
+
+    async def abort_transaction(self) -> None:
+        """Abort the open transaction: records not sent yet are dropped
+        (their handles fail with TRANSACTION_ABORTED), those sent are marked
+        aborted, and read_committed consumers never see any of them."""
+        txn = self._transactions()
+        txn._require("IN_TRANSACTION", "ABORTABLE_ERROR", action="abort_transaction")
+        self._acc.txn_open = False
+        error = KraftlogError("TRANSACTION_ABORTED", "the transaction was aborted",
+                              retriable=False)
+        for done in self._acc.abort_all():
+            if isinstance(done, ProducerBatch) and done.base_sequence >= 0:
+                self._acc.idempotence.given_up((done.topic, done.partition),
+                                               done.producer_epoch, True)
+            self._acc.complete(done, error=error)
+        await self._flush()  # what is in flight comes back
+        await txn.end(commit=False)
+        if self._acc.idempotence.bump_needed:
+            await txn.init()  # KIP-360: a new epoch restarts the sequences
 
     async def partitions_for(self, topic: str) -> set[int]:
         """The partitions of ``topic`` (asks the brokers when not cached);
@@ -299,6 +375,21 @@ class Producer:
 
     def partitions_for(self, topic: str) -> set[int]:
         return self._thread.run(self._producer.partitions_for(topic))
+
+    def init_transactions(self) -> None:
+        """As ``AsyncProducer.init_transactions``."""
+        self._thread.run(self._producer.init_transactions())
+
+    def begin_transaction(self) -> None:
+        self._thread.call(self._producer.begin_transaction)
+
+    def commit_transaction(self) -> None:
+        """As ``AsyncProducer.commit_transaction``."""
+        self._thread.run(self._producer.commit_transaction())
+
+    def abort_transaction(self) -> None:
+        """As ``AsyncProducer.abort_transaction``."""
+        self._thread.run(self._producer.abort_transaction())
 
     def close(self, timeout_ms: int | None = None) -> None:
         """As ``AsyncProducer.close``; then stops the loop thread."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from api.client._transport import ClusterMetadata, Transport, monotonic_ms
 from api.client.accumulator import (RESPONSE_MARGIN_MS, ProducerBatch, RecordAccumulator,
@@ -51,6 +52,8 @@ class Sender:
         # delivery_timeout_ms, which the user would otherwise not hear of.
         self._warned: set[tuple[str, int]] = set()
         self.idempotence = accumulator.idempotence
+        #: A transactional producer's TransactionManager (set by the producer).
+        self.txn: Any = None
         self._init_task: asyncio.Task | None = None
         self._last_init_ms = -(2**62)
 
@@ -103,6 +106,8 @@ class Sender:
             init_wait = self._maybe_init_producer_id(now)
         else:
             init_wait = None
+        if self.txn is not None:
+            self.txn.maybe_add(self.acc.partitions_with_data())
         busy = {url for url, n in self._in_flight.items() if n >= self.config.max_in_flight}
         ready, next_ms, missing = self.acc.drain(
             now, self.metadata.leader_url, busy, self.config.max_request_bytes)
@@ -216,10 +221,13 @@ class Sender:
     def _expire(self, now_ms: int) -> None:
         expired = self.acc.expired(now_ms)
         for done in expired:
+            error = self._expiry_error(done)
             if self.idempotence is not None and isinstance(done, ProducerBatch):
                 self.idempotence.given_up((done.topic, done.partition), done.producer_epoch,
                                           done.base_sequence >= 0)
-            self.acc.complete(done, error=self._expiry_error(done))
+            if self.txn is not None:
+                self.txn.batch_failed(error)
+            self.acc.complete(done, error=error)
         if expired:
             self.space.set()
 
@@ -377,8 +385,10 @@ class Sender:
             for batch in batches:
                 idem.failed((batch.topic, batch.partition), batch.producer_epoch,
                             batch.base_sequence, error.code)
-            if error.code in SEQUENCE_CODES:
-                retriable = True  # after an epoch bump if need be (see idempotence.py)
+            if error.code in SEQUENCE_CODES and idem.allowed is None:
+                # Retried after an epoch bump if need be (see idempotence.py);
+                # in a transaction it fails the batch: the transaction aborts.
+                retriable = True
         if (retriable and head.attempts <= self.config.retries
                 and all(retry_at < b.created_ms + self.config.delivery_timeout_ms
                         for b in batches)):
@@ -390,4 +400,6 @@ class Sender:
             if idem is not None:
                 idem.given_up((batch.topic, batch.partition), batch.producer_epoch,
                               batch.base_sequence >= 0)
+            if self.txn is not None:
+                self.txn.batch_failed(error)
             self.acc.complete(batch, error=error)

@@ -91,3 +91,84 @@ def _plain_from(pid: int, epoch: int, seq: int) -> bytes:
     builder = BatchBuilder(producer_id=pid, producer_epoch=epoch, base_sequence=seq)
     builder.append(None, b"plain", timestamp_ms=int(time.time() * 1000))
     return builder.build()
+
+
+# -- the transactional producer -----------------------------------------------------
+def test_a_committed_transaction_is_seen_whole_and_an_aborted_one_never(url):
+    from api.client import Producer
+    create_topic(url, "txn-client", partitions=2)
+    with Producer(url, transactional_id="orders-app") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        for i in range(10):
+            producer.send("txn-client", f"c{i}", partition=i % 2)
+        producer.commit_transaction()
+        producer.begin_transaction()
+        for i in range(6):
+            producer.send("txn-client", f"a{i}", partition=i % 2)
+        producer.flush()
+        producer.abort_transaction()
+        producer.begin_transaction()
+        producer.send("txn-client", "after", partition=0)
+        producer.commit_transaction()
+    seen = {p: _read(url, "txn-client", p, "read_committed") for p in (0, 1)}
+    assert seen[0] == [b"c0", b"c2", b"c4", b"c6", b"c8", b"after"]
+    assert seen[1] == [b"c1", b"c3", b"c5", b"c7", b"c9"]
+    raw = _read(url, "txn-client", 1, "read_uncommitted")
+    assert raw == [b"c1", b"c3", b"c5", b"c7", b"c9", b"a1", b"a3", b"a5"]
+
+
+def test_a_new_instance_fences_the_old_one_and_aborts_what_it_left_open(url):
+    from api.client import KraftlogError, Producer
+    create_topic(url, "txn-zombie")
+    old = Producer(url, transactional_id="zombie-app")
+    old.init_transactions()
+    old.begin_transaction()
+    old.send("txn-zombie", "left open").result(10)
+    with Producer(url, transactional_id="zombie-app") as new:
+        new.init_transactions()  # aborts the old instance's transaction
+        new.begin_transaction()
+        new.send("txn-zombie", "new")
+        new.commit_transaction()
+    old.send("txn-zombie", "zombie write")
+    try:
+        old.commit_transaction()
+        raise AssertionError("the fenced producer committed")
+    except KraftlogError as exc:
+        assert exc.code in ("PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "TRANSACTION_ABORTABLE")
+    old.close(timeout_ms=1000)
+    assert _read(url, "txn-zombie", 0, "read_committed") == [b"new"]
+
+
+def test_transaction_misuse_gets_kafka_errors(url):
+    from api.client import KraftlogError, Producer
+    create_topic(url, "txn-misuse")
+    with Producer(url, transactional_id="misuse-app") as producer:
+        for call in (producer.begin_transaction, producer.commit_transaction):
+            try:
+                call()
+                raise AssertionError(f"{call.__name__} before init_transactions")
+            except KraftlogError as exc:
+                assert exc.code == "INVALID_TXN_STATE" and "init_transactions" in str(exc)
+        producer.init_transactions()
+        try:
+            producer.send("txn-misuse", "outside")
+            raise AssertionError("send outside a transaction")
+        except KraftlogError as exc:
+            assert exc.code == "INVALID_TXN_STATE"
+    reply = post(url, "/v1/transactions/end", {"transactional_id": "nobody", "producer_id": 1,
+                                               "producer_epoch": 0, "committed": True})
+    assert reply.body["error"]["code"] in ("INVALID_PRODUCER_ID_MAPPING", "NOT_COORDINATOR")
+    assert_serving(url)
+
+
+def _read(url: str, topic: str, partition: int, isolation: str) -> list[bytes]:
+    with Consumer(url, isolation_level=isolation, auto_offset_reset="earliest") as c:
+        tp = TopicPartition(topic, partition)
+        c.assign([tp])
+        end = c.end_offsets([tp])[tp]
+        values: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while c.position(tp) < end and time.monotonic() < deadline:
+            values.extend(r.value for r in c.poll(timeout_ms=200))
+        return values

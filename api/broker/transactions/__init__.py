@@ -1,0 +1,1 @@
+"""The transaction coordinator: its pure core and its shell."""
