@@ -77,6 +77,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     from api import groups_cli
 
     groups_cli.add_commands(commands, ExamplesFormatter)
+    from api import transactions_cli
+
+    transactions_cli.add_commands(commands, ExamplesFormatter)
     if command == "bench":
         _add_bench_commands(commands)
     else:

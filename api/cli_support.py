@@ -32,12 +32,20 @@ class ExamplesFormatter(argparse.HelpFormatter):
                          for line in text.splitlines())
 
 
-def get_json(url: str, timeout_s: float = 10.0) -> object:
+def post_json(url: str, body: object, timeout_s: float = 30.0) -> object:
+    """POST ``body`` as JSON; the decoded answer (an error body too)."""
+    import json
+
+    return get_json(url, timeout_s, json.dumps(body).encode())
+
+
+def get_json(url: str, timeout_s: float = 10.0, data: bytes | None = None) -> object:
     import json
     import urllib.error
     import urllib.request
 
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    request = urllib.request.Request(url, data=data, headers={
+        "Accept": "application/json", "Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return json.load(response)

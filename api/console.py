@@ -215,12 +215,13 @@ def _topics_describe(args: argparse.Namespace) -> int:
                   f"ReplicationFactor: {replication}\tConfigs: {configs or '-'}")
         rows = [(str(p["partition"]), _or_none(p["leader"]), str(p["leader_epoch"]),
                  ",".join(map(str, p["replicas"])), ",".join(map(str, p["isr"])),
-                 _or_dash(p.get("log_start_offset")), _or_dash(p.get("high_watermark")),
-                 _or_dash(p.get("log_end_offset")), _size(p.get("size_bytes")))
+                 _or_dash(p.get("log_start_offset")), _or_dash(p.get("last_stable_offset")),
+                 _or_dash(p.get("high_watermark")), _or_dash(p.get("log_end_offset")),
+                 _size(p.get("size_bytes")))
                 for p in topic["partitions"]]
         blocks.append(header + "\n" + format_table(
-            ("PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "LOG-START", "HIGH-WATERMARK",
-             "LOG-END", "SIZE"), rows))
+            ("PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "LOG-START", "LSO",
+             "HIGH-WATERMARK", "LOG-END", "SIZE"), rows))
     print("\n\n".join(blocks) if blocks else "No topics.")
     return 0
 
@@ -680,6 +681,10 @@ def _add_consume(commands: argparse._SubParsersAction) -> None:
                          help="consume as a member of this consumer group: the group assigns "
                               "the partitions and offsets are committed (a new group starts "
                               "at the end, or the beginning with --from-beginning)")
+    consume.add_argument("--isolation-level", choices=("read_uncommitted", "read_committed"),
+                         default="read_uncommitted",
+                         help="read_committed: only records of committed transactions, up "
+                              "to the last stable offset (default %(default)s)")
     consume.add_argument("--session-timeout-ms", type=int, default=45_000, metavar="MS",
                          help="with --group: how long the group waits for a silent member "
                               "before giving its partitions to others (default %(default)s)")
@@ -700,6 +705,7 @@ def _consume(args: argparse.Namespace) -> int:
     # With --group, offsets are committed only for records already printed
     # (after each batch, and at exit), never for ones a Ctrl-C cut off.
     consumer = Consumer(bootstrap=args.bootstrap, auto_offset_reset=reset,
+                        isolation_level=args.isolation_level,
                         **({"group_id": args.group, "session_timeout_ms":
                             args.session_timeout_ms, "enable_auto_commit": False}
                            if args.group else {}))

@@ -432,6 +432,7 @@ class Partition:
                  "leader": self.leader_id, "leader_epoch": self.leader_epoch,
                  "log_start_offset": self.log_start_offset,
                  "high_watermark": self.high_watermark,
+                 "last_stable_offset": self.last_stable_offset,
                  "log_end_offset": self.log_end_offset,
                  "size_bytes": self.log.size_bytes,
                  "segments": len(self.log.segments)}

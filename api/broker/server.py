@@ -397,13 +397,15 @@ class BrokerServer:
                      "isr": reg.isr, "adding_replicas": reg.adding_replicas,
                      "removing_replicas": reg.removing_replicas,
                      "log_start_offset": None, "high_watermark": None,
+                     "last_stable_offset": None,
                      "log_end_offset": None, "size_bytes": None, "replica_states": None}
             if producers:
                 entry["producers"] = None
             found = stats.get(p)
             if found is not None:
-                for key in ("log_start_offset", "high_watermark", "log_end_offset",
-                            "size_bytes", "replica_states") + (("producers",) if producers else ()):
+                for key in ("log_start_offset", "high_watermark", "last_stable_offset",
+                            "log_end_offset", "size_bytes", "replica_states") + (
+                                ("producers",) if producers else ()):
                     entry[key] = found.get(key)
             partitions.append(entry)
         return wire.respond(request, {"name": name, "topic_id": topic.topic_id,

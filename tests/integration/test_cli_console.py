@@ -18,7 +18,7 @@ from api.client import Admin, NewTopic, Producer
 from chaos.cluster import ProcessCluster, wait_until
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DESCRIBE_COLUMNS = ("PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "LOG-START",
+DESCRIBE_COLUMNS = ("PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "LOG-START", "LSO",
                     "HIGH-WATERMARK", "LOG-END", "SIZE")
 
 
@@ -85,7 +85,7 @@ def describe(url, *names):
         fields = dict(field.split(": ", 1) for field in header.split("\t"))
         assert tuple(columns.split()) == DESCRIBE_COLUMNS
         # SIZE is the last column and holds a space ("85 B").
-        topics[fields["Topic"]] = (fields, [dict(zip(DESCRIBE_COLUMNS, row.split(None, 8)))
+        topics[fields["Topic"]] = (fields, [dict(zip(DESCRIBE_COLUMNS, row.split(None, 9)))
                                             for row in rows])
     return topics
 

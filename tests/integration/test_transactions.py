@@ -172,3 +172,42 @@ def _read(url: str, topic: str, partition: int, isolation: str) -> list[bytes]:
         while c.position(tp) < end and time.monotonic() < deadline:
             values.extend(r.value for r in c.poll(timeout_ms=200))
         return values
+
+
+# -- the CLI ---------------------------------------------------------------------------
+def kraftlog(url: str, *args: str) -> str:
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, "-m", "api.cli", "--bootstrap", url, *args],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_the_cli_lists_describes_and_aborts_a_hanging_transaction(url):
+    from api.client import KraftlogError, Producer
+    from chaos.cluster import wait_until
+    create_topic(url, "txn-cli")
+    producer = Producer(url, transactional_id="hanging-app")
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send("txn-cli", "pending").result(10)
+    listed = kraftlog(url, "transactions", "list")
+    assert any(line.split()[0] == "hanging-app" and "Ongoing" in line
+               for line in listed.splitlines()), listed
+    described = kraftlog(url, "transactions", "describe", "hanging-app")
+    assert "txn-cli-0" in described and "Ongoing" in described
+    read = ["consume", "txn-cli", "--from-beginning", "--timeout-ms", "1500"]
+    assert kraftlog(url, *read) == "pending\n"
+    assert kraftlog(url, *read, "--isolation-level", "read_committed") == ""
+    assert "LSO" in kraftlog(url, "topics", "describe", "txn-cli")
+    assert "fenced" in kraftlog(url, "transactions", "abort", "hanging-app")
+    wait_until(lambda: "CompleteAbort" in kraftlog(url, "transactions", "describe",
+                                                   "hanging-app"), 10, "the abort to complete")
+    assert kraftlog(url, *read, "--isolation-level", "read_committed") == ""
+    try:
+        producer.commit_transaction()
+        raise AssertionError("the aborted transaction's producer committed")
+    except KraftlogError as exc:
+        assert exc.code in ("PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH")
+    producer.close(timeout_ms=1000)

@@ -28,16 +28,18 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
 
-from api.broker.coordinator_shards import Shard, ShardedCoordinator
+from api.broker.coordinator_shards import Shard, ShardedCoordinator, partition_for
 from api.broker.producers import ProducerIdManager
 from api.broker.replication import broker_url
 from api.broker.transactions import coordinator as txn
 from protocol import TopicPartition, wire
-from protocol.errors import InvalidRequestError, UnknownTopicOrPartitionError
+from protocol.errors import (CodedError, CoordinatorNotAvailableError, InvalidRequestError,
+                             UnknownTopicOrPartitionError)
 from protocol.fields import Fields
 
 logger = logging.getLogger(__name__)
@@ -267,15 +269,48 @@ class TransactionApi:
         return wire.respond(request, {"transactional_id": tid, "error": None})
 
     async def handle_abort(self, request: web.Request) -> web.Response:
+        """An operator's abort, on any broker (forwarded to the coordinator)."""
         body = Fields(await wire.read_body(request), "")
         tid = _transactional_id(body)
+        if not self._coordinates(tid):
+            return wire.respond(request, await self._forward(
+                "POST", tid, "/v1/admin/transactions/abort", {"transactional_id": tid}))
         now = self.service.clock_ms()
         await self.service.run(tid, lambda core: core.abort(tid, now))
         self.service.kick(tid)
         return wire.respond(request, {"transactional_id": tid, "error": None})
 
+    def _coordinates(self, tid: str) -> bool:
+        count = self.service.partition_count()
+        return count is not None and partition_for(tid, count) in self.service.shards
+
+    async def _forward(self, method: str, tid: str, path: str, body: dict | None) -> dict:
+        where = await self.service.locate(tid)
+        url = where.get("coordinator_url")
+        if url is None or where.get("coordinator_id") == self.service.broker_id:
+            self.service.shard_for(tid)  # raises: loading, or no coordinator yet
+        async with aiohttp.ClientSession() as session:
+            try:
+                async with session.request(
+                        method, f"{url}{path}", json=body, headers={"Accept": wire.JSON},
+                        timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as reply:
+                    answer = await reply.json()
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                raise CoordinatorNotAvailableError(
+                    f"the coordinator of {tid!r} at {url} did not answer ({exc}); "
+                    "retry shortly") from None
+        if isinstance(answer, dict) and isinstance(answer.get("error"), dict) and \
+                set(answer) == {"error"}:
+            error = answer["error"]
+            raise CodedError(error.get("code", "UNKNOWN_SERVER_ERROR"), error.get("message", ""))
+        return answer
+
     async def handle_describe(self, request: web.Request) -> web.Response:
+        """One transactional id, on any broker (asked of its coordinator)."""
         tid = request.match_info["transactional_id"]
+        if not self._coordinates(tid):
+            return wire.respond(request, await self._forward(
+                "GET", tid, f"/v1/transactions/{quote(tid, safe='')}", None))
         shard = self.service.shard_for(tid)
         described = shard.core.describe(tid)
         if described is None:
