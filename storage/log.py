@@ -311,13 +311,17 @@ class Log:
     # ------------------------------------------------------------------
     # Appending
     # ------------------------------------------------------------------
-    def append(self, records, leader_epoch: int) -> AppendInfo:
+    def append(self, records, leader_epoch: int, *, coordinator: bool = False) -> AppendInfo:
         """Append producer batches as the partition leader.
 
         ``records`` holds one or more whole batches. All are validated (header
         sanity, CRC, size limit; records are not decoded) before any byte is
         written, so a bad request never appends in part. Each batch is
         stamped with its base offset and ``leader_epoch``.
+
+        ``coordinator``: a group coordinator's transactional offset commit,
+        written with the producer's id and epoch but no sequence (Kafka's
+        coordinator origin): only the epoch is checked.
         """
         view = memoryview(records)
         validated = fmt.validate_batches(view, self.config.max_message_bytes, strict=True)
@@ -328,7 +332,7 @@ class Log:
                 "coordinator, not by producers")
         if first.producer_id >= 0 or len(validated) > 1 and any(
                 header.producer_id >= 0 for _pos, header in validated):
-            duplicate = self._check_producer(validated)
+            duplicate = self._check_producer(validated, coordinator)
             if duplicate is not None:
                 return AppendInfo(duplicate.first_offset, duplicate.last_offset, self.clock(),
                                   0, 0, duplicate.timestamp, duplicate=True)
@@ -349,8 +353,8 @@ class Log:
         self._producer_state_caught_up()
         return info
 
-    def _check_producer(self, validated: list[tuple[int, fmt.BatchHeader]]
-                        ) -> Duplicate | None:
+    def _check_producer(self, validated: list[tuple[int, fmt.BatchHeader]],
+                        coordinator: bool = False) -> Duplicate | None:
         """An idempotent producer's batch: one per request (as Kafka's
         produce v3+), with a sequence, judged by the producer state."""
         if len(validated) > 1:
@@ -358,6 +362,9 @@ class Log:
                 "a batch with a producer id must travel alone: send one batch per partition "
                 "per produce request when idempotence is on")
         header = validated[0][1]
+        if coordinator and header.producer_epoch >= 0:
+            self.producer_state.check_marker(header.producer_id, header.producer_epoch, None)
+            return None
         if header.producer_epoch < 0 or header.base_sequence < 0:
             raise InvalidRecordError(
                 f"a batch with producer id {header.producer_id} needs a producer epoch and a "

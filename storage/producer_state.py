@@ -212,8 +212,10 @@ class ProducerStateManager:
 
     # -- transaction markers (written by the transaction coordinator) -----------------
     def check_marker(self, producer_id: int, producer_epoch: int,
-                     coordinator_epoch: int) -> None:
-        """Refuse a marker from a fenced producer epoch or coordinator."""
+                     coordinator_epoch: int | None) -> None:
+        """Refuse a marker from a fenced producer epoch or coordinator
+        (``coordinator_epoch`` None: a coordinator's write for the producer,
+        whose epoch alone is checked)."""
         entry = self.producers.get(producer_id)
         if entry is None:
             return
@@ -221,7 +223,7 @@ class ProducerStateManager:
             raise InvalidProducerEpochError(
                 f"a marker for producer {producer_id} epoch {producer_epoch}, older than "
                 f"its epoch {entry.epoch} here")
-        if coordinator_epoch < entry.coordinator_epoch:
+        if coordinator_epoch is not None and coordinator_epoch < entry.coordinator_epoch:
             raise TransactionCoordinatorFencedError(
                 f"a marker from coordinator epoch {coordinator_epoch}, older than "
                 f"{entry.coordinator_epoch} which wrote this producer's last marker")

@@ -124,6 +124,18 @@ class ShardedCoordinator:
     def on_loaded(self, shard: Shard) -> None:
         """A shard finished loading (e.g. resume work its state calls for)."""
 
+    def replay_batch(self, shard: Shard, header: Any, batch: Any, from_offset: int) -> int:
+        """Replay one stored batch into the shard's core; the records
+        replayed. Control batches (transaction markers) hold no state here."""
+        if header.is_control:
+            return 0
+        count = 0
+        for record in iter_records(batch):
+            if record.offset >= from_offset:
+                shard.core.replay(self.decode(record.key, record.value))
+                count += 1
+        return count
+
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._tick_loop(),
@@ -176,27 +188,32 @@ class ShardedCoordinator:
             if part is None:
                 return
             offset = part.log.log_start_offset
-            end = part.log.log_end_offset
-            while offset < end:
-                data = part.log.read(offset, LOAD_CHUNK_BYTES)
-                if not data:
+            # Until nothing new arrived while waiting (markers are appended by
+            # others even while the shard loads): then ``loaded`` is set in
+            # the same step, and later appends reach the core live.
+            while True:
+                end = part.log.log_end_offset
+                stuck = False
+                while offset < end:
+                    data = part.log.read(offset, LOAD_CHUNK_BYTES)
+                    if not data:
+                        stuck = True
+                        break
+                    for header, batch in iter_batches(data):
+                        if header.next_offset <= offset:
+                            continue
+                        count += self.replay_batch(shard, header, batch, offset)
+                        offset = header.next_offset
+                    await asyncio.sleep(0)  # let requests in between chunks
+                # What was replayed may include a tail no follower has yet:
+                # answer nothing from it until it is committed (it could be
+                # truncated).
+                while part.high_watermark < offset:
+                    if self.shards.get(shard.partition) is not shard or not part.is_leader:
+                        return
+                    await asyncio.sleep(LOAD_COMMIT_POLL_S)
+                if stuck or offset >= part.log.log_end_offset:
                     break
-                for header, batch in iter_batches(data):
-                    if header.next_offset <= offset:
-                        continue
-                    if not header.is_control:
-                        for record in iter_records(batch):
-                            if record.offset >= offset:
-                                shard.core.replay(self.decode(record.key, record.value))
-                                count += 1
-                    offset = header.next_offset
-                await asyncio.sleep(0)  # let requests in between chunks
-            # What was replayed may include a tail no follower has yet: answer
-            # nothing from it until it is committed (it could be truncated).
-            while part.high_watermark < offset:
-                if self.shards.get(shard.partition) is not shard or not part.is_leader:
-                    return
-                await asyncio.sleep(LOAD_COMMIT_POLL_S)
             loaded = getattr(shard.core, "loaded", None)
             if loaded is not None:
                 loaded(self.clock_ms())

@@ -120,6 +120,9 @@ class DataApi:
         # controller's log since start-up. Before that the image is partial
         # (topics missing), and a client would take it for the cluster's.
         self.metadata_ready = metadata_ready
+        #: Told of every marker this broker appended and committed (the group
+        #: coordinator materialises transactional offsets on COMMIT).
+        self.marker_listeners: list[Callable[[MarkerItem], None]] = []
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/produce", self.handle_produce)
@@ -177,13 +180,19 @@ class DataApi:
                 fields.integer("coordinator_epoch", 0, INT32_MAX),
                 fields.boolean("committed")))
         results = await self.replicas.write_markers(items, timeout_ms)
+        for item, result in zip(items, results):
+            if result["error"] is None:
+                for listener in self.marker_listeners:
+                    listener(item)
         return wire.respond(request, {"markers": self._render("markers", results)})
 
-    async def append_committed(self, part: Partition, records: bytes, timeout_ms: int) -> int:
+    async def append_committed(self, part: Partition, records: bytes, timeout_ms: int,
+                               coordinator: bool = False) -> int:
         """Append ``records`` as leader and wait until they are committed, as
         an acks=all produce does (the group coordinator's writes to
         ``__consumer_offsets``); the base offset. Raises the produce error."""
-        result, info = await self.replicas.append_committed(part, records, timeout_ms)
+        result, info = await self.replicas.append_committed(part, records, timeout_ms,
+                                                            coordinator)
         if result["error"] is not None:
             error = partition_error(result["error"], f"write to {part.tp}")
             raise CodedError(error["code"], error["message"])

@@ -195,9 +195,9 @@ class Partition:
         first = self.log.first_unstable_offset
         return self.high_watermark if first is None else min(first, self.high_watermark)
 
-    def append_as_leader(self, records) -> AppendInfo:
+    def append_as_leader(self, records, coordinator: bool = False) -> AppendInfo:
         assert self.is_leader, f"{self.tp}: append on a follower"
-        info = self.log.append(records, self.leader_epoch)
+        info = self.log.append(records, self.leader_epoch, coordinator=coordinator)
         self.maybe_advance_high_watermark()
         return info
 

@@ -256,14 +256,14 @@ class ReplicaManager:
         self._carry_out()
         return await future
 
-    async def append_committed(self, part: Partition, records: bytes, timeout_ms: int
-                               ) -> tuple[dict, AppendInfo]:
+    async def append_committed(self, part: Partition, records: bytes, timeout_ms: int,
+                               coordinator: bool = False) -> tuple[dict, AppendInfo]:
         """Append as leader and wait until committed (the group coordinator's
         writes); the partition's result entry and what was appended."""
         request_id, future = self._new_request()
         try:
             info = self.core.append_committed(request_id, part, records, timeout_ms,
-                                              self.clock_ms())
+                                              self.clock_ms(), coordinator)
         except BaseException:
             self._waiting.pop(request_id, None)
             raise

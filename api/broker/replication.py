@@ -614,25 +614,26 @@ class ReplicationCore:
         self._after_event(now_ms)
 
     def append_committed(self, request_id: int, part: Partition, records: bytes,
-                         timeout_ms: int, now_ms: int) -> AppendInfo:
+                         timeout_ms: int, now_ms: int, coordinator: bool = False
+                         ) -> AppendInfo:
         """Append ``records`` to ``part`` as leader and answer once committed,
         as an acks=all produce does (the group coordinator's writes to
         ``__consumer_offsets``, which checks its leadership itself). Raises
         the error of a write refused before it was appended."""
         result = {"topic": part.tp.topic, "partition": part.tp.partition, "error": None}
-        pending, info = self._append(part, records, -1, result)
+        pending, info = self._append(part, records, -1, result, coordinator)
         self._park_produce(request_id, [result], [pending], timeout_ms, now_ms)
         self._after_event(now_ms)
         return info
 
-    def _append(self, part: Partition, records: bytes, acks: int, result: dict
-                ) -> tuple[_PendingAck | None, AppendInfo]:
+    def _append(self, part: Partition, records: bytes, acks: int, result: dict,
+                coordinator: bool = False) -> tuple[_PendingAck | None, AppendInfo]:
         if acks == -1 and len(part.isr) < part.min_insync_replicas:
             raise NotEnoughReplicasError(
                 f"{part.tp} has {len(part.isr)} in-sync replicas {part.isr}, fewer than its "
                 f"min.insync.replicas={part.min_insync_replicas}; nothing was written. Retry "
                 "once a replica has caught up, or produce with acks=1")
-        info = part.append_as_leader(records)
+        info = part.append_as_leader(records, coordinator)
         self._touch(part.tp)
         result.update(base_offset=info.base_offset, log_append_time_ms=-1,
                       log_start_offset=part.log_start_offset)

@@ -119,6 +119,7 @@ class BrokerServer:
             lambda path, body: self.client.call(path, body, timeout_ms=ADMIN_TIMEOUT_MS),
             lambda: self.lifecycle.image, config.settings, self.replicas.clock_ms)
         self.group_api = GroupApi(self.groups, self._live_broker_urls)
+        self.data.marker_listeners.append(self.groups.on_marker)
         self.producer_ids = ProducerIdManager(
             lambda path, body: self.client.call(path, body, timeout_ms=ADMIN_TIMEOUT_MS),
             lambda: self.lifecycle.core.broker_epoch, config.node_id)

@@ -15,6 +15,12 @@ from protocol import TopicPartition
 __all__ = ["TopicPartition", "RecordMetadata", "ConsumerRecord"]
 
 
+class ConsumerGroupMetadata(NamedTuple):
+    """What ``send_offsets_to_transaction`` needs of a consumer's group."""
+
+    group_id: str
+
+
 class RecordMetadata(NamedTuple):
     """Where a produced record landed. ``offset`` is -1 with ``acks=0`` (the
     producer does not wait for the broker's answer). ``timestamp`` is the

@@ -30,8 +30,8 @@ from typing import Any
 
 from api.client._sync import LoopThread
 from api.client._transport import DEFAULT_BOOTSTRAP, ClusterMetadata, Transport, monotonic_ms
-from api.client._types import (ConsumerRecord, OffsetAndTimestamp, TopicMetadata, TopicPartition,
-                               as_topic_partition)
+from api.client._types import (ConsumerGroupMetadata, ConsumerRecord, OffsetAndTimestamp,
+                               TopicMetadata, TopicPartition, as_topic_partition)
 from api.client.errors import (METADATA_CODES, KraftlogError, NoOffsetForPartitionError,
                                RequestTimedOutError, UnknownTopicOrPartitionError, error_from)
 from api.client.group import GroupMember
@@ -236,6 +236,12 @@ class AsyncConsumer:
         self._metadata.topics_wanted = {tp.topic for tp in states}
         self._metadata.request_update()
         self._wakeup.set()
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """The consumer's group, for ``Producer.send_offsets_to_transaction``."""
+        if self.config.group_id is None:
+            raise ValueError("group_metadata() needs a consumer with a group_id")
+        return ConsumerGroupMetadata(self.config.group_id)
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._states)
@@ -582,6 +588,12 @@ class Consumer:
         kept = set(partitions)
         self._pending = deque(r for r in self._pending
                               if TopicPartition(r.topic, r.partition) in kept)
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """The consumer's group, for ``Producer.send_offsets_to_transaction``."""
+        if self.config.group_id is None:
+            raise ValueError("group_metadata() needs a consumer with a group_id")
+        return ConsumerGroupMetadata(self.config.group_id)
 
     def assignment(self) -> set[TopicPartition]:
         return self._call(self._consumer.assignment)

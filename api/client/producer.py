@@ -252,6 +252,19 @@ class AsyncProducer:
                 txn.state = "ABORTABLE_ERROR"
             raise
 
+    async def send_offsets_to_transaction(self, offsets: Any, group: Any) -> None:
+        """Commit a consumer group's offsets within the open transaction
+        (Kafka's consume-transform-produce loop): they become the group's
+        committed offsets if, and when, the transaction commits. ``offsets``:
+        ``{TopicPartition: next offset to consume}``; ``group``: the group id,
+        or the consumer's ``group_metadata()``."""
+        group_id = group if isinstance(group, str) else getattr(group, "group_id", None)
+        if not group_id:
+            raise ValueError("group must be a group id or a consumer's group_metadata()")
+        await self._transactions().send_offsets(
+            {(tp[0], tp[1]): int(getattr(o, "offset", o)) for tp, o in offsets.items()},
+            group_id)
+
     async def abort_transaction(self) -> None:
         """Abort the open transaction: records not sent yet are dropped
         (their handles fail with TRANSACTION_ABORTED), those sent are marked
@@ -386,6 +399,10 @@ class Producer:
     def commit_transaction(self) -> None:
         """As ``AsyncProducer.commit_transaction``."""
         self._thread.run(self._producer.commit_transaction())
+
+    def send_offsets_to_transaction(self, offsets: Any, group: Any) -> None:
+        """As ``AsyncProducer.send_offsets_to_transaction``."""
+        self._thread.run(self._producer.send_offsets_to_transaction(offsets, group))
 
     def abort_transaction(self) -> None:
         """As ``AsyncProducer.abort_transaction``."""

@@ -172,6 +172,53 @@ class TransactionManager:
             self._adding = None
             self.on_change()
 
+    # -- consumed offsets (send_offsets_to_transaction) ---------------------------------------
+    async def send_offsets(self, offsets: dict[tuple[str, int], int], group_id: str) -> None:
+        """Commit ``offsets`` for ``group_id`` as part of the open transaction:
+        the group's ``__consumer_offsets`` partition joins the transaction,
+        then the group coordinator writes the offsets in it; they become the
+        group's committed offsets exactly when the transaction commits."""
+        self._require(IN_TRANSACTION, action="send_offsets_to_transaction")
+        deadline = monotonic_ms() + self.max_block_ms
+        while True:
+            try:
+                where = await self.metadata.request_any("/v1/groups/coordinator",
+                                                        {"group_id": group_id})
+                offsets_partition = ("__consumer_offsets", where["partition"])
+                if offsets_partition not in self.added:
+                    await self._call("/v1/transactions/add_partitions", {
+                        "transactional_id": self.transactional_id,
+                        "producer_id": self.idem.producer_id,
+                        "producer_epoch": self.idem.epoch,
+                        "partitions": [{"topic": offsets_partition[0],
+                                        "partition": offsets_partition[1]}]},
+                        "adding the group's offsets to the transaction")
+                    self.added.add(offsets_partition)
+                answer = await self.transport.request(
+                    where["coordinator_url"], "/v1/groups/offsets/txn_commit", {
+                        "group_id": group_id, "transactional_id": self.transactional_id,
+                        "producer_id": self.idem.producer_id,
+                        "producer_epoch": self.idem.epoch,
+                        "offsets": [{"topic": t, "partition": p, "offset": o}
+                                    for (t, p), o in sorted(offsets.items())]},
+                    timeout_ms=self.request_timeout_ms)
+                for entry in answer.get("partitions") or ():
+                    if entry.get("error"):
+                        raise KraftlogError(entry["error"]["code"],
+                                            entry["error"].get("message", ""),
+                                            retriable=False)
+                return
+            except KraftlogError as exc:
+                if exc.code in FATAL_CODES:
+                    self._fatal(exc)
+                    raise
+                if (exc.code not in FIND_AGAIN_CODES | RETRY_CODES
+                        and exc.code != "COORDINATOR_LOAD_IN_PROGRESS") \
+                        or monotonic_ms() >= deadline:
+                    self.batch_failed(exc)
+                    raise
+            await asyncio.sleep(self.retry_backoff_ms / 1000)
+
     # -- ending ------------------------------------------------------------------------
     async def end(self, commit: bool) -> None:
         """EndTxn, retried until the coordinator has written the markers."""

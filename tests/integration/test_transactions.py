@@ -211,3 +211,41 @@ def test_the_cli_lists_describes_and_aborts_a_hanging_transaction(url):
     except KraftlogError as exc:
         assert exc.code in ("PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH")
     producer.close(timeout_ms=1000)
+
+
+def test_consumed_offsets_commit_with_the_transaction_and_only_with_it(single):  # noqa: F811
+    import signal
+    from api.client import Producer
+    from chaos.cluster import wait_until
+    url = single.nodes[1].broker_url
+    create_topic(url, "txn-out")
+    group = "txn-pipeline"
+    tp = TopicPartition("txn-in", 0)
+
+    def committed() -> int | None:
+        reply = call(url, "/v1/groups/coordinator", {"group_id": group})
+        answer = call(reply["coordinator_url"], "/v1/groups/offsets/fetch",
+                      {"group_id": group, "partitions": None})
+        found = [p["offset"] for p in answer["partitions"] if p["topic"] == "txn-in"]
+        return found[0] if found else None
+
+    with Producer(url, transactional_id="pipeline-app") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("txn-out", "aborted output")
+        producer.send_offsets_to_transaction({tp: 5}, group)
+        producer.abort_transaction()
+        assert committed() is None
+        producer.begin_transaction()
+        producer.send("txn-out", "committed output")
+        producer.send_offsets_to_transaction({tp: 7}, group)
+        assert committed() is None  # not before the commit
+        producer.commit_transaction()
+    assert committed() == 7
+    assert _read(url, "txn-out", 0, "read_committed") == [b"committed output"]
+    # A coordinator reloading the partition replays the transaction and its
+    # marker to the same offsets.
+    single.kill(1, signal.SIGTERM)
+    single.start([1])
+    single.wait_for_brokers_running(timeout_s=30)
+    assert wait_until(lambda: committed() == 7, 20, "the group's offsets after a restart")

@@ -54,6 +54,7 @@ class GroupApi:
         app.router.add_post("/v1/groups/heartbeat", self.handle_heartbeat)
         app.router.add_post("/v1/groups/offsets/commit", self.handle_commit)
         app.router.add_post("/v1/groups/offsets/fetch", self.handle_fetch_offsets)
+        app.router.add_post("/v1/groups/offsets/txn_commit", self.handle_txn_commit)
         app.router.add_post("/v1/admin/groups/delete", self.handle_delete)
         app.router.add_post("/v1/admin/groups/offsets/reset", self.handle_reset)
         app.router.add_get("/v1/groups", self.handle_list)
@@ -100,6 +101,20 @@ class GroupApi:
         service = self.service
         results = await service.run(group_id, lambda core: core.commit_offsets(
             service.clock_ms(), group_id, member_id, member_epoch, offsets))
+        return wire.respond(request, {"partitions": [
+            {"topic": t, "partition": p,
+             "error": None if code is None else {"code": code, "message": _why(code)}}
+            for (t, p), code in sorted(results.items())]})
+
+    async def handle_txn_commit(self, request: web.Request) -> web.Response:
+        """TxnOffsetCommit: offsets committed with a producer's transaction."""
+        body = Fields(await wire.read_body(request), "")
+        group_id = _group_id(body)
+        producer_id = body.integer("producer_id", 0, INT64_MAX)
+        producer_epoch = body.integer("producer_epoch", 0, 2**15 - 1)
+        body.string("transactional_id", NAME_CHARS_MAX)
+        offsets = _offsets(body)
+        results = await self.service.txn_commit(group_id, producer_id, producer_epoch, offsets)
         return wire.respond(request, {"partitions": [
             {"topic": t, "partition": p,
              "error": None if code is None else {"code": code, "message": _why(code)}}

@@ -417,6 +417,9 @@ class GroupCoordinatorCore:
         self.max_group_size = max_group_size
         self.id_factory = id_factory or (lambda: uuid.uuid4().hex)
         self.groups: dict[str, _Group] = {}
+        #: Transactional offset commits awaiting their transaction's marker,
+        #: per producer id.
+        self.pending_txn_offsets: dict[int, list[OffsetCommitRecord]] = {}
 
     # -- heartbeat ----------------------------------------------------------------------
     def heartbeat(self, now_ms: int, group_id: str, req: HeartbeatRequest,
@@ -829,6 +832,41 @@ class GroupCoordinatorCore:
             group.offsets[(topic, partition)] = (offset, metadata, now_ms)
             out.append(OffsetCommitRecord(group_id, topic, partition, offset, metadata, now_ms))
         return out
+
+    # -- transactional offsets (TxnOffsetCommit, KIP-98) ----------------------------------
+    def txn_offset_records(self, now_ms: int, group_id: str,
+                           offsets: Mapping[TopicPartition, tuple[int, str | None]]
+                           ) -> tuple[dict[TopicPartition, str | None], list[Record]]:
+        """The records of a transactional offset commit, changing nothing:
+        the shell writes them in the producer's transactional batch, then
+        ``replay_txn`` holds them until the transaction's marker."""
+        if not isinstance(group_id, str) or not group_id:
+            raise GroupError(INVALID_REQUEST, "group id must be a non-empty string")
+        results: dict[TopicPartition, str | None] = {}
+        records: list[Record] = []
+        for tp, value in sorted(offsets.items()):
+            offset, metadata = _offset_value(value)
+            if (not _is_partition(tp) or not _is_int(offset) or offset < 0
+                    or not (metadata is None or isinstance(metadata, str))):
+                results[tp] = INVALID_REQUEST
+            else:
+                results[(tp[0], tp[1])] = None
+                records.append(OffsetCommitRecord(group_id, tp[0], tp[1], offset,
+                                                  metadata or "", now_ms))
+        return results, records
+
+    def replay_txn(self, producer_id: int, record: Record) -> None:
+        """A transactional offset commit of producer ``producer_id``: held
+        until its transaction ends."""
+        if isinstance(record, OffsetCommitRecord):
+            self.pending_txn_offsets.setdefault(producer_id, []).append(record)
+
+    def complete_txn(self, producer_id: int, committed: bool) -> None:
+        """The transaction's marker: its offsets become the group's
+        committed offsets (COMMIT) or are dropped (ABORT)."""
+        for record in self.pending_txn_offsets.pop(producer_id, []):
+            if committed:
+                self.replay(record)
 
     def fetch_offsets(self, group_id: str, partitions: Iterable[TopicPartition] | None = None
                       ) -> dict[TopicPartition, tuple[int, str, int]]:

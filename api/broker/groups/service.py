@@ -18,11 +18,15 @@ from typing import Any
 
 import aiohttp
 
-from api.broker.coordinator_shards import (Shard, ShardedCoordinator,  # noqa: F401
-                                           java_string_hash, partition_for)
+from api.broker.coordinator_shards import (WRITE_TIMEOUT_MS, Shard,  # noqa: F401
+                                           ShardedCoordinator, java_string_hash,
+                                           partition_for)
 from api.broker.groups import records as group_records
 from api.broker.groups.coordinator import GroupCoordinatorCore, GroupError
 from api.broker.replication import broker_url
+from protocol.errors import CodedError, NotCoordinatorError
+from storage.batch import BatchBuilder, ControlType, iter_records, parse_control_batch
+from storage.manager import TopicPartition
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +78,61 @@ class GroupService(ShardedCoordinator):
 
     def tick_core(self, shard: Shard, now_ms: int) -> list:
         return shard.core.tick(now_ms, self.topics())
+
+    def replay_batch(self, shard: Shard, header: Any, batch: Any, from_offset: int) -> int:
+        """Transactional offset commits wait in the core for their marker."""
+        if header.is_control:
+            if header.producer_id >= 0:
+                control_type, _ = parse_control_batch(batch)
+                shard.core.complete_txn(header.producer_id, control_type == ControlType.COMMIT)
+            return 0
+        if not header.is_transactional:
+            return super().replay_batch(shard, header, batch, from_offset)
+        for record in iter_records(batch):
+            shard.core.replay_txn(header.producer_id, self.decode(record.key, record.value))
+        return header.record_count
+
+    # -- transactional offsets ----------------------------------------------------------
+    def on_marker(self, item: Any) -> None:
+        """A transaction marker was committed in a partition this broker
+        leads (``DataApi.marker_listeners``)."""
+        if item.tp.topic != OFFSETS_TOPIC:
+            return
+        shard = self.shards.get(item.tp.partition)
+        if shard is not None and shard.loaded:
+            shard.core.complete_txn(item.producer_id, item.committed)
+
+    async def txn_commit(self, group_id: str, producer_id: int, producer_epoch: int,
+                         offsets: Mapping[Any, Any]) -> dict:
+        """TxnOffsetCommit: write the offsets in the producer's transaction
+        (a transactional batch with its id and epoch); they become the
+        group's committed offsets when the transaction commits."""
+        shard = self.shard_for(group_id)
+        async with shard.lock:
+            if self.shards.get(shard.partition) is not shard or not shard.loaded:
+                shard = self.shard_for(group_id)
+            try:
+                results, records = shard.core.txn_offset_records(self.clock_ms(), group_id,
+                                                                 offsets)
+            except GroupError as exc:
+                raise CodedError(exc.code, exc.message) from None
+            if records:
+                part = self.replicas.partitions.get(TopicPartition(OFFSETS_TOPIC,
+                                                                   shard.partition))
+                if part is None or not part.is_leader:
+                    raise NotCoordinatorError(f"{OFFSETS_TOPIC}-{shard.partition} moved; find "
+                                              "the coordinator again")
+                builder = BatchBuilder(producer_id=producer_id, producer_epoch=producer_epoch,
+                                       transactional=True)
+                now = self.clock_ms()
+                for record in records:
+                    key, value = self.encode(record)
+                    builder.append(key, value, timestamp_ms=now)
+                await self.data.append_committed(part, builder.build(), WRITE_TIMEOUT_MS,
+                                                 coordinator=True)
+                for record in records:
+                    shard.core.replay_txn(producer_id, record)
+            return results
 
     # -- routing -------------------------------------------------------------------
     async def find_coordinator(self, group_id: str) -> dict:
