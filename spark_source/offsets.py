@@ -49,6 +49,7 @@ class ClusterOffsets:
         if self._consumer is None:
             self._consumer = Consumer(self.options.bootstrap, auto_offset_reset="none",
                                       enable_auto_commit=False,
+                                      isolation_level=self.options.isolation_level,
                                       request_timeout_ms=REQUEST_TIMEOUT_MS)
         return self._consumer
 

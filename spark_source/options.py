@@ -114,6 +114,8 @@ class SourceOptions:
     #: Driver-side offset lookups: attempts after the first, and the pause.
     fetch_offset_retries: int
     fetch_offset_retry_interval_ms: int
+    #: kafka.isolation.level: read_uncommitted or read_committed.
+    isolation_level: str = "read_uncommitted"
 
 
 # Lower-case, as Spark hands them over; the spelling users write is kept for
@@ -124,7 +126,7 @@ _SPELLING = {name.lower(): name for name in (
     "startingOffsetsByTimestamp", "endingOffsetsByTimestamp",
     "startingOffsetsByTimestampStrategy", "maxOffsetsPerTrigger", "failOnDataLoss",
     "includeHeaders", "minPartitions", "maxRecordsPerPartition", "kafkaConsumer.pollTimeoutMs",
-    "fetchOffset.numRetries", "fetchOffset.retryIntervalMs")}
+    "fetchOffset.numRetries", "fetchOffset.retryIntervalMs", "kafka.isolation.level")}
 _BATCH_ONLY = ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp")
 # Spark Kafka options this source refuses, with the reason.
 _NOT_SUPPORTED = {
@@ -173,7 +175,18 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
         poll_timeout_ms=_positive_int(opts, "kafkaconsumer.polltimeoutms")
         or POLL_TIMEOUT_MS_DEFAULT,
         fetch_offset_retries=_int(opts, "fetchoffset.numretries", 3, low=0),
-        fetch_offset_retry_interval_ms=_int(opts, "fetchoffset.retryintervalms", 1000, low=0))
+        fetch_offset_retry_interval_ms=_int(opts, "fetchoffset.retryintervalms", 1000, low=0),
+        isolation_level=_isolation_level(opts))
+
+
+def _isolation_level(opts: Mapping[str, str]) -> str:
+    """``kafka.isolation.level``: read_uncommitted (Kafka's default) or
+    read_committed (only committed transactions, up to the last stable offset)."""
+    value = opts.get("kafka.isolation.level", "read_uncommitted").strip().lower()
+    if value not in ("read_uncommitted", "read_committed"):
+        raise InvalidOptionError(f"kafka.isolation.level must be read_uncommitted or "
+                                 f"read_committed, not {value!r}")
+    return value
 
 
 def include_headers(options: Mapping[str, str]) -> bool:

@@ -100,6 +100,7 @@ def read_range(options: SourceOptions, rng: OffsetRange, topic_id: str | None = 
     fetch_bytes = FETCH_BYTES_MAX if rng.size > 16 * BATCH_ROWS else FETCH_BYTES_MAX // 8
     try:
         consumer = Consumer(options.bootstrap, auto_offset_reset="none",
+                            isolation_level=options.isolation_level,
                             enable_auto_commit=False, include_headers=options.include_headers,
                             max_poll_records=BATCH_ROWS, max_partition_fetch_bytes=fetch_bytes,
                             max_buffered_bytes=4 * fetch_bytes, fetch_max_wait_ms=100,
@@ -120,6 +121,13 @@ def read_range(options: SourceOptions, rng: OffsetRange, topic_id: str | None = 
                 progress_at = time.monotonic()
                 continue
             if not records:
+                moved = consumer.position(tp)
+                if moved > position:
+                    # Past batches with nothing to return: transaction
+                    # markers, and aborted records with read_committed.
+                    position = moved
+                    progress_at = time.monotonic()
+                    continue
                 now = time.monotonic()
                 if now - checked_at >= EXISTS_CHECK_S:
                     # The consumer retries an unknown partition forever: ask.

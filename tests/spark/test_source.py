@@ -175,6 +175,39 @@ def test_schema_is_the_kafka_sources(spark, bootstrap):
     assert stream(spark, bootstrap, subscribe="any", includeHeaders="True").schema == with_headers
 
 
+# -- transactions ---------------------------------------------------------------------------------
+def test_read_committed_reads_committed_transactions_only(spark, bootstrap, tmp_path):
+    from api.client import Producer
+    topic = unique("txn")
+    create_topic(bootstrap, topic, 2)
+    with Producer(bootstrap.split(","), transactional_id=unique("spark-txn")) as producer:
+        producer.init_transactions()
+        for round_no, commit in enumerate((True, False, True, False, True)):
+            producer.begin_transaction()
+            for i in range(6):
+                producer.send(topic, f"r{round_no}-{i}", partition=i % 2)
+            if commit:
+                producer.commit_transaction()
+            else:
+                producer.flush()
+                producer.abort_transaction()
+    committed = sorted(f"r{r}-{i}" for r in (0, 2, 4) for i in range(6))
+    batch = reader(spark, bootstrap, subscribe=topic, **{"kafka.isolation.level":
+                                                         "read_committed"})
+    assert sorted(bytes(r["value"]).decode() for r in batch.collect()) == committed
+    everything = reader(spark, bootstrap, subscribe=topic).collect()
+    assert len(everything) == 30  # read_uncommitted: aborted records too, never markers
+    name = "txn_stream_" + uuid.uuid4().hex[:6]
+    query = (stream(spark, bootstrap, subscribe=topic, startingOffsets="earliest",
+                    **{"kafka.isolation.level": "read_committed"})
+             .writeStream.format("memory").queryName(name)
+             .option("checkpointLocation", str(tmp_path / "ckpt"))
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(120)
+    rows = spark.sql(f"SELECT value FROM {name}").collect()
+    assert sorted(bytes(r["value"]).decode() for r in rows) == committed
+
+
 # -- batch ----------------------------------------------------------------------------------------
 def test_batch_reads_between_starting_and_ending_offsets(spark, bootstrap):
     topic = unique("batch")
