@@ -34,7 +34,7 @@ import enum
 import struct
 import time
 import zlib
-from typing import Iterator, NamedTuple, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import msgpack
 
@@ -551,6 +551,31 @@ def build_control_batch(control_type: ControlType, producer_id: int, producer_ep
     builder.append(CONTROL_KEY.pack(0, int(control_type)),
                    CONTROL_VALUE.pack(0, coordinator_epoch), timestamp_ms=timestamp_ms)
     return builder.build()
+
+
+def without_aborted(batches: list[tuple[BatchHeader, Any]], aborted: Sequence[dict]
+                    ) -> list[tuple[BatchHeader, Any]]:
+    """Kafka's read_committed filter over a fetch answer's batches, given
+    its ``aborted_transactions`` (``{"producer_id", "first_offset"}``): from
+    an aborted transaction's first offset up to its producer's next marker,
+    that producer's transactional batches, and the marker itself, get
+    ``None`` for their bytes (the reader moves past them, returning nothing)."""
+    pending = sorted((txn["first_offset"], txn["producer_id"]) for txn in aborted)
+    index = 0
+    aborting: set[int] = set()
+    out = []
+    for header, view in batches:
+        while index < len(pending) and pending[index][0] <= header.last_offset:
+            aborting.add(pending[index][1])
+            index += 1
+        if header.producer_id in aborting:
+            if header.is_control:
+                aborting.discard(header.producer_id)  # its transaction ends here
+                view = None
+            elif header.is_transactional:
+                view = None
+        out.append((header, view))
+    return out
 
 
 def parse_control_batch(batch) -> tuple[ControlType, int]:

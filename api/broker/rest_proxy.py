@@ -33,7 +33,7 @@ from protocol.errors import (RETRIABLE_CODES, InvalidRequestError, KraftError,
                              LeaderNotAvailableError, UnknownTopicOrPartitionError)
 from protocol.fields import Fields
 from protocol.partitioner import partition_for_key
-from storage.batch import BatchBuilder, iter_batches, iter_records
+from storage.batch import BatchBuilder, iter_batches, iter_records, without_aborted
 
 
 class BrokerHost(Protocol):
@@ -132,17 +132,26 @@ class RestProxy:
         max_bytes = _query_int(request.query.get("max_bytes", str(READ_BYTES_DEFAULT)),
                                "max_bytes", 1, 2**31 - 1)
         wait_ms = _query_int(request.query.get("timeout", "0"), "timeout", 0, READ_WAIT_MS_MAX)
+        isolation = request.query.get("isolation_level", "read_uncommitted")
+        if isolation not in ("read_uncommitted", "read_committed"):
+            raise InvalidRequestError(f"isolation_level must be read_uncommitted or "
+                                      f"read_committed, not {isolation!r}")
         binary = BINARY_V2 in request.headers.get("Accept", "")
         self._partition_count(topic)
         answer = await self._call_leader(topic, partition, "/v1/fetch", {
             "max_wait_ms": wait_ms, "min_bytes": 1, "max_bytes": max_bytes,
-            "partitions": [{"topic": topic, "partition": partition, "offset": offset,
+            "isolation_level": isolation, "partitions": [{"topic": topic, "partition": partition, "offset": offset,
                             "max_bytes": max_bytes}]})
         result = answer["partitions"][0]
         if result.get("error"):
             raise _Relayed(result["error"])
         records = []
-        for _header, batch in iter_batches(result["records"]):
+        batches = list(iter_batches(result["records"]))
+        if isolation == "read_committed":
+            batches = without_aborted(batches, result.get("aborted_transactions") or [])
+        for header, batch in batches:
+            if batch is None or header.is_control:
+                continue  # an aborted transaction's, or a transaction marker
             for record in iter_records(batch):
                 if record.offset < offset:
                     continue

@@ -170,7 +170,7 @@ class FetchBuffer:
         if not batches:
             return None
         if aborted:
-            batches = _without_aborted(batches, aborted)
+            batches = batch_format.without_aborted(batches, aborted)
         self._fetches.append(_CompletedFetch(state, data, batches))
         self.buffered_bytes += len(data)
         return batches[-1][0].next_offset
@@ -240,29 +240,6 @@ class FetchBuffer:
     def _pop(self) -> None:
         fetch = self._fetches.popleft()
         self.buffered_bytes -= fetch.size_bytes
-
-
-def _without_aborted(batches: list, aborted: list[dict]) -> list:
-    """Kafka's read_committed filter: a producer's transactional batches
-    from its aborted transaction's first offset up to its next marker are
-    dropped (their view replaced by None, so the position still moves past
-    them)."""
-    pending = sorted((txn["first_offset"], txn["producer_id"]) for txn in aborted)
-    index = 0
-    aborting: set[int] = set()
-    out = []
-    for header, view in batches:
-        while index < len(pending) and pending[index][0] <= header.last_offset:
-            aborting.add(pending[index][1])
-            index += 1
-        if header.producer_id in aborting:
-            if header.is_control:
-                aborting.discard(header.producer_id)  # its transaction ends here
-                view = None
-            elif header.is_transactional:
-                view = None
-        out.append((header, view))
-    return out
 
 
 class Fetcher:

@@ -249,3 +249,28 @@ def test_consumed_offsets_commit_with_the_transaction_and_only_with_it(single): 
     single.start([1])
     single.wait_for_brokers_running(timeout_s=30)
     assert wait_until(lambda: committed() == 7, 20, "the group's offsets after a restart")
+
+
+def test_the_rest_read_honours_read_committed(url):
+    import json
+    import urllib.request
+    from api.client import Producer
+    create_topic(url, "txn-rest")
+    with Producer(url, transactional_id="rest-app") as producer:
+        producer.init_transactions()
+        for value, commit in (("kept", True), ("dropped", False), ("kept too", True)):
+            producer.begin_transaction()
+            producer.send("txn-rest", value)
+            if commit:
+                producer.commit_transaction()
+            else:
+                producer.flush()
+                producer.abort_transaction()
+
+    def read(isolation: str) -> list[str]:
+        with urllib.request.urlopen(f"{url}/topics/txn-rest/partitions/0/records?offset=0"
+                                    f"&isolation_level={isolation}", timeout=10) as reply:
+            return [r["value"] for r in json.load(reply)]
+
+    assert read("read_committed") == ["kept", "kept too"]
+    assert read("read_uncommitted") == ["kept", "dropped", "kept too"]
