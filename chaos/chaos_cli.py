@@ -56,10 +56,14 @@ def add_commands(actions: argparse._SubParsersAction, formatter: type) -> None:
                      help="live consumers reading every partition (default 2)")
     run.add_argument("--rate", type=_positive_float, default=300.0, metavar="WRITES_PER_S",
                      help="total acks=all writes per second (default %(default)s)")
-    run.add_argument("--workload", choices=("plain", "idempotent"), default="plain",
+    run.add_argument("--workload", choices=("plain", "idempotent", "transactional"),
+                     default="plain",
                      help="plain: producers send each write once (retries=0); idempotent: "
                           "the client retries every failure itself with idempotence on, "
-                          "and the checker fails the run on any duplicate (default plain)")
+                          "and the checker fails the run on any duplicate; transactional: "
+                          "producers write transactions over several partitions, commit or "
+                          "abort them, and read_committed consumers must never see an "
+                          "aborted or partial one (default plain)")
     run.add_argument("--namespaces", action="store_true",
                      help="run every node in its own network namespace even when the "
                           "scenario cuts no links (partition scenarios always do)")

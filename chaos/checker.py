@@ -31,13 +31,20 @@ The anomalies are Jepsen's, from its Kafka and Redpanda analyses:
 ``nonmonotonic``
     a consumer's successive records of a partition whose offsets do not
     increase.
+``aborted_read`` (transactional workload)
+    a value of a transaction its producer aborted, read by a read_committed
+    consumer or the final read.
+``partial_transaction`` (transactional workload)
+    a transaction some of whose values are in the final read and others
+    not: a transaction is visible entirely or not at all, across partitions.
 ``skipped``
     a consumer's successive records of a partition that jump over offsets
     the final read holds (without compaction or transactions, offsets are
     contiguous, so a consumer must see every one); a consumer's first record
     after it started at an offset counts too. A final read that is not
     exactly the offsets from 0 to the high watermark it started from is
-    reported here as well.
+    reported here as well (with transactions, markers and aborted records
+    leave gaps: then only records outside that range are).
 
 A history whose harness failed (``harness-error``, ``workload-error``) gets
 the verdict ``unknown``: its final read, if any, cannot be trusted to be
@@ -60,7 +67,7 @@ from typing import Any
 
 #: Anomalies that always fail a run.
 FAILING = ("lost", "vanished", "unexpected", "inconsistent", "reordered", "nonmonotonic",
-           "skipped")
+           "skipped", "aborted_read", "partial_transaction")
 #: Fails the run only when the producers never retry (see the module doc).
 DUPLICATED = "duplicated"
 ANOMALIES = FAILING + (DUPLICATED,)
@@ -128,8 +135,10 @@ def check(events: Iterable[dict]) -> dict[str, Any]:
             harness_errors.append(event.get("error", kind))
 
     ok = [s for s in sends.values() if s["outcome"] == "ok"]
+    transactional = bool(producer_settings.get("transactional_id"))
     if drain_ends is not None:
-        _check_final_read_complete(drain_ends, final, anomalies)
+        _check_final_read_complete(drain_ends, final, anomalies, gaps_allowed=transactional)
+    _check_transactions(sends, final_where, anomalies)
     _check_final_read(sends, ok, final, final_where, anomalies)
     polled = _check_polls(polls, sends, final, final_where, anomalies)
     _check_order(ok, final, final_where, anomalies)
@@ -140,7 +149,8 @@ def check(events: Iterable[dict]) -> dict[str, Any]:
     recovered = sum(1 for s in sends.values()
                     if s["outcome"] == "unknown" and s["value"] in final_where)
     failing = list(FAILING)
-    if not producer_settings.get("retries") or producer_settings.get("enable_idempotence"):
+    if (not producer_settings.get("retries") or producer_settings.get("enable_idempotence")
+            or transactional):
         failing.append(DUPLICATED)
     failing_found = [kind for kind in failing if anomalies.counts[kind]]
     if harness_errors:
@@ -168,20 +178,40 @@ def check(events: Iterable[dict]) -> dict[str, Any]:
 
 
 def _check_final_read_complete(ends: dict[int, int], final: dict[Position, str],
-                               anomalies: _Anomalies) -> None:
+                               anomalies: _Anomalies, gaps_allowed: bool = False) -> None:
     """The final read must hold exactly offsets 0 .. end - 1 of each
-    partition (retention is off in chaos runs)."""
+    partition (retention is off in chaos runs); with transactions, only
+    offsets in that range."""
     by_partition: dict[int, set[int]] = defaultdict(set)
     for partition, offset in final:
         by_partition[partition].add(offset)
     for partition, end in sorted(ends.items()):
         offsets = by_partition.get(partition, set())
-        missing = end - len([o for o in offsets if 0 <= o < end])
+        missing = 0 if gaps_allowed else end - len([o for o in offsets if 0 <= o < end])
         extra = sorted(o for o in offsets if not 0 <= o < end)
         if missing or extra:
             anomalies.add("skipped", {"consumer": "final read", "partition": partition,
                                       "high_watermark": end, "missed": missing,
                                       "outside": extra[:10]})
+
+
+def _check_transactions(sends: dict[str, dict], final_where: dict[str, list[Position]],
+                        anomalies: _Anomalies) -> None:
+    """Each transaction whole or not at all in the final read; nothing of
+    an aborted one anywhere it was read (live reads are checked in
+    ``_check_expected``)."""
+    by_txn: dict[str, list[dict]] = defaultdict(list)
+    for send in sends.values():
+        if send.get("txn") is not None:
+            by_txn[send["txn"]].append(send)
+    for txn, members in sorted(by_txn.items()):
+        present = [s["value"] for s in members if s["value"] in final_where]
+        if present and len(present) < len(members):
+            anomalies.add("partial_transaction", {
+                "txn": txn, "outcome": members[0]["outcome"],
+                "present": sorted(present)[:10],
+                "absent": sorted(s["value"] for s in members
+                                 if s["value"] not in final_where)[:10]})
 
 
 def _check_final_read(sends: dict[str, dict], ok: list[dict], final: dict[Position, str],
@@ -210,6 +240,9 @@ def _check_expected(value: str, positions: list[Position], seen_by: str,
     if send is None:
         anomalies.add("unexpected", {"value": value, "positions": positions,
                                      "seen_by": seen_by, "why": "never attempted"})
+    elif send["outcome"] == "failed" and send.get("txn") is not None:
+        anomalies.add("aborted_read", {"value": value, "txn": send["txn"],
+                                       "positions": positions, "seen_by": seen_by})
     elif send["outcome"] == "failed":
         anomalies.add("unexpected", {"value": value, "positions": positions,
                                      "seen_by": seen_by,

@@ -59,6 +59,8 @@ ANOMALY_HINTS = {
     "nonmonotonic": "a consumer's successive offsets did not increase",
     "skipped": "a consumer jumped over offsets that hold records",
     "vanished": "a record read live is gone from the final log",
+    "aborted_read": "a record of an aborted transaction was read (read_committed)",
+    "partial_transaction": "a transaction is in the final log in part, not whole or not at all",
 }
 
 VERDICTS = {

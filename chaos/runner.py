@@ -179,7 +179,8 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
         workload = Workload(lambda: _broker_urls(cluster), TOPIC, config.partitions, history,
                             producers=config.producers, consumers=config.consumers,
                             rate=config.rate, seed=config.seed,
-                            idempotent=config.workload == "idempotent")
+                            idempotent=config.workload == "idempotent",
+                            transactional=config.workload == "transactional")
         history.record({"type": "workload", "producer": workload.producer_settings()})
         history.record({"type": "phase", "name": "workload"})
         workload.start()
@@ -195,7 +196,7 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
         history.record({"type": "phase", "name": "drain"})
         say("final read ...")
         count = final_read(_broker_urls(cluster), TOPIC, config.partitions, history,
-                           FINAL_READ_S)
+                           FINAL_READ_S, workload.isolation_level)
         say(f"final read: {count:,} records")
     except Exception as exc:  # noqa: BLE001  the run fails with its reason
         error = f"{type(exc).__name__}: {exc}"

@@ -68,6 +68,12 @@ CONSUMER_ERROR_BACKOFF_S = 0.2
 END_OFFSETS_SETTLE_S = 1.0
 #: Records per ``drain`` event line of the final read.
 DRAIN_CHUNK_RECORDS = 2000
+#: The transactional workload: values per transaction, the share aborted,
+#: and the transaction timeout (transactions a fault left open are aborted
+#: by the coordinator after it, before the final read).
+TXN_VALUES_MIN, TXN_VALUES_MAX = 2, 8
+TXN_ABORT_SHARE = 0.2
+TRANSACTION_TIMEOUT_MS = 10_000
 
 
 def classify(error: KraftlogError | None) -> tuple[str, str | None]:
@@ -141,7 +147,8 @@ class Workload:
     def __init__(self, bootstrap: Callable[[], list[str]], topic: str, partitions: int,
                  history: History, *, producers: int = 3, consumers: int = 2,
                  rate: float = 300.0, keys: int = 64, seed: int = 0,
-                 request_timeout_ms: int = 3000, idempotent: bool = False) -> None:
+                 request_timeout_ms: int = 3000, idempotent: bool = False,
+                 transactional: bool = False) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.partitions = partitions
@@ -153,6 +160,8 @@ class Workload:
         self.seed = seed
         self.request_timeout_ms = request_timeout_ms
         self.idempotent = idempotent
+        self.transactional = transactional
+        self.isolation_level = "read_committed" if transactional else "read_uncommitted"
         self.tally = Tally()
         self._stop_producers = threading.Event()
         self._stop_consumers = threading.Event()
@@ -161,8 +170,9 @@ class Workload:
         self.errors: list[str] = []
 
     def start(self) -> None:
+        produce = self._produce_transactions if self.transactional else self._produce
         for number in range(self.producer_count):
-            thread = threading.Thread(target=self._guard, args=(self._produce, number),
+            thread = threading.Thread(target=self._guard, args=(produce, number),
                                       name=f"chaos-producer-{number}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -235,6 +245,15 @@ class Workload:
         default: the client keeps a partition's batches in order itself, and
         the reordering check covers it too."""
         timeout_ms = self.request_timeout_ms
+        if self.transactional:
+            # Each producer thread adds its own transactional_id (the prefix
+            # plus its number).
+            return {"acks": "all", "enable_idempotence": True, "retries": 2**31 - 1,
+                    "transactional_id": f"chaos-{self.seed}", "max_in_flight": 5,
+                    "linger_ms": 1, "retry_backoff_ms": 50,
+                    "transaction_timeout_ms": TRANSACTION_TIMEOUT_MS,
+                    "request_timeout_ms": timeout_ms, "delivery_timeout_ms": 10 * timeout_ms,
+                    "metadata_max_age_ms": 2000, "max_block_ms": 10 * timeout_ms}
         if self.idempotent:
             # The client retries every failure itself, for as long as faults
             # last; idempotence must keep each value once and in order.
@@ -265,11 +284,90 @@ class Workload:
                 outstanding.release()  # after recording: stop_producers waits on it
         return delivered
 
+    def _produce_transactions(self, number: int) -> None:
+        """Transactions of TXN_VALUES_MIN..MAX values to random keys (so over
+        several partitions), committed, or aborted one time in
+        ``TXN_ABORT_SHARE``. Every value of a transaction gets its outcome:
+        ``ok`` (committed, at the offset its send named), ``failed``
+        (aborted: never visible) or ``unknown`` (the commit's answer was lost:
+        visible whole or not at all)."""
+        rng = random.Random(f"{self.seed}-txn-producer-{number}")
+        settings = self.producer_settings()
+        settings["transactional_id"] = f"{settings['transactional_id']}-{number}"
+        interval_s = TXN_VALUES_MAX * self.producer_count / self.rate
+        seq = 0
+        txn_no = 0
+        producer = None
+        try:
+            while not self._stop_producers.is_set():
+                if producer is None:
+                    producer = self._new_transactional_producer(settings)
+                    if producer is None:
+                        continue
+                txn_no += 1
+                txn = f"{number}-{txn_no}"
+                started = self.history.now()
+                sent = []
+                try:
+                    producer.begin_transaction()
+                    for _ in range(rng.randint(TXN_VALUES_MIN, TXN_VALUES_MAX)):
+                        value = f"{number}-{seq}"
+                        key = f"k{rng.randrange(self.keys)}"
+                        sent.append((seq, key, value, producer.send(self.topic, value, key=key)))
+                        seq += 1
+                    if rng.random() < TXN_ABORT_SHARE:
+                        producer.flush()
+                        producer.abort_transaction()
+                        outcome, code = "failed", "TRANSACTION_ABORTED"
+                    else:
+                        producer.commit_transaction()
+                        outcome, code = "ok", None
+                except KraftlogError as exc:
+                    outcome, code = "unknown", getattr(exc, "code", type(exc).__name__)
+                    try:
+                        producer.abort_transaction()
+                    except KraftlogError:
+                        pass
+                    producer.close(timeout_ms=1000)
+                    producer = None  # a fresh instance fences this one's leftovers
+                self._record_transaction(number, txn, sent, outcome, code, started)
+                self._stop_producers.wait(interval_s)
+        finally:
+            if producer is not None:
+                producer.close(timeout_ms=10 * self.request_timeout_ms)
+
+    def _new_transactional_producer(self, settings: dict) -> Producer | None:
+        producer = Producer(self.bootstrap(), **settings)
+        try:
+            producer.init_transactions()
+            return producer
+        except KraftlogError as exc:
+            self.history.record({"type": "producer-error", "error": exc.code,
+                                 "message": str(exc)[:300]})
+            producer.close(timeout_ms=1000)
+            self._stop_producers.wait(CONSUMER_ERROR_BACKOFF_S)
+            return None
+
+    def _record_transaction(self, number: int, txn: str, sent: list, outcome: str,
+                            code: str | None, started: float) -> None:
+        now = self.history.now()
+        for seq, key, value, handle in sent:
+            metadata = None
+            if outcome == "ok":
+                metadata = handle.result(0)  # committed: every send was acknowledged
+            self.tally.outcomes[outcome] += 1
+            self.history.record({
+                "type": "send", "t": started, "t_end": now, "producer": number, "seq": seq,
+                "key": key, "value": value, "txn": txn, "outcome": outcome,
+                "partition": metadata.partition if metadata is not None else None,
+                "offset": metadata.offset if metadata is not None else None, "error": code})
+
     # -- consumers ---------------------------------------------------------------
     def _consume(self, number: int) -> None:
         tps = [TopicPartition(self.topic, p) for p in range(self.partitions)]
         with Consumer(self.bootstrap(), auto_offset_reset="none", request_timeout_ms=5000,
-                      metadata_max_age_ms=2000) as consumer:
+                      metadata_max_age_ms=2000,
+                      isolation_level=self.isolation_level) as consumer:
             consumer.assign(tps)
             for tp in tps:
                 consumer.seek(tp, 0)
@@ -305,13 +403,17 @@ class Workload:
 
 
 def final_read(bootstrap: list[str], topic: str, partitions: int, history: History,
-               timeout_s: float) -> int:
-    """Read every partition from offset 0 to its high watermark now; record
-    it as ``drain`` events; the number of records read."""
+               timeout_s: float, isolation_level: str = "read_uncommitted") -> int:
+    """Read every partition from offset 0 to its high watermark (its last
+    stable offset, read_committed) now; record it as ``drain`` events; the
+    number of records read."""
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     deadline = time.monotonic() + timeout_s
     total = 0
-    with Consumer(bootstrap, auto_offset_reset="none", request_timeout_ms=5000) as consumer:
+    with Consumer(bootstrap, auto_offset_reset="none", request_timeout_ms=5000,
+                  isolation_level=isolation_level) as consumer:
+        if isolation_level == "read_committed":
+            _wait_transactions_settled(bootstrap, consumer, tps, deadline)
         ends = _settled_end_offsets(consumer, tps, deadline)
         history.record({"type": "drain-start",
                         "ends": {str(tp.partition): end for tp, end in ends.items()}})
@@ -365,6 +467,22 @@ class _Outstanding:
     def wait_empty(self, timeout: float) -> bool:
         with self._changed:
             return self._changed.wait_for(lambda: self.count == 0, timeout)
+
+
+def _wait_transactions_settled(bootstrap: list[str], committed: Consumer,
+                               tps: list[TopicPartition], deadline: float) -> None:
+    """Until no transaction is open: every last stable offset has reached
+    its high watermark (a transaction a fault left open is aborted by its
+    coordinator after its timeout)."""
+    with Consumer(bootstrap, auto_offset_reset="none", request_timeout_ms=5000) as plain:
+        while True:
+            stable, high = committed.end_offsets(tps), plain.end_offsets(tps)
+            if stable == high:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"transactions still open at the final read: last stable "
+                                   f"offsets {dict(stable)} below high watermarks {dict(high)}")
+            time.sleep(0.5)
 
 
 def _settled_end_offsets(consumer: Consumer, tps: list[TopicPartition], deadline: float

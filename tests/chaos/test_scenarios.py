@@ -104,3 +104,16 @@ def test_an_idempotent_producer_retrying_through_faults_writes_each_value_once(t
     assert_passed(results, scenario)
     workload = next(e for e in events if e["type"] == "workload")
     assert workload["producer"]["enable_idempotence"] is True
+
+
+@pytest.mark.parametrize("scenario", ["kill-leader", "kill-controller"])
+def test_transactions_through_faults_are_seen_whole_or_not_at_all(tmp_path, scenario):
+    # Producers write transactions over every partition, committing most and
+    # aborting some; read_committed consumers and the final read must never
+    # show an aborted or partial transaction, or lose a committed one.
+    results, events = chaos_run(tmp_path, scenario, workload="transactional")
+    for kind in ("aborted_read", "partial_transaction", "duplicated"):
+        assert kind in results["failing"] and results["anomalies"][kind]["count"] == 0
+    assert_passed(results, scenario)
+    assert results["counts"]["failed"] > 50  # aborted transactions' values
+    assert any(e.get("txn") for e in events if e["type"] == "send")

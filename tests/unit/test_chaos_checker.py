@@ -272,3 +272,52 @@ def test_a_failed_harness_proves_nothing():
 ])
 def test_write_outcomes_are_failed_only_when_nothing_was_written(error, outcome):
     assert classify(error)[0] == outcome
+
+
+# -- the transactional workload ----------------------------------------------------------
+def txn_history(final_p0, final_p1, outcomes=("ok", "failed")):
+    """Two transactions of two values each over partitions 0 and 1: txn 0-1
+    with outcome[0], txn 0-2 with outcome[1]; then a final read."""
+    events = [{"type": "run", "t": 0.0},
+              {"type": "workload", "producer": {"transactional_id": "chaos-1",
+                                                "retries": 2**31 - 1}}]
+    offsets = {0: 0, 1: 0}
+    for seq, (value, partition, txn, outcome) in enumerate((
+            ("0-0", 0, "0-1", outcomes[0]), ("0-1", 1, "0-1", outcomes[0]),
+            ("0-2", 0, "0-2", outcomes[1]), ("0-3", 1, "0-2", outcomes[1]))):
+        ok = outcome == "ok"
+        events.append({"type": "send", "t": 1.0, "t_end": 1.1, "producer": 0, "seq": seq,
+                       "key": "k", "value": value, "txn": txn, "outcome": outcome,
+                       "partition": partition if ok else None,
+                       "offset": offsets[partition] if ok else None,
+                       "error": None if ok else "TRANSACTION_ABORTED"})
+        offsets[partition] += 1
+    events.append({"type": "drain-start", "t": 2.0, "ends": {"0": 4, "1": 4}})
+    events.append({"type": "drain", "t": 2.0, "partition": 0, "records": final_p0})
+    events.append({"type": "drain", "t": 2.0, "partition": 1, "records": final_p1})
+    return events
+
+
+def test_a_clean_transactional_history_passes_with_gaps_for_markers():
+    # Committed 0-0/0-1 at offset 0 of each partition; markers and the
+    # aborted transaction's records leave the rest of the offsets empty.
+    results = checker.check(txn_history([[0, "0-0"]], [[0, "0-1"]]))
+    assert results["verdict"] == "pass", results["reason"]
+
+
+def test_an_aborted_read_fails_the_run():
+    results = checker.check(txn_history([[0, "0-0"], [2, "0-2"]], [[0, "0-1"], [2, "0-3"]]))
+    assert anomalies(results)["aborted_read"] == 2
+    assert results["verdict"] == "fail"
+
+
+def test_a_transaction_visible_in_part_fails_the_run():
+    # The second transaction's outcome is unknown: whole or nothing is fine,
+    # half of it is not.
+    events = txn_history([[0, "0-0"], [2, "0-2"]], [[0, "0-1"]], outcomes=("ok", "unknown"))
+    results = checker.check(events)
+    assert anomalies(results) == {"partial_transaction": 1}
+    assert results["verdict"] == "fail"
+    whole = txn_history([[0, "0-0"], [2, "0-2"]], [[0, "0-1"], [2, "0-3"]],
+                        outcomes=("ok", "unknown"))
+    assert checker.check(whole)["verdict"] == "pass"
