@@ -174,6 +174,17 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "the idempotent / plain ratio (target: at least 0.90).")
     bench_data.add_arguments(idempotence_parser, "idempotence")
     idempotence_parser.set_defaults(handler=bench_data.run_idempotence)
+    from bench import transactions as bench_transactions
+
+    transactions_parser = bench_kinds.add_parser(
+        "transactions", help="transactions of 100 and 10,000 records; read_committed reads",
+        description="Start one fresh node; send --records records in transactions of --small "
+                    "and then --large records through one transactional producer (records/s, "
+                    "commit latency p50/p99); then read everything back with read_uncommitted "
+                    "and read_committed consumers, alternately, three rounds (records/s, and "
+                    "the read_committed / read_uncommitted ratio: target at least 0.90).")
+    bench_transactions.add_arguments(transactions_parser)
+    transactions_parser.set_defaults(handler=bench_transactions.run)
     from bench import failover as bench_failover
 
     failover_parser = bench_kinds.add_parser(
