@@ -46,9 +46,12 @@ def run(args: argparse.Namespace) -> int:
     with _target(args, brokers=1) as bootstrap:
         topic = f"bench-transactions-{uuid.uuid4().hex[:8]}"
         _create_topic(bootstrap, topic, args.partitions, 1, 1)
+        reference = _produce_plain(bootstrap, topic, args)
         runs = [_produce_transactions(bootstrap, topic, args, size)
                 for size in (args.small, args.large)]
-        total = sum(run["records"] for run in runs)
+        for entry in runs:
+            entry["ratio_to_plain"] = entry["records_s"] / reference["records_s"]
+        total = reference["records"] + sum(run["records"] for run in runs)
         reads: dict[str, list[float]] = {"read_uncommitted": [], "read_committed": []}
         for round_no in range(CONSUME_ROUNDS):
             for isolation in reads:
@@ -58,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     ratio = consume["read_committed"] / consume["read_uncommitted"]
     summary = {"bench": "transactions", "records": args.records,
                "record_size": args.record_size, "partitions": args.partitions,
-               "produce": runs, "consume_records_s": consume,
+               "reference": reference, "produce": runs, "consume_records_s": consume,
                "consume_records_s_all": reads, "ratio_read_committed": ratio,
                "ratio_target": READ_COMMITTED_RATIO_TARGET}
     if args.json:
@@ -71,10 +74,13 @@ def run(args: argparse.Namespace) -> int:
           f"partitions, records of {args.record_size} B")
     print()
     print(format_table(
-        ("transaction", "transactions", "records/s", "MB/s", "commit p50 ms", "commit p99 ms"),
-        [(f"{run['size']:,} records", f"{run['transactions']:,}", f"{run['records_s']:,.0f}",
-          f"{run['mb_s']:,.1f}", f"{run['commit_ms_p50']:.1f}", f"{run['commit_ms_p99']:.1f}")
-         for run in runs]))
+        ("transaction", "transactions", "records/s", "MB/s", "vs no transactions",
+         "commit p50 ms", "commit p99 ms"),
+        [("none (idempotent)", "-", f"{reference['records_s']:,.0f}",
+          f"{reference['mb_s']:,.1f}", "1.00", "-", "-")]
+        + [(f"{run['size']:,} records", f"{run['transactions']:,}", f"{run['records_s']:,.0f}",
+            f"{run['mb_s']:,.1f}", f"{run['ratio_to_plain']:.2f}", f"{run['commit_ms_p50']:.1f}",
+            f"{run['commit_ms_p99']:.1f}") for run in runs]))
     print()
     print(format_table(("consumer", "records/s (median)", "each round"), [
         (isolation, f"{consume[isolation]:,.0f}", " / ".join(f"{r:,.0f}" for r in rates))
@@ -84,6 +90,26 @@ def run(args: argparse.Namespace) -> int:
     print(f"read_committed / read_uncommitted consume: {ratio:.2f} "
           f"(target >= {READ_COMMITTED_RATIO_TARGET:.2f}: {verdict})")
     return 0
+
+
+def _produce_plain(bootstrap: list[str], topic: str, args: argparse.Namespace) -> dict:
+    """The reference: the same records through an idempotent acks=all
+    producer without transactions."""
+    from api.client import Producer
+
+    value = b"x" * args.record_size
+    progress = _Progress("no transactions", args.records)
+    with Producer(bootstrap, linger_ms=5, batch_size=1024 * 1024) as producer:
+        started = time.perf_counter()
+        for i in range(args.records):
+            producer.send(topic, value)
+            if i % 10_000 == 0:
+                progress.update(i)
+        producer.flush()
+        elapsed = time.perf_counter() - started
+    progress.done(args.records)
+    return {"records": args.records, "seconds": elapsed, "records_s": args.records / elapsed,
+            "mb_s": args.records * args.record_size / elapsed / 1e6}
 
 
 def _produce_transactions(bootstrap: list[str], topic: str, args: argparse.Namespace,

@@ -158,13 +158,16 @@ class IdempotenceState:
         if part.last_acked_seq < 0 or _after(last, part.last_acked_seq):
             part.last_acked_seq = last
 
-    def failed(self, tp: TP, epoch: int, base_seq: int, code: str) -> None:
+    def failed(self, tp: TP, epoch: int, base_seq: int, code: str) -> bool:
         """A batch of ``tp`` came back with error ``code``; it is retried
         (the caller's limits permitting), after an epoch bump if the
-        sequence cannot be resolved otherwise."""
+        sequence cannot be resolved otherwise. True when it cannot (a real
+        gap: the epoch must be bumped); False for an out-of-order arrival
+        (requests in flight on separate connections can overtake each
+        other) that a retry in order resolves."""
         part = self._partitions.get(tp)
         if part is None or epoch != self.epoch:
-            return  # sent in an older epoch: re-sequenced in this one
+            return False  # sent in an older epoch: re-sequenced in this one
         # Until the (maybe new) leader answers again, send one at a time.
         part.answered = False
         if code == "OUT_OF_ORDER_SEQUENCE_NUMBER":
@@ -172,9 +175,12 @@ class IdempotenceState:
                 # The next batch after everything acknowledged is refused:
                 # the leader lost this producer's state, the gap is real.
                 self.bump_needed = True
-            # Else an earlier batch is being retried: wait for it.
-        elif code in ("UNKNOWN_PRODUCER_ID", "INVALID_PRODUCER_EPOCH"):
+                return True
+            return False  # an earlier batch is on its way or retried: wait for it
+        if code in ("UNKNOWN_PRODUCER_ID", "INVALID_PRODUCER_EPOCH"):
             self.bump_needed = True
+            return True
+        return False
 
     def given_up(self, tp: TP, epoch: int, had_sequence: bool) -> None:
         """A batch that had left (``had_sequence``) failed for good or

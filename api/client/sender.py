@@ -107,6 +107,8 @@ class Sender:
         else:
             init_wait = None
         if self.txn is not None:
+            if self.txn.state == "ABORTABLE_ERROR":
+                self._fail_transaction_batches()
             self.txn.maybe_add(self.acc.partitions_with_data())
         busy = {url for url, n in self._in_flight.items() if n >= self.config.max_in_flight}
         ready, next_ms, missing = self.acc.drain(
@@ -177,6 +179,22 @@ class Sender:
         finally:
             self._refresh_task = None
             self.wake()
+
+    def _fail_transaction_batches(self) -> None:
+        """The open transaction can only abort: what is still queued fails
+        now rather than at its delivery timeout."""
+        queued = self.acc.abort_all()
+        if not queued:
+            return
+        error = KraftlogError("TRANSACTION_ABORTABLE",
+                              f"an earlier record of the transaction failed ({self.txn.error}); "
+                              "the transaction must be aborted", retriable=False)
+        for done in queued:
+            if self.idempotence is not None and isinstance(done, ProducerBatch):
+                self.idempotence.given_up((done.topic, done.partition), done.producer_epoch,
+                                          done.base_sequence >= 0)
+            self.acc.complete(done, error=error)
+        self.space.set()
 
     # -- idempotence ---------------------------------------------------------------------
     def _maybe_init_producer_id(self, now_ms: int) -> int | None:
@@ -382,12 +400,15 @@ class Sender:
         retriable = error.retriable
         idem = self.idempotence
         if idem is not None:
+            unresolvable = False
             for batch in batches:
-                idem.failed((batch.topic, batch.partition), batch.producer_epoch,
-                            batch.base_sequence, error.code)
-            if error.code in SEQUENCE_CODES and idem.allowed is None:
-                # Retried after an epoch bump if need be (see idempotence.py);
-                # in a transaction it fails the batch: the transaction aborts.
+                unresolvable |= idem.failed((batch.topic, batch.partition),
+                                            batch.producer_epoch, batch.base_sequence,
+                                            error.code)
+            if error.code in SEQUENCE_CODES and (idem.allowed is None or not unresolvable):
+                # Retried in order, after an epoch bump if need be (see
+                # idempotence.py); a real gap in a transaction fails the
+                # batch instead: the transaction must abort.
                 retriable = True
         if (retriable and head.attempts <= self.config.retries
                 and all(retry_at < b.created_ms + self.config.delivery_timeout_ms

@@ -274,3 +274,44 @@ def test_the_rest_read_honours_read_committed(url):
 
     assert read("read_committed") == ["kept", "kept too"]
     assert read("read_uncommitted") == ["kept", "dropped", "kept too"]
+
+
+def test_large_transactions_with_pipelined_requests_commit(url):
+    # Requests of one partition in flight together travel over separate
+    # connections and may arrive out of order; the broker refuses the early
+    # one (OUT_OF_ORDER_SEQUENCE_NUMBER) and the producer must retry it in
+    # order, not fail the transaction.
+    from api.client import Producer
+    create_topic(url, "txn-large", partitions=4)
+    value = b"x" * 100
+    with Producer(url, transactional_id="large-app", batch_size=16 * 1024) as producer:
+        producer.init_transactions()
+        for _ in range(8):
+            producer.begin_transaction()
+            for _ in range(5_000):
+                producer.send("txn-large", value)
+            producer.commit_transaction()
+    total = sum(len(_read(url, "txn-large", p, "read_committed")) for p in range(4))
+    assert total == 40_000
+
+
+def test_a_failed_record_makes_the_transaction_abortable_at_once(url):
+    from api.client import KraftlogError, Producer
+    create_topic(url, "txn-failing")
+    with Producer(url, transactional_id="failing-app") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("txn-failing", "fine")
+        producer.send("txn-failing", b"x" * 200_000)  # over the broker's request limit
+        started = time.monotonic()
+        try:
+            producer.commit_transaction()
+            raise AssertionError("committed a transaction with a failed record")
+        except KraftlogError as exc:
+            assert exc.code == "TRANSACTION_ABORTABLE" and "MESSAGE_TOO_LARGE" in str(exc)
+        assert time.monotonic() - started < 10  # not after delivery_timeout_ms
+        producer.abort_transaction()
+        producer.begin_transaction()
+        producer.send("txn-failing", "after")
+        producer.commit_transaction()
+    assert _read(url, "txn-failing", 0, "read_committed") == [b"after"]

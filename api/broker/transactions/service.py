@@ -52,6 +52,8 @@ INT64_MAX = 2**63 - 1
 #: Pause before writing a marker again after a partition refused it.
 MARKER_RETRY_S = 0.2
 MARKER_TIMEOUT_MS = 10_000
+#: How long EndTxn waits for the markers before it answers anyway.
+END_WAIT_S = 5.0
 PEER_TIMEOUT_S = 5.0
 
 
@@ -194,13 +196,23 @@ class TransactionService(ShardedCoordinator):
                 logger.debug("marker for %s at %s: %s", tp, url, error)
         return written
 
-    def kick(self, tid: str) -> None:
-        """Start the markers of ``tid`` now rather than at the next tick."""
+    def kick(self, tid: str) -> asyncio.Task | None:
+        """Start the markers of ``tid`` now rather than at the next tick;
+        the task writing them, if any."""
         try:
             shard = self.shard_for(tid)
         except Exception:  # noqa: BLE001  moved: its new coordinator does it
-            return
+            return None
         self._start_markers(shard)
+        return next((task for (partition, key_tid, _), task in self._markers.items()
+                     if partition == shard.partition and key_tid == tid), None)
+
+    async def wait_markers(self, tid: str, timeout_s: float) -> None:
+        """Start ``tid``'s markers and wait (at most ``timeout_s``) until
+        they are written and the transaction is complete."""
+        task = self.kick(tid)
+        if task is not None:
+            await asyncio.wait([task], timeout=timeout_s)
 
     # -- operations ------------------------------------------------------------------
     async def init_producer_id(self, tid: str, timeout_ms: int, producer_id: int,
@@ -265,7 +277,10 @@ class TransactionApi:
         committed = body.boolean("committed")
         now = self.service.clock_ms()
         await self.service.run(tid, lambda core: core.end_txn(tid, pid, epoch, committed, now))
-        self.service.kick(tid)
+        # Answer once the markers are in (usually milliseconds), so the
+        # producer's commit returns with its records readable; a retry
+        # finds the state it reached meanwhile.
+        await self.service.wait_markers(tid, END_WAIT_S)
         return wire.respond(request, {"transactional_id": tid, "error": None})
 
     async def handle_abort(self, request: web.Request) -> web.Response:
