@@ -41,7 +41,7 @@ import os
 import struct
 import zlib
 from collections import deque
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 import msgpack
 

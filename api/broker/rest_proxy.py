@@ -140,7 +140,8 @@ class RestProxy:
         self._partition_count(topic)
         answer = await self._call_leader(topic, partition, "/v1/fetch", {
             "max_wait_ms": wait_ms, "min_bytes": 1, "max_bytes": max_bytes,
-            "isolation_level": isolation, "partitions": [{"topic": topic, "partition": partition, "offset": offset,
+            "isolation_level": isolation,
+            "partitions": [{"topic": topic, "partition": partition, "offset": offset,
                             "max_bytes": max_bytes}]})
         result = answer["partitions"][0]
         if result.get("error"):

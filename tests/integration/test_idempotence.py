@@ -16,10 +16,26 @@ import pytest
 from api.client import Admin, Consumer, NewTopic, Producer, TopicPartition
 from chaos.cluster import FAST_SETTINGS, ProcessCluster, wait_until
 from storage.batch import BatchBuilder
-from tests.integration.test_broker_api import (assert_error, assert_serving, call,
-                                               create_topic, post, produce, read_all)
-from tests.integration.test_broker_api import single  # noqa: F401  (fixture)
-from tests.integration.test_broker_api import url  # noqa: F401  (fixture)
+from tests.integration.test_broker_api import (REQUEST_BYTES_MAX, assert_error,
+                                               assert_serving, call, create_topic, post,
+                                               produce, read_all)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """One combined node (controller + broker) for the module."""
+    settings = {**FAST_SETTINGS, "socket.request.max.bytes": REQUEST_BYTES_MAX}
+    with ProcessCluster(str(tmp_path_factory.mktemp("single")), controllers=1, brokers=0,
+                        combined=True, settings=settings) as cluster:
+        cluster.start()
+        cluster.wait_for_brokers_running(timeout_s=20)
+        yield cluster
+
+
+@pytest.fixture
+def url(single) -> str:
+    return single.nodes[1].broker_url
+
 
 
 def pbatch(pid: int, epoch: int, seq: int, values: list[bytes]) -> bytes:
@@ -78,7 +94,7 @@ def test_init_producer_id_hands_out_distinct_ids_across_blocks_and_checks_its_in
     assert_serving(url)
 
 
-def test_producer_state_survives_a_clean_restart(single):  # noqa: F811
+def test_producer_state_survives_a_clean_restart(single):
     url = single.nodes[1].broker_url
     create_topic(url, "idem-restart")
     pid, epoch = init_producer(url)
@@ -163,9 +179,9 @@ def test_killing_leaders_under_an_idempotent_producer_loses_and_duplicates_nothi
 
 def _leader(urls: list[str], topic: str, partition: int) -> int | None:
     from chaos.cluster import http_json
-    for url in urls:
+    for base in urls:
         try:
-            status, answer = http_json(f"{url}/v1/topics/{topic}")
+            status, answer = http_json(f"{base}/v1/topics/{topic}")
         except OSError:
             continue
         if status == 200:

@@ -5,13 +5,31 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from api.client import Consumer, TopicPartition
+from chaos.cluster import FAST_SETTINGS, ProcessCluster
 from storage.batch import BatchBuilder
-from tests.integration.test_broker_api import (assert_serving, call, create_topic, fetch,
-                                               post, produce)
-from tests.integration.test_broker_api import single  # noqa: F401  (fixture)
-from tests.integration.test_broker_api import url  # noqa: F401  (fixture)
+from tests.integration.test_broker_api import (REQUEST_BYTES_MAX, assert_serving, call,
+                                               create_topic, fetch, post, produce)
 from tests.integration.test_idempotence import init_producer
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """One combined node (controller + broker) for the module."""
+    settings = {**FAST_SETTINGS, "socket.request.max.bytes": REQUEST_BYTES_MAX}
+    with ProcessCluster(str(tmp_path_factory.mktemp("single")), controllers=1, brokers=0,
+                        combined=True, settings=settings) as cluster:
+        cluster.start()
+        cluster.wait_for_brokers_running(timeout_s=20)
+        yield cluster
+
+
+@pytest.fixture
+def url(single) -> str:
+    return single.nodes[1].broker_url
+
 
 
 def txn_batch(pid: int, epoch: int, seq: int, values: list[bytes]) -> bytes:
@@ -213,7 +231,7 @@ def test_the_cli_lists_describes_and_aborts_a_hanging_transaction(url):
     producer.close(timeout_ms=1000)
 
 
-def test_consumed_offsets_commit_with_the_transaction_and_only_with_it(single):  # noqa: F811
+def test_consumed_offsets_commit_with_the_transaction_and_only_with_it(single):
     import signal
     from api.client import Producer
     from chaos.cluster import wait_until
