@@ -5,6 +5,9 @@ from __future__ import annotations
 from storage.batch import BatchBuilder, decode_batches
 
 
+#: The integration tests' socket.request.max.bytes (tests/integration/conftest.py).
+REQUEST_BYTES_MAX = 64 * 1024
+
 def make_batch(count: int = 3, *, value_bytes: int = 20, timestamp_ms: int = 1_000,
                tag: str = "r") -> bytes:
     """A batch of ``count`` records whose values name their position."""

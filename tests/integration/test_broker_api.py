@@ -35,7 +35,8 @@ from urllib.parse import urlsplit
 import msgpack
 import pytest
 
-from chaos.cluster import FAST_SETTINGS, ProcessCluster, wait_until
+from chaos.cluster import ProcessCluster, wait_until
+from tests.helpers import REQUEST_BYTES_MAX
 from protocol.partitioner import partition_for_key
 from storage.batch import (ATTRIBUTES_OFFSET, CRC_OFFSET, HEADER_SIZE, MAGIC_OFFSET, BatchBuilder,
                            Compression, build_batch, iter_batches, iter_records)
@@ -44,7 +45,6 @@ MSGPACK = "application/msgpack"
 JSON = "application/json"
 JSON_V2 = "application/vnd.kafka.json.v2+json"
 BINARY_V2 = "application/vnd.kafka.binary.v2+json"
-REQUEST_BYTES_MAX = 64 * 1024
 
 
 # -- HTTP ------------------------------------------------------------------------
@@ -219,21 +219,6 @@ def sized_batch(total_bytes: int, tag: str = "x") -> bytes:
 
 
 # -- clusters ------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    settings = {**FAST_SETTINGS, "socket.request.max.bytes": REQUEST_BYTES_MAX}
-    with ProcessCluster(str(tmp_path_factory.mktemp("single")), controllers=1, brokers=0,
-                        combined=True, settings=settings) as cluster:
-        cluster.start()
-        cluster.wait_for_brokers_running(timeout_s=20)
-        yield cluster
-
-
-@pytest.fixture
-def url(single) -> str:
-    return single.nodes[1].broker_url
-
 
 @pytest.fixture(scope="module")
 def multi(tmp_path_factory):

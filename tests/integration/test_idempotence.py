@@ -16,26 +16,8 @@ import pytest
 from api.client import Admin, Consumer, NewTopic, Producer, TopicPartition
 from chaos.cluster import FAST_SETTINGS, ProcessCluster, wait_until
 from storage.batch import BatchBuilder
-from tests.integration.test_broker_api import (REQUEST_BYTES_MAX, assert_error,
-                                               assert_serving, call, create_topic, post,
-                                               produce, read_all)
-
-
-@pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    """One combined node (controller + broker) for the module."""
-    settings = {**FAST_SETTINGS, "socket.request.max.bytes": REQUEST_BYTES_MAX}
-    with ProcessCluster(str(tmp_path_factory.mktemp("single")), controllers=1, brokers=0,
-                        combined=True, settings=settings) as cluster:
-        cluster.start()
-        cluster.wait_for_brokers_running(timeout_s=20)
-        yield cluster
-
-
-@pytest.fixture
-def url(single) -> str:
-    return single.nodes[1].broker_url
-
+from tests.integration.test_broker_api import (assert_error, assert_serving, call,
+                                               create_topic, post, produce, read_all)
 
 
 def pbatch(pid: int, epoch: int, seq: int, values: list[bytes]) -> bytes:

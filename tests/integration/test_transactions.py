@@ -5,31 +5,11 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from api.client import Consumer, TopicPartition
-from chaos.cluster import FAST_SETTINGS, ProcessCluster
 from storage.batch import BatchBuilder
-from tests.integration.test_broker_api import (REQUEST_BYTES_MAX, assert_serving, call,
-                                               create_topic, fetch, post, produce)
+from tests.integration.test_broker_api import (assert_serving, call, create_topic, fetch, post,
+                                               produce)
 from tests.integration.test_idempotence import init_producer
-
-
-@pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    """One combined node (controller + broker) for the module."""
-    settings = {**FAST_SETTINGS, "socket.request.max.bytes": REQUEST_BYTES_MAX}
-    with ProcessCluster(str(tmp_path_factory.mktemp("single")), controllers=1, brokers=0,
-                        combined=True, settings=settings) as cluster:
-        cluster.start()
-        cluster.wait_for_brokers_running(timeout_s=20)
-        yield cluster
-
-
-@pytest.fixture
-def url(single) -> str:
-    return single.nodes[1].broker_url
-
 
 
 def txn_batch(pid: int, epoch: int, seq: int, values: list[bytes]) -> bytes:
@@ -46,18 +26,6 @@ def marker(url: str, topic: str, pid: int, epoch: int, committed: bool,
         {"topic": topic, "partition": 0, "producer_id": pid, "producer_epoch": epoch,
          "coordinator_epoch": coordinator_epoch, "committed": committed}]})["markers"]
     return result
-
-
-def committed_values(url: str, topic: str) -> list[bytes]:
-    with Consumer(url, isolation_level="read_committed", auto_offset_reset="earliest") as c:
-        tp = TopicPartition(topic, 0)
-        c.assign([tp])
-        end = c.end_offsets([tp])[tp]
-        values: list[bytes] = []
-        deadline = time.monotonic() + 10
-        while c.position(tp) < end and time.monotonic() < deadline:
-            values.extend(r.value for r in c.poll(timeout_ms=200))
-        return values
 
 
 def test_read_committed_stops_at_an_open_transaction_and_skips_aborted_ones(url):
@@ -77,7 +45,7 @@ def test_read_committed_stops_at_an_open_transaction_and_skips_aborted_ones(url)
     (done,) = call(url, "/v1/fetch", body)["partitions"]
     assert done["last_stable_offset"] == 5
     assert done["aborted_transactions"] == [{"producer_id": a, "first_offset": 0}]
-    assert committed_values(url, topic) == [b"b1"]
+    assert _read(url, topic, 0, "read_committed") == [b"b1"]
     # read_uncommitted consumers see both, never the markers.
     with Consumer(url, auto_offset_reset="earliest") as c:
         c.assign([TopicPartition(topic, 0)])

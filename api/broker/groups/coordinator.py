@@ -400,6 +400,24 @@ def _offset_value(value: Any) -> tuple[Any, Any]:
 # ----------------------------------------------------------------------------
 # the core
 
+def _checked_offsets(offsets: Mapping[TopicPartition, Any]
+                     ) -> tuple[dict[TopicPartition, str | None],
+                                dict[TopicPartition, tuple[int, str]]]:
+    """Per partition None (valid) or INVALID_REQUEST, and the valid ones as
+    ``(offset, metadata)``."""
+    results: dict[TopicPartition, str | None] = {}
+    accepted: dict[TopicPartition, tuple[int, str]] = {}
+    for tp, value in offsets.items():
+        offset, metadata = _offset_value(value)
+        if (not _is_partition(tp) or not _is_int(offset) or offset < 0
+                or not (metadata is None or isinstance(metadata, str))):
+            results[tp] = INVALID_REQUEST
+        else:
+            results[(tp[0], tp[1])] = None
+            accepted[(tp[0], tp[1])] = (offset, metadata or "")
+    return results, accepted
+
+
 class GroupCoordinatorCore:
     """All groups of one ``__consumer_offsets`` partition."""
 
@@ -808,16 +826,7 @@ class GroupCoordinatorCore:
                 raise GroupError(STALE_MEMBER_EPOCH,
                                  f"member {member_id!r} is at epoch {member.member_epoch}, "
                                  f"not {member_epoch}")
-        results: dict[TopicPartition, str | None] = {}
-        accepted: dict[TopicPartition, tuple[int, str]] = {}
-        for tp, value in offsets.items():
-            offset, metadata = _offset_value(value)
-            if (not _is_partition(tp) or not _is_int(offset) or offset < 0
-                    or not (metadata is None or isinstance(metadata, str))):
-                results[tp] = INVALID_REQUEST
-            else:
-                results[(tp[0], tp[1])] = None
-                accepted[(tp[0], tp[1])] = (offset, metadata or "")
+        results, accepted = _checked_offsets(offsets)
         return results, self._write_offsets(now_ms, group_id, accepted)
 
     def _write_offsets(self, now_ms: int, group_id: str,
@@ -842,18 +851,9 @@ class GroupCoordinatorCore:
         ``replay_txn`` holds them until the transaction's marker."""
         if not isinstance(group_id, str) or not group_id:
             raise GroupError(INVALID_REQUEST, "group id must be a non-empty string")
-        results: dict[TopicPartition, str | None] = {}
-        records: list[Record] = []
-        for tp, value in sorted(offsets.items()):
-            offset, metadata = _offset_value(value)
-            if (not _is_partition(tp) or not _is_int(offset) or offset < 0
-                    or not (metadata is None or isinstance(metadata, str))):
-                results[tp] = INVALID_REQUEST
-            else:
-                results[(tp[0], tp[1])] = None
-                records.append(OffsetCommitRecord(group_id, tp[0], tp[1], offset,
-                                                  metadata or "", now_ms))
-        return results, records
+        results, accepted = _checked_offsets(offsets)
+        return results, [OffsetCommitRecord(group_id, topic, partition, offset, metadata, now_ms)
+                         for (topic, partition), (offset, metadata) in sorted(accepted.items())]
 
     def replay_txn(self, producer_id: int, record: Record) -> None:
         """A transactional offset commit of producer ``producer_id``: held
