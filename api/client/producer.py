@@ -20,14 +20,22 @@ per broker. Retriable errors refresh metadata and put the batch back (at
 the front of its partition's queue) after ``retry_backoff_ms``, until
 ``retries`` or ``delivery_timeout_ms`` run out; other errors fail the batch.
 
-Ordering: records of one partition are appended in ``send`` order, and
-batches leave in that order, one request at a time per partition: requests
-in flight to one broker travel over separate HTTP connections, so a second
-request carrying the same partition could be appended first. Other
-partitions' batches still go in parallel, up to ``max_in_flight`` requests
-per broker. As in Kafka without idempotence, a retried batch can land after
-a later one of its partition; set ``retries=0`` when order must survive
-failures.
+Ordering and duplicates: records of one partition are appended in ``send``
+order. With ``acks="all"`` the producer is idempotent by default
+(``enable_idempotence``, ``idempotence.py``): each batch carries the
+producer id and a sequence number, up to 5 requests per partition are in
+flight, and the leader refuses one that overtook an earlier one (it is
+retried in order) and answers a retry of a batch it already has with the
+original offsets, so nothing is written twice or out of order. Without
+idempotence a partition has one request in flight at a time (requests to
+one broker travel over separate HTTP connections, so a second one could be
+appended first), and, as in Kafka, a retried batch can land twice or after a
+later one.
+
+Transactions (``transactional_id``, ``transactions.py``):
+``init_transactions``, ``begin_transaction``,
+``send_offsets_to_transaction``, ``commit_transaction``,
+``abort_transaction``; see docs/exactly-once.md.
 
 Records for a topic whose partition count is not known yet wait in a
 per-topic pending group until the metadata arrives (then they are
@@ -76,10 +84,12 @@ class AsyncProducer:
     batch), ``buffer_memory``, ``max_block_ms``, ``compression_type``
     ("none"/"gzip"), ``retries``, ``retry_backoff_ms``,
     ``delivery_timeout_ms``, ``request_timeout_ms``, ``max_in_flight`` (per
-    broker; 1 keeps order across retries), ``max_request_bytes``,
+    broker; at most 5 with idempotence), ``max_request_bytes``,
     ``metadata_max_age_ms``, ``partitioner`` (``f(topic, key_bytes,
     num_partitions) -> partition``, called under the producer's lock: keep it
-    quick).
+    quick), ``enable_idempotence`` (default: on with acks="all"),
+    ``transactional_id`` and ``transaction_timeout_ms`` (a transactional
+    producer).
     """
 
     def __init__(self, bootstrap: str | Iterable[str] = DEFAULT_BOOTSTRAP, **settings: Any
