@@ -123,6 +123,10 @@ class DataApi:
         #: Told of every marker this broker appended and committed (the group
         #: coordinator materialises transactional offsets on COMMIT).
         self.marker_listeners: list[Callable[[MarkerItem], None]] = []
+        #: KIP-890: ``verify_txn(transactional_id, producer_id, epoch, tps)``
+        #: asks the transaction coordinator whether the partitions are in the
+        #: producer's open transaction (raises if not). Set by the server.
+        self.verify_txn: Callable[..., Any] | None = None
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/produce", self.handle_produce)
@@ -157,11 +161,48 @@ class DataApi:
                 TopicPartition(fields.string("topic", TOPIC_NAME_MAX_CHARS),
                                fields.integer("partition", 0, INT32_MAX)),
                 _leader_epoch(fields), records))
-        results, appended = await self.replicas.produce(items, acks, timeout_ms)
+        refused = await self._verify_transaction(body, items)
+        results, appended = await self.replicas.produce(
+            [item for item in items if item.tp not in refused], acks, timeout_ms)
+        results += [{"topic": tp.topic, "partition": tp.partition, "error": error}
+                    for tp, error in refused.items()]
         for topic, info in appended:
             self.metrics.bytes_in.inc(info.size_bytes, topic)
             self.metrics.messages_in.inc(info.record_count, topic)
         return wire.respond(request, {"partitions": self._render("produce", results)})
+
+    async def _verify_transaction(self, body: Fields, items: list[ProduceItem]
+                                  ) -> dict[TopicPartition, Exception]:
+        """KIP-890: before a transaction's first write to a partition led
+        here, ask its coordinator that the partition is in the producer's
+        open transaction, and guard the partition (the marker clears the
+        guard). Returns the partitions refused, with why."""
+        opening: dict[tuple[int, int], list[ProduceItem]] = {}
+        for item in items:
+            part = self.replicas.partitions.get(item.tp)
+            if part is None or not part.is_leader:
+                continue
+            needed = part.needs_verification(item.records)
+            if needed is not None and part.txn_guards.get(needed[0]) != needed[1]:
+                opening.setdefault(needed, []).append(item)
+        if not opening:
+            return {}
+        tid = body.values.get("transactional_id")
+        refused: dict[TopicPartition, Exception] = {}
+        for (pid, epoch), group in opening.items():
+            if not isinstance(tid, str) or not tid or self.verify_txn is None:
+                continue  # refused by the core, which names what is missing
+            try:
+                await self.verify_txn(tid, pid, epoch, [item.tp for item in group])
+            except Exception as exc:  # noqa: BLE001  each partition answers for itself
+                for item in group:
+                    refused[item.tp] = exc
+                continue
+            for item in group:
+                part = self.replicas.partitions.get(item.tp)
+                if part is not None:
+                    part.txn_guards[pid] = epoch
+        return refused
 
     # -- transaction markers (from transaction coordinators) ----------------------
     async def handle_write_markers(self, request: web.Request) -> web.Response:

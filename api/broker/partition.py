@@ -58,6 +58,7 @@ import logging
 
 from kraft.records import LEADER_RECOVERED, LEADER_RECOVERING
 from storage.epoch_cache import UNDEFINED_EPOCH
+from storage.batch import HEADER_SIZE, parse_header
 from storage.log import AppendInfo, Log
 from storage.manager import TopicPartition
 
@@ -102,6 +103,12 @@ class Partition:
         self.log = log
         self.broker_id = broker_id
         self.topic_id = topic_id
+        #: KIP-890 verification guards: producer id -> the epoch the
+        #: transaction coordinator confirmed has this partition in its open
+        #: transaction. A transaction's first write here needs one; its
+        #: marker removes it (so a write that was verified before the
+        #: transaction ended cannot open a hanging one).
+        self.txn_guards: dict[int, int] = {}
         self.role = Role.FOLLOWER
         self.leader_id = -1
         self.leader_epoch = -1
@@ -194,6 +201,18 @@ class Partition:
         open transaction if that is lower."""
         first = self.log.first_unstable_offset
         return self.high_watermark if first is None else min(first, self.high_watermark)
+
+    def needs_verification(self, records) -> tuple[int, int] | None:
+        """``(producer id, epoch)`` of a transactional batch that would open
+        its producer's transaction here, else None."""
+        header = parse_header(records) if len(records) >= HEADER_SIZE else None
+        if header is None or not header.is_transactional or header.producer_id < 0:
+            return None
+        entry = self.log.producer_state.producers.get(header.producer_id)
+        if entry is not None and entry.txn_first_offset >= 0 and \
+                entry.epoch == header.producer_epoch:
+            return None
+        return header.producer_id, header.producer_epoch
 
     def append_as_leader(self, records, coordinator: bool = False) -> AppendInfo:
         assert self.is_leader, f"{self.tp}: append on a follower"

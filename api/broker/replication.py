@@ -59,7 +59,7 @@ from protocol.errors import (FencedLeaderEpochError, InvalidRequestError, Leader
                              UnknownLeaderEpochError, UnknownTopicOrPartitionError)
 from storage.batch import ControlType
 from storage.config import TOPIC_KEYS
-from storage.errors import OffsetOutOfRangeError
+from storage.errors import InvalidTxnStateError, OffsetOutOfRangeError
 from storage.log import AppendInfo, Log
 from storage.manager import TopicPartition, validate_topic_name
 
@@ -570,6 +570,13 @@ class ReplicationCore:
                         "put all its batches in one records field")
                 seen.add(tp)
                 part = self.leader_partition(tp.topic, tp.partition, item.current_leader_epoch)
+                opening = part.needs_verification(item.records)
+                if opening is not None and part.txn_guards.get(opening[0]) != opening[1]:
+                    raise InvalidTxnStateError(
+                        f"producer {opening[0]} epoch {opening[1]} would open a transaction in "
+                        f"{tp} that its transaction coordinator has not confirmed (KIP-890): "
+                        "add the partition to the transaction first, and name the "
+                        "transactional_id in the produce request")
                 pending = self._append(part, item.records, acks, result)
                 appended.append((tp.topic, pending[1]))
                 if pending[0] is not None:
@@ -602,6 +609,7 @@ class ReplicationCore:
                     ControlType.COMMIT if item.committed else ControlType.ABORT,
                     item.producer_id, item.producer_epoch, item.coordinator_epoch,
                     part.leader_epoch)
+                part.txn_guards.pop(item.producer_id, None)  # the transaction ended here
                 part.maybe_advance_high_watermark()
                 self._touch(tp)
                 result.update(base_offset=info.base_offset)

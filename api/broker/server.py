@@ -130,6 +130,7 @@ class BrokerServer:
             self.producer_ids)
         self.transaction_api = TransactionApi(self.transactions, self._live_broker_urls)
         self.producer_api = ProducerApi(self.producer_ids, self.transactions)
+        self.data.verify_txn = self.transactions.verify
         self.metrics.add_group_gauges(
             lambda: {(group,): count for group, count in self.groups.member_counts.items()},
             lambda: {(g, t, str(p)): lag for (g, t, p), lag in self.groups.lags.items()})

@@ -293,6 +293,7 @@ class Sender:
                 batch.attempts += 1
                 groups.setdefault((batch.topic, batch.partition), []).append(batch)
             body = {"acks": config.acks, "timeout_ms": config.request_timeout_ms,
+                    "transactional_id": config.transactional_id,
                     "partitions": [
                         {"topic": topic, "partition": partition,
                          "records": bs[0].payload if len(bs) == 1

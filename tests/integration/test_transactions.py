@@ -9,7 +9,6 @@ from api.client import Consumer, TopicPartition
 from storage.batch import BatchBuilder
 from tests.integration.test_broker_api import (assert_serving, call, create_topic, fetch, post,
                                                produce)
-from tests.integration.test_idempotence import init_producer
 
 
 def txn_batch(pid: int, epoch: int, seq: int, values: list[bytes]) -> bytes:
@@ -28,20 +27,48 @@ def marker(url: str, topic: str, pid: int, epoch: int, committed: bool,
     return result
 
 
+def open_transaction(url: str, tid: str, topic: str, inits: int = 1) -> tuple[int, int]:
+    """Producer id and epoch of ``tid`` (``inits`` InitProducerIds: each
+    bumps the epoch) with ``topic``-0 added to its open transaction."""
+    from chaos.cluster import wait_until
+    wait_until(lambda: post(url, "/v1/transactions/coordinator",
+                            {"transactional_id": tid}).status == 200, 20,
+               "the transaction coordinator")
+    for _ in range(inits):
+        # Until the coordinator has loaded (a refusal changes nothing).
+        answer = wait_until(lambda: (reply := post(url, "/v1/producers/init", {
+            "transactional_id": tid})).status == 200 and reply.body, 20, "InitProducerId")
+    pid, epoch = answer["producer_id"], answer["producer_epoch"]
+    call(url, "/v1/transactions/add_partitions", {
+        "transactional_id": tid, "producer_id": pid, "producer_epoch": epoch,
+        "partitions": [{"topic": topic, "partition": 0}]})
+    return pid, epoch
+
+
+def txn_produce(url: str, topic: str, records: bytes, tid: str | None) -> dict:
+    (result,) = call(url, "/v1/produce", {
+        "acks": -1, "timeout_ms": 10_000, "transactional_id": tid,
+        "partitions": [{"topic": topic, "partition": 0, "records": records}]})["partitions"]
+    return result
+
+
 def test_read_committed_stops_at_an_open_transaction_and_skips_aborted_ones(url):
     topic = "txn-visibility"
     create_topic(url, topic)
-    a, b = init_producer(url)[0], init_producer(url)[0]
-    produce(url, [(topic, 0, txn_batch(a, 0, 0, [b"a1", b"a2"]))], acks=-1)     # 0-1
-    produce(url, [(topic, 0, txn_batch(b, 0, 0, [b"b1"]))], acks=-1)            # 2
+    a, ea = open_transaction(url, "visibility-a", topic)
+    b, eb = open_transaction(url, "visibility-b", topic)
+    assert txn_produce(url, topic, txn_batch(a, ea, 0, [b"a1", b"a2"]),               # 0-1
+                       "visibility-a")["error"] is None
+    assert txn_produce(url, topic, txn_batch(b, eb, 0, [b"b1"]),                      # 2
+                       "visibility-b")["error"] is None
     (part,) = fetch(url, [(topic, 0, 0)])
     assert (part["high_watermark"], part["last_stable_offset"]) == (3, 0)
     body = {"isolation_level": "read_committed", "max_wait_ms": 0,
             "partitions": [{"topic": topic, "partition": 0, "offset": 0}]}
     (held,) = call(url, "/v1/fetch", body)["partitions"]
     assert held["records"] == b"" and held["last_stable_offset"] == 0
-    assert marker(url, topic, a, 0, committed=False)["error"] is None           # 3
-    assert marker(url, topic, b, 0, committed=True)["error"] is None            # 4
+    assert marker(url, topic, a, ea, committed=False)["error"] is None                # 3
+    assert marker(url, topic, b, eb, committed=True)["error"] is None                 # 4
     (done,) = call(url, "/v1/fetch", body)["partitions"]
     assert done["last_stable_offset"] == 5
     assert done["aborted_transactions"] == [{"producer_id": a, "first_offset": 0}]
@@ -56,17 +83,39 @@ def test_read_committed_stops_at_an_open_transaction_and_skips_aborted_ones(url)
     assert seen == [b"a1", b"a2", b"b1"]
 
 
+def test_a_write_the_coordinator_does_not_confirm_opens_no_transaction(url):
+    # KIP-890: a transactional batch that would open a transaction in a
+    # partition is appended only once the coordinator confirms the partition
+    # is in the producer's open transaction.
+    topic = "txn-verify"
+    create_topic(url, topic)
+    pid, epoch = open_transaction(url, "verify-app", "txn-visibility")  # another partition
+    for tid in (None, "verify-app", "someone-else"):
+        result = txn_produce(url, topic, txn_batch(pid, epoch, 0, [b"x"]), tid)
+        assert result["error"]["code"] in ("INVALID_TXN_STATE", "INVALID_PRODUCER_ID_MAPPING"), \
+            (tid, result)
+    (part,) = fetch(url, [(topic, 0, 0)])
+    assert part["log_end_offset"] == 0
+    assert_serving(url)
+
+
 def test_markers_from_fenced_epochs_and_bad_marker_requests_are_refused(url):
     topic = "txn-fencing"
     create_topic(url, topic)
-    pid, _ = init_producer(url)
-    produce(url, [(topic, 0, txn_batch(pid, 3, 0, [b"x"]))], acks=-1)
-    assert marker(url, topic, pid, 2, True)["error"]["code"] == "INVALID_PRODUCER_EPOCH"
-    assert marker(url, topic, pid, 3, True, coordinator_epoch=5)["error"] is None
-    produce(url, [(topic, 0, txn_batch(pid, 3, 1, [b"y"]))], acks=-1)
-    assert marker(url, topic, pid, 3, True, coordinator_epoch=4)["error"]["code"] == \
+    pid, epoch = open_transaction(url, "fencing-app", topic, inits=2)  # epoch 1
+    assert txn_produce(url, topic, txn_batch(pid, epoch, 0, [b"x"]), "fencing-app")["error"] \
+        is None
+    assert marker(url, topic, pid, epoch - 1, True)["error"]["code"] == \
+        "INVALID_PRODUCER_EPOCH"
+    assert marker(url, topic, pid, epoch, True, coordinator_epoch=5)["error"] is None
+    call(url, "/v1/transactions/add_partitions", {
+        "transactional_id": "fencing-app", "producer_id": pid, "producer_epoch": epoch,
+        "partitions": [{"topic": topic, "partition": 0}]})
+    assert txn_produce(url, topic, txn_batch(pid, epoch, 1, [b"y"]), "fencing-app")["error"] \
+        is None
+    assert marker(url, topic, pid, epoch, True, coordinator_epoch=4)["error"]["code"] == \
         "TRANSACTION_COORDINATOR_FENCED"
-    (plain,) = produce(url, [(topic, 0, _plain_from(pid, 3, 2))], acks=-1)
+    (plain,) = produce(url, [(topic, 0, _plain_from(pid, epoch, 2))], acks=-1)
     assert plain["error"]["code"] == "INVALID_TXN_STATE"
     reply = post(url, "/v1/txn/markers", {"markers": [{"topic": topic, "partition": 0}]})
     assert reply.status == 400 and reply.body["error"]["code"] == "INVALID_REQUEST"

@@ -122,3 +122,21 @@ def test_an_operator_abort_fences_and_aborts_an_open_transaction():
     assert (state(c).state, state(c).producer_epoch) == (TxnState.PREPARE_ABORT, 1)
     with pytest.raises(TxnError, match="TRANSACTIONAL_ID_NOT_FOUND"):
         c.abort("nobody", now_ms=3)
+
+
+def test_verification_confirms_only_partitions_of_the_open_transaction():
+    # KIP-890: what a partition leader asks before a transaction's first
+    # write to it.
+    c = core()
+    c.init_producer_id("app", 30_000, 100, now_ms=0)
+    with pytest.raises(TxnError, match="INVALID_TXN_STATE"):
+        c.verify("app", 100, 0, [T0])  # no transaction open
+    c.add_partitions("app", 100, 0, [T0], now_ms=1)
+    c.verify("app", 100, 0, [T0])
+    with pytest.raises(TxnError, match="INVALID_TXN_STATE"):
+        c.verify("app", 100, 0, [T1])
+    with pytest.raises(TxnError, match="PRODUCER_FENCED"):
+        c.verify("app", 100, 1, [T0])
+    c.end_txn("app", 100, 0, commit=True, now_ms=2)
+    with pytest.raises(TxnError, match="INVALID_TXN_STATE"):
+        c.verify("app", 100, 0, [T0])  # decided: no new write may open it

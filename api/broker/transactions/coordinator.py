@@ -226,6 +226,19 @@ class TransactionCoordinatorCore:
                           if current.state == TxnState.EMPTY else ""))
 
     # -- the shell's steps -------------------------------------------------------------
+    def verify(self, tid: str, producer_id: int, producer_epoch: int,
+               partitions: list[TopicPartition]) -> None:
+        """KIP-890: a partition leader asks, before a transaction's first
+        write to it, whether the partitions are in the producer's open
+        transaction. Raises if not; changes nothing."""
+        current = self._owned(tid, producer_id, producer_epoch)
+        missing = sorted(set(partitions) - set(current.partitions))
+        if current.state != TxnState.ONGOING or missing:
+            raise TxnError("INVALID_TXN_STATE",
+                           f"{[f'{tp.topic}-{tp.partition}' for tp in missing or partitions]} "
+                           f"are not in an open transaction of {tid!r} (its state is "
+                           f"{current.state.value}); add them before writing")
+
     def pending_markers(self) -> list[TxnMetadata]:
         """Decided transactions whose markers are still to be written."""
         return [txn for txn in self.txns.values() if txn.state.preparing]

@@ -224,6 +224,41 @@ class TransactionService(ShardedCoordinator):
             tid, timeout_ms, fresh, now, producer_id, producer_epoch))
         return answer
 
+    async def verify(self, tid: str, producer_id: int, producer_epoch: int,
+                     partitions: list[TopicPartition]) -> None:
+        """KIP-890 for a partition leader: here if this broker coordinates
+        ``tid``, else asked of its coordinator. Raises if not verified."""
+        count = self.partition_count()
+        if count is not None and partition_for(tid, count) in self.shards:
+            shard = self.shard_for(tid)
+            try:
+                shard.core.verify(tid, producer_id, producer_epoch, partitions)
+            except txn.TxnError as exc:
+                raise CodedError(exc.code, exc.message) from None
+            return
+        where = await self.locate(tid)
+        url = where.get("coordinator_url")
+        if url is None:
+            raise CoordinatorNotAvailableError(f"the coordinator of {tid!r} is unknown; retry")
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        body = {"transactional_id": tid, "producer_id": producer_id,
+                "producer_epoch": producer_epoch,
+                "partitions": [{"topic": tp.topic, "partition": tp.partition}
+                               for tp in partitions]}
+        try:
+            async with self._session.post(f"{url}/v1/transactions/verify", json=body,
+                                          headers={"Accept": wire.JSON},
+                                          timeout=aiohttp.ClientTimeout(
+                                              total=PEER_TIMEOUT_S)) as reply:
+                answer = await reply.json()
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            raise CoordinatorNotAvailableError(
+                f"the coordinator of {tid!r} did not answer ({exc}); retry") from None
+        error = answer.get("error") if isinstance(answer, dict) else None
+        if error:
+            raise CodedError(error.get("code", "UNKNOWN_SERVER_ERROR"), error.get("message", ""))
+
     def check_partitions(self, partitions: list[TopicPartition]) -> None:
         image = self.image()
         for tp in partitions:
@@ -245,6 +280,7 @@ class TransactionApi:
         app.router.add_post("/v1/transactions/coordinator", self.handle_find_coordinator)
         app.router.add_post("/v1/transactions/add_partitions", self.handle_add_partitions)
         app.router.add_post("/v1/transactions/end", self.handle_end)
+        app.router.add_post("/v1/transactions/verify", self.handle_verify)
         app.router.add_post("/v1/admin/transactions/abort", self.handle_abort)
         app.router.add_get("/v1/transactions", self.handle_list)
         app.router.add_get("/v1/transactions/{transactional_id}", self.handle_describe)
@@ -269,6 +305,21 @@ class TransactionApi:
         now = self.service.clock_ms()
         await self.service.run(tid, lambda core: core.add_partitions(tid, pid, epoch,
                                                                      partitions, now))
+        return wire.respond(request, {"transactional_id": tid, "error": None})
+
+    async def handle_verify(self, request: web.Request) -> web.Response:
+        """KIP-890's check, for partition leaders."""
+        body = Fields(await wire.read_body(request), "")
+        tid, pid, epoch = _producer(body)
+        partitions = [TopicPartition(Fields(item, f"partitions[{i}]").string("topic", 249),
+                                     Fields(item, f"partitions[{i}]").integer(
+                                         "partition", 0, 2**31 - 1))
+                      for i, item in enumerate(body.sequence("partitions", PARTITIONS_MAX))]
+        shard = self.service.shard_for(tid)
+        try:
+            shard.core.verify(tid, pid, epoch, partitions)
+        except txn.TxnError as exc:
+            raise CodedError(exc.code, exc.message) from None
         return wire.respond(request, {"transactional_id": tid, "error": None})
 
     async def handle_end(self, request: web.Request) -> web.Response:
