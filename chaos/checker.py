@@ -37,6 +37,12 @@ The anomalies are Jepsen's, from its Kafka and Redpanda analyses:
 ``partial_transaction`` (transactional workload)
     a transaction some of whose values are in the final read and others
     not: a transaction is visible entirely or not at all, across partitions.
+``copy_not_exactly_once`` (transactional workload)
+    the consume-transform-produce copier's output against the final read of
+    its input and its group's committed offsets: every input record below
+    the committed offset of its partition must be copied exactly once, and
+    none at or above it (its copy committed without its offset), and no copy
+    may name an input record that does not exist.
 ``skipped``
     a consumer's successive records of a partition that jump over offsets
     the final read holds (without compaction or transactions, offsets are
@@ -60,6 +66,7 @@ feeding it histories with planted anomalies (tests/unit/test_chaos_checker.py).
 
 from __future__ import annotations
 
+import collections
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
@@ -67,7 +74,7 @@ from typing import Any
 
 #: Anomalies that always fail a run.
 FAILING = ("lost", "vanished", "unexpected", "inconsistent", "reordered", "nonmonotonic",
-           "skipped", "aborted_read", "partial_transaction")
+           "skipped", "aborted_read", "partial_transaction", "copy_not_exactly_once")
 #: Fails the run only when the producers never retry (see the module doc).
 DUPLICATED = "duplicated"
 ANOMALIES = FAILING + (DUPLICATED,)
@@ -107,6 +114,8 @@ def check(events: Iterable[dict]) -> dict[str, Any]:
     drain_ends: dict[int, int] | None = None
     harness_errors: list[str] = []
     producer_settings: dict = {}
+    copy_offsets: dict[int, int] | None = None
+    copies: collections.Counter[str] = collections.Counter()
     for event in events:
         kind = event.get("type")
         if kind == "send":
@@ -126,6 +135,10 @@ def check(events: Iterable[dict]) -> dict[str, Any]:
                 if position not in final:
                     final[position] = value
                     final_where[value].append(position)
+        elif kind == "copy-offsets":
+            copy_offsets = {int(p): offset for p, offset in event["offsets"].items()}
+        elif kind == "copy-drain":
+            copies.update(value for _offset, value in event["records"])
         elif kind == "run":
             run = event
             producer_settings = event.get("producer") or producer_settings
@@ -139,6 +152,8 @@ def check(events: Iterable[dict]) -> dict[str, Any]:
     if drain_ends is not None:
         _check_final_read_complete(drain_ends, final, anomalies, gaps_allowed=transactional)
     _check_transactions(sends, final_where, anomalies)
+    if copy_offsets is not None:
+        _check_copies(final, copy_offsets, copies, anomalies)
     _check_final_read(sends, ok, final, final_where, anomalies)
     polled = _check_polls(polls, sends, final, final_where, anomalies)
     _check_order(ok, final, final_where, anomalies)
@@ -212,6 +227,29 @@ def _check_transactions(sends: dict[str, dict], final_where: dict[str, list[Posi
                 "present": sorted(present)[:10],
                 "absent": sorted(s["value"] for s in members
                                  if s["value"] not in final_where)[:10]})
+
+
+def _check_copies(final: dict[Position, str], committed: dict[int, int],
+                  copies: collections.Counter, anomalies: _Anomalies) -> None:
+    """Consumed offsets and produced records committed atomically: each
+    input record below its partition's committed offset copied once, none
+    at or above it."""
+    expected: set[str] = set()
+    for (partition, offset), value in sorted(final.items()):
+        copy = f"{partition}:{offset}:{value}"
+        count = copies.get(copy, 0)
+        below = offset < committed.get(partition, 0)
+        if below:
+            expected.add(copy)
+        if (below and count != 1) or (not below and count):
+            anomalies.add("copy_not_exactly_once", {
+                "partition": partition, "offset": offset, "value": value, "copies": count,
+                "committed_offset": committed.get(partition, 0)})
+    for copy in sorted(set(copies) - expected):
+        partition, offset, _ = copy.split(":", 2)
+        if (int(partition), int(offset)) not in final:
+            anomalies.add("copy_not_exactly_once", {"copy": copy,
+                                                    "why": "no such input record"})
 
 
 def _check_final_read(sends: dict[str, dict], ok: list[dict], final: dict[Position, str],

@@ -61,6 +61,7 @@ ANOMALY_HINTS = {
     "vanished": "a record read live is gone from the final log",
     "aborted_read": "a record of an aborted transaction was read (read_committed)",
     "partial_transaction": "a transaction is in the final log in part, not whole or not at all",
+    "copy_not_exactly_once": "the copier's output is not each consumed record exactly once",
 }
 
 VERDICTS = {

@@ -38,7 +38,7 @@ from typing import Any
 
 from chaos import checker, nemesis, netns
 from chaos.cluster import FAST_SETTINGS, REPO_ROOT, ProcessCluster, wait_until
-from chaos.workload import History, Workload, final_read, read_history
+from chaos.workload import History, Workload, final_read, read_history, record_copier_offsets
 
 TOPIC = "chaos"
 CHAOS_CONFIG = os.path.join(REPO_ROOT, "configs", "chaos.toml")
@@ -197,6 +197,14 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
         say("final read ...")
         count = final_read(_broker_urls(cluster), TOPIC, config.partitions, history,
                            FINAL_READ_S, workload.isolation_level)
+        if workload.transactional:
+            # The copies first: reading them waits until no transaction is
+            # open, after which the copier's offsets stay put.
+            copies = final_read(_broker_urls(cluster), workload.copy_topic, config.partitions,
+                                history, FINAL_READ_S, "read_committed", kind="copy-drain")
+            record_copier_offsets(_broker_urls(cluster), TOPIC, config.partitions, history,
+                                  workload.copier_id)
+            say(f"copies read: {copies:,}")
         say(f"final read: {count:,} records")
     except Exception as exc:  # noqa: BLE001  the run fails with its reason
         error = f"{type(exc).__name__}: {exc}"
@@ -306,8 +314,10 @@ def _create_topic(cluster: ProcessCluster, config: RunConfig, settings: dict) ->
     configs = {"min.insync.replicas": str(settings["min.insync.replicas"])}
     if config.unsafe_ack_before_replication:
         configs["unclean.leader.election.enable"] = "true"
+    names = [TOPIC] + ([f"{TOPIC}-copy"] if config.workload == "transactional" else [])
     with Admin(_broker_urls(cluster)) as admin:
-        admin.create_topics([NewTopic(TOPIC, config.partitions, replication, configs=configs)])
+        admin.create_topics([NewTopic(name, config.partitions, replication, configs=configs)
+                             for name in names])
     target = nemesis.Target(cluster, TOPIC, config.partitions, random.Random(0))
     _wait_full_isr(target)
 

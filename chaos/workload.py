@@ -74,6 +74,14 @@ DRAIN_CHUNK_RECORDS = 2000
 TXN_VALUES_MIN, TXN_VALUES_MAX = 2, 8
 TXN_ABORT_SHARE = 0.2
 TRANSACTION_TIMEOUT_MS = 10_000
+#: The consume-transform-produce loop of the transactional workload.
+COPY_GROUP = "chaos-copier"
+COPY_SESSION_TIMEOUT_MS = 6_000
+
+
+def copy_value(partition: int, offset: int, value: str) -> str:
+    """What the copier writes for the input record at (partition, offset)."""
+    return f"{partition}:{offset}:{value}"
 
 
 def classify(error: KraftlogError | None) -> tuple[str, str | None]:
@@ -134,11 +142,12 @@ class Tally:
     def __init__(self) -> None:
         self.outcomes = {"ok": 0, "failed": 0, "unknown": 0}
         self.polled = 0
+        self.copied = 0
 
     def line(self) -> str:
         o = self.outcomes
         return (f"writes ok {o['ok']:,} failed {o['failed']:,} unknown {o['unknown']:,}, "
-                f"read {self.polled:,}")
+                f"read {self.polled:,}" + (f", copied {self.copied:,}" if self.copied else ""))
 
 
 class Workload:
@@ -161,6 +170,8 @@ class Workload:
         self.request_timeout_ms = request_timeout_ms
         self.idempotent = idempotent
         self.transactional = transactional
+        self.copy_topic = f"{topic}-copy"
+        self.copier_id = f"chaos-{seed}-copier"
         self.isolation_level = "read_committed" if transactional else "read_uncommitted"
         self.tally = Tally()
         self._stop_producers = threading.Event()
@@ -179,6 +190,11 @@ class Workload:
         for number in range(self.consumer_count):
             thread = threading.Thread(target=self._guard, args=(self._consume, number),
                                       name=f"chaos-consumer-{number}", daemon=True)
+            thread.start()
+            self._consumer_threads.append(thread)
+        if self.transactional:
+            thread = threading.Thread(target=self._guard, args=(self._copy, 0),
+                                      name="chaos-copier", daemon=True)
             thread.start()
             self._consumer_threads.append(thread)
 
@@ -362,6 +378,54 @@ class Workload:
                 "partition": metadata.partition if metadata is not None else None,
                 "offset": metadata.offset if metadata is not None else None, "error": code})
 
+    # -- consume-transform-produce ----------------------------------------------------
+    def _copy(self, _number: int) -> None:
+        """Kafka's exactly-once loop: read the topic as group ``COPY_GROUP``
+        (read_committed), write a copy of each record to ``copy_topic`` and
+        the group's offsets in one transaction. Any failure starts over from
+        the group's committed offsets (a new consumer and producer), as an
+        application restarting would. The final check: every record below
+        the committed offsets copied exactly once, none above."""
+        settings = {**self.producer_settings(), "transactional_id": self.copier_id}
+        while not self._stop_consumers.is_set():
+            consumer = producer = None
+            try:
+                consumer = Consumer(self.bootstrap(), group_id=COPY_GROUP,
+                                    isolation_level="read_committed",
+                                    auto_offset_reset="earliest", enable_auto_commit=False,
+                                    request_timeout_ms=5000, metadata_max_age_ms=2000,
+                                    session_timeout_ms=COPY_SESSION_TIMEOUT_MS)
+                consumer.subscribe([self.topic])
+                producer = Producer(self.bootstrap(), **settings)
+                producer.init_transactions()
+                while not self._stop_consumers.is_set():
+                    records = consumer.poll(timeout_ms=POLL_TIMEOUT_MS)
+                    if not records:
+                        continue
+                    producer.begin_transaction()
+                    positions = {}
+                    for record in records:
+                        value = record.value.decode() if record.value is not None else ""
+                        producer.send(self.copy_topic, copy_value(record.partition,
+                                                                  record.offset, value))
+                        positions[TopicPartition(self.topic, record.partition)] = \
+                            record.offset + 1
+                    producer.send_offsets_to_transaction(positions, consumer.group_metadata())
+                    producer.commit_transaction()
+                    self.tally.copied += len(records)
+            except KraftlogError as exc:
+                self.history.record({"type": "copier-error", "error": exc.code,
+                                     "message": str(exc)[:300]})
+                self._stop_consumers.wait(CONSUMER_ERROR_BACKOFF_S)
+            finally:
+                for client in (producer, consumer):
+                    if client is not None:
+                        try:
+                            client.close(timeout_ms=2000) if client is producer else \
+                                client.close()
+                        except Exception:  # noqa: BLE001  starting over anyway
+                            pass
+
     # -- consumers ---------------------------------------------------------------
     def _consume(self, number: int) -> None:
         tps = [TopicPartition(self.topic, p) for p in range(self.partitions)]
@@ -403,10 +467,11 @@ class Workload:
 
 
 def final_read(bootstrap: list[str], topic: str, partitions: int, history: History,
-               timeout_s: float, isolation_level: str = "read_uncommitted") -> int:
+               timeout_s: float, isolation_level: str = "read_uncommitted",
+               kind: str = "drain") -> int:
     """Read every partition from offset 0 to its high watermark (its last
-    stable offset, read_committed) now; record it as ``drain`` events; the
-    number of records read."""
+    stable offset, read_committed) now; record it as ``drain`` events (or
+    ``kind``); the number of records read."""
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     deadline = time.monotonic() + timeout_s
     total = 0
@@ -415,7 +480,7 @@ def final_read(bootstrap: list[str], topic: str, partitions: int, history: Histo
         if isolation_level == "read_committed":
             _wait_transactions_settled(bootstrap, consumer, tps, deadline)
         ends = _settled_end_offsets(consumer, tps, deadline)
-        history.record({"type": "drain-start",
+        history.record({"type": f"{kind}-start",
                         "ends": {str(tp.partition): end for tp, end in ends.items()}})
         consumer.assign(tps)
         for tp in tps:
@@ -435,11 +500,11 @@ def final_read(bootstrap: list[str], topic: str, partitions: int, history: Histo
                 chunk.append([record.offset, value])
                 total += 1
                 if len(chunk) >= DRAIN_CHUNK_RECORDS:
-                    history.record({"type": "drain", "partition": record.partition,
+                    history.record({"type": kind, "partition": record.partition,
                                     "records": chunk})
                     chunks[record.partition] = []
         for partition, chunk in chunks.items():
-            history.record({"type": "drain", "partition": partition, "records": chunk})
+            history.record({"type": kind, "partition": partition, "records": chunk})
     return total
 
 
@@ -467,6 +532,36 @@ class _Outstanding:
     def wait_empty(self, timeout: float) -> bool:
         with self._changed:
             return self._changed.wait_for(lambda: self.count == 0, timeout)
+
+
+def record_copier_offsets(bootstrap: list[str], topic: str, partitions: int,
+                          history: History, copier_id: str, timeout_s: float = 60.0) -> None:
+    """The copier group's committed offsets of ``topic`` (``copy-offsets``),
+    once the copier's last transaction is complete (its markers, the one in
+    ``__consumer_offsets`` too, written)."""
+    import urllib.parse
+
+    from chaos.cluster import http_json
+
+    deadline = time.monotonic() + timeout_s
+    path = "/v1/transactions/" + urllib.parse.quote(copier_id, safe="")
+    while True:
+        try:
+            status, answer = http_json(bootstrap[0] + path)
+        except OSError:
+            status, answer = 0, {}
+        if status == 404 or (status == 200 and answer.get("state") not in (
+                "Ongoing", "PrepareCommit", "PrepareAbort")):
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the copier's transaction did not complete: {answer}")
+        time.sleep(0.2)
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    with Consumer(bootstrap, group_id=COPY_GROUP, request_timeout_ms=5000) as consumer:
+        committed = consumer.committed(tps)
+    history.record({"type": "copy-offsets", "offsets": {
+        str(tp.partition): (offset if offset is not None else 0)
+        for tp, offset in committed.items()}})
 
 
 def _wait_transactions_settled(bootstrap: list[str], committed: Consumer,

@@ -321,3 +321,30 @@ def test_a_transaction_visible_in_part_fails_the_run():
     whole = txn_history([[0, "0-0"], [2, "0-2"]], [[0, "0-1"], [2, "0-3"]],
                         outcomes=("ok", "unknown"))
     assert checker.check(whole)["verdict"] == "pass"
+
+
+def with_copies(copies: list[str], committed: dict[str, int]) -> list[dict]:
+    """The clean transactional history plus the copier's output and offsets."""
+    events = txn_history([[0, "0-0"]], [[0, "0-1"]])
+    events.append({"type": "copy-offsets", "t": 3.0, "offsets": committed})
+    events.append({"type": "copy-drain", "t": 3.0, "partition": 0,
+                   "records": [[i, c] for i, c in enumerate(copies)]})
+    return events
+
+
+def test_copies_of_exactly_the_committed_input_pass():
+    results = checker.check(with_copies(["0:0:0-0", "1:0:0-1"], {"0": 1, "1": 1}))
+    assert results["verdict"] == "pass", results["reason"]
+    # Nothing consumed yet (offsets 0) and nothing copied: fine too.
+    assert checker.check(with_copies([], {"0": 0, "1": 0}))["verdict"] == "pass"
+
+
+def test_a_copy_twice_missing_or_without_its_offset_fails_the_run():
+    twice = checker.check(with_copies(["0:0:0-0", "0:0:0-0", "1:0:0-1"], {"0": 1, "1": 1}))
+    missing = checker.check(with_copies(["0:0:0-0"], {"0": 1, "1": 1}))
+    ahead = checker.check(with_copies(["0:0:0-0", "1:0:0-1"], {"0": 1, "1": 0}))
+    invented = checker.check(with_copies(["0:0:0-0", "1:0:0-1", "0:7:0-9"],
+                                         {"0": 1, "1": 1}))
+    for results in (twice, missing, ahead, invented):
+        assert anomalies(results) == {"copy_not_exactly_once": 1}, anomalies(results)
+        assert results["verdict"] == "fail"
