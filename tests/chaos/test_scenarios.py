@@ -117,3 +117,8 @@ def test_transactions_through_faults_are_seen_whole_or_not_at_all(tmp_path, scen
     assert_passed(results, scenario)
     assert results["counts"]["failed"] > 50  # aborted transactions' values
     assert any(e.get("txn") for e in events if e["type"] == "send")
+    # The consume-transform-produce copier did its work, checked exactly once.
+    assert "copy_not_exactly_once" in results["failing"]
+    copied = sum(len(e["records"]) for e in events if e["type"] == "copy-drain")
+    (offsets,) = [e["offsets"] for e in events if e["type"] == "copy-offsets"]
+    assert copied > 100 and sum(offsets.values()) > 100, (copied, offsets)
