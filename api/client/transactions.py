@@ -38,7 +38,10 @@ FIND_AGAIN_CODES = frozenset({"NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE",
 #: Answers after which the same request is tried again after a pause.
 RETRY_CODES = frozenset({"COORDINATOR_LOAD_IN_PROGRESS", "CONCURRENT_TRANSACTIONS",
                          "REQUEST_TIMED_OUT", "NOT_ENOUGH_REPLICAS",
-                         "NOT_ENOUGH_REPLICAS_AFTER_APPEND", "NOT_LEADER_OR_FOLLOWER"})
+                         "NOT_ENOUGH_REPLICAS_AFTER_APPEND", "NOT_LEADER_OR_FOLLOWER",
+                         # A coordinator just restarted may not know the topic yet.
+                         "UNKNOWN_TOPIC_OR_PARTITION", "LEADER_NOT_AVAILABLE",
+                         "KAFKA_STORAGE_ERROR"})
 FATAL_CODES = frozenset({"PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH",
                          "INVALID_PRODUCER_ID_MAPPING", "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"})
 
