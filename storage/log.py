@@ -202,6 +202,7 @@ class Log:
                         "restarting it empty there", directory, log_end_offset,
                         log_start_offset)
             instance.truncate_fully_and_start_at(log_start_offset)
+        instance.aborted_txns.load(instance._bases, instance.log_end_offset)
         instance._load_producer_state()
         if recovered_any:
             # What recovery validated may still be only in the page cache.
@@ -215,7 +216,6 @@ class Log:
         nothing is read."""
         state = self.producer_state
         end = self.log_end_offset
-        self.aborted_txns.load(self._bases, end)
         state.delete_snapshots(above=end)
         for offset in reversed(snapshot_offsets(self.directory)):
             if state.load_snapshot(offset):

@@ -47,12 +47,14 @@ class AbortedTxns:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self._entries: list[AbortedTxn] = []
+        self._last_offsets: list[int] = []  # each entry's marker offset, for bisecting
         self._segment_of: list[int] = []  # base offset of each entry's segment
 
     def load(self, segment_bases: list[int], log_end_offset: int) -> None:
-        """Read the index files of ``segment_bases``; entries at or past the
-        log end (a crash cut the log below them) are dropped from the files."""
-        self._entries, self._segment_of = [], []
+        """Read the index files of ``segment_bases`` (at open); entries at or
+        past the log end (a crash cut the log below them) and torn tails are
+        dropped from the files."""
+        self._entries, self._last_offsets, self._segment_of = [], [], []
         for base in segment_bases:
             path = txn_index_path(self.directory, base)
             try:
@@ -61,25 +63,29 @@ class AbortedTxns:
             except FileNotFoundError:
                 continue
             whole = len(data) - len(data) % ENTRY.size
+            dropped = whole != len(data)
             for pos in range(0, whole, ENTRY.size):
                 entry = AbortedTxn(*ENTRY.unpack_from(data, pos))
                 if entry.last_offset < log_end_offset:
-                    self._entries.append(entry)
-                    self._segment_of.append(base)
-            if whole != len(data) or any(
-                    AbortedTxn(*ENTRY.unpack_from(data, p)).last_offset >= log_end_offset
-                    for p in range(0, whole, ENTRY.size)):
+                    self._keep(entry, base)
+                else:
+                    dropped = True
+            if dropped:
                 self._rewrite(base)
+
+    def _keep(self, entry: AbortedTxn, segment_base: int) -> None:
+        self._entries.append(entry)
+        self._last_offsets.append(entry.last_offset)
+        self._segment_of.append(segment_base)
 
     @property
     def entries(self) -> list[AbortedTxn]:
         return list(self._entries)
 
     def append(self, entry: AbortedTxn, segment_base: int) -> None:
-        if self._entries and entry.last_offset <= self._entries[-1].last_offset:
+        if self._last_offsets and entry.last_offset <= self._last_offsets[-1]:
             return  # already recorded (replayed after a crash)
-        self._entries.append(entry)
-        self._segment_of.append(segment_base)
+        self._keep(entry, segment_base)
         fd = os.open(txn_index_path(self.directory, segment_base),
                      os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
@@ -93,8 +99,7 @@ class AbortedTxns:
         upper_offset)``: marker at or after the start, first offset before
         the upper bound."""
         out = []
-        index = bisect.bisect_left([e.last_offset for e in self._entries], start_offset)
-        for entry in self._entries[index:]:
+        for entry in self._entries[bisect.bisect_left(self._last_offsets, start_offset):]:
             if entry.first_offset < upper_offset:
                 out.append(entry)
             if entry.last_stable_offset >= upper_offset:
@@ -103,28 +108,26 @@ class AbortedTxns:
 
     def truncate_to(self, offset: int) -> None:
         """Forget entries whose marker is at or past ``offset``."""
-        keep = bisect.bisect_left([e.last_offset for e in self._entries], offset)
+        keep = bisect.bisect_left(self._last_offsets, offset)
         if keep == len(self._entries):
             return
         touched = set(self._segment_of[keep:])
-        self._entries, self._segment_of = self._entries[:keep], self._segment_of[:keep]
+        del self._entries[keep:], self._last_offsets[keep:], self._segment_of[keep:]
         for base in touched:
             self._rewrite(base)
 
     def drop_segments_below(self, base_offset: int) -> None:
         """Segments below ``base_offset`` were deleted: forget their entries
         and remove their files."""
-        gone = {b for b in self._segment_of if b < base_offset}
-        pairs = [(e, b) for e, b in zip(self._entries, self._segment_of) if b >= base_offset]
-        self._entries = [e for e, _ in pairs]
-        self._segment_of = [b for _, b in pairs]
-        for base in gone:
+        keep = bisect.bisect_left(self._segment_of, base_offset)
+        for base in set(self._segment_of[:keep]):
             _unlink(txn_index_path(self.directory, base))
+        del self._entries[:keep], self._last_offsets[:keep], self._segment_of[:keep]
 
     def clear(self) -> None:
         for base in set(self._segment_of):
             _unlink(txn_index_path(self.directory, base))
-        self._entries, self._segment_of = [], []
+        self._entries, self._last_offsets, self._segment_of = [], [], []
 
     def _rewrite(self, base: int) -> None:
         data = b"".join(ENTRY.pack(*e) for e, b in zip(self._entries, self._segment_of)

@@ -27,6 +27,7 @@ Timers
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import time
@@ -80,7 +81,7 @@ class Shard:
     load_task: asyncio.Task | None = None
 
 
-class ShardedCoordinator:
+class ShardedCoordinator(abc.ABC):
     """The shell of a coordinator whose state is an internal topic.
 
     A subclass sets ``TOPIC``, ``WHAT`` (what a key is, for messages) and
@@ -109,17 +110,21 @@ class ShardedCoordinator:
         self._create_lock = asyncio.Lock()
 
     # -- what a subclass provides ------------------------------------------------
+    @abc.abstractmethod
     def new_core(self) -> Any:
-        raise NotImplementedError
+        """An empty core for a newly led partition."""
 
+    @abc.abstractmethod
     def decode(self, key: bytes | None, value: bytes | None) -> Any:
-        raise NotImplementedError
+        """The core's record for a stored key and value."""
 
+    @abc.abstractmethod
     def encode(self, record: Any) -> tuple[bytes | None, bytes | None]:
-        raise NotImplementedError
+        """The stored key and value of a core's record."""
 
+    @abc.abstractmethod
     def tick_core(self, shard: Shard, now_ms: int) -> list:
-        raise NotImplementedError
+        """Run the core's timers; the records they produce."""
 
     def on_loaded(self, shard: Shard) -> None:
         """A shard finished loading (e.g. resume work its state calls for)."""

@@ -294,11 +294,7 @@ class TransactionApi:
     async def handle_add_partitions(self, request: web.Request) -> web.Response:
         body = Fields(await wire.read_body(request), "")
         tid, pid, epoch = _producer(body)
-        partitions = []
-        for i, item in enumerate(body.sequence("partitions", PARTITIONS_MAX)):
-            fields = Fields(item, f"partitions[{i}]")
-            partitions.append(TopicPartition(fields.string("topic", 249),
-                                             fields.integer("partition", 0, 2**31 - 1)))
+        partitions = _partitions(body)
         if not partitions:
             raise InvalidRequestError("partitions must name at least one partition")
         self.service.check_partitions(partitions)
@@ -311,10 +307,7 @@ class TransactionApi:
         """KIP-890's check, for partition leaders."""
         body = Fields(await wire.read_body(request), "")
         tid, pid, epoch = _producer(body)
-        partitions = [TopicPartition(Fields(item, f"partitions[{i}]").string("topic", 249),
-                                     Fields(item, f"partitions[{i}]").integer(
-                                         "partition", 0, 2**31 - 1))
-                      for i, item in enumerate(body.sequence("partitions", PARTITIONS_MAX))]
+        partitions = _partitions(body)
         shard = self.service.shard_for(tid)
         try:
             shard.core.verify(tid, pid, epoch, partitions)
@@ -418,6 +411,16 @@ class TransactionApi:
 
 def _transactional_id(body: Fields) -> str:
     return body.string("transactional_id", TRANSACTIONAL_ID_CHARS_MAX)
+
+
+def _partitions(body: Fields) -> list[TopicPartition]:
+    """``partitions``: ``[{"topic", "partition"}, ...]``."""
+    out = []
+    for i, item in enumerate(body.sequence("partitions", PARTITIONS_MAX)):
+        fields = Fields(item, f"partitions[{i}]")
+        out.append(TopicPartition(fields.string("topic", 249),
+                                  fields.integer("partition", 0, 2**31 - 1)))
+    return out
 
 
 def _producer(body: Fields) -> tuple[str, int, int]:
