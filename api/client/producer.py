@@ -59,7 +59,8 @@ from api.client.accumulator import (DeliveryCallback, ProducerBatch, RecordAccum
 from api.client.config import ProducerConfig
 from api.client.errors import BufferExhaustedError, KraftlogError
 from api.client.idempotence import IdempotenceState
-from api.client.transactions import TransactionManager
+from api.client.transactions import (ABORTABLE_ERROR, FATAL_ERROR, IN_TRANSACTION,
+                                     TransactionManager)
 from api.client.sender import Sender
 
 logger = logging.getLogger(__name__)
@@ -245,21 +246,21 @@ class AsyncProducer:
         and commit it; returns once the commit markers are written. If a
         record failed, raises and the transaction can only be aborted."""
         txn = self._transactions()
-        txn._require("IN_TRANSACTION", "ABORTABLE_ERROR", action="commit_transaction")
+        txn._require(IN_TRANSACTION, ABORTABLE_ERROR, action="commit_transaction")
         self._acc.txn_open = False
         await self._flush()
-        if txn.state != "IN_TRANSACTION":
+        if txn.state != IN_TRANSACTION:
             error = txn.error
             raise KraftlogError(
                 "TRANSACTION_ABORTABLE", f"a record of the transaction failed ({error}); call "
-                "abort_transaction()", retriable=False) if txn.state == "ABORTABLE_ERROR" \
+                "abort_transaction()", retriable=False) if txn.state == ABORTABLE_ERROR \
                 else KraftlogError(error.code if error else "PRODUCER_FENCED", str(error),
                                    retriable=False)
         try:
             await txn.end(commit=True)
         except KraftlogError:
-            if txn.state != "FATAL_ERROR":
-                txn.state = "ABORTABLE_ERROR"
+            if txn.state != FATAL_ERROR:
+                txn.state = ABORTABLE_ERROR
             raise
 
     async def send_offsets_to_transaction(self, offsets: Any, group: Any) -> None:
@@ -280,7 +281,7 @@ class AsyncProducer:
         (their handles fail with TRANSACTION_ABORTED), those sent are marked
         aborted, and read_committed consumers never see any of them."""
         txn = self._transactions()
-        txn._require("IN_TRANSACTION", "ABORTABLE_ERROR", action="abort_transaction")
+        txn._require(IN_TRANSACTION, ABORTABLE_ERROR, action="abort_transaction")
         self._acc.txn_open = False
         error = KraftlogError("TRANSACTION_ABORTED", "the transaction was aborted",
                               retriable=False)

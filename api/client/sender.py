@@ -21,6 +21,7 @@ from api.client.config import ProducerConfig
 from api.client.errors import (METADATA_CODES, ClientClosedError, KraftlogError,
                                RequestTimedOutError, error_from)
 from api.client.idempotence import SEQUENCE_CODES
+from api.client.transactions import ABORTABLE_ERROR
 from storage.batch import Compression
 
 logger = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ class Sender:
         else:
             init_wait = None
         if self.txn is not None:
-            if self.txn.state == "ABORTABLE_ERROR":
+            if self.txn.state == ABORTABLE_ERROR:
                 self._fail_transaction_batches()
             self.txn.maybe_add(self.acc.partitions_with_data())
         busy = {url for url, n in self._in_flight.items() if n >= self.config.max_in_flight}

@@ -73,10 +73,6 @@ class TransactionManager:
         self.on_change: Callable[[], None] = lambda: None
 
     # -- state -----------------------------------------------------------------------
-    @property
-    def in_transaction(self) -> bool:
-        return self.state in (IN_TRANSACTION, ABORTABLE_ERROR)
-
     def _require(self, *states: str, action: str) -> None:
         if self.state == FATAL_ERROR:
             raise KraftlogError("PRODUCER_FENCED" if self.error is None else self.error.code,
