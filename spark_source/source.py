@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader,
-                                    InputPartition)
+                                    DataSourceStreamWriter, DataSourceWriter, InputPartition)
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
@@ -71,8 +71,10 @@ class OffsetRangePartition(InputPartition):
 
 class KraftlogDataSource(DataSource):
     """``spark.read.format("kraftlog")`` and ``spark.readStream.format(...)``
-    with the options of Spark's Kafka source. Register it once per session
-    with ``spark_source.register(spark)``."""
+    with the options of Spark's Kafka source, and ``df.write`` /
+    ``df.writeStream`` ``.format("kraftlog")`` with its sink's
+    (``spark_source.sink``). Register it once per session with
+    ``spark_source.register(spark)``."""
 
     @classmethod
     def name(cls) -> str:
@@ -90,6 +92,27 @@ class KraftlogDataSource(DataSource):
         options = parse_options(self.options, streaming=True)
         _check_schema(schema, options)
         return KraftlogStreamReader(options)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from spark_source.sink import KraftlogBatchWriter
+        from spark_source.sink_options import check_sink_schema, parse_sink_options
+
+        if overwrite:
+            raise ValueError("Save mode Overwrite not allowed for kraftlog: a topic is "
+                             "appended to, never replaced. Use mode('append')")
+        options = parse_sink_options(self.options)
+        check_sink_schema(schema, options)
+        return KraftlogBatchWriter(options)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        # Complete and update output modes append every row they emit, as
+        # Spark's Kafka sink does.
+        from spark_source.sink import KraftlogStreamWriter
+        from spark_source.sink_options import check_sink_schema, parse_sink_options
+
+        options = parse_sink_options(self.options)
+        check_sink_schema(schema, options)
+        return KraftlogStreamWriter(options)
 
 
 def _check_schema(schema: StructType, options: SourceOptions) -> None:

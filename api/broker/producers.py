@@ -120,7 +120,8 @@ class ProducerApi:
             tid = body.string("transactional_id", TRANSACTIONAL_ID_CHARS_MAX)
             answer = await self.transactions.init_producer_id(
                 tid, timeout_ms, body.integer("producer_id", -1, INT64_MAX, default=-1),
-                body.integer("producer_epoch", -1, INT16_MAX, default=-1))
+                body.integer("producer_epoch", -1, INT16_MAX, default=-1),
+                body.boolean("two_phase_commit", default=False))
             return wire.respond(request, answer)
         producer_id = await self.ids.next_id()
         return wire.respond(request, {"producer_id": producer_id, "producer_epoch": 0})

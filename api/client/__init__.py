@@ -26,9 +26,10 @@ consumers), ``group`` (a consumer's group member), ``admin``, ``config``
             print(record)
 """
 
-from api.client._types import (ConfigEntry, ConsumerRecord, NewTopic, OffsetAndTimestamp,
-                               PartitionInfo, PartitionReassignment, RecordMetadata,
-                               TopicDescription, TopicMetadata, TopicPartition)
+from api.client._types import (ConfigEntry, ConsumerRecord, NewTopic, OffsetAndMetadata,
+                               OffsetAndTimestamp, PartitionInfo, PartitionReassignment,
+                               PreparedTransaction, RecordMetadata, TopicDescription,
+                               TopicMetadata, TopicPartition)
 from api.client.admin import Admin, AsyncAdmin, CreatedTopic
 from api.client.consumer import AsyncConsumer, Consumer
 from api.client.errors import (BrokerNotAvailableError, BufferExhaustedError, ClientClosedError,
@@ -48,9 +49,9 @@ __all__ = [
     "CorruptRecordError", "CreatedTopic", "InvalidTopicError", "KraftlogError",
     "LeaderNotAvailableError", "MessageTooLargeError", "NewTopic", "NoOffsetForPartitionError",
     "NotEnoughReplicasAfterAppendError", "NotEnoughReplicasError", "NotLeaderError",
-    "OffsetAndTimestamp", "OffsetOutOfRangeError",
-    "PartitionInfo", "PartitionReassignment", "Producer", "RecordHandle", "RecordMetadata",
-    "RequestTimedOutError",
+    "OffsetAndMetadata", "OffsetAndTimestamp", "OffsetOutOfRangeError",
+    "PartitionInfo", "PartitionReassignment", "PreparedTransaction", "Producer", "RecordHandle",
+    "RecordMetadata", "RequestTimedOutError",
     "TopicAlreadyExistsError", "TopicDescription", "TopicMetadata", "TopicPartition",
     "UnknownTopicOrPartitionError", "error_from",
 ]

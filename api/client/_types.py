@@ -125,3 +125,21 @@ def as_topic_partition(tp: Any) -> TopicPartition:
     if not isinstance(topic, str) or not isinstance(partition, int) or partition < 0:
         raise TypeError(f"expected (str topic, int partition >= 0), not {tp!r}")
     return TopicPartition(topic, partition)
+
+
+class PreparedTransaction(NamedTuple):
+    """A transaction written and left open for another process to commit or
+    abort (KIP-939's ``PreparedTxnState``): what
+    ``Producer.prepare_transaction`` returns and
+    ``Admin.complete_transaction`` takes."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+
+
+class OffsetAndMetadata(NamedTuple):
+    """A committed offset and the string committed with it."""
+
+    offset: int
+    metadata: str = ""

@@ -1,5 +1,5 @@
 """Administration: topics, partitions, configs, leader elections,
-partition reassignments, cluster.
+partition reassignments, consumer group offsets, transactions, cluster.
 
 Any broker accepts the admin calls and forwards them to the active
 controller; it answers once its own metadata shows the change, so a produce
@@ -27,8 +27,9 @@ from typing import Any, NamedTuple
 
 from api.client._sync import LoopThread
 from api.client._transport import DEFAULT_BOOTSTRAP, ClusterMetadata, Transport, monotonic_ms
-from api.client._types import (ConfigEntry, NewTopic, PartitionInfo, PartitionReassignment,
-                               TopicDescription, TopicPartition, as_topic_partition)
+from api.client._types import (ConfigEntry, NewTopic, OffsetAndMetadata, PartitionInfo,
+                               PartitionReassignment, PreparedTransaction, TopicDescription,
+                               TopicPartition, as_topic_partition)
 from api.client.errors import KraftlogError, UnknownTopicOrPartitionError, error_from
 
 #: Codes after which an admin call is tried again (nothing was applied).
@@ -36,6 +37,12 @@ from api.client.errors import KraftlogError, UnknownTopicOrPartitionError, error
 COORDINATOR_RETRY_CODES = frozenset({"COORDINATOR_NOT_AVAILABLE",
                                      "COORDINATOR_LOAD_IN_PROGRESS", "NOT_COORDINATOR"})
 ADMIN_RETRY_CODES = frozenset({"NOT_CONTROLLER", "BROKER_NOT_AVAILABLE"})
+#: Ending a prepared transaction: ask the coordinator again after these (it
+#: moved, is loading, or is still writing the markers of the decision).
+TXN_RETRY_CODES = COORDINATOR_RETRY_CODES | frozenset({
+    "BROKER_NOT_AVAILABLE", "CONCURRENT_TRANSACTIONS", "REQUEST_TIMED_OUT",
+    "NOT_ENOUGH_REPLICAS", "NOT_ENOUGH_REPLICAS_AFTER_APPEND", "NOT_LEADER_OR_FOLLOWER",
+    "UNKNOWN_TOPIC_OR_PARTITION", "LEADER_NOT_AVAILABLE", "KAFKA_STORAGE_ERROR"})
 
 
 class CreatedTopic(NamedTuple):
@@ -284,13 +291,87 @@ class AsyncAdmin:
                                          {"group_id": group_id})
 
     async def alter_consumer_group_offsets(self, group_id: str,
-                                           offsets: Mapping[Any, int]) -> None:
+                                           offsets: Mapping[Any, int | OffsetAndMetadata]
+                                           ) -> None:
         """Set the committed offsets of an empty group (Kafka's
-        ``alterConsumerGroupOffsets``): ``{TopicPartition: offset}``."""
+        ``alterConsumerGroupOffsets``): ``{TopicPartition: offset}``, or
+        ``OffsetAndMetadata`` values to commit a string with an offset. The
+        offsets of one call are written together, in one record batch."""
+        entries = []
+        for tp, value in sorted(offsets.items()):
+            value = value if isinstance(value, OffsetAndMetadata) else OffsetAndMetadata(value)
+            entries.append({"topic": tp[0], "partition": tp[1], "offset": value.offset,
+                            "metadata": value.metadata})
         await self._coordinator_call(group_id, "/v1/admin/groups/offsets/reset", {
-            "group_id": group_id,
-            "offsets": [{"topic": tp[0], "partition": tp[1], "offset": offset}
-                        for tp, offset in sorted(offsets.items())]})
+            "group_id": group_id, "offsets": entries})
+
+    async def list_consumer_group_offsets(self, group_id: str
+                                          ) -> dict[TopicPartition, OffsetAndMetadata]:
+        """Every committed offset of ``group_id``, with its metadata
+        (Kafka's ``listConsumerGroupOffsets``); empty for an unknown group."""
+        answer = await self._coordinator_call(group_id, "/v1/groups/offsets/fetch",
+                                              {"group_id": group_id})
+        return {TopicPartition(e["topic"], e["partition"]):
+                OffsetAndMetadata(e["offset"], e.get("metadata") or "")
+                for e in answer.get("partitions") or ()}
+
+    # -- transactions ---------------------------------------------------------------
+    async def list_transactions(self) -> list[dict]:
+        """Every transactional id of the cluster: ``transactional_id``,
+        ``producer_id``, ``state`` (Kafka's ``listTransactions``)."""
+        answer = await self._call("/v1/transactions", method="GET")
+        return list(answer.get("transactions") or ())
+
+    async def describe_transaction(self, transactional_id: str) -> dict | None:
+        """One transactional id as its coordinator knows it (producer id and
+        epoch, state, partitions, timeout); None if it does not exist."""
+        from urllib.parse import quote
+        try:
+            return await self._call("/v1/transactions/" + quote(transactional_id, safe=""),
+                                    method="GET")
+        except KraftlogError as exc:
+            if exc.code == "TRANSACTIONAL_ID_NOT_FOUND":
+                return None
+            raise
+
+    async def abort_transaction(self, transactional_id: str) -> None:
+        """Abort the id's open transaction, as its timeout would (the producer
+        that left it is fenced); raises ``INVALID_TXN_STATE`` if none is open."""
+        await self._call("/v1/admin/transactions/abort", {"transactional_id": transactional_id})
+
+    async def complete_transaction(self, prepared: PreparedTransaction, commit: bool = True,
+                                   timeout_ms: int | None = None) -> None:
+        """KIP-939's second phase: commit (or abort) a transaction another
+        process left prepared (``Producer.prepare_transaction``), and return
+        once its markers are written. Repeating it is harmless: a
+        transaction already completed the same way answers at once.
+        Raises ``PRODUCER_FENCED`` if the id has moved on (a newer instance
+        took it, or it was aborted), ``INVALID_TXN_STATE`` if it was decided
+        the other way. Retries within ``timeout_ms`` (default: twice
+        ``request_timeout_ms``) while the coordinator moves or loads."""
+        deadline = monotonic_ms() + (timeout_ms or 2 * self.request_timeout_ms)
+        body = {"transactional_id": prepared.transactional_id,
+                "producer_id": prepared.producer_id, "producer_epoch": prepared.producer_epoch,
+                "committed": bool(commit)}
+        decided = False
+        while True:
+            try:
+                where = await self._call("/v1/transactions/coordinator",
+                                         {"transactional_id": prepared.transactional_id})
+                url = where.get("coordinator_url")
+                if url is None:
+                    raise KraftlogError("COORDINATOR_NOT_AVAILABLE",
+                                        "the coordinator has no address yet", retriable=True)
+                await self._transport.request(url, "/v1/transactions/end", body)
+                if decided:
+                    return  # the second answer comes once the markers are in
+                decided = True
+                continue
+            except KraftlogError as exc:
+                wait_ms = min(self.retry_backoff_ms, deadline - monotonic_ms())
+                if exc.code not in TXN_RETRY_CODES or wait_ms <= 0:
+                    raise
+            await asyncio.sleep(wait_ms / 1000)
 
     async def describe_cluster(self) -> dict:
         """The cluster id, the active controller and the brokers
@@ -365,8 +446,26 @@ class Admin:
     def delete_consumer_groups(self, group_ids: Iterable[str]) -> None:
         self._thread.run(self._admin.delete_consumer_groups(list(group_ids)))
 
-    def alter_consumer_group_offsets(self, group_id: str, offsets: Mapping[Any, int]) -> None:
+    def alter_consumer_group_offsets(self, group_id: str,
+                                     offsets: Mapping[Any, int | OffsetAndMetadata]) -> None:
         self._thread.run(self._admin.alter_consumer_group_offsets(group_id, dict(offsets)))
+
+    def list_consumer_group_offsets(self, group_id: str
+                                    ) -> dict[TopicPartition, OffsetAndMetadata]:
+        return self._thread.run(self._admin.list_consumer_group_offsets(group_id))
+
+    def list_transactions(self) -> list[dict]:
+        return self._thread.run(self._admin.list_transactions())
+
+    def describe_transaction(self, transactional_id: str) -> dict | None:
+        return self._thread.run(self._admin.describe_transaction(transactional_id))
+
+    def abort_transaction(self, transactional_id: str) -> None:
+        self._thread.run(self._admin.abort_transaction(transactional_id))
+
+    def complete_transaction(self, prepared: PreparedTransaction, commit: bool = True,
+                             timeout_ms: int | None = None) -> None:
+        self._thread.run(self._admin.complete_transaction(prepared, commit, timeout_ms))
 
     def describe_cluster(self) -> dict:
         return self._thread.run(self._admin.describe_cluster())

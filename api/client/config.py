@@ -24,7 +24,8 @@ class ProducerConfig:
                  partitioner: Partitioner | None = None,
                  enable_idempotence: bool | None = None,
                  transactional_id: str | None = None,
-                 transaction_timeout_ms: int = 60_000) -> None:
+                 transaction_timeout_ms: int = 60_000,
+                 transaction_two_phase_commit: bool = False) -> None:
         if acks == "all":
             acks = -1
         if acks not in (0, 1, -1):
@@ -40,6 +41,8 @@ class ProducerConfig:
             if not isinstance(transaction_timeout_ms, int) or transaction_timeout_ms < 1:
                 raise ValueError(f"transaction_timeout_ms must be an int >= 1, not "
                                  f"{transaction_timeout_ms!r}")
+        elif transaction_two_phase_commit:
+            raise ValueError("transaction_two_phase_commit needs a transactional_id")
         if enable_idempotence is None:
             # Kafka 3's default: on, unless other settings the user chose
             # rule it out.
@@ -100,6 +103,10 @@ class ProducerConfig:
         self.enable_idempotence = enable_idempotence
         self.transactional_id = transactional_id
         self.transaction_timeout_ms = transaction_timeout_ms
+        #: KIP-939: transactions are prepared here (``prepare_transaction``)
+        #: and completed by another process; the coordinator never aborts
+        #: them on their timeout.
+        self.transaction_two_phase_commit = bool(transaction_two_phase_commit)
 
 
 class ConsumerConfig:

@@ -53,14 +53,14 @@ from typing import Any
 
 from api.client._sync import LoopThread
 from api.client._transport import DEFAULT_BOOTSTRAP, ClusterMetadata, Transport, monotonic_ms
-from api.client._types import RecordMetadata
+from api.client._types import PreparedTransaction, RecordMetadata
 from api.client.accumulator import (DeliveryCallback, ProducerBatch, RecordAccumulator,
                                     RecordHandle, flush_targets)
 from api.client.config import ProducerConfig
 from api.client.errors import BufferExhaustedError, KraftlogError
 from api.client.idempotence import IdempotenceState
-from api.client.transactions import (ABORTABLE_ERROR, FATAL_ERROR, IN_TRANSACTION,
-                                     TransactionManager)
+from api.client.transactions import (ABORTABLE_ERROR, FATAL_ERROR, IN_TRANSACTION, PREPARED,
+                                     READY, TransactionManager)
 from api.client.sender import Sender
 
 logger = logging.getLogger(__name__)
@@ -116,7 +116,8 @@ class AsyncProducer:
                 config.transactional_id, config.transaction_timeout_ms, self._metadata,
                 self._transport, self._acc.idempotence, max_block_ms=config.max_block_ms,
                 retry_backoff_ms=config.retry_backoff_ms,
-                request_timeout_ms=config.request_timeout_ms)
+                request_timeout_ms=config.request_timeout_ms,
+                two_phase=config.transaction_two_phase_commit)
             self._txn.on_change = self._wake
             self._sender.txn = self._txn
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -262,6 +263,32 @@ class AsyncProducer:
             if txn.state != FATAL_ERROR:
                 txn.state = ABORTABLE_ERROR
             raise
+
+    async def prepare_transaction(self) -> PreparedTransaction | None:
+        """KIP-939's first phase: send what is queued and wait for every
+        record of the transaction, then leave it open for another process
+        to commit or abort with ``Admin.complete_transaction``, given what
+        this returns (None: the transaction wrote nothing, there is nothing
+        to complete). With ``transaction_two_phase_commit`` the coordinator
+        never aborts it on its timeout. This producer can do nothing more
+        with the transaction; close it."""
+        txn = self._transactions()
+        txn._require(IN_TRANSACTION, ABORTABLE_ERROR, action="prepare_transaction")
+        self._acc.txn_open = False
+        await self._flush()
+        if txn.state != IN_TRANSACTION:
+            error = txn.error
+            raise KraftlogError(
+                "TRANSACTION_ABORTABLE", f"a record of the transaction failed ({error}); call "
+                "abort_transaction()", retriable=False) if txn.state == ABORTABLE_ERROR \
+                else KraftlogError(error.code if error else "PRODUCER_FENCED", str(error),
+                                   retriable=False)
+        if not txn.added:
+            txn.state = READY
+            return None
+        txn.state = PREPARED
+        return PreparedTransaction(txn.transactional_id, self._acc.idempotence.producer_id,
+                                   self._acc.idempotence.epoch)
 
     async def send_offsets_to_transaction(self, offsets: Any, group: Any) -> None:
         """Commit a consumer group's offsets within the open transaction
@@ -410,6 +437,10 @@ class Producer:
     def commit_transaction(self) -> None:
         """As ``AsyncProducer.commit_transaction``."""
         self._thread.run(self._producer.commit_transaction())
+
+    def prepare_transaction(self) -> PreparedTransaction | None:
+        """As ``AsyncProducer.prepare_transaction``."""
+        return self._thread.run(self._producer.prepare_transaction())
 
     def send_offsets_to_transaction(self, offsets: Any, group: Any) -> None:
         """As ``AsyncProducer.send_offsets_to_transaction``."""

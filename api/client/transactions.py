@@ -9,6 +9,7 @@ keeps the producer's transaction state::
                                               ▼
                                         ABORTABLE_ERROR ─abort─▶ READY
     any state ── fenced by a newer instance (PRODUCER_FENCED) ──▶ FATAL_ERROR
+    IN_TRANSACTION ─prepare─▶ PREPARED   (KIP-939: another process ends it)
 
 Before the first batch of a transaction leaves for a partition, the
 partition is added to the transaction (``AddPartitionsToTxn``); the sender
@@ -45,15 +46,17 @@ RETRY_CODES = frozenset({"COORDINATOR_LOAD_IN_PROGRESS", "CONCURRENT_TRANSACTION
 FATAL_CODES = frozenset({"PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH",
                          "INVALID_PRODUCER_ID_MAPPING", "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"})
 
-UNINITIALIZED, READY, IN_TRANSACTION, ABORTABLE_ERROR, FATAL_ERROR = (
-    "UNINITIALIZED", "READY", "IN_TRANSACTION", "ABORTABLE_ERROR", "FATAL_ERROR")
+UNINITIALIZED, READY, IN_TRANSACTION, ABORTABLE_ERROR, FATAL_ERROR, PREPARED = (
+    "UNINITIALIZED", "READY", "IN_TRANSACTION", "ABORTABLE_ERROR", "FATAL_ERROR", "PREPARED")
 
 
 class TransactionManager:
     def __init__(self, transactional_id: str, timeout_ms: int, metadata: ClusterMetadata,
                  transport: Transport, idempotence: IdempotenceState, *,
-                 max_block_ms: int, retry_backoff_ms: int, request_timeout_ms: int) -> None:
+                 max_block_ms: int, retry_backoff_ms: int, request_timeout_ms: int,
+                 two_phase: bool = False) -> None:
         self.transactional_id = transactional_id
+        self.two_phase = two_phase
         self.timeout_ms = timeout_ms
         self.metadata = metadata
         self.transport = transport
@@ -134,6 +137,8 @@ class TransactionManager:
         self._require(UNINITIALIZED, READY, action="init_transactions")
         body: dict[str, Any] = {"transactional_id": self.transactional_id,
                                 "transaction_timeout_ms": self.timeout_ms}
+        if self.two_phase:
+            body["two_phase_commit"] = True
         if self.idem.has_id:  # KIP-360: bump our own epoch
             body.update(producer_id=self.idem.producer_id, producer_epoch=self.idem.epoch)
         answer = await self._call("/v1/producers/init", body, "init_transactions")

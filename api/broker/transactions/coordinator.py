@@ -85,6 +85,10 @@ class TxnMetadata:
     partitions: tuple[TopicPartition, ...]  # sorted
     txn_start_ms: int  # when the current transaction began (-1: none)
     last_update_ms: int
+    #: KIP-939: a transaction prepared for an outside coordinator (a Spark
+    #: driver) to commit: never aborted by its timeout, only by a new
+    #: instance's init or an operator.
+    two_phase: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"transactional_id": self.transactional_id, "producer_id": self.producer_id,
@@ -92,7 +96,8 @@ class TxnMetadata:
                 "state": self.state.value,
                 "partitions": [{"topic": tp.topic, "partition": tp.partition}
                                for tp in self.partitions],
-                "txn_start_ms": self.txn_start_ms, "last_update_ms": self.last_update_ms}
+                "txn_start_ms": self.txn_start_ms, "last_update_ms": self.last_update_ms,
+                "two_phase_commit": self.two_phase}
 
 
 def encode(record: TxnMetadata | tuple[str, None]) -> tuple[bytes, bytes | None]:
@@ -103,6 +108,7 @@ def encode(record: TxnMetadata | tuple[str, None]) -> tuple[bytes, bytes | None]
         return msgpack.packb([RECORD_KEY_VERSION, tid]), None
     value = {"v": RECORD_VALUE_VERSION, **record.to_dict()}
     value["partitions"] = [[tp.topic, tp.partition] for tp in record.partitions]
+    value["two_phase"] = value.pop("two_phase_commit")
     return msgpack.packb([RECORD_KEY_VERSION, record.transactional_id]), msgpack.packb(value)
 
 
@@ -119,7 +125,7 @@ def decode(key: bytes, value: bytes | None) -> TxnMetadata | tuple[str, None]:
     return TxnMetadata(tid, raw["producer_id"], raw["producer_epoch"], raw["timeout_ms"],
                        TxnState(raw["state"]),
                        tuple(TopicPartition(t, p) for t, p in raw["partitions"]),
-                       raw["txn_start_ms"], raw["last_update_ms"])
+                       raw["txn_start_ms"], raw["last_update_ms"], raw.get("two_phase", False))
 
 
 Records = list  # of TxnMetadata or (id, None)
@@ -147,15 +153,17 @@ class TransactionCoordinatorCore:
 
     # -- the producer's requests -------------------------------------------------------
     def init_producer_id(self, tid: str, timeout_ms: int, fresh_producer_id: int, now_ms: int,
-                         producer_id: int = -1, producer_epoch: int = -1
-                         ) -> tuple[dict | TxnError, Records]:
+                         producer_id: int = -1, producer_epoch: int = -1,
+                         two_phase: bool = False) -> tuple[dict | TxnError, Records]:
         """InitProducerId with a transactional id: the id's producer id and a
         bumped epoch, fencing any older instance. An open transaction is
         aborted first (epoch bumped; ``CONCURRENT_TRANSACTIONS`` until its
         markers are written: retry). ``fresh_producer_id`` is used for a
         new id or when the epoch is exhausted. ``producer_id``/``epoch``
         (KIP-360): the caller's current ones, when it bumps its own epoch;
-        an older epoch is fenced."""
+        an older epoch is fenced. ``two_phase`` (KIP-939): the id's
+        transactions are committed by an outside coordinator and never
+        time out."""
         if not 1 <= timeout_ms <= self.max_timeout_ms:
             raise TxnError("INVALID_TRANSACTION_TIMEOUT",
                            f"transaction_timeout_ms must be in [1, {self.max_timeout_ms}] "
@@ -163,7 +171,7 @@ class TransactionCoordinatorCore:
         current = self.txns.get(tid)
         if current is None:
             record = TxnMetadata(tid, fresh_producer_id, 0, timeout_ms, TxnState.EMPTY, (), -1,
-                                 now_ms)
+                                 now_ms, two_phase)
             return {"producer_id": record.producer_id, "producer_epoch": 0}, \
                 self._apply([record])
         if producer_id >= 0 and (producer_id != current.producer_id
@@ -184,7 +192,8 @@ class TransactionCoordinatorCore:
             pid, epoch = current.producer_id, current.producer_epoch + 1
         record = dataclasses.replace(current, producer_id=pid, producer_epoch=epoch,
                                      timeout_ms=timeout_ms, state=TxnState.EMPTY,
-                                     partitions=(), txn_start_ms=-1, last_update_ms=now_ms)
+                                     partitions=(), txn_start_ms=-1, last_update_ms=now_ms,
+                                     two_phase=two_phase)
         return {"producer_id": pid, "producer_epoch": epoch}, self._apply([record])
 
     def add_partitions(self, tid: str, producer_id: int, producer_epoch: int,
@@ -255,11 +264,13 @@ class TransactionCoordinatorCore:
 
     def tick(self, now_ms: int) -> Records:
         """Abort transactions open longer than their timeout (bumping the
-        epoch, so the producer that left them is fenced); forget ids idle
+        epoch, so the producer that left them is fenced), except two-phase
+        ones (KIP-939: their outside coordinator decides); forget ids idle
         for ``transactional.id.expiration.ms``."""
         records: Records = []
         for txn in list(self.txns.values()):
-            if txn.state == TxnState.ONGOING and now_ms - txn.txn_start_ms > txn.timeout_ms:
+            if txn.state == TxnState.ONGOING and not txn.two_phase \
+                    and now_ms - txn.txn_start_ms > txn.timeout_ms:
                 records.append(self._prepare(txn, TxnState.PREPARE_ABORT, now_ms, bump=True))
             elif txn.state.complete and now_ms - txn.last_update_ms > self.id_expiration_ms:
                 records.append((txn.transactional_id, None))

@@ -216,12 +216,12 @@ class TransactionService(ShardedCoordinator):
 
     # -- operations ------------------------------------------------------------------
     async def init_producer_id(self, tid: str, timeout_ms: int, producer_id: int,
-                               producer_epoch: int) -> dict:
+                               producer_epoch: int, two_phase: bool = False) -> dict:
         self.shard_for(tid)  # before taking an id: NOT_COORDINATOR costs nothing
         fresh = await self.producer_ids.next_id()
         now = self.clock_ms()
         answer = await self.run(tid, lambda core: core.init_producer_id(
-            tid, timeout_ms, fresh, now, producer_id, producer_epoch))
+            tid, timeout_ms, fresh, now, producer_id, producer_epoch, two_phase))
         return answer
 
     async def verify(self, tid: str, producer_id: int, producer_epoch: int,
