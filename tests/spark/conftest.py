@@ -1,4 +1,4 @@
-"""One SparkSession (local[2]) for every Spark test, and one kraftlog cluster
+"""One SparkSession (local[2,2]) for every Spark test, and one kraftlog cluster
 (1 controller, 3 brokers: real processes on loopback) for the module.
 
 A SparkSession takes seconds to start, so it is shared by the whole test
@@ -19,7 +19,9 @@ def spark(tmp_path_factory):
     import spark_source
 
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
-    session = spark_source.local_session("kraftlog-tests", config={
+    # local[2,2]: two cores, and a failed task is tried once more (the
+    # sink's task-retry test needs a retry; Spark's local default is none).
+    session = spark_source.local_session("kraftlog-tests", master="local[2,2]", config={
         "spark.sql.warehouse.dir": str(warehouse),
         "spark.sql.shuffle.partitions": "2",
         "spark.sql.session.timeZone": "UTC",
