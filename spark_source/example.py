@@ -1,5 +1,5 @@
-"""An example pipeline: clicks per user per minute, from a kraftlog topic to
-Parquet, with Spark Structured Streaming.
+"""An example pipeline: clicks per user per minute, from a kraftlog topic back
+to kraftlog (exactly once) and to Parquet, with Spark Structured Streaming.
 
 ::
 
@@ -15,13 +15,23 @@ What it does:
    ``{"page": ..., "user": ...}``, event times (the record timestamp, set with
    ``Producer.send(timestamp_ms=...)``) spread evenly over the last
    ``--minutes`` minutes, in increasing order.
-2. Run a streaming query: ``format("kraftlog")``, ``startingOffsets
-   earliest``, ``withWatermark("timestamp", ...)``, a count per key in
-   1-minute tumbling windows of the record timestamp, written to Parquet
-   (``--out``) in append mode, with its checkpoint next to it. By default
-   with ``Trigger.AvailableNow`` (read what is there, write, stop); with
-   ``--follow`` every ``--trigger-seconds`` until Ctrl-C.
-3. Print what the Parquet directory holds: window start, user, clicks.
+2. Run two streaming queries over one plan: ``format("kraftlog")``,
+   ``startingOffsets earliest``, the JSON value parsed (``from_json``),
+   ``withWatermark("timestamp", ...)``, a count per user in 1-minute tumbling
+   windows of the record timestamp; one query writes the counts to the
+   kraftlog topic ``--out-topic`` (default ``clicks-per-minute``: key the
+   user, value ``{"window_start": ms, "user": ..., "clicks": n}``) with the
+   exactly-once sink, the other to Parquet (``--out``); both in append mode,
+   each with its checkpoint under ``--checkpoint``. By default with
+   ``Trigger.AvailableNow`` (read what is there, write, stop); with
+   ``--follow`` every ``--trigger-seconds`` until Ctrl-C. A line per
+   micro-batch of each query shows progress.
+3. Print what the Parquet directory holds: window start, user, clicks, and
+   how many counts the output topic holds for a read_committed consumer.
+
+Killed at any moment (even ``kill -9``), a run started again with the same
+``--checkpoint`` completes the output exactly once: the kraftlog sink's
+transactions and Spark's checkpoint together (docs/spark.md).
 
 Append mode writes a window once, when it is final: when the watermark (the
 newest event time seen, minus ``--watermark-seconds``) has passed its end.
@@ -36,8 +46,9 @@ produces late records, new demo clicks start after the newest record already
 in the topic.
 
 Start again from scratch: delete ``./data/spark-example`` (the output and the
-checkpoint; the topic keeps its records, which a fresh checkpoint reads from
-the beginning).
+checkpoints; the topics keep their records, which a fresh checkpoint reads
+from the beginning) and the output topic (``kraftlog topics delete
+clicks-per-minute``).
 """
 
 from __future__ import annotations
@@ -109,10 +120,16 @@ examples:
                              "count (default %(default)s)")
     parser.add_argument("--out", default=os.path.join(DEFAULT_DIR, "counts"), metavar="DIR",
                         help="the Parquet output directory (default %(default)s)")
+    parser.add_argument("--out-topic", default="clicks-per-minute", metavar="NAME",
+                        help="the kraftlog topic the counts go to, exactly once; created "
+                             "(3 partitions) if missing (default %(default)s)")
     parser.add_argument("--checkpoint", default=os.path.join(DEFAULT_DIR, "checkpoint"),
                         metavar="DIR",
-                        help="the query's checkpoint: offsets read and open windows "
-                             "(default %(default)s)")
+                        help="the queries' checkpoints (DIR/kraftlog, DIR/parquet): offsets "
+                             "read and open windows (default %(default)s)")
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=None, metavar="N",
+                        help="read at most N records per micro-batch (default: all there "
+                             "are)")
     parser.add_argument("--follow", action="store_true",
                         help="keep running, a micro-batch every --trigger-seconds, until "
                              "Ctrl-C (default: Trigger.AvailableNow, process what is there "
@@ -145,7 +162,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
 
 # -- the demo data -----------------------------------------------------------------------
 def prepare_topic(args: argparse.Namespace) -> None:
-    """Check the node answers; create the topic and write the demo clicks."""
+    """Check the node answers; create the topics and write the demo clicks."""
     from api.client import Admin, KraftlogError, NewTopic, TopicAlreadyExistsError
 
     try:
@@ -161,6 +178,12 @@ def prepare_topic(args: argparse.Namespace) -> None:
                     print(f"created topic {args.topic} ({PARTITIONS} partitions)")
                 except TopicAlreadyExistsError:
                     pass  # created meanwhile: fine
+            if args.out_topic not in topics:
+                try:
+                    admin.create_topics([NewTopic(args.out_topic, num_partitions=PARTITIONS)])
+                    print(f"created topic {args.out_topic} ({PARTITIONS} partitions)")
+                except TopicAlreadyExistsError:
+                    pass
         if args.produce:
             produce_clicks(args)
     except KraftlogError as exc:
@@ -219,6 +242,29 @@ def newest_timestamp_ms(args: argparse.Namespace) -> int:
 
 
 # -- the query ----------------------------------------------------------------------------
+def counts_per_minute(spark: Any, args: argparse.Namespace) -> Any:
+    """Clicks per user per 1-minute event-time window, from the topic."""
+    from pyspark.sql import functions as F
+
+    clicks = (spark.readStream.format("kraftlog")
+              .option("kraftlog.bootstrap.servers", args.bootstrap)
+              .option("subscribe", args.topic)
+              .option("startingOffsets", "earliest"))
+    if args.max_offsets_per_trigger:
+        clicks = clicks.option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
+    parsed = (clicks.load()
+              .select("timestamp", F.from_json(F.col("value").cast("string"),
+                                               "page string, user string").alias("click"))
+              .where(F.col("click.user").isNotNull()))
+    return (parsed
+            .withWatermark("timestamp", f"{args.watermark_seconds} seconds")
+            .groupBy(F.window("timestamp", "1 minute"), F.col("click.user").alias("user"))
+            .count()
+            .select(F.col("window.start").alias("window_start"),
+                    F.col("window.end").alias("window_end"), "user",
+                    F.col("count").alias("clicks")))
+
+
 def run_query(args: argparse.Namespace, spark: Any = None) -> int:
     own_session = spark is None
     if own_session:
@@ -229,82 +275,89 @@ def run_query(args: argparse.Namespace, spark: Any = None) -> int:
                                "the spark extra), or pip install -e '.[spark]'") from None
     from pyspark.sql import functions as F
 
-    clicks = (spark.readStream.format("kraftlog")
-              .option("kraftlog.bootstrap.servers", args.bootstrap)
-              .option("subscribe", args.topic)
-              .option("startingOffsets", "earliest")
-              .load())
-    counts = (clicks
-              .withWatermark("timestamp", f"{args.watermark_seconds} seconds")
-              .groupBy(F.window("timestamp", "1 minute"), F.col("key").cast("string")
-                       .alias("user"))
-              .count()
-              .select(F.col("window.start").alias("window_start"),
-                      F.col("window.end").alias("window_end"), "user",
-                      F.col("count").alias("clicks")))
-    writer = (counts.writeStream.format("parquet").outputMode("append")
-              .option("path", args.out).option("checkpointLocation", args.checkpoint)
-              .queryName("clicks_per_user_per_minute"))
+    counts = counts_per_minute(spark, args)
+    to_kraftlog = (counts.select(
+                       F.col("user").alias("key"),
+                       F.to_json(F.struct(F.unix_millis("window_start").alias("window_start"),
+                                          "user", "clicks")).alias("value"))
+                   .writeStream.format("kraftlog").outputMode("append")
+                   .option("kafka.bootstrap.servers", args.bootstrap)
+                   .option("topic", args.out_topic)
+                   .option("checkpointLocation", os.path.join(args.checkpoint, "kraftlog"))
+                   .queryName("counts_to_kraftlog"))
+    to_parquet = (counts.writeStream.format("parquet").outputMode("append")
+                  .option("path", args.out)
+                  .option("checkpointLocation", os.path.join(args.checkpoint, "parquet"))
+                  .queryName("counts_to_parquet"))
+    writers = [to_kraftlog, to_parquet]
     if args.follow:
-        writer = writer.trigger(processingTime=f"{args.trigger_seconds} seconds")
+        writers = [w.trigger(processingTime=f"{args.trigger_seconds} seconds") for w in writers]
     else:
-        writer = writer.trigger(availableNow=True)
+        writers = [w.trigger(availableNow=True) for w in writers]
     how = (f"a micro-batch every {args.trigger_seconds:g} s until Ctrl-C" if args.follow
            else "Trigger.AvailableNow: what is there, then stop")
-    print(f"streaming {args.topic} from {args.bootstrap} into {args.out} ({how}) ...",
-          flush=True)
-    query = writer.start()
+    print(f"streaming {args.topic} from {args.bootstrap} into topic {args.out_topic} and "
+          f"{args.out} ({how}) ...", flush=True)
+    queries = [w.start() for w in writers]
     try:
-        if not watch(query):
+        if not watch(queries):
             print("  no micro-batch: nothing new in the topic since the last run (windows "
                   "still open wait in the checkpoint for newer records, e.g. --produce N)")
     finally:
-        if query.isActive:
-            query.stop()
-    failure = query.exception()
-    if failure is not None:
-        if own_session:
-            spark.stop()
-        lines = [line for line in str(failure).splitlines() if line.strip()]
-        raise ExampleError(f"the streaming query failed: {lines[0] if lines else failure}")
-    watermark = (query.lastProgress or {}).get("eventTime", {}).get("watermark")
+        for query in queries:
+            if query.isActive:
+                query.stop()
+    for query in queries:
+        failure = query.exception()
+        if failure is not None:
+            if own_session:
+                spark.stop()
+            lines = [line for line in str(failure).splitlines() if line.strip()]
+            raise ExampleError(f"the streaming query {query.name} failed: "
+                               f"{lines[0] if lines else failure}")
+    watermark = (queries[1].lastProgress or {}).get("eventTime", {}).get("watermark")
     show_output(spark, args, watermark)
     if own_session:
         spark.stop()
     return 0
 
 
-def watch(query: Any) -> int:
-    """Print one line per micro-batch until the query ends (AvailableNow),
-    fails, or Ctrl-C; the number of micro-batches.
+def watch(queries: list) -> int:
+    """Print one line per micro-batch of each query until they all end
+    (AvailableNow), one fails, or Ctrl-C; the number of micro-batches.
 
     Ctrl-C only sets a flag here: PySpark's own SIGINT handler calls into the
     JVM, which fails noisily when the signal lands during another call."""
     interrupted = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    printed: set[tuple[str, str]] = set()
     try:
-        printed: set[str] = set()
         while not interrupted.is_set():
-            active = query.isActive
-            for progress in query.recentProgress:
-                # Idle triggers (nothing to do) report progress too, without addBatch.
-                if progress["timestamp"] in printed or "addBatch" not in progress["durationMs"]:
-                    continue
-                printed.add(progress["timestamp"])
-                state = sum(op.get("numRowsTotal", 0) for op in progress["stateOperators"])
-                print(f"  micro-batch {progress['batchId']}: {progress['numInputRows']} "
-                      f"records read, watermark "
-                      f"{progress.get('eventTime', {}).get('watermark', '-')}, "
-                      f"open (window, user) counts in state: {state}", flush=True)
-            if not active:
+            active = [query.isActive for query in queries]
+            for query in queries:
+                for progress in query.recentProgress:
+                    # Idle triggers report progress too, without addBatch.
+                    key = (query.name, progress["timestamp"])
+                    if key in printed or "addBatch" not in progress["durationMs"]:
+                        continue
+                    printed.add(key)
+                    state = sum(op.get("numRowsTotal", 0) for op in progress["stateOperators"])
+                    written = progress.get("sink", {}).get("numOutputRows", -1)
+                    print(f"  {query.name} micro-batch {progress['batchId']}: "
+                          f"{progress['numInputRows']} records read"
+                          + (f", {written} counts written" if written >= 0 else "")
+                          + f", watermark {progress.get('eventTime', {}).get('watermark', '-')}"
+                          f", open (window, user) counts in state: {state}", flush=True)
+            if not all(active) and (not any(active) or any(
+                    q.exception() is not None for q in queries)):
                 return len(printed)
             interrupted.wait(0.5)
-        # Let the micro-batch under way finish (bounded): stopping in the
-        # middle of one aborts its Parquet write, noisily (it would be redone
-        # by the next run, from the checkpoint).
-        print("\nstopping after the micro-batch under way ...", flush=True)
+        # Let the micro-batches under way finish (bounded): stopping in the
+        # middle of one aborts its writes, noisily (the next run redoes them
+        # from the checkpoint).
+        print("\nstopping after the micro-batches under way ...", flush=True)
         deadline = time.monotonic() + STOP_WAIT_S
-        while query.isActive and query.status["isTriggerActive"] \
+        while any(q.isActive and q.status["isTriggerActive"] for q in queries) \
                 and time.monotonic() < deadline:
             time.sleep(0.2)
     finally:
@@ -334,11 +387,35 @@ def show_output(spark: Any, args: argparse.Namespace, watermark: str | None) -> 
     else:
         print("no windows written yet")
     print(f"Parquet files: {where}  (read them with spark.read.parquet({args.out!r}))")
+    print(f"topic {args.out_topic}: {committed_count(args):,} counts for read_committed "
+          f"consumers  (kraftlog consume {args.out_topic} --from-beginning "
+          "--isolation-level read_committed)")
     print(f"checkpoint:    {os.path.abspath(args.checkpoint)}")
     if watermark:
         print(f"watermark {watermark}: windows ending after it are still open and kept in "
               "the checkpoint; a later run writes them once newer records move the "
               "watermark past their end.")
+
+
+def committed_count(args: argparse.Namespace) -> int:
+    """How many records of the output topic a read_committed consumer sees."""
+    from api.client import Consumer, TopicPartition
+
+    with Consumer(args.bootstrap, isolation_level="read_committed",
+                  enable_auto_commit=False) as consumer:
+        tps = [TopicPartition(args.out_topic, p)
+               for p in consumer.partitions_for_topic(args.out_topic)]
+        # Up to the last stable offsets: the records, minus transaction markers.
+        return sum(len(batch) for batch in _read_all(consumer, tps))
+
+
+def _read_all(consumer: Any, tps: list) -> Any:
+    ends = consumer.end_offsets(tps)
+    consumer.assign(tps)
+    consumer.seek_to_beginning(tps)
+    deadline = time.monotonic() + 30
+    while any(consumer.position(tp) < ends[tp] for tp in tps) and time.monotonic() < deadline:
+        yield consumer.poll(300)
 
 
 def _clock(epoch_ms: int) -> str:

@@ -57,10 +57,10 @@ _REFUSED = {
                                 "with exactlyOnce=true they are transactional",
 }
 _SINK_OPTIONS = ("kraftlog.bootstrap.servers", "kafka.bootstrap.servers", "topic",
-                 "exactlyOnce", "transactionalIdPrefix", "checkpointLocation", "path")
+                 "exactlyOnce", "transactionalIdPrefix")
 _SPELLING = {name.lower(): name for name in _SINK_OPTIONS}
-#: What Spark may pass along that is not the user's option for the sink.
-_IGNORED = {"checkpointlocation", "path"}
+#: What Spark passes along with the user's options: its own, not the sink's.
+_IGNORED = {"checkpointlocation", "path", "queryname"}
 #: A transactional id is at most 255 characters; the prefix leaves room for
 #: "-<task number>".
 PREFIX_CHARS_MAX = 200
@@ -99,7 +99,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     if unknown:
         raise InvalidOptionError(
             f"unknown option(s) {', '.join(sorted(unknown))} for the kraftlog sink. Supported: "
-            f"{', '.join(n for n in _SINK_OPTIONS if n.lower() not in _IGNORED)}, and producer "
+            f"{', '.join(_SINK_OPTIONS)}, and producer "
             f"settings {', '.join('kafka.' + p for p in PRODUCER_PROPERTIES)} (docs/spark.md)")
     bootstrap = _bootstrap(opts)
     topic = opts.get("topic")

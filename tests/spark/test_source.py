@@ -559,8 +559,8 @@ def test_example_pipeline_counts_every_click_of_closed_windows(spark, bootstrap,
     topic = unique("clicks")
     out, checkpoint = str(tmp_path / "out"), str(tmp_path / "cp")
     assert example.main(["--bootstrap", bootstrap, "--topic", topic, "--produce", "2000",
-                         "--minutes", "3", "--out", out, "--checkpoint", checkpoint],
-                        spark=spark) == 0
+                         "--minutes", "3", "--out", out, "--checkpoint", checkpoint,
+                         "--out-topic", topic + "-counts"], spark=spark) == 0
     printed = capsys.readouterr().out
     assert "wrote 2,000 clicks" in printed and "clicks counted" in printed
     rows = spark.read.parquet(out).selectExpr(
