@@ -34,8 +34,11 @@ from api.client.errors import KraftlogError, UnknownTopicOrPartitionError, error
 
 #: Codes after which an admin call is tried again (nothing was applied).
 #: A group's coordinator is being created, is loading, or moved: ask again.
+#: A coordinator that does not answer (killed, restarting) is replaced by
+#: another broker within a failover: ask again too.
 COORDINATOR_RETRY_CODES = frozenset({"COORDINATOR_NOT_AVAILABLE",
-                                     "COORDINATOR_LOAD_IN_PROGRESS", "NOT_COORDINATOR"})
+                                     "COORDINATOR_LOAD_IN_PROGRESS", "NOT_COORDINATOR",
+                                     "BROKER_NOT_AVAILABLE", "REQUEST_TIMED_OUT"})
 ADMIN_RETRY_CODES = frozenset({"NOT_CONTROLLER", "BROKER_NOT_AVAILABLE"})
 #: Ending a prepared transaction: ask the coordinator again after these (it
 #: moved, is loading, or is still writing the markers of the decision).
@@ -322,13 +325,27 @@ class AsyncAdmin:
         answer = await self._call("/v1/transactions", method="GET")
         return list(answer.get("transactions") or ())
 
+    async def _txn_call(self, path: str, body: Any = None, *, method: str = "POST") -> Any:
+        """``path`` on any broker, which asks the id's coordinator; asked
+        again while the coordinator moves or loads (``TXN_RETRY_CODES``)."""
+        deadline_ms = monotonic_ms() + self.request_timeout_ms
+        while True:
+            try:
+                return await self._call(path, body, method=method)
+            except KraftlogError as exc:
+                wait_ms = min(self.retry_backoff_ms, deadline_ms - monotonic_ms())
+                if exc.code not in TXN_RETRY_CODES - {"CONCURRENT_TRANSACTIONS"} \
+                        or wait_ms <= 0:
+                    raise
+                await asyncio.sleep(wait_ms / 1000)
+
     async def describe_transaction(self, transactional_id: str) -> dict | None:
         """One transactional id as its coordinator knows it (producer id and
         epoch, state, partitions, timeout); None if it does not exist."""
         from urllib.parse import quote
         try:
-            return await self._call("/v1/transactions/" + quote(transactional_id, safe=""),
-                                    method="GET")
+            return await self._txn_call(
+                "/v1/transactions/" + quote(transactional_id, safe=""), method="GET")
         except KraftlogError as exc:
             if exc.code == "TRANSACTIONAL_ID_NOT_FOUND":
                 return None
@@ -337,7 +354,8 @@ class AsyncAdmin:
     async def abort_transaction(self, transactional_id: str) -> None:
         """Abort the id's open transaction, as its timeout would (the producer
         that left it is fenced); raises ``INVALID_TXN_STATE`` if none is open."""
-        await self._call("/v1/admin/transactions/abort", {"transactional_id": transactional_id})
+        await self._txn_call("/v1/admin/transactions/abort",
+                             {"transactional_id": transactional_id})
 
     async def complete_transaction(self, prepared: PreparedTransaction, commit: bool = True,
                                    timeout_ms: int | None = None) -> None:

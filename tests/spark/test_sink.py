@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import signal
+import threading
 import time
 
 import pytest
@@ -320,3 +321,59 @@ def test_a_replayed_committed_batch_is_not_written_again(spark, bootstrap, tmp_p
     again.stop()
     assert again.exception() is None
     assert_exactly_once(bootstrap, target, 2, values)
+
+
+# -- chaos: brokers killed in turn under a streaming copy ---------------------------------
+def test_streaming_copy_while_brokers_are_killed_in_turn(spark, bootstrap, cluster, tmp_path):
+    """Jepsen-style: a producer writes A (acks=all) while a streaming query
+    copies A to B and each broker in turn is killed with SIGKILL and
+    restarted (partition leaders, the transaction and group coordinators go
+    with them). Checker: B, read_committed, holds every record of A exactly
+    once: no loss, no duplicate."""
+    source, target = unique("chaos-a"), unique("chaos-b")
+    create_topic(bootstrap, source, 3, rf=3, min_insync_replicas=2)
+    create_topic(bootstrap, target, 3, rf=3, min_insync_replicas=2)
+    acked: list[str] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def write() -> None:
+        """Paced writes (about 500/s) until told to stop; at most 30,000."""
+        try:
+            with Producer(bootstrap, acks="all", linger_ms=5, delivery_timeout_ms=60_000
+                          ) as producer:
+                handles = []
+                for i in range(30_000):
+                    if stop.is_set():
+                        break
+                    value = f"c-{i}"
+                    handles.append((value, producer.send(source, value, key=value)))
+                    if i % 50 == 49:
+                        time.sleep(0.1)
+                producer.flush()
+                acked.extend(v for v, h in handles if h.exception(60) is None)
+        except BaseException as exc:  # noqa: BLE001  reported by the test
+            errors.append(exc)
+
+    writer = threading.Thread(target=write)
+    query = copy_query(spark, bootstrap, source, target, str(tmp_path / "cp"))
+    writer.start()
+    try:
+        wait_copied(bootstrap, query, target, 3, 200)
+        for broker in cluster.broker_ids:
+            cluster.kill(broker, signal.SIGKILL)
+            time.sleep(2)  # the cluster runs without it for a while
+            cluster.start([broker])
+            cluster.wait_for_brokers_running(timeout_s=60)
+            assert query.exception() is None, f"the query failed: {query.exception()}"
+        stop.set()
+        writer.join(120)
+        assert not writer.is_alive() and not errors, errors
+        wait_copied(bootstrap, query, target, 3, len(acked), timeout_s=180)
+    finally:
+        stop.set()
+        query.stop()
+    assert query.exception() is None
+    in_source = [r.value.decode() for r in committed(bootstrap, source, 3)]
+    assert set(acked) <= set(in_source), "an acknowledged record is missing from A"
+    assert_exactly_once(bootstrap, target, 3, in_source)
