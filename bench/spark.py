@@ -16,7 +16,13 @@ as the example pipeline's), against a fresh single combined node (or
    copy, the reference. Median and best records/s and MB/s (of value bytes,
    as ``bench consume``); the ratio kraftlog/Parquet of median records/s
    against the target, 0.5.
-4. Streaming latency: a producer thread writes ``--rate`` records/s for
+4. Writes (``bench.spark_write``): the Parquet copy's key and value written
+   by Spark to kraftlog (``format("kraftlog")``, exactly once, then with
+   ``exactlyOnce=false``) and to a Parquet directory, each after one untimed
+   warm-up, ``--repeats`` times; the ratio kraftlog/Parquet of median rows/s
+   against the target, 0.5. The first exactly-once run's topic is counted
+   back with a read_committed consumer.
+5. Streaming latency: a producer thread writes ``--rate`` records/s for
    ``--seconds`` s to a second, empty topic while a streaming query
    (``startingOffsets latest``, micro-batches back to back or every
    ``--trigger-ms``) hands each micro-batch to ``foreachBatch``, which takes,
@@ -126,11 +132,14 @@ def run(args: argparse.Namespace) -> int:
                 "spark.sql.streaming.stopTimeout": "60000"})
             try:
                 batch = bench_batch(spark, bootstrap, topic, work, args)
+                from bench.spark_write import bench_write  # needs pyspark: imported late
+                write = bench_write(spark, bootstrap, os.path.join(work, "parquet"), work, args)
                 stream = bench_stream(spark, bootstrap, work, args)
             finally:
                 spark.stop()
     summary = {"bench": "spark", "machine": facts, **_params(args),
-               "cluster": args.cluster_url or "1 combined node", **batch, "stream": stream}
+               "cluster": args.cluster_url or "1 combined node", **batch, **write,
+               "stream": stream}
     _print_summary(args, summary)
     if args.json:
         from bench.storage import write_json
@@ -350,6 +359,18 @@ def _print_summary(args: argparse.Namespace, summary: dict) -> None:
           f"{summary['ratio_to_ceiling']:.2f}; Arrow batches / tuples: "
           f"{summary['arrow_over_tuples']:.2f}x")
     print()
+    writes = summary["write"]
+    rows = [(label, f"{r['records_s_median']:,.0f}", f"{r['records_s_best']:,.0f}",
+             f"{r['mb_s_median']:,.1f}", " ".join(f"{s:.2f}" for s in r["seconds"]))
+            for label, r in _write_rows(writes)]
+    print(format_table(("BATCH WRITE (same rows)", "ROWS/S MEDIAN", "BEST", "MB/S MEDIAN",
+                        "RUNS (S)"), rows))
+    print(verdict(f"kraftlog (exactly once) / Parquet rows/s (median): "
+                  f"{summary['write_ratio']:.2f} (target >= {summary['write_ratio_target']:.2f})",
+                  summary["write_ratio"] >= summary["write_ratio_target"]))
+    print(f"  exactlyOnce=false / Parquet: {summary['write_ratio_at_least_once']:.2f}; rows "
+          f"counted back read_committed: {summary['write_rows_checked']:,}")
+    print()
     match = "ok" if stream["records_match"] else "MISMATCH"
     print(f"STREAMING  {args.rate:,} records/s for {args.seconds:g} s, trigger {trigger}")
     print(format_table(("FIGURE", "VALUE"), [
@@ -369,10 +390,22 @@ def _print_summary(args: argparse.Namespace, summary: dict) -> None:
               f"{r['mb_s_best']:,.1f} best |")
     print(f"| kraftlog / Parquet (median records/s) | **{summary['ratio']:.2f}** | target "
           f">= {RATIO_TARGET:.2f}: {'met' if summary['ratio'] >= RATIO_TARGET else 'NOT met'} |")
+    for label, r in _write_rows(writes):
+        print(f"| batch write, {label} | {r['records_s_median']:,.0f} rows/s median, "
+              f"{r['records_s_best']:,.0f} best | {r['mb_s_median']:,.1f} MB/s median |")
+    print(f"| kraftlog write / Parquet write (median rows/s) | **{summary['write_ratio']:.2f}** "
+          f"| target >= {summary['write_ratio_target']:.2f}: "
+          f"{'met' if summary['write_ratio'] >= summary['write_ratio_target'] else 'NOT met'} |")
     print(f"| streaming at {args.rate:,}/s, {args.seconds:g} s, trigger {trigger} | latency "
           f"p50/p99/max {_ms(stream, 'latency_ms_p50', 'latency_ms_p99', 'latency_ms_max')} "
           f"| micro-batch p50/p99 {_ms(stream, 'micro_batch_ms_p50', 'micro_batch_ms_p99')}; "
           f"{stream['records_seen']:,}/{stream['records_produced']:,} records seen |")
+
+
+def _write_rows(runs: dict) -> list[tuple[str, dict]]:
+    return [('format("kraftlog"), exactly once', runs["kraftlog"]),
+            ('format("kraftlog"), exactlyOnce=false', runs["kraftlog_at_least_once"]),
+            ("Parquet (reference)", runs["parquet"])]
 
 
 def _batch_rows(runs: dict) -> list[tuple[str, dict]]:
