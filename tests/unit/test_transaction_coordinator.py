@@ -78,6 +78,29 @@ def test_a_transaction_open_past_its_timeout_is_aborted_with_a_bumped_epoch():
         c.end_txn("app", 100, 0, commit=True, now_ms=1_600)
 
 
+def test_a_two_phase_transaction_never_times_out_and_survives_a_reload():
+    from api.broker.transactions.coordinator import decode, encode
+
+    c = core()
+    c.init_producer_id("sink-0", 1_000, 100, now_ms=0, two_phase=True)
+    c.add_partitions("sink-0", 100, 0, [T0], now_ms=0)
+    assert c.tick(now_ms=10_000_000) == []  # prepared for an outside coordinator
+    assert c.describe("sink-0")["two_phase_commit"] is True
+    reloaded = core()
+    for record in (c.txns["sink-0"],):
+        reloaded.replay(decode(*encode(record)))
+    assert reloaded.tick(now_ms=10_000_000) == []
+    reloaded.end_txn("sink-0", 100, 0, commit=True, now_ms=10_000_001)
+    assert state(reloaded, "sink-0").state == TxnState.PREPARE_COMMIT
+    # A later init without two-phase commit turns the timeout back on.
+    c.end_txn("sink-0", 100, 0, commit=True, now_ms=1)
+    c.complete("sink-0", 0, now_ms=2)
+    c.init_producer_id("sink-0", 1_000, 100, now_ms=3)
+    c.add_partitions("sink-0", 100, 1, [T0], now_ms=3)
+    (aborted,) = c.tick(now_ms=1_004)
+    assert aborted.state == TxnState.PREPARE_ABORT
+
+
 def test_idle_ids_expire_and_open_ones_do_not():
     c = TransactionCoordinatorCore(max_timeout_ms=60_000, id_expiration_ms=1_000)
     c.init_producer_id("idle", 30_000, 100, now_ms=0)
