@@ -151,13 +151,20 @@ def test_a_failed_batch_job_leaves_nothing_visible_and_nothing_open(spark, boots
 
     @F.udf("string")
     def fail_late(i):
-        if i == 2900:  # in the last rows of the second task: the first has prepared
+        if i == 2900:  # late in the second task: it has sent rows by then
             raise ValueError("a task failing on purpose")
         return f"v{i}"
 
     df = spark.range(0, 3000, 1, 2).select(fail_late("id").alias("value"))
-    with pytest.raises(Exception, match="a task failing on purpose"):
-        sink(df, bootstrap, topic=topic, transactionalIdPrefix=prefix).save()
+    previous = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
+    # Rows reach the writer 50 at a time, so it sends some before the failure.
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
+    try:
+        with pytest.raises(Exception, match="a task failing on purpose"):
+            sink(df, bootstrap, topic=topic, transactionalIdPrefix=prefix,
+                 **{"kafka.linger.ms": "0"}).save()
+    finally:
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", previous)
     assert committed(bootstrap, topic, 2) == []
     wait_until(lambda: open_transactions(bootstrap, prefix) == [], 30,
                "the failed job's transactions to be aborted")
