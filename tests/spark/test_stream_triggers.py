@@ -85,6 +85,32 @@ def test_data_loss_is_never_held_back():
     assert not reader._hold_back({TP: 5, ("t", 1): 2}, {TP: 6}, limit)  # t-1 gone
 
 
+def test_ids_from_the_checkpoint_reveal_a_topic_created_again():
+    from types import SimpleNamespace
+
+    from spark_source.reader import DataLossError
+    strict = stream_reader()
+    strict._remember_topic_ids({"t": "old"})  # what a restarted query's start offset holds
+    strict._cluster = SimpleNamespace(topic_ids={"t": "new"})  # what the cluster says now
+    with pytest.raises(DataLossError, match="t [(]id old in the query's offsets, now new[)]"):
+        strict._recreated_topics({"t"})
+
+    lenient = stream_reader(failOnDataLoss="false")
+    lenient._remember_topic_ids({"t": "old"})
+    lenient._cluster = SimpleNamespace(topic_ids={"t": "new"})
+    assert lenient._recreated_topics({"t"}) == {"t"}
+    assert lenient._current_ids == {"t": "new"}  # the next offsets name the new topic
+    lenient._cluster.topic_ids = {"t": "old"}  # a stale answer is no third incarnation
+    assert lenient._recreated_topics({"t"}) == set()
+    assert lenient._current_ids == {"t": "new"}
+    # An offset without ids (an older checkpoint): the id now is taken as is.
+    old_checkpoint = stream_reader()
+    old_checkpoint._remember_topic_ids({})
+    old_checkpoint._cluster = SimpleNamespace(topic_ids={"t": "now"})
+    assert old_checkpoint._recreated_topics({"t"}) == set()
+    assert old_checkpoint._current_ids == {"t": "now"}
+
+
 # -- minOffsetsPerTrigger and maxTriggerDelay in a real query ----------------------------------
 @pytest.fixture
 def progress_every_trigger(spark):
