@@ -10,7 +10,15 @@ Offsets as JSON, exactly as Spark's Kafka source writes them::
 
     {"orders": {"0": 23, "1": -2}, "clicks": {"0": -1}}
 
-with -2 meaning earliest and -1 latest. Timestamps are epoch milliseconds.
+with -2 meaning earliest and -1 latest. Timestamps are epoch milliseconds;
+durations (``maxTriggerDelay``) are Spark's time strings ("15m", "30s",
+"500ms"; a bare number is milliseconds).
+
+A streaming query's offset in Spark's checkpoint has the same per-partition
+layout plus one reserved key, ``TOPIC_IDS_KEY``, holding each topic's id
+(``offsets_to_dict``); ``$`` is never part of a topic name, so the key
+cannot clash with one, and an offset without it (older checkpoints) reads as
+before.
 
 Where Spark's Kafka source gives a precedence rather than refusing, so does
 this one: ``startingTimestamp`` over ``startingOffsetsByTimestamp`` over
@@ -32,6 +40,10 @@ LATEST = -1
 
 #: Spark's default for ``kafkaConsumer.pollTimeoutMs`` (spark.network.timeout).
 POLL_TIMEOUT_MS_DEFAULT = 120_000
+#: Spark's default for ``maxTriggerDelay`` (15m).
+MAX_TRIGGER_DELAY_MS_DEFAULT = 15 * 60 * 1000
+#: The key of a streaming offset holding ``{topic: topic id}``.
+TOPIC_IDS_KEY = "$topicIds"
 
 TopicPartitionKey = tuple[str, int]
 
@@ -116,6 +128,12 @@ class SourceOptions:
     fetch_offset_retry_interval_ms: int
     #: kafka.isolation.level: read_uncommitted or read_committed.
     isolation_level: str = "read_uncommitted"
+    #: A micro-batch waits until at least this many offsets are waiting
+    #: across partitions (None: it never waits) ...
+    min_offsets_per_trigger: int | None = None
+    #: ... or until this long after the last trigger that was not held back.
+    #: Only meaningful with ``min_offsets_per_trigger``.
+    max_trigger_delay_ms: int = MAX_TRIGGER_DELAY_MS_DEFAULT
 
 
 # Lower-case, as Spark hands them over; the spelling users write is kept for
@@ -124,16 +142,13 @@ _SPELLING = {name.lower(): name for name in (
     "kraftlog.bootstrap.servers", "kafka.bootstrap.servers", "subscribe", "subscribePattern",
     "assign", "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp",
     "startingOffsetsByTimestamp", "endingOffsetsByTimestamp",
-    "startingOffsetsByTimestampStrategy", "maxOffsetsPerTrigger", "failOnDataLoss",
+    "startingOffsetsByTimestampStrategy", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
+    "maxTriggerDelay", "failOnDataLoss",
     "includeHeaders", "minPartitions", "maxRecordsPerPartition", "kafkaConsumer.pollTimeoutMs",
     "fetchOffset.numRetries", "fetchOffset.retryIntervalMs", "kafka.isolation.level")}
 _BATCH_ONLY = ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp")
 # Spark Kafka options this source refuses, with the reason.
 _NOT_SUPPORTED = {
-    "minoffsetspertrigger": "kraftlog does not support minOffsetsPerTrigger/maxTriggerDelay "
-                            "yet: remove it (each micro-batch reads what is available)",
-    "maxtriggerdelay": "kraftlog does not support minOffsetsPerTrigger/maxTriggerDelay yet: "
-                       "remove it",
     "groupidprefix": "kraftlog reads without consumer groups (offsets live in Spark's "
                      "checkpoint): remove groupIdPrefix",
     "kafka.group.id": "kraftlog reads without consumer groups (offsets live in Spark's "
@@ -164,10 +179,19 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
         for spec, which in ((starting, "starting"), (ending, "ending")):
             if spec is not None and spec.offsets is not None:
                 _check_assigned(spec, subscription, spec.option_name(which))
+    max_offsets = _positive_int(opts, "maxoffsetspertrigger")
+    min_offsets = _positive_int(opts, "minoffsetspertrigger")
+    if min_offsets is not None and max_offsets is not None and min_offsets > max_offsets:
+        raise InvalidOptionError(
+            f"minOffsetsPerTrigger ({min_offsets}) is higher than maxOffsetsPerTrigger "
+            f"({max_offsets}): no micro-batch could satisfy both; lower the first or raise "
+            "the second")
     return SourceOptions(
         bootstrap=bootstrap, subscription=subscription, starting=starting, ending=ending,
         timestamp_strategy=strategy,
-        max_offsets_per_trigger=_positive_int(opts, "maxoffsetspertrigger"),
+        max_offsets_per_trigger=max_offsets,
+        min_offsets_per_trigger=min_offsets,
+        max_trigger_delay_ms=_duration_ms(opts, "maxtriggerdelay", MAX_TRIGGER_DELAY_MS_DEFAULT),
         fail_on_data_loss=_bool(opts, "failondataloss", True),
         include_headers=_bool(opts, "includeheaders", False),
         min_partitions=_positive_int(opts, "minpartitions"),
@@ -382,22 +406,38 @@ def _partition_table(name: str, value: str) -> dict[TopicPartitionKey, int]:
     return table
 
 
-def offsets_to_dict(offsets: Mapping[TopicPartitionKey, int]) -> dict[str, dict[str, int]]:
+def offsets_to_dict(offsets: Mapping[TopicPartitionKey, int],
+                    topic_ids: Mapping[str, str] | None = None) -> dict[str, Any]:
     """{(topic, 0): 23} -> {"topic": {"0": 23}}: the streaming offset Spark
-    keeps in its checkpoint (the Kafka source's layout)."""
-    nested: dict[str, dict[str, int]] = {}
+    keeps in its checkpoint (the Kafka source's layout), topics and
+    partitions in order. With ``topic_ids``, the ids of the topics that have
+    partitions in ``offsets`` go last, under ``TOPIC_IDS_KEY``::
+
+        {"orders": {"0": 23}, "$topicIds": {"orders": "6f1c..."}}
+
+    Spark compares offsets as JSON text, so equal arguments must give equal
+    text: hence the fixed order."""
+    nested: dict[str, Any] = {}
     for (topic, partition), offset in sorted(offsets.items()):
         nested.setdefault(topic, {})[str(partition)] = int(offset)
+    ids = {topic: str(topic_ids[topic]) for topic in nested
+           if topic_ids is not None and topic_ids.get(topic) is not None}
+    if ids:
+        nested[TOPIC_IDS_KEY] = ids
     return nested
 
 
 def offsets_from_dict(nested: Mapping[str, Any]) -> dict[TopicPartitionKey, int]:
-    """The inverse of ``offsets_to_dict``, checking the shape (a checkpoint
-    written by something else fails here, clearly)."""
+    """The offsets of ``offsets_to_dict``'s answer, checking the shape (a
+    checkpoint written by something else fails here, clearly); the topic ids
+    are ``topic_ids_from_dict``'s."""
     if not isinstance(nested, Mapping):
         raise ValueError(f"a kraftlog offset must be a JSON object, not {nested!r}")
+    topic_ids_from_dict(nested)
     offsets = {}
     for topic, per_partition in nested.items():
+        if topic == TOPIC_IDS_KEY:
+            continue
         if not isinstance(per_partition, Mapping):
             raise ValueError(f"offset of topic {topic!r} must be an object, not {per_partition!r}")
         for partition, offset in per_partition.items():
@@ -406,6 +446,18 @@ def offsets_from_dict(nested: Mapping[str, Any]) -> dict[TopicPartitionKey, int]
                 raise ValueError(f"bad offset entry {topic}/{partition}: {offset!r}")
             offsets[(str(topic), int(partition))] = offset
     return offsets
+
+
+def topic_ids_from_dict(nested: Mapping[str, Any]) -> dict[str, str]:
+    """The topic ids kept in a streaming offset: {} when it has none (an
+    offset of an older checkpoint, or topics whose id was unknown)."""
+    ids = nested.get(TOPIC_IDS_KEY, {}) if isinstance(nested, Mapping) else {}
+    if not isinstance(ids, Mapping) or not all(
+            isinstance(topic, str) and isinstance(topic_id, str) and topic_id
+            for topic, topic_id in ids.items()):
+        raise ValueError(f"{TOPIC_IDS_KEY} of a kraftlog offset must map topic names to ids, "
+                         f"not {ids!r}")
+    return dict(ids)
 
 
 def _is_partition_number(text: Any) -> bool:
@@ -447,3 +499,33 @@ def _int(opts: Mapping[str, str], key: str, default: int, *, low: int) -> int:
 
 def _positive_int(opts: Mapping[str, str], key: str) -> int | None:
     return _int(opts, key, 0, low=1) if key in opts else None
+
+
+# Spark's time-string units (JavaUtils.timeStringAs), in microseconds.
+_DURATION_UNITS_US = {"us": 1, "ms": 1000, "s": 1_000_000, "m": 60_000_000,
+                      "min": 60_000_000, "h": 3_600_000_000, "d": 86_400_000_000}
+_DURATION = re.compile(r"([0-9]+)([a-z]+)?")
+
+
+def parse_duration_ms(name: str, value: str) -> int:
+    """A Spark time string ("15m", "30s", "500ms", "2h", "1d"; a bare number
+    is milliseconds) in whole milliseconds, > 0; ``name`` is the option's,
+    for the message."""
+    text = value.strip().lower()
+    match = _DURATION.fullmatch(text)
+    unit = (match.group(2) or "ms") if match else None
+    if match is None or unit not in _DURATION_UNITS_US:
+        raise InvalidOptionError(
+            f"{name} must be a duration: a whole number with a unit among "
+            f"{', '.join(_DURATION_UNITS_US)} (e.g. 15m, 30s, 500ms), or a number of "
+            f"milliseconds; not {value!r}")
+    duration_ms = int(match.group(1)) * _DURATION_UNITS_US[unit] // 1000
+    if duration_ms <= 0:
+        raise InvalidOptionError(
+            f"{name} must be at least 1ms, not {value!r} (a batch would never wait; "
+            "to never hold batches back, remove minOffsetsPerTrigger)")
+    return duration_ms
+
+
+def _duration_ms(opts: Mapping[str, str], key: str, default: int) -> int:
+    return parse_duration_ms(_name(key), opts[key]) if key in opts else default

@@ -40,6 +40,32 @@ class OffsetRange(NamedTuple):
         return self.until_offset - self.from_offset
 
 
+def offsets_waiting(start: Mapping[TopicPartitionKey, int],
+                    latest: Mapping[TopicPartitionKey, int]) -> int:
+    """How many offsets lie between ``start`` and ``latest``, summed over
+    the partitions of ``latest`` (a partition behind its start counts 0)."""
+    return sum(max(0, end - start.get(tp, 0)) for tp, end in latest.items())
+
+
+def hold_back_batch(waiting: int, min_offsets: int, max_delay_ms: int, now_ms: int,
+                    last_admitted_ms: int | None) -> bool:
+    """Whether a trigger is held back (plans no batch) under
+    ``minOffsetsPerTrigger``: fewer than ``min_offsets`` offsets are
+    ``waiting`` and less than ``max_delay_ms`` has passed since the last
+    trigger that was not held back (``last_admitted_ms``; None before the
+    first, which is therefore never held back).
+
+    This is the rule of Spark's Kafka source: the caller sets
+    ``last_admitted_ms = now_ms`` whenever this returns False, whether or
+    not there was anything to read, so the delay runs from the last trigger
+    that could have planned a batch.
+    """
+    assert min_offsets >= 1 and max_delay_ms >= 1
+    if last_admitted_ms is None or now_ms - last_admitted_ms >= max_delay_ms:
+        return False
+    return waiting < min_offsets
+
+
 def limit_offsets(start: Mapping[TopicPartitionKey, int],
                   latest: Mapping[TopicPartitionKey, int],
                   max_records: int) -> dict[TopicPartitionKey, int]:

@@ -35,13 +35,16 @@ from collections.abc import Iterator, Sequence
 
 from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader,
                                     DataSourceStreamWriter, DataSourceWriter, InputPartition)
-from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
+                                               ReadMinRows, SupportsTriggerAvailableNow)
 from pyspark.sql.types import StructType
 
 from spark_source.offsets import ClusterOffsets
 from spark_source.options import (FORMAT, SourceOptions, TopicPartitionKey, include_headers,
-                                  offsets_from_dict, offsets_to_dict, parse_options)
-from spark_source.planning import OffsetRange, limit_offsets, split_ranges
+                                  offsets_from_dict, offsets_to_dict, parse_options,
+                                  topic_ids_from_dict)
+from spark_source.planning import (OffsetRange, hold_back_batch, limit_offsets, offsets_waiting,
+                                   split_ranges)
 from spark_source.reader import read_range, report_data_loss
 from spark_source.schema import kafka_schema
 
@@ -200,7 +203,13 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """A streaming query. Offsets are planned on the driver: each micro-batch
     reads from the previous end to the high watermarks (at most
     ``maxOffsetsPerTrigger`` records), or, under ``Trigger.AvailableNow``,
-    to the high watermarks seen when the query started."""
+    to the high watermarks seen when the query started. Under
+    ``minOffsetsPerTrigger`` a trigger with fewer offsets waiting plans no
+    batch, until ``maxTriggerDelay`` has passed (not under AvailableNow).
+
+    Each offset carries the ids of its topics (``offsets_to_dict``), so a
+    query restarted from its checkpoint notices a topic deleted and created
+    again while it was stopped, as a running query does."""
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
@@ -214,8 +223,15 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._vanished_since: dict[TopicPartitionKey, float] = {}
         #: The high watermarks the last latestOffset saw.
         self._last_latest: dict[TopicPartitionKey, int] | None = None
-        #: Every id each topic read has had while this run of the query ran.
+        #: Every id each topic read has had while this run of the query ran,
+        #: and the ids in the checkpoint it was restarted from.
         self._topic_ids: dict[str, set[str]] = {}
+        #: Per topic the id of the incarnation the query's offsets refer to
+        #: (written into each offset). Invariant: in ``_topic_ids[topic]``.
+        self._current_ids: dict[str, str] = {}
+        #: minOffsetsPerTrigger: when (monotonic ms) the last trigger that
+        #: was not held back ran; None before the first.
+        self._last_admitted_ms: int | None = None
 
     def __getstate__(self) -> dict:
         # Executors get the reader pickled; the driver's client stays here.
@@ -232,16 +248,22 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict:
         tps = self.cluster.partitions()
         _require_assigned(self.options, tps)
-        for topic, topic_id in self.cluster.topic_ids.items():
-            self._topic_ids.setdefault(topic, set()).add(topic_id)
+        self._remember_topic_ids(self.cluster.topic_ids)
         start = self.cluster.resolve(self.options.starting, tps)
         logger.info("kraftlog stream of %s starts at %s", self.options.subscription.describe(),
                     start)
-        return offsets_to_dict(start)
+        return offsets_to_dict(start, self._current_ids)
 
     def getDefaultReadLimit(self) -> ReadLimit:
+        """ReadMaxRows under maxOffsetsPerTrigger, else ReadMinRows under
+        minOffsetsPerTrigger. Python sources have no composite limit, so
+        with both options the minimum comes from the options (``_min_offsets``);
+        Spark hands the limit back to ``latestOffset`` unchanged, or
+        ReadAllAvailable when a trigger wants everything (Trigger.Once)."""
         if self.options.max_offsets_per_trigger is not None:
             return ReadMaxRows(self.options.max_offsets_per_trigger)
+        if self.options.min_offsets_per_trigger is not None:
+            return ReadMinRows(self.options.min_offsets_per_trigger)
         return super().getDefaultReadLimit()
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -251,6 +273,9 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = offsets_from_dict(start)
+        # After a restart, the ids in the checkpoint are what the offsets
+        # refer to: a topic with another id now was created again meanwhile.
+        self._remember_topic_ids(topic_ids_from_dict(start))
         available, pending = self._available(begin)
         # Trigger.AvailableNow ends when nothing moves: a partition still in
         # a grace period would end the run unexamined, so wait it out here.
@@ -258,9 +283,47 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         while pending and self._target is not None and time.monotonic() < deadline:
             time.sleep(AVAILABLE_NOW_RECHECK_S)
             available, pending = self._available(begin)
+        if self._hold_back(begin, available, limit):
+            return start  # the same offset: Spark plans no batch this trigger
         if isinstance(limit, ReadMaxRows):
             available = limit_offsets(begin, available, limit.max_rows)
-        return offsets_to_dict(available)
+        return offsets_to_dict(available, self._current_ids)
+
+    def _min_offsets(self, limit: ReadLimit) -> int | None:
+        """The minimum offsets a batch waits for, None when it never waits:
+        under Trigger.AvailableNow (the run must reach its target and end)
+        and when Spark asks for everything available."""
+        if self._target is not None or isinstance(limit, ReadAllAvailable):
+            return None
+        if isinstance(limit, ReadMinRows):
+            return limit.min_rows
+        return self.options.min_offsets_per_trigger
+
+    def _hold_back(self, begin: dict[TopicPartitionKey, int],
+                   available: dict[TopicPartitionKey, int], limit: ReadLimit) -> bool:
+        """Whether this trigger plans no batch, waiting for
+        minOffsetsPerTrigger (``planning.hold_back_batch``). An offset that
+        is not only new records (a partition gone, or moved back after data
+        loss) is never held back: the batch that records it runs now."""
+        min_offsets = self._min_offsets(limit)
+        if min_offsets is None:
+            return False
+        if any(tp not in available or available[tp] < offset for tp, offset in begin.items()):
+            return False
+        now_ms = int(time.monotonic() * 1000)
+        if hold_back_batch(offsets_waiting(begin, available), min_offsets,
+                           self.options.max_trigger_delay_ms, now_ms, self._last_admitted_ms):
+            return True
+        self._last_admitted_ms = now_ms
+        return False
+
+    def _remember_topic_ids(self, topic_ids: dict[str, str]) -> None:
+        """Ids the query's offsets refer to (from the cluster when the query
+        starts, from the checkpoint when it restarts): seen, and current for
+        a topic that has no current id yet."""
+        for topic, topic_id in topic_ids.items():
+            self._topic_ids.setdefault(topic, set()).add(topic_id)
+            self._current_ids.setdefault(topic, topic_id)
 
     def reportLatestOffset(self) -> dict | None:
         # What the last latestOffset saw (asking again would double the
@@ -358,23 +421,28 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return topic_id is not None and bool(seen) and topic_id not in seen
 
     def _recreated_topics(self, reading: set[str]) -> set[str]:
-        """Topics of ``reading`` with an id this run has not seen before:
-        deleted and created again, so the records not yet read went with the
-        old topic (data loss), and the new one is read from its start. Every
-        id ever seen is kept, so a stale answer with an older id is not
-        taken for yet another incarnation."""
-        recreated = set()
+        """Topics of ``reading`` with an id this run has not seen before (in
+        the cluster or in the checkpoint it restarted from): deleted and
+        created again, so the records not yet read went with the old topic
+        (data loss), and the new one is read from its start. Every id ever
+        seen is kept, so a stale answer with an older id is not taken for
+        yet another incarnation. A new id becomes the topic's current one."""
+        recreated = {}
         for topic, topic_id in self.cluster.topic_ids.items():
             seen = self._topic_ids.setdefault(topic, set())
-            if seen and topic_id not in seen and topic in reading:
-                recreated.add(topic)
+            if not seen or topic_id not in seen:
+                if seen and topic in reading:
+                    recreated[topic] = self._current_ids.get(topic)
+                self._current_ids[topic] = topic_id
             seen.add(topic_id)
         if recreated:
-            report_data_loss(self.options, f"topic(s) {', '.join(sorted(recreated))} were "
-                                           "deleted and created again while the query ran; "
-                                           "records of the old topic not yet read are gone "
-                                           "and the new topic is read from its start")
-        return recreated
+            report_data_loss(self.options, "topic(s) " + ", ".join(
+                f"{topic} (id {old} in the query's offsets, now {self._current_ids[topic]})"
+                for topic, old in sorted(recreated.items()))
+                + " were deleted and created again since the query read them (while it ran, "
+                "or while it was stopped); records of the old topic not yet read are gone "
+                "and the new topic is read from its start")
+        return set(recreated)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin = offsets_from_dict(start)
@@ -383,9 +451,12 @@ class KraftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # after truncation) reads nothing; the next batch starts at its end.
         if not self.cluster.topic_ids:  # re-planning a batch right after a restart
             self.cluster.partitions()
+        # Tasks check the ids the batch was planned with (kept in its end
+        # offset): a batch re-planned after a restart must not read a topic
+        # created again meanwhile. Offsets without ids: the ids now.
+        topic_ids = {**self.cluster.topic_ids, **topic_ids_from_dict(end)}
         return _plan(self.options, begin,
-                     {tp: u for tp, u in until.items() if u >= begin.get(tp, 0)},
-                     self.cluster.topic_ids)
+                     {tp: u for tp, u in until.items() if u >= begin.get(tp, 0)}, topic_ids)
 
     def read(self, partition: InputPartition) -> Iterator:
         return _read(self.options, partition)

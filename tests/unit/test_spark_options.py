@@ -7,7 +7,9 @@ the batch/streaming restrictions), the assigned-partitions check, the
 numeric and boolean options with their defaults, and the refusal of unknown
 and unsupported options. Messages are checked for what a user needs (the
 option's name, the reason), not word for word. Also ``include_headers``,
-the checkpoint offset layout (``offsets_to_dict``/``offsets_from_dict``) and
+the checkpoint offset layout (``offsets_to_dict``/``offsets_from_dict``,
+with the topic ids under their reserved key), ``minOffsetsPerTrigger``/
+``maxTriggerDelay`` (Spark's duration strings) and
 ``Subscription.matches``/``describe``.
 """
 
@@ -20,14 +22,18 @@ import pytest
 from spark_source.options import (
     EARLIEST,
     LATEST,
+    MAX_TRIGGER_DELAY_MS_DEFAULT,
     POLL_TIMEOUT_MS_DEFAULT,
+    TOPIC_IDS_KEY,
     InvalidOptionError,
     OffsetSpec,
     Subscription,
     include_headers,
     offsets_from_dict,
     offsets_to_dict,
+    parse_duration_ms,
     parse_options,
+    topic_ids_from_dict,
 )
 
 SERVERS = "http://127.0.0.1:9092"
@@ -435,9 +441,12 @@ def test_numeric_defaults():
     assert parsed.poll_timeout_ms == POLL_TIMEOUT_MS_DEFAULT == 120_000
     assert parsed.fetch_offset_retries == 3
     assert parsed.fetch_offset_retry_interval_ms == 1000
+    assert parsed.min_offsets_per_trigger is None
+    assert parsed.max_trigger_delay_ms == MAX_TRIGGER_DELAY_MS_DEFAULT == 15 * 60 * 1000
 
 
 POSITIVE = [("maxOffsetsPerTrigger", "max_offsets_per_trigger"),
+            ("minOffsetsPerTrigger", "min_offsets_per_trigger"),
             ("minPartitions", "min_partitions"),
             ("maxRecordsPerPartition", "max_records_per_partition"),
             ("kafkaConsumer.pollTimeoutMs", "poll_timeout_ms")]
@@ -455,6 +464,53 @@ def test_positive_ints_are_parsed(key, field):
                                              ("", "integer")])
 def test_positive_ints_refuse_the_rest(key, field, value, fragment):
     refused(opts(**{key: value}), key, fragment, streaming=True)
+
+
+# -- minOffsetsPerTrigger and maxTriggerDelay ---------------------------------
+
+
+@pytest.mark.parametrize("value, expected_ms", [
+    ("15m", 900_000), ("30s", 30_000), ("500ms", 500), ("2h", 7_200_000), ("1d", 86_400_000),
+    ("3min", 180_000), ("250", 250), (" 10S ", 10_000), ("1500us", 1), ("007s", 7_000)])
+def test_durations_are_spark_time_strings(value, expected_ms):
+    assert parse_duration_ms("maxTriggerDelay", value) == expected_ms
+    parsed = stream(opts(minOffsetsPerTrigger="10", maxTriggerDelay=value))
+    assert parsed.max_trigger_delay_ms == expected_ms
+
+
+@pytest.mark.parametrize("value", ["", "m", "15 m", "1.5s", "-5s", "15x", "15mins", "ten",
+                                   "s15", "1e3"])
+def test_bad_durations_are_refused(value):
+    refused(opts(minOffsetsPerTrigger="10", maxTriggerDelay=value), "maxTriggerDelay",
+            "duration", "15m", streaming=True)
+
+
+@pytest.mark.parametrize("value", ["0", "0s", "0ms", "999us"])
+def test_durations_below_one_ms_are_refused(value):
+    refused(opts(minOffsetsPerTrigger="10", maxTriggerDelay=value), "maxTriggerDelay",
+            "at least 1ms", "remove minOffsetsPerTrigger", streaming=True)
+
+
+def test_min_and_max_offsets_together():
+    parsed = stream(opts(minOffsetsPerTrigger="100", maxOffsetsPerTrigger="100",
+                         maxTriggerDelay="1m"))
+    assert (parsed.min_offsets_per_trigger, parsed.max_offsets_per_trigger) == (100, 100)
+    assert parsed.max_trigger_delay_ms == 60_000
+    refused(opts(minOffsetsPerTrigger="101", maxOffsetsPerTrigger="100"),
+            "minOffsetsPerTrigger (101)", "maxOffsetsPerTrigger (100)", streaming=True)
+
+
+def test_max_trigger_delay_alone_is_accepted_but_still_checked():
+    # As in Spark: it only matters with minOffsetsPerTrigger, but a bad
+    # value fails the query even without it.
+    parsed = stream(opts(maxTriggerDelay="5s"))
+    assert parsed.min_offsets_per_trigger is None and parsed.max_trigger_delay_ms == 5000
+    refused(opts(maxTriggerDelay="soon"), "maxTriggerDelay", streaming=True)
+
+
+def test_trigger_options_are_accepted_and_unused_in_batch():
+    parsed = batch(opts(minOffsetsPerTrigger="5", maxTriggerDelay="1s"))
+    assert parsed.min_offsets_per_trigger == 5 and parsed.max_trigger_delay_ms == 1000
 
 
 @pytest.mark.parametrize("key, field", [("fetchOffset.numRetries", "fetch_offset_retries"),
@@ -517,8 +573,6 @@ def test_unknown_options_are_refused_in_streaming_too():
 
 
 @pytest.mark.parametrize("key, fragment", [
-    ("minOffsetsPerTrigger", "minOffsetsPerTrigger"),
-    ("maxTriggerDelay", "maxTriggerDelay"),
     ("groupIdPrefix", "groupIdPrefix"),
     ("kafka.group.id", "kafka.group.id"),
     ("path", "subscribe"),
@@ -597,6 +651,48 @@ def test_offsets_round_trip_through_json():
 def test_offsets_from_dict_refuses_other_shapes(nested):
     with pytest.raises(ValueError):
         offsets_from_dict(nested)
+
+
+def test_topic_ids_go_last_under_the_reserved_key():
+    offsets = {("orders", 1): 5, ("clicks", 0): 2}
+    nested = offsets_to_dict(offsets, {"orders": "id-o", "clicks": "id-c", "other": "id-x"})
+    assert list(nested) == ["clicks", "orders", TOPIC_IDS_KEY]
+    # Only topics of the offset; per-partition offsets keep the Kafka layout.
+    assert nested[TOPIC_IDS_KEY] == {"clicks": "id-c", "orders": "id-o"}
+    assert nested["orders"] == {"1": 5}
+    text = json.dumps(nested)
+    assert json.dumps(offsets_to_dict(offsets, {"clicks": "id-c", "orders": "id-o"})) == text
+    assert offsets_from_dict(json.loads(text)) == offsets
+    assert topic_ids_from_dict(json.loads(text)) == {"clicks": "id-c", "orders": "id-o"}
+
+
+def test_topic_ids_are_left_out_when_unknown():
+    assert offsets_to_dict({("orders", 0): 1}, {}) == {"orders": {"0": 1}}
+    assert offsets_to_dict({("orders", 0): 1}, {"orders": None}) == {"orders": {"0": 1}}
+    assert offsets_to_dict({}, {"orders": "id"}) == {}
+
+
+def test_an_offset_without_ids_reads_as_before():
+    # What a checkpoint written before topic ids were kept holds.
+    old = json.loads('{"orders": {"0": 23, "1": 5}}')
+    assert offsets_from_dict(old) == {("orders", 0): 23, ("orders", 1): 5}
+    assert topic_ids_from_dict(old) == {}
+
+
+def test_the_reserved_key_cannot_be_a_topic_name():
+    from storage.errors import InvalidTopicError
+    from storage.names import validate_topic_name
+    with pytest.raises(InvalidTopicError):
+        validate_topic_name(TOPIC_IDS_KEY)
+
+
+@pytest.mark.parametrize("ids", [[], "id", {"orders": 5}, {"orders": ""}, {"orders": None}])
+def test_malformed_topic_ids_are_refused(ids):
+    nested = {"orders": {"0": 1}, TOPIC_IDS_KEY: ids}
+    with pytest.raises(ValueError, match="topic names to ids"):
+        offsets_from_dict(nested)
+    with pytest.raises(ValueError):
+        topic_ids_from_dict(nested)
 
 
 # -- Subscription ------------------------------------------------------------

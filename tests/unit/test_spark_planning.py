@@ -8,14 +8,17 @@ partitions whose share is below one getting one while the limit allows.
 cutting the larger ranges into near-equal contiguous pieces (and nothing
 when there are enough ranges already), the ``max_records_per_partition``
 cap, and both together; at least ``min_partitions`` pieces where per-range
-rounding alone would give fewer.
+rounding alone would give fewer. ``hold_back_batch`` and
+``offsets_waiting``: minOffsetsPerTrigger/maxTriggerDelay, Spark's rule,
+including a trigger sequence replayed against the clock.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from spark_source.planning import OffsetRange, limit_offsets, split_ranges
+from spark_source.planning import (OffsetRange, hold_back_batch, limit_offsets,
+                                   offsets_waiting, split_ranges)
 
 
 def tps(**sizes: int) -> dict[tuple[str, int], int]:
@@ -277,3 +280,51 @@ def test_cap_alone_can_meet_min_partitions():
     pieces = split_ranges([r(0, 0, 9), r(1, 0, 9), r(2, 0, 9)], min_partitions=2,
                           max_records_per_partition=3)
     assert sizes(pieces) == [3] * 9
+
+
+# -- minOffsetsPerTrigger / maxTriggerDelay --------------------------------------
+
+
+def test_offsets_waiting_sums_what_lies_ahead():
+    start = {("a", 0): 10, ("a", 1): 5}
+    latest = {("a", 0): 15, ("a", 1): 5, ("b", 0): 7}  # b-0 is new: from 0
+    assert offsets_waiting(start, latest) == 5 + 0 + 7
+    # A partition behind its start (data loss) adds nothing, subtracts nothing.
+    assert offsets_waiting({("a", 0): 10}, {("a", 0): 4, ("b", 0): 3}) == 3
+    assert offsets_waiting({}, {}) == 0
+
+
+def test_the_first_trigger_is_never_held_back():
+    assert not hold_back_batch(0, 100, 60_000, now_ms=5, last_admitted_ms=None)
+
+
+@pytest.mark.parametrize("waiting, held", [(0, True), (99, True), (100, False), (5000, False)])
+def test_within_the_delay_a_batch_waits_for_the_minimum(waiting, held):
+    assert hold_back_batch(waiting, 100, 60_000, now_ms=1000, last_admitted_ms=0) is held
+
+
+@pytest.mark.parametrize("elapsed_ms, held", [(59_999, True), (60_000, False), (10**9, False)])
+def test_the_delay_releases_a_batch_below_the_minimum(elapsed_ms, held):
+    assert hold_back_batch(3, 100, 60_000, now_ms=10**10 + elapsed_ms,
+                           last_admitted_ms=10**10) is held
+
+
+def test_a_trigger_sequence_against_the_clock():
+    """min 10 offsets, delay 1000 ms; the caller records every admitted
+    trigger, as the stream reader does: (now ms, offsets waiting) -> held."""
+    script = [(0, 0, False),      # first trigger: admitted (nothing to read)
+              (100, 3, True),     # 3 < 10, 100 ms since the last admitted
+              (900, 9, True),
+              (950, 12, False),   # the minimum is reached: a batch
+              (1000, 2, True),    # the clock restarted at 950
+              (1949, 2, True),
+              (1950, 2, False),   # 1000 ms after 950: a batch of 2
+              (2500, 0, True),    # nothing waiting: held (no batch anyway)
+              (2950, 0, False),   # the delay passes with nothing to read ...
+              (3000, 4, True)]    # ... and restarts the clock, as in Spark
+    last = None
+    for now_ms, waiting, expected in script:
+        held = hold_back_batch(waiting, 10, 1000, now_ms, last)
+        assert held is expected, (now_ms, waiting)
+        if not held:
+            last = now_ms
