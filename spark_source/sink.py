@@ -115,7 +115,7 @@ class KraftlogBatchWriter(DataSourceArrowWriter):
                     len(prepared))
 
     def abort(self, messages: list) -> None:
-        _abort(self.options, self.prefix, messages)
+        _abort(self.options, self.prefix, messages, sweep=True)
 
 
 class KraftlogStreamWriter(DataSourceStreamArrowWriter):
@@ -168,10 +168,19 @@ class KraftlogStreamWriter(DataSourceStreamArrowWriter):
             _abort(self.options, prefix, messages)
 
 
-def _abort(options: SinkOptions, prefix: str | None, messages: list) -> None:
+#: After a failed batch job, when its ids are swept again: Spark cancels the
+#: tasks still running, but a cancelled task may take its id (and open a
+#: transaction) after the first sweep, before its worker is stopped.
+ABORT_SWEEPS_S = (2.0, 5.0)
+
+
+def _abort(options: SinkOptions, prefix: str | None, messages: list,
+           sweep: bool = False) -> None:
     """The job failed: abort the prepared transactions, and whatever the
-    failed tasks' ids hold open. Best effort: what fails here is aborted by
-    the next attempt's tasks (same ids) or, for a batch job, by the timeout."""
+    failed tasks' ids hold open; with ``sweep`` (a batch job, whose ids are
+    never used again) every task's id, again after ``ABORT_SWEEPS_S``. Best
+    effort: what fails here is aborted by the next attempt's tasks (same
+    ids) or, for a batch job, by the transaction timeout."""
     if prefix is None:
         return
     from spark_source.commit import abort_strays, complete_all
@@ -182,6 +191,12 @@ def _abort(options: SinkOptions, prefix: str | None, messages: list) -> None:
     async def abort(admin: Any) -> None:
         await complete_all(admin, prepared, commit=False)
         await abort_strays(admin, prefix, failed)
+        if sweep:
+            waited = 0.0
+            for at in ABORT_SWEEPS_S:
+                await asyncio.sleep(at - waited)
+                waited = at
+                await abort_strays(admin, prefix, range(len(messages)))
     try:
         _run(_with_admin(options, abort))
     except Exception:  # the job has failed already; say so, do not mask it

@@ -197,6 +197,9 @@ def test_max_trigger_delay_runs_a_batch_below_the_minimum(spark, bootstrap,
         acked.update(produce(bootstrap, topic, 3, start=5))
         rows = wait_for_rows(spark, query, name, 8, timeout_s=60)
         assert rows_by_offset(rows) == acked
+        # The sink holds a batch's rows a moment before its progress is out.
+        wait_until(lambda: sum(p["numInputRows"] for p in query.recentProgress) >= 8, 30,
+                   "the second batch's progress")
         progress = list(query.recentProgress)
         batches = [p for p in progress if p["numInputRows"]]
         assert [p["numInputRows"] for p in batches] == [5, 3]
