@@ -22,8 +22,9 @@ run: $(STAMP)
 	$(VENV)/bin/kraftlog node --config configs/single-node.toml
 
 # The Spark example pipeline (spark_source/example.py) against the node `make
-# run` started: demo clicks, clicks per user per minute to Parquet under
-# ./data/spark-example. More flags: make spark-example ARGS="--follow".
+# run` started: demo clicks, clicks per user per minute to the topic
+# clicks-per-minute (exactly once) and to Parquet under ./data/spark-example.
+# More flags: make spark-example ARGS="--follow".
 spark-example: $(STAMP)
 	$(PY) -m spark_source.example $(ARGS)
 
