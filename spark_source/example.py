@@ -22,7 +22,8 @@ What it does:
    kraftlog topic ``--out-topic`` (default ``clicks-per-minute``: key the
    user, value ``{"window_start": ms, "user": ..., "clicks": n}``) with the
    exactly-once sink, the other to Parquet (``--out``); both in append mode,
-   each with its checkpoint under ``--checkpoint``. By default with
+   each with its checkpoint under ``--checkpoint`` (side by side with
+   ``--follow``; one after the other under AvailableNow). By default with
    ``Trigger.AvailableNow`` (read what is there, write, stop); with
    ``--follow`` every ``--trigger-seconds`` until Ctrl-C. A line per
    micro-batch of each query shows progress.
@@ -298,9 +299,22 @@ def run_query(args: argparse.Namespace, spark: Any = None) -> int:
            else "Trigger.AvailableNow: what is there, then stop")
     print(f"streaming {args.topic} from {args.bootstrap} into topic {args.out_topic} and "
           f"{args.out} ({how}) ...", flush=True)
-    queries = [w.start() for w in writers]
+    # Following, both queries run side by side; with AvailableNow one after
+    # the other (each ends by itself), so two queries never plan their first
+    # jobs at once (Spark 4.3 has failed here deserialising a task when two
+    # restarted queries started together).
+    groups = [writers] if args.follow else [[w] for w in writers]
+    queries: list = []
+    batches = 0
     try:
-        if not watch(queries):
+        for group in groups:
+            started = [w.start() for w in group]
+            queries.extend(started)
+            batches += watch(started)
+            # Still running after watch: Ctrl-C; failed: reported below.
+            if any(q.isActive or q.exception() is not None for q in started):
+                break
+        if not batches:
             print("  no micro-batch: nothing new in the topic since the last run (windows "
                   "still open wait in the checkpoint for newer records, e.g. --produce N)")
     finally:
@@ -315,7 +329,7 @@ def run_query(args: argparse.Namespace, spark: Any = None) -> int:
             lines = [line for line in str(failure).splitlines() if line.strip()]
             raise ExampleError(f"the streaming query {query.name} failed: "
                                f"{lines[0] if lines else failure}")
-    watermark = (queries[1].lastProgress or {}).get("eventTime", {}).get("watermark")
+    watermark = (queries[-1].lastProgress or {}).get("eventTime", {}).get("watermark")
     show_output(spark, args, watermark)
     if own_session:
         spark.stop()
