@@ -476,12 +476,15 @@ def _timestamp(name: str, value: str) -> int:
     return ts
 
 
-def _bool(opts: Mapping[str, str], key: str, default: bool) -> bool:
+def _bool(opts: Mapping[str, str], key: str, default: bool, name: str | None = None) -> bool:
+    """``opts[key]`` as true/false; ``name``: the option's spelling for
+    messages (default: the source's)."""
     if key not in opts:
         return default
     value = opts[key].strip().lower()
     if value not in ("true", "false"):
-        raise InvalidOptionError(f"{_name(key)} must be true or false, not {opts[key]!r}")
+        raise InvalidOptionError(f"{name or _name(key)} must be true or false, "
+                                 f"not {opts[key]!r}")
     return value == "true"
 
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_source.options import InvalidOptionError, _bootstrap
+from spark_source.options import InvalidOptionError, _bool, _bootstrap
 
 #: ``kafka.<property>`` -> (ProducerConfig argument, type). Kafka spells them
 #: dotted; the kraftlog producer takes them snake_cased.
@@ -107,7 +107,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         topic = topic.strip()
         if not topic:
             raise InvalidOptionError("the topic option must name a topic, not be empty")
-    exactly_once = _flag(opts, "exactlyonce", True)
+    exactly_once = _bool(opts, "exactlyonce", True, name="exactlyOnce")
     acks = producer.get("acks")
     if acks is not None:
         if acks.strip().lower() not in ("all", "-1", "0", "1"):
@@ -144,16 +144,6 @@ def _typed(key: str, value: str, kind: type) -> Any:
             raise InvalidOptionError(f"{key} must be >= 0, not {number}")
         return number
     return value
-
-
-def _flag(opts: Mapping[str, str], key: str, default: bool) -> bool:
-    if key not in opts:
-        return default
-    value = opts[key].strip().lower()
-    if value not in ("true", "false"):
-        raise InvalidOptionError(f"{_SPELLING.get(key, key)} must be true or false, "
-                                 f"not {opts[key]!r}")
-    return value == "true"
 
 
 def check_sink_schema(schema: Any, options: SinkOptions) -> None:

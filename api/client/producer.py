@@ -242,12 +242,12 @@ class AsyncProducer:
         self._transactions().begin()
         self._acc.txn_open = True
 
-    async def commit_transaction(self) -> None:
-        """Send what is queued, wait for every record of the transaction,
-        and commit it; returns once the commit markers are written. If a
-        record failed, raises and the transaction can only be aborted."""
+    async def _send_transaction(self, action: str) -> None:
+        """Close the open transaction to new records, send what is queued and
+        wait for every record; raises if one failed (then the transaction
+        can only be aborted)."""
         txn = self._transactions()
-        txn._require(IN_TRANSACTION, ABORTABLE_ERROR, action="commit_transaction")
+        txn._require(IN_TRANSACTION, ABORTABLE_ERROR, action=action)
         self._acc.txn_open = False
         await self._flush()
         if txn.state != IN_TRANSACTION:
@@ -257,6 +257,13 @@ class AsyncProducer:
                 "abort_transaction()", retriable=False) if txn.state == ABORTABLE_ERROR \
                 else KraftlogError(error.code if error else "PRODUCER_FENCED", str(error),
                                    retriable=False)
+
+    async def commit_transaction(self) -> None:
+        """Send what is queued, wait for every record of the transaction,
+        and commit it; returns once the commit markers are written. If a
+        record failed, raises and the transaction can only be aborted."""
+        txn = self._transactions()
+        await self._send_transaction("commit_transaction")
         try:
             await txn.end(commit=True)
         except KraftlogError:
@@ -273,16 +280,7 @@ class AsyncProducer:
         never aborts it on its timeout. This producer can do nothing more
         with the transaction; close it."""
         txn = self._transactions()
-        txn._require(IN_TRANSACTION, ABORTABLE_ERROR, action="prepare_transaction")
-        self._acc.txn_open = False
-        await self._flush()
-        if txn.state != IN_TRANSACTION:
-            error = txn.error
-            raise KraftlogError(
-                "TRANSACTION_ABORTABLE", f"a record of the transaction failed ({error}); call "
-                "abort_transaction()", retriable=False) if txn.state == ABORTABLE_ERROR \
-                else KraftlogError(error.code if error else "PRODUCER_FENCED", str(error),
-                                   retriable=False)
+        await self._send_transaction("prepare_transaction")
         if not txn.added:
             txn.state = READY
             return None
