@@ -579,15 +579,24 @@ def _add_produce(commands: argparse._SubParsersAction) -> None:
     produce = commands.add_parser(
         "produce", help="send lines from stdin as records",
         description="Read stdin and send each line as one record, like "
-                    "kafka-console-producer. Examples:\n"
+                    "kafka-console-producer. With --null-value each line names a key "
+                    "to delete from a compacted topic instead (a tombstone: the key "
+                    "with a null value). Examples:\n"
                     "  echo hello | kraftlog produce orders\n"
                     "  printf 'user-1:{\"total\":42}\\n' | kraftlog produce orders "
-                    "--key-separator :",
+                    "--key-separator :\n"
+                    "  printf 'user-1\\nuser-2\\n' | kraftlog produce orders --null-value",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_topic_argument(produce, "topic")
     produce.add_argument("--key-separator", metavar="SEP",
                          help="split each line at the first SEP into key and value "
                               "(lines without it are keyless)")
+    produce.add_argument("--null-value", action="store_true",
+                         help="send every record with a null value (a tombstone: on a "
+                              "compacted topic it deletes its key). Each line is then a key: "
+                              "the whole line, or with --key-separator the text before the "
+                              "first SEP (the rest of the line is ignored; a line without "
+                              "SEP is all key)")
     produce.add_argument("--acks", default="all", choices=["0", "1", "all", "-1"],
                          help="acknowledgement the producer waits for (default all)")
     produce.add_argument("--partition", type=int, metavar="P",
@@ -634,12 +643,8 @@ def _produce(args: argparse.Namespace) -> int:
     try:
         for line in sys.stdin.buffer:
             line = line.rstrip(b"\r\n")
-            key = None
-            if args.key_separator:
-                sep = args.key_separator.encode()
-                if sep in line:
-                    key, line = line.split(sep, 1)
-            producer.send(args.topic, line, key=key, partition=args.partition,
+            key, value = _split_line(line, args)
+            producer.send(args.topic, value, key=key, partition=args.partition,
                           on_delivery=on_delivery)
             sent += 1
         producer.flush()
@@ -651,6 +656,20 @@ def _produce(args: argparse.Namespace) -> int:
         raise CliError(f"{failed} of {sent} records failed, e.g. {failures[0]}")
     print(f"Produced {sent} record{'' if sent == 1 else 's'} to {args.topic}.")
     return 0
+
+
+def _split_line(line: bytes, args: argparse.Namespace) -> tuple[bytes | None, bytes | None]:
+    """One input line as ``(key, value)``. Normally the line is the value,
+    and the text before the first separator, if any, the key. With
+    ``--null-value`` the value is null and the line names the key: a
+    tombstone without a key would delete nothing."""
+    sep = args.key_separator.encode() if args.key_separator else None
+    if args.null_value:
+        return (line.split(sep, 1)[0] if sep else line), None
+    if sep and sep in line:
+        key, value = line.split(sep, 1)
+        return key, value
+    return None, line
 
 
 # -- consume ------------------------------------------------------------------------------
@@ -675,6 +694,10 @@ def _add_consume(commands: argparse._SubParsersAction) -> None:
     consume.add_argument("--timeout-ms", type=int, metavar="MS",
                          help="stop when no record arrives for this long")
     consume.add_argument("--print-key", action="store_true", help="print KEY<TAB>VALUE")
+    consume.add_argument("--null-literal", default="null", metavar="TEXT",
+                         help="print a null key or value (a tombstone's) as TEXT "
+                              "(default %(default)s, as Kafka's null.literal), e.g. "
+                              "--null-literal '<tombstone>' to tell it from the text null")
     consume.add_argument("--print-offset", action="store_true",
                          help="prefix each record with PARTITION:OFFSET<TAB>")
     consume.add_argument("--group", metavar="GROUP",
@@ -802,7 +825,8 @@ def _format(record, args: argparse.Namespace) -> bytes:
     parts = []
     if args.print_offset:
         parts.append(f"{record.partition}:{record.offset}".encode())
+    null = args.null_literal.encode()
     if args.print_key:
-        parts.append(b"null" if record.key is None else record.key)
-    parts.append(b"null" if record.value is None else record.value)
+        parts.append(null if record.key is None else record.key)
+    parts.append(null if record.value is None else record.value)
     return b"\t".join(parts) + b"\n"

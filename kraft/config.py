@@ -32,6 +32,8 @@ from typing import Any
 
 from kraft.config_schema import BY_NAME, SCHEMA, ConfigError, typed, unknown_key_message
 from protocol.errors import InvalidConfigError
+from storage import errors as storage_errors
+from storage.config import LogConfig
 
 logger = logging.getLogger(__name__)
 
@@ -297,6 +299,15 @@ def _check(config: NodeConfig) -> None:
             "controller.quorum.election.timeout.ms")
     if not 1 <= config.raft_port_offset < 65535:
         raise InvalidConfigError("controller.quorum.raft.port.offset must be between 1 and 65534")
+    # The log.* keys are the topics' defaults: checked together as a log
+    # combines them (cleanup.policy's words, max.compaction.lag.ms at least
+    # min.compaction.lag.ms), so a bad one stops the node here, not when it
+    # first opens a partition.
+    try:
+        LogConfig.from_broker_config(config.settings)
+    except storage_errors.InvalidConfigError as exc:
+        raise InvalidConfigError(f"the node's log settings make a bad topic default: {exc}"
+                                 ) from None
     for node_id, voter in config.voters.items():
         if voter.port + config.raft_port_offset > 65535:
             raise InvalidConfigError(f"voter {node_id}: Raft port {voter.port} + offset "

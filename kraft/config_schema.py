@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from typing import Any
 
 from storage.config import LogConfig
@@ -36,16 +37,17 @@ _LOG_DEFAULTS = LogConfig()
 @dataclasses.dataclass(frozen=True)
 class Key:
     name: str
-    type: str  # "int", "bool", "str" or "dirs" (a list or comma-separated string)
+    # "int", "float", "bool", "str" or "dirs" (a list or comma-separated string)
+    type: str
     default: Any
     doc: str
     read_by: str  # the module that reads it, relative to the repository
-    min: int | None = None
-    max: int | None = None
+    min: int | float | None = None  # inclusive bounds, for "int" and "float" keys
+    max: int | float | None = None
     dynamic: bool = False
 
     def describe_range(self) -> str:
-        if self.type != "int":
+        if self.type not in ("int", "float"):
             return ""
         low = "" if self.min is None else str(self.min)
         high = "" if self.max is None else str(self.max)
@@ -63,6 +65,7 @@ _MANAGER = "storage/manager.py"
 _BROKER = "api/broker/server.py"
 _GROUPS = "api/broker/groups/service.py"
 _TXNS = "api/broker/transactions/service.py"
+_CLEANER = "storage/cleaner.py"
 
 SCHEMA: tuple[Key, ...] = (
     # -- identity and the control plane ---------------------------------------------------
@@ -143,9 +146,36 @@ SCHEMA: tuple[Key, ...] = (
     _k("message.max.bytes", "int", None,
        f"Largest record batch accepted (default {_LOG_DEFAULTS.max_message_bytes}).",
        _STORAGE, 61, INT32_MAX),
-    _k("log.cleanup.policy", "str", "delete",
-       "Default cleanup.policy of topics (only delete: compaction is not built yet).",
-       _TOPIC),
+    _k("log.cleanup.policy", "str", _LOG_DEFAULTS.cleanup_policy,
+       "Default cleanup.policy of topics: delete (retention removes old segments), compact "
+       "(keep the newest record of each key; a null value deletes the key) or compact,delete "
+       "(both; delete,compact and any case are accepted too).", _STORAGE),
+    _k("log.cleaner.min.cleanable.ratio", "float", _LOG_DEFAULTS.min_cleanable_dirty_ratio,
+       "Default min.cleanable.dirty.ratio: compact a log once this fraction of it has not "
+       "been compacted yet.", _STORAGE, 0, 1),
+    _k("log.cleaner.min.compaction.lag.ms", "int", _LOG_DEFAULTS.min_compaction_lag_ms,
+       "Default min.compaction.lag.ms: a record stays uncompacted at least this long.",
+       _STORAGE, 0, INT64_MAX),
+    _k("log.cleaner.max.compaction.lag.ms", "int", _LOG_DEFAULTS.max_compaction_lag_ms,
+       "Default max.compaction.lag.ms: a record is compacted within this long, whatever the "
+       "dirty ratio (at least log.cleaner.min.compaction.lag.ms).", _STORAGE, 1, INT64_MAX),
+    _k("log.cleaner.delete.retention.ms", "int", _LOG_DEFAULTS.delete_retention_ms,
+       "Default delete.retention.ms: how long compaction keeps a tombstone (a record with a "
+       "null value) so consumers see the delete.", _STORAGE, 0, INT64_MAX),
+    _k("log.cleaner.enable", "bool", True,
+       "Run the log cleaner, which compacts topics whose cleanup.policy includes compact "
+       "(the internal topics are compacted).", _CLEANER),
+    _k("log.cleaner.threads", "int", 1, "Logs compacted at the same time (one thread each).",
+       _CLEANER, 1, 64),
+    _k("log.cleaner.dedupe.buffer.size", "int", 128 * 1024 * 1024,
+       "Memory for the cleaners' offset maps (key -> latest offset), shared by the threads; "
+       "a dirty section with more keys than fit is compacted in several passes.", _CLEANER,
+       1024 * 1024, INT64_MAX),
+    _k("log.cleaner.io.max.bytes.per.second", "float", None,
+       "Cap on the cleaners' read plus write rate, all threads (default: no cap).",
+       _CLEANER, 1, None),
+    _k("log.cleaner.backoff.ms", "int", 15_000,
+       "How long the cleaner sleeps when no log needs compacting.", _CLEANER, 1, INT32_MAX),
     _k("log.retention.check.interval.ms", "int", 300_000,
        "How often retention runs.", _MANAGER, 1, INT32_MAX),
     _k("log.flush.scheduler.interval.ms", "int", 200,
@@ -180,10 +210,17 @@ SCHEMA: tuple[Key, ...] = (
     # -- consumer groups ------------------------------------------------------------------------
     _k("offsets.topic.num.partitions", "int", 10, "Partitions of __consumer_offsets.",
        _GROUPS, 1, 1000),
+    _k("offsets.topic.segment.bytes", "int", 100 * 1024 * 1024,
+       "segment.bytes of __consumer_offsets (compacted; its active segment is never "
+       "cleaned, so this bounds what a new coordinator reads beyond the live keys).",
+       _GROUPS, 1024, INT32_MAX),
     _k("offsets.topic.replication.factor", "int", 3,
        "Replicas of __consumer_offsets (capped at the live brokers).", _GROUPS, 1, 1000),
     _k("transaction.state.log.num.partitions", "int", 10,
        "Partitions of __transaction_state.", _TXNS, 1, 1000),
+    _k("transaction.state.log.segment.bytes", "int", 100 * 1024 * 1024,
+       "segment.bytes of __transaction_state (compacted, as __consumer_offsets).", _TXNS,
+       1024, INT32_MAX),
     _k("transaction.state.log.replication.factor", "int", 3,
        "Replicas of __transaction_state (capped at the live brokers).", _TXNS, 1, 1000),
     _k("transaction.max.timeout.ms", "int", 900_000,
@@ -237,6 +274,8 @@ def typed(key: Key, value: Any) -> Any:
                 key.max is not None and number > key.max):
             raise ConfigError(f"{key.name} = {number} is outside {key.describe_range()}")
         return number
+    if key.type == "float":
+        return _typed_float(key, value)
     if key.type == "bool":
         if isinstance(value, bool):
             return value
@@ -252,6 +291,26 @@ def typed(key: Key, value: Any) -> Any:
     if not isinstance(value, str):
         raise ConfigError(f"{key.name} must be a string, got {value!r}")
     return value
+
+
+def _typed_float(key: Key, value: Any) -> float:
+    """A finite number (TOML's int or float, or a string of one) as a float,
+    within the key's range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{key.name} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"{key.name} must be a number, got {value!r}") from None
+    except OverflowError:  # an int too large for a float (and to print)
+        raise ConfigError(f"{key.name} must be a finite number, got an integer too large "
+                          "for a float") from None
+    if not math.isfinite(number):
+        raise ConfigError(f"{key.name} must be a finite number, got {value!r}")
+    if (key.min is not None and number < key.min) or (
+            key.max is not None and number > key.max):
+        raise ConfigError(f"{key.name} = {number} is outside {key.describe_range()}")
+    return number + 0.0  # never -0.0
 
 
 def render_markdown() -> str:

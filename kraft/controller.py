@@ -94,6 +94,7 @@ PARTITIONS_PER_TOPIC_MAX = 10_000
 PARTITIONS_PER_REQUEST_MAX = 10_000  # partitions created, or named, by one request
 REPLICAS_PER_PARTITION_MAX = 1000  # replica list / ISR length in a request
 CONFIGS_PER_RESOURCE_MAX = 1000  # config entries or ops per topic in a request
+CONFIG_LIST_ITEMS_MAX = 16  # words of a list-typed config value (cleanup.policy)
 NAME_CHARS_MAX = 1024  # any name in a request; the Kafka rule (249) is checked per item
 INCARNATION_ID_CHARS_MAX = 64
 ENDPOINTS_MAX = 16
@@ -466,7 +467,7 @@ class Controller:
         if spec.name in draft.image.topics:
             raise TopicAlreadyExistsError(f"topic {spec.name!r} already exists")
         creation.check_collision(spec.name)
-        configs = validate_topic_configs(spec.configs)
+        configs = validate_topic_configs(spec.configs, self.settings.topic_config_defaults)
         assignment = (self._manual_assignment(creation, spec) if spec.assignments is not None
                       else self._placed_assignment(creation, spec))
         self._check_writable(spec.name, len(assignment[0]), configs, creating=True)
@@ -709,7 +710,7 @@ class Controller:
         # Together too; an override of a key this version no longer knows
         # is left alone rather than blocking every later change.
         validate_topic_configs({key: value for key, value in updated.items()
-                                if key in TOPIC_CONFIGS})
+                                if key in TOPIC_CONFIGS}, self.settings.topic_config_defaults)
         replication = min(len(reg.replicas)
                           for reg in draft.image.topics[spec.name].partitions.values())
         self._check_writable(spec.name, replication, updated, creating=False)
@@ -1285,12 +1286,17 @@ def _broker_ids(value: Any, where: str) -> list[int]:
 
 
 def _config_value(value: Any, where: str) -> Any:
-    """Config values travel as strings, integers or booleans; the registry
-    judges the value itself, per item."""
-    if not isinstance(value, (str, int)):  # bool is an int
-        raise InvalidRequestError(
-            f"{where} must be a string, an integer or a boolean, got {printable(value)}")
-    return value
+    """Config values travel as strings, numbers (``min.cleanable.dirty.ratio``
+    as a float), booleans, or lists of strings (``cleanup.policy`` as
+    ``["compact", "delete"]``); the registry judges the value itself, per item."""
+    if isinstance(value, (str, int, float)):  # bool is an int
+        return value
+    if (isinstance(value, (list, tuple)) and len(value) <= CONFIG_LIST_ITEMS_MAX
+            and all(isinstance(item, str) for item in value)):
+        return value
+    raise InvalidRequestError(
+        f"{where} must be a string, a number, a boolean or a list of at most "
+        f"{CONFIG_LIST_ITEMS_MAX} strings, got {printable(value)}")
 
 
 def _endpoints(body: Fields) -> dict[str, str]:

@@ -12,18 +12,25 @@ Who uses it:
 
 Values are stored as strings, normalised so that equal settings are equal
 strings: integers in decimal (``"1_000"`` and ``1000`` both become
-``"1000"``), booleans as ``"true"`` / ``"false"``. A value is refused with
+``"1000"``), booleans as ``"true"`` / ``"false"``, fractions in positional
+decimal (``min.cleanable.dirty.ratio``: ``".5"``, ``0.5`` and ``"5e-1"``
+all become ``"0.5"``; ``1`` becomes ``"1.0"``), ``cleanup.policy`` as one of
+``"delete"``, ``"compact"``, ``"compact,delete"`` (``"Delete, Compact"``
+becomes ``"compact,delete"``). A value is refused with
 ``protocol.errors.InvalidConfigError`` naming the key and the rule.
 
-The log keys (``segment.bytes``, ``retention.ms``, ...) are exactly the ones
-``storage.config.LogConfig`` understands, and they are validated by building
-a ``LogConfig``, so the controller never accepts a value a broker's log
-would refuse.
+The log keys (``segment.bytes``, ``retention.ms``, ``cleanup.policy``, ...)
+are exactly the ones ``storage.config.LogConfig`` understands, and they are
+validated by building a ``LogConfig``, so the controller never accepts a
+value a broker's log would refuse; rules between keys
+(``max.compaction.lag.ms`` at least ``min.compaction.lag.ms``) are checked on
+a topic's overrides together with the cluster defaults they combine with.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from kraft.image import TOPIC_RESOURCE
@@ -46,15 +53,15 @@ INT32_MAX = 2**31 - 1
 
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
 UNCLEAN_LEADER_ELECTION_ENABLE = "unclean.leader.election.enable"
-CLEANUP_POLICY = "cleanup.policy"
 
 
 @dataclasses.dataclass(frozen=True)
 class TopicConfigKey:
     """One accepted key: its built-in default and how to check a value.
 
-    ``normalise`` takes a value as a request carries it (str, int or bool)
-    and returns its canonical string, or raises ``InvalidConfigError``.
+    ``normalise`` takes a value as a request carries it (str, int, float,
+    bool, or a list of str) and returns its canonical string, or raises
+    ``InvalidConfigError``.
     ``broker_key`` is the node-level setting that gives the default, if any.
     """
 
@@ -66,8 +73,10 @@ class TopicConfigKey:
 
 
 def _check_scalar(key: str, value: Any) -> None:
-    """Refuse what no key accepts: other types, overlong strings, huge ints."""
-    if isinstance(value, bool):
+    """Refuse what no key accepts: other types, overlong strings, huge ints.
+    A float, or a list of strings (``cleanup.policy`` as Kafka's list type),
+    passes here; the keys that take neither refuse it."""
+    if isinstance(value, (bool, float)):
         return
     if isinstance(value, int):
         if not CONFIG_INT_MIN <= value <= CONFIG_INT_MAX:
@@ -79,8 +88,16 @@ def _check_scalar(key: str, value: Any) -> None:
                 f"{key} value is {len(value)} characters long; the limit is "
                 f"{CONFIG_VALUE_CHARS_MAX}")
         return
+    if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+        chars = sum(len(item) + 1 for item in value)  # as a comma-separated string
+        if chars > CONFIG_VALUE_CHARS_MAX + 1:
+            raise InvalidConfigError(
+                f"{key} value is {chars - 1} characters long as a list; the limit is "
+                f"{CONFIG_VALUE_CHARS_MAX}")
+        return
     raise InvalidConfigError(
-        f"{key} must be a string, an integer or a boolean, not {type(value).__name__}")
+        f"{key} must be a string, a number, a boolean or a list of strings, not "
+        f"{type(value).__name__}")
 
 
 def _log_normaliser(key: str) -> Callable[[Any], str]:
@@ -88,12 +105,23 @@ def _log_normaliser(key: str) -> Callable[[Any], str]:
 
     def normalise(value: Any) -> str:
         _check_scalar(key, value)
-        number = _log_config({key: value}).to_mapping()[key]
-        if not CONFIG_INT_MIN <= number <= CONFIG_INT_MAX:
-            raise InvalidConfigError(f"{key} must fit in a 64-bit signed integer")
-        return str(number)
+        return _canonical(key, _log_config({key: value}).to_mapping()[key])
 
     return normalise
+
+
+def _canonical(key: str, typed: int | float | str) -> str:
+    """A ``LogConfig`` value as its stored string: a str as it is (the
+    policy is canonical already), a float in positional decimal with the
+    fewest digits that read back the same (``0.5``, ``1e-05`` ->
+    ``0.00001``), an int in decimal within a Kafka long."""
+    if isinstance(typed, str):
+        return typed
+    if isinstance(typed, float):
+        return format(Decimal(repr(typed)), "f")
+    if not CONFIG_INT_MIN <= typed <= CONFIG_INT_MAX:
+        raise InvalidConfigError(f"{key} must fit in a 64-bit signed integer")
+    return str(typed)
 
 
 def _log_config(settings: Mapping[str, Any]) -> LogConfig:
@@ -125,19 +153,6 @@ def _normalise_bool(key: str) -> Callable[[Any], str]:
     return normalise
 
 
-def _normalise_cleanup_policy(value: Any) -> str:
-    _check_scalar(CLEANUP_POLICY, value)
-    policy = value.strip().lower() if isinstance(value, str) else None
-    if policy == "delete":
-        return policy
-    if policy is not None and "compact" in policy:
-        raise InvalidConfigError(
-            f"{CLEANUP_POLICY} = {printable(value)} is not supported yet: log compaction is "
-            "not implemented, so the only accepted policy is 'delete'")
-    raise InvalidConfigError(
-        f"{CLEANUP_POLICY} must be 'delete', got {printable(value)}")
-
-
 def _parse_int(key: str, value: Any) -> int:
     if isinstance(value, bool):
         raise InvalidConfigError(f"{key} must be an integer, not a boolean")
@@ -145,7 +160,7 @@ def _parse_int(key: str, value: Any) -> int:
         return value
     try:
         return int(value.strip())
-    except ValueError:
+    except (AttributeError, ValueError):  # not a string (a float, a list), or not a number
         raise InvalidConfigError(f"{key} must be an integer, got {printable(value)}") from None
 
 
@@ -154,7 +169,7 @@ def _build_registry() -> dict[str, TopicConfigKey]:
     log_defaults = LogConfig().to_mapping()
     log_broker_keys = _log_broker_keys()
     registry = {
-        key: TopicConfigKey(key, str(log_defaults[key]), _log_normaliser(key),
+        key: TopicConfigKey(key, _canonical(key, log_defaults[key]), _log_normaliser(key),
                             log_broker_keys.get(key), f"partition log setting {key}")
         for key in LOG_TOPIC_KEYS
     }
@@ -164,9 +179,6 @@ def _build_registry() -> dict[str, TopicConfigKey]:
     registry[UNCLEAN_LEADER_ELECTION_ENABLE] = TopicConfigKey(
         UNCLEAN_LEADER_ELECTION_ENABLE, "false", _normalise_bool(UNCLEAN_LEADER_ELECTION_ENABLE),
         UNCLEAN_LEADER_ELECTION_ENABLE, "may an out-of-sync replica become leader")
-    registry[CLEANUP_POLICY] = TopicConfigKey(
-        CLEANUP_POLICY, "delete", _normalise_cleanup_policy, "log.cleanup.policy",
-        "what happens to old segments (only delete for now)")
     return dict(sorted(registry.items()))
 
 
@@ -195,15 +207,32 @@ def normalise_topic_config(key: Any, value: Any) -> str:
     return entry.normalise(value)
 
 
-def validate_topic_configs(configs: Mapping[str, Any]) -> dict[str, str]:
+def validate_topic_configs(configs: Mapping[str, Any],
+                           defaults: Mapping[str, str] | None = None) -> dict[str, str]:
     """Check a set of topic overrides, each alone and all together, and
-    return them normalised (sorted by key). Raises ``InvalidConfigError``."""
+    return them normalised (sorted by key). Raises ``InvalidConfigError``.
+
+    The rules between keys (``max.compaction.lag.ms`` >= ``min.compaction.lag.ms``)
+    hold among the overrides, and, given the cluster's topic ``defaults``
+    (normalised, as ``defaults_from_broker_config`` makes them), between
+    the overrides and the defaults of the keys they leave unset, as the
+    broker's log will combine them (Kafka checks a topic config against the
+    broker's defaults too)."""
     if not isinstance(configs, Mapping):
         raise InvalidConfigError(f"topic configs must be a map, got {type(configs).__name__}")
     normalised = {key: normalise_topic_config(key, value)
                   for key, value in sorted(configs.items(), key=lambda kv: str(kv[0]))}
-    # Checked together too, so a future rule between two log keys is kept.
-    _log_config({key: value for key, value in normalised.items() if key in LOG_TOPIC_KEYS})
+    log_overrides = {key: value for key, value in normalised.items() if key in LOG_TOPIC_KEYS}
+    _log_config(log_overrides)
+    if defaults:
+        combined = {key: value for key, value in defaults.items() if key in LOG_TOPIC_KEYS}
+        combined.update(log_overrides)
+        try:
+            LogConfig.from_mapping(combined)
+        except storage_errors.InvalidConfigError as exc:
+            raise InvalidConfigError(
+                f"{exc} (this topic's overrides combined with the cluster's defaults for "
+                "the keys it does not set)") from None
     return normalised
 
 

@@ -37,8 +37,9 @@ import time
 from typing import Callable
 
 from storage import batch as fmt
+from storage.cleaner import CleanerState, complete_swaps
 from storage.checkpoint import CheckpointFormatError, LeaderEpochCheckpoint, fsync_directory
-from storage.config import NO_LIMIT, LogConfig
+from storage.config import LONG_MAX, NO_LIMIT, LogConfig
 from storage.epoch_cache import LeaderEpochCache
 from storage.errors import InvalidOffsetError, InvalidRecordError, OffsetOutOfRangeError
 from storage.producer_state import Duplicate, ProducerStateManager, snapshot_offsets
@@ -53,6 +54,13 @@ MAX_RELATIVE_OFFSET = 2**31 - 1  # relative offsets in the index are int32
 
 def wall_clock_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _gaps_below(config: LogConfig, cleaner_state: CleanerState) -> int:
+    """Where batches of the log may have gaps between them: anywhere in a
+    compacted log (a follower copies its leader's gaps too), else only
+    where the cleaner once rewrote it (the policy was compact before)."""
+    return LONG_MAX if config.compact else cleaner_state.cleaned_upto
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,10 +110,11 @@ class Log:
 
     def __init__(self, directory: str, config: LogConfig, segments: list[Segment],
                  epoch_cache: LeaderEpochCache, log_start_offset: int,
-                 recovery_point: int, clock: Callable[[], int]) -> None:
+                 recovery_point: int, clock: Callable[[], int],
+                 cleaner_state: CleanerState | None = None) -> None:
         # Use Log.open; this only wires loaded parts together.
         self.directory = directory
-        self.config = config
+        self._config = config
         self.clock = clock
         self._segments = segments
         self._bases = [s.base_offset for s in segments]
@@ -127,6 +136,23 @@ class Log:
         self._unsynced_snapshots: list[str] = []
         self._writing = False
         self._snapshot_due = False
+        #: Changes whenever segments are removed or replaced (truncation,
+        #: retention, a clean): a clean planned before does not swap in.
+        self.layout_version = 0
+        #: How far compaction got (storage.cleaner).
+        self.cleaner_state = cleaner_state or CleanerState.load(directory)
+
+    @property
+    def config(self) -> LogConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: LogConfig) -> None:
+        """A topic's configs changed (``topics alter``): applies from now on."""
+        self._config = config
+        gaps_below = _gaps_below(config, self.cleaner_state)
+        for segment in self._segments:
+            segment.gaps_below = gaps_below
 
     # ------------------------------------------------------------------
     # Opening and recovery
@@ -146,6 +172,7 @@ class Log:
         """
         config = config or LogConfig()
         os.makedirs(directory, exist_ok=True)
+        complete_swaps(directory)
         cls._remove_leftovers(directory)
         epoch_checkpoint = LeaderEpochCheckpoint(os.path.join(directory, EPOCH_CHECKPOINT_NAME))
         try:
@@ -159,6 +186,8 @@ class Log:
         bases = sorted(int(name[:-len(LOG_SUFFIX)]) for name in os.listdir(directory)
                        if name.endswith(LOG_SUFFIX) and name[:-len(LOG_SUFFIX)].isdigit())
         interval = config.index_interval_bytes
+        cleaner_state = CleanerState.load(directory)
+        gaps_below = _gaps_below(config, cleaner_state)
         segments: list[Segment] = []
         recovered_any = False
         for i, base in enumerate(bases):
@@ -169,19 +198,22 @@ class Log:
                 break
             next_base = bases[i + 1] if i + 1 < len(bases) else None
             if clean_shutdown or (next_base is not None and next_base <= recovery_point):
-                segments.append(Segment.open_clean(directory, base, interval))
+                segments.append(Segment.open_clean(directory, base, interval,
+                                                   gaps_below=gaps_below))
                 continue
             recovered_any = True
             from_offset = max(base, recovery_point)
             segment, truncated = Segment.open_for_recovery(
-                directory, base, interval, from_offset, epoch_cache.learn_from_recovery)
+                directory, base, interval, from_offset, epoch_cache.learn_from_recovery,
+                gaps_below=gaps_below)
             segments.append(segment)
             if truncated and next_base is not None:
                 cls._drop_segments(directory, bases[i + 1:], interval,
                                    f"corrupt data in segment {base}")
                 break
         if not segments:
-            segments.append(Segment.create(directory, log_start_offset or 0, interval))
+            segments.append(Segment.create(directory, log_start_offset or 0, interval,
+                                           gaps_below=gaps_below))
         if rebuild_epochs:
             for segment in segments:
                 for _pos, header in segment.iter_batch_headers():
@@ -194,7 +226,8 @@ class Log:
         epoch_cache.truncate_from_start(start)
         epoch_cache.truncate_from_end(log_end_offset)
         trusted = log_end_offset if clean_shutdown else min(recovery_point, log_end_offset)
-        instance = cls(directory, config, segments, epoch_cache, start, trusted, clock)
+        instance = cls(directory, config, segments, epoch_cache, start, trusted, clock,
+                       cleaner_state)
         if log_start_offset is not None and log_start_offset > log_end_offset:
             # Recovery cut below the (durable) log start: everything left was
             # already deleted logically. Restart empty at the log start.
@@ -202,6 +235,7 @@ class Log:
                         "restarting it empty there", directory, log_end_offset,
                         log_start_offset)
             instance.truncate_fully_and_start_at(log_start_offset)
+        instance.cleaner_state.truncated(instance.log_end_offset)
         instance.aborted_txns.load(instance._bases, instance.log_end_offset)
         instance._load_producer_state()
         if recovered_any:
@@ -326,6 +360,8 @@ class Log:
         view = memoryview(records)
         validated = fmt.validate_batches(view, self.config.max_message_bytes, strict=True)
         first = validated[0][1]
+        if self.config.compact:
+            self._check_keys(view, validated)
         if any(header.is_control for _pos, header in validated):
             raise InvalidRecordError(
                 "control batches (transaction markers) are written by the transaction "
@@ -352,6 +388,19 @@ class Log:
             self.producer_state.apply(first._replace(base_offset=info.base_offset))
         self._producer_state_caught_up()
         return info
+
+    def _check_keys(self, view, validated: list[tuple[int, fmt.BatchHeader]]) -> None:
+        """A compacted log keeps the latest record per key: every record
+        needs one (Kafka refuses the batch with INVALID_RECORD). The only
+        produce path that decodes records, and only for compacted logs."""
+        for pos, header in validated:
+            batch = view[pos:pos + header.size_bytes]
+            for i, record in enumerate(fmt.iter_records(batch, verify_crc=False)):
+                if record.key is None:
+                    raise InvalidRecordError(
+                        f"record {i} of a batch has no key, and {os.path.basename(self.directory)}"
+                        " is a compacted topic (cleanup.policy=compact), which keeps the latest "
+                        "record of each key: give every record a key")
 
     def _check_producer(self, validated: list[tuple[int, fmt.BatchHeader]],
                         coordinator: bool = False) -> Duplicate | None:
@@ -394,9 +443,11 @@ class Log:
         expected = self.log_end_offset
         entries = []
         for pos, header in validated:
-            if header.base_offset != expected:
+            # A compacted leader log has gaps: a batch may start past the end.
+            if header.base_offset < expected:
                 raise InvalidOffsetError(
-                    f"follower batch starts at offset {header.base_offset}, expected {expected}")
+                    f"follower batch starts at offset {header.base_offset}, below the log "
+                    f"end {expected}")
             entries.append(([view[pos:pos + header.size_bytes]],
                             BatchMeta(header.base_offset, header.last_offset,
                                       header.max_timestamp, header.size_bytes),
@@ -487,6 +538,9 @@ class Log:
         first_ts = segment.first_batch_timestamp
         if first_ts != fmt.NO_TIMESTAMP and meta.max_timestamp - first_ts > self.config.segment_ms:
             return True
+        if (self.config.compact and first_ts != fmt.NO_TIMESTAMP
+                and meta.max_timestamp - first_ts > self.config.max_compaction_lag_ms):
+            return True  # the active segment is never cleaned (KIP-354)
         return meta.last_offset - segment.base_offset > MAX_RELATIVE_OFFSET
 
     def roll(self) -> Segment:
@@ -498,7 +552,8 @@ class Log:
             return active
         active.write_index_entries()
         segment = Segment.create(self.directory, self.log_end_offset,
-                                 self.config.index_interval_bytes)
+                                 self.config.index_interval_bytes,
+                                 gaps_below=_gaps_below(self.config, self.cleaner_state))
         self._segments = self._segments + [segment]
         self._bases = self._bases + [segment.base_offset]
         self._dir_dirty = True
@@ -571,6 +626,7 @@ class Log:
         self._segments = self._segments[:keep]
         self._bases = self._bases[:keep]
         self._truncations += 1
+        self.layout_version += 1
         self.active_segment.truncate_to(offset)
         end = self.log_end_offset
         if end < self.log_start_offset:
@@ -582,6 +638,7 @@ class Log:
         self.recovery_point = min(self.recovery_point, end)
         self._dir_dirty = True
         self.aborted_txns.truncate_to(end)
+        self._cleaner_state_truncated(end)
         self._load_producer_state()
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
@@ -594,7 +651,9 @@ class Log:
         for segment in self._segments:
             segment.delete()
         self._truncations += 1
-        segment = Segment.create(self.directory, offset, self.config.index_interval_bytes)
+        self.layout_version += 1
+        segment = Segment.create(self.directory, offset, self.config.index_interval_bytes,
+                                 gaps_below=_gaps_below(self.config, self.cleaner_state))
         self._segments = [segment]
         self._bases = [offset]
         self.epoch_cache.clear()
@@ -604,6 +663,16 @@ class Log:
         self.producer_state.delete_snapshots()
         self.producer_state.clear(offset)
         self.aborted_txns.clear()
+        self.cleaner_state.reset(offset)
+        self.cleaner_state.save()
+
+    def _cleaner_state_truncated(self, end: int) -> None:
+        state = self.cleaner_state
+        before = (state.first_dirty, [list(p) for p in state.cleaned_at])
+        state.truncated(end)
+        if (state.first_dirty, state.cleaned_at) != before:
+            # Offsets past the end will be new records: never "cleaned".
+            state.save()
 
     def delete_records_before(self, offset: int) -> int:
         """Move the log start offset up to ``offset`` (Kafka's DeleteRecords)
@@ -627,6 +696,8 @@ class Log:
         ``retention.bytes``. Whole segments only, oldest first, never one
         reaching past ``upper_bound_offset`` (the high watermark). Returns
         how many were deleted."""
+        if not self.config.delete:
+            return 0  # cleanup.policy=compact: only the cleaner removes records
         now_ms = self.clock() if now_ms is None else now_ms
         upper = self.log_end_offset if upper_bound_offset is None else upper_bound_offset
         retention_ms = self.config.retention_ms
@@ -666,6 +737,7 @@ class Log:
                      segment.base_offset, segment.next_offset - 1, segment.size_bytes, reason)
             segment.delete()
         if count:
+            self.layout_version += 1
             self._segments = self._segments[count:]
             self._bases = self._bases[count:]
             self.recovery_point = max(self.recovery_point, self._segments[0].base_offset)
@@ -675,6 +747,23 @@ class Log:
             self.producer_state.delete_snapshots(below=self._segments[0].base_offset)
             self.aborted_txns.drop_segments_below(self._segments[0].base_offset)
         return count
+
+    def replace_segments(self, replacements: list[tuple[list[Segment], Segment]]) -> None:
+        """The cleaner swapped each run of old segments for one cleaned
+        segment covering the same offsets (storage.cleaner.swap)."""
+        segments = list(self._segments)
+        for old, new in replacements:
+            at = segments.index(old[0])
+            assert segments[at:at + len(old)] == old, (old, segments)
+            assert new.base_offset == old[0].base_offset and new.next_offset == \
+                old[-1].next_offset, (old, new)
+            segments[at:at + len(old)] = [new]
+            merged = [s.base_offset for s in old[1:]]
+            if merged:
+                self.aborted_txns.merge_segments(merged, new.base_offset)
+        self._segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self.layout_version += 1
 
     # ------------------------------------------------------------------
     # Flushing
@@ -761,6 +850,8 @@ class Log:
         self.epoch_cache.check_invariants()
         for _epoch, start in self.epoch_cache.entries:
             assert start <= self.log_end_offset, (start, self.log_end_offset)
+        assert self.cleaner_state.first_dirty <= self.log_end_offset, (
+            self.cleaner_state.first_dirty, self.log_end_offset)
         assert self.producer_state.end_offset == self.log_end_offset, (
             self.producer_state.end_offset, self.log_end_offset)
         aborted = self.aborted_txns.entries

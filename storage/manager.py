@@ -21,11 +21,14 @@ import concurrent.futures
 import dataclasses
 import fcntl
 import logging
+import multiprocessing
 import os
 import shutil
+import time
 import uuid
 from typing import Any, Callable, Iterable, Mapping
 
+from storage import cleaner
 from storage.checkpoint import OffsetCheckpoint, fsync_directory, write_atomically
 from storage.config import LogConfig
 from storage.errors import InvalidConfigError, InvalidTopicError, LogDirectoryError
@@ -102,12 +105,36 @@ class LogManagerConfig:
         )
 
 
+@dataclasses.dataclass
+class CleanerStats:
+    """What the log cleaner has done since the broker started (``/metrics``)."""
+
+    passes: int = 0
+    passes_discarded: int = 0
+    passes_failed: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    seconds: float = 0.0
+    #: Written / read of the last pass, in percent (Kafka's cleaner-recopy-percent).
+    last_recopy_percent: float = 0.0
+    #: Seconds of the last pass.
+    last_seconds: float = 0.0
+    #: ``time.monotonic()`` when the last pass ended, None before the first.
+    last_run_monotonic: float | None = None
+
+
 class LogManager:
     """Owns the ``Log`` of every partition this broker hosts."""
 
     def __init__(self, config: LogManagerConfig, default_log_config: LogConfig | None = None,
-                 *, clock: Callable[[], int] = wall_clock_ms) -> None:
+                 *, clock: Callable[[], int] = wall_clock_ms,
+                 cleaner_config: cleaner.CleanerConfig | None = None) -> None:
         self.config = config
+        self.cleaner_config = cleaner_config or cleaner.CleanerConfig()
+        self.cleaner_stats = CleanerStats()
+        self._cleaning: dict[TopicPartition, asyncio.Task] = {}
+        self._cleaner_executor: concurrent.futures.ProcessPoolExecutor | None = None
+        self._cleaner_wakeup: asyncio.Event | None = None
         self.default_log_config = default_log_config or LogConfig()
         self.clock = clock
         self._logs: dict[TopicPartition, Log] = {}
@@ -298,6 +325,9 @@ class LogManager:
                                             self._producer_expiry_tick),
                                 name="producer-id-expiration"),
         ]
+        if self.cleaner_config.enable:
+            self._cleaner_wakeup = asyncio.Event()
+            self._tasks.append(asyncio.create_task(self._cleaner_loop(), name="log-cleaner"))
 
     async def _every(self, interval_ms: int, tick) -> None:
         while True:
@@ -329,11 +359,124 @@ class LogManager:
         snapshot = self._checkpoint_snapshot()
         await loop.run_in_executor(self._flush_executor(), self._write_checkpoints, snapshot)
 
+    # -- the log cleaner ---------------------------------------------------
+    def wake_cleaner(self) -> None:
+        """Look for logs to clean now, not at the next backoff (a config
+        change, or a test that wants a pass)."""
+        if self._cleaner_wakeup is not None:
+            self._cleaner_wakeup.set()
+
+    async def _cleaner_loop(self) -> None:
+        """Start passes on the dirtiest compacted logs, up to
+        ``log.cleaner.threads`` at once; look again when one ends or after
+        ``log.cleaner.backoff.ms``."""
+        wakeup = self._cleaner_wakeup
+        assert wakeup is not None
+        while True:
+            try:
+                self._start_cleanings()
+            except Exception:  # a failed look must not stop the cleaner
+                log.exception("log cleaner failed to choose logs")
+            try:
+                await asyncio.wait_for(wakeup.wait(), self.cleaner_config.backoff_ms / 1000)
+            except asyncio.TimeoutError:
+                pass
+            wakeup.clear()
+
+    def _start_cleanings(self) -> None:
+        free = self.cleaner_config.threads - len(self._cleaning)
+        if free <= 0:
+            return
+        now_ms = self.clock()
+        bounds = self.retention_upper_bounds() if self.retention_upper_bounds else None
+        candidates = []
+        for tp, part_log in self._logs.items():
+            if tp in self._cleaning or not part_log.config.compact:
+                continue
+            if bounds is not None and tp not in bounds:
+                continue  # not hosted (yet): no high watermark to stay under
+            bound = None if bounds is None else bounds[tp]
+            found = cleaner.needs_cleaning(part_log, now_ms, bound)
+            if found is not None:
+                candidates.append((found.dirty_ratio, tp, part_log, bound))
+        candidates.sort(key=lambda c: c[0], reverse=True)
+        for _ratio, tp, part_log, bound in candidates[:free]:
+            plan = cleaner.plan_clean(part_log, now_ms, bound)
+            if plan is not None:
+                self._cleaning[tp] = asyncio.create_task(self._clean(tp, part_log, plan),
+                                                         name=f"clean-{tp}")
+
+    def _cleaner_pool(self) -> concurrent.futures.ProcessPoolExecutor:
+        """``log.cleaner.threads`` cleaner processes (not threads: a clean
+        decodes every record and would hold the GIL the event loop needs),
+        started on first use, at a lower priority than the broker."""
+        if self._cleaner_executor is None:
+            threads = self.cleaner_config.threads
+            self._cleaner_executor = concurrent.futures.ProcessPoolExecutor(
+                max_workers=threads, mp_context=multiprocessing.get_context("spawn"),
+                initializer=cleaner.init_cleaner_process,
+                initargs=(self.cleaner_config.io_max_bytes_per_second / threads,))
+        return self._cleaner_executor
+
+    async def _clean(self, tp: TopicPartition, part_log: Log, plan: cleaner.CleanPlan) -> None:
+        """One pass: the clean in a cleaner process, the swap on this thread."""
+        loop = asyncio.get_running_loop()
+        budget = self.cleaner_config.dedupe_buffer_size // self.cleaner_config.threads
+        stats = self.cleaner_stats
+        try:
+            try:
+                result = await loop.run_in_executor(self._cleaner_pool(),
+                                                    cleaner.clean_in_process, plan, budget)
+            except concurrent.futures.process.BrokenProcessPool:
+                self._stop_cleaner_pool()  # a cleaner process died: start afresh next time
+                raise
+            result.plan = plan  # the copy that came back lacks the segment objects
+            if self._logs.get(tp) is not part_log:
+                result.discard()  # deleted or replaced meanwhile
+                stats.passes_discarded += 1
+                return
+            if not cleaner.swap(part_log, result):
+                stats.passes_discarded += 1
+                return
+            stats.passes += 1
+            stats.bytes_read += result.bytes_read
+            stats.bytes_written += result.bytes_written
+            stats.seconds += result.seconds
+            stats.last_seconds = result.seconds
+            stats.last_recopy_percent = (100.0 * result.bytes_written / result.bytes_read
+                                         if result.bytes_read else 0.0)
+            log.info("%s: cleaned offsets %d..%d in %.2f s: %d of %d records kept, "
+                     "%d -> %d bytes", tp, plan.segments[0].base_offset, result.map_end - 1,
+                     result.seconds, result.records_kept, result.records_read,
+                     result.bytes_read, result.bytes_written)
+        except asyncio.CancelledError:
+            raise  # the thread finishes alone; its output is removed at the next open
+        except Exception:
+            stats.passes_failed += 1
+            log.exception("%s: cleaning failed; the log is unchanged", tp)
+        finally:
+            stats.last_run_monotonic = time.monotonic()
+            self._cleaning.pop(tp, None)
+            self.wake_cleaner()
+
+    def max_dirty_percent(self) -> float:
+        """The highest dirty ratio of any compacted log, in percent."""
+        now_ms = self.clock()
+        ratios = [cleaner.cleanability(part_log, now_ms).dirty_ratio
+                  for part_log in self._logs.values()
+                  if part_log.config.compact and not part_log.closed]
+        return 100.0 * max(ratios, default=0.0)
+
     async def stop_background_tasks(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        cleanings = list(self._cleaning.values())
+        for task in cleanings:
+            task.cancel()
+        await asyncio.gather(*cleanings, return_exceptions=True)
+        self._cleaning = {}
 
     # -- shutdown --------------------------------------------------------
     def shutdown(self) -> None:
@@ -359,4 +502,19 @@ class LogManager:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        self._stop_cleaner_pool()
         self.started = False
+
+    def _stop_cleaner_pool(self) -> None:
+        """Stop the cleaner processes at once: a clean in progress only
+        writes ``.cleaned`` files, which the next open deletes."""
+        executor, self._cleaner_executor = self._cleaner_executor, None
+        if executor is None:
+            return
+        processes = getattr(executor, "_processes", None) or {}  # no public way to kill
+        for process in list(processes.values()):
+            try:
+                process.kill()
+            except (OSError, AttributeError):
+                pass
+        executor.shutdown(wait=False, cancel_futures=True)

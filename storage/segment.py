@@ -8,6 +8,11 @@ names them, so a directory listing sorts in offset order.
 Threading: the log's owner thread does everything except ``sync`` (fsync),
 which a flush worker may run concurrently; ``close`` waits for a running sync.
 
+Batches are in offset order. In a segment the log cleaner rewrote
+(``storage/cleaner.py``) they have gaps between them, and its first batch may
+start above ``base_offset``; the cleaner keeps each rewritten segment's last
+batch (emptied if need be), so a segment still ends where the next begins.
+
 Invariants (``check_invariants``):
   - ``base_offset <= next_offset``; the segment is empty iff they are equal;
   - the file is exactly ``size_bytes`` long and ends on a batch boundary;
@@ -53,16 +58,22 @@ class BatchMeta(NamedTuple):
 class Segment:
     """A ``.log`` file with its offset and time indexes."""
 
-    def __init__(self, directory: str, base_offset: int, index_interval_bytes: int) -> None:
+    def __init__(self, directory: str, base_offset: int, index_interval_bytes: int,
+                 suffix: str = "", *, gaps_below: int = 0) -> None:
         self.directory = directory
+        #: Recovery accepts a gap between batches only where it starts below
+        #: this offset (a compacted log, or its part the cleaner rewrote):
+        #: elsewhere offsets are dense, and a jump means a corrupt base offset.
+        self.gaps_below = gaps_below
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
         stem = os.path.join(directory, file_stem(base_offset))
-        self.log_path = stem + LOG_SUFFIX
+        # ``suffix`` names a segment the cleaner is writing (``.cleaned``).
+        self.log_path = stem + LOG_SUFFIX + suffix
         self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
         self._lock = threading.Lock()  # guards _fd against close during sync
-        self.offset_index = SparseIndex(stem + INDEX_SUFFIX, OFFSET_ENTRY)
-        self.time_index = SparseIndex(stem + TIME_INDEX_SUFFIX, TIME_ENTRY)
+        self.offset_index = SparseIndex(stem + INDEX_SUFFIX + suffix, OFFSET_ENTRY)
+        self.time_index = SparseIndex(stem + TIME_INDEX_SUFFIX + suffix, TIME_ENTRY)
         self.size_bytes = 0
         # Offset after the last batch. Invariant: base_offset <= next_offset.
         self.next_offset = base_offset
@@ -76,22 +87,24 @@ class Segment:
 
     # -- opening ---------------------------------------------------------
     @classmethod
-    def create(cls, directory: str, base_offset: int, index_interval_bytes: int) -> "Segment":
+    def create(cls, directory: str, base_offset: int, index_interval_bytes: int,
+               suffix: str = "", *, gaps_below: int = 0) -> "Segment":
         """A new, empty segment. Leftover files of the same name (from a
         truncation that removed this segment earlier) are emptied."""
-        segment = cls(directory, base_offset, index_interval_bytes)
+        segment = cls(directory, base_offset, index_interval_bytes, suffix,
+                      gaps_below=gaps_below)
         os.ftruncate(segment._fd, 0)
         segment.offset_index.clear()
         segment.time_index.clear()
         return segment
 
     @classmethod
-    def open_clean(cls, directory: str, base_offset: int, index_interval_bytes: int
-                   ) -> "Segment":
+    def open_clean(cls, directory: str, base_offset: int, index_interval_bytes: int,
+                   *, gaps_below: int = 0) -> "Segment":
         """Open a segment that was fully flushed: trust the data, load the
         indexes (rebuilding them if they fail the sanity checks) and re-read
         only the batches after the last index entry."""
-        segment = cls(directory, base_offset, index_interval_bytes)
+        segment = cls(directory, base_offset, index_interval_bytes, gaps_below=gaps_below)
         try:
             segment._load_indexes()
             segment._restore_prefix_state(os.fstat(segment._fd).st_size)
@@ -103,11 +116,12 @@ class Segment:
     @classmethod
     def open_for_recovery(cls, directory: str, base_offset: int, index_interval_bytes: int,
                           from_offset: int,
-                          on_batch: Callable[[BatchHeader], None]) -> tuple["Segment", bool]:
+                          on_batch: Callable[[BatchHeader], None], *, gaps_below: int = 0
+                          ) -> tuple["Segment", bool]:
         """Open a segment that may hold unflushed data from ``from_offset`` on:
         trust what precedes it, validate every batch from there, truncate at
         the first bad byte. Returns the segment and whether it was truncated."""
-        segment = cls(directory, base_offset, index_interval_bytes)
+        segment = cls(directory, base_offset, index_interval_bytes, gaps_below=gaps_below)
         start_pos = 0
         if from_offset > base_offset:
             try:
@@ -144,7 +158,8 @@ class Segment:
             if pos + fmt.HEADER_SIZE > file_size:
                 raise CorruptRecordError(f"flushed prefix ends before offset {offset}")
             header = self._header_at(pos)
-            if header.base_offset != expected or header.batch_length < fmt.MIN_BATCH_LENGTH:
+            if not self._follows(header.base_offset, expected) \
+                    or header.batch_length < fmt.MIN_BATCH_LENGTH:
                 raise CorruptRecordError(
                     f"batch at {pos} has offset {header.base_offset}, expected {expected}")
             pos += header.size_bytes
@@ -165,7 +180,7 @@ class Segment:
         self.max_timestamp = fmt.NO_TIMESTAMP
         self.offset_of_max_timestamp = self.base_offset
         for pos, header in self._iter_headers(start_pos, end_pos):
-            if header.base_offset != self.next_offset:
+            if not self._follows(header.base_offset, self.next_offset):
                 raise CorruptRecordError(
                     f"{self.log_path}: batch at {pos} has offset {header.base_offset}, "
                     f"expected {self.next_offset}")
@@ -199,7 +214,7 @@ class Segment:
         pos = start_pos
         bad_reason = None
         for pos, header, error in self._iter_validated(start_pos):
-            if error is None and header.base_offset != self.next_offset:
+            if error is None and not self._follows(header.base_offset, self.next_offset):
                 error = (f"offset {header.base_offset} does not follow "
                          f"{self.next_offset - 1}")
             if error is not None:
@@ -221,6 +236,10 @@ class Segment:
             self.size_bytes = pos
             return True
         return False
+
+    def _follows(self, base_offset: int, expected: int) -> bool:
+        """May a batch at ``base_offset`` follow one that ended at ``expected``?"""
+        return base_offset == expected or expected < base_offset and expected < self.gaps_below
 
     def _reset_state(self) -> None:
         self.offset_index.clear()

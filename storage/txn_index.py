@@ -124,6 +124,17 @@ class AbortedTxns:
             _unlink(txn_index_path(self.directory, base))
         del self._entries[:keep], self._last_offsets[:keep], self._segment_of[:keep]
 
+    def merge_segments(self, bases: list[int], into: int) -> None:
+        """The cleaner merged the segments at ``bases`` into the one at
+        ``into``: their entries move to its file. (A crash before this
+        loses those entries with their files, which is harmless: a clean
+        removes every record of an aborted transaction.)"""
+        merged = set(bases)
+        self._segment_of = [into if base in merged else base for base in self._segment_of]
+        self._rewrite(into)
+        for base in merged:
+            _unlink(txn_index_path(self.directory, base))
+
     def clear(self) -> None:
         for base in set(self._segment_of):
             _unlink(txn_index_path(self.directory, base))

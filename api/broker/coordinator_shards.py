@@ -51,6 +51,8 @@ TICK_INTERVAL_S = 0.25
 LOAD_COMMIT_POLL_S = 0.05
 #: max.message.bytes of the internal topics: room for a large change.
 INTERNAL_MESSAGE_BYTES_MAX = 16 * 1024 * 1024
+#: segment.bytes of the internal topics (Kafka's offsets.topic.segment.bytes).
+INTERNAL_SEGMENT_BYTES = 100 * 1024 * 1024
 #: Bytes read per step while loading a shard.
 LOAD_CHUNK_BYTES = 1024 * 1024
 
@@ -96,7 +98,8 @@ class ShardedCoordinator(abc.ABC):
     def __init__(self, broker_id: int, replicas: Any, data: Any,
                  controller_call: Callable[..., Any], image: Callable[[], Any],
                  clock_ms: Callable[[], int], partitions_wanted: int,
-                 replication_wanted: int) -> None:
+                 replication_wanted: int,
+                 segment_bytes: int = INTERNAL_SEGMENT_BYTES) -> None:
         self.broker_id = broker_id
         self.replicas = replicas
         self.data = data
@@ -105,6 +108,7 @@ class ShardedCoordinator(abc.ABC):
         self.clock_ms = clock_ms
         self.partitions_wanted = partitions_wanted
         self.replication_wanted = replication_wanted
+        self.segment_bytes = segment_bytes
         self.shards: dict[int, Shard] = {}
         self._tasks: list[asyncio.Task] = []
         self._create_lock = asyncio.Lock()
@@ -261,8 +265,13 @@ class ShardedCoordinator(abc.ABC):
                 "coordinator_url": broker_url(image, reg.leader)}
 
     def topic_configs(self, replication: int) -> dict[str, str]:
-        # No compaction yet: keep every record rather than lose the latest.
-        return {"retention.ms": "-1", "retention.bytes": "-1",
+        # Compacted, as Kafka's internal topics: the latest record of each
+        # key stays forever, superseded ones go, so a new coordinator reads
+        # about as many records as there are live keys. Small segments
+        # (offsets.topic.segment.bytes) so the active segment, which is
+        # never cleaned, stays small.
+        return {"cleanup.policy": "compact",
+                "segment.bytes": str(self.segment_bytes),
                 "max.message.bytes": str(INTERNAL_MESSAGE_BYTES_MAX),
                 "min.insync.replicas": str(min(2, replication))}
 

@@ -141,6 +141,31 @@ class BrokerMetrics:
         if read_replication is not None:
             self._add_replication(r, read_replication)
 
+    def add_cleaner_gauges(self, read: Callable[[], dict[str, float]]) -> None:
+        """The log cleaner (compacted topics), read at scrape time."""
+        r = self.registry
+
+        def one(key: str) -> Callable[[], dict[tuple, float]]:
+            return lambda: {(): read()[key]}
+
+        r.add(Gauge("kraftlog_cleaner_max_dirty_percent",
+                    "Highest share of a compacted log not cleaned yet, in percent.",
+                    one("max_dirty_percent")))
+        r.add(Gauge("kraftlog_cleaner_recopy_percent",
+                    "Bytes the last pass wrote, as a percent of the bytes it read.",
+                    one("recopy_percent")))
+        r.add(Gauge("kraftlog_cleaner_time_since_last_run_seconds",
+                    "Seconds since the last cleaner pass ended (-1: none yet).",
+                    one("time_since_last_run")))
+        r.add(Gauge("kraftlog_cleaner_last_pass_seconds", "How long the last pass took.",
+                    one("last_pass_seconds")))
+        for key, help_text in (("passes", "Cleaner passes completed."),
+                               ("bytes_read", "Bytes the cleaner read."),
+                               ("bytes_cleaned", "Bytes the cleaner wrote (cleaned segments)."),
+                               ("passes_failed", "Cleaner passes that failed.")):
+            counter = r.add(Gauge(f"kraftlog_cleaner_{key}_total", help_text, one(key)))
+            counter.kind = "counter"
+
     def add_group_gauges(self, members: Callable[[], dict[tuple, float]],
                          lags: Callable[[], dict[tuple, float]]) -> None:
         """Consumer groups coordinated by this broker (refreshed every few

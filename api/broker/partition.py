@@ -58,6 +58,7 @@ import logging
 
 from kraft.records import LEADER_RECOVERED, LEADER_RECOVERING
 from storage.epoch_cache import UNDEFINED_EPOCH
+from storage import cleaner
 from storage.batch import HEADER_SIZE, parse_header
 from storage.log import AppendInfo, Log
 from storage.manager import TopicPartition
@@ -455,11 +456,24 @@ class Partition:
                  "log_end_offset": self.log_end_offset,
                  "size_bytes": self.log.size_bytes,
                  "segments": len(self.log.segments)}
+        if self.log.config.compact:
+            entry["cleaner"] = self._describe_cleaner(now_ms)
         if self.is_leader:
             entry["replica_states"] = [self._describe_replica(r, now_ms) for r in self.replicas]
         if producers:
             entry["producers"] = self.log.producer_state.describe()
         return entry
+
+    def _describe_cleaner(self, now_ms: int | None) -> dict:
+        """How far compaction got in this replica's log (each replica
+        cleans its own)."""
+        now_ms = self.log.clock() if now_ms is None else now_ms
+        found = cleaner.cleanability(self.log, now_ms, self.high_watermark)
+        state = self.log.cleaner_state
+        return {"cleanable_ratio": round(found.dirty_ratio, 4),
+                "first_dirty_offset": found.first_dirty,
+                "clean_bytes": found.clean_bytes, "dirty_bytes": found.dirty_bytes,
+                "last_clean_ms": state.last_clean_ms if state.last_clean_ms >= 0 else None}
 
     def _describe_replica(self, replica_id: int, now_ms: int | None) -> dict:
         if replica_id == self.broker_id:

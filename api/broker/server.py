@@ -45,6 +45,7 @@ from kraft.topic_config import defaults_from_broker_config
 from protocol import wire
 from protocol.errors import UnknownTopicOrPartitionError
 from protocol.fields import Fields
+from storage.cleaner import CleanerConfig
 from storage.config import LogConfig
 from storage.manager import TOPIC_NAME_MAX_CHARS, LogManager, LogManagerConfig, TopicPartition
 
@@ -90,8 +91,10 @@ class BrokerServer:
         self.lifecycle = lifecycle
         self.client = client
         self.request_bytes_max = config.settings["socket.request.max.bytes"]
-        self.log_manager = LogManager(LogManagerConfig.from_broker_config(config.settings),
-                                      LogConfig.from_broker_config(config.settings))
+        self.log_manager = LogManager(
+            LogManagerConfig.from_broker_config(config.settings),
+            LogConfig.from_broker_config(config.settings),
+            cleaner_config=CleanerConfig.from_broker_config(config.settings))
         self.replicas = ReplicaManager(
             config.node_id, self.log_manager, lifecycle.core, replication_settings(config),
             topic_defaults=defaults_from_broker_config(config.settings))
@@ -106,6 +109,7 @@ class BrokerServer:
         self._hw_lock = asyncio.Lock()
         self.metrics = BrokerMetrics(self._partition_counts, self._leader_counts,
                                      self._replication_gauges)
+        self.metrics.add_cleaner_gauges(self._cleaner_gauges)
         self.data = DataApi(self.replicas, self.metrics, self._not_serving_reason,
                             config.cluster_id, lambda: self.client.leader_id,
                             metadata_ready=lambda: self.lifecycle.metadata_caught_up)
@@ -251,6 +255,17 @@ class BrokerServer:
 
     def _leader_counts(self) -> dict[tuple, float]:
         return {(): sum(1 for p in self.replicas.partitions.values() if p.is_leader)}
+
+    def _cleaner_gauges(self) -> dict[str, float]:
+        manager = self.log_manager
+        stats = manager.cleaner_stats
+        last = stats.last_run_monotonic
+        return {"max_dirty_percent": manager.max_dirty_percent(),
+                "recopy_percent": stats.last_recopy_percent,
+                "time_since_last_run": -1 if last is None else time.monotonic() - last,
+                "last_pass_seconds": stats.last_seconds, "passes": stats.passes,
+                "bytes_read": stats.bytes_read, "bytes_cleaned": stats.bytes_written,
+                "passes_failed": stats.passes_failed}
 
     def _replication_gauges(self) -> dict[str, float]:
         parts = self.replicas.partitions.values()
@@ -406,7 +421,8 @@ class BrokerServer:
             found = stats.get(p)
             if found is not None:
                 for key in ("log_start_offset", "high_watermark", "last_stable_offset",
-                            "log_end_offset", "size_bytes", "replica_states") + (
+                            "log_end_offset", "size_bytes", "replica_states",
+                            "cleaner") + (
                                 ("producers",) if producers else ()):
                     entry[key] = found.get(key)
             partitions.append(entry)

@@ -345,6 +345,38 @@ def test_partition_flag_sends_every_record_to_that_partition(url):
     assert "no partition 7" in line
 
 
+def test_null_value_sends_tombstones_and_consume_prints_them_as_null(url):
+    create(url, "tombstones", "--partitions", "1", "--config", "cleanup.policy=Delete,Compact")
+    fields, _ = describe(url, "tombstones")["tombstones"]
+    assert fields["Configs"] == "cleanup.policy=compact,delete"  # stored canonical
+    produce(url, "tombstones", ["user-1:{\"total\":42}", "user-2:null"], "--key-separator", ":")
+    # Each line a key: the whole line, or the text before the separator.
+    produce(url, "tombstones", ["user-1"], "--null-value")
+    produce(url, "tombstones", ["user-2:anything", "user-3"], "--null-value",
+            "--key-separator", ":")
+
+    got = consume(url, "tombstones", "--from-beginning", "--max-messages", "5", "--print-key")
+    assert got.stdout.splitlines() == ["user-1\t{\"total\":42}", "user-2\tnull",
+                                       "user-1\tnull", "user-2\tnull", "user-3\tnull"]
+    # The text "null" and a null value are told apart with --null-literal.
+    marked = consume(url, "tombstones", "--from-beginning", "--max-messages", "5",
+                     "--print-key", "--print-offset", "--null-literal", "<tombstone>")
+    assert marked.stdout.splitlines() == [
+        "0:0\tuser-1\t{\"total\":42}", "0:1\tuser-2\tnull", "0:2\tuser-1\t<tombstone>",
+        "0:3\tuser-2\t<tombstone>", "0:4\tuser-3\t<tombstone>"]
+
+
+def test_a_compaction_config_the_log_would_refuse_is_refused_at_create(url):
+    fails(kraftlog(url, "topics", "create", "badly-compacted", "--config",
+                   "cleanup.policy=compress"),
+          "INVALID_CONFIG", "cleanup.policy = 'compress' is invalid",
+          "delete, compact or compact,delete")
+    fails(kraftlog(url, "topics", "create", "badly-compacted", "--config",
+                   "min.cleanable.dirty.ratio=1.5"),
+          "INVALID_CONFIG", "min.cleanable.dirty.ratio = 1.5 is invalid")
+    assert "badly-compacted" not in listed(url)
+
+
 def test_producing_to_an_unknown_topic_fails_naming_the_error(url):
     started = time.monotonic()
     line = fails(kraftlog(url, "produce", "no-such-topic", "--delivery-timeout-ms", "1000",

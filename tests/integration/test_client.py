@@ -212,6 +212,20 @@ def test_admin_creates_describes_alters_and_deletes(url, admin):
         admin.describe_topics(["admin-t"])
 
 
+def test_a_tombstone_is_sent_and_read_as_a_null_value(url, admin):
+    tps = create(admin, "tombstones", **{"cleanup.policy": "delete,compact"})
+    assert admin.describe_configs("tombstones")["cleanup.policy"].value == "compact,delete"
+    with Producer(url) as producer:
+        producer.send("tombstones", b"v1", key=b"k")
+        producer.send("tombstones", value=None, key=b"k")  # deletes k once compacted
+        producer.send("tombstones", key="k2")  # value left out: null too
+        producer.send("tombstones", b"", key=b"k3")  # empty is not null
+        producer.flush()
+    records = consume_all(url, tps, 4)
+    assert [(r.key, r.value) for r in records] == [
+        (b"k", b"v1"), (b"k", None), (b"k2", None), (b"k3", b"")]
+
+
 def test_gzip_batches_round_trip(url, admin):
     tps = create(admin, "gzipped")
     with Producer(url, compression_type="gzip") as producer:

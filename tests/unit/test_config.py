@@ -9,6 +9,7 @@ import pytest
 
 from storage.config import (
     BROKER_TO_TOPIC_KEYS,
+    CLEANUP_POLICIES,
     MAX_MESSAGE_BYTES_DEFAULT,
     SEGMENT_BYTES_DEFAULT,
     TOPIC_KEYS,
@@ -17,6 +18,8 @@ from storage.config import (
 from storage.errors import InvalidConfigError, StorageError
 
 WEEK_MS = 7 * 24 * 3600 * 1000
+DAY_MS = 24 * 3600 * 1000
+LONG_MAX = 2**63 - 1
 
 
 def test_defaults_are_kafkas_except_flush_ms():
@@ -29,6 +32,12 @@ def test_defaults_are_kafkas_except_flush_ms():
     assert config.flush_messages == -1
     assert config.flush_ms == 1000  # fsync at least once a second (Kafka: never)
     assert config.max_message_bytes == MAX_MESSAGE_BYTES_DEFAULT == 1_048_588
+    assert config.cleanup_policy == "delete"
+    assert config.min_cleanable_dirty_ratio == 0.5
+    assert isinstance(config.min_cleanable_dirty_ratio, float)
+    assert config.min_compaction_lag_ms == 0
+    assert config.max_compaction_lag_ms == LONG_MAX
+    assert config.delete_retention_ms == DAY_MS
 
 
 def test_config_is_immutable():
@@ -89,7 +98,8 @@ def test_broker_key_is_not_a_topic_key():
 
 @pytest.mark.parametrize("value", [True, False])
 def test_boolean_values_are_refused(value):
-    with pytest.raises(InvalidConfigError, match="flush.messages must be an integer, not a boolean"):
+    with pytest.raises(InvalidConfigError,
+                       match="flush.messages must be an integer, not a boolean"):
         LogConfig.from_mapping({"flush.messages": value})
 
 
@@ -154,11 +164,18 @@ def test_from_broker_config_maps_broker_names_to_log_settings():
         "log.flush.interval.messages": 10,
         "log.flush.interval.ms": 200,
         "message.max.bytes": 2_000_000,
+        "log.cleanup.policy": "Delete,Compact",
+        "log.cleaner.min.cleanable.ratio": "0.75",
+        "log.cleaner.min.compaction.lag.ms": 1000,
+        "log.cleaner.max.compaction.lag.ms": "2000",
+        "log.cleaner.delete.retention.ms": 3000,
     })
     assert config == LogConfig(
         segment_bytes=4096, segment_ms=3_600_000, index_interval_bytes=512,
         retention_ms=60_000, retention_bytes=1_000_000, flush_messages=10, flush_ms=200,
-        max_message_bytes=2_000_000)
+        max_message_bytes=2_000_000, cleanup_policy="compact,delete",
+        min_cleanable_dirty_ratio=0.75, min_compaction_lag_ms=1000,
+        max_compaction_lag_ms=2000, delete_retention_ms=3000)
 
 
 def test_from_broker_config_ignores_keys_of_other_node_parts():
@@ -197,6 +214,11 @@ def test_to_mapping_uses_kafka_keys():
         "flush.messages": -1,
         "flush.ms": -1,
         "max.message.bytes": 1_048_588,
+        "cleanup.policy": "delete",
+        "min.cleanable.dirty.ratio": 0.5,
+        "min.compaction.lag.ms": 0,
+        "max.compaction.lag.ms": LONG_MAX,
+        "delete.retention.ms": DAY_MS,
     }
 
 
@@ -204,6 +226,9 @@ def test_to_mapping_uses_kafka_keys():
     LogConfig(),
     LogConfig(segment_bytes=1024, segment_ms=1, index_interval_bytes=0, retention_ms=-1,
               retention_bytes=5, flush_messages=3, flush_ms=0, max_message_bytes=61),
+    LogConfig(cleanup_policy="compact,delete", min_cleanable_dirty_ratio=0.1 + 0.2,
+              min_compaction_lag_ms=5, max_compaction_lag_ms=5, delete_retention_ms=0),
+    LogConfig(cleanup_policy="compact", min_cleanable_dirty_ratio=1.0),
 ])
 def test_to_mapping_round_trips(config):
     assert LogConfig.from_mapping(config.to_mapping()) == config
@@ -222,3 +247,144 @@ def test_broker_hours_and_minutes_keys_are_honoured_with_kafkas_precedence():
     assert LogConfig.from_broker_config({"log.roll.hours": 1}).segment_ms == 3_600_000
     with pytest.raises(InvalidConfigError):
         LogConfig.from_broker_config({"log.retention.hours": "two"})
+
+
+# ---------------------------------------------------------------------------
+# compaction: cleanup.policy, the dirty ratio, the lags, tombstone retention
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("value, canonical, compact, delete", [
+    ("delete", "delete", False, True),
+    ("compact", "compact", True, False),
+    ("compact,delete", "compact,delete", True, True),
+    ("delete,compact", "compact,delete", True, True),
+    (" Compact , DELETE ", "compact,delete", True, True),
+    ("DELETE", "delete", False, True),
+    (["delete", "compact"], "compact,delete", True, True),
+    (("compact",), "compact", True, False),
+    ([" Delete "], "delete", False, True),
+])
+def test_cleanup_policy_is_normalised_to_its_canonical_spelling(value, canonical, compact,
+                                                                delete):
+    config = LogConfig.from_mapping({"cleanup.policy": value})
+    assert config.cleanup_policy == canonical and canonical in CLEANUP_POLICIES
+    assert (config.compact, config.delete) == (compact, delete)
+    assert config.to_mapping()["cleanup.policy"] == canonical
+    # Built directly, the same spelling gives the same config.
+    assert LogConfig(cleanup_policy=value) == config
+
+
+@pytest.mark.parametrize("value", ["compress", "", " ", "delete,delete,x", "delete,delete",
+                                   "delete,", ",compact", "compact;delete", [], ["shred"],
+                                   ["compact", "compact"]])
+def test_an_unknown_or_malformed_cleanup_policy_is_refused_naming_the_accepted_ones(value):
+    with pytest.raises(InvalidConfigError) as info:
+        LogConfig.from_mapping({"cleanup.policy": value})
+    assert str(info.value) == (
+        f"cleanup.policy = {value!r} is invalid: it must be delete, compact or "
+        "compact,delete (also delete,compact; any case; or a list of those words)")
+
+
+@pytest.mark.parametrize("value", [None, 1, True, ["compact", 1], {"compact": 1}, b"compact"])
+def test_a_cleanup_policy_of_another_type_is_refused(value):
+    with pytest.raises(InvalidConfigError,
+                       match="cleanup.policy must be a string or a list of strings"):
+        LogConfig.from_mapping({"cleanup.policy": value})
+
+
+def test_a_bad_policy_built_directly_is_refused_too():
+    with pytest.raises(InvalidConfigError, match="cleanup.policy = 'compacted' is invalid"):
+        LogConfig(cleanup_policy="compacted")
+
+
+@pytest.mark.parametrize("value, ratio", [
+    (0, 0.0), (1, 1.0), (0.25, 0.25), ("0.5", 0.5), (" .75 ", 0.75), ("1e-1", 0.1),
+    ("0", 0.0), ("1.0", 1.0), (-0.0, 0.0), ("-0", 0.0),
+])
+def test_min_cleanable_dirty_ratio_takes_numbers_and_becomes_a_float(value, ratio):
+    config = LogConfig.from_mapping({"min.cleanable.dirty.ratio": value})
+    got = config.to_mapping()["min.cleanable.dirty.ratio"]
+    assert got == ratio and type(got) is float
+    assert str(got) != "-0.0"
+
+
+@pytest.mark.parametrize("value, message", [
+    (-0.01, "min.cleanable.dirty.ratio = -0.01 is invalid: it must be between 0 and 1"),
+    ("-1", "min.cleanable.dirty.ratio = -1.0 is invalid: it must be between 0 and 1"),
+    (1.5, "min.cleanable.dirty.ratio = 1.5 is invalid: it must be between 0 and 1"),
+    (2, "min.cleanable.dirty.ratio = 2.0 is invalid: it must be between 0 and 1"),
+    (True, "min.cleanable.dirty.ratio must be a number, not a boolean"),
+    (False, "min.cleanable.dirty.ratio must be a number, not a boolean"),
+    (float("nan"), "min.cleanable.dirty.ratio must be a finite number, got nan"),
+    ("NaN", "min.cleanable.dirty.ratio must be a finite number, got 'NaN'"),
+    (float("inf"), "min.cleanable.dirty.ratio must be a finite number, got inf"),
+    ("-Infinity", "min.cleanable.dirty.ratio must be a finite number, got '-Infinity'"),
+    ("1e400", "min.cleanable.dirty.ratio must be a finite number, got '1e400'"),
+    (10**400, "min.cleanable.dirty.ratio must be a finite number, got an integer too large"),
+    ("half", "min.cleanable.dirty.ratio must be a number, got 'half'"),
+    ("", "min.cleanable.dirty.ratio must be a number, got ''"),
+    (None, "min.cleanable.dirty.ratio must be a number, got None"),
+    ([0.5], "min.cleanable.dirty.ratio must be a number, got [0.5]"),
+])
+def test_a_bad_dirty_ratio_is_refused_with_a_clear_message(value, message):
+    with pytest.raises(InvalidConfigError) as info:
+        LogConfig.from_mapping({"min.cleanable.dirty.ratio": value})
+    assert str(info.value).startswith(message)
+
+
+@pytest.mark.parametrize("key, value, rule", [
+    ("min.compaction.lag.ms", -1, "non-negative"),
+    ("max.compaction.lag.ms", 0, "at least 1"),
+    ("max.compaction.lag.ms", -5, "at least 1"),
+    ("delete.retention.ms", -1, "non-negative"),
+    ("delete.retention.ms", "-10", "non-negative"),
+])
+def test_compaction_times_out_of_range_are_refused(key, value, rule):
+    with pytest.raises(InvalidConfigError) as info:
+        LogConfig.from_mapping({key: value})
+    assert str(info.value) == f"{key} = {int(value)} is invalid: it must be {rule}"
+
+
+@pytest.mark.parametrize("key", ["min.compaction.lag.ms", "max.compaction.lag.ms",
+                                 "delete.retention.ms"])
+@pytest.mark.parametrize("value", [True, 1.5, "soon", None])
+def test_compaction_times_must_be_integers(key, value):
+    with pytest.raises(InvalidConfigError, match=f"{key} must be an integer"):
+        LogConfig.from_mapping({key: value})
+
+
+@pytest.mark.parametrize("key, value", [
+    ("min.compaction.lag.ms", 0), ("min.compaction.lag.ms", LONG_MAX),
+    ("max.compaction.lag.ms", 1), ("max.compaction.lag.ms", LONG_MAX),
+    ("delete.retention.ms", 0), ("delete.retention.ms", "86400000"),
+])
+def test_compaction_time_boundaries_are_accepted(key, value):
+    assert LogConfig.from_mapping({key: value}).to_mapping()[key] == int(value)
+
+
+def test_max_compaction_lag_must_be_at_least_the_min():
+    with pytest.raises(InvalidConfigError) as info:
+        LogConfig.from_mapping({"min.compaction.lag.ms": 10_000,
+                                "max.compaction.lag.ms": 9_999})
+    assert str(info.value) == ("max.compaction.lag.ms = 9999 is invalid: it must be at least "
+                               "min.compaction.lag.ms (10000)")
+    equal = LogConfig.from_mapping({"min.compaction.lag.ms": 5, "max.compaction.lag.ms": 5})
+    assert (equal.min_compaction_lag_ms, equal.max_compaction_lag_ms) == (5, 5)
+    # The rule holds against the base's value of the key not given, too.
+    base = LogConfig(min_compaction_lag_ms=100)
+    with pytest.raises(InvalidConfigError, match="at least min.compaction.lag.ms \\(100\\)"):
+        LogConfig.from_mapping({"max.compaction.lag.ms": 50}, base=base)
+    with pytest.raises(InvalidConfigError, match="max.compaction.lag.ms"):
+        LogConfig(min_compaction_lag_ms=2, max_compaction_lag_ms=1)
+
+
+def test_broker_compaction_keys_are_reported_under_their_broker_names():
+    with pytest.raises(InvalidConfigError, match="log.cleanup.policy = 'shred' is invalid"):
+        LogConfig.from_broker_config({"log.cleanup.policy": "shred"})
+    with pytest.raises(InvalidConfigError,
+                       match="log.cleaner.min.cleanable.ratio must be a number"):
+        LogConfig.from_broker_config({"log.cleaner.min.cleanable.ratio": "most"})
+    with pytest.raises(InvalidConfigError, match="min.cleanable.dirty.ratio = 1.5"):
+        LogConfig.from_broker_config({"log.cleaner.min.cleanable.ratio": 1.5})
+    with pytest.raises(InvalidConfigError, match="at least min.compaction.lag.ms"):
+        LogConfig.from_broker_config({"log.cleaner.min.compaction.lag.ms": 10,
+                                      "log.cleaner.max.compaction.lag.ms": 1})

@@ -86,6 +86,69 @@ def test_values_are_checked_against_the_schema(key, value, message):
         node_config_from_settings({**MINIMAL, key: value})
 
 
+@pytest.mark.parametrize("value, typed", [
+    (0.25, 0.25), (0, 0.0), (1, 1.0), ("0.75", 0.75), ("1e-1", 0.1), (-0.0, 0.0)])
+def test_a_float_key_takes_numbers_as_floats(value, typed):
+    config = node_config_from_settings({**MINIMAL, "log.cleaner.min.cleanable.ratio": value})
+    got = config.settings["log.cleaner.min.cleanable.ratio"]
+    assert got == typed and type(got) is float and str(got) != "-0.0"
+
+
+@pytest.mark.parametrize("value, message", [
+    (1.5, r"log.cleaner.min.cleanable.ratio = 1.5 is outside \[0, 1\]"),
+    (-0.5, r"log.cleaner.min.cleanable.ratio = -0.5 is outside \[0, 1\]"),
+    ("2", r"= 2.0 is outside \[0, 1\]"),
+    (True, "must be a number, got True"),
+    ("half", "must be a number, got 'half'"),
+    (float("nan"), "must be a finite number, got nan"),
+    ("inf", "must be a finite number, got 'inf'"),
+    (10**400, "must be a finite number, got an integer too large"),
+    ([0.5], "must be a number"),
+])
+def test_a_float_key_refuses_what_is_not_a_finite_number_in_range(value, message):
+    with pytest.raises(InvalidConfigError, match=message):
+        node_config_from_settings({**MINIMAL, "log.cleaner.min.cleanable.ratio": value})
+
+
+def test_compaction_keys_are_declared_with_the_logs_defaults_and_kafkas_ranges():
+    config = node_config_from_settings(MINIMAL)
+    assert {key: config.settings[key] for key in (
+        "log.cleanup.policy", "log.cleaner.min.cleanable.ratio",
+        "log.cleaner.min.compaction.lag.ms", "log.cleaner.max.compaction.lag.ms",
+        "log.cleaner.delete.retention.ms")} == {
+        "log.cleanup.policy": "delete", "log.cleaner.min.cleanable.ratio": 0.5,
+        "log.cleaner.min.compaction.lag.ms": 0,
+        "log.cleaner.max.compaction.lag.ms": 2**63 - 1,
+        "log.cleaner.delete.retention.ms": 86_400_000}
+    ratio = BY_NAME["log.cleaner.min.cleanable.ratio"]
+    assert (ratio.type, ratio.describe_range()) == ("float", "[0, 1]")
+    assert BY_NAME["log.cleaner.max.compaction.lag.ms"].describe_range() == (
+        f"[1, {2**63 - 1}]")
+    for name in ("log.cleaner.min.compaction.lag.ms", "log.cleaner.delete.retention.ms"):
+        assert BY_NAME[name].min == 0
+    assert "| `log.cleaner.min.cleanable.ratio` | float | `0.5` | [0, 1] |" in render_markdown()
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"log.cleanup.policy": "shred"}, "log.cleanup.policy = 'shred' is invalid: it must be "
+                                      "delete, compact or compact,delete"),
+    ({"log.cleaner.min.compaction.lag.ms": 10, "log.cleaner.max.compaction.lag.ms": 9},
+     r"max.compaction.lag.ms = 9 is invalid: it must be at least min.compaction.lag.ms "
+     r"\(10\)"),
+])
+def test_log_settings_that_make_a_bad_topic_default_stop_the_node_at_load(settings, message):
+    with pytest.raises(InvalidConfigError, match=message):
+        node_config_from_settings({**MINIMAL, **settings})
+
+
+def test_log_cleanup_policy_is_taken_in_any_kafka_spelling():
+    config = load_node_config(str(ROOT / "configs" / "single-node.toml"),
+                              ["log.cleanup.policy=Delete,Compact",
+                               "log.cleaner.min.cleanable.ratio=0.1"])
+    assert config.settings["log.cleanup.policy"] == "Delete,Compact"  # as given
+    assert config.settings["log.cleaner.min.cleanable.ratio"] == 0.1
+
+
 def test_values_reach_components_typed_with_defaults_filled():
     config = node_config_from_settings({**MINIMAL, "replica.fetch.max.bytes": "2048"})
     assert config.settings["replica.fetch.max.bytes"] == 2048

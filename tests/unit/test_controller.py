@@ -519,7 +519,10 @@ def test_create_topics_records_come_topic_then_partitions_then_configs():
     ({"name": "t", "replication_factor": 3}, "INVALID_REPLICATION_FACTOR"),  # 2 live
     ({"name": "t", "configs": {"no.such": "1"}}, "INVALID_CONFIG"),
     ({"name": "t", "configs": {"retention.ms": "soon"}}, "INVALID_CONFIG"),
-    ({"name": "t", "configs": {"cleanup.policy": "compact"}}, "INVALID_CONFIG"),
+    ({"name": "t", "configs": {"cleanup.policy": "compress"}}, "INVALID_CONFIG"),
+    ({"name": "t", "configs": {"min.cleanable.dirty.ratio": 1.5}}, "INVALID_CONFIG"),
+    ({"name": "t", "configs": {"min.compaction.lag.ms": 10, "max.compaction.lag.ms": 5}},
+     "INVALID_CONFIG"),
     ({"name": "t", "configs": {"segment.bytes": 10}}, "INVALID_CONFIG"),
     ({"name": "t", "configs": {"retention.ms": "9" * 1025}}, "INVALID_CONFIG"),
     ({"name": "t", "assignments": {0: [1], 2: [2]}}, "INVALID_PARTITIONS"),
@@ -728,6 +731,37 @@ def test_describe_configs_lists_every_key_with_value_and_source():
         "segment.ms"]
 
 
+def test_compaction_configs_are_stored_canonical_and_checked_against_the_defaults():
+    cluster = Cluster(topic_config_defaults={"min.compaction.lag.ms": 60_000})
+    cluster.start(1)
+    response = cluster.call("create_topics", {"topics": [
+        {"name": "compacted", "configs": {"cleanup.policy": ["delete", "compact"],
+                                          "min.cleanable.dirty.ratio": 0.25,
+                                          "delete.retention.ms": "1_000"}},
+        # Fine alone, but below the cluster's default min.compaction.lag.ms.
+        {"name": "too-eager", "configs": {"max.compaction.lag.ms": 1000}}]})
+    assert errors_of(response["topics"]) == [None, "INVALID_CONFIG"]
+    assert "min.compaction.lag.ms (60000)" in response["topics"][1]["error"]["message"]
+    assert cluster.image.topic_configs("compacted") == {
+        "cleanup.policy": "compact,delete", "min.cleanable.dirty.ratio": "0.25",
+        "delete.retention.ms": "1000"}
+    configs = {c["name"]: c["value"] for c in describe(cluster, "compacted")["configs"]}
+    assert (configs["min.compaction.lag.ms"], configs["max.compaction.lag.ms"]) == (
+        "60000", str(2**63 - 1))
+    # Altering checks the topic's overrides after the ops against the defaults too.
+    response = cluster.call("alter_configs", {"resources": [
+        {"type": "topic", "name": "compacted", "ops": [
+            {"name": "max.compaction.lag.ms", "op": "set", "value": "59999"}]}]})
+    assert errors_of(response["resources"]) == ["INVALID_CONFIG"]
+    response = cluster.call("alter_configs", {"resources": [
+        {"type": "topic", "name": "compacted", "ops": [
+            {"name": "max.compaction.lag.ms", "op": "set", "value": "59999"},
+            {"name": "min.compaction.lag.ms", "op": "set", "value": 0},
+            {"name": "cleanup.policy", "op": "set", "value": "COMPACT"}]}]})
+    assert errors_of(response["resources"]) == [None]
+    assert cluster.image.topic_configs("compacted")["cleanup.policy"] == "compact"
+
+
 @pytest.mark.parametrize("resource, code", [
     ({"type": "broker", "name": "1"}, "INVALID_REQUEST"),
     ({"type": "topic", "name": "nope"}, "UNKNOWN_TOPIC_OR_PARTITION"),
@@ -818,7 +852,7 @@ def test_alter_configs_that_change_nothing_write_nothing():
     ({"type": "topic", "name": "t", "ops": [{"name": "retention.ms", "op": "set",
                                              "value": "-7"}]}, "INVALID_CONFIG"),
     ({"type": "topic", "name": "t", "ops": [{"name": "cleanup.policy", "op": "set",
-                                             "value": "compact"}]}, "INVALID_CONFIG"),
+                                             "value": "compress"}]}, "INVALID_CONFIG"),
     ({"type": "topic", "name": "t", "ops": [{"name": "retention.ms", "op": "set", "value": 1},
                                             {"name": "retention.ms", "op": "delete"}]},
      "INVALID_REQUEST"),

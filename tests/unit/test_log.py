@@ -94,15 +94,20 @@ def test_follower_append_keeps_offsets_and_learns_epochs(tmp_path):
     assert follower.read(0, 100_000) == leader.read(0, 100_000)
 
 
-def test_follower_append_refuses_a_gap(tmp_path):
+def test_follower_append_takes_a_gap_but_refuses_an_overlap(tmp_path):
+    """A compacted leader's log has gaps, so a batch may start past the
+    follower's end (as in Kafka); one starting below it is refused."""
     leader = open_log(str(tmp_path / "t-0"))
     leader.append(make_batch(2), leader_epoch=1)
     leader.append(make_batch(2), leader_epoch=1)
+    leader.append(make_batch(2), leader_epoch=1)
     follower = open_log(str(tmp_path / "f-0"))
-    second_batch = leader.read(2, 100_000)
+    follower.append_as_follower(leader.read(2, 100_000, upper_bound_offset=4))
+    assert follower.log_end_offset == 4
     with pytest.raises(InvalidOffsetError):
-        follower.append_as_follower(second_batch)
-    assert follower.log_end_offset == 0
+        follower.append_as_follower(leader.read(2, 100_000))
+    assert follower.log_end_offset == 4
+    follower.check_invariants()
 
 
 # -- rolling ---------------------------------------------------------------

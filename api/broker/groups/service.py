@@ -51,7 +51,8 @@ class GroupService(ShardedCoordinator):
         # Typed and range-checked by the node config's schema.
         super().__init__(broker_id, replicas, data, controller_call, image, clock_ms,
                          settings["offsets.topic.num.partitions"],
-                         settings["offsets.topic.replication.factor"])
+                         settings["offsets.topic.replication.factor"],
+                         settings["offsets.topic.segment.bytes"])
         self.core_settings = {
             "session_timeout_ms": settings["group.consumer.session.timeout.ms"],
             "heartbeat_interval_ms": settings["group.consumer.heartbeat.interval.ms"],

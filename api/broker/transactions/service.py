@@ -69,7 +69,8 @@ class TransactionService(ShardedCoordinator):
                  producer_ids: ProducerIdManager) -> None:
         super().__init__(broker_id, replicas, data, controller_call, image, clock_ms,
                          settings["transaction.state.log.num.partitions"],
-                         settings["transaction.state.log.replication.factor"])
+                         settings["transaction.state.log.replication.factor"],
+                         settings["transaction.state.log.segment.bytes"])
         self.max_timeout_ms = settings["transaction.max.timeout.ms"]
         self.id_expiration_ms = settings["transactional.id.expiration.ms"]
         self.producer_ids = producer_ids
