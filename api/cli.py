@@ -185,6 +185,18 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "the read_committed / read_uncommitted ratio: target at least 0.90).")
     bench_transactions.add_arguments(transactions_parser)
     transactions_parser.set_defaults(handler=bench_transactions.run)
+    from bench import compaction as bench_compaction
+
+    compaction_parser = bench_kinds.add_parser(
+        "compaction", help="the log cleaner: MiB/s against a raw copy; produce while it runs",
+        description="Build a compacted log of --mb MiB with --keys keys (not timed) and clean "
+                    "it, alternating with a raw read + write + fsync of the same bytes (goal: "
+                    "the cleaner at least 0.3x the raw copy). Then start a fresh node and time "
+                    "producing --records records while nothing is cleaned, while a --dirty-mb "
+                    "MiB topic is compacted, and idle again (goal: at least 0.8x of idle).",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_compaction.add_arguments(compaction_parser)
+    compaction_parser.set_defaults(handler=bench_compaction.run)
     from bench import failover as bench_failover
 
     failover_parser = bench_kinds.add_parser(

@@ -213,17 +213,31 @@ def _topics_describe(args: argparse.Namespace) -> int:
         header = (f"Topic: {name}\tTopicId: {topic['topic_id']}\t"
                   f"PartitionCount: {len(topic['partitions'])}\t"
                   f"ReplicationFactor: {replication}\tConfigs: {configs or '-'}")
+        compacted = "compact" in topic.get("configs", {}).get("cleanup.policy", "")
         rows = [(str(p["partition"]), _or_none(p["leader"]), str(p["leader_epoch"]),
                  ",".join(map(str, p["replicas"])), ",".join(map(str, p["isr"])),
                  _or_dash(p.get("log_start_offset")), _or_dash(p.get("last_stable_offset")),
                  _or_dash(p.get("high_watermark")), _or_dash(p.get("log_end_offset")),
-                 _size(p.get("size_bytes")))
+                 _size(p.get("size_bytes"))) + (_cleaner_columns(p) if compacted else ())
                 for p in topic["partitions"]]
         blocks.append(header + "\n" + format_table(
             ("PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "LOG-START", "LSO",
-             "HIGH-WATERMARK", "LOG-END", "SIZE"), rows))
+             "HIGH-WATERMARK", "LOG-END", "SIZE")
+            + (("CLEANABLE", "LAST-CLEAN") if compacted else ()), rows))
     print("\n\n".join(blocks) if blocks else "No topics.")
     return 0
+
+
+def _cleaner_columns(partition: dict) -> tuple[str, str]:
+    """A compacted partition's leader: the share of its log not compacted
+    yet (what min.cleanable.dirty.ratio is compared with), and when it was
+    last compacted."""
+    found = partition.get("cleaner")
+    if not found:
+        return "-", "-"
+    last = found.get("last_clean_ms")
+    return (f"{100 * found['cleanable_ratio']:.0f}%",
+            _timestamp(last) if last is not None else "never")
 
 
 def _describe_producers(args: argparse.Namespace, names: list[str]) -> int:

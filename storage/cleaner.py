@@ -51,12 +51,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import math
+import operator
 import os
+import struct
 import threading
 import time
+import zlib
 from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 import msgpack
@@ -79,11 +83,11 @@ SEGMENT_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
 READ_CHUNK_BYTES = 1024 * 1024
 #: Bytes of cleaned batches written at once.
 WRITE_CHUNK_BYTES = 1024 * 1024
-#: What one offset-map entry is counted as, beyond its key: the dict slot,
-#: the key object and the offset (CPython, measured).
-MAP_ENTRY_OVERHEAD_BYTES = 100
 #: Keys longer than this are stored as a 16-byte BLAKE2b digest.
 MAP_KEY_BYTES_MAX = 32
+#: What one offset-map entry is counted as: the dict slot, a key object of
+#: at most MAP_KEY_BYTES_MAX bytes and the offset (CPython, measured).
+MAP_ENTRY_BYTES = 100 + MAP_KEY_BYTES_MAX
 #: Share of the dedupe buffer the map may fill (Kafka's load factor).
 MAP_LOAD_FACTOR = 0.9
 
@@ -375,45 +379,57 @@ def plan_clean(part_log, now_ms: int, upper_bound: int | None = None,
 # ---------------------------------------------------------------------------
 # Step 2: the clean (a cleaner thread)
 # ---------------------------------------------------------------------------
-class OffsetMapFull(Exception):
-    pass
-
-
 class OffsetMap:
-    """Key -> offset of its latest record, within a memory budget."""
+    """Key -> offset of its latest record, within a memory budget.
+
+    Each entry is counted as ``MAP_ENTRY_BYTES`` (the dict slot, a key of at
+    most ``MAP_KEY_BYTES_MAX`` bytes (longer ones are stored as a 16-byte
+    BLAKE2b digest) and the offset), so the budget bounds the entries.
+    """
 
     def __init__(self, budget_bytes: int) -> None:
-        self.budget_bytes = int(budget_bytes * MAP_LOAD_FACTOR)
-        self.used_bytes = 0
-        self._map: dict[bytes, int] = {}
-
-    @staticmethod
-    def slot(key: bytes) -> bytes:
-        if len(key) > MAP_KEY_BYTES_MAX:
-            return hashlib.blake2b(key, digest_size=16).digest()
-        return bytes(key)
+        self.capacity = max(1, int(budget_bytes * MAP_LOAD_FACTOR) // MAP_ENTRY_BYTES)
+        self.map: dict[bytes, int] = {}
+        #: Whether any key is stored as a digest (lookups of long keys must hash).
+        self.hashed = False
 
     def __len__(self) -> int:
-        return len(self._map)
+        return len(self.map)
 
-    def put_all(self, keys_offsets: list[tuple[bytes, int]]) -> None:
-        """Add one batch's keys; all or nothing: ``OffsetMapFull`` if the
-        map has no room for them (and it is not empty)."""
-        new = {}
-        cost = 0
-        mapping = self._map
-        for key, offset in keys_offsets:
-            slot = self.slot(key)
-            if slot not in mapping and slot not in new:
-                cost += MAP_ENTRY_OVERHEAD_BYTES + len(slot)
-            new[slot] = offset
-        if mapping and self.used_bytes + cost > self.budget_bytes:
-            raise OffsetMapFull()
-        mapping.update(new)
-        self.used_bytes += cost
+    def has_room_for(self, count: int) -> bool:
+        """Room for ``count`` more keys (all of them new, at worst); an
+        empty map always has room, so every pass makes progress."""
+        return not self.map or len(self.map) + count <= self.capacity
 
-    def get(self, key: bytes) -> int | None:
-        return self._map.get(self.slot(key))
+    def put_batch(self, base_offset: int, items: list) -> None:
+        """The keys of one batch's records (``_decode``'s items). The
+        common case (every key present and short) runs without a Python
+        step per record."""
+        keys = list(map(_KEY, items))
+        offsets = map(base_offset.__add__, map(_OFFSET_DELTA, items))
+        if None not in keys and (not keys or max(map(len, keys)) <= MAP_KEY_BYTES_MAX):
+            self.map.update(zip(keys, offsets))
+            return
+        mapping = self.map
+        for key, offset in zip(keys, offsets):
+            if key is not None:
+                if len(key) > MAP_KEY_BYTES_MAX:
+                    key = _digest(key)
+                    self.hashed = True
+                mapping[key] = offset
+
+    def get(self, key: bytes, default: int = -1) -> int:
+        return self.map.get(key if len(key) <= MAP_KEY_BYTES_MAX else _digest(key), default)
+
+
+_OFFSET_DELTA = operator.itemgetter(1)
+_KEY = operator.itemgetter(2)
+_VALUE = operator.itemgetter(3)
+_MINUS_ONES = itertools.repeat(-1)
+
+
+def _digest(key: bytes) -> bytes:
+    return hashlib.blake2b(key, digest_size=16).digest()
 
 
 class Throttler:
@@ -522,49 +538,47 @@ class _SegmentReader:
             pos += used
 
 
-def _decode(header: fmt.BatchHeader, batch: memoryview
-            ) -> tuple[bytes | memoryview, list[tuple], list[tuple[int, int]]]:
-    """The records section (decompressed), its records as tuples, and each
-    record's ``(start, end)`` in the section. Checks the CRC."""
+_ARRAY32 = struct.Struct(">BI")
+
+
+def _decode(header: fmt.BatchHeader, batch: memoryview) -> list:
+    """The records of one batch as tuples ``(timestamp_delta, offset_delta,
+    key, value, headers)``, decoded in one call. Checks the CRC."""
     if fmt.compute_crc(batch, 0, header.size_bytes) != header.crc:
         raise fmt.CorruptRecordError(f"CRC mismatch in batch at offset {header.base_offset}")
+    count = header.record_count
+    if count == 0:
+        return []
     section = fmt._decompress(header.compression, batch[fmt.HEADER_SIZE:],
                               fmt.DEFAULT_MAX_DECOMPRESSED_BYTES)
-    unpacker = msgpack.Unpacker(raw=False, use_list=False,
-                                max_buffer_size=max(len(section), 1))
-    unpacker.feed(section)
-    items, spans = [], []
-    start = 0
+    # The section is the records' msgpack arrays back to back: behind an
+    # array header of their count it is one msgpack array.
     try:
-        for item in unpacker:
-            end = unpacker.tell()
-            items.append(item)
-            spans.append((start, end))
-            start = end
+        items = msgpack.unpackb(_ARRAY32.pack(0xDD, count) + section, raw=False,
+                                use_list=False)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise fmt.CorruptRecordError(
-            f"records of batch at offset {header.base_offset} do not decode: {exc}") from exc
-    if start != len(section) or len(items) != header.record_count:
-        raise fmt.CorruptRecordError(
-            f"records of batch at offset {header.base_offset} disagree with its header")
-    return section, items, spans
+            f"records of batch at offset {header.base_offset} do not decode or disagree "
+            f"with its record count: {exc}") from exc
+    return items
 
 
-def _rebuild(header: fmt.BatchHeader, section, spans: list[tuple[int, int]]) -> bytes:
-    """The batch with only the records at ``spans``; every header field
-    but length, CRC and record count unchanged."""
-    body = b"".join(section[a:b] for a, b in spans)
+def _rebuild(header: fmt.BatchHeader, items: list) -> bytes:
+    """The batch with only ``items``: each record packed as it was, every
+    header field but length, CRC and record count unchanged."""
+    count = len(items)
+    body = msgpack.packb(items, use_bin_type=True)
+    body = body[1 if count < 16 else 3 if count < 65536 else 5:]  # the array header
     if header.compression == fmt.Compression.GZIP:
-        import zlib
         deflater = zlib.compressobj(6, zlib.DEFLATED, 31)
         body = deflater.compress(body) + deflater.flush()
     head = bytearray(fmt.HEADER.pack(
         header.base_offset, fmt.HEADER_SIZE - fmt.LOG_OVERHEAD + len(body),
         header.partition_leader_epoch, fmt.MAGIC, 0, header.attributes,
         header.last_offset_delta, header.base_timestamp, header.max_timestamp,
-        header.producer_id, header.producer_epoch, header.base_sequence, len(spans)))
-    crc = fmt.compute_crc(bytes(head) + body, 0, len(head) + len(body))
-    fmt.struct.pack_into(">I", head, fmt.CRC_OFFSET, crc)
+        header.producer_id, header.producer_epoch, header.base_sequence, count))
+    crc = zlib.crc32(body, zlib.crc32(memoryview(head)[fmt.ATTRIBUTES_OFFSET:]))
+    struct.pack_into(">I", head, fmt.CRC_OFFSET, crc & 0xFFFFFFFF)
     return bytes(head) + body
 
 
@@ -600,13 +614,9 @@ def build_offset_map(plan: CleanPlan, budget_bytes: int, throttler: Throttler = 
                     continue
                 if header.is_transactional and aborted(header):
                     continue
-                _section, items, _spans = _decode(header, batch)
-                base = header.base_offset
-                pairs = [(item[2], base + item[1]) for item in items if item[2] is not None]
-                try:
-                    offsets.put_all(pairs)
-                except OffsetMapFull:
+                if not offsets.has_room_for(header.record_count):
                     return offsets, header.base_offset, read + reader.bytes_read
+                offsets.put_batch(header.base_offset, _decode(header, batch))
             read += reader.bytes_read
     return offsets, plan.dirty_end, read
 
@@ -717,27 +727,31 @@ def _clean_batch(header: fmt.BatchHeader, batch: memoryview, offsets: OffsetMap,
             return None
         result.records_kept += header.record_count
         return batch
-    section, items, spans = _decode(header, batch)
+    items = _decode(header, batch)
     result.records_read += len(items)
-    keep: list[tuple[int, int]] = []
-    if not (header.is_transactional and aborted(header)):
+    if header.is_transactional and aborted(header):
+        keep = []
+    else:
+        # Superseded: the map knows a later offset for the key. Written
+        # with map() so the common case takes no Python step per record.
         base = header.base_offset
-        latest_of = offsets._map.get
-        for span, item in zip(spans, items):
-            key = item[2]
-            if key is not None:
-                offset = base + item[1]
-                latest = latest_of(key if len(key) <= MAP_KEY_BYTES_MAX
-                                   else OffsetMap.slot(key))
-                if latest is not None and latest > offset:
-                    continue
-                if item[3] is None and removable(offset):
-                    continue
-            keep.append(span)
+        keys = list(map(_KEY, items))
+        offsets_here = map(base.__add__, map(_OFFSET_DELTA, items))
+        if None in keys or (offsets.hashed and max(map(len, keys)) > MAP_KEY_BYTES_MAX):
+            latest = [-1 if key is None else offsets.get(key) for key in keys]
+        else:
+            latest = map(offsets.map.get, keys, _MINUS_ONES)
+        superseded = list(map(operator.gt, latest, offsets_here))
+        keep = list(itertools.compress(items, map(operator.not_, superseded))) \
+            if True in superseded else list(items)
+        if keep and None in map(_VALUE, keep):  # tombstones, perhaps past their time
+            keep = [item for item in keep
+                    if not (item[3] is None and item[2] is not None
+                            and removable(base + item[1]))]
     if items and len(keep) == len(items):
         kept = batch
     elif keep or is_last or (pid >= 0 and producer_last.get(pid) == header.last_offset):
-        kept = _rebuild(header, section, keep)
+        kept = _rebuild(header, keep)
     else:
         return None
     result.records_kept += len(keep)

@@ -229,6 +229,8 @@ class LogManager:
         config = LogConfig.from_mapping(overrides or {}, base=self.default_log_config)
         if existing is not None:
             existing.config = config
+            if config.compact:
+                self.wake_cleaner()  # perhaps compact only from now on
             return existing
         validate_topic_name(tp.topic)
         if tp.partition < 0:
@@ -458,6 +460,11 @@ class LogManager:
             stats.last_run_monotonic = time.monotonic()
             self._cleaning.pop(tp, None)
             self.wake_cleaner()
+
+    @property
+    def cleaning(self) -> list[TopicPartition]:
+        """The partitions a cleaner pass is under way for."""
+        return list(self._cleaning)
 
     def max_dirty_percent(self) -> float:
         """The highest dirty ratio of any compacted log, in percent."""

@@ -159,6 +159,8 @@ class BrokerMetrics:
                     one("time_since_last_run")))
         r.add(Gauge("kraftlog_cleaner_last_pass_seconds", "How long the last pass took.",
                     one("last_pass_seconds")))
+        r.add(Gauge("kraftlog_cleaner_running_passes", "Cleaner passes under way now.",
+                    one("running")))
         for key, help_text in (("passes", "Cleaner passes completed."),
                                ("bytes_read", "Bytes the cleaner read."),
                                ("bytes_cleaned", "Bytes the cleaner wrote (cleaned segments)."),

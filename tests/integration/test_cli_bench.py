@@ -215,3 +215,18 @@ def test_bench_spark_help():
                  "--seconds", "--trigger-ms", "--target", "--dir", "--json PATH",
                  'format("kraftlog")', "Parquet", "at least 0.5", "foreachBatch"):
         assert text in help_text, text
+
+
+def test_bench_compaction_measures_the_cleaner_and_produce_while_it_runs(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "api.cli", "bench", "compaction", "--dir", str(tmp_path),
+         "--mb", "4", "--keys", "500", "--rounds", "1", "--records", "20000",
+         "--dirty-mb", "16", "--json"],
+        capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "cleaner / raw" in result.stdout and "while cleaning / idle" in result.stdout
+    report = json.loads(result.stdout[result.stdout.index("\n{") + 1:])
+    cleaner, produce = report["cleaner"], report["produce"]
+    assert cleaner["records"] > 0 and 0 < cleaner["kept_percent"] < 100
+    assert produce["cleaner_passes"] >= 1 and produce["cleaning_records_s"] > 0
+    assert list(tmp_path.iterdir()) == []  # it cleans up after itself

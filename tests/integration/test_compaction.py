@@ -15,6 +15,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -237,3 +239,48 @@ def test_bad_compaction_configs_and_keyless_records_are_refused(cluster):
         producer.send("keyed-only", b"v", key=b"k").result(timeout=30)
     end = describe(cluster, "keyed-only")[0]["log_end_offset"]
     assert end == 1, "the keyless record was appended"
+
+
+def test_reads_inside_a_removed_range_resume_at_the_next_record(cluster):
+    """Offsets whose records compaction removed: the consumer, the REST
+    read and the CLI all go on from the next record that is left."""
+    topic = "gaps"
+    with Admin(urls(cluster)) as admin:
+        admin.create_topics([NewTopic(topic, 1, 3, configs=COMPACTED)])
+    wait_until(lambda: full_isr(cluster, topic), 30, "the topic's ISR is full")
+    with Producer(urls(cluster), acks="all") as producer:
+        for round_ in range(2):  # the second round supersedes the first
+            for i in range(10):
+                producer.send(topic, b"r%d" % round_, key=b"k%d" % i).result(timeout=30)
+        for i in range(40):  # roll the rounds out of the active segment
+            producer.send(topic, b"f" * 400, key=b"filler").result(timeout=30)
+    leader = describe(cluster, topic)[0]["leader"]
+    wait_until(lambda: describe(cluster, topic, leader)[0]["cleaner"]["first_dirty_offset"]
+               > 20, 60, "the rounds were compacted")
+
+    url = cluster.nodes[leader].broker_url
+    status, body = http_json(f"{url}/topics/{topic}/partitions/0/records?offset=3")
+    assert status == 200, body
+    assert [r["offset"] for r in body][:3] == [10, 11, 12], body[:3]
+
+    tp = TopicPartition(topic, 0)
+    with Consumer(urls(cluster), fetch_max_wait_ms=100) as consumer:
+        consumer.assign([tp])
+        consumer.seek(tp, 3)
+        end = consumer.end_offsets([tp])[tp]
+        seen = []
+        deadline = time.monotonic() + 30
+        while consumer.position(tp) < end:
+            assert time.monotonic() < deadline, f"stuck at {consumer.position(tp)} of {end}"
+            seen += [(r.offset, r.key, r.value) for r in consumer.poll(timeout_ms=500)]
+    assert seen[:10] == [(10 + i, b"k%d" % i, b"r1") for i in range(10)]
+    assert [o for o, _, _ in seen] == sorted({o for o, _, _ in seen})
+
+    result = subprocess.run([sys.executable, "-m", "api.cli", "--bootstrap", url, "topics",
+                             "describe", topic], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("PARTITION"))
+    row = lines[lines.index(header) + 1:][-1]
+    assert "CLEANABLE" in header and "LAST-CLEAN" in header, result.stdout
+    assert "never" not in row and "%" in row, result.stdout
