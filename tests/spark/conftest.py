@@ -11,7 +11,8 @@ import pytest
 
 from chaos.cluster import FAST_SETTINGS, ProcessCluster
 
-SETTINGS = {**FAST_SETTINGS, "log.retention.check.interval.ms": 200}
+SETTINGS = {**FAST_SETTINGS, "log.retention.check.interval.ms": 200,
+            "log.cleaner.backoff.ms": 200}
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ import uuid
 import pytest
 
 from api.client import Admin, Consumer, NewTopic, Producer, TopicPartition
-from chaos.cluster import wait_until
+from chaos.cluster import http_json, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -339,6 +339,32 @@ def test_partitions_and_topics_added_mid_stream_are_read_from_their_start(spark,
         assert found == acked
     finally:
         query.stop()
+
+
+def test_a_compacted_topics_gaps_are_read_over_and_are_not_data_loss(spark, bootstrap):
+    """Compaction removes superseded records and leaves their offsets
+    empty: the source reads what is left, at its offsets, also from a
+    starting offset inside a removed range, and failOnDataLoss (on by
+    default) does not fire."""
+    topic = unique("compacted")
+    create_topic(bootstrap, topic, 1, cleanup_policy="compact", segment_bytes=1024,
+                 min_cleanable_dirty_ratio=0.01)
+    for start in range(0, 100, 10):  # five keys, twenty records each, in ten batches
+        produce(bootstrap, topic, 10, partition=0, start=start)
+    url = bootstrap.split(",")[0]
+
+    def cleaned() -> bool:
+        part = http_json(f"{url}/v1/topics/{topic}")[1]["partitions"][0]
+        return (part.get("cleaner") or {}).get("first_dirty_offset", 0) > 50
+
+    wait_until(cleaned, 60, "the topic was compacted")
+    left = log_contents(bootstrap, topic, 1)
+    assert len(left) < 60 and max(o for _, o in left) == 99, sorted(left)
+
+    assert rows_by_offset(reader(spark, bootstrap, subscribe=topic).collect()) == left
+    rows = reader(spark, bootstrap, subscribe=topic,
+                  startingOffsets=f'{{"{topic}": {{"0": 3}}}}').collect()
+    assert rows_by_offset(rows) == {tp: v for tp, v in left.items() if tp[1] >= 3}
 
 
 # -- failOnDataLoss -------------------------------------------------------------------------------

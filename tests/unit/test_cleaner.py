@@ -1,0 +1,165 @@
+"""The log cleaner on cases the state machine does not draw: transactions
+(aborted records go, markers stay while their transaction has batches and
+for delete.retention.ms after), idempotent producers' sequences surviving a
+clean and a restart, a follower truncating a cleaned log, and the policy's
+effect on retention."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+from storage import cleaner
+from storage.batch import BatchBuilder, ControlType, iter_batches, iter_records
+from storage.config import LogConfig
+from storage.errors import InvalidRecordError
+from storage.log import Log
+
+RETENTION_MS = 1_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def open_compacted(directory, clock, **overrides) -> Log:
+    config = LogConfig(segment_bytes=1024, cleanup_policy="compact", flush_ms=-1,
+                       min_cleanable_dirty_ratio=0.0, delete_retention_ms=RETENTION_MS,
+                       **overrides)
+    return Log.open(str(directory), config, clock=clock)
+
+
+def batch(records, *, producer_id=-1, epoch=-1, sequence=-1, transactional=False) -> bytes:
+    builder = BatchBuilder(producer_id=producer_id, producer_epoch=epoch,
+                           base_sequence=sequence, transactional=transactional)
+    for key, value in records:
+        builder.append(key, value, timestamp_ms=1_000)
+    return builder.build()
+
+
+def full_pass(log: Log, clock: Clock) -> cleaner.CleanResult:
+    log.roll()
+    log.flush()
+    plan = cleaner.plan_clean(log, clock.now, force=True)
+    assert plan is not None
+    result = cleaner.clean(plan)
+    assert cleaner.swap(log, result)
+    log.check_invariants()
+    return result
+
+
+def contents(log: Log) -> list[tuple[int, bytes | None, bytes | None]]:
+    """Data records (not transaction markers), in offset order."""
+    data = log.read(log.log_start_offset, 1 << 30)
+    return [(r.offset, r.key, r.value) for header, view in iter_batches(data)
+            if not header.is_control for r in iter_records(view)]
+
+
+def control_offsets(log: Log) -> list[int]:
+    data = log.read(log.log_start_offset, 1 << 30)
+    return [h.base_offset for h, _ in iter_batches(data) if h.is_control]
+
+
+def test_aborted_records_go_and_markers_stay_while_their_transaction_has_batches(tmp_path):
+    clock = Clock()
+    log = open_compacted(tmp_path / "t-0", clock)
+    log.append(batch([(b"a", b"aborted"), (b"b", b"aborted")], producer_id=7, epoch=0,
+                     sequence=0, transactional=True), leader_epoch=1)
+    abort = log.append_marker(ControlType.ABORT, 7, 0, 0, 1).base_offset
+    log.append(batch([(b"a", b"a1"), (b"c", b"c1")], producer_id=7, epoch=0, sequence=2,
+                     transactional=True), leader_epoch=1)
+    commit = log.append_marker(ControlType.COMMIT, 7, 0, 0, 1).base_offset
+    log.append(batch([(b"b", b"b1")]), leader_epoch=1)
+
+    full_pass(log, clock)
+    assert contents(log) == [(3, b"a", b"a1"), (4, b"c", b"c1"), (6, b"b", b"b1")]
+    # Just cleaned: both markers stay for delete.retention.ms.
+    assert control_offsets(log) == [abort, commit]
+
+    clock.now += RETENTION_MS + 1
+    full_pass(log, clock)
+    # The aborted transaction has no batch left: its marker may go. The
+    # committed one still has records: its marker stays.
+    assert control_offsets(log) == [commit]
+    assert contents(log) == [(3, b"a", b"a1"), (4, b"c", b"c1"), (6, b"b", b"b1")]
+    assert log.first_unstable_offset is None
+
+
+def test_an_idempotent_producers_sequence_survives_a_clean_and_a_restart(tmp_path):
+    clock = Clock()
+    log = open_compacted(tmp_path / "t-0", clock)
+    first = batch([(b"x", b"old")], producer_id=9, epoch=0, sequence=0)
+    log.append(first, leader_epoch=1)
+    log.append(batch([(b"x", b"new")]), leader_epoch=1)  # supersedes producer 9's record
+    full_pass(log, clock)
+    assert contents(log) == [(1, b"x", b"new")]
+    # The producer's batch stays, empty, so its sequence is known after a
+    # restart that replays the log (no producer snapshot).
+    log.abandon()
+    for path in glob.glob(os.path.join(log.directory, "*.snapshot")):
+        os.unlink(path)
+    log = open_compacted(tmp_path / "t-0", clock)
+    again = log.append(first, leader_epoch=1)
+    assert again.duplicate and again.base_offset == 0
+    log.check_invariants()
+
+
+def test_a_follower_truncating_a_cleaned_log_keeps_a_consistent_cleaner_state(tmp_path):
+    clock = Clock()
+    log = open_compacted(tmp_path / "t-0", clock)
+    for i in range(30):
+        log.append(batch([(b"k%d" % (i % 3), b"v%d" % i)]), leader_epoch=1)
+    full_pass(log, clock)
+    assert log.cleaner_state.first_dirty == 30
+    log.truncate_to(12)
+    assert log.cleaner_state.first_dirty <= log.log_end_offset <= 12
+    log.check_invariants()
+    # Offsets past the cut are new records, never "cleaned before".
+    assert log.cleaner_state.cleaned_time(log.log_end_offset) is None
+    log.append(batch([(b"k0", None)]), leader_epoch=2)
+    full_pass(log, clock)
+    assert (log.log_end_offset - 1, b"k0", None) in contents(log)
+
+
+def test_compact_only_logs_are_not_trimmed_by_retention_and_keyless_records_are_refused(
+        tmp_path):
+    clock = Clock()
+    log = open_compacted(tmp_path / "t-0", clock, retention_ms=10)
+    log.append(batch([(b"k", b"v")]), leader_epoch=1)
+    log.roll()
+    clock.now += 10_000
+    assert log.delete_retained_segments() == 0 and contents(log) == [(0, b"k", b"v")]
+    with pytest.raises(InvalidRecordError, match="no key"):
+        log.append(batch([(b"k", b"v"), (None, b"keyless")]), leader_epoch=1)
+    assert log.log_end_offset == 1
+    log.config = LogConfig(segment_bytes=1024, cleanup_policy="compact,delete",
+                           retention_ms=10, flush_ms=-1)
+    assert log.delete_retained_segments() == 1 and contents(log) == []
+
+
+def test_a_map_too_small_for_the_dirty_section_cleans_it_in_passes(tmp_path):
+    clock = Clock()
+    log = open_compacted(tmp_path / "t-0", clock)
+    for i in range(400):
+        log.append(batch([(b"key-%03d" % (i % 100), b"v%d" % i)]), leader_epoch=1)
+    log.roll()
+    log.flush()
+    ends = []
+    while True:
+        plan = cleaner.plan_clean(log, clock.now)
+        if plan is None or plan.first_dirty >= plan.dirty_end:
+            break
+        result = cleaner.clean(plan, budget_bytes=30 * cleaner.MAP_ENTRY_BYTES)
+        assert cleaner.swap(log, result)
+        ends.append(result.map_end)
+        assert len(ends) < 50, "no progress"
+    assert len(ends) > 1 and ends == sorted(ends)
+    records = contents(log)
+    assert sorted(k for _, k, _ in records) == sorted(b"key-%03d" % i for i in range(100))
+    assert all(v == b"v%d" % (300 + int(k[4:])) for _, k, v in records)
