@@ -165,7 +165,9 @@ SCHEMA: tuple[Key, ...] = (
     _k("log.cleaner.enable", "bool", True,
        "Run the log cleaner, which compacts topics whose cleanup.policy includes compact "
        "(the internal topics are compacted).", _CLEANER),
-    _k("log.cleaner.threads", "int", 1, "Logs compacted at the same time (one thread each).",
+    _k("log.cleaner.threads", "int", 1,
+       "Logs compacted at the same time, each by its own cleaner process (Kafka's threads; "
+       "processes here, so compaction never holds the broker's interpreter lock).",
        _CLEANER, 1, 64),
     _k("log.cleaner.dedupe.buffer.size", "int", 128 * 1024 * 1024,
        "Memory for the cleaners' offset maps (key -> latest offset), shared by the threads; "

@@ -668,12 +668,13 @@ def clean(plan: CleanPlan, budget_bytes: int = DEDUPE_BUFFER_DEFAULT,
 
     # Per producer: did this pass keep any batch of its open transaction?
     txn_kept: dict[int, bool] = {}
+    out: Segment | None = None
     try:
         for group in _groups(plan, map_end):
             base, end = plan.refs[group[0]].base_offset, plan.refs[group[-1]].next_offset
+            result.groups.append(CleanedGroup(group, base, end))
             out = Segment.create(plan.directory, base, config.index_interval_bytes,
                                  CLEANED_SUFFIX)
-            result.groups.append(CleanedGroup(group, base, end))
             pieces: list = []
             metas: list[BatchMeta] = []
             pending = 0
@@ -706,6 +707,8 @@ def clean(plan: CleanPlan, budget_bytes: int = DEDUPE_BUFFER_DEFAULT,
             out.sync()
             out.close()
     except BaseException:
+        if out is not None:
+            out.close()  # a cleaner process lives on: never leak its descriptors
         result.discard()
         raise
     result.due_ms = min(due) if due else None
@@ -737,7 +740,8 @@ def _clean_batch(header: fmt.BatchHeader, batch: memoryview, offsets: OffsetMap,
         base = header.base_offset
         keys = list(map(_KEY, items))
         offsets_here = map(base.__add__, map(_OFFSET_DELTA, items))
-        if None in keys or (offsets.hashed and max(map(len, keys)) > MAP_KEY_BYTES_MAX):
+        if None in keys or (offsets.hashed and keys
+                            and max(map(len, keys)) > MAP_KEY_BYTES_MAX):
             latest = [-1 if key is None else offsets.get(key) for key in keys]
         else:
             latest = map(offsets.map.get, keys, _MINUS_ONES)

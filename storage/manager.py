@@ -42,6 +42,8 @@ LOG_START_FILE = "log-start-offset-checkpoint"
 CLEAN_SHUTDOWN_FILE = ".kraftlog_cleanshutdown"
 LOCK_FILE = ".lock"
 DELETE_SUFFIX = "-delete"
+#: A log whose cleaner pass failed is not tried again before this.
+CLEAN_RETRY_AFTER_FAILURE_S = 60
 
 def parse_partition_dir(name: str) -> TopicPartition | None:
     """``orders-3`` -> ``TopicPartition("orders", 3)``; None for other names."""
@@ -133,6 +135,8 @@ class LogManager:
         self.cleaner_config = cleaner_config or cleaner.CleanerConfig()
         self.cleaner_stats = CleanerStats()
         self._cleaning: dict[TopicPartition, asyncio.Task] = {}
+        #: Partitions whose last pass failed -> when: left alone for a while.
+        self._clean_failed_at: dict[TopicPartition, float] = {}
         self._cleaner_executor: concurrent.futures.ProcessPoolExecutor | None = None
         self._cleaner_wakeup: asyncio.Event | None = None
         self.default_log_config = default_log_config or LogConfig()
@@ -392,9 +396,12 @@ class LogManager:
         now_ms = self.clock()
         bounds = self.retention_upper_bounds() if self.retention_upper_bounds else None
         candidates = []
+        retry_after = time.monotonic() - CLEAN_RETRY_AFTER_FAILURE_S
         for tp, part_log in self._logs.items():
             if tp in self._cleaning or not part_log.config.compact:
                 continue
+            if self._clean_failed_at.get(tp, retry_after) > retry_after:
+                continue  # its last pass failed (logged): not in a tight loop
             if bounds is not None and tp not in bounds:
                 continue  # not hosted (yet): no high watermark to stay under
             bound = None if bounds is None else bounds[tp]
@@ -452,10 +459,14 @@ class LogManager:
                      result.seconds, result.records_kept, result.records_read,
                      result.bytes_read, result.bytes_written)
         except asyncio.CancelledError:
-            raise  # the thread finishes alone; its output is removed at the next open
+            raise  # the process finishes alone; its output is removed at the next open
         except Exception:
             stats.passes_failed += 1
-            log.exception("%s: cleaning failed; the log is unchanged", tp)
+            self._clean_failed_at[tp] = time.monotonic()
+            log.exception("%s: cleaning failed; the log is unchanged; trying again in %d s",
+                          tp, CLEAN_RETRY_AFTER_FAILURE_S)
+        else:
+            self._clean_failed_at.pop(tp, None)
         finally:
             stats.last_run_monotonic = time.monotonic()
             self._cleaning.pop(tp, None)

@@ -109,6 +109,7 @@ class ShardedCoordinator(abc.ABC):
         self.partitions_wanted = partitions_wanted
         self.replication_wanted = replication_wanted
         self.segment_bytes = segment_bytes
+        self._compaction_checked = False
         self.shards: dict[int, Shard] = {}
         self._tasks: list[asyncio.Task] = []
         self._create_lock = asyncio.Lock()
@@ -254,6 +255,8 @@ class ShardedCoordinator(abc.ABC):
             if count is None:
                 raise CoordinatorNotAvailableError(
                     f"{self.TOPIC} is being created; retry shortly")
+        elif not self._compaction_checked:
+            await self._make_compacted()
         partition = partition_for(key, count)
         image = self.image()
         reg = image.partition(self.TOPIC, partition)
@@ -274,6 +277,29 @@ class ShardedCoordinator(abc.ABC):
                 "segment.bytes": str(self.segment_bytes),
                 "max.message.bytes": str(INTERNAL_MESSAGE_BYTES_MAX),
                 "min.insync.replicas": str(min(2, replication))}
+
+    async def _make_compacted(self) -> None:
+        """A topic created before compaction existed kept every record
+        (retention off): make it compacted, once per process. A failure is
+        only logged; the next process tries again."""
+        self._compaction_checked = True
+        configs = self.image().topic_configs(self.TOPIC)
+        if configs.get("cleanup.policy") == "compact":
+            return
+        ops = [{"name": "cleanup.policy", "op": "set", "value": "compact"},
+               {"name": "segment.bytes", "op": "set", "value": str(self.segment_bytes)}]
+        ops += [{"name": key, "op": "delete"} for key in ("retention.ms", "retention.bytes")
+                if key in configs]
+        try:
+            answer = await self.controller_call("/v1/controller/configs/alter", {
+                "resources": [{"type": "topic", "name": self.TOPIC, "ops": ops}]})
+            error = (answer.get("resources") or [{}])[0].get("error")
+            if error:
+                raise RuntimeError(f"{error.get('code')}: {error.get('message')}")
+            logger.info("broker %d: %s is compacted from now on", self.broker_id, self.TOPIC)
+        except Exception as exc:  # noqa: BLE001  never stop a coordinator for this
+            logger.warning("broker %d: could not make %s compacted: %s", self.broker_id,
+                           self.TOPIC, exc)
 
     async def _create_topic(self) -> None:
         async with self._create_lock:

@@ -20,6 +20,7 @@ from chaos.cluster import ProcessCluster, wait_until
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DESCRIBE_COLUMNS = ("PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "LOG-START", "LSO",
                     "HIGH-WATERMARK", "LOG-END", "SIZE")
+CLEANER_COLUMNS = ("CLEANABLE", "LAST-CLEAN")
 
 
 @pytest.fixture(scope="module")
@@ -83,11 +84,23 @@ def describe(url, *names):
     for block in out.strip().split("\n\n"):
         header, columns, *rows = block.splitlines()
         fields = dict(field.split(": ", 1) for field in header.split("\t"))
-        assert tuple(columns.split()) == DESCRIBE_COLUMNS
-        # SIZE is the last column and holds a space ("85 B").
-        topics[fields["Topic"]] = (fields, [dict(zip(DESCRIBE_COLUMNS, row.split(None, 9)))
-                                            for row in rows])
+        # A compacted topic has two more columns.
+        assert tuple(columns.split()) in (DESCRIBE_COLUMNS, DESCRIBE_COLUMNS + CLEANER_COLUMNS)
+        topics[fields["Topic"]] = (fields, [describe_row(row) for row in rows])
     return topics
+
+
+def describe_row(row: str) -> dict:
+    """One partition's row. SIZE holds a space ("85 B", or "-" when
+    unknown), and so does LAST-CLEAN (a timestamp, or "never")."""
+    parts = row.split()
+    entry = dict(zip(DESCRIBE_COLUMNS[:9], parts[:9]))
+    size_words = 1 if parts[9] == "-" else 2
+    entry["SIZE"] = " ".join(parts[9:9 + size_words])
+    rest = parts[9 + size_words:]
+    if rest:
+        entry["CLEANABLE"], entry["LAST-CLEAN"] = rest[0], " ".join(rest[1:])
+    return entry
 
 
 def consume(url, topic, *args, timeout=30):

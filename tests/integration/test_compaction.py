@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -189,17 +190,15 @@ def test_a_group_resumes_from_a_compacted_consumer_offsets_after_every_broker_re
         expected = consumer.committed(tps)
     assert expected == {tps[0]: 200, tps[1]: 400}
 
-    def offsets_cleaned() -> bool:
-        part = describe(cluster, "__consumer_offsets")[0]
-        leader = part["leader"]
+    def offsets_compacted() -> bool:
+        """The leader's log holds far less than the 800 records committed
+        (about 56 KB): the cleaner removed the superseded commits."""
+        leader = describe(cluster, "__consumer_offsets")[0]["leader"]
         local = describe(cluster, "__consumer_offsets", leader)[0]
         return (local["cleaner"]["last_clean_ms"] is not None
-                and local["cleaner"]["first_dirty_offset"] > 0)
+                and local["size_bytes"] < 30_000)
 
-    wait_until(offsets_cleaned, 60, "__consumer_offsets was compacted")
-    leader = describe(cluster, "__consumer_offsets")[0]["leader"]
-    local = describe(cluster, "__consumer_offsets", leader)[0]
-    assert local["size_bytes"] < 400 * 100, local  # far less than 400 commits' records
+    wait_until(offsets_compacted, 60, "__consumer_offsets was compacted")
 
     for broker in cluster.broker_ids:
         cluster.kill(broker)
@@ -259,6 +258,14 @@ def test_reads_inside_a_removed_range_resume_at_the_next_record(cluster):
                > 20, 60, "the rounds were compacted")
 
     url = cluster.nodes[leader].broker_url
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        metrics = dict(line.rsplit(" ", 1) for line in response.read().decode().splitlines()
+                       if line.startswith("kraftlog_cleaner_"))
+    assert float(metrics["kraftlog_cleaner_passes_total"]) >= 1, metrics
+    assert float(metrics["kraftlog_cleaner_bytes_cleaned_total"]) > 0, metrics
+    assert 0 <= float(metrics["kraftlog_cleaner_recopy_percent"]) <= 100, metrics
+    assert 0 <= float(metrics["kraftlog_cleaner_max_dirty_percent"]) <= 100, metrics
+    assert float(metrics["kraftlog_cleaner_time_since_last_run_seconds"]) >= 0, metrics
     status, body = http_json(f"{url}/topics/{topic}/partitions/0/records?offset=3")
     assert status == 200, body
     assert [r["offset"] for r in body][:3] == [10, 11, 12], body[:3]
@@ -284,3 +291,40 @@ def test_reads_inside_a_removed_range_resume_at_the_next_record(cluster):
     row = lines[lines.index(header) + 1:][-1]
     assert "CLEANABLE" in header and "LAST-CLEAN" in header, result.stdout
     assert "never" not in row and "%" in row, result.stdout
+
+
+def test_an_internal_topic_created_before_compaction_becomes_compacted(cluster):
+    """A cluster upgraded from a version without compaction has an
+    uncompacted __consumer_offsets (retention off): the group coordinator
+    makes it compacted the first time it is used."""
+    with Admin(urls(cluster)) as admin:
+        admin.create_topics([NewTopic("upgrade-events", 1, 3)])
+    with Consumer(urls(cluster), group_id="upgrade-check") as consumer:
+        consumer.subscribe(["upgrade-events"])  # the coordinator creates its topic
+        consumer.committed([TopicPartition("upgrade-events", 0)])
+    with Admin(urls(cluster)) as admin:
+        admin.alter_configs("__consumer_offsets", {"cleanup.policy": "delete",
+                                                   "retention.ms": "-1",
+                                                   "retention.bytes": "-1"})
+    for broker in cluster.broker_ids:  # a new process: the check runs once per process
+        cluster.kill(broker)
+    cluster.start(cluster.broker_ids)
+    cluster.wait_for_brokers_running(timeout_s=30)
+
+    def configs() -> dict:
+        return http_json(f"{urls(cluster)[0]}/v1/topics/__consumer_offsets")[1]["configs"]
+
+    assert configs()["cleanup.policy"] == "delete"
+
+    def upgraded() -> bool:
+        try:
+            with Consumer(urls(cluster), group_id="upgrade-check",
+                          request_timeout_ms=3000) as consumer:
+                consumer.subscribe(["upgrade-events"])
+                consumer.committed([TopicPartition("upgrade-events", 0)])
+        except KraftlogError:
+            return False
+        found = configs()
+        return found.get("cleanup.policy") == "compact" and "retention.ms" not in found
+
+    wait_until(upgraded, 60, "__consumer_offsets made compacted")

@@ -163,3 +163,21 @@ def test_a_map_too_small_for_the_dirty_section_cleans_it_in_passes(tmp_path):
     records = contents(log)
     assert sorted(k for _, k, _ in records) == sorted(b"key-%03d" % i for i in range(100))
     assert all(v == b"v%d" % (300 + int(k[4:])) for _, k, v in records)
+
+
+def test_long_keys_and_batches_emptied_by_an_earlier_pass(tmp_path):
+    """Keys over 32 bytes live in the offset map as digests; a later pass
+    meets the empty batches an earlier one left (a segment's last batch)."""
+    clock = Clock()
+    log = open_compacted(tmp_path / "t-0", clock)
+    long_keys = [b"customer-%02d-" % i + b"x" * 40 for i in range(4)]
+    for round_ in range(3):
+        for i in range(40):
+            log.append(batch([(long_keys[i % 4], b"r%d-%d" % (round_, i))]), leader_epoch=1)
+        full_pass(log, clock)
+    data = log.read(log.log_start_offset, 1 << 30)
+    assert any(h.record_count == 0 for h, _ in iter_batches(data)), "no emptied batch kept"
+    records = contents(log)
+    assert sorted(k for _, k, _ in records) == sorted(long_keys)
+    assert {k: v for _, k, v in records} == {long_keys[i % 4]: b"r2-%d" % i
+                                             for i in range(36, 40)}
