@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="distinct keys in it (default %(default)s)")
     parser.add_argument("--value-bytes", type=int, default=1024,
                         help="value bytes per record (default %(default)s)")
-    parser.add_argument("--rounds", type=int, default=2,
+    parser.add_argument("--rounds", type=int, default=3,
                         help="raw-copy and cleaner runs, alternating (default %(default)s)")
     parser.add_argument("--records", type=int, default=500_000,
                         help="records produced per produce run (default %(default)s)")

@@ -88,6 +88,9 @@ MAP_KEY_BYTES_MAX = 32
 #: What one offset-map entry is counted as: the dict slot, a key object of
 #: at most MAP_KEY_BYTES_MAX bytes and the offset (CPython, measured).
 MAP_ENTRY_BYTES = 100 + MAP_KEY_BYTES_MAX
+#: What a decoded record costs in memory beyond its bytes (its tuple and
+#: objects), for the budget of records kept decoded between the two phases.
+DECODED_RECORD_BYTES = 200
 #: Share of the dedupe buffer the map may fill (Kafka's load factor).
 MAP_LOAD_FACTOR = 0.9
 
@@ -598,11 +601,16 @@ class _Aborted:
         return False
 
 
-def build_offset_map(plan: CleanPlan, budget_bytes: int, throttler: Throttler = UNLIMITED
+def build_offset_map(plan: CleanPlan, budget_bytes: int, throttler: Throttler = UNLIMITED,
+                     cache: dict[int, list] | None = None
                      ) -> tuple[OffsetMap, int, int]:
     """The offset map of the dirty section, and where it stops: the dirty
-    end, or the first batch that did not fit. Also returns bytes read."""
+    end, or the first batch that did not fit. Also returns bytes read.
+    The decoded records of the first dirty batches go to ``cache`` (base
+    offset -> records), up to ``budget_bytes`` of memory more, so the
+    rewrite does not check and decode them again."""
     offsets = OffsetMap(budget_bytes)
+    cache_room = budget_bytes if cache is not None else 0
     aborted = _Aborted(plan.aborted)
     read = 0
     for ref in plan.refs:
@@ -616,7 +624,12 @@ def build_offset_map(plan: CleanPlan, budget_bytes: int, throttler: Throttler = 
                     continue
                 if not offsets.has_room_for(header.record_count):
                     return offsets, header.base_offset, read + reader.bytes_read
-                offsets.put_batch(header.base_offset, _decode(header, batch))
+                items = _decode(header, batch)
+                offsets.put_batch(header.base_offset, items)
+                cost = header.size_bytes + DECODED_RECORD_BYTES * len(items)
+                if cache_room >= cost:
+                    cache[header.base_offset] = items  # type: ignore[index]
+                    cache_room -= cost
             read += reader.bytes_read
     return offsets, plan.dirty_end, read
 
@@ -645,7 +658,8 @@ def clean(plan: CleanPlan, budget_bytes: int = DEDUPE_BUFFER_DEFAULT,
     """Build the offset map and write the cleaned segments (``.cleaned``
     files, fsynced). Safe on any thread; touches no ``Log`` state."""
     started = time.monotonic()
-    offsets, map_end, read = build_offset_map(plan, budget_bytes, throttler)
+    decoded: dict[int, list] = {}
+    offsets, map_end, read = build_offset_map(plan, budget_bytes, throttler, decoded)
     result = CleanResult(plan, [], map_end, bytes_read=read)
     config = plan.config
     retention_ms = config.delete_retention_ms
@@ -681,7 +695,8 @@ def clean(plan: CleanPlan, budget_bytes: int = DEDUPE_BUFFER_DEFAULT,
             for i in group:
                 with _SegmentReader(plan.refs[i], throttler) as reader:
                     for header, batch in reader.batches():
-                        kept = _clean_batch(header, batch, offsets, aborted, removable,
+                        kept = _clean_batch(header, batch, decoded.pop(header.base_offset, None),
+                                            offsets, aborted, removable,
                                             plan.producer_last_offsets, txn_kept,
                                             header.next_offset == end, result)
                         if kept is None:
@@ -716,7 +731,8 @@ def clean(plan: CleanPlan, budget_bytes: int = DEDUPE_BUFFER_DEFAULT,
     return result
 
 
-def _clean_batch(header: fmt.BatchHeader, batch: memoryview, offsets: OffsetMap,
+def _clean_batch(header: fmt.BatchHeader, batch: memoryview, items: list | None,
+                 offsets: OffsetMap,
                  aborted: _Aborted, removable: Callable[[int], bool],
                  producer_last: dict[int, int], txn_kept: dict[int, bool],
                  is_last: bool, result: CleanResult):
@@ -730,7 +746,8 @@ def _clean_batch(header: fmt.BatchHeader, batch: memoryview, offsets: OffsetMap,
             return None
         result.records_kept += header.record_count
         return batch
-    items = _decode(header, batch)
+    if items is None:  # not decoded (and checked) while building the offset map
+        items = _decode(header, batch)
     result.records_read += len(items)
     if header.is_transactional and aborted(header):
         keep = []
