@@ -29,10 +29,10 @@ class Clock:
 
 
 def open_compacted(directory, clock, **overrides) -> Log:
-    config = LogConfig(segment_bytes=1024, cleanup_policy="compact", flush_ms=-1,
-                       min_cleanable_dirty_ratio=0.0, delete_retention_ms=RETENTION_MS,
-                       **overrides)
-    return Log.open(str(directory), config, clock=clock)
+    settings = dict(segment_bytes=1024, cleanup_policy="compact", flush_ms=-1,
+                    min_cleanable_dirty_ratio=0.0, delete_retention_ms=RETENTION_MS)
+    settings.update(overrides)
+    return Log.open(str(directory), LogConfig(**settings), clock=clock)
 
 
 def batch(records, *, producer_id=-1, epoch=-1, sequence=-1, transactional=False) -> bytes:
@@ -181,3 +181,52 @@ def test_long_keys_and_batches_emptied_by_an_earlier_pass(tmp_path):
     assert sorted(k for _, k, _ in records) == sorted(long_keys)
     assert {k: v for _, k, v in records} == {long_keys[i % 4]: b"r2-%d" % i
                                              for i in range(36, 40)}
+
+
+def test_compaction_lags_bound_when_a_log_may_and_must_be_cleaned(tmp_path):
+    clock = Clock()
+    log = open_compacted(tmp_path / "t-0", clock, min_cleanable_dirty_ratio=0.99,
+                         min_compaction_lag_ms=5_000, max_compaction_lag_ms=60_000)
+    for i in range(10):
+        builder = BatchBuilder()
+        builder.append(b"k%d" % (i % 2), b"v%d" % i, timestamp_ms=clock.now)
+        log.append(builder.build(), leader_epoch=1)
+        log.roll()
+    log.flush()
+    # Younger than min.compaction.lag.ms: nothing may be cleaned yet.
+    assert cleaner.cleanability(log, clock.now).cleanable_segments == 0
+    clock.now += 6_000
+    found = cleaner.cleanability(log, clock.now)
+    assert found.cleanable_segments == 10 and found.dirty_ratio == 1.0
+    # Never cleaned, the log is all dirty: the ratio makes it due. After a
+    # pass, a little new dirty data is due only once max.compaction.lag.ms
+    # has passed.
+    assert cleaner.needs_cleaning(log, clock.now) is not None
+    full_pass(log, clock)
+    builder = BatchBuilder()
+    builder.append(b"k0", b"late", timestamp_ms=clock.now)
+    log.append(builder.build(), leader_epoch=1)
+    log.roll()
+    log.flush()
+    clock.now += 6_000
+    assert cleaner.needs_cleaning(log, clock.now) is None  # ratio below 0.99, lag not passed
+    clock.now += 60_000
+    assert cleaner.needs_cleaning(log, clock.now) is not None  # max.compaction.lag.ms passed
+
+
+def test_the_io_cap_paces_the_cleaner(monkeypatch):
+    now = [100.0]
+    waits = []
+
+    def sleep(seconds: float) -> None:  # a clock that moves only when slept on
+        waits.append(seconds)
+        now[0] += seconds
+
+    monkeypatch.setattr(cleaner.time, "sleep", sleep)
+    monkeypatch.setattr(cleaner.time, "monotonic", lambda: now[0])
+    throttler = cleaner.Throttler(1_000_000)  # 1 MB/s
+    for _ in range(10):
+        throttler.account(50_000)
+    # Half a megabyte at 1 MB/s: half a second of waiting, asked in steps.
+    assert sum(waits) == pytest.approx(0.5), waits
+    assert cleaner.UNLIMITED.account(10**9) is None and len(waits) == 10
