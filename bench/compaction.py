@@ -34,7 +34,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 
 from bench.storage import MiB, Progress, format_table, machine_facts, print_section, ratio
 from storage import cleaner
@@ -205,7 +204,7 @@ def _print_cleaner(figures: dict) -> None:
 def bench_produce_while_cleaning(args: argparse.Namespace, base: str) -> dict:
     from api.client import Admin, NewTopic, Producer
     from bench.data import _fill, _wait_for_replicas_in_sync
-    from chaos.cluster import ProcessCluster
+    from chaos.cluster import ProcessCluster, metric
 
     print_section(f"Produce while the cleaner runs: {args.records:,} records of "
                   f"{args.record_size} B, a {args.dirty_mb} MiB topic compacted meanwhile")
@@ -233,21 +232,21 @@ def bench_produce_while_cleaning(args: argparse.Namespace, base: str) -> dict:
         idle_1 = produce(topics[0], "idle")
         with Admin(bootstrap) as admin:
             admin.alter_configs("dirty", {"cleanup.policy": "compact"})
-        _wait_for(lambda: _metric(url, "kraftlog_cleaner_running_passes") >= 1, 30,
+        _wait_for(lambda: metric(url, "kraftlog_cleaner_running_passes") >= 1, 30,
                   "the cleaner to start")
         sampler = _Sampler(url)
         sampler.start()
         cleaning = produce(topics[1], "cleaning")
         overlap = sampler.stop()
-        _wait_for(lambda: _metric(url, "kraftlog_cleaner_running_passes") == 0, 600,
+        _wait_for(lambda: metric(url, "kraftlog_cleaner_running_passes") == 0, 600,
                   "the cleaner to finish")
         idle_2 = produce(topics[2], "idle")
         idle = (idle_1 + idle_2) / 2
         return {"idle_records_s": [idle_1, idle_2], "cleaning_records_s": cleaning,
                 "ratio": ratio(cleaning, idle), "goal": PRODUCE_GOAL,
                 "cleaner_overlap": overlap,
-                "cleaner_passes": _metric(url, "kraftlog_cleaner_passes_total"),
-                "cleaner_bytes_read": _metric(url, "kraftlog_cleaner_bytes_read_total")}
+                "cleaner_passes": metric(url, "kraftlog_cleaner_passes_total"),
+                "cleaner_bytes_read": metric(url, "kraftlog_cleaner_bytes_read_total")}
     finally:
         cluster.stop()
 
@@ -270,6 +269,12 @@ def _fill_dirty(bootstrap: list[str], mib: int) -> None:
     progress.finish()
 
 
+def _running(url: str) -> bool:
+    from chaos.cluster import metric
+
+    return metric(url, "kraftlog_cleaner_running_passes") >= 1
+
+
 class _Sampler:
     """Samples the cleaner's running gauge while a produce run lasts."""
 
@@ -285,7 +290,7 @@ class _Sampler:
     def _run(self) -> None:
         while not self._stop.wait(0.05):
             try:
-                self.samples.append(_metric(self.url, "kraftlog_cleaner_running_passes") >= 1)
+                self.samples.append(_running(self.url))
             except OSError:
                 pass
 
@@ -294,14 +299,6 @@ class _Sampler:
         self._stop.set()
         self._thread.join(10)
         return sum(self.samples) / len(self.samples) if self.samples else 0.0
-
-
-def _metric(url: str, name: str) -> float:
-    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise RuntimeError(f"{name} is not in {url}/metrics")
 
 
 def _wait_for(condition, timeout_s: float, what: str) -> None:

@@ -100,6 +100,15 @@ def http_json(url: str, body: Any = None, timeout_s: float = 5.0) -> tuple[int, 
         return exc.code, json.load(exc)
 
 
+def metric(url: str, name: str, timeout_s: float = 5.0) -> float:
+    """The value of an unlabelled metric on a broker's ``/metrics``."""
+    with urllib.request.urlopen(url + "/metrics", timeout=timeout_s) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise LookupError(f"{name} is not in {url}/metrics")
+
+
 def node_roles(controllers: int, brokers: int, combined: bool
                ) -> dict[int, tuple[str, ...]]:
     """Node id -> roles for a layout: controllers 1..C and brokers C+1..C+B,

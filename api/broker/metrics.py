@@ -9,6 +9,7 @@ scrape time through a callback, so they can never drift from the truth.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Callable, Iterable
 
@@ -110,6 +111,11 @@ class Registry:
         return "\n".join(lines) + "\n"
 
 
+def _one(read: Callable[[], dict[str, float]], key: str) -> Callable[[], dict[tuple, float]]:
+    """A gauge's reader of one figure of ``read()``, without labels."""
+    return lambda: {(): read()[key]}
+
+
 class BrokerMetrics:
     """Every metric a broker exports. ``partitions`` and ``leaders`` read the
     replica manager at scrape time."""
@@ -144,10 +150,7 @@ class BrokerMetrics:
     def add_cleaner_gauges(self, read: Callable[[], dict[str, float]]) -> None:
         """The log cleaner (compacted topics), read at scrape time."""
         r = self.registry
-
-        def one(key: str) -> Callable[[], dict[tuple, float]]:
-            return lambda: {(): read()[key]}
-
+        one = functools.partial(_one, read)
         r.add(Gauge("kraftlog_cleaner_max_dirty_percent",
                     "Highest share of a compacted log not cleaned yet, in percent.",
                     one("max_dirty_percent")))
@@ -181,8 +184,7 @@ class BrokerMetrics:
 
     @staticmethod
     def _add_replication(r: Registry, read: Callable[[], dict[str, float]]) -> None:
-        def one(key: str) -> Callable[[], dict[tuple, float]]:
-            return lambda: {(): read()[key]}
+        one = functools.partial(_one, read)
 
         r.add(Gauge("kraftlog_under_replicated_partitions",
                     "Partitions this broker leads whose ISR is smaller than their replicas.",

@@ -14,13 +14,12 @@ from __future__ import annotations
 import signal
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 
 import pytest
 
 from api.client import Admin, Consumer, NewTopic, Producer, TopicPartition
-from chaos.cluster import FAST_SETTINGS, ProcessCluster, http_json, wait_until
+from chaos.cluster import FAST_SETTINGS, ProcessCluster, http_json, metric, wait_until
 
 LAG_TIME_MAX_MS = 2000
 FETCH_WAIT_MAX_MS = 200
@@ -183,14 +182,6 @@ def wait_for_identical_replicas(cluster, topic: str, partitions: int) -> None:
     wait_until(lambda: all(len(set(by_broker.values())) == 1 and len(by_broker) == 3
                            for by_broker in replica_sizes(cluster, topic).values()),
                30, f"{topic}: the same log end and size on every replica")
-
-
-def metric(url: str, name: str) -> float:
-    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError(f"{name} not in {url}/metrics")
 
 
 # -- tests ---------------------------------------------------------------------------
