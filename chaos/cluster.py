@@ -20,6 +20,7 @@ raises ``TimeoutError`` saying what it waited for.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -107,6 +108,19 @@ def metric(url: str, name: str, timeout_s: float = 5.0) -> float:
             if line.startswith(name + " "):
                 return float(line.split()[1])
     raise LookupError(f"{name} is not in {url}/metrics")
+
+
+RAFT_SECRET_FILE = "raft-secret"
+
+
+def write_raft_secret(path: str) -> str:
+    """A random controller.quorum.secret.file readable only by its owner
+    (kept if it exists: a cluster restarted keeps its secret)."""
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(base64.urlsafe_b64encode(os.urandom(32)).decode() + "\n")
+    return path
 
 
 def node_roles(controllers: int, brokers: int, combined: bool
@@ -215,10 +229,17 @@ class ProcessCluster:
     #: (already set up) that gives each node an address and runs it in its
     #: own network namespace.
     network: NodeNetwork | None = None
+    #: Authenticate the controllers' Raft traffic with a shared secret made up
+    #: for this cluster (``controller.quorum.secret.file``). Off only for the
+    #: test that shows what an unauthenticated Raft port lets a peer do.
+    raft_secret: bool = True
     nodes: dict[int, NodeProcess] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         os.makedirs(self.base_dir, exist_ok=True)
+        if self.raft_secret and "controller.quorum.secret.file" not in self.settings:
+            self.settings = {**self.settings, "controller.quorum.secret.file":
+                             write_raft_secret(os.path.join(self.base_dir, RAFT_SECRET_FILE))}
         taken: set[int] = set()
         for node_id, roles in node_roles(self.controllers, self.brokers,
                                          self.combined).items():

@@ -47,8 +47,9 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from api import table
-from chaos.cluster import (REPO_ROOT, free_port, http_json, node_command, node_config_values,
-                           node_roles, voters_text, write_node_config)
+from chaos.cluster import (RAFT_SECRET_FILE, REPO_ROOT, free_port, http_json, node_command,
+                           node_config_values, node_roles, voters_text, write_node_config,
+                           write_raft_secret)
 
 CLUSTER_FILE = "cluster.json"
 #: flock'ed by ``up`` and ``down`` so two of them never race on one DIR.
@@ -216,6 +217,9 @@ class LocalCluster:
         voters = voters_text({i: n.controller_port for i, n in self.nodes.items()
                               if n.controller_port is not None})
         settings = {**cluster_defaults(len(self.broker_ids)), **self.settings}
+        if len(self.controller_ids) > 1 and "controller.quorum.secret.file" not in settings:
+            settings["controller.quorum.secret.file"] = write_raft_secret(
+                os.path.join(self.base_dir, RAFT_SECRET_FILE))
         for node in self.nodes.values():
             header = (f"Node {node.node_id} of the cluster in {self.base_dir}, written by "
                       "`kraftlog cluster up`.\nRestart it alone with: "

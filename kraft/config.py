@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import ipaddress
 import logging
 import os
 import tomllib
@@ -87,6 +88,9 @@ class NodeConfig:
     # is answered as soon as the leader has appended (as acks=1), with no
     # min.insync.replicas check. Never set it anywhere else.
     unsafe_ack_before_replication: bool = False  # unsafe.ack.before.replication
+    # The controllers' shared Raft secret, read from controller.quorum.secret.file
+    # (never in settings, so --print-config cannot show it); None: none set.
+    raft_secret: bytes | None = dataclasses.field(default=None, repr=False)
     # Every key of the schema that has a value (set, or a default), typed.
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
     # Where each key's value came from: "default", the file's path, or "--set".
@@ -195,11 +199,42 @@ def node_config_from_settings(settings: Mapping[str, Any],
         auto_leader_rebalance_enable=values["auto.leader.rebalance.enable"],
         leader_imbalance_check_interval_ms=values["leader.imbalance.check.interval.seconds"] * 1000,
         unsafe_ack_before_replication=values["unsafe.ack.before.replication"],
+        raft_secret=_read_raft_secret(values["controller.quorum.secret.file"]),
         settings={key: value for key, value in values.items() if value is not None},
         sources=sources,
     )
     _check(config)
     return config
+
+
+#: The shortest controller.quorum.secret.file content accepted.
+RAFT_SECRET_CHARS_MIN = 16
+
+
+def _read_raft_secret(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            secret = f.read().strip()
+    except OSError as exc:
+        raise InvalidConfigError(
+            f"controller.quorum.secret.file {path!r} cannot be read: {exc.strerror}") from None
+    if len(secret) < RAFT_SECRET_CHARS_MIN:
+        raise InvalidConfigError(
+            f"controller.quorum.secret.file {path!r} holds {len(secret)} characters; use at "
+            f"least {RAFT_SECRET_CHARS_MIN} (for example: head -c 32 /dev/urandom | base64)")
+    return secret
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable only from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
 
 
 def print_config(config: NodeConfig) -> str:
@@ -265,6 +300,14 @@ def _check(config: NodeConfig) -> None:
             raise InvalidConfigError(
                 f"node {config.node_id} has the controller role but is not in "
                 "controller.quorum.voters")
+        raft = config.raft_endpoint(config.node_id)
+        if config.raft_secret is None and not is_loopback(raft.host):
+            raise InvalidConfigError(
+                f"the Raft port {raft} is reachable from other machines, and Raft messages "
+                "are Python pickles: a peer that can reach it could run code on this "
+                "controller. Set controller.quorum.secret.file to a file with a shared "
+                "secret (the same on every controller; e.g. head -c 32 /dev/urandom | base64 "
+                "> secret), or keep every voter on loopback")
         listener = config.listeners.get(CONTROLLER_LISTENER)
         if listener != own:
             raise InvalidConfigError(

@@ -98,6 +98,11 @@ SCHEMA: tuple[Key, ...] = (
        INT32_MAX),
     _k("controller.quorum.raft.port.offset", "int", 1,
        "The Raft port is the CONTROLLER port plus this.", _CONFIG, 1, 65534),
+    _k("controller.quorum.secret.file", "str", None,
+       "A file holding the controllers' shared secret (at least 16 characters, the same "
+       "file content on every controller). Raft messages are authenticated and encrypted "
+       "with it (Fernet) before anything in them is read; required when a Raft port is not "
+       "on loopback. A lone controller without one makes up its own.", _CONFIG),
     _k("num.partitions", "int", 1, "Partitions of a topic created without a count.",
        _CONFIG, 1, 1_000_000),
     _k("default.replication.factor", "int", 1,

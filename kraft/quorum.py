@@ -93,6 +93,9 @@ class RaftSettings:
 
     election_timeout_ms: int = 500
     fetch_timeout_ms: int = 2000
+    # The shared secret Raft messages are authenticated and encrypted with
+    # (pysyncobj's password: Fernet, checked before a message is unpickled).
+    secret: bytes | None = None
     # Entries in the journal before a snapshot is written and the journal cut.
     snapshot_min_entries: int = 5000
     snapshot_min_interval_s: int = 300
@@ -258,6 +261,7 @@ class MetadataQuorum(GuardedSyncObj):
             logCompactionMinTime=settings.snapshot_min_interval_s,
             onStateChanged=self._on_state_changed,
             dynamicMembershipChange=False,
+            password=settings.secret,
         )
         self_address = raft_addresses[node_id]
         others = [address for nid, address in sorted(raft_addresses.items()) if nid != node_id]

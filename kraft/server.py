@@ -45,8 +45,10 @@ Endpoints (controller listener; msgpack or JSON bodies, see protocol/wire.py):
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -107,6 +109,21 @@ async def cancel_until_done(tasks: list[asyncio.Task], timeout_s: float) -> list
     return list(pending)
 
 
+def raft_secret(config: NodeConfig) -> bytes | None:
+    """The secret this controller's Raft traffic is authenticated with: the
+    configured one; for a lone voter without one, a random one (no peer has
+    to know it, and nothing on this machine can then speak to its Raft
+    port); otherwise none, which the config allows only on loopback."""
+    if config.raft_secret is not None:
+        return config.raft_secret
+    if len(config.voters) == 1:
+        return base64.urlsafe_b64encode(os.urandom(32))
+    logger.warning("controller %d: the Raft port is unauthenticated (no "
+                   "controller.quorum.secret.file): anything on this machine that can "
+                   "connect to it can run code in this process", config.node_id)
+    return None
+
+
 class ControllerServer:
     """One controller: ``await start()``, ``await stop()``."""
 
@@ -119,7 +136,8 @@ class ControllerServer:
         self.quorum = MetadataQuorum(
             config.node_id, raft_addresses, config.metadata_log_dir,
             RaftSettings(election_timeout_ms=config.election_timeout_ms,
-                         fetch_timeout_ms=config.fetch_timeout_ms))
+                         fetch_timeout_ms=config.fetch_timeout_ms,
+                         secret=raft_secret(config)))
         self.core = Controller(ControllerSettings.from_node(config))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._write_lock = asyncio.Lock()

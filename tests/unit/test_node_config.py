@@ -107,3 +107,38 @@ def test_missing_and_malformed_files_say_so(tmp_path):
 def test_a_deposed_leaders_lease_renewals_cannot_outlive_a_session():
     with pytest.raises(InvalidConfigError, match="below broker.session.timeout.ms"):
         config(**{"broker_session_timeout_ms": 3000, "controller_quorum_fetch_timeout_ms": 3000})
+
+
+# -- the Raft port's secret ------------------------------------------------------------------
+PUBLIC_VOTERS = {"controller.quorum.voters": "1@10.1.2.3:9093,2@10.1.2.4:9093",
+                 "listeners": "BROKER://10.1.2.3:9092,CONTROLLER://10.1.2.3:9093"}
+
+
+def test_a_raft_port_beyond_loopback_needs_a_secret_and_says_why():
+    with pytest.raises(InvalidConfigError) as refused:
+        config(**{k.replace(".", "_"): v for k, v in PUBLIC_VOTERS.items()})
+    message = str(refused.value)
+    assert "10.1.2.3:9094" in message and "controller.quorum.secret.file" in message
+    assert "run code" in message
+
+
+def test_a_secret_file_is_read_checked_and_never_shown(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret-shared-by-every-controller\n")
+    c = node_config_from_settings({**BASE, **PUBLIC_VOTERS,
+                                   "controller.quorum.secret.file": str(secret)})
+    assert c.raft_secret == b"s3cret-shared-by-every-controller"
+    assert "s3cret" not in repr(c) and "s3cret" not in str(c.settings)
+    secret.write_text("short")
+    with pytest.raises(InvalidConfigError, match="at least 16"):
+        node_config_from_settings({**BASE, "controller.quorum.secret.file": str(secret)})
+    with pytest.raises(InvalidConfigError, match="cannot be read"):
+        node_config_from_settings({**BASE, "controller.quorum.secret.file":
+                                   str(tmp_path / "missing")})
+
+
+def test_loopback_voters_may_go_without_a_secret_and_brokers_never_need_one():
+    assert config().raft_secret is None
+    broker = node_config_from_settings({**BASE, **PUBLIC_VOTERS, "process.roles": "broker",
+                                        "listeners": "BROKER://10.1.2.9:9092", "node.id": 9})
+    assert broker.raft_secret is None
