@@ -60,6 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nats-python", default=None, metavar="PYTHON",
                         help="a python with nats-py (e.g. /tmp/peers-venv/bin/python) to "
                              "measure NATS JetStream alongside; see ../shared/peers/run.sh")
+    parser.add_argument("--raft-secret", choices=("on", "off"), default="on",
+                        help="authenticate and encrypt the controllers' Raft traffic with a "
+                             "shared secret, as every multi-controller cluster should "
+                             "(default on; off measures what it costs)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -77,10 +81,14 @@ def run(args: argparse.Namespace) -> int:
         results: dict[str, Any] = {"settings": {k: settings[k] for k in sorted(settings)
                                                 if k.startswith(("broker.", "controller."))}}
         results["fsync"] = measure_fsync(work)
-        results["controller_failover"] = controller_failover(work, settings, args.failovers)
-        results["broker_failover"] = broker_failover(work, settings, args.broker_failovers)
+        secret = args.raft_secret == "on"
+        results["raft_secret"] = secret
+        results["controller_failover"] = controller_failover(work, settings, args.failovers,
+                                                             secret)
+        results["broker_failover"] = broker_failover(work, settings, args.broker_failovers,
+                                                     secret)
         results["topic_creations"] = topic_creations(work, settings, args.creations,
-                                                     args.clients)
+                                                     args.clients, secret)
     if args.nats_python:
         results["nats"] = run_nats_reference(args.nats_python, args.creations, args.failovers)
     if args.json:
@@ -163,10 +171,11 @@ def wait_for_full_quorum(cluster: ProcessCluster, timeout_s: float = 20) -> None
     wait_until(whole, timeout_s, "every controller connected and caught up")
 
 
-def controller_failover(work: str, settings: dict, rounds: int) -> dict:
+def controller_failover(work: str, settings: dict, rounds: int, raft_secret: bool = True
+                        ) -> dict:
     durations_active, durations_created = [], []
     with ProcessCluster(os.path.join(work, "controllers"), controllers=3, brokers=1,
-                        settings=settings) as cluster:
+                        settings=settings, raft_secret=raft_secret) as cluster:
         cluster.start()
         cluster.wait_for_brokers_running(timeout_s=30)
         for i in range(rounds):
@@ -191,10 +200,11 @@ def controller_failover(work: str, settings: dict, rounds: int) -> dict:
 
 # -- 2. broker failure to new leader ---------------------------------------
 
-def broker_failover(work: str, settings: dict, rounds: int) -> dict:
+def broker_failover(work: str, settings: dict, rounds: int, raft_secret: bool = True
+                    ) -> dict:
     durations = []
     with ProcessCluster(os.path.join(work, "brokers"), controllers=3, brokers=3,
-                        settings=settings) as cluster:
+                        settings=settings, raft_secret=raft_secret) as cluster:
         cluster.start()
         cluster.wait_for_brokers_running(timeout_s=30)
         for i in range(rounds):
@@ -248,10 +258,11 @@ async def _create_many(url: str, names: list[str], clients: int) -> list[float]:
     return latencies
 
 
-def topic_creations(work: str, settings: dict, count: int, clients: int) -> dict:
+def topic_creations(work: str, settings: dict, count: int, clients: int,
+                    raft_secret: bool = True) -> dict:
     results = {}
     with ProcessCluster(os.path.join(work, "writes"), controllers=3, brokers=3,
-                        settings=settings) as cluster:
+                        settings=settings, raft_secret=raft_secret) as cluster:
         cluster.start()
         cluster.wait_for_brokers_running(timeout_s=30)
         active = cluster.wait_for_active_controller()
@@ -275,7 +286,7 @@ def format_report(r: dict) -> str:
                       r["fsync"])
     lines = [
         "kraftlog control plane (3 controllers; brokers: 1 for failover, 3 otherwise)",
-        f"  settings: {r['settings']}",
+        f"  settings: {r['settings']}; Raft secret: {'on' if r['raft_secret'] else 'off'}",
         "",
         f"{'measure':44} {'p50':>9} {'max':>9} {'n':>4}",
         f"{'controller kill -9 -> new active':44} {cf['to_active']['p50_ms']:>7.0f}ms "

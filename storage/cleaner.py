@@ -790,7 +790,7 @@ CLEANER_NICE = 10
 _process_throttler = UNLIMITED
 
 
-def init_cleaner_process(bytes_per_second: float) -> None:
+def init_cleaner_process(bytes_per_second: float, broker_pid: int) -> None:
     """In each cleaner process, once: lower its priority, die with the
     broker (an orphan must never write ``.cleaned`` files into a log
     directory a restarted broker owns), and set its share of the I/O cap."""
@@ -807,7 +807,7 @@ def init_cleaner_process(bytes_per_second: float) -> None:
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
-    if os.getppid() == 1:  # the broker died before prctl took effect
+    if os.getppid() != broker_pid:  # the broker died before prctl took effect
         os._exit(1)
     _process_throttler = Throttler(bytes_per_second)
 

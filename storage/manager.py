@@ -424,7 +424,7 @@ class LogManager:
             self._cleaner_executor = concurrent.futures.ProcessPoolExecutor(
                 max_workers=threads, mp_context=multiprocessing.get_context("spawn"),
                 initializer=cleaner.init_cleaner_process,
-                initargs=(self.cleaner_config.io_max_bytes_per_second / threads,))
+                initargs=(self.cleaner_config.io_max_bytes_per_second / threads, os.getpid()))
         return self._cleaner_executor
 
     async def _clean(self, tp: TopicPartition, part_log: Log, plan: cleaner.CleanPlan) -> None:
