@@ -380,7 +380,7 @@ def plan_clean(part_log, now_ms: int, upper_bound: int | None = None,
 
 
 # ---------------------------------------------------------------------------
-# Step 2: the clean (a cleaner thread)
+# Step 2: the clean (a cleaner process, or any thread but the event loop)
 # ---------------------------------------------------------------------------
 class OffsetMap:
     """Key -> offset of its latest record, within a memory budget.
