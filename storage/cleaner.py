@@ -19,11 +19,12 @@ Each pass has three steps, on two threads:
    ``.index.cleaned`` / ``.timeindex.cleaned``), fsynced.
 3. ``swap`` (the owner thread): if the log's segments did not change
    meanwhile, Kafka's protocol: rename the ``.cleaned`` files to ``.swap``,
-   fsync the directory, delete the old segments, rename the ``.swap`` files
-   to their final names, fsync the directory. ``complete_swaps`` (run when
-   a log opens) finishes or undoes whatever a crash interrupted: ``.cleaned``
-   files are deleted (the old segments are intact), a ``<base>.log.swap``
-   replaces every segment in its offset range.
+   fsync the directory, rename the old segments aside (``.deleted``, unlinked
+   off the event loop), rename the ``.swap`` files to their final names,
+   fsync the directory. ``complete_swaps`` (run when a log opens) finishes
+   or undoes whatever a crash interrupted: ``.cleaned`` files are deleted
+   (the old segments are intact), a ``<base>.log.swap`` replaces every
+   segment in its offset range, ``.deleted`` files go.
 
 What a pass keeps of a batch (offsets never change; a batch keeps its base
 offset, offset range, leader epoch, producer id, epoch and base sequence):
@@ -68,8 +69,8 @@ import msgpack
 from storage import batch as fmt
 from storage.checkpoint import fsync_directory, write_atomically
 from storage.errors import InvalidConfigError
-from storage.segment import (INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, BatchMeta, Segment,
-                             file_stem)
+from storage.segment import (DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX,
+                             BatchMeta, Segment, file_stem)
 
 log = logging.getLogger(__name__)
 
@@ -824,11 +825,14 @@ def _no_crash(_step: str) -> None:
     pass
 
 
-def swap(part_log, result: CleanResult, crash: Callable[[str], None] = _no_crash) -> bool:
+def swap(part_log, result: CleanResult, crash: Callable[[str], None] = _no_crash,
+         delete_later: Callable[[list[str]], Any] | None = None) -> bool:
     """Put the cleaned segments in place of the old ones, if the log did
-    not change since the plan (else discard them). ``crash`` is called
-    between steps (tests stop there to simulate a crash). Returns whether
-    the swap happened."""
+    not change since the plan (else discard them). The old segments' files
+    are renamed aside (``.deleted``) and unlinked by ``delete_later`` (the
+    broker: on a thread, as unlinking a large file can take a while), or
+    here. ``crash`` is called between steps (tests stop there to simulate a
+    crash). Returns whether the swap happened."""
     plan = result.plan
     current = part_log.segments
     if (part_log.closed or part_log.layout_version != plan.layout_version
@@ -847,9 +851,10 @@ def swap(part_log, result: CleanResult, crash: Callable[[str], None] = _no_crash
     crash("renamed-to-swap")
     fsync_directory(directory)
     crash("swap-durable")
+    doomed: list[str] = []
     for group in result.groups:
         for i in group.sources:
-            plan.segments[i].delete()
+            doomed += plan.segments[i].rename_for_deletion()
     crash("old-deleted")
     for group in result.groups:
         _finish_swap(directory, group.base_offset)
@@ -865,7 +870,13 @@ def swap(part_log, result: CleanResult, crash: Callable[[str], None] = _no_crash
     state.due_ms = result.due_ms
     state.save()
     crash("checkpointed")
+    (delete_later or unlink_all)(doomed)
     return True
+
+
+def unlink_all(paths: list[str]) -> None:
+    for path in paths:
+        _unlink(path)
 
 
 def _finish_swap(directory: str, base: int) -> None:
@@ -890,7 +901,7 @@ def complete_swaps(directory: str) -> None:
     names = os.listdir(directory)
     changed = False
     for name in names:
-        if name.endswith(CLEANED_SUFFIX):
+        if name.endswith((CLEANED_SUFFIX, DELETED_SUFFIX)):
             _unlink(os.path.join(directory, name))
             changed = True
     swaps = sorted(int(name[:20]) for name in names

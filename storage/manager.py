@@ -444,7 +444,7 @@ class LogManager:
                 result.discard()  # deleted or replaced meanwhile
                 stats.passes_discarded += 1
                 return
-            if not cleaner.swap(part_log, result):
+            if not cleaner.swap(part_log, result, delete_later=self._unlink_later):
                 stats.passes_discarded += 1
                 return
             stats.passes += 1
@@ -476,6 +476,11 @@ class LogManager:
     def cleaning(self) -> list[TopicPartition]:
         """The partitions a cleaner pass is under way for."""
         return list(self._cleaning)
+
+    def _unlink_later(self, paths: list[str]) -> None:
+        """Unlink the files of segments a clean replaced, on the flush
+        thread: unlinking a large file can block for a while."""
+        self._flush_executor().submit(cleaner.unlink_all, paths)
 
     def max_dirty_percent(self) -> float:
         """The highest dirty ratio of any compacted log, in percent."""

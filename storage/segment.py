@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
+DELETED_SUFFIX = ".deleted"  # a segment file waiting to be unlinked
 
 SCAN_CHUNK_MIN_BYTES = 4 * 1024  # first read-ahead when walking batch headers
 SCAN_CHUNK_BYTES = 64 * 1024  # largest read-ahead when walking batch headers
@@ -487,6 +488,20 @@ class Segment:
     @property
     def closed(self) -> bool:
         return self._fd < 0
+
+    def rename_for_deletion(self) -> list[str]:
+        """Close the segment and rename its files to ``<name>.deleted``
+        (a rename is cheap where an unlink of a big file is not); returns
+        the new paths, for the caller to unlink off the event loop."""
+        self.close()
+        renamed = []
+        for path in (self.log_path, self.offset_index.path, self.time_index.path):
+            try:
+                os.rename(path, path + DELETED_SUFFIX)
+                renamed.append(path + DELETED_SUFFIX)
+            except FileNotFoundError:
+                pass
+        return renamed
 
     def delete(self) -> None:
         self.close()

@@ -51,6 +51,9 @@ def full_pass(log: Log, clock: Clock) -> cleaner.CleanResult:
     result = cleaner.clean(plan)
     assert cleaner.swap(log, result)
     log.check_invariants()
+    leftovers = [name for name in os.listdir(log.directory)
+                 if name.endswith((".cleaned", ".swap", ".deleted"))]
+    assert not leftovers, leftovers  # the old segments' files were unlinked
     return result
 
 
@@ -141,6 +144,28 @@ def test_compact_only_logs_are_not_trimmed_by_retention_and_keyless_records_are_
     log.config = LogConfig(segment_bytes=1024, cleanup_policy="compact,delete",
                            retention_ms=10, flush_ms=-1)
     assert log.delete_retained_segments() == 1 and contents(log) == []
+
+
+def test_a_broker_unlinks_replaced_segments_later_and_a_reopen_removes_what_it_did_not(
+        tmp_path):
+    clock = Clock()
+    log = open_compacted(tmp_path / "t-0", clock)
+    for i in range(40):
+        log.append(batch([(b"k%d" % (i % 4), b"v%d" % i)]), leader_epoch=1)
+    log.roll()
+    log.flush()
+    later: list[list[str]] = []
+    result = cleaner.clean(cleaner.plan_clean(log, clock.now, force=True))
+    assert cleaner.swap(log, result, delete_later=later.append)
+    doomed = later[0]
+    assert doomed and all(path.endswith(".deleted") and os.path.exists(path)
+                          for path in doomed)
+    before = contents(log)
+    log.abandon()  # a crash before the unlinks ran
+    log = open_compacted(tmp_path / "t-0", clock)
+    assert not any(os.path.exists(path) for path in doomed)
+    assert contents(log) == before
+    log.check_invariants()
 
 
 def test_a_map_too_small_for_the_dirty_section_cleans_it_in_passes(tmp_path):
