@@ -68,6 +68,7 @@ import msgpack
 
 from storage import batch as fmt
 from storage.checkpoint import fsync_directory, write_atomically
+from storage.config import LONG_MAX
 from storage.errors import InvalidConfigError
 from storage.segment import (DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX,
                              BatchMeta, Segment, file_stem)
@@ -196,11 +197,6 @@ class CleanerState:
             "version": STATE_VERSION, "first_dirty": self.first_dirty,
             "cleaned_at": self.cleaned_at, "last_clean_ms": self.last_clean_ms,
             "due_ms": self.due_ms}).encode())
-
-    @property
-    def cleaned_upto(self) -> int:
-        """Offsets below this were rewritten by a pass (and may have gaps)."""
-        return self.cleaned_at[-1][0] if self.cleaned_at else 0
 
     def cleaned_time(self, offset: int) -> int | None:
         """When ``offset`` was first cleaned, None if never."""
@@ -393,7 +389,7 @@ class OffsetMap:
 
     def __init__(self, budget_bytes: int) -> None:
         self.capacity = max(1, int(budget_bytes * MAP_LOAD_FACTOR) // MAP_ENTRY_BYTES)
-        self.map: dict[bytes, int] = {}
+        self.map: dict[bytes | int, int] = {}
         #: Whether any key is stored as a digest (lookups of long keys must hash).
         self.hashed = False
 
@@ -432,8 +428,12 @@ _VALUE = operator.itemgetter(3)
 _MINUS_ONES = itertools.repeat(-1)
 
 
-def _digest(key: bytes) -> bytes:
-    return hashlib.blake2b(key, digest_size=16).digest()
+def _digest(key: bytes | str) -> int:
+    """A long key's slot in the offset map: its 128-bit BLAKE2b digest as an
+    int, which no raw (bytes) key can equal, whatever bytes a client sends."""
+    if isinstance(key, str):
+        key = key.encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=16).digest(), "big")
 
 
 class Throttler:
@@ -843,18 +843,29 @@ def swap(part_log, result: CleanResult, crash: Callable[[str], None] = _no_crash
         result.discard()
         return False
     directory = plan.directory
-    for group in result.groups:
-        # The log file last: a .log.swap means its indexes are ready too.
-        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, LOG_SUFFIX):
-            os.rename(_path(directory, group.base_offset, suffix, CLEANED_SUFFIX),
-                      _path(directory, group.base_offset, suffix, SWAP_SUFFIX))
-    crash("renamed-to-swap")
-    fsync_directory(directory)
+    try:
+        part_log.mark_gaps_possible()  # durable before a gap reaches the disk
+        for group in result.groups:
+            # The log file last: a .log.swap means its indexes are ready too.
+            for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, LOG_SUFFIX):
+                os.rename(_path(directory, group.base_offset, suffix, CLEANED_SUFFIX),
+                          _path(directory, group.base_offset, suffix, SWAP_SUFFIX))
+        crash("renamed-to-swap")
+        fsync_directory(directory)
+    except OSError:
+        # Nothing old is touched yet: remove the pass's files, so no stale
+        # .swap is ever completed by a later open, and keep the old log.
+        for group in result.groups:
+            for suffix in SEGMENT_SUFFIXES:
+                for extra in (SWAP_SUFFIX, CLEANED_SUFFIX):
+                    _unlink(_path(directory, group.base_offset, suffix, extra))
+        raise
     crash("swap-durable")
     doomed: list[str] = []
     for group in result.groups:
         for i in group.sources:
             doomed += plan.segments[i].rename_for_deletion()
+    fsync_directory(directory)  # the old names gone before the new ones appear
     crash("old-deleted")
     for group in result.groups:
         _finish_swap(directory, group.base_offset)
@@ -863,7 +874,7 @@ def swap(part_log, result: CleanResult, crash: Callable[[str], None] = _no_crash
     part_log.replace_segments(
         [([plan.segments[i] for i in group.sources],
           Segment.open_clean(directory, group.base_offset, plan.config.index_interval_bytes,
-                             gaps_below=group.end_offset))
+                             gaps_below=LONG_MAX))
          for group in result.groups])
     state = part_log.cleaner_state
     state.note_cleaned(result.map_end, plan.now_ms, plan.config.delete_retention_ms)

@@ -38,7 +38,8 @@ from typing import Callable
 
 from storage import batch as fmt
 from storage.cleaner import CleanerState, complete_swaps
-from storage.checkpoint import CheckpointFormatError, LeaderEpochCheckpoint, fsync_directory
+from storage.checkpoint import (CheckpointFormatError, LeaderEpochCheckpoint, fsync_directory,
+                                write_atomically)
 from storage.config import LONG_MAX, NO_LIMIT, LogConfig
 from storage.epoch_cache import LeaderEpochCache
 from storage.errors import InvalidOffsetError, InvalidRecordError, OffsetOutOfRangeError
@@ -56,11 +57,18 @@ def wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _gaps_below(config: LogConfig, cleaner_state: CleanerState) -> int:
-    """Where batches of the log may have gaps between them: anywhere in a
-    compacted log (a follower copies its leader's gaps too), else only
-    where the cleaner once rewrote it (the policy was compact before)."""
-    return LONG_MAX if config.compact else cleaner_state.cleaned_upto
+#: Present in a partition directory once its log may hold gaps between
+#: batches (a clean swapped in, or a follower copied a compacted leader's):
+#: written and fsynced before the gaps reach the disk, never removed, so
+#: recovery accepts them whatever config the log is opened with.
+GAPS_MARKER = "may-have-gaps"
+
+
+def _gaps_below(config: LogConfig, gaps_possible: bool) -> int:
+    """Below which offset recovery accepts a gap between batches: anywhere
+    in a log that may have gaps or is compacted; nowhere else (offsets are
+    dense, and a jump means a corrupt base offset)."""
+    return LONG_MAX if gaps_possible or config.compact else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +119,8 @@ class Log:
     def __init__(self, directory: str, config: LogConfig, segments: list[Segment],
                  epoch_cache: LeaderEpochCache, log_start_offset: int,
                  recovery_point: int, clock: Callable[[], int],
-                 cleaner_state: CleanerState | None = None) -> None:
+                 cleaner_state: CleanerState | None = None,
+                 gaps_possible: bool = False) -> None:
         # Use Log.open; this only wires loaded parts together.
         self.directory = directory
         self._config = config
@@ -141,6 +150,8 @@ class Log:
         self.layout_version = 0
         #: How far compaction got (storage.cleaner).
         self.cleaner_state = cleaner_state or CleanerState.load(directory)
+        #: Whether batches may have gaps between them (``GAPS_MARKER``).
+        self.gaps_possible = gaps_possible
 
     @property
     def config(self) -> LogConfig:
@@ -150,9 +161,20 @@ class Log:
     def config(self, config: LogConfig) -> None:
         """A topic's configs changed (``topics alter``): applies from now on."""
         self._config = config
-        gaps_below = _gaps_below(config, self.cleaner_state)
+        gaps_below = _gaps_below(config, self.gaps_possible)
         for segment in self._segments:
             segment.gaps_below = gaps_below
+
+    def mark_gaps_possible(self) -> None:
+        """Gaps between batches are about to reach the disk: record it
+        durably first (``GAPS_MARKER``), so recovery never takes them for
+        corruption."""
+        if self.gaps_possible:
+            return
+        write_atomically(os.path.join(self.directory, GAPS_MARKER), b"")
+        self.gaps_possible = True
+        for segment in self._segments:
+            segment.gaps_below = LONG_MAX
 
     # ------------------------------------------------------------------
     # Opening and recovery
@@ -187,7 +209,8 @@ class Log:
                        if name.endswith(LOG_SUFFIX) and name[:-len(LOG_SUFFIX)].isdigit())
         interval = config.index_interval_bytes
         cleaner_state = CleanerState.load(directory)
-        gaps_below = _gaps_below(config, cleaner_state)
+        gaps_possible = os.path.exists(os.path.join(directory, GAPS_MARKER))
+        gaps_below = _gaps_below(config, gaps_possible)
         segments: list[Segment] = []
         recovered_any = False
         for i, base in enumerate(bases):
@@ -227,7 +250,7 @@ class Log:
         epoch_cache.truncate_from_end(log_end_offset)
         trusted = log_end_offset if clean_shutdown else min(recovery_point, log_end_offset)
         instance = cls(directory, config, segments, epoch_cache, start, trusted, clock,
-                       cleaner_state)
+                       cleaner_state, gaps_possible)
         if log_start_offset is not None and log_start_offset > log_end_offset:
             # Recovery cut below the (durable) log start: everything left was
             # already deleted logically. Restart empty at the log start.
@@ -442,17 +465,21 @@ class Log:
         validated = fmt.validate_batches(view, fmt.MAX_BATCH_BYTES, strict=False)
         expected = self.log_end_offset
         entries = []
+        gaps = False
         for pos, header in validated:
             # A compacted leader log has gaps: a batch may start past the end.
             if header.base_offset < expected:
                 raise InvalidOffsetError(
                     f"follower batch starts at offset {header.base_offset}, below the log "
                     f"end {expected}")
+            gaps = gaps or header.base_offset > expected
             entries.append(([view[pos:pos + header.size_bytes]],
                             BatchMeta(header.base_offset, header.last_offset,
                                       header.max_timestamp, header.size_bytes),
                             header.record_count))
             expected = header.next_offset
+        if gaps:
+            self.mark_gaps_possible()
         info = self._write(entries)
         state = self.producer_state
         for pos, header in validated:
@@ -553,7 +580,7 @@ class Log:
         active.write_index_entries()
         segment = Segment.create(self.directory, self.log_end_offset,
                                  self.config.index_interval_bytes,
-                                 gaps_below=_gaps_below(self.config, self.cleaner_state))
+                                 gaps_below=_gaps_below(self.config, self.gaps_possible))
         self._segments = self._segments + [segment]
         self._bases = self._bases + [segment.base_offset]
         self._dir_dirty = True
@@ -653,7 +680,7 @@ class Log:
         self._truncations += 1
         self.layout_version += 1
         segment = Segment.create(self.directory, offset, self.config.index_interval_bytes,
-                                 gaps_below=_gaps_below(self.config, self.cleaner_state))
+                                 gaps_below=_gaps_below(self.config, self.gaps_possible))
         self._segments = [segment]
         self._bases = [offset]
         self.epoch_cache.clear()

@@ -460,6 +460,12 @@ class LogManager:
                      result.bytes_read, result.bytes_written)
         except asyncio.CancelledError:
             raise  # the process finishes alone; its output is removed at the next open
+        except FileNotFoundError as exc:
+            # A planned segment was deleted meanwhile (retention, a deleted
+            # partition): the log changed, which is no failure.
+            stats.passes_discarded += 1
+            log.info("%s: a segment went while it was cleaned (%s); discarding the pass",
+                     tp, exc.filename)
         except Exception:
             stats.passes_failed += 1
             self._clean_failed_at[tp] = time.monotonic()
@@ -519,13 +525,15 @@ class LogManager:
         self._release()
 
     def _release(self) -> None:
+        # Cleaner processes first: none may write into a log dir once its
+        # lock is free for another broker.
+        self._stop_cleaner_pool()
         for fd in self._lock_fds:
             os.close(fd)
         self._lock_fds = []
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
-        self._stop_cleaner_pool()
         self.started = False
 
     def _stop_cleaner_pool(self) -> None:
@@ -534,10 +542,15 @@ class LogManager:
         executor, self._cleaner_executor = self._cleaner_executor, None
         if executor is None:
             return
-        processes = getattr(executor, "_processes", None) or {}  # no public way to kill
-        for process in list(processes.values()):
+        processes = list((getattr(executor, "_processes", None) or {}).values())
+        for process in processes:  # no public way to kill them
             try:
                 process.kill()
             except (OSError, AttributeError):
+                pass
+        for process in processes:
+            try:
+                process.join(5)
+            except (OSError, AttributeError, AssertionError):
                 pass
         executor.shutdown(wait=False, cancel_futures=True)

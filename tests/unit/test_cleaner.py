@@ -255,3 +255,65 @@ def test_the_io_cap_paces_the_cleaner(monkeypatch):
     # Half a megabyte at 1 MB/s: half a second of waiting, asked in steps.
     assert sum(waits) == pytest.approx(0.5), waits
     assert cleaner.UNLIMITED.account(10**9) is None and len(waits) == 10
+
+
+def test_gaps_survive_a_full_recovery_whatever_config_the_log_is_opened_with(tmp_path):
+    """A broker opens every log with its default config (cleanup.policy
+    delete) before it learns the topic's: the gaps of a cleaned log, and
+    those a follower copied from its leader, are still not corruption."""
+    clock = Clock()
+    leader = open_compacted(tmp_path / "t-0", clock)
+    for i in range(60):
+        leader.append(batch([(b"k%d" % (i % 3), b"v%d" % i)]), leader_epoch=1)
+    full_pass(leader, clock)
+    for i in range(5):
+        leader.append(batch([(b"k%d" % i, b"w%d" % i)]), leader_epoch=1)
+    follower = open_compacted(tmp_path / "f-0", clock)
+    follower.append_as_follower(leader.read(0, 1 << 30))
+    expected = contents(leader)
+    assert contents(follower) == expected and len(expected) < 60
+    for log in (leader, follower):
+        directory = log.directory
+        log.flush()
+        log.abandon()  # a crash; then recovery validates every batch from offset 0
+        reopened = Log.open(directory, LogConfig(flush_ms=-1), recovery_point=0,
+                            clock=clock)
+        assert contents(reopened) == expected, directory
+        reopened.check_invariants()
+        reopened.abandon()
+
+
+def test_a_raw_key_equal_to_a_long_keys_digest_supersedes_nothing(tmp_path):
+    import hashlib
+
+    clock = Clock()
+    log = open_compacted(tmp_path / "t-0", clock)
+    long_key = b"L" * 40
+    lookalike = hashlib.blake2b(long_key, digest_size=16).digest()
+    log.append(batch([(long_key, b"long")]), leader_epoch=1)
+    log.append(batch([(lookalike, b"raw")]), leader_epoch=1)
+    full_pass(log, clock)
+    assert contents(log) == [(0, long_key, b"long"), (1, lookalike, b"raw")]
+
+
+def test_a_swap_failing_before_it_touches_the_old_segments_leaves_no_swap_file(
+        tmp_path, monkeypatch):
+    clock = Clock()
+    log = open_compacted(tmp_path / "t-0", clock)
+    for i in range(30):
+        log.append(batch([(b"k%d" % (i % 3), b"v%d" % i)]), leader_epoch=1)
+    log.roll()
+    log.flush()
+    before = contents(log)
+    result = cleaner.clean(cleaner.plan_clean(log, clock.now, force=True))
+
+    def failing_fsync(path):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(cleaner, "fsync_directory", failing_fsync)
+    with pytest.raises(OSError):
+        cleaner.swap(log, result)
+    assert not [n for n in os.listdir(log.directory) if n.endswith((".swap", ".cleaned"))]
+    assert contents(log) == before
+    log.abandon()
+    assert contents(open_compacted(tmp_path / "t-0", clock)) == before
