@@ -213,7 +213,9 @@ def _topics_describe(args: argparse.Namespace) -> int:
         header = (f"Topic: {name}\tTopicId: {topic['topic_id']}\t"
                   f"PartitionCount: {len(topic['partitions'])}\t"
                   f"ReplicationFactor: {replication}\tConfigs: {configs or '-'}")
-        compacted = "compact" in topic.get("configs", {}).get("cleanup.policy", "")
+        # Compacted (by its own config or the cluster default): the leader
+        # reports its cleaner's figures.
+        compacted = any(p.get("cleaner") is not None for p in topic["partitions"])
         rows = [(str(p["partition"]), _or_none(p["leader"]), str(p["leader_epoch"]),
                  ",".join(map(str, p["replicas"])), ",".join(map(str, p["isr"])),
                  _or_dash(p.get("log_start_offset")), _or_dash(p.get("last_stable_offset")),

@@ -204,7 +204,7 @@ def _print_cleaner(figures: dict) -> None:
 def bench_produce_while_cleaning(args: argparse.Namespace, base: str) -> dict:
     from api.client import Admin, NewTopic, Producer
     from bench.data import _fill, _wait_for_replicas_in_sync
-    from chaos.cluster import ProcessCluster, metric
+    from chaos.cluster import ProcessCluster, metric, wait_until
 
     print_section(f"Produce while the cleaner runs: {args.records:,} records of "
                   f"{args.record_size} B, a {args.dirty_mb} MiB topic compacted meanwhile")
@@ -232,14 +232,14 @@ def bench_produce_while_cleaning(args: argparse.Namespace, base: str) -> dict:
         idle_1 = produce(topics[0], "idle")
         with Admin(bootstrap) as admin:
             admin.alter_configs("dirty", {"cleanup.policy": "compact"})
-        _wait_for(lambda: metric(url, "kraftlog_cleaner_running_passes") >= 1, 30,
-                  "the cleaner to start")
+        wait_until(lambda: metric(url, "kraftlog_cleaner_running_passes") >= 1, 30,
+                   "the cleaner to start")
         sampler = _Sampler(url)
         sampler.start()
         cleaning = produce(topics[1], "cleaning")
         overlap = sampler.stop()
-        _wait_for(lambda: metric(url, "kraftlog_cleaner_running_passes") == 0, 600,
-                  "the cleaner to finish")
+        wait_until(lambda: metric(url, "kraftlog_cleaner_running_passes") == 0, 600,
+                   "the cleaner to finish")
         idle_2 = produce(topics[2], "idle")
         idle = (idle_1 + idle_2) / 2
         return {"idle_records_s": [idle_1, idle_2], "cleaning_records_s": cleaning,
@@ -299,14 +299,6 @@ class _Sampler:
         self._stop.set()
         self._thread.join(10)
         return sum(self.samples) / len(self.samples) if self.samples else 0.0
-
-
-def _wait_for(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def _print_produce(figures: dict) -> None:

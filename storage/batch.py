@@ -333,7 +333,30 @@ class Record(NamedTuple):
     headers: tuple[tuple[str, bytes | None], ...]
 
 
-def _decompress(codec: int, data, limit_bytes: int) -> bytes:
+def compress(codec: int, section: bytes, level: int = 6) -> bytes:
+    """A records section compressed with ``codec`` (NONE: unchanged)."""
+    if codec == Compression.GZIP:
+        deflater = zlib.compressobj(level, zlib.DEFLATED, 31)
+        return deflater.compress(section) + deflater.flush()
+    return section
+
+
+def pack_batch(*, base_offset: int, leader_epoch: int, attributes: int,
+               last_offset_delta: int, base_timestamp: int, max_timestamp: int,
+               producer_id: int, producer_epoch: int, base_sequence: int,
+               record_count: int, section: bytes) -> bytes:
+    """A whole batch: the header for ``section`` (already compressed as
+    ``attributes`` say), with its length and CRC."""
+    header = bytearray(HEADER.pack(
+        base_offset, HEADER_SIZE - LOG_OVERHEAD + len(section), leader_epoch, MAGIC, 0,
+        attributes, last_offset_delta, base_timestamp, max_timestamp, producer_id,
+        producer_epoch, base_sequence, record_count))
+    crc = zlib.crc32(section, zlib.crc32(memoryview(header)[ATTRIBUTES_OFFSET:]))
+    struct.pack_into(">I", header, CRC_OFFSET, crc & 0xFFFFFFFF)
+    return bytes(header) + section
+
+
+def decompress(codec: int, data, limit_bytes: int) -> bytes:
     if codec == Compression.NONE:
         return data
     if codec == Compression.GZIP:
@@ -367,7 +390,7 @@ def iter_records(batch, *, verify_crc: bool = True,
     end = header.size_bytes
     if verify_crc and compute_crc(view, 0, end) != header.crc:
         raise CorruptRecordError(f"CRC mismatch in batch at offset {header.base_offset}")
-    section = _decompress(header.compression, view[HEADER_SIZE:end], max_decompressed_bytes)
+    section = decompress(header.compression, view[HEADER_SIZE:end], max_decompressed_bytes)
     unpacker = msgpack.Unpacker(raw=False, use_list=False,
                                 max_buffer_size=max(len(section), 1))
     unpacker.feed(section)
@@ -509,23 +532,19 @@ class BatchBuilder:
         """Return the finished batch bytes (base offset 0, leader epoch unset)."""
         if not self._chunks:
             raise InvalidRecordError("cannot build an empty batch")
-        section = b"".join(self._chunks)
-        if self.compression == Compression.GZIP:
-            deflater = zlib.compressobj(self.compression_level, zlib.DEFLATED, 31)
-            section = deflater.compress(section) + deflater.flush()
+        section = compress(self.compression, b"".join(self._chunks), self.compression_level)
         attributes = int(self.compression)
         if self.transactional:
             attributes |= TRANSACTIONAL_BIT
         if self.control:
             attributes |= CONTROL_BIT
         count = len(self._chunks)
-        header = bytearray(HEADER.pack(
-            0, HEADER_SIZE - LOG_OVERHEAD + len(section), NO_PARTITION_LEADER_EPOCH, MAGIC, 0,
-            attributes, count - 1, self._base_timestamp, self._max_timestamp,
-            self.producer_id, self.producer_epoch, self.base_sequence, count))
-        crc = zlib.crc32(section, zlib.crc32(memoryview(header)[ATTRIBUTES_OFFSET:]))
-        struct.pack_into(">I", header, CRC_OFFSET, crc & 0xFFFFFFFF)
-        return bytes(header) + section
+        return pack_batch(
+            base_offset=0, leader_epoch=NO_PARTITION_LEADER_EPOCH, attributes=attributes,
+            last_offset_delta=count - 1, base_timestamp=self._base_timestamp,
+            max_timestamp=self._max_timestamp, producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch, base_sequence=self.base_sequence,
+            record_count=count, section=section)
 
 
 class ControlType(enum.IntEnum):

@@ -61,7 +61,6 @@ import os
 import struct
 import threading
 import time
-import zlib
 from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 import msgpack
@@ -264,7 +263,6 @@ class CleanPlan:
     cleaned_at: list[list[int]]
     aborted: list  # AbortedTxn in the range
     producer_last_offsets: dict[int, int]
-    dirty_ratio: float
     #: The log's segment objects, for the swap (owner thread only).
     segments: list[Segment] = dataclasses.field(default_factory=list)
 
@@ -356,11 +354,13 @@ def needs_cleaning(part_log, now_ms: int, upper_bound: int | None = None
 
 
 def plan_clean(part_log, now_ms: int, upper_bound: int | None = None,
-               force: bool = False) -> CleanPlan | None:
+               force: bool = False, found: Cleanability | None = None) -> CleanPlan | None:
     """What the next pass over ``part_log`` cleans, or None if nothing is
-    due (with ``force``: nothing cleanable)."""
-    found = (cleanability(part_log, now_ms, upper_bound) if force
-             else needs_cleaning(part_log, now_ms, upper_bound))
+    due (with ``force``: nothing cleanable). ``found``: what
+    ``needs_cleaning`` just said, not to be worked out again."""
+    if found is None:
+        found = (cleanability(part_log, now_ms, upper_bound) if force
+                 else needs_cleaning(part_log, now_ms, upper_bound))
     if found is None or found.cleanable_segments == 0:
         return None
     segments = part_log.segments[:found.cleanable_segments]
@@ -373,7 +373,7 @@ def plan_clean(part_log, now_ms: int, upper_bound: int | None = None,
         dirty_end=found.dirty_end, layout_version=part_log.layout_version, now_ms=now_ms,
         cleaned_at=[list(p) for p in part_log.cleaner_state.cleaned_at],
         aborted=part_log.collect_aborted(segments[0].base_offset, found.dirty_end),
-        producer_last_offsets=producers, dirty_ratio=found.dirty_ratio)
+        producer_last_offsets=producers)
 
 
 # ---------------------------------------------------------------------------
@@ -525,15 +525,9 @@ class _SegmentReader:
             header = fmt.parse_header(chunk)
             if header.size_bytes > len(chunk):
                 chunk = os.pread(self.fd, header.size_bytes, pos)
-            view = memoryview(chunk)
             used = 0
-            while used + fmt.HEADER_SIZE <= len(view):
-                header = fmt.parse_header(view, used)
-                if header.batch_length < fmt.MIN_BATCH_LENGTH:
-                    raise fmt.CorruptRecordError(f"bad batch length at {pos + used}")
-                if used + header.size_bytes > len(view):
-                    break
-                yield header, view[used:used + header.size_bytes]
+            for header, view in fmt.iter_batches(chunk):
+                yield header, view
                 used += header.size_bytes
             if used == 0:
                 raise fmt.CorruptRecordError(f"batch at {pos} does not fit in the segment")
@@ -553,17 +547,24 @@ def _decode(header: fmt.BatchHeader, batch: memoryview) -> list:
     count = header.record_count
     if count == 0:
         return []
-    section = fmt._decompress(header.compression, batch[fmt.HEADER_SIZE:],
-                              fmt.DEFAULT_MAX_DECOMPRESSED_BYTES)
+    section = fmt.decompress(header.compression, batch[fmt.HEADER_SIZE:],
+                             fmt.DEFAULT_MAX_DECOMPRESSED_BYTES)
     # The section is the records' msgpack arrays back to back: behind an
     # array header of their count it is one msgpack array.
     try:
         items = msgpack.unpackb(_ARRAY32.pack(0xDD, count) + section, raw=False,
                                 use_list=False)
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        deltas = list(map(_OFFSET_DELTA, items))
+    except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
         raise fmt.CorruptRecordError(
             f"records of batch at offset {header.base_offset} do not decode or disagree "
             f"with its record count: {exc}") from exc
+    # As iter_records checks: offset deltas increase and stay in the batch
+    # (a bad one would put a foreign offset in the offset map).
+    if not (0 <= deltas[0] and deltas[-1] <= header.last_offset_delta
+            and all(map(operator.lt, deltas, itertools.islice(deltas, 1, None)))):
+        raise fmt.CorruptRecordError(
+            f"record offset deltas of batch at offset {header.base_offset} are out of order")
     return items
 
 
@@ -573,17 +574,13 @@ def _rebuild(header: fmt.BatchHeader, items: list) -> bytes:
     count = len(items)
     body = msgpack.packb(items, use_bin_type=True)
     body = body[1 if count < 16 else 3 if count < 65536 else 5:]  # the array header
-    if header.compression == fmt.Compression.GZIP:
-        deflater = zlib.compressobj(6, zlib.DEFLATED, 31)
-        body = deflater.compress(body) + deflater.flush()
-    head = bytearray(fmt.HEADER.pack(
-        header.base_offset, fmt.HEADER_SIZE - fmt.LOG_OVERHEAD + len(body),
-        header.partition_leader_epoch, fmt.MAGIC, 0, header.attributes,
-        header.last_offset_delta, header.base_timestamp, header.max_timestamp,
-        header.producer_id, header.producer_epoch, header.base_sequence, count))
-    crc = zlib.crc32(body, zlib.crc32(memoryview(head)[fmt.ATTRIBUTES_OFFSET:]))
-    struct.pack_into(">I", head, fmt.CRC_OFFSET, crc & 0xFFFFFFFF)
-    return bytes(head) + body
+    return fmt.pack_batch(
+        base_offset=header.base_offset, leader_epoch=header.partition_leader_epoch,
+        attributes=header.attributes, last_offset_delta=header.last_offset_delta,
+        base_timestamp=header.base_timestamp, max_timestamp=header.max_timestamp,
+        producer_id=header.producer_id, producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence, record_count=count,
+        section=fmt.compress(header.compression, body))
 
 
 class _Aborted:
@@ -904,17 +901,18 @@ def _finish_swap(directory: str, base: int) -> None:
             _unlink(_path(directory, base, suffix))
 
 
-def complete_swaps(directory: str) -> None:
+def complete_swaps(directory: str) -> list[str]:
     """At open: finish what a crash interrupted. ``.cleaned`` files go (the
     old segments are intact until a swap begins). A ``<base>.log.swap``
     replaces every segment whose base lies in its offset range; a ``.swap``
-    index without its log file goes, with the index it would replace."""
+    index without its log file goes, with the index it would replace.
+    Returns the directory's file names, as they are then."""
     names = os.listdir(directory)
-    changed = False
+    if not any(name.endswith((CLEANED_SUFFIX, DELETED_SUFFIX, SWAP_SUFFIX)) for name in names):
+        return names  # nothing was interrupted: the usual open, one listing
     for name in names:
         if name.endswith((CLEANED_SUFFIX, DELETED_SUFFIX)):
             _unlink(os.path.join(directory, name))
-            changed = True
     swaps = sorted(int(name[:20]) for name in names
                    if name.endswith(LOG_SUFFIX + SWAP_SUFFIX) and name[:20].isdigit())
     for base in swaps:
@@ -929,15 +927,13 @@ def complete_swaps(directory: str) -> None:
                 for suffix in SEGMENT_SUFFIXES:
                     _unlink(_path(directory, other, suffix))
         _finish_swap(directory, base)
-        changed = True
     for name in os.listdir(directory):
         if name.endswith(SWAP_SUFFIX) and name[:20].isdigit():
             # An index .swap whose log file was already renamed, or not yet.
             _unlink(os.path.join(directory, name))
             _unlink(os.path.join(directory, name[:-len(SWAP_SUFFIX)]))
-            changed = True
-    if changed:
-        fsync_directory(directory)
+    fsync_directory(directory)
+    return os.listdir(directory)
 
 
 def _end_offset(path: str) -> int:

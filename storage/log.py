@@ -194,8 +194,7 @@ class Log:
         """
         config = config or LogConfig()
         os.makedirs(directory, exist_ok=True)
-        complete_swaps(directory)
-        cls._remove_leftovers(directory)
+        names = cls._remove_leftovers(directory, complete_swaps(directory))
         epoch_checkpoint = LeaderEpochCheckpoint(os.path.join(directory, EPOCH_CHECKPOINT_NAME))
         try:
             epoch_cache = LeaderEpochCache(epoch_checkpoint)
@@ -205,11 +204,11 @@ class Log:
             os.unlink(epoch_checkpoint.path)
             epoch_cache = LeaderEpochCache(epoch_checkpoint)
             rebuild_epochs = True
-        bases = sorted(int(name[:-len(LOG_SUFFIX)]) for name in os.listdir(directory)
+        bases = sorted(int(name[:-len(LOG_SUFFIX)]) for name in names
                        if name.endswith(LOG_SUFFIX) and name[:-len(LOG_SUFFIX)].isdigit())
         interval = config.index_interval_bytes
         cleaner_state = CleanerState.load(directory)
-        gaps_possible = os.path.exists(os.path.join(directory, GAPS_MARKER))
+        gaps_possible = GAPS_MARKER in names
         gaps_below = _gaps_below(config, gaps_possible)
         segments: list[Segment] = []
         recovered_any = False
@@ -321,16 +320,19 @@ class Log:
         return self.aborted_txns.collect(start_offset, upper_offset)
 
     @staticmethod
-    def _remove_leftovers(directory: str) -> None:
+    def _remove_leftovers(directory: str, names: list[str]) -> set[str]:
         """Delete files an interrupted operation left behind: temporary
-        checkpoints, and index files whose log file is gone."""
-        names = set(os.listdir(directory))
+        checkpoints, and index files whose log file is gone. ``names``: the
+        directory's files; returns those that are left."""
+        left = set(names)
         for name in names:
             stem, _, suffix = name.rpartition(".")
             if name.endswith(".tmp") or (
                     suffix in ("index", "timeindex", "txnindex")
-                    and f"{stem}{LOG_SUFFIX}" not in names):
+                    and f"{stem}{LOG_SUFFIX}" not in left):
                 os.unlink(os.path.join(directory, name))
+                left.discard(name)
+        return left
 
     @staticmethod
     def _drop_segments(directory: str, bases: list[int], interval: int, reason: str) -> None:

@@ -112,11 +112,11 @@ class CleanerStats:
     """What the log cleaner has done since the broker started (``/metrics``)."""
 
     passes: int = 0
+    #: Passes whose log changed meanwhile (truncation, retention, a delete).
     passes_discarded: int = 0
     passes_failed: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
-    seconds: float = 0.0
     #: Written / read of the last pass, in percent (Kafka's cleaner-recopy-percent).
     last_recopy_percent: float = 0.0
     #: Seconds of the last pass.
@@ -407,10 +407,10 @@ class LogManager:
             bound = None if bounds is None else bounds[tp]
             found = cleaner.needs_cleaning(part_log, now_ms, bound)
             if found is not None:
-                candidates.append((found.dirty_ratio, tp, part_log, bound))
-        candidates.sort(key=lambda c: c[0], reverse=True)
-        for _ratio, tp, part_log, bound in candidates[:free]:
-            plan = cleaner.plan_clean(part_log, now_ms, bound)
+                candidates.append((found, tp, part_log))
+        candidates.sort(key=lambda c: c[0].dirty_ratio, reverse=True)
+        for found, tp, part_log in candidates[:free]:
+            plan = cleaner.plan_clean(part_log, now_ms, found=found)
             if plan is not None:
                 self._cleaning[tp] = asyncio.create_task(self._clean(tp, part_log, plan),
                                                          name=f"clean-{tp}")
@@ -450,7 +450,6 @@ class LogManager:
             stats.passes += 1
             stats.bytes_read += result.bytes_read
             stats.bytes_written += result.bytes_written
-            stats.seconds += result.seconds
             stats.last_seconds = result.seconds
             stats.last_recopy_percent = (100.0 * result.bytes_written / result.bytes_read
                                          if result.bytes_read else 0.0)

@@ -284,8 +284,8 @@ class ShardedCoordinator(abc.ABC):
         only logged; the next process tries again."""
         self._compaction_checked = True
         configs = self.image().topic_configs(self.TOPIC)
-        if configs.get("cleanup.policy") == "compact":
-            return
+        if "compact" in configs.get("cleanup.policy", ""):
+            return  # compacted already (perhaps compact,delete, as someone chose)
         ops = [{"name": "cleanup.policy", "op": "set", "value": "compact"},
                {"name": "segment.bytes", "op": "set", "value": str(self.segment_bytes)}]
         ops += [{"name": key, "op": "delete"} for key in ("retention.ms", "retention.bytes")

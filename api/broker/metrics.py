@@ -167,7 +167,9 @@ class BrokerMetrics:
         for key, help_text in (("passes", "Cleaner passes completed."),
                                ("bytes_read", "Bytes the cleaner read."),
                                ("bytes_cleaned", "Bytes the cleaner wrote (cleaned segments)."),
-                               ("passes_failed", "Cleaner passes that failed.")):
+                               ("passes_failed", "Cleaner passes that failed."),
+                               ("passes_discarded", "Cleaner passes dropped because the log "
+                                "changed meanwhile (truncation, retention, a delete).")):
             counter = r.add(Gauge(f"kraftlog_cleaner_{key}_total", help_text, one(key)))
             counter.kind = "counter"
 

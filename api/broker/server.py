@@ -265,7 +265,8 @@ class BrokerServer:
                 "time_since_last_run": -1 if last is None else time.monotonic() - last,
                 "last_pass_seconds": stats.last_seconds, "passes": stats.passes,
                 "bytes_read": stats.bytes_read, "bytes_cleaned": stats.bytes_written,
-                "passes_failed": stats.passes_failed, "running": len(manager.cleaning)}
+                "passes_failed": stats.passes_failed,
+                "passes_discarded": stats.passes_discarded, "running": len(manager.cleaning)}
 
     def _replication_gauges(self) -> dict[str, float]:
         parts = self.replicas.partitions.values()

@@ -43,6 +43,12 @@ def batch(records, *, producer_id=-1, epoch=-1, sequence=-1, transactional=False
     return builder.build()
 
 
+def append_keyed(log: Log, count: int, keys: int) -> None:
+    """``count`` one-record batches, record i keyed ``k<i % keys>``, valued ``v<i>``."""
+    for i in range(count):
+        log.append(batch([(b"k%d" % (i % keys), b"v%d" % i)]), leader_epoch=1)
+
+
 def full_pass(log: Log, clock: Clock) -> cleaner.CleanResult:
     log.roll()
     log.flush()
@@ -116,8 +122,7 @@ def test_an_idempotent_producers_sequence_survives_a_clean_and_a_restart(tmp_pat
 def test_a_follower_truncating_a_cleaned_log_keeps_a_consistent_cleaner_state(tmp_path):
     clock = Clock()
     log = open_compacted(tmp_path / "t-0", clock)
-    for i in range(30):
-        log.append(batch([(b"k%d" % (i % 3), b"v%d" % i)]), leader_epoch=1)
+    append_keyed(log, 30, 3)
     full_pass(log, clock)
     assert log.cleaner_state.first_dirty == 30
     log.truncate_to(12)
@@ -150,8 +155,7 @@ def test_a_broker_unlinks_replaced_segments_later_and_a_reopen_removes_what_it_d
         tmp_path):
     clock = Clock()
     log = open_compacted(tmp_path / "t-0", clock)
-    for i in range(40):
-        log.append(batch([(b"k%d" % (i % 4), b"v%d" % i)]), leader_epoch=1)
+    append_keyed(log, 40, 4)
     log.roll()
     log.flush()
     later: list[list[str]] = []
@@ -263,8 +267,7 @@ def test_gaps_survive_a_full_recovery_whatever_config_the_log_is_opened_with(tmp
     those a follower copied from its leader, are still not corruption."""
     clock = Clock()
     leader = open_compacted(tmp_path / "t-0", clock)
-    for i in range(60):
-        leader.append(batch([(b"k%d" % (i % 3), b"v%d" % i)]), leader_epoch=1)
+    append_keyed(leader, 60, 3)
     full_pass(leader, clock)
     for i in range(5):
         leader.append(batch([(b"k%d" % i, b"w%d" % i)]), leader_epoch=1)
@@ -300,8 +303,7 @@ def test_a_swap_failing_before_it_touches_the_old_segments_leaves_no_swap_file(
         tmp_path, monkeypatch):
     clock = Clock()
     log = open_compacted(tmp_path / "t-0", clock)
-    for i in range(30):
-        log.append(batch([(b"k%d" % (i % 3), b"v%d" % i)]), leader_epoch=1)
+    append_keyed(log, 30, 3)
     log.roll()
     log.flush()
     before = contents(log)
