@@ -90,9 +90,31 @@ def test_example_killed_mid_batch_and_restarted_counts_exactly_once(bootstrap, t
     assert out == dict(expected), f"killed in batch {killed_in}"
     import pyarrow as pa
     from pyarrow import parquet
-    table = parquet.read_table(str(tmp_path / "out"))
+    # As spark.read.parquet does: only the files the sink committed (its
+    # _spark_metadata log); a run killed mid-batch may leave others behind.
+    table = parquet.read_table(committed_parquet_files(tmp_path / "out"))
     starts_ms = table.column("window_start").cast(pa.timestamp("ms")).cast(pa.int64())
     rows = list(zip(starts_ms.to_pylist(), table.column("user").to_pylist(),
                     table.column("clicks").to_pylist()))
     assert len(rows) == len(out)
     assert {(ms, user): n for ms, user, n in rows} == out
+
+
+def committed_parquet_files(out) -> list[str]:
+    """The files Spark's file sink committed to ``out``: each batch's entry
+    in ``_spark_metadata`` is a version line, then one JSON line per file
+    (``.compact`` entries fold in the earlier batches)."""
+    from urllib.parse import unquote, urlparse
+
+    metadata = out / "_spark_metadata"
+    files: set[str] = set()
+    entries = [p for p in metadata.iterdir() if not p.name.startswith(".")]  # not .crc
+    for entry in sorted(entries, key=lambda p: int(p.name.split(".")[0])):
+        for line in entry.read_text().splitlines()[1:]:
+            status = json.loads(line)
+            path = unquote(urlparse(status["path"]).path)
+            if status.get("action", "add") == "add":
+                files.add(path)
+            else:
+                files.discard(path)
+    return sorted(files)
