@@ -38,6 +38,11 @@ from typing import Any, Iterator, NamedTuple, Sequence
 
 import msgpack
 
+try:  # CRC-32 with the CPU's carry-less multiply: over ten times zlib's speed
+    from isal.isal_zlib import crc32
+except ImportError:  # a platform without an isal wheel: same checksum, slower
+    from zlib import crc32
+
 # ---------------------------------------------------------------------------
 # Header layout. Big-endian, no padding. Each line is one field.
 # ---------------------------------------------------------------------------
@@ -206,7 +211,7 @@ def parse_header(buf, pos: int = 0) -> BatchHeader:
 
 def compute_crc(buf, start: int, end: int) -> int:
     """CRC of a batch occupying ``buf[start:end]`` (the checksummed range only)."""
-    return zlib.crc32(memoryview(buf)[start + ATTRIBUTES_OFFSET:end]) & 0xFFFFFFFF
+    return crc32(memoryview(buf)[start + ATTRIBUTES_OFFSET:end]) & 0xFFFFFFFF
 
 
 def check_header(header: BatchHeader, available: int, max_batch_bytes: int,
@@ -351,7 +356,7 @@ def pack_batch(*, base_offset: int, leader_epoch: int, attributes: int,
         base_offset, HEADER_SIZE - LOG_OVERHEAD + len(section), leader_epoch, MAGIC, 0,
         attributes, last_offset_delta, base_timestamp, max_timestamp, producer_id,
         producer_epoch, base_sequence, record_count))
-    crc = zlib.crc32(section, zlib.crc32(memoryview(header)[ATTRIBUTES_OFFSET:]))
+    crc = crc32(section, crc32(memoryview(header)[ATTRIBUTES_OFFSET:]))
     struct.pack_into(">I", header, CRC_OFFSET, crc & 0xFFFFFFFF)
     return bytes(header) + section
 
@@ -627,7 +632,7 @@ def with_producer(batch: bytes, producer_id: int, producer_epoch: int,
     struct.pack_into(">qhi", header, PRODUCER_ID_OFFSET, producer_id, producer_epoch,
                      base_sequence)
     section = memoryview(batch)[HEADER_SIZE:]
-    crc = zlib.crc32(section, zlib.crc32(memoryview(header)[ATTRIBUTES_OFFSET:]))
+    crc = crc32(section, crc32(memoryview(header)[ATTRIBUTES_OFFSET:]))
     struct.pack_into(">I", header, CRC_OFFSET, crc & 0xFFFFFFFF)
     return bytes(header) + bytes(section)
 

@@ -50,6 +50,7 @@ before that only makes the next pass redo work.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import itertools
@@ -89,9 +90,6 @@ MAP_KEY_BYTES_MAX = 32
 #: What one offset-map entry is counted as: the dict slot, a key object of
 #: at most MAP_KEY_BYTES_MAX bytes and the offset (CPython, measured).
 MAP_ENTRY_BYTES = 100 + MAP_KEY_BYTES_MAX
-#: What a decoded record costs in memory beyond its bytes (its tuple and
-#: objects), for the budget of records kept decoded between the two phases.
-DECODED_RECORD_BYTES = 200
 #: Share of the dedupe buffer the map may fill (Kafka's load factor).
 MAP_LOAD_FACTOR = 0.9
 
@@ -385,6 +383,10 @@ class OffsetMap:
     Each entry is counted as ``MAP_ENTRY_BYTES`` (the dict slot, a key of at
     most ``MAP_KEY_BYTES_MAX`` bytes (longer ones are stored as a 16-byte
     BLAKE2b digest) and the offset), so the budget bounds the entries.
+
+    It also notes which batches it holds whole (every record keyed, offset
+    deltas 0..n-1): what the rewrite keeps of those is read off the map's
+    offsets (``kept_range``), without looking up a key.
     """
 
     def __init__(self, budget_bytes: int) -> None:
@@ -392,6 +394,10 @@ class OffsetMap:
         self.map: dict[bytes | int, int] = {}
         #: Whether any key is stored as a digest (lookups of long keys must hash).
         self.hashed = False
+        #: Base offsets of the batches held whole, and of those with tombstones.
+        self.whole: set[int] = set()
+        self.tombstoned: set[int] = set()
+        self._latest: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.map)
@@ -401,15 +407,24 @@ class OffsetMap:
         empty map always has room, so every pass makes progress."""
         return not self.map or len(self.map) + count <= self.capacity
 
-    def put_batch(self, base_offset: int, items: list) -> None:
-        """The keys of one batch's records (``_decode``'s items). The
-        common case (every key present and short) runs without a Python
-        step per record."""
+    def put_batch(self, base_offset: int, items: list, contiguous: bool) -> None:
+        """The keys of one batch's records (``_decode``'s items;
+        ``contiguous``: their offset deltas are 0..n-1). The common case
+        (every key present and short) runs without a Python step per record."""
+        self._latest = None
         keys = list(map(_KEY, items))
-        offsets = map(base_offset.__add__, map(_OFFSET_DELTA, items))
-        if None not in keys and (not keys or max(map(len, keys)) <= MAP_KEY_BYTES_MAX):
-            self.map.update(zip(keys, offsets))
-            return
+        if contiguous:
+            offsets: Iterator[int] = iter(range(base_offset, base_offset + len(items)))
+        else:
+            offsets = map(base_offset.__add__, map(_OFFSET_DELTA, items))
+        if None not in keys:
+            if contiguous:
+                self.whole.add(base_offset)
+                if None in map(_VALUE, items):
+                    self.tombstoned.add(base_offset)
+            if not keys or max(map(len, keys)) <= MAP_KEY_BYTES_MAX:
+                self.map.update(zip(keys, offsets))
+                return
         mapping = self.map
         for key, offset in zip(keys, offsets):
             if key is not None:
@@ -420,6 +435,15 @@ class OffsetMap:
 
     def get(self, key: bytes, default: int = -1) -> int:
         return self.map.get(key if len(key) <= MAP_KEY_BYTES_MAX else _digest(key), default)
+
+    def kept_range(self, base_offset: int, next_offset: int) -> list[int]:
+        """Of a batch held whole, the offsets that are their key's latest:
+        the records a pass keeps."""
+        latest = self._latest
+        if latest is None:
+            latest = self._latest = sorted(self.map.values())
+        return latest[bisect.bisect_left(latest, base_offset):
+                      bisect.bisect_left(latest, next_offset)]
 
 
 _OFFSET_DELTA = operator.itemgetter(1)
@@ -502,11 +526,17 @@ class _SegmentReader:
     """Whole batches of one segment file, as far as it was planned. The file
     is opened by name: one deleted since the plan fails the pass (the swap
     would refuse it anyway), and one recreated under the same name changes
-    the log's layout version, so its pass never swaps in either."""
+    the log's layout version, so its pass never swaps in either.
 
-    def __init__(self, ref: SegmentRef, throttler: Throttler) -> None:
+    With ``buffer``, chunks are read into it rather than into new ones, so
+    a batch's view is valid only until the next batch: for callers that
+    keep nothing of a batch."""
+
+    def __init__(self, ref: SegmentRef, throttler: Throttler,
+                 buffer: bytearray | None = None) -> None:
         self.fd = os.open(ref.log_path, os.O_RDONLY)
         self.size, self.throttler = ref.size_bytes, throttler
+        self.buffer = buffer
         self.bytes_read = 0
 
     def __enter__(self) -> "_SegmentReader":
@@ -519,12 +549,12 @@ class _SegmentReader:
         pos = 0
         while pos < self.size:
             want = min(max(READ_CHUNK_BYTES, fmt.HEADER_SIZE), self.size - pos)
-            chunk = os.pread(self.fd, want, pos)
+            chunk = self._read(want, pos)
             if len(chunk) < min(want, fmt.HEADER_SIZE):
                 raise fmt.CorruptRecordError(f"segment shorter than planned at {pos}")
             header = fmt.parse_header(chunk)
             if header.size_bytes > len(chunk):
-                chunk = os.pread(self.fd, header.size_bytes, pos)
+                chunk = self._read(header.size_bytes, pos)
             used = 0
             for header, view in fmt.iter_batches(chunk):
                 yield header, view
@@ -535,37 +565,79 @@ class _SegmentReader:
             self.throttler.account(used)
             pos += used
 
+    def _read(self, count: int, pos: int) -> memoryview:
+        """``count`` bytes at ``pos`` (fewer at the end of the file), in a
+        writable buffer (``_decode`` unpacks in place)."""
+        if self.buffer is None or len(self.buffer) < count:
+            buffer = bytearray(count)
+            if self.buffer is not None:
+                self.buffer = buffer
+        else:
+            buffer = self.buffer
+        view = memoryview(buffer)[:count]
+        return view[:os.preadv(self.fd, [view], pos)]
+
 
 _ARRAY32 = struct.Struct(">BI")
 
 
-def _decode(header: fmt.BatchHeader, batch: memoryview) -> list:
+def _decode(header: fmt.BatchHeader, batch: memoryview, verify_crc: bool = True
+            ) -> tuple[list, bool]:
     """The records of one batch as tuples ``(timestamp_delta, offset_delta,
-    key, value, headers)``, decoded in one call. Checks the CRC."""
-    if fmt.compute_crc(batch, 0, header.size_bytes) != header.crc:
+    key, value, headers)``, decoded in one call, and whether their offset
+    deltas are 0..n-1 (as every batch a producer wrote). Checks the CRC
+    unless told it was checked earlier in the pass."""
+    if verify_crc and fmt.compute_crc(batch, 0, header.size_bytes) != header.crc:
         raise fmt.CorruptRecordError(f"CRC mismatch in batch at offset {header.base_offset}")
     count = header.record_count
     if count == 0:
-        return []
-    section = fmt.decompress(header.compression, batch[fmt.HEADER_SIZE:],
-                             fmt.DEFAULT_MAX_DECOMPRESSED_BYTES)
+        return [], True
     # The section is the records' msgpack arrays back to back: behind an
-    # array header of their count it is one msgpack array.
+    # array header of their count it is one msgpack array. Uncompressed in
+    # a writable buffer, that header goes in place of the batch header's
+    # last bytes (put back after), sparing a copy of the whole section.
+    array_header = _ARRAY32.pack(0xDD, count)
+    in_place = header.compression == fmt.Compression.NONE and not batch.readonly
     try:
-        items = msgpack.unpackb(_ARRAY32.pack(0xDD, count) + section, raw=False,
-                                use_list=False)
-        deltas = list(map(_OFFSET_DELTA, items))
+        if in_place:
+            at = fmt.HEADER_SIZE - len(array_header)
+            saved = bytes(batch[at:fmt.HEADER_SIZE])
+            batch[at:fmt.HEADER_SIZE] = array_header
+            try:
+                items = msgpack.unpackb(batch[at:], raw=False, use_list=False)
+            finally:
+                batch[at:fmt.HEADER_SIZE] = saved
+        else:
+            section = fmt.decompress(header.compression, batch[fmt.HEADER_SIZE:],
+                                     fmt.DEFAULT_MAX_DECOMPRESSED_BYTES)
+            items = msgpack.unpackb(array_header + section, raw=False, use_list=False)
+        deltas = tuple(map(_OFFSET_DELTA, items))
     except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
         raise fmt.CorruptRecordError(
             f"records of batch at offset {header.base_offset} do not decode or disagree "
             f"with its record count: {exc}") from exc
+    if header.last_offset_delta == count - 1 and deltas == _deltas_of(count):
+        return items, True
     # As iter_records checks: offset deltas increase and stay in the batch
     # (a bad one would put a foreign offset in the offset map).
     if not (0 <= deltas[0] and deltas[-1] <= header.last_offset_delta
             and all(map(operator.lt, deltas, itertools.islice(deltas, 1, None)))):
         raise fmt.CorruptRecordError(
             f"record offset deltas of batch at offset {header.base_offset} are out of order")
-    return items
+    return items, False
+
+
+_CONTIGUOUS: dict[int, tuple[int, ...]] = {}
+
+
+def _deltas_of(count: int) -> tuple[int, ...]:
+    """``(0, 1, ..., count - 1)``, kept for the common batch sizes."""
+    deltas = _CONTIGUOUS.get(count)
+    if deltas is None:
+        deltas = tuple(range(count))
+        if len(_CONTIGUOUS) < 256:
+            _CONTIGUOUS[count] = deltas
+    return deltas
 
 
 def _rebuild(header: fmt.BatchHeader, items: list) -> bytes:
@@ -599,22 +671,22 @@ class _Aborted:
         return False
 
 
-def build_offset_map(plan: CleanPlan, budget_bytes: int, throttler: Throttler = UNLIMITED,
-                     cache: dict[int, list] | None = None
+def build_offset_map(plan: CleanPlan, budget_bytes: int, throttler: Throttler = UNLIMITED
                      ) -> tuple[OffsetMap, int, int]:
     """The offset map of the dirty section, and where it stops: the dirty
     end, or the first batch that did not fit. Also returns bytes read.
-    The decoded records of the first dirty batches go to ``cache`` (base
-    offset -> records), up to ``budget_bytes`` of memory more, so the
-    rewrite does not check and decode them again."""
+
+    Nothing of a batch is kept beyond its keys: the rewrite reads and
+    decodes again what it needs. (Keeping decoded records for it was
+    slower: memory that is not reused costs a page fault per 4 KiB.)"""
     offsets = OffsetMap(budget_bytes)
-    cache_room = budget_bytes if cache is not None else 0
     aborted = _Aborted(plan.aborted)
     read = 0
+    buffer = bytearray(READ_CHUNK_BYTES)  # for every chunk, in turn
     for ref in plan.refs:
         if ref.next_offset <= plan.first_dirty:
             continue
-        with _SegmentReader(ref, throttler) as reader:
+        with _SegmentReader(ref, throttler, buffer) as reader:
             for header, batch in reader.batches():
                 if header.next_offset <= plan.first_dirty or header.is_control:
                     continue
@@ -622,12 +694,8 @@ def build_offset_map(plan: CleanPlan, budget_bytes: int, throttler: Throttler = 
                     continue
                 if not offsets.has_room_for(header.record_count):
                     return offsets, header.base_offset, read + reader.bytes_read
-                items = _decode(header, batch)
-                offsets.put_batch(header.base_offset, items)
-                cost = header.size_bytes + DECODED_RECORD_BYTES * len(items)
-                if cache_room >= cost:
-                    cache[header.base_offset] = items  # type: ignore[index]
-                    cache_room -= cost
+                items, contiguous = _decode(header, batch)
+                offsets.put_batch(header.base_offset, items, contiguous)
             read += reader.bytes_read
     return offsets, plan.dirty_end, read
 
@@ -656,8 +724,7 @@ def clean(plan: CleanPlan, budget_bytes: int = DEDUPE_BUFFER_DEFAULT,
     """Build the offset map and write the cleaned segments (``.cleaned``
     files, fsynced). Safe on any thread; touches no ``Log`` state."""
     started = time.monotonic()
-    decoded: dict[int, list] = {}
-    offsets, map_end, read = build_offset_map(plan, budget_bytes, throttler, decoded)
+    offsets, map_end, read = build_offset_map(plan, budget_bytes, throttler)
     result = CleanResult(plan, [], map_end, bytes_read=read)
     config = plan.config
     retention_ms = config.delete_retention_ms
@@ -693,8 +760,7 @@ def clean(plan: CleanPlan, budget_bytes: int = DEDUPE_BUFFER_DEFAULT,
             for i in group:
                 with _SegmentReader(plan.refs[i], throttler) as reader:
                     for header, batch in reader.batches():
-                        kept = _clean_batch(header, batch, decoded.pop(header.base_offset, None),
-                                            offsets, aborted, removable,
+                        kept = _clean_batch(header, batch, offsets, aborted, removable,
                                             plan.producer_last_offsets, txn_kept,
                                             header.next_offset == end, result)
                         if kept is None:
@@ -729,51 +795,65 @@ def clean(plan: CleanPlan, budget_bytes: int = DEDUPE_BUFFER_DEFAULT,
     return result
 
 
-def _clean_batch(header: fmt.BatchHeader, batch: memoryview, items: list | None,
-                 offsets: OffsetMap,
+def _clean_batch(header: fmt.BatchHeader, batch: memoryview, offsets: OffsetMap,
                  aborted: _Aborted, removable: Callable[[int], bool],
                  producer_last: dict[int, int], txn_kept: dict[int, bool],
                  is_last: bool, result: CleanResult):
     """What of one batch stays: the batch itself, a rebuilt batch with
     fewer (or no) records, or None."""
     pid = header.producer_id
+    base = header.base_offset
+    count = header.record_count
     if header.is_control:
-        result.records_read += header.record_count
+        result.records_read += count
         open_txn_kept = txn_kept.pop(pid, False)
-        if not is_last and not open_txn_kept and removable(header.base_offset):
+        if not is_last and not open_txn_kept and removable(base):
             return None
-        result.records_kept += header.record_count
+        result.records_kept += count
         return batch
-    if items is None:  # not decoded (and checked) while building the offset map
-        items = _decode(header, batch)
-    result.records_read += len(items)
-    if header.is_transactional and aborted(header):
-        keep = []
+    result.records_read += count
+    if base in offsets.whole:
+        # The map holds this batch whole: its records that stay are those
+        # at their key's latest offset, read off the map (deltas are 0..n-1,
+        # so an offset's index in the batch is offset - base). A batch kept
+        # whole or dropped whole is not decoded again.
+        latest = offsets.kept_range(base, header.next_offset)
+        tombstones = base in offsets.tombstoned
+        if not latest or (len(latest) == count and not tombstones):
+            keep = [] if not latest else None
+        else:
+            # Its CRC was checked as the map was built.
+            items, _ = _decode(header, batch, verify_crc=False)
+            keep = list(map(items.__getitem__, map(base.__rsub__, latest)))
+    elif header.is_transactional and aborted(header):
+        keep, tombstones = [], False
     else:
+        items, _ = _decode(header, batch)
         # Superseded: the map knows a later offset for the key. Written
         # with map() so the common case takes no Python step per record.
-        base = header.base_offset
         keys = list(map(_KEY, items))
         offsets_here = map(base.__add__, map(_OFFSET_DELTA, items))
         if None in keys or (offsets.hashed and keys
                             and max(map(len, keys)) > MAP_KEY_BYTES_MAX):
-            latest = [-1 if key is None else offsets.get(key) for key in keys]
+            latest_of = [-1 if key is None else offsets.get(key) for key in keys]
         else:
-            latest = map(offsets.map.get, keys, _MINUS_ONES)
-        superseded = list(map(operator.gt, latest, offsets_here))
+            latest_of = map(offsets.map.get, keys, _MINUS_ONES)
+        superseded = list(map(operator.gt, latest_of, offsets_here))
         keep = list(itertools.compress(items, map(operator.not_, superseded))) \
             if True in superseded else list(items)
-        if keep and None in map(_VALUE, keep):  # tombstones, perhaps past their time
-            keep = [item for item in keep
-                    if not (item[3] is None and item[2] is not None
-                            and removable(base + item[1]))]
-    if items and len(keep) == len(items):
+        tombstones = True
+    if keep and tombstones and None in map(_VALUE, keep):  # perhaps past their time
+        keep = [item for item in keep
+                if not (item[3] is None and item[2] is not None
+                        and removable(base + item[1]))]
+    if keep is None or (count and len(keep) == count):
         kept = batch
+        result.records_kept += count
     elif keep or is_last or (pid >= 0 and producer_last.get(pid) == header.last_offset):
         kept = _rebuild(header, keep)
+        result.records_kept += len(keep)
     else:
         return None
-    result.records_kept += len(keep)
     if header.is_transactional:
         txn_kept[pid] = True
     return kept

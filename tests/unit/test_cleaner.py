@@ -319,3 +319,105 @@ def test_a_swap_failing_before_it_touches_the_old_segments_leaves_no_swap_file(
     assert contents(log) == before
     log.abandon()
     assert contents(open_compacted(tmp_path / "t-0", clock)) == before
+
+
+def expected_after_cleaning(records):
+    """What a clean with no tombstone yet past its time keeps of ``records``
+    ((offset, key, value) in offset order): every keyless record, and the
+    latest record of each key (a tombstone too)."""
+    latest = {key: offset for offset, key, _ in records if key is not None}
+    return [(o, k, v) for o, k, v in records if k is None or latest[k] == o]
+
+
+def random_batches(rng, count: int, keys: list[bytes], keyless: bool):
+    """``count`` batches of 1-12 records: keys drawn from ``keys`` (and
+    None, with ``keyless``), a tenth of the values tombstones."""
+    drawn = keys + [None] if keyless else keys
+    return [[(rng.choice(drawn), None if rng.random() < 0.1 else b"v%d" % rng.randrange(10**6))
+             for _ in range(rng.randint(1, 12))] for _ in range(count)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("budget", [40 * cleaner.MAP_ENTRY_BYTES, 1 << 20])
+def test_multi_record_batches_keep_exactly_the_latest_record_of_each_key(
+        tmp_path, seed, budget):
+    """Batches of many records, some kept whole, some dropped whole, most
+    cut (the rewrite reads what stays of those off the offset map); keyless
+    records written before the topic became compacted; long keys (digests);
+    tombstones; a map too small for the dirty section (passes); and a
+    replica's copy of the cleaned log, whose batches have offset gaps, cleaned
+    again with more records on top: each keeps exactly what the model says."""
+    import random
+    rng = random.Random(seed)
+    keys = [b"k%02d" % i for i in range(25)] + [b"long-%02d-" % i + b"x" * 40 for i in range(3)]
+    clock = Clock()
+    directory = tmp_path / "t-0"
+    log = Log.open(str(directory), LogConfig(segment_bytes=2048, cleanup_policy="delete",
+                                             flush_ms=-1), clock=clock)
+    for records in random_batches(rng, 15, keys, keyless=True):
+        log.append(batch(records), leader_epoch=1)
+    log.close()
+    log = open_compacted(directory, clock, segment_bytes=2048)
+    for records in random_batches(rng, 40, keys, keyless=False):
+        log.append(batch(records), leader_epoch=1)
+    written = contents(log)
+    log.roll()
+    log.flush()
+    for _ in range(60):
+        plan = cleaner.plan_clean(log, clock.now)
+        if plan is None:
+            break
+        assert cleaner.swap(log, cleaner.clean(plan, budget_bytes=budget))
+        log.check_invariants()
+    else:
+        raise AssertionError("the cleaner made no progress")
+    assert contents(log) == expected_after_cleaning(written)
+    kept = contents(log)
+
+    # A new replica fetches the cleaned log from its start: its dirty
+    # section is batches with offset gaps, then fresh records.
+    replica = open_compacted(tmp_path / "replica-0", clock, segment_bytes=2048)
+    for header, view in iter_batches(log.read(log.log_start_offset, 1 << 30)):
+        replica.append_as_follower(bytes(view))
+    for records in random_batches(rng, 20, keys, keyless=False):
+        replica.append(batch(records), leader_epoch=2)
+    copied = contents(replica)
+    assert copied[:len(contents(log))] == contents(log)
+    full_pass(replica, clock)
+    assert contents(replica) == expected_after_cleaning(copied)
+    replica.close()
+
+    # The pass noted when its tombstones may go; then a pass is due, and
+    # removes them, only them.
+    assert any(v is None for _, _, v in kept)
+    assert log.cleaner_state.due_ms == clock.now + RETENTION_MS
+    clock.now += RETENTION_MS
+    plan = cleaner.plan_clean(log, clock.now)
+    assert plan is not None, "no pass was due to remove the tombstones"
+    assert cleaner.swap(log, cleaner.clean(plan, budget_bytes=budget))
+    assert contents(log) == [(o, k, v) for o, k, v in kept if v is not None or k is None]
+    log.close()
+
+
+def test_a_batch_whose_offset_deltas_disagree_with_its_header_fails_the_pass(tmp_path):
+    """A batch with a valid CRC whose records' offset deltas repeat (as a
+    bug elsewhere could write) must not reach the offset map."""
+    import msgpack
+
+    from storage import batch as fmt
+    clock = Clock()
+    log = open_compacted(tmp_path / "t-0", clock)
+    log.append(batch([(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]), leader_epoch=1)
+    records = [[0, 0, b"a", b"4", []], [0, 0, b"b", b"5", []], [0, 2, b"c", b"6", []]]
+    section = b"".join(msgpack.packb(r, use_bin_type=True) for r in records)
+    bad = fmt.pack_batch(base_offset=3, leader_epoch=1, attributes=0, last_offset_delta=2,
+                         base_timestamp=1_000, max_timestamp=1_000, producer_id=-1,
+                         producer_epoch=-1, base_sequence=-1, record_count=3, section=section)
+    log.append_as_follower(bad)
+    log.roll()
+    log.flush()
+    plan = cleaner.plan_clean(log, clock.now, force=True)
+    with pytest.raises(fmt.CorruptRecordError, match="out of order"):
+        cleaner.clean(plan)
+    assert not [n for n in os.listdir(log.directory) if n.endswith(".cleaned")]
+    log.close()
