@@ -11,7 +11,8 @@ import logging
 import os
 import sys
 
-from api.cli_support import DEFAULT_BOOTSTRAP, CliError, ExamplesFormatter, get_json
+from api.cli_support import (DEFAULT_BOOTSTRAP, CliError, ExamplesFormatter,
+                             add_security_arguments, configure_security, get_json)
 from api.table import format_table
 
 __all__ = ["DEFAULT_BOOTSTRAP", "CliError", "build_parser", "get_json", "main"]
@@ -32,6 +33,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="broker URL, or host:port, to contact; several comma-separated (default: "
              "$KRAFTLOG_BOOTSTRAP or %(default)s)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
+    add_security_arguments(parser)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
 
@@ -53,6 +55,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     node.set_defaults(handler=_run_node)
 
     _add_cluster_commands(commands)
+    from api import certs
+
+    certs.add_commands(commands)
 
     from api import console
 
@@ -95,10 +100,11 @@ BENCH_HELP = "measure performance (figures go to BENCHMARKS.md)"
 CHAOS_HELP = "kill, pause and partition a real cluster; check nothing was lost"
 
 
-def normalise_bootstrap(bootstrap: str) -> str:
-    """``host:port`` as Kafka's tools take it means ``http://host:port``;
-    URLs stay as they are. Several are comma-separated."""
-    return ",".join(item if "://" in item else f"http://{item}"
+def normalise_bootstrap(bootstrap: str, scheme: str = "http") -> str:
+    """``host:port`` as Kafka's tools take it means ``http://host:port``
+    (``https://`` with ``--security-protocol SSL``); URLs stay as they are.
+    Several are comma-separated."""
+    return ",".join(item if "://" in item else f"{scheme}://{item}"
                     for item in (part.strip() for part in bootstrap.split(",")) if item)
 
 
@@ -433,10 +439,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
-    args.bootstrap = normalise_bootstrap(args.bootstrap)
+    args.bootstrap = normalise_bootstrap(
+        args.bootstrap, "https" if args.security_protocol == "SSL" else "http")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        configure_security(args)
         from api.console import resolve_topic_arguments
 
         resolve_topic_arguments(args)

@@ -12,7 +12,56 @@ import argparse
 
 from protocol import DEFAULT_BOOTSTRAP
 
-__all__ = ["DEFAULT_BOOTSTRAP", "CliError", "ExamplesFormatter", "get_json"]
+__all__ = ["DEFAULT_BOOTSTRAP", "CliError", "ExamplesFormatter", "add_security_arguments",
+           "client_security", "configure_security", "get_json"]
+
+#: The command's TLS settings (its global options): what every client it
+#: makes, and every JSON request, connects with. One command, one process.
+_security: dict = {}
+_ssl_context = None
+
+
+def add_security_arguments(parser: argparse.ArgumentParser) -> None:
+    """Kafka's client security settings, as global options (with
+    environment defaults, so a shell can set them once)."""
+    import os
+
+    group = parser.add_argument_group(
+        "TLS", "How to reach brokers whose listener is SSL (docs/security.md). Each "
+        "defaults to its environment variable.")
+    group.add_argument("--security-protocol", choices=("PLAINTEXT", "SSL"), type=str.upper,
+                       default=os.environ.get("KRAFTLOG_SECURITY_PROTOCOL", "PLAINTEXT"),
+                       help="SSL: https:// for host:port addresses, certificates verified "
+                            "($KRAFTLOG_SECURITY_PROTOCOL; default %(default)s)")
+    group.add_argument("--ssl-cafile", default=os.environ.get("KRAFTLOG_SSL_CAFILE"),
+                       metavar="PEM", help="CA certificates to trust ($KRAFTLOG_SSL_CAFILE; "
+                                           "default: the system's)")
+    group.add_argument("--ssl-certfile", default=os.environ.get("KRAFTLOG_SSL_CERTFILE"),
+                       metavar="PEM", help="this client's certificate, for brokers that "
+                                           "require one ($KRAFTLOG_SSL_CERTFILE)")
+    group.add_argument("--ssl-keyfile", default=os.environ.get("KRAFTLOG_SSL_KEYFILE"),
+                       metavar="PEM", help="its private key ($KRAFTLOG_SSL_KEYFILE)")
+
+
+def configure_security(args: argparse.Namespace) -> None:
+    """Take the parsed global TLS options; raises CliError for unusable files."""
+    global _ssl_context
+    from protocol import tls
+
+    _security.clear()
+    _security.update(security_protocol=args.security_protocol, ssl_cafile=args.ssl_cafile,
+                     ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
+    try:
+        _ssl_context = tls.client_context(args.ssl_cafile, args.ssl_certfile,
+                                          args.ssl_keyfile) \
+            if args.security_protocol == tls.SSL or args.ssl_cafile else None
+    except tls.TlsConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
+def client_security() -> dict:
+    """The TLS keyword arguments of a client this command makes."""
+    return dict(_security)
 
 
 class CliError(Exception):
@@ -47,7 +96,8 @@ def get_json(url: str, timeout_s: float = 10.0, data: bytes | None = None) -> ob
     request = urllib.request.Request(url, data=data, headers={
         "Accept": "application/json", "Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s,
+                                    context=_ssl_context) as response:
             return json.load(response)
     except urllib.error.HTTPError as exc:
         try:

@@ -21,7 +21,7 @@ import time
 from typing import Any
 from urllib.parse import quote
 
-from api.cli_support import CliError, ExamplesFormatter, get_json
+from api.cli_support import CliError, ExamplesFormatter, client_security, get_json
 from api.table import format_table
 
 
@@ -148,7 +148,7 @@ def _add_topics(commands: argparse._SubParsersAction) -> None:
 def _admin(args: argparse.Namespace):
     from api.client import Admin
 
-    return Admin(bootstrap=args.bootstrap)
+    return Admin(bootstrap=args.bootstrap, **client_security())
 
 
 def _fail(what: str, exc: Exception) -> None:
@@ -632,7 +632,7 @@ def _produce(args: argparse.Namespace) -> int:
     # do, instead of every record failing after delivery_timeout_ms as if
     # the topic were missing. (A missing topic still waits: it may be
     # created meanwhile, as Kafka's producer waits for its metadata.)
-    with Consumer(args.bootstrap, request_timeout_ms=5000) as probe:
+    with Consumer(args.bootstrap, request_timeout_ms=5000, **client_security()) as probe:
         try:
             probe.partitions_for_topic(args.topic)
         except KraftlogError as exc:
@@ -651,7 +651,8 @@ def _produce(args: argparse.Namespace) -> int:
                 failures.append(f"{error.code}: {error.message}")
 
     try:
-        producer = Producer(bootstrap=args.bootstrap, acks=acks, linger_ms=args.linger_ms,
+        producer = Producer(bootstrap=args.bootstrap, **client_security(), acks=acks,
+                            linger_ms=args.linger_ms,
                             request_timeout_ms=min(30_000, args.delivery_timeout_ms // 2),
                             delivery_timeout_ms=args.delivery_timeout_ms)
     except KraftlogError as exc:
@@ -743,7 +744,8 @@ def _consume(args: argparse.Namespace) -> int:
     reset = "earliest" if args.from_beginning else "latest"
     # With --group, offsets are committed only for records already printed
     # (after each batch, and at exit), never for ones a Ctrl-C cut off.
-    consumer = Consumer(bootstrap=args.bootstrap, auto_offset_reset=reset,
+    consumer = Consumer(bootstrap=args.bootstrap, **client_security(),
+                        auto_offset_reset=reset,
                         isolation_level=args.isolation_level,
                         **({"group_id": args.group, "session_timeout_ms":
                             args.session_timeout_ms, "enable_auto_commit": False}

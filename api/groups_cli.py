@@ -123,10 +123,11 @@ def _end_offsets(args: argparse.Namespace, partitions: list[tuple[str, int]]
                  ) -> dict[tuple[str, int], int]:
     if not partitions:
         return {}
+    from api.cli_support import client_security
     from api.client import Consumer, KraftlogError, TopicPartition
 
     try:
-        with Consumer(args.bootstrap, request_timeout_ms=5000) as consumer:
+        with Consumer(args.bootstrap, request_timeout_ms=5000, **client_security()) as consumer:
             ends = consumer.end_offsets([TopicPartition(t, p) for t, p in partitions])
     except KraftlogError:
         return {}
@@ -140,10 +141,10 @@ def _delete(args: argparse.Namespace) -> int:
 
 
 def _reset(args: argparse.Namespace) -> int:
-    from api.cli_support import CliError
+    from api.cli_support import CliError, client_security
     from api.client import Consumer, KraftlogError, TopicPartition
 
-    with Consumer(args.bootstrap, request_timeout_ms=5000) as consumer:
+    with Consumer(args.bootstrap, request_timeout_ms=5000, **client_security()) as consumer:
         try:
             numbers = sorted(consumer.partitions_for_topic(args.topic))
         except KraftlogError as exc:
@@ -209,11 +210,11 @@ def _committed(args: argparse.Namespace, tps: list) -> dict:
 
 def _admin_call(args: argparse.Namespace, action) -> None:
     """Run ``action(admin)`` with an Admin on --bootstrap; errors as one line."""
-    from api.cli_support import CliError
+    from api.cli_support import CliError, client_security
     from api.client import Admin, KraftlogError
 
     try:
-        with Admin(args.bootstrap, request_timeout_ms=10_000) as admin:
+        with Admin(args.bootstrap, request_timeout_ms=10_000, **client_security()) as admin:
             action(admin)
     except KraftlogError as exc:
         raise CliError(str(exc)) from None

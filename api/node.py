@@ -32,6 +32,7 @@ class Node:
         self.controller = None
         self.broker = None
         self.lifecycle = None
+        self._reload_task: asyncio.Task | None = None
         self.client: ControllerClient | None = None
 
     async def start(self) -> None:
@@ -46,13 +47,28 @@ class Node:
             # does not answer in that time is skipped for the next one.
             self.client = ControllerClient(
                 self.config.controller_urls,
-                attempt_timeout_ms=max(100, self.config.heartbeat_interval_ms))
+                attempt_timeout_ms=max(100, self.config.heartbeat_interval_ms),
+                ssl_context=self.config.tls.peer if self.config.tls else None)
             self.lifecycle = BrokerLifecycle(self.config, self.client)
             self.broker = BrokerServer(self.config, self.lifecycle, self.client)
             await self.broker.start()
             await self.lifecycle.start()
+        if self.config.tls is not None:
+            self._reload_task = asyncio.create_task(self._reload_certificates(),
+                                                    name="certificate-reload")
+
+    async def _reload_certificates(self) -> None:
+        """Load a changed ssl.certfile / keyfile / cafile into the SSL
+        listeners' context: new connections get it, without a restart."""
+        tls = self.config.tls
+        while True:
+            await asyncio.sleep(tls.reload_interval_ms / 1000)
+            await asyncio.get_running_loop().run_in_executor(None, tls.reloader.check)
 
     async def stop(self, controlled: bool = True) -> None:
+        if self._reload_task is not None:
+            self._reload_task.cancel()
+            await asyncio.gather(self._reload_task, return_exceptions=True)
         if self.lifecycle is not None:
             if controlled:
                 await self.lifecycle.controlled_shutdown(CONTROLLED_SHUTDOWN_TIMEOUT_MS)

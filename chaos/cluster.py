@@ -25,6 +25,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -89,21 +90,25 @@ def wait_until(condition: Callable[[], Any], timeout_s: float, what: str,
         time.sleep(interval_s)
 
 
-def http_json(url: str, body: Any = None, timeout_s: float = 5.0) -> tuple[int, Any]:
-    """GET (or POST ``body`` as JSON) and return (status, decoded JSON)."""
+def http_json(url: str, body: Any = None, timeout_s: float = 5.0,
+              context: ssl.SSLContext | None = None) -> tuple[int, Any]:
+    """GET (or POST ``body`` as JSON) and return (status, decoded JSON);
+    ``context``: what an https URL is verified with."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, headers={
         "Content-Type": "application/json", "Accept": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
             return response.status, json.load(response)
     except urllib.error.HTTPError as exc:
         return exc.code, json.load(exc)
 
 
-def metric(url: str, name: str, timeout_s: float = 5.0) -> float:
+def metric(url: str, name: str, timeout_s: float = 5.0,
+           context: ssl.SSLContext | None = None) -> float:
     """The value of an unlabelled metric on a broker's ``/metrics``."""
-    with urllib.request.urlopen(url + "/metrics", timeout=timeout_s) as response:
+    with urllib.request.urlopen(url + "/metrics", timeout=timeout_s,
+                                context=context) as response:
         for line in response.read().decode().splitlines():
             if line.startswith(name + " "):
                 return float(line.split()[1])
@@ -200,18 +205,19 @@ class NodeProcess:
     broker_port: int | None
     controller_port: int | None
     host: str = LOOPBACK
+    tls: bool = False
     process: subprocess.Popen | None = None
     paused: bool = False
 
     @property
     def broker_url(self) -> str:
         assert self.broker_port is not None, f"node {self.node_id} is not a broker"
-        return f"http://{self.host}:{self.broker_port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.broker_port}"
 
     @property
     def controller_url(self) -> str:
         assert self.controller_port is not None, f"node {self.node_id} is not a controller"
-        return f"http://{self.host}:{self.controller_port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.controller_port}"
 
     @property
     def running(self) -> bool:
@@ -233,7 +239,13 @@ class ProcessCluster:
     #: for this cluster (``controller.quorum.secret.file``). Off only for the
     #: test that shows what an unauthenticated Raft port lets a peer do.
     raft_secret: bool = True
+    #: TLS on every listener: a CA and node certificates made for this
+    #: cluster under ``<base_dir>/certs`` (``api.certs``), every node's
+    #: listeners SSL; ``client_security`` is what a client needs to connect.
+    tls: bool = False
     nodes: dict[int, NodeProcess] = field(default_factory=dict, init=False)
+    certs: dict = field(default_factory=dict, init=False)
+    ssl_context: ssl.SSLContext | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         os.makedirs(self.base_dir, exist_ok=True)
@@ -250,9 +262,32 @@ class ProcessCluster:
                 broker_port=free_port(taken=taken) if "broker" in roles else None,
                 controller_port=free_port(pair=True, taken=taken)
                 if "controller" in roles else None,
-                host=self.network.address(node_id) if self.network else LOOPBACK)
+                host=self.network.address(node_id) if self.network else LOOPBACK,
+                tls=self.tls)
+        if self.tls:
+            self._make_certificates()
         for node in self.nodes.values():
             self._write_config(node)
+
+    def _make_certificates(self) -> None:
+        from api import certs
+        hosts = sorted({*certs.DEFAULT_HOSTS, *(n.host for n in self.nodes.values())})
+        self.certs = certs.create(os.path.join(self.base_dir, "certs"),
+                                  nodes=max(self.nodes), hosts=hosts)
+        self.settings = {"listener.security.protocol.map": "BROKER:SSL,CONTROLLER:SSL",
+                         "ssl.cafile": self.certs["ca"].certfile, **self.settings}
+        self.ssl_context = ssl.create_default_context(cafile=self.certs["ca"].certfile)
+        self.ssl_context.load_cert_chain(self.certs["client"].certfile,
+                                         self.certs["client"].keyfile)
+
+    @property
+    def client_security(self) -> dict[str, Any]:
+        """The TLS settings of a client of this cluster (none without TLS)."""
+        if not self.tls:
+            return {}
+        return {"security_protocol": "SSL", "ssl_cafile": self.certs["ca"].certfile,
+                "ssl_certfile": self.certs["client"].certfile,
+                "ssl_keyfile": self.certs["client"].keyfile}
 
     # -- configs ----------------------------------------------------------
     @property
@@ -262,9 +297,13 @@ class ProcessCluster:
                            {n.node_id: n.host for n in self.nodes.values()})
 
     def _write_config(self, node: NodeProcess) -> None:
+        settings = self.settings
+        if self.tls:
+            own = self.certs[f"node-{node.node_id}"]
+            settings = {"ssl.certfile": own.certfile, "ssl.keyfile": own.keyfile, **settings}
         write_node_config(node.config_path, node_config_values(
             node.node_id, node.roles, self.voters, node.broker_port, node.controller_port,
-            os.path.join(self.base_dir, f"data-{node.node_id}"), self.settings, node.host))
+            os.path.join(self.base_dir, f"data-{node.node_id}"), settings, node.host))
 
     # -- processes ----------------------------------------------------------
     def start(self, node_ids: list[int] | None = None) -> None:
@@ -340,7 +379,8 @@ class ProcessCluster:
         if not node.running or node.paused:
             return None
         try:
-            return http_json(node.controller_url + "/v1/quorum", timeout_s=timeout_s)[1]
+            return http_json(node.controller_url + "/v1/quorum", timeout_s=timeout_s,
+                             context=self.ssl_context)[1]
         except (OSError, ValueError):
             return None
 
@@ -362,18 +402,21 @@ class ProcessCluster:
                         ) -> tuple[int, Any]:
         """POST JSON to the active controller, waiting for one to exist."""
         active = self.wait_for_active_controller(timeout_s)
-        return http_json(self.nodes[active].controller_url + path, body, timeout_s)
+        return http_json(self.nodes[active].controller_url + path, body, timeout_s,
+                         self.ssl_context)
 
     def metadata(self, node_id: int) -> dict:
         """A controller's image (GET /v1/metadata)."""
-        return http_json(self.nodes[node_id].controller_url + "/v1/metadata")[1]
+        return http_json(self.nodes[node_id].controller_url + "/v1/metadata",
+                         context=self.ssl_context)[1]
 
     def broker_health(self, node_id: int) -> dict | None:
         node = self.nodes[node_id]
         if not node.running or node.paused:
             return None
         try:
-            return http_json(node.broker_url + "/healthz", timeout_s=2.0)[1]
+            return http_json(node.broker_url + "/healthz", timeout_s=2.0,
+                             context=self.ssl_context)[1]
         except (OSError, ValueError):
             return None
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import aiohttp
 import msgpack
 
+from protocol import tls
 from protocol.errors import KraftError
 
 logger = logging.getLogger(__name__)
@@ -52,7 +54,8 @@ class ControllerClient:
 
     def __init__(self, voter_urls: Mapping[int, str], *, timeout_ms: int = 10_000,
                  attempt_timeout_ms: int = 2_000,
-                 session: aiohttp.ClientSession | None = None) -> None:
+                 session: aiohttp.ClientSession | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         if not voter_urls:
             raise ValueError("at least one controller URL is needed")
         self.voter_urls = dict(voter_urls)
@@ -62,6 +65,7 @@ class ControllerClient:
         self._failed_at: dict[int, float] = {}
         self._session = session
         self._owns_session = session is None
+        self.ssl_context = ssl_context  # for controllers' SSL listeners
         self.leader_id: int | None = None
 
     async def __aenter__(self) -> "ControllerClient":
@@ -77,7 +81,7 @@ class ControllerClient:
 
     def _session_or_new(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = tls.session(self.ssl_context)
         return self._session
 
     def _candidates(self) -> list[int]:

@@ -27,11 +27,13 @@ import hashlib
 import ipaddress
 import logging
 import os
+import ssl
 import tomllib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kraft.config_schema import BY_NAME, SCHEMA, ConfigError, typed, unknown_key_message
+from protocol import tls
 from protocol.errors import InvalidConfigError
 from storage import errors as storage_errors
 from storage.config import LogConfig
@@ -50,13 +52,35 @@ METADATA_DIR_NAME = "__cluster_metadata"
 class Endpoint:
     host: str
     port: int
+    tls: bool = False  # the listener speaks SSL (listener.security.protocol.map)
 
     def __str__(self) -> str:
         return f"{self.host}:{self.port}"
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+
+    @property
+    def registered(self) -> str:
+        """How a broker names it in its registration: ``host:port``, or
+        its ``https://`` URL for an SSL listener (so whoever learns it from
+        metadata knows to connect with TLS)."""
+        return self.url if self.tls else str(self)
+
+
+@dataclasses.dataclass(eq=False)
+class NodeTls:
+    """The TLS a node speaks: its SSL listeners' context (one, shared by
+    the listeners the protocol map says are SSL) and the context it calls
+    its peers' SSL listeners with (trusting ssl.cafile, presenting its
+    certificate where asked). Built once, at config load, so a bad file
+    stops the node before it binds anything."""
+
+    server: ssl.SSLContext | None
+    peer: ssl.SSLContext | None
+    reloader: tls.CertificateReloader | None
+    reload_interval_ms: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +115,8 @@ class NodeConfig:
     # The controllers' shared Raft secret, read from controller.quorum.secret.file
     # (never in settings, so --print-config cannot show it); None: none set.
     raft_secret: bytes | None = dataclasses.field(default=None, repr=False)
+    # TLS contexts, when a listener is SSL (listener.security.protocol.map).
+    tls: NodeTls | None = dataclasses.field(default=None, repr=False, compare=False)
     # Every key of the schema that has a value (set, or a default), typed.
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
     # Where each key's value came from: "default", the file's path, or "--set".
@@ -103,6 +129,13 @@ class NodeConfig:
     @property
     def is_broker(self) -> bool:
         return BROKER_ROLE in self.roles
+
+    def secure_app(self, app: Any, endpoint: Endpoint) -> None:
+        """What an HTTP app served on ``endpoint`` needs for TLS: the
+        refusal of requests without a client certificate, where
+        ``ssl.client.auth = required`` on an SSL listener."""
+        if endpoint.tls and self.settings.get("ssl.client.auth") == "required":
+            tls.client_certificate_required(app)
 
     def raft_endpoint(self, node_id: int) -> Endpoint:
         voter = self.voters[node_id]
@@ -174,6 +207,11 @@ def node_config_from_settings(settings: Mapping[str, Any],
     roles = parse_roles(values["process.roles"])
     listeners = parse_listeners(values["listeners"] or "")
     voters = parse_voters(values["controller.quorum.voters"] or "")
+    protocols = parse_protocol_map(values["listener.security.protocol.map"], listeners)
+    listeners = {name: dataclasses.replace(ep, tls=protocols.get(name) == tls.SSL)
+                 for name, ep in listeners.items()}
+    voters = {node: dataclasses.replace(ep, tls=protocols.get(CONTROLLER_LISTENER) == tls.SSL)
+              for node, ep in voters.items()}
     log_dirs = values["log.dirs"] if values["log.dirs"] is not None else values["log.dir"]
     if isinstance(log_dirs, str):
         log_dirs = [d.strip() for d in log_dirs.split(",") if d.strip()]
@@ -200,11 +238,64 @@ def node_config_from_settings(settings: Mapping[str, Any],
         leader_imbalance_check_interval_ms=values["leader.imbalance.check.interval.seconds"] * 1000,
         unsafe_ack_before_replication=values["unsafe.ack.before.replication"],
         raft_secret=_read_raft_secret(values["controller.quorum.secret.file"]),
+        tls=_node_tls(values, protocols),
         settings={key: value for key, value in values.items() if value is not None},
         sources=sources,
     )
     _check(config)
     return config
+
+
+def parse_protocol_map(text: str, listeners: Mapping[str, Endpoint]) -> dict[str, str]:
+    """``BROKER:SSL,CONTROLLER:PLAINTEXT`` -> {listener: protocol}."""
+    protocols: dict[str, str] = {}
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        name, sep, protocol = item.partition(":")
+        protocol = protocol.strip().upper()
+        if not sep or not name.strip():
+            raise InvalidConfigError(
+                f"listener.security.protocol.map: {item!r} is not NAME:PROTOCOL")
+        if protocol in tls.SASL_PROTOCOLS:
+            raise InvalidConfigError(
+                f"listener.security.protocol.map: {name} = {protocol}: SASL authentication "
+                "is not available yet; use SSL (TLS, with ssl.client.auth = required for "
+                "client certificates) or PLAINTEXT")
+        if protocol not in tls.SECURITY_PROTOCOLS:
+            raise InvalidConfigError(
+                f"listener.security.protocol.map: {name} = {protocol!r}: use "
+                f"{' or '.join(tls.SECURITY_PROTOCOLS)}")
+        protocols[name.strip()] = protocol
+    for name in listeners:
+        if name not in protocols:
+            raise InvalidConfigError(
+                f"listener {name} has no entry in listener.security.protocol.map "
+                f"({text!r}): add {name}:PLAINTEXT or {name}:SSL")
+    return protocols
+
+
+def _node_tls(values: Mapping[str, Any], protocols: Mapping[str, str]) -> NodeTls | None:
+    """The node's TLS contexts, or None when nothing it serves or calls is SSL."""
+    if tls.SSL not in protocols.values():
+        return None
+    certfile, keyfile = values["ssl.certfile"], values["ssl.keyfile"]
+    cafile, client_auth = values["ssl.cafile"], values["ssl.client.auth"]
+    identification = values["ssl.endpoint.identification.algorithm"]
+    if not certfile:
+        ssl_listeners = ", ".join(n for n, p in protocols.items() if p == tls.SSL)
+        raise InvalidConfigError(
+            f"listener(s) {ssl_listeners} are SSL: set ssl.certfile and ssl.keyfile (PEM; "
+            "`kraftlog certs create --dir certs` makes a CA and node certificates)")
+    if identification not in ("https", ""):
+        raise InvalidConfigError(
+            f"ssl.endpoint.identification.algorithm = {identification!r}: use https or ''")
+    try:
+        server = tls.server_context(certfile, keyfile, cafile, client_auth)
+        peer = tls.client_context(cafile, certfile, keyfile,
+                                  check_hostname=identification == "https")
+    except tls.TlsConfigError as exc:
+        raise InvalidConfigError(str(exc)) from None
+    return NodeTls(server, peer, tls.CertificateReloader(server, certfile, keyfile, cafile),
+                   values["ssl.reload.interval.ms"])
 
 
 #: The shortest controller.quorum.secret.file content accepted.

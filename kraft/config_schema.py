@@ -103,6 +103,28 @@ SCHEMA: tuple[Key, ...] = (
        "file content on every controller). Raft messages are authenticated and encrypted "
        "with it (Fernet) before anything in them is read; required when a Raft port is not "
        "on loopback. A lone controller without one makes up its own.", _CONFIG),
+    _k("listener.security.protocol.map", "str", "BROKER:PLAINTEXT,CONTROLLER:PLAINTEXT",
+       "NAME:PROTOCOL per listener, PROTOCOL PLAINTEXT or SSL (TLS with ssl.certfile). "
+       "Every node of a cluster must map the listeners alike: peers are called with the "
+       "protocol this node maps them to.", _CONFIG),
+    _k("ssl.certfile", "str", None,
+       "PEM certificate (chain) the SSL listeners present, and this node presents to peers "
+       "that ask for one.", _CONFIG),
+    _k("ssl.keyfile", "str", None, "PEM private key of ssl.certfile (unencrypted).", _CONFIG),
+    _k("ssl.cafile", "str", None,
+       "PEM CA certificates this node trusts: for its peers' certificates, and for "
+       "clients' certificates when ssl.client.auth asks for them (default: the system's "
+       "CAs for peers).", _CONFIG),
+    _k("ssl.client.auth", "str", "none",
+       "none, requested or required: whether SSL listeners ask clients for a certificate "
+       "signed by ssl.cafile (required: a client without one is refused).", _CONFIG),
+    _k("ssl.endpoint.identification.algorithm", "str", "https",
+       "https: check that a peer's certificate names the host this node called; empty: "
+       "do not (certificates without the right names, in a test setup).", _CONFIG),
+    _k("ssl.reload.interval.ms", "int", 30_000,
+       "How often SSL listeners look for a changed ssl.certfile, ssl.keyfile or ssl.cafile "
+       "and load it: new connections get the new certificate, without a restart.",
+       _CONFIG, 100, INT32_MAX),
     _k("num.partitions", "int", 1, "Partitions of a topic created without a count.",
        _CONFIG, 1, 1_000_000),
     _k("default.replication.factor", "int", 1,

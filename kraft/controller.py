@@ -1307,9 +1307,12 @@ def _endpoints(body: Fields) -> dict[str, str]:
         where = f"endpoints[{printable(listener)}]"
         as_str(listener, f"endpoints key {printable(listener)}", ENDPOINT_CHARS_MAX)
         as_str(address, where, ENDPOINT_CHARS_MAX)
-        host, sep, port = address.rpartition(":")
-        if not (sep and host and port.isascii() and port.isdigit() and 0 < int(port) < 65536):
-            raise InvalidRequestError(f"{where} must be 'host:port', got {printable(address)}")
+        # host:port, or https://host:port for an SSL listener.
+        host, sep, port = address.removeprefix("https://").rpartition(":")
+        if not (sep and host and "/" not in host and port.isascii() and port.isdigit()
+                and 0 < int(port) < 65536):
+            raise InvalidRequestError(
+                f"{where} must be 'host:port' or 'https://host:port', got {printable(address)}")
     return dict(endpoints)
 
 

@@ -161,12 +161,14 @@ class ControllerServer:
         idle_ms = self.config.settings["connections.max.idle.ms"]
         app[wire.BODY_BYTES_MAX_KEY] = CONTROLLER_REQUEST_BYTES_MAX
         app[wire.BODY_IDLE_MS_KEY] = idle_ms
+        self.config.secure_app(app, self.config.voters[self.config.node_id])
         self.add_routes(app)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
                                      keepalive_timeout=idle_ms / 1000)
         await self._runner.setup()
         endpoint = self.config.voters[self.config.node_id]
-        await web.TCPSite(self._runner, endpoint.host, endpoint.port).start()
+        await web.TCPSite(self._runner, endpoint.host, endpoint.port,
+                          ssl_context=self.config.tls.server if endpoint.tls else None).start()
         self._tasks.append(asyncio.create_task(self._tick_loop(), name="controller-tick"))
         logger.info("controller %d listening on %s", self.config.node_id, endpoint.url)
 

@@ -27,6 +27,12 @@ class KraftError(Exception):
     code = "UNKNOWN_SERVER_ERROR"
 
 
+class SslAuthenticationError(KraftError):
+    """A TLS listener that requires a client certificate got none."""
+
+    code = "SSL_AUTHENTICATION_FAILED"
+
+
 class InvalidRecordError(KraftError):
     """A metadata record that does not decode or names an unknown type."""
 

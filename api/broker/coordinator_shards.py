@@ -94,6 +94,8 @@ class ShardedCoordinator(abc.ABC):
     WHAT = "key"
     FIND_PATH = ""
     ERROR_TYPE: type = Exception
+    #: How it calls its peers' SSL listeners (the node's; None: plain HTTP).
+    peer_ssl: Any = None
 
     def __init__(self, broker_id: int, replicas: Any, data: Any,
                  controller_call: Callable[..., Any], image: Callable[[], Any],

@@ -13,27 +13,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 
 import aiohttp
 import msgpack
 
 from api.broker.replica_manager import ReplicaManager, RequestTasks
 from api.broker.replication import SendFetch, broker_url
-from protocol import wire
+from protocol import tls, wire
 
 logger = logging.getLogger(__name__)
 
 
 class FollowerFetchSender:
-    def __init__(self, replicas: ReplicaManager) -> None:
+    def __init__(self, replicas: ReplicaManager, peer_ssl: ssl.SSLContext | None = None) -> None:
         self.replicas = replicas
+        self.peer_ssl = peer_ssl  # for leaders' SSL listeners
         self._requests = RequestTasks()
         self._session: aiohttp.ClientSession | None = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
+            self._session = tls.session(self.peer_ssl)
         return self._session
 
     def send(self, action: SendFetch) -> None:

@@ -48,7 +48,7 @@ class BrokerLifecycle:
         self.incarnation_id = uuid.uuid4().hex  # new per process start
         self.core = LifecycleCore(LifecycleSettings(
             broker_id=config.node_id, incarnation_id=self.incarnation_id,
-            endpoints={name: str(endpoint) for name, endpoint in config.listeners.items()
+            endpoints={name: endpoint.registered for name, endpoint in config.listeners.items()
                        if name != "CONTROLLER"},
             rack=config.rack, heartbeat_interval_ms=config.heartbeat_interval_ms,
             session_timeout_ms=config.session_timeout_ms), monotonic_ms())

@@ -53,6 +53,7 @@ from kraft.config import BROKER_LISTENER
 from kraft.image import MetadataImage
 from kraft.records import LEADER_RECOVERING, NO_LEADER
 from kraft.topic_config import MIN_INSYNC_REPLICAS, builtin_defaults
+from protocol import tls
 from protocol.errors import (FencedLeaderEpochError, InvalidRequestError, LeaderNotAvailableError,
                              NotEnoughReplicasAfterAppendError, NotEnoughReplicasError,
                              NotLeaderOrFollowerError, ReplicationTimedOutError,
@@ -86,7 +87,8 @@ def broker_url(image: MetadataImage, broker_id: int) -> str | None:
     if broker is None:
         return None
     address = broker.endpoints.get(BROKER_LISTENER)
-    return f"http://{address}" if address else None
+    # An SSL listener registers its https:// URL; a plain one host:port.
+    return tls.url(address, tls.PLAINTEXT) if address else None
 
 
 def _as_int(value, default: int) -> int:

@@ -42,7 +42,7 @@ from kraft.client import ControllerClient
 from kraft.config import BROKER_LISTENER, NodeConfig
 from kraft.image import MetadataImage
 from kraft.topic_config import defaults_from_broker_config
-from protocol import wire
+from protocol import tls, wire
 from protocol.errors import UnknownTopicOrPartitionError
 from protocol.fields import Fields
 from storage.cleaner import CleanerConfig
@@ -98,7 +98,8 @@ class BrokerServer:
         self.replicas = ReplicaManager(
             config.node_id, self.log_manager, lifecycle.core, replication_settings(config),
             topic_defaults=defaults_from_broker_config(config.settings))
-        self.fetchers = FollowerFetchSender(self.replicas)
+        peer_ssl = config.tls.peer if config.tls else None
+        self.fetchers = FollowerFetchSender(self.replicas, peer_ssl)
         self.isr = AlterPartitionSender(self.replicas, client)
         self.replicas.fetch_sender = self.fetchers
         self.replicas.alter_sender = self.isr
@@ -122,6 +123,7 @@ class BrokerServer:
             config.node_id, self.replicas, self.data,
             lambda path, body: self.client.call(path, body, timeout_ms=ADMIN_TIMEOUT_MS),
             lambda: self.lifecycle.image, config.settings, self.replicas.clock_ms)
+        self.groups.peer_ssl = peer_ssl
         self.group_api = GroupApi(self.groups, self._live_broker_urls)
         self.data.marker_listeners.append(self.groups.on_marker)
         self.producer_ids = ProducerIdManager(
@@ -132,6 +134,7 @@ class BrokerServer:
             lambda path, body: self.client.call(path, body, timeout_ms=ADMIN_TIMEOUT_MS),
             lambda: self.lifecycle.image, config.settings, self.replicas.clock_ms,
             self.producer_ids)
+        self.transactions.peer_ssl = peer_ssl
         self.transaction_api = TransactionApi(self.transactions, self._live_broker_urls)
         self.producer_api = ProducerApi(self.producer_ids, self.transactions)
         self.data.verify_txn = self.transactions.verify
@@ -153,13 +156,14 @@ class BrokerServer:
         self.transactions.start()
         self._hw_task = asyncio.create_task(self._checkpoint_high_watermarks_loop(),
                                             name="high-watermark-checkpoint")
-        self._session = aiohttp.ClientSession()
+        self._session = tls.session(self.config.tls.peer if self.config.tls else None)
         app = web.Application(middlewares=[self._metrics_middleware, wire.error_middleware,
                                            self._size_middleware],
                               client_max_size=self.request_bytes_max)
         idle_ms = self.config.settings["connections.max.idle.ms"]
         app[wire.BODY_BYTES_MAX_KEY] = self.request_bytes_max
         app[wire.BODY_IDLE_MS_KEY] = idle_ms
+        self.config.secure_app(app, self.config.listeners[BROKER_LISTENER])
         self.data.add_routes(app)
         self.rest.add_routes(app)
         self.group_api.add_routes(app)
@@ -179,7 +183,8 @@ class BrokerServer:
                                      keepalive_timeout=idle_ms / 1000)
         await self._runner.setup()
         endpoint = self.config.listeners[BROKER_LISTENER]
-        await web.TCPSite(self._runner, endpoint.host, endpoint.port).start()
+        await web.TCPSite(self._runner, endpoint.host, endpoint.port,
+                          ssl_context=self.config.tls.server if endpoint.tls else None).start()
         logger.info("broker %d listening on %s", self.config.node_id, endpoint.url)
 
     async def stop(self) -> None:

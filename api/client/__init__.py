@@ -37,7 +37,8 @@ from api.client.errors import (BrokerNotAvailableError, BufferExhaustedError, Cl
                                LeaderNotAvailableError, MessageTooLargeError,
                                NoOffsetForPartitionError, NotEnoughReplicasAfterAppendError,
                                NotEnoughReplicasError, NotLeaderError, OffsetOutOfRangeError,
-                               RequestTimedOutError, TopicAlreadyExistsError,
+                               RequestTimedOutError, SslAuthenticationError,
+                               TopicAlreadyExistsError,
                                UnknownTopicOrPartitionError, error_from)
 from api.client.group import CommitFailedError
 from api.client.producer import AsyncProducer, Producer, RecordHandle
@@ -51,7 +52,7 @@ __all__ = [
     "NotEnoughReplicasAfterAppendError", "NotEnoughReplicasError", "NotLeaderError",
     "OffsetAndMetadata", "OffsetAndTimestamp", "OffsetOutOfRangeError",
     "PartitionInfo", "PartitionReassignment", "PreparedTransaction", "Producer", "RecordHandle",
-    "RecordMetadata", "RequestTimedOutError",
+    "RecordMetadata", "RequestTimedOutError", "SslAuthenticationError",
     "TopicAlreadyExistsError", "TopicDescription", "TopicMetadata", "TopicPartition",
     "UnknownTopicOrPartitionError", "error_from",
 ]

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
+import urllib.parse
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -28,8 +30,8 @@ import aiohttp
 import msgpack
 
 from api.client.errors import (BrokerNotAvailableError, KraftlogError, RequestTimedOutError,
-                               error_from)
-from protocol import DEFAULT_BOOTSTRAP
+                               SslAuthenticationError, error_from)
+from protocol import DEFAULT_BOOTSTRAP, tls
 
 MSGPACK = "application/msgpack"
 #: Connections one client keeps open in all (aiohttp pools them per broker).
@@ -43,9 +45,41 @@ def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-def bootstrap_urls(bootstrap: str | Iterable[str]) -> list[str]:
+class Security:
+    """How the client connects, in Kafka's names: ``security_protocol``
+    ``PLAINTEXT`` (http) or ``SSL`` (https: TLS, verifying the brokers'
+    certificates against ``ssl_cafile``, or the system's CAs without one,
+    and their host names unless ``ssl_check_hostname`` is False), and the
+    client's own certificate (``ssl_certfile``, ``ssl_keyfile``) for brokers
+    that require one. A bootstrap URL with ``https://`` is TLS whatever the
+    protocol says; ``host:port`` takes the protocol's scheme."""
+
+    def __init__(self, security_protocol: str = tls.PLAINTEXT, ssl_cafile: str | None = None,
+                 ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
+                 ssl_check_hostname: bool = True) -> None:
+        protocol = str(security_protocol).upper()
+        if protocol in tls.SASL_PROTOCOLS:
+            raise ValueError(f"security_protocol {protocol}: SASL authentication is not "
+                             "available yet; use SSL or PLAINTEXT")
+        if protocol not in tls.SECURITY_PROTOCOLS:
+            raise ValueError(f"security_protocol must be PLAINTEXT or SSL, not "
+                             f"{security_protocol!r}")
+        self.security_protocol = protocol
+        self.scheme = tls.scheme(protocol)
+        try:
+            self.ssl_context = tls.client_context(
+                ssl_cafile, ssl_certfile, ssl_keyfile, bool(ssl_check_hostname)) \
+                if protocol == tls.SSL or ssl_cafile or ssl_certfile else None
+        except tls.TlsConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+
+PLAINTEXT_SECURITY = Security()
+
+
+def bootstrap_urls(bootstrap: str | Iterable[str], scheme: str = "http") -> list[str]:
     """Normalise ``bootstrap`` (a URL, ``"a,b"``, or a list) to URLs without
-    a trailing slash; ``host:port`` gets ``http://``."""
+    a trailing slash; ``host:port`` gets ``scheme``."""
     if isinstance(bootstrap, str):
         items = bootstrap.split(",")
     else:
@@ -56,7 +90,7 @@ def bootstrap_urls(bootstrap: str | Iterable[str]) -> list[str]:
         if not url:
             continue
         if "://" not in url:
-            url = "http://" + url
+            url = f"{scheme}://{url}"
         if url not in urls:
             urls.append(url)
     if not urls:
@@ -69,10 +103,12 @@ class Transport:
     the session is opened on first use, inside the running loop."""
 
     def __init__(self, *, request_timeout_ms: int = 30_000,
-                 connections_max: int = CONNECTIONS_MAX) -> None:
+                 connections_max: int = CONNECTIONS_MAX,
+                 security: Security = PLAINTEXT_SECURITY) -> None:
         if request_timeout_ms <= 0:
             raise ValueError(f"request_timeout_ms must be positive, not {request_timeout_ms}")
         self.request_timeout_ms = request_timeout_ms
+        self.security = security
         self.connections_max = connections_max
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
@@ -81,7 +117,8 @@ class Transport:
         if self._closed:
             raise KraftlogError("CLIENT_CLOSED", "the client is closed")
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self.connections_max, limit_per_host=0)
+            connector = aiohttp.TCPConnector(limit=self.connections_max, limit_per_host=0,
+                                             ssl=self.security.ssl_context or True)
             self._session = aiohttp.ClientSession(
                 connector=connector, skip_auto_headers=("User-Agent",),
                 headers={"Accept": MSGPACK})
@@ -117,6 +154,18 @@ class Transport:
         except asyncio.TimeoutError:
             raise RequestTimedOutError(
                 f"{method} {url} got no answer within {timeout_s * 1000:.0f} ms") from None
+        except (aiohttp.ClientSSLError, aiohttp.ClientConnectorCertificateError) as exc:
+            raise SslAuthenticationError(
+                f"{method} {url}: the TLS handshake failed: {exc}. Check that the broker's "
+                "listener is SSL, that ssl_cafile holds the CA that signed its certificate, "
+                "that the certificate has not expired and names this host, and that "
+                "ssl_certfile is set if the broker requires client certificates") from None
+        except aiohttp.ServerDisconnectedError as exc:
+            refusal = await _plain_to_tls(url)  # a misconfiguration: not worth retrying
+            if refusal is not None:
+                raise refusal from None
+            raise BrokerNotAvailableError(
+                f"{method} {url} failed: {type(exc).__name__}: {exc}") from None
         except (aiohttp.ClientError, OSError) as exc:
             raise BrokerNotAvailableError(
                 f"{method} {url} failed: {type(exc).__name__}: {exc}") from None
@@ -137,6 +186,29 @@ class Transport:
 
 
 _UNDECODABLE = object()
+#: How long ``_plain_to_tls`` gives its probe.
+TLS_PROBE_TIMEOUT_S = 2.0
+
+
+async def _plain_to_tls(url: str) -> SslAuthenticationError | None:
+    """After a plain HTTP connection to ``url`` was closed: if the port
+    speaks TLS (a handshake with it completes), the error that says so;
+    None otherwise (a broker going away, say: worth retrying)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http":
+        return None
+    probe = ssl.create_default_context()
+    probe.check_hostname, probe.verify_mode = False, ssl.CERT_NONE
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(parts.hostname, parts.port or 80, ssl=probe),
+            TLS_PROBE_TIMEOUT_S)
+    except (OSError, asyncio.TimeoutError, ssl.SSLError):
+        return None
+    writer.close()
+    return SslAuthenticationError(
+        f"{url} speaks TLS (its listener is SSL) and closed this plain HTTP connection: "
+        "use https:// or security_protocol='SSL' with ssl_cafile")
 
 
 def _decode(raw: bytes, content_type: str) -> Any:
@@ -183,7 +255,7 @@ class ClusterMetadata:
         if metadata_max_age_ms <= 0:
             raise ValueError(f"metadata_max_age_ms must be positive, not {metadata_max_age_ms}")
         self.transport = transport
-        self.bootstrap_urls = bootstrap_urls(bootstrap)
+        self.bootstrap_urls = bootstrap_urls(bootstrap, transport.security.scheme)
         self.metadata_max_age_ms = metadata_max_age_ms
         self.request_timeout_ms = request_timeout_ms
         self.cluster_id: str | None = None

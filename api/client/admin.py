@@ -26,7 +26,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from api.client._sync import LoopThread
-from api.client._transport import DEFAULT_BOOTSTRAP, ClusterMetadata, Transport, monotonic_ms
+from api.client._transport import (DEFAULT_BOOTSTRAP, ClusterMetadata, Security, Transport,
+                                   monotonic_ms)
 from api.client._types import (ConfigEntry, NewTopic, OffsetAndMetadata, PartitionInfo,
                                PartitionReassignment, PreparedTransaction, TopicDescription,
                                TopicPartition, as_topic_partition)
@@ -102,10 +103,16 @@ class AsyncAdmin:
     list; ``request_timeout_ms`` bounds each call, retries included."""
 
     def __init__(self, bootstrap: str | Iterable[str] = DEFAULT_BOOTSTRAP, *,
-                 request_timeout_ms: int = 30_000, retry_backoff_ms: int = 100) -> None:
+                 request_timeout_ms: int = 30_000, retry_backoff_ms: int = 100,
+                 security_protocol: str = "PLAINTEXT", ssl_cafile: str | None = None,
+                 ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
+                 ssl_check_hostname: bool = True) -> None:
         self.request_timeout_ms = request_timeout_ms
         self.retry_backoff_ms = retry_backoff_ms
-        self._transport = Transport(request_timeout_ms=request_timeout_ms)
+        self._transport = Transport(
+            request_timeout_ms=request_timeout_ms,
+            security=Security(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile,
+                              ssl_check_hostname))
         self._metadata = ClusterMetadata(self._transport, bootstrap,
                                          request_timeout_ms=request_timeout_ms)
 

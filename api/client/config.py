@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from api.client._transport import DEFAULT_BOOTSTRAP
+from api.client._transport import DEFAULT_BOOTSTRAP, Security
 from api.client.accumulator import MAX_REQUEST_BYTES_DEFAULT, Partitioner
 from api.client.idempotence import MAX_IN_FLIGHT_IDEMPOTENT
 from storage.batch import Compression
@@ -25,7 +25,12 @@ class ProducerConfig:
                  enable_idempotence: bool | None = None,
                  transactional_id: str | None = None,
                  transaction_timeout_ms: int = 60_000,
-                 transaction_two_phase_commit: bool = False) -> None:
+                 transaction_two_phase_commit: bool = False,
+                 security_protocol: str = "PLAINTEXT", ssl_cafile: str | None = None,
+                 ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
+                 ssl_check_hostname: bool = True) -> None:
+        self.security = Security(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile,
+                                 ssl_check_hostname)
         if acks == "all":
             acks = -1
         if acks not in (0, 1, -1):
@@ -124,7 +129,12 @@ class ConsumerConfig:
                  rebalance_timeout_ms: int = 300_000, enable_auto_commit: bool = True,
                  auto_commit_interval_ms: int = 5000,
                  group_remote_assignor: str | None = None,
-                 isolation_level: str = "read_uncommitted") -> None:
+                 isolation_level: str = "read_uncommitted",
+                 security_protocol: str = "PLAINTEXT", ssl_cafile: str | None = None,
+                 ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
+                 ssl_check_hostname: bool = True) -> None:
+        self.security = Security(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile,
+                                 ssl_check_hostname)
         if isolation_level not in ("read_uncommitted", "read_committed"):
             raise ValueError(f"isolation_level must be 'read_uncommitted' or 'read_committed', "
                              f"not {isolation_level!r}")

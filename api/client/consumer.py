@@ -73,13 +73,16 @@ class AsyncConsumer:
     ``request_timeout_ms`` (per request, and the bound on ``position`` and the
     offset lookups), ``retry_backoff_ms``, ``metadata_max_age_ms``,
     ``check_crcs``, ``include_headers``, ``consumer_timeout_ms`` (iteration
-    ends after this long without records; None: never).
+    ends after this long without records; None: never); TLS:
+    ``security_protocol`` ("PLAINTEXT" or "SSL"), ``ssl_cafile``,
+    ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname``.
     """
 
     def __init__(self, bootstrap: str | Iterable[str] = DEFAULT_BOOTSTRAP, **settings: Any
                  ) -> None:
         self.config = config = ConsumerConfig(bootstrap=bootstrap, **settings)
-        self._transport = Transport(request_timeout_ms=config.request_timeout_ms)
+        self._transport = Transport(request_timeout_ms=config.request_timeout_ms,
+                                    security=config.security)
         self._metadata = ClusterMetadata(
             self._transport, config.bootstrap, metadata_max_age_ms=config.metadata_max_age_ms,
             request_timeout_ms=config.request_timeout_ms)

@@ -120,6 +120,16 @@ class BrokerNotAvailableError(_CodedError):
     CODE = "BROKER_NOT_AVAILABLE"
 
 
+class SslAuthenticationError(_CodedError):
+    """The TLS handshake with a broker failed: an untrusted or expired
+    certificate, a host name it does not name, TLS spoken to a plain
+    listener, or no client certificate where one is required. Not
+    retriable (Kafka's ``SslAuthenticationException``): it fails the same
+    way until the configuration changes."""
+
+    CODE = "SSL_AUTHENTICATION_FAILED"
+
+
 class MessageTooLargeError(_CodedError):
     CODE = "MESSAGE_TOO_LARGE"
 
@@ -171,7 +181,7 @@ ERROR_BY_CODE: dict[str, type[_CodedError]] = {
         OffsetOutOfRangeError, RequestTimedOutError, BrokerNotAvailableError,
         MessageTooLargeError, CorruptRecordError, TopicAlreadyExistsError,
         InvalidTopicError, NotEnoughReplicasError, NotEnoughReplicasAfterAppendError,
-        BufferExhaustedError, ClientClosedError)
+        BufferExhaustedError, ClientClosedError, SslAuthenticationError)
 }
 
 

@@ -90,13 +90,15 @@ class AsyncProducer:
     num_partitions) -> partition``, called under the producer's lock: keep it
     quick), ``enable_idempotence`` (default: on with acks="all"),
     ``transactional_id`` and ``transaction_timeout_ms`` (a transactional
-    producer).
+    producer); TLS: ``security_protocol`` ("PLAINTEXT" or "SSL"),
+    ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname``.
     """
 
     def __init__(self, bootstrap: str | Iterable[str] = DEFAULT_BOOTSTRAP, **settings: Any
                  ) -> None:
         self.config = config = ProducerConfig(bootstrap=bootstrap, **settings)
-        self._transport = Transport(request_timeout_ms=config.request_timeout_ms)
+        self._transport = Transport(request_timeout_ms=config.request_timeout_ms,
+                                    security=config.security)
         self._metadata = ClusterMetadata(
             self._transport, config.bootstrap, metadata_max_age_ms=config.metadata_max_age_ms,
             request_timeout_ms=config.request_timeout_ms)

@@ -29,7 +29,7 @@ from aiohttp import web
 
 from api.broker.groups.coordinator import HeartbeatRequest
 from api.broker.groups.service import GROUP_ID_CHARS_MAX, PEER_TIMEOUT_S, GroupService
-from protocol import wire
+from protocol import tls, wire
 from protocol.errors import CoordinatorNotAvailableError, InvalidRequestError
 from protocol.fields import Fields
 
@@ -155,7 +155,7 @@ class GroupApi:
         groups: list[dict] = []
         errors: list[dict] = []
         peers = self.peers()
-        async with aiohttp.ClientSession() as session:
+        async with tls.session(self.service.peer_ssl) as session:
             answers = await asyncio.gather(*(
                 _get_json(session, f"{url}/v1/groups?local=true")
                 for url in peers.values()), return_exceptions=True)
@@ -181,7 +181,7 @@ class GroupApi:
                 url = (f"{where['coordinator_url']}/v1/groups/"
                        f"{urllib.parse.quote(group_id, safe='')}")
                 try:
-                    async with aiohttp.ClientSession() as session, session.get(
+                    async with tls.session(self.service.peer_ssl) as session, session.get(
                             url, params={"local": "true"},
                             headers={"Accept": "application/json"},
                             timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as answer:

@@ -24,6 +24,7 @@ from api.broker.coordinator_shards import (WRITE_TIMEOUT_MS, Shard,  # noqa: F40
 from api.broker.groups import records as group_records
 from api.broker.groups.coordinator import GroupCoordinatorCore, GroupError
 from api.broker.replication import broker_url
+from protocol import tls
 from protocol.errors import CodedError, NotCoordinatorError
 from storage.batch import BatchBuilder, ControlType, iter_records, parse_control_batch
 from storage.manager import TopicPartition
@@ -182,7 +183,7 @@ class GroupService(ShardedCoordinator):
             if url:
                 by_url.setdefault(url, []).append((topic, partition))
         ends: dict[tuple[str, int], int] = {}
-        async with aiohttp.ClientSession() as session:
+        async with tls.session(self.peer_ssl) as session:
             async def ask(url: str, tps: list[tuple[str, int]]) -> None:
                 body = {"partitions": [{"topic": t, "partition": p, "timestamp": -1}
                                        for t, p in tps]}

@@ -37,7 +37,7 @@ from api.broker.coordinator_shards import Shard, ShardedCoordinator, partition_f
 from api.broker.producers import ProducerIdManager
 from api.broker.replication import broker_url
 from api.broker.transactions import coordinator as txn
-from protocol import TopicPartition, wire
+from protocol import TopicPartition, tls, wire
 from protocol.errors import (CodedError, CoordinatorNotAvailableError, InvalidRequestError,
                              UnknownTopicOrPartitionError)
 from protocol.fields import Fields
@@ -175,7 +175,7 @@ class TransactionService(ShardedCoordinator):
              "producer_id": decided.producer_id, "producer_epoch": decided.producer_epoch,
              "coordinator_epoch": coordinator_epoch, "committed": committed} for tp in tps]}
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = tls.session(self.peer_ssl)
         written: set[TopicPartition] = set()
         try:
             async with self._session.post(
@@ -242,7 +242,7 @@ class TransactionService(ShardedCoordinator):
         if url is None:
             raise CoordinatorNotAvailableError(f"the coordinator of {tid!r} is unknown; retry")
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = tls.session(self.peer_ssl)
         body = {"transactional_id": tid, "producer_id": producer_id,
                 "producer_epoch": producer_epoch,
                 "partitions": [{"topic": tp.topic, "partition": tp.partition}
@@ -349,7 +349,7 @@ class TransactionApi:
         url = where.get("coordinator_url")
         if url is None or where.get("coordinator_id") == self.service.broker_id:
             self.service.shard_for(tid)  # raises: loading, or no coordinator yet
-        async with aiohttp.ClientSession() as session:
+        async with tls.session(self.service.peer_ssl) as session:
             try:
                 async with session.request(
                         method, f"{url}{path}", json=body, headers={"Accept": wire.JSON},
@@ -384,7 +384,7 @@ class TransactionApi:
         if request.query.get("local") in ("1", "true"):
             return wire.respond(request, {"transactions": self.local()})
         out = self.local()
-        async with aiohttp.ClientSession() as session:
+        async with tls.session(self.service.peer_ssl) as session:
             async def ask(url: str) -> list[dict]:
                 try:
                     async with session.get(f"{url}/v1/transactions", params={"local": "true"},
