@@ -191,6 +191,16 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "the read_committed / read_uncommitted ratio: target at least 0.90).")
     bench_transactions.add_arguments(transactions_parser)
     transactions_parser.set_defaults(handler=bench_transactions.run)
+    from bench import security as bench_security
+
+    security_parser = bench_kinds.add_parser(
+        "security", help="produce and consume over TLS (client certificates) vs plaintext",
+        description="Start two fresh single nodes, one plain and one with TLS on both "
+                    "listeners and client certificates required, and alternate rounds: "
+                    "produce --records into a fresh topic, read them back. Print median "
+                    "records/s and TLS / plaintext for each (goal: at least 0.7).")
+    bench_security.add_arguments(security_parser)
+    security_parser.set_defaults(handler=bench_security.run)
     from bench import compaction as bench_compaction
 
     compaction_parser = bench_kinds.add_parser(

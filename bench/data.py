@@ -175,15 +175,25 @@ class _target:
 
 
 def _create_topic(bootstrap: list[str], topic: str, partitions: int,
-                  replication_factor: int = 1, min_insync_replicas: int = 1) -> None:
+                  replication_factor: int = 1, min_insync_replicas: int = 1,
+                  security: dict | None = None) -> None:
     """Create the benchmark topic and wait (bounded) until every partition
-    has a leader and all its replicas in sync, so no run times the start."""
+    has a leader and all its replicas in sync, so no run times the start.
+    ``security``: the client's TLS settings, for a TLS cluster."""
     from api.client import Admin, NewTopic
 
-    with Admin(bootstrap=bootstrap) as admin:
+    with Admin(bootstrap=bootstrap, **(security or {})) as admin:
         admin.create_topics([NewTopic(
             topic, num_partitions=partitions, replication_factor=replication_factor,
             configs={"min.insync.replicas": str(min_insync_replicas)})])
+        if security:  # the in-sync check below speaks plain HTTP: ask the client
+            deadline = time.monotonic() + 60
+            while any(p.leader < 0 for p in admin.describe_topics([topic])[topic]
+                      .partitions):
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{topic}: no leader for every partition in 60 s")
+                time.sleep(0.1)
+            return
     _wait_for_replicas_in_sync(bootstrap, topic, partitions)
 
 

@@ -50,7 +50,8 @@ class ClusterOffsets:
             self._consumer = Consumer(self.options.bootstrap, auto_offset_reset="none",
                                       enable_auto_commit=False,
                                       isolation_level=self.options.isolation_level,
-                                      request_timeout_ms=REQUEST_TIMEOUT_MS)
+                                      request_timeout_ms=REQUEST_TIMEOUT_MS,
+                                      **self.options.security)
         return self._consumer
 
     def close(self) -> None:

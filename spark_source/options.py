@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 #: The name to use in ``format(...)``.
@@ -134,6 +134,8 @@ class SourceOptions:
     #: ... or until this long after the last trigger that was not held back.
     #: Only meaningful with ``min_offsets_per_trigger``.
     max_trigger_delay_ms: int = MAX_TRIGGER_DELAY_MS_DEFAULT
+    #: The client's TLS settings (security_options), as keyword arguments.
+    security: dict = field(default_factory=dict)
 
 
 # Lower-case, as Spark hands them over; the spelling users write is kept for
@@ -145,7 +147,10 @@ _SPELLING = {name.lower(): name for name in (
     "startingOffsetsByTimestampStrategy", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
     "maxTriggerDelay", "failOnDataLoss",
     "includeHeaders", "minPartitions", "maxRecordsPerPartition", "kafkaConsumer.pollTimeoutMs",
-    "fetchOffset.numRetries", "fetchOffset.retryIntervalMs", "kafka.isolation.level")}
+    "fetchOffset.numRetries", "fetchOffset.retryIntervalMs", "kafka.isolation.level",
+    "kafka.security.protocol", "kafka.ssl.truststore.location", "kafka.ssl.truststore.type",
+    "kafka.ssl.keystore.location", "kafka.ssl.keystore.type",
+    "kafka.ssl.endpoint.identification.algorithm")}
 _BATCH_ONLY = ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp")
 # Spark Kafka options this source refuses, with the reason.
 _NOT_SUPPORTED = {
@@ -200,7 +205,46 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
         or POLL_TIMEOUT_MS_DEFAULT,
         fetch_offset_retries=_int(opts, "fetchoffset.numretries", 3, low=0),
         fetch_offset_retry_interval_ms=_int(opts, "fetchoffset.retryintervalms", 1000, low=0),
-        isolation_level=_isolation_level(opts))
+        isolation_level=_isolation_level(opts), security=security_options(opts))
+
+
+#: The TLS options, which the sink takes too (lower-case).
+SECURITY_OPTIONS = frozenset(k for k in _SPELLING if k.startswith("kafka.s"))
+
+
+def security_options(opts: Mapping[str, str]) -> dict:
+    """Kafka's client TLS properties, as Spark's Kafka source takes them,
+    with PEM files (``ssl.truststore.type`` / ``ssl.keystore.type`` PEM,
+    Kafka's own way to give PEM): ``kafka.security.protocol`` PLAINTEXT or
+    SSL, ``kafka.ssl.truststore.location`` (CA certificates),
+    ``kafka.ssl.keystore.location`` (the client's certificate and key in one
+    PEM file), ``kafka.ssl.endpoint.identification.algorithm`` ("" skips
+    the host name check). The client's keyword arguments."""
+    protocol = opts.get("kafka.security.protocol", "PLAINTEXT").strip().upper()
+    if protocol not in ("PLAINTEXT", "SSL"):
+        raise InvalidOptionError(
+            f"kafka.security.protocol must be PLAINTEXT or SSL, not {protocol!r}"
+            + (" (SASL authentication is not available yet)" if "SASL" in protocol else ""))
+    for store in ("truststore", "keystore"):
+        kind = opts.get(f"kafka.ssl.{store}.type", "PEM").strip().upper()
+        if kind != "PEM":
+            raise InvalidOptionError(
+                f"kafka.ssl.{store}.type must be PEM, not {kind}: kraftlog reads PEM files "
+                f"(convert a JKS or PKCS12 store with keytool and openssl)")
+    settings: dict = {}
+    if protocol == "SSL":
+        settings["security_protocol"] = "SSL"
+    if "kafka.ssl.truststore.location" in opts:
+        settings["ssl_cafile"] = opts["kafka.ssl.truststore.location"]
+    if "kafka.ssl.keystore.location" in opts:
+        settings["ssl_certfile"] = opts["kafka.ssl.keystore.location"]
+    algorithm = opts.get("kafka.ssl.endpoint.identification.algorithm")
+    if algorithm is not None:
+        if algorithm.strip().lower() not in ("", "https"):
+            raise InvalidOptionError(
+                "kafka.ssl.endpoint.identification.algorithm must be https or empty")
+        settings["ssl_check_hostname"] = algorithm.strip().lower() == "https"
+    return settings
 
 
 def _isolation_level(opts: Mapping[str, str]) -> str:
@@ -241,8 +285,9 @@ def _refuse_unknown(opts: Mapping[str, str], streaming: bool) -> None:
 
 
 def _bootstrap(opts: Mapping[str, str]) -> str:
-    values = {_normal_urls(opts[k]) for k in ("kraftlog.bootstrap.servers",
-                                              "kafka.bootstrap.servers") if k in opts}
+    ssl = opts.get("kafka.security.protocol", "").strip().upper() == "SSL"
+    values = {_normal_urls(opts[k], "https" if ssl else "http")
+              for k in ("kraftlog.bootstrap.servers", "kafka.bootstrap.servers") if k in opts}
     values.discard("")
     if not values:
         raise InvalidOptionError(
@@ -255,14 +300,15 @@ def _bootstrap(opts: Mapping[str, str]) -> str:
     return values.pop()
 
 
-def _normal_urls(value: str) -> str:
+def _normal_urls(value: str, scheme: str = "http") -> str:
     """"h:9092, http://g:9092/" -> "http://h:9092,http://g:9092" (what the
-    client makes of it), so two spellings of one list agree."""
+    client makes of it; https with kafka.security.protocol SSL), so two
+    spellings of one list agree."""
     urls = []
     for item in value.split(","):
         url = item.strip().rstrip("/")
         if url:
-            urls.append(url if "://" in url else "http://" + url)
+            urls.append(url if "://" in url else f"{scheme}://{url}")
     return ",".join(urls)
 
 

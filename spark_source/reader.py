@@ -104,7 +104,7 @@ def read_range(options: SourceOptions, rng: OffsetRange, topic_id: str | None = 
                             enable_auto_commit=False, include_headers=options.include_headers,
                             max_poll_records=BATCH_ROWS, max_partition_fetch_bytes=fetch_bytes,
                             max_buffered_bytes=4 * fetch_bytes, fetch_max_wait_ms=100,
-                            request_timeout_ms=REQUEST_TIMEOUT_MS)
+                            request_timeout_ms=REQUEST_TIMEOUT_MS, **options.security)
         if not _same_topic(consumer, options, tp, topic_id, rng):
             return
         consumer.assign([tp])

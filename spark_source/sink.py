@@ -82,7 +82,7 @@ def _run(coro: Any) -> Any:
 async def _with_admin(options: SinkOptions, fn: Any) -> Any:
     from api.client.admin import AsyncAdmin
 
-    admin = AsyncAdmin(options.bootstrap)
+    admin = AsyncAdmin(options.bootstrap, **options.security)
     try:
         return await fn(admin)
     finally:
@@ -220,7 +220,7 @@ def write_task(options: SinkOptions, batches: Iterator, task: int, prefix: str |
                             STREAM_TXN_TIMEOUT_MS if two_phase else BATCH_TXN_TIMEOUT_MS)
     errors: list = []
     try:
-        producer = Producer(options.bootstrap, **settings)
+        producer = Producer(options.bootstrap, **settings, **options.security)
     except ValueError as exc:  # a kafka.* setting the producer refuses
         raise SinkWriteError(f"the kraftlog sink's producer settings are invalid: {exc}") \
             from None

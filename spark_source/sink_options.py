@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_source.options import InvalidOptionError, _bool, _bootstrap
+from spark_source.options import (SECURITY_OPTIONS, InvalidOptionError, _bool, _bootstrap,
+                                   security_options)
 
 #: ``kafka.<property>`` -> (ProducerConfig argument, type). Kafka spells them
 #: dotted; the kraftlog producer takes them snake_cased.
@@ -78,6 +79,8 @@ class SinkOptions:
     transactional_id_prefix: str | None
     #: Keyword arguments for the kraftlog ``Producer``.
     producer: dict[str, Any] = field(default_factory=dict)
+    #: The client's TLS settings (the source's security options).
+    security: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
@@ -88,7 +91,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     for key, value in opts.items():
         if key in _REFUSED:
             raise InvalidOptionError(_REFUSED[key])
-        if key in _SPELLING or key in _IGNORED:
+        if key in _SPELLING or key in _IGNORED or key in SECURITY_OPTIONS:
             continue
         prop = key[len("kafka."):] if key.startswith("kafka.") else None
         if prop in PRODUCER_PROPERTIES:
@@ -131,7 +134,8 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         if not exactly_once:
             raise InvalidOptionError("transactionalIdPrefix only applies with exactlyOnce=true")
     return SinkOptions(bootstrap=bootstrap, topic=topic, exactly_once=exactly_once,
-                       transactional_id_prefix=prefix, producer=producer)
+                       transactional_id_prefix=prefix, producer=producer,
+                       security=security_options(opts))
 
 
 def _typed(key: str, value: str, kind: type) -> Any:

@@ -563,9 +563,9 @@ def test_unknown_options_are_named():
 
 
 def test_kafka_client_properties_get_a_hint():
-    message = refused(opts(**{"kafka.security.protocol": "SSL"}),
-                      "kafka.security.protocol", "not a Kafka client")
-    assert "Kafka client properties (kafka.security.protocol)" in message
+    message = refused(opts(**{"kafka.sasl.mechanism": "PLAIN"}),
+                      "kafka.sasl.mechanism", "not a Kafka client")
+    assert "Kafka client properties (kafka.sasl.mechanism)" in message
 
 
 def test_unknown_options_are_refused_in_streaming_too():
@@ -732,3 +732,39 @@ def test_describe():
     assert json.loads(described.removeprefix("assign=")) == {"a": [1, 0], "b": [0]}
     parsed = batch(assign({"b": [0], "a": [1, 0]})).subscription.describe()
     assert parsed == 'assign={"a": [0, 1], "b": [0]}'
+
+
+# -- TLS ----------------------------------------------------------------------
+
+def test_kafkas_tls_properties_become_the_clients_settings():
+    parsed = batch(opts(**{"kraftlog.bootstrap.servers": "h:9092,g:9093",
+                           "kafka.security.protocol": "ssl",
+                           "kafka.ssl.truststore.type": "PEM",
+                           "kafka.ssl.truststore.location": "/certs/ca.pem",
+                           "kafka.ssl.keystore.location": "/certs/client.pem",
+                           "kafka.ssl.endpoint.identification.algorithm": ""}))
+    assert parsed.bootstrap == "https://h:9092,https://g:9093"
+    assert parsed.security == {"security_protocol": "SSL", "ssl_cafile": "/certs/ca.pem",
+                               "ssl_certfile": "/certs/client.pem",
+                               "ssl_check_hostname": False}
+    assert batch(opts()).security == {}
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    ({"kafka.security.protocol": "SASL_SSL"}, "SASL authentication is not available yet"),
+    ({"kafka.security.protocol": "TLS"}, "PLAINTEXT or SSL"),
+    ({"kafka.ssl.truststore.type": "JKS"}, "must be PEM, not JKS"),
+    ({"kafka.ssl.keystore.type": "PKCS12"}, "must be PEM, not PKCS12"),
+    ({"kafka.ssl.endpoint.identification.algorithm": "dns"}, "https or empty"),
+])
+def test_tls_properties_it_cannot_use_are_refused(extra, fragment):
+    refused(opts(**extra), fragment)
+
+
+def test_the_sink_takes_the_same_tls_properties():
+    from spark_source.sink_options import parse_sink_options
+    parsed = parse_sink_options({"kafka.bootstrap.servers": "h:9092", "topic": "t",
+                                 "kafka.security.protocol": "SSL",
+                                 "kafka.ssl.truststore.location": "/certs/ca.pem"})
+    assert parsed.bootstrap == "https://h:9092"
+    assert parsed.security == {"security_protocol": "SSL", "ssl_cafile": "/certs/ca.pem"}
