@@ -63,7 +63,11 @@ class Node:
         tls = self.config.tls
         while True:
             await asyncio.sleep(tls.reload_interval_ms / 1000)
-            await asyncio.get_running_loop().run_in_executor(None, tls.reloader.check)
+            # On the loop's thread, as every handshake with the context is:
+            # OpenSSL does not promise a context changed under a handshake
+            # on another thread is safe. A few stat() calls, a load when
+            # something changed.
+            tls.reloader.check()
 
     async def stop(self, controlled: bool = True) -> None:
         if self._reload_task is not None:

@@ -137,6 +137,7 @@ class CertificateReloader:
         if stamps == self._seen:
             return False
         try:
+            check_not_expired(self.certfile, "the new ssl.certfile")
             _load_chain(self.context, self.certfile, self.keyfile)
             if self.cafile and self.context.verify_mode != ssl.CERT_NONE:
                 _load_cas(self.context, self.cafile)
