@@ -85,6 +85,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     from api import transactions_cli
 
     transactions_cli.add_commands(commands, ExamplesFormatter)
+    from api import quotas_cli
+
+    quotas_cli.add_commands(commands, ExamplesFormatter)
     if command == "bench":
         _add_bench_commands(commands)
     else:
@@ -307,6 +310,7 @@ def _add_cluster_commands(commands: argparse._SubParsersAction) -> None:
                "  kraftlog cluster up --dir /tmp/kl1 --combined 1\n"
                "  kraftlog cluster up --dir /tmp/kl5 --controllers 3 --brokers 5 \\\n"
                "      --set num.partitions=6 --set log.retention.ms=3600000\n"
+               "  kraftlog cluster up --dir /tmp/kls --combined 1 --secure\n"
                "  export KRAFTLOG_BOOTSTRAP=<the broker URL it prints>")
     up.add_argument("--dir", required=True, metavar="DIR", help=dir_help)
     up.add_argument("--controllers", type=int, metavar="N",
@@ -323,6 +327,13 @@ def _add_cluster_commands(commands: argparse._SubParsersAction) -> None:
     up.add_argument("--timeout-s", type=float, default=60.0, metavar="S",
                     help="give up waiting for the cluster after S seconds (default "
                          "%(default)g); the nodes keep running")
+    up.add_argument("--secure", action="store_true",
+                    help="a new cluster with TLS on every listener and client certificates "
+                         "required: makes a CA, node and client certificates in DIR/certs "
+                         "(kept across restarts) and prints the KRAFTLOG_SECURITY_PROTOCOL / "
+                         "KRAFTLOG_SSL_* variables the CLI needs. A cluster made with it "
+                         "stays TLS on later `up`s without it; a cluster made without it "
+                         "cannot be switched (use a new --dir)")
     up.set_defaults(handler=_cluster)
 
     down = actions.add_parser(
@@ -366,7 +377,8 @@ def _cluster(args: argparse.Namespace) -> int:
         if args.cluster_command == "up":
             return local_cluster.cluster_up(
                 args.dir, controllers=args.controllers, brokers=args.brokers,
-                combined=args.combined, set_items=args.overrides, timeout_s=args.timeout_s)
+                combined=args.combined, set_items=args.overrides, timeout_s=args.timeout_s,
+                secure=args.secure)
         if args.cluster_command == "down":
             return local_cluster.cluster_down(args.dir, timeout_s=args.timeout_s,
                                               purge=args.purge)

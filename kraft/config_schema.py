@@ -236,6 +236,10 @@ SCHEMA: tuple[Key, ...] = (
        64),
     _k("replica.high.watermark.checkpoint.interval.ms", "int", 5000,
        "How often high watermarks are checkpointed.", _BROKER, 1, INT32_MAX),
+    _k("quota.window.num", "int", 11,
+       "Samples a client quota's rate is measured over (kraftlog quotas).", _BROKER, 2, 1000),
+    _k("quota.window.size.seconds", "int", 1,
+       "Length of one sample of a client quota's rate.", _BROKER, 1, 3600),
     # -- consumer groups ------------------------------------------------------------------------
     _k("offsets.topic.num.partitions", "int", 10, "Partitions of __consumer_offsets.",
        _GROUPS, 1, 1000),

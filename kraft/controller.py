@@ -74,6 +74,7 @@ from kraft.topic_config import (MIN_INSYNC_REPLICAS, TOPIC_CONFIGS,
                                 UNCLEAN_LEADER_ELECTION_ENABLE, builtin_defaults,
                                 defaults_from_broker_config, normalise_topic_config, printable,
                                 unclean_election_enabled, validate_topic_configs)
+from protocol import quotas
 from protocol.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistrationError,
                              FencedLeaderEpochError, IneligibleReplicaError, InvalidConfigError,
                              InvalidPartitionsError, InvalidReplicationFactorError,
@@ -721,6 +722,49 @@ class Controller:
         if (not validate_only and not was_unclean
                 and _unclean_allowed(draft.image, spec.name, self.settings)):
             _elect_offline_partitions(draft, self.settings, topics=[spec.name])
+
+    # -- client quotas ------------------------------------------------------
+    def describe_client_quotas(self, image: MetadataImage, request: Any) -> dict:
+        """DescribeClientQuotas: every entity with a quota (read only)."""
+        Fields(request, "")
+        return {"entries": [{"entity": quotas.parse_entity_name(name), "quotas": {
+            key: float(value) for key, value in sorted(values.items())}}
+            for name, values in sorted(image.client_quotas().items())]}
+
+    def alter_client_quotas(self, image: MetadataImage, request: Any) -> ControllerResult:
+        """AlterClientQuotas: per entry, an entity and ops ``{"key", "value"}``
+        (value None removes the quota). One ConfigRecord per change; an entry
+        with a bad entity, key or value fails alone, with nothing written."""
+        body = Fields(request, "")
+        validate_only = body.boolean("validate_only", default=False)
+        draft = _Draft(image)
+        results = []
+        for i, item in enumerate(body.sequence("entries", TOPICS_PER_REQUEST_MAX)):
+            entry = Fields(item, f"entries[{i}]")
+            error = None
+            entity = entry.values.get("entity")
+            try:
+                try:
+                    name = quotas.entity_name(quotas.check_entity(entity))
+                    ops = []
+                    for j, op in enumerate(entry.sequence("ops", CONFIGS_PER_RESOURCE_MAX)):
+                        op_fields = Fields(op, f"entries[{i}].ops[{j}]")
+                        key = op_fields.string("key", NAME_CHARS_MAX)
+                        value = op_fields.values.get("value")
+                        ops.append((key, None if value is None
+                                    else repr(quotas.check_quota_value(key, value))))
+                except ValueError as exc:
+                    raise InvalidRequestError(str(exc)) from None
+                if len({key for key, _ in ops}) != len(ops):
+                    raise InvalidRequestError(f"entries[{i}] sets a quota more than once")
+                current = draft.image.configs.get((quotas.CLIENT_QUOTA_RESOURCE, name), {})
+                for key, value in ops:
+                    if current.get(key) != value:
+                        draft.add(ConfigRecord(quotas.CLIENT_QUOTA_RESOURCE, name, key, value))
+            except KraftError as exc:
+                error = _error(exc)
+            results.append({"entity": entity, "error": error})
+        return ControllerResult([] if validate_only else draft.records, {"entries": results})
 
     # -- partitions ---------------------------------------------------------
     def alter_partition(self, image: MetadataImage, request: Any) -> ControllerResult:

@@ -32,10 +32,13 @@ from kraft.records import (LEADER_RECOVERED, LEADER_RECOVERY_STATES, NO_LEADER,
                            NoOpRecord, PartitionChangeRecord, PartitionRecord, ProducerIdsRecord,
                            Record, RegisterBrokerRecord, RemoveTopicRecord, TopicRecord,
                            UnfenceBrokerRecord, UnregisterBrokerRecord)
+from protocol import quotas
 from protocol.errors import MetadataApplyError
 
 TOPIC_RESOURCE = "topic"
 BROKER_RESOURCE = "broker"
+# Client quotas: name = the entity as canonical JSON (protocol/quotas.py).
+CLIENT_QUOTA_RESOURCE = quotas.CLIENT_QUOTA_RESOURCE
 
 
 @dataclasses.dataclass
@@ -231,7 +234,7 @@ class MetadataImage:
         if r.resource_type == TOPIC_RESOURCE:
             if r.resource_name not in self.topics:
                 raise MetadataApplyError(f"config for unknown topic {r.resource_name!r}")
-        elif r.resource_type != BROKER_RESOURCE:
+        elif r.resource_type not in (BROKER_RESOURCE, CLIENT_QUOTA_RESOURCE):
             raise MetadataApplyError(f"unknown config resource type {r.resource_type!r}")
         key = (r.resource_type, r.resource_name)
         if r.value is None:
@@ -284,6 +287,11 @@ class MetadataImage:
         return copy
 
     # -- queries -----------------------------------------------------------
+    def client_quotas(self) -> dict[str, dict[str, str]]:
+        """Entity name (protocol/quotas.py) -> its quotas."""
+        return {name: dict(values) for (kind, name), values in self.configs.items()
+                if kind == CLIENT_QUOTA_RESOURCE}
+
     def topic_configs(self, name: str) -> dict[str, str]:
         return dict(self.configs.get((TOPIC_RESOURCE, name), {}))
 

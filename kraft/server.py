@@ -33,6 +33,8 @@ Endpoints (controller listener; msgpack or JSON bodies, see protocol/wire.py):
   POST /v1/controller/partitions/create    add partitions
   POST /v1/controller/configs/describe     describe topic configs
   POST /v1/controller/configs/alter        incremental alter topic configs
+  POST /v1/controller/quotas/alter         set or remove client quotas
+  POST /v1/controller/quotas/describe      every client quota
   POST /v1/controller/partitions/alter     AlterPartition (ISR, leader recovery) from leaders
   POST /v1/controller/leaders/elect        preferred leader election
   POST /v1/controller/partitions/reassign  start or cancel partition reassignments
@@ -193,6 +195,8 @@ class ControllerServer:
             "topics/delete": self._writer(lambda c: c.delete_topics),
             "partitions/create": self._writer(lambda c: c.create_partitions),
             "configs/alter": self._writer(lambda c: c.alter_configs),
+            "quotas/alter": self._writer(lambda c: c.alter_client_quotas),
+            "quotas/describe": self._reader(lambda c: c.describe_client_quotas),
             "partitions/alter": self._writer(lambda c: c.alter_partition),
             "leaders/elect": self._writer(lambda c: c.elect_leaders),
             "partitions/reassign": self._writer(lambda c: c.alter_partition_reassignments),

@@ -15,6 +15,7 @@ decisions (``api/broker/replication.py``), not this module's.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
@@ -22,10 +23,12 @@ from aiohttp import web
 
 from api.broker.metrics import BrokerMetrics
 from api.broker.partition import Partition
+from api.broker.quotas import QuotaManager, client_id_of, principal_of
 from api.broker.replica_manager import ReplicaManager
 from api.broker.replication import (READ_COMMITTED, READ_UNCOMMITTED, FetchRequest, FetchSpec,
                                     MarkerItem, ProduceItem, broker_url)
 from protocol import wire
+from protocol.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from protocol.errors import CodedError, InvalidRequestError, InvalidRequiredAcksError, KraftError
 from protocol.fields import Fields
 from storage.batch import iter_batches, iter_records
@@ -123,6 +126,23 @@ class DataApi:
         #: Told of every marker this broker appended and committed (the group
         #: coordinator materialises transactional offsets on COMMIT).
         self.marker_listeners: list[Callable[[MarkerItem], None]] = []
+        #: Client quotas (api/broker/quotas.py); None: none enforced.
+        self.quotas: QuotaManager | None = None
+
+    async def wait_turn(self, request: web.Request) -> None:
+        """Hold a produce or fetch until its client's last throttle is over."""
+        if self.quotas is not None:
+            wait_s = self.quotas.hold_for(principal_of(request), client_id_of(request))
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
+
+    def throttle(self, request: web.Request, key: str, amount: float) -> int:
+        """Count ``amount`` against the client's quota ``key``: the
+        milliseconds its next request will wait (the data is already
+        appended or read: nothing is dropped)."""
+        if self.quotas is None or amount <= 0:
+            return 0
+        return self.quotas.record(key, principal_of(request), client_id_of(request), amount)
         #: KIP-890: ``verify_txn(transactional_id, producer_id, epoch, tps)``
         #: asks the transaction coordinator whether the partitions are in the
         #: producer's open transaction (raises if not). Set by the server.
@@ -142,6 +162,7 @@ class DataApi:
 
     # -- produce ---------------------------------------------------------------
     async def handle_produce(self, request: web.Request) -> web.Response:
+        await self.wait_turn(request)
         body = Fields(await wire.read_body(request), "")
         acks = body.values.get("acks", 1)
         if acks == "all":
@@ -169,7 +190,10 @@ class DataApi:
         for topic, info in appended:
             self.metrics.bytes_in.inc(info.size_bytes, topic)
             self.metrics.messages_in.inc(info.record_count, topic)
-        return wire.respond(request, {"partitions": self._render("produce", results)})
+        throttle_ms = self.throttle(request, PRODUCER_BYTE_RATE,
+                                    sum(len(item.records) for item in items))
+        return wire.respond(request, {"partitions": self._render("produce", results),
+                                      "throttle_time_ms": throttle_ms})
 
     async def _verify_transaction(self, body: Fields, items: list[ProduceItem]
                                   ) -> dict[TopicPartition, Exception]:
@@ -248,15 +272,21 @@ class DataApi:
                 "/topics/{topic}/partitions/{p}/records)")
         fetch = decode_fetch(await wire.read_body(request))
         replica_id = fetch.replica_id
+        if replica_id < 0:
+            await self.wait_turn(request)
         results = self._render("fetch", await self.replicas.fetch(fetch))
+        fetched = 0
         for result in results if replica_id < 0 else ():
             records = result["records"]
             if records:
+                fetched += len(records)
                 self.metrics.bytes_out.inc(len(records), result["topic"])
                 self.metrics.messages_out.inc(
                     sum(header.record_count for header, _ in iter_batches(records)),
                     result["topic"])
-        return wire.respond(request, {"partitions": results})
+        # Followers replicate unthrottled: client quotas are for clients.
+        throttle_ms = self.throttle(request, CONSUMER_BYTE_RATE, fetched)
+        return wire.respond(request, {"partitions": results, "throttle_time_ms": throttle_ms})
 
     # -- list offsets ------------------------------------------------------------
     async def handle_list_offsets(self, request: web.Request) -> web.Response:

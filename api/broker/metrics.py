@@ -173,6 +173,14 @@ class BrokerMetrics:
             counter = r.add(Gauge(f"kraftlog_cleaner_{key}_total", help_text, one(key)))
             counter.kind = "counter"
 
+    def add_quota_gauges(self, throttled: Callable[[], dict[tuple, float]]) -> None:
+        """Client quotas: how long answers were held back, per quota and client id."""
+        self.registry.add(Gauge(
+            "kraftlog_client_quota_throttle_ms_total",
+            "Milliseconds answers were held back for clients over their quota "
+            "(producer_byte_rate or consumer_byte_rate), per client id.",
+            throttled, ("quota", "client_id")))
+
     def add_group_gauges(self, members: Callable[[], dict[tuple, float]],
                          lags: Callable[[], dict[tuple, float]]) -> None:
         """Consumer groups coordinated by this broker (refreshed every few

@@ -33,7 +33,11 @@ from protocol.errors import (RETRIABLE_CODES, InvalidRequestError, KraftError,
                              LeaderNotAvailableError, UnknownTopicOrPartitionError)
 from protocol.fields import Fields
 from protocol.partitioner import partition_for_key
+from protocol.quotas import CLIENT_ID_HEADER
 from storage.batch import BatchBuilder, iter_batches, iter_records, without_aborted
+
+#: The client id the proxy's calls to partition leaders carry (client quotas).
+REST_PROXY_CLIENT_ID = "rest-proxy"
 
 
 class BrokerHost(Protocol):
@@ -174,7 +178,10 @@ class RestProxy:
         try:
             async with self.server.session.post(
                     url + path, data=msgpack.packb(body, use_bin_type=True),
-                    headers={"Content-Type": wire.MSGPACK, "Accept": wire.MSGPACK},
+                    headers={"Content-Type": wire.MSGPACK, "Accept": wire.MSGPACK,
+                             # The proxy is the leader's client, as Kafka's REST
+                             # proxy is: its client quota applies.
+                             CLIENT_ID_HEADER: REST_PROXY_CLIENT_ID},
                     timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)) as response:
                 answer = msgpack.unpackb(await response.read(), raw=False)
         except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:

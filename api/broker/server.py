@@ -34,6 +34,7 @@ from api.broker.isr import AlterPartitionSender
 from api.broker.lifecycle import BrokerLifecycle
 from api.broker.metrics import BrokerMetrics
 from api.broker.producers import ProducerApi, ProducerIdManager
+from api.broker.quotas import QuotaManager
 from api.broker.replica_manager import ReplicaManager
 from api.broker.replication import ReplicationSettings, broker_url
 from api.broker.rest_proxy import RestProxy
@@ -69,6 +70,8 @@ ADMIN_ROUTES = {
     "/v1/admin/leaders/elect": "/v1/controller/leaders/elect",
     "/v1/admin/partitions/reassign": "/v1/controller/partitions/reassign",
     "/v1/admin/partitions/reassignments": "/v1/controller/partitions/reassignments",
+    "/v1/admin/quotas/alter": "/v1/controller/quotas/alter",
+    "/v1/admin/quotas/describe": "/v1/controller/quotas/describe",
 }
 
 
@@ -118,6 +121,12 @@ class BrokerServer:
             logger.warning("UNSAFE: unsafe.ack.before.replication is on: acks=all writes are "
                            "acknowledged before they are replicated and CAN BE LOST. This "
                            "setting exists only to prove the chaos checker catches it.")
+        self.quotas = QuotaManager(
+            lambda: self.lifecycle.image.client_quotas(), lambda: self.lifecycle.image.offset,
+            config.settings["quota.window.num"], config.settings["quota.window.size.seconds"],
+            time.monotonic)
+        self.data.quotas = self.quotas
+        self.metrics.add_quota_gauges(lambda: dict(self.quotas.throttled.ms_total))
         self.rest = RestProxy(self)
         self.groups = GroupService(
             config.node_id, self.replicas, self.data,

@@ -19,6 +19,7 @@ once it is older than ``metadata_max_age_ms``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import ssl
 import time
@@ -32,6 +33,7 @@ import msgpack
 from api.client.errors import (BrokerNotAvailableError, KraftlogError, RequestTimedOutError,
                                SslAuthenticationError, error_from)
 from protocol import DEFAULT_BOOTSTRAP, tls
+from protocol.quotas import CLIENT_ID_CHARS_MAX, CLIENT_ID_HEADER
 
 MSGPACK = "application/msgpack"
 #: Connections one client keeps open in all (aiohttp pools them per broker).
@@ -75,6 +77,12 @@ class Security:
 
 
 PLAINTEXT_SECURITY = Security()
+_client_numbers = itertools.count(1)
+
+
+def default_client_id(kind: str) -> str:
+    """Kafka's default client.id: ``producer-1``, ``consumer-2``, ..."""
+    return f"{kind}-{next(_client_numbers)}"
 
 
 def bootstrap_urls(bootstrap: str | Iterable[str], scheme: str = "http") -> list[str]:
@@ -104,11 +112,17 @@ class Transport:
 
     def __init__(self, *, request_timeout_ms: int = 30_000,
                  connections_max: int = CONNECTIONS_MAX,
-                 security: Security = PLAINTEXT_SECURITY) -> None:
+                 security: Security = PLAINTEXT_SECURITY, client_id: str = "") -> None:
         if request_timeout_ms <= 0:
             raise ValueError(f"request_timeout_ms must be positive, not {request_timeout_ms}")
+        if not isinstance(client_id, str) or len(client_id) > CLIENT_ID_CHARS_MAX \
+                or not client_id.isprintable():
+            raise ValueError(f"client_id must be printable text of at most "
+                             f"{CLIENT_ID_CHARS_MAX} characters, not {client_id!r}")
         self.request_timeout_ms = request_timeout_ms
         self.security = security
+        #: Kafka's client.id: sent with every request (quotas apply per client id).
+        self.client_id = client_id
         self.connections_max = connections_max
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
@@ -119,9 +133,11 @@ class Transport:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=self.connections_max, limit_per_host=0,
                                              ssl=self.security.ssl_context or True)
+            headers = {"Accept": MSGPACK}
+            if self.client_id:
+                headers[CLIENT_ID_HEADER] = self.client_id
             self._session = aiohttp.ClientSession(
-                connector=connector, skip_auto_headers=("User-Agent",),
-                headers={"Accept": MSGPACK})
+                connector=connector, skip_auto_headers=("User-Agent",), headers=headers)
         return self._session
 
     async def request(self, base_url: str, path: str, body: Any = None, *,

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from api.client._sync import LoopThread
 from api.client._transport import (DEFAULT_BOOTSTRAP, ClusterMetadata, Security, Transport,
-                                   monotonic_ms)
+                                   default_client_id, monotonic_ms)
 from api.client._types import (ConfigEntry, NewTopic, OffsetAndMetadata, PartitionInfo,
                                PartitionReassignment, PreparedTransaction, TopicDescription,
                                TopicPartition, as_topic_partition)
@@ -106,13 +106,14 @@ class AsyncAdmin:
                  request_timeout_ms: int = 30_000, retry_backoff_ms: int = 100,
                  security_protocol: str = "PLAINTEXT", ssl_cafile: str | None = None,
                  ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
-                 ssl_check_hostname: bool = True) -> None:
+                 ssl_check_hostname: bool = True, client_id: str | None = None) -> None:
         self.request_timeout_ms = request_timeout_ms
         self.retry_backoff_ms = retry_backoff_ms
         self._transport = Transport(
             request_timeout_ms=request_timeout_ms,
             security=Security(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile,
-                              ssl_check_hostname))
+                              ssl_check_hostname),
+            client_id=default_client_id("adminclient") if client_id is None else client_id)
         self._metadata = ClusterMetadata(self._transport, bootstrap,
                                          request_timeout_ms=request_timeout_ms)
 
@@ -216,6 +217,28 @@ class AsyncAdmin:
                 raise error
             return _config_entries(entry.get("configs"))
         raise UnknownTopicOrPartitionError(f"no configs answered for topic {topic!r}")
+
+    # -- client quotas ------------------------------------------------------------
+    async def alter_client_quotas(self, entity: Mapping[str, str],
+                                  quotas: Mapping[str, float | None], *,
+                                  validate_only: bool = False) -> None:
+        """Set quotas of ``entity`` (``{"user": ..., "client-id": ...}``,
+        either or both, a value ``"<default>"`` for every one without its
+        own): ``{"producer_byte_rate": 1e6}``; a value of None removes it."""
+        answer = await self._call("/v1/admin/quotas/alter", {
+            "entries": [{"entity": dict(entity), "ops": [
+                {"key": key, "value": value} for key, value in quotas.items()]}],
+            "validate_only": validate_only})
+        for entry in answer.get("entries") or ():
+            error = error_from(entry.get("error"))
+            if error is not None:
+                raise error
+
+    async def describe_client_quotas(self) -> list[tuple[dict[str, str], dict[str, float]]]:
+        """Every entity with a quota, and its quotas."""
+        answer = await self._call("/v1/admin/quotas/describe", {})
+        return [(dict(entry["entity"]), dict(entry["quotas"]))
+                for entry in answer.get("entries") or ()]
 
     async def alter_configs(self, topic: str, changes: Mapping[str, Any], *,
                             validate_only: bool = False) -> None:
@@ -432,6 +455,13 @@ class Admin:
     def delete_topics(self, names: Iterable[str], **kwargs: Any
                       ) -> dict[str, KraftlogError | None]:
         return self._thread.run(self._admin.delete_topics(list(names), **kwargs))
+
+    def alter_client_quotas(self, entity: Mapping[str, str],
+                            quotas: Mapping[str, float | None], **kwargs: Any) -> None:
+        return self._thread.run(self._admin.alter_client_quotas(entity, quotas, **kwargs))
+
+    def describe_client_quotas(self) -> list[tuple[dict[str, str], dict[str, float]]]:
+        return self._thread.run(self._admin.describe_client_quotas())
 
     def describe_topics(self, names: Iterable[str] | None = None
                         ) -> dict[str, TopicDescription]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from api.client._transport import DEFAULT_BOOTSTRAP, Security
+from api.client._transport import DEFAULT_BOOTSTRAP, Security, default_client_id
 from api.client.accumulator import MAX_REQUEST_BYTES_DEFAULT, Partitioner
 from api.client.idempotence import MAX_IN_FLIGHT_IDEMPOTENT
 from storage.batch import Compression
@@ -28,9 +28,10 @@ class ProducerConfig:
                  transaction_two_phase_commit: bool = False,
                  security_protocol: str = "PLAINTEXT", ssl_cafile: str | None = None,
                  ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
-                 ssl_check_hostname: bool = True) -> None:
+                 ssl_check_hostname: bool = True, client_id: str | None = None) -> None:
         self.security = Security(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile,
                                  ssl_check_hostname)
+        self.client_id = default_client_id("producer") if client_id is None else client_id
         if acks == "all":
             acks = -1
         if acks not in (0, 1, -1):
@@ -132,9 +133,10 @@ class ConsumerConfig:
                  isolation_level: str = "read_uncommitted",
                  security_protocol: str = "PLAINTEXT", ssl_cafile: str | None = None,
                  ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
-                 ssl_check_hostname: bool = True) -> None:
+                 ssl_check_hostname: bool = True, client_id: str | None = None) -> None:
         self.security = Security(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile,
                                  ssl_check_hostname)
+        self.client_id = default_client_id("consumer") if client_id is None else client_id
         if isolation_level not in ("read_uncommitted", "read_committed"):
             raise ValueError(f"isolation_level must be 'read_uncommitted' or 'read_committed', "
                              f"not {isolation_level!r}")

@@ -75,14 +75,15 @@ class AsyncConsumer:
     ``check_crcs``, ``include_headers``, ``consumer_timeout_ms`` (iteration
     ends after this long without records; None: never); TLS:
     ``security_protocol`` ("PLAINTEXT" or "SSL"), ``ssl_cafile``,
-    ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname``.
+    ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname``; ``client_id``
+    (Kafka's client.id, sent with every request; default ``consumer-<n>``).
     """
 
     def __init__(self, bootstrap: str | Iterable[str] = DEFAULT_BOOTSTRAP, **settings: Any
                  ) -> None:
         self.config = config = ConsumerConfig(bootstrap=bootstrap, **settings)
         self._transport = Transport(request_timeout_ms=config.request_timeout_ms,
-                                    security=config.security)
+                                    security=config.security, client_id=config.client_id)
         self._metadata = ClusterMetadata(
             self._transport, config.bootstrap, metadata_max_age_ms=config.metadata_max_age_ms,
             request_timeout_ms=config.request_timeout_ms)

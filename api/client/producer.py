@@ -91,14 +91,16 @@ class AsyncProducer:
     quick), ``enable_idempotence`` (default: on with acks="all"),
     ``transactional_id`` and ``transaction_timeout_ms`` (a transactional
     producer); TLS: ``security_protocol`` ("PLAINTEXT" or "SSL"),
-    ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname``.
+    ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname``;
+    ``client_id`` (Kafka's client.id, sent with every request: client quotas
+    apply per client id; default ``producer-<n>``).
     """
 
     def __init__(self, bootstrap: str | Iterable[str] = DEFAULT_BOOTSTRAP, **settings: Any
                  ) -> None:
         self.config = config = ProducerConfig(bootstrap=bootstrap, **settings)
         self._transport = Transport(request_timeout_ms=config.request_timeout_ms,
-                                    security=config.security)
+                                    security=config.security, client_id=config.client_id)
         self._metadata = ClusterMetadata(
             self._transport, config.bootstrap, metadata_max_age_ms=config.metadata_max_age_ms,
             request_timeout_ms=config.request_timeout_ms)

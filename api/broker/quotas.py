@@ -1,0 +1,208 @@
+"""Client quotas: produce and fetch byte rates and request time, per user
+and client id, enforced by throttling (never by dropping data).
+
+Kafka's model. A quota is set on an *entity*: a user (the client's
+principal: ``User:<certificate subject>`` over mutual TLS, else
+``User:ANONYMOUS``), a client id (what the client calls itself, Kafka's
+``client.id``), or both, each possibly ``<default>``. Keys:
+``producer_byte_rate`` and ``consumer_byte_rate`` (bytes per second; Kafka's
+``request_percentage`` is refused as not enforced yet). The quota of a request is the most specific
+entity that has one, in Kafka's order (user+client, user+default client,
+user, default user+client, default user+default client, default user,
+client, default client); each (user, client id) pair is measured on its own.
+
+Rates are measured over ``quota.window.num`` samples of
+``quota.window.size.seconds``. A request that takes its client over its quota
+is served in full (a produce is appended, a fetch returns its records) and
+the client's next produce or fetch waits for the time that brings the rate
+back to the quota, as Kafka computes it: ``(rate - quota) / quota * window``
+(KIP-219: the answer goes at once and says so in ``throttle_time_ms``; then
+the client is held, whether or not it honours the field).
+
+Entities are stored as metadata configs of resource type ``client-quota``
+whose name is the entity as canonical JSON (``entity_name``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from protocol.quotas import (ANONYMOUS, CLIENT_ID_CHARS_MAX, CLIENT_ID_HEADER,
+                             check_quota_value, entity_name, parse_entity_name,
+                             resolution_order)
+
+#: A throttle is never longer than this, whatever the rate.
+THROTTLE_MS_MAX = 60_000
+
+
+class Rate:
+    """A rate over a window of ``samples`` samples of ``sample_s`` seconds
+    (Kafka's SampledStat Rate): the total in the window over the time it
+    spans (at least all but one sample, so one burst is not a huge rate)."""
+
+    def __init__(self, samples: int, sample_s: float) -> None:
+        self.samples, self.sample_s = samples, sample_s
+        self._buckets: list[list[float]] = []  # [start_s, total]
+
+    def record(self, amount: float, now_s: float) -> None:
+        if not self._buckets or now_s - self._buckets[-1][0] >= self.sample_s:
+            self._buckets.append([now_s, 0.0])
+        self._buckets[-1][1] += amount
+        self._purge(now_s)
+
+    def _purge(self, now_s: float) -> None:
+        horizon = now_s - self.samples * self.sample_s
+        while self._buckets and self._buckets[0][0] + self.sample_s <= horizon:
+            self._buckets.pop(0)
+
+    def window_s(self, now_s: float) -> float:
+        span = now_s - self._buckets[0][0] if self._buckets else 0.0
+        return max(span, (self.samples - 1) * self.sample_s)
+
+    def rate(self, now_s: float) -> float:
+        self._purge(now_s)
+        return sum(total for _, total in self._buckets) / self.window_s(now_s)
+
+    @property
+    def idle(self) -> bool:
+        return not self._buckets
+
+
+@dataclasses.dataclass
+class Throttled:
+    """Throttle time handed out, per quota key and client id (for /metrics)."""
+
+    ms_total: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+
+    def add(self, key: str, client_id: str, ms: float) -> None:
+        self.ms_total[(key, client_id)] = self.ms_total.get((key, client_id), 0.0) + ms
+
+
+class QuotaManager:
+    """Measures each (user, client id) and says how long to hold back an
+    answer. ``quotas()`` gives the current entity -> {key: value} table
+    (from the metadata image), ``version()`` when it changed."""
+
+    def __init__(self, quotas: Callable[[], Mapping[str, Mapping[str, str]]],
+                 version: Callable[[], int], samples: int, sample_s: float,
+                 clock_s: Callable[[], float]) -> None:
+        self._quotas, self._version = quotas, version
+        self.samples, self.sample_s, self.clock_s = samples, sample_s, clock_s
+        self._table: dict[str, dict[str, float]] = {}
+        self._table_version: int | None = None
+        self._resolved: dict[tuple[str, str, str], float | None] = {}
+        self._rates: dict[tuple[str, str, str], Rate] = {}
+        #: (user, client id) -> when its next request may be served (clock_s).
+        self._held_until: dict[tuple[str, str], float] = {}
+        self.throttled = Throttled()
+
+    def hold_for(self, user: str, client_id: str) -> float:
+        """Seconds the next request of (user, client id) must wait: what
+        its last throttle left (0: none)."""
+        until = self._held_until.get((user, client_id))
+        if until is None:
+            return 0.0
+        left = until - self.clock_s()
+        if left <= 0:
+            del self._held_until[(user, client_id)]
+            return 0.0
+        return left
+
+    def _refresh(self) -> None:
+        version = self._version()
+        if version == self._table_version:
+            return
+        table: dict[str, dict[str, float]] = {}
+        for name, values in self._quotas().items():
+            entity = entity_name(parse_entity_name(name))
+            for key, value in values.items():
+                try:
+                    table.setdefault(entity, {})[key] = check_quota_value(key, value)
+                except ValueError:
+                    continue  # checked when set; an unknown key of a newer version
+        self._table, self._table_version = table, version
+        self._resolved.clear()
+
+    def quota(self, key: str, user: str, client_id: str) -> float | None:
+        """The quota ``key`` of (user, client id), or None: unlimited."""
+        self._refresh()
+        cached = self._resolved.get((key, user, client_id), False)
+        if cached is not False:
+            return cached
+        found = None
+        if self._table:
+            for entity in resolution_order(user, client_id):
+                value = self._table.get(entity_name(entity), {}).get(key)
+                if value is not None:
+                    found = value
+                    break
+        if len(self._resolved) > 100_000:
+            self._resolved.clear()
+        self._resolved[(key, user, client_id)] = found
+        return found
+
+    def record(self, key: str, user: str, client_id: str, amount: float) -> int:
+        """Count ``amount`` bytes for (user, client id); the milliseconds to
+        hold the answer back (0: within quota)."""
+        limit = self.quota(key, user, client_id)
+        if limit is None:
+            return 0
+        now = self.clock_s()
+        rate = self._rates.get((key, user, client_id))
+        if rate is None:
+            if len(self._rates) > 100_000:
+                self._rates = {k: r for k, r in self._rates.items() if not r.idle}
+            rate = self._rates[(key, user, client_id)] = Rate(self.samples, self.sample_s)
+        rate.record(amount, now)
+        observed = rate.rate(now)
+        if observed <= limit:
+            return 0
+        throttle_ms = (observed - limit) / limit * rate.window_s(now) * 1000
+        throttle_ms = int(min(THROTTLE_MS_MAX, throttle_ms))
+        self.throttled.add(key, client_id, throttle_ms)
+        until = now + throttle_ms / 1000
+        if until > self._held_until.get((user, client_id), 0.0):
+            self._held_until[(user, client_id)] = until
+        return throttle_ms
+
+
+def client_id_of(request: Any) -> str:
+    """The client id a request names itself with ("" without one)."""
+    value = request.headers.get(CLIENT_ID_HEADER, "")
+    return value[:CLIENT_ID_CHARS_MAX]
+
+
+def principal_of(request: Any) -> str:
+    """The request's user: ``User:<subject>`` of its TLS client certificate
+    (RFC 2253 order, as Kafka names it), else ``User:ANONYMOUS``."""
+    transport = request.transport
+    cert = transport.get_extra_info("peercert") if transport is not None else None
+    if not cert:
+        return ANONYMOUS
+    return "User:" + subject_name(cert.get("subject", ()))
+
+
+_SHORT = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU",
+          "countryName": "C", "localityName": "L", "stateOrProvinceName": "ST",
+          "streetAddress": "STREET", "domainComponent": "DC", "userId": "UID",
+          "emailAddress": "EMAILADDRESS"}
+
+
+def subject_name(subject) -> str:
+    """``ssl`` module's subject tuple as an RFC 2253 string (most specific
+    RDN first, the way Java's X500Principal names it)."""
+    parts = []
+    for rdn in reversed(subject):
+        parts.append("+".join(f"{_SHORT.get(k, k)}={_escape(v)}" for k, v in rdn))
+    return ",".join(parts)
+
+
+def _escape(value: str) -> str:
+    out = "".join("\\" + c if c in ',+"\\<>;=' else c for c in value)
+    if out.startswith((" ", "#")):
+        out = "\\" + out
+    if out.endswith(" "):
+        out = out[:-1] + "\\ "
+    return out

@@ -1,0 +1,111 @@
+"""Client quotas on a real node: set with the admin client and the CLI,
+stored in the metadata, enforced by holding answers back (the node's
+``kraftlog_client_quota_throttle_ms_total`` counts it) while every record is
+still written and read; other clients go unthrottled; bad input refused
+with nothing stored."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from api.client import Admin, Consumer, KraftlogError, NewTopic, Producer, TopicPartition
+from chaos.cluster import FAST_SETTINGS, REPO_ROOT, ProcessCluster
+
+# A 2-sample window of 1 s: a test's few hundred KB are enough to go over.
+SETTINGS = {**FAST_SETTINGS, "quota.window.num": 2, "quota.window.size.seconds": 1}
+VALUE = b"q" * 1024
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    with ProcessCluster(str(tmp_path_factory.mktemp("quotas")), controllers=1, brokers=0,
+                        combined=True, settings=SETTINGS) as cluster:
+        cluster.start()
+        cluster.wait_for_brokers_running(timeout_s=30)
+        yield cluster.nodes[1].broker_url
+
+
+def throttled_ms(url: str) -> dict[tuple[str, str], float]:
+    import urllib.request
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("kraftlog_client_quota_throttle_ms_total{"):
+            labels, value = line.rsplit(" ", 1)
+            parts = dict(item.split("=", 1) for item in labels[labels.index("{") + 1:-1]
+                         .split(","))
+            found[(parts["quota"].strip('"'), parts["client_id"].strip('"'))] = float(value)
+    return found
+
+
+def produce(url: str, topic: str, count: int, client_id: str) -> None:
+    with Producer(url, client_id=client_id, linger_ms=0, batch_size=64 * 1024) as producer:
+        for i in range(count):
+            producer.send(topic, VALUE, key=b"%d" % i)
+        producer.flush(60_000)
+
+
+def test_quotas_slow_a_client_down_without_losing_a_record(node):
+    with Admin(node) as admin:
+        admin.create_topics([NewTopic("quoted", 1, 1)])
+        admin.alter_client_quotas({"client-id": "slow"}, {"producer_byte_rate": 100_000})
+        admin.alter_client_quotas({"client-id": "<default>"}, {"consumer_byte_rate": 100_000})
+        assert ({"client-id": "slow"}, {"producer_byte_rate": 100_000.0}) in \
+            admin.describe_client_quotas()
+    produce(node, "quoted", 400, "slow")     # ~400 KB at a 100 KB/s quota
+    produce(node, "quoted", 400, "fast")     # no quota of its own, none by default
+    held = throttled_ms(node)
+    assert held.get(("producer_byte_rate", "slow"), 0) > 0
+    assert ("producer_byte_rate", "fast") not in held
+
+    # A consumer under the <default> client-id quota reads everything.
+    with Consumer(node, client_id="reader", auto_offset_reset="earliest",
+                  consumer_timeout_ms=5000) as consumer:
+        consumer.assign([TopicPartition("quoted", 0)])
+        values = [record.value for record in consumer]
+    assert len(values) == 800 and set(values) == {VALUE}
+    assert throttled_ms(node).get(("consumer_byte_rate", "reader"), 0) > 0
+
+    # Removed: the slow client is free again.
+    with Admin(node) as admin:
+        admin.alter_client_quotas({"client-id": "slow"}, {"producer_byte_rate": None})
+        assert all(entity != {"client-id": "slow"}
+                   for entity, _ in admin.describe_client_quotas())
+    before = throttled_ms(node)[("producer_byte_rate", "slow")]
+    produce(node, "quoted", 400, "slow")
+    assert throttled_ms(node)[("producer_byte_rate", "slow")] == before
+
+
+@pytest.mark.parametrize("entity, quotas, message", [
+    ({"client-id": "x"}, {"request_percentage": 50}, "not enforced yet"),
+    ({"client-id": "x"}, {"producer_byte_rate": -1}, "positive"),
+    ({"group": "x"}, {"producer_byte_rate": 1}, "unknown entity type"),
+    ({"client-id": "x"}, {"producer_byte_rate": "fast"}, "a number"),
+])
+def test_bad_quotas_are_refused_and_nothing_is_stored(node, entity, quotas, message):
+    with Admin(node) as admin:
+        before = admin.describe_client_quotas()
+        with pytest.raises(KraftlogError, match=message) as caught:
+            admin.alter_client_quotas(entity, quotas)
+        assert caught.value.code == "INVALID_REQUEST"
+        assert admin.describe_client_quotas() == before
+
+
+def test_the_cli_sets_lists_and_removes_quotas(node):
+    def cli(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "api.cli", "--bootstrap", node, *args],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+    cli("quotas", "set", "--user", "User:CN=etl,O=acme", "--client-id", "nightly",
+        "--producer-byte-rate", "5e6", "--consumer-byte-rate", "1048576")
+    listing = cli("quotas", "list")
+    assert "User:CN=etl,O=acme" in listing and "5,000,000" in listing \
+        and "1,048,576" in listing
+    cli("quotas", "remove", "--user", "User:CN=etl,O=acme", "--client-id", "nightly",
+        "--producer-byte-rate", "--consumer-byte-rate")
+    assert "User:CN=etl,O=acme" not in cli("quotas", "list")

@@ -1,0 +1,107 @@
+"""Client quotas: the rate over sampled windows, Kafka's resolution order,
+the throttle it asks for, entity and value checks, certificate subjects as
+principals. (A real node enforcing them: tests/integration/test_quotas.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from api.broker.quotas import QuotaManager, Rate, subject_name
+from protocol.quotas import (CONSUMER_BYTE_RATE, DEFAULT, PRODUCER_BYTE_RATE, check_entity,
+                             check_quota_value, entity_name, resolution_order)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def manager(table: dict, clock: Clock, samples: int = 11, sample_s: float = 1.0):
+    version = {"n": 0}
+    quotas = QuotaManager(lambda: table, lambda: version["n"], samples, sample_s, clock)
+    return quotas, version
+
+
+def test_a_rate_spans_at_least_all_samples_but_one_and_forgets_old_ones():
+    clock = Clock()
+    rate = Rate(samples=3, sample_s=1.0)
+    rate.record(100, clock.now)
+    assert rate.rate(clock.now) == pytest.approx(100 / 2)  # a burst is spread over 2 s
+    clock.now += 1.5
+    rate.record(100, clock.now)
+    assert rate.rate(clock.now) == pytest.approx(200 / 2)
+    clock.now += 10  # every sample older than the window: forgotten
+    assert rate.rate(clock.now) == 0 and rate.idle
+
+
+def test_the_most_specific_entity_with_a_quota_wins_in_kafkas_order():
+    order = resolution_order("User:alice", "app")
+    assert order[0] == {"user": "User:alice", "client-id": "app"}
+    assert order[-1] == {"client-id": DEFAULT} and len(order) == 8
+    table = {entity_name({"client-id": DEFAULT}): {PRODUCER_BYTE_RATE: "1000"},
+             entity_name({"user": "User:alice"}): {PRODUCER_BYTE_RATE: "5000"},
+             entity_name({"user": "User:alice", "client-id": "app"}):
+                 {CONSUMER_BYTE_RATE: "7"}}
+    quotas, _ = manager(table, Clock())
+    assert quotas.quota(PRODUCER_BYTE_RATE, "User:alice", "app") == 5000
+    assert quotas.quota(CONSUMER_BYTE_RATE, "User:alice", "app") == 7
+    assert quotas.quota(PRODUCER_BYTE_RATE, "User:bob", "other") == 1000
+    assert quotas.quota(CONSUMER_BYTE_RATE, "User:bob", "other") is None
+
+
+def test_a_client_over_its_quota_is_held_back_as_kafka_computes_it():
+    clock = Clock()
+    table = {entity_name({"client-id": "slow"}): {PRODUCER_BYTE_RATE: "1000"}}
+    quotas, version = manager(table, clock, samples=2, sample_s=1.0)
+    assert quotas.record(PRODUCER_BYTE_RATE, "User:ANONYMOUS", "slow", 500) == 0
+    # 3000 bytes over a 1 s window against 1000/s: (3000 - 1000) / 1000 * 1 s.
+    assert quotas.record(PRODUCER_BYTE_RATE, "User:ANONYMOUS", "slow", 2500) == 2000
+    assert quotas.throttled.ms_total == {(PRODUCER_BYTE_RATE, "slow"): 2000}
+    # Another client id, no quota: never held back.
+    assert quotas.record(PRODUCER_BYTE_RATE, "User:ANONYMOUS", "fast", 10**9) == 0
+    # The quota removed: the next metadata version frees the client.
+    table.clear()
+    version["n"] += 1
+    assert quotas.record(PRODUCER_BYTE_RATE, "User:ANONYMOUS", "slow", 10**9) == 0
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("producer_byte_rate", 0, "positive"), ("producer_byte_rate", -5, "positive"),
+    ("producer_byte_rate", "fast", "a number"), ("consumer_byte_rate", float("inf"), "positive"),
+    ("request_percentage", 50, "not enforced yet"), ("io_thread_rate", 1, "unknown quota")])
+def test_quota_values_are_checked(key, value, message):
+    with pytest.raises(ValueError, match=message):
+        check_quota_value(key, value)
+
+
+@pytest.mark.parametrize("entity, message", [
+    ({}, "a map of user and/or client-id"), ("app", "a map"),
+    ({"group": "x"}, "unknown entity type"), ({"client-id": ""}, "1-255 characters"),
+    ({"user": 7}, "1-255 characters")])
+def test_entities_are_checked(entity, message):
+    with pytest.raises(ValueError, match=message):
+        check_entity(entity)
+
+
+def test_a_certificate_subject_is_named_as_java_names_it():
+    subject = ((("countryName", "GB"),), (("organizationName", "Acme, Ltd"),),
+               (("commonName", "etl"),))
+    assert subject_name(subject) == r"CN=etl,O=Acme\, Ltd,C=GB"
+
+
+def test_the_next_request_of_a_throttled_client_waits_its_throttle_out():
+    clock = Clock()
+    table = {entity_name({"client-id": "slow"}): {CONSUMER_BYTE_RATE: "1000"}}
+    quotas, _ = manager(table, clock, samples=2, sample_s=1.0)
+    assert quotas.hold_for("User:ANONYMOUS", "slow") == 0
+    ms = quotas.record(CONSUMER_BYTE_RATE, "User:ANONYMOUS", "slow", 4000)
+    assert ms == 3000
+    assert quotas.hold_for("User:ANONYMOUS", "slow") == pytest.approx(3.0)
+    assert quotas.hold_for("User:ANONYMOUS", "other") == 0
+    clock.now += 2.5
+    assert quotas.hold_for("User:ANONYMOUS", "slow") == pytest.approx(0.5)
+    clock.now += 1
+    assert quotas.hold_for("User:ANONYMOUS", "slow") == 0
