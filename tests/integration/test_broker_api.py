@@ -330,7 +330,8 @@ def test_acks_zero_answers_nothing_but_appends_and_acks_all_and_bad_acks(url):
     create_topic(url, topic)
     batch = build_batch([(b"a", b"0"), (b"b", b"0")])
     assert call(url, "/v1/produce", {"acks": 0, "partitions": [
-        {"topic": topic, "partition": 0, "records": batch}]}) == {"partitions": []}
+        {"topic": topic, "partition": 0, "records": batch}]}) == {"partitions": [],
+                                                                  "throttle_time_ms": 0}
     # The records were appended all the same.
     assert [r[0] for r in read_all(url, topic, 0)] == [0, 1]
 
