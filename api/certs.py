@@ -32,20 +32,28 @@ def _key():
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def _write_key(path: str, key) -> None:
-    from cryptography.hazmat.primitives import serialization
-    data = key.private_bytes(serialization.Encoding.PEM,
-                             serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def _write_atomically(path: str, data: bytes, mode: int) -> None:
+    """Write ``path`` whole or not at all (a node reloading it never reads
+    half a file)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "wb") as out:
         out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+def _write_key(path: str, key) -> None:
+    from cryptography.hazmat.primitives import serialization
+    _write_atomically(path, key.private_bytes(serialization.Encoding.PEM,
+                                              serialization.PrivateFormat.PKCS8,
+                                              serialization.NoEncryption()), 0o600)
 
 
 def _write_cert(path: str, cert) -> None:
     from cryptography.hazmat.primitives import serialization
-    with open(path, "wb") as out:
-        out.write(cert.public_bytes(serialization.Encoding.PEM))
+    _write_atomically(path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
 
 
 def _name(common_name: str):
@@ -74,9 +82,14 @@ class CertificateAuthority:
         self.key, self.cert = key, cert
 
     @classmethod
-    def create(cls, days: int = 3650, name: str = "kraftlog dev CA") -> "CertificateAuthority":
+    def create(cls, days: int = 3650, name: str | None = None) -> "CertificateAuthority":
+        """A new CA; its name is unique (``kraftlog dev CA <random>``), so a
+        node that trusts an old and a new one picks the right issuer."""
+        import secrets
+
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes
+        name = name or f"kraftlog dev CA {secrets.token_hex(4)}"
         key = _key()
         now = datetime.datetime.now(datetime.timezone.utc)
         cert = (x509.CertificateBuilder()
@@ -90,6 +103,8 @@ class CertificateAuthority:
                     content_commitment=False, key_encipherment=False, data_encipherment=False,
                     key_agreement=False, encipher_only=False, decipher_only=False),
                     critical=True)
+                .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                               critical=False)
                 .sign(key, hashes.SHA256()))
         return cls(key, cert)
 
@@ -106,8 +121,8 @@ class CertificateAuthority:
 
     def save(self, directory: str) -> Issued:
         issued = Issued(os.path.join(directory, "ca.pem"), os.path.join(directory, "ca-key.pem"))
-        _write_cert(issued.certfile, self.cert)
         _write_key(issued.keyfile, self.key)
+        _write_cert(issued.certfile, self.cert)
         return issued
 
     def issue(self, directory: str, stem: str, common_name: str, hosts=(),
@@ -130,22 +145,36 @@ class CertificateAuthority:
                                   critical=True)
                    .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
                                                          ExtendedKeyUsageOID.CLIENT_AUTH]),
-                                  critical=False))
+                                  critical=False)
+                   .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                                  critical=False)
+                   .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                       self.key.public_key()), critical=False))
         if hosts:
             builder = builder.add_extension(x509.SubjectAlternativeName(_san(hosts)),
                                             critical=False)
         cert = builder.sign(self.key, hashes.SHA256())
         issued = Issued(os.path.join(directory, f"{stem}.pem"),
                         os.path.join(directory, f"{stem}-key.pem"))
-        _write_cert(issued.certfile, cert)
-        _write_key(issued.keyfile, key)
+        _write_key(issued.keyfile, key)  # key first: a reload never pairs a new cert with
+        _write_cert(issued.certfile, cert)  # the old key
         return issued
 
 
-def create(directory: str, nodes: int = 3, hosts=DEFAULT_HOSTS, days: int = 365
-           ) -> dict[str, Issued]:
-    """A CA, ``nodes`` node certificates and a client one in ``directory``."""
+def create(directory: str, nodes: int = 3, hosts=DEFAULT_HOSTS, days: int = 365,
+           force: bool = False) -> dict[str, Issued]:
+    """A CA, ``nodes`` node certificates and a client one in ``directory``.
+    Refuses to replace files there unless ``force`` (nodes may be using them)."""
     os.makedirs(directory, exist_ok=True)
+    stems = ["ca", *(f"node-{n}" for n in range(1, nodes + 1)), "client"]
+    existing = [name for stem in stems for name in (f"{stem}.pem", f"{stem}-key.pem")
+                if os.path.exists(os.path.join(directory, name))]
+    if existing and not force:
+        raise FileExistsError(
+            f"{directory} already holds {', '.join(existing[:4])}"
+            f"{' ...' if len(existing) > 4 else ''}: running nodes may use them. Choose "
+            "another directory, or --force to replace them all (with a new CA: every node "
+            "and client then needs the new files)")
     ca = CertificateAuthority.create()
     made = {"ca": ca.save(directory)}
     for node_id in range(1, nodes + 1):
@@ -177,6 +206,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     create_parser.add_argument("--days", type=int, default=365,
                                help="validity of the node and client certificates "
                                     "(default %(default)s)")
+    create_parser.add_argument("--force", action="store_true",
+                               help="replace certificates already in --dir (a new CA)")
     create_parser.set_defaults(handler=_create)
 
 
@@ -187,7 +218,10 @@ def _create(args: argparse.Namespace) -> int:
     if args.nodes < 0 or args.days < 1:
         raise CliError("--nodes must be >= 0 and --days >= 1")
     hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
-    made = create(args.dir, args.nodes, hosts, args.days)
+    try:
+        made = create(args.dir, args.nodes, hosts, args.days, force=args.force)
+    except FileExistsError as exc:
+        raise CliError(str(exc)) from None
     print(format_table(("for", "certificate", "key"),
                        [(name, issued.certfile, issued.keyfile) for name, issued in made.items()]))
     print(f"node certificates name: {', '.join(hosts)}; valid {args.days} days")

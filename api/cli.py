@@ -105,9 +105,12 @@ CHAOS_HELP = "kill, pause and partition a real cluster; check nothing was lost"
 
 def normalise_bootstrap(bootstrap: str, scheme: str = "http") -> str:
     """``host:port`` as Kafka's tools take it means ``http://host:port``
-    (``https://`` with ``--security-protocol SSL``); URLs stay as they are.
+    (``https://`` with ``--security-protocol SSL``, which also turns an
+    ``http://`` URL into ``https://``: an SSL command sends no plaintext).
     Several are comma-separated."""
-    return ",".join(item if "://" in item else f"{scheme}://{item}"
+    return ",".join(item if "://" in item and not (scheme == "https"
+                                                   and item.startswith("http://"))
+                    else f"{scheme}://{item.removeprefix('http://')}"
                     for item in (part.strip() for part in bootstrap.split(",")) if item)
 
 

@@ -48,13 +48,17 @@ def configure_security(args: argparse.Namespace) -> None:
     global _ssl_context
     from protocol import tls
 
+    if args.security_protocol not in ("PLAINTEXT", "SSL"):  # from the environment
+        raise CliError(f"security protocol {args.security_protocol!r}: use PLAINTEXT or SSL "
+                       "(check $KRAFTLOG_SECURITY_PROTOCOL)")
     _security.clear()
     _security.update(security_protocol=args.security_protocol, ssl_cafile=args.ssl_cafile,
                      ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
     try:
         _ssl_context = tls.client_context(args.ssl_cafile, args.ssl_certfile,
                                           args.ssl_keyfile) \
-            if args.security_protocol == tls.SSL or args.ssl_cafile else None
+            if args.security_protocol == tls.SSL or args.ssl_cafile or args.ssl_certfile \
+            else None
     except tls.TlsConfigError as exc:
         raise CliError(str(exc)) from None
 

@@ -67,7 +67,10 @@ class Node:
             # OpenSSL does not promise a context changed under a handshake
             # on another thread is safe. A few stat() calls, a load when
             # something changed.
-            tls.reloader.check()
+            try:
+                tls.reloader.check()
+            except Exception:  # noqa: BLE001  a bad reload must not end the checks
+                logger.exception("reloading the TLS certificates failed; will try again")
 
     async def stop(self, controlled: bool = True) -> None:
         if self._reload_task is not None:

@@ -29,6 +29,7 @@ def add_commands(actions: argparse._SubParsersAction, formatter: type) -> None:
                     "3 when the scenario cannot run on this machine (the reason is printed).",
         epilog="examples:\n"
                "  kraftlog chaos run --scenario kill-two --duration 600 --seed 7 --out runs/k2\n"
+               "  kraftlog chaos run --scenario partition --secure --duration 300 --out runs/p\n"
                "  kraftlog chaos run --scenario pause-kill --unsafe-ack-before-replication "
                "--duration 30 --out /tmp/broken   # must FAIL")
     run.add_argument("--scenario", required=True, choices=sorted(nemesis.SCENARIOS),
@@ -67,6 +68,13 @@ def add_commands(actions: argparse._SubParsersAction, formatter: type) -> None:
     run.add_argument("--namespaces", action="store_true",
                      help="run every node in its own network namespace even when the "
                           "scenario cuts no links (partition scenarios always do)")
+    run.add_argument("--secure", action="store_true",
+                     help="TLS on every listener with client certificates required "
+                          "(ssl.client.auth = required): a CA and node and client "
+                          "certificates are made for the run in DIR/cluster/certs, nodes "
+                          "replicate and register over TLS, and every client and HTTP call "
+                          "of the harness presents the client certificate. Works with "
+                          "--namespaces (the certificates name the namespace addresses)")
     run.add_argument("--unsafe-ack-before-replication", action="store_true",
                      help="run a deliberately BROKEN cluster (acks=all answered before "
                           "replication, unclean election on) to show the checker catches it")
@@ -126,7 +134,7 @@ def _run(args: argparse.Namespace) -> int:
         partitions=args.partitions, producers=args.producers, consumers=args.consumers,
         rate=args.rate, unsafe_ack_before_replication=args.unsafe_ack_before_replication,
         namespaces=args.namespaces, workload=args.workload,
-        settings=settings)
+        settings=settings, secure=args.secure)
     results = runner.run(config, runner.main_say)
     print(runner.summary(results, out_dir))
     return runner.exit_status(results)
@@ -153,7 +161,8 @@ def _check(args: argparse.Namespace) -> int:
     if os.path.exists(previous_path):  # keep what only the run knew
         with open(previous_path) as f:
             previous = json.load(f)
-        for key in ("layout", "nemeses", "network", "unsafe_ack_before_replication", "config"):
+        for key in ("layout", "nemeses", "network", "security_protocol",
+                    "unsafe_ack_before_replication", "config"):
             if key in previous:
                 results[key] = previous[key]
     runner.write_results(args.dir, results, events, runner.main_say)

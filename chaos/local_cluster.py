@@ -19,6 +19,16 @@ defaults of ``kraft/config.py`` and ``storage/config.py``, plus topic
 defaults sized to the cluster (``cluster_defaults``) and the user's ``--set``
 settings.
 
+``up --secure`` makes the cluster TLS from scratch: on its first start a CA,
+one certificate per node and a client certificate go into ``DIR/certs/``
+(``api.certs``; kept across restarts, so the CA the nodes trust never
+changes under them), every node's config gets the TLS settings (both
+listeners SSL, ``ssl.cafile``, its own ``ssl.certfile``/``ssl.keyfile``,
+``ssl.client.auth = required``), and ``cluster.json`` records ``"secure":
+true``. Every later command on DIR reads that: URLs are ``https://``, and the
+health probes of ``up`` and ``status`` trust the CA and present the client
+certificate. ``up`` prints the ``KRAFTLOG_SSL_*`` variables the CLI needs.
+
 Pids are reused by the OS, so a pid counts as a node's process only while its
 command line is ``... node --config <that node's config file>``
 (``node_config_of``); nothing else is ever signalled.
@@ -34,8 +44,10 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -47,6 +59,8 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from api import table
+from api.certs import DEFAULT_HOSTS, Issued
+from api.certs import create as create_certificates
 from chaos.cluster import (RAFT_SECRET_FILE, REPO_ROOT, free_port, http_json, node_command,
                            node_config_values, node_roles, voters_text, write_node_config,
                            write_raft_secret)
@@ -78,6 +92,14 @@ LOG_TAIL_BYTES = 4096
 #: Keys ``up`` sets per node; ``--set`` may not change them.
 LAYOUT_KEYS = frozenset({"node.id", "process.roles", "controller.quorum.voters", "listeners",
                          "log.dirs", "log.dir", "metadata.log.dir"})
+#: TLS keys ``up --secure`` sets (to DIR/certs); ``--set`` may not set them:
+#: ``up`` must know how to reach the nodes.
+TLS_KEYS = frozenset({"listener.security.protocol.map", "ssl.certfile", "ssl.keyfile",
+                      "ssl.cafile"})
+#: Where ``up --secure`` keeps the CA and the certificates, under DIR.
+CERTS_DIR = "certs"
+#: The hosts the node certificates name: the nodes listen on 127.0.0.1.
+CERT_HOSTS = DEFAULT_HOSTS
 
 
 class ClusterError(Exception):
@@ -95,15 +117,21 @@ class LocalNode:
     log_path: str                 # the node's stdout and stderr
     data_dir: str                 # log.dirs; the metadata log is inside it
     pid: int | None = None        # last started process; None once `down` stopped it
+    tls: bool = False             # its listeners are SSL (`up --secure`): https:// URLs
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
 
     @property
     def broker_url(self) -> str | None:
-        return None if self.broker_port is None else f"http://127.0.0.1:{self.broker_port}"
+        return (None if self.broker_port is None
+                else f"{self.scheme}://127.0.0.1:{self.broker_port}")
 
     @property
     def controller_url(self) -> str | None:
         return (None if self.controller_port is None
-                else f"http://127.0.0.1:{self.controller_port}")
+                else f"{self.scheme}://127.0.0.1:{self.controller_port}")
 
     @property
     def is_broker(self) -> bool:
@@ -121,12 +149,14 @@ class LocalNode:
 
     @classmethod
     def from_json(cls, entry: Mapping[str, Any]) -> LocalNode:
+        urls = [url for url in (entry.get("broker_url"), entry.get("controller_url")) if url]
         return cls(node_id=int(entry["id"]), roles=tuple(entry["roles"]),
                    broker_port=_port_of(entry.get("broker_url")),
                    controller_port=_port_of(entry.get("controller_url")),
                    config_path=str(entry["config_path"]), log_path=str(entry["log_path"]),
                    data_dir=str(entry["data_dir"]),
-                   pid=None if entry.get("pid") is None else int(entry["pid"]))
+                   pid=None if entry.get("pid") is None else int(entry["pid"]),
+                   tls=any(urllib.parse.urlsplit(url).scheme == "https" for url in urls))
 
 
 def _port_of(url: str | None) -> int | None:
@@ -146,6 +176,7 @@ class LocalCluster:
     combined: bool
     settings: dict[str, Any]      # the user's --set values, as parsed
     nodes: dict[int, LocalNode]   # by node id
+    secure: bool = False          # TLS everywhere, certificates in DIR/certs (`up --secure`)
 
     @property
     def path(self) -> str:
@@ -165,12 +196,36 @@ class LocalCluster:
 
     @property
     def layout_text(self) -> str:
-        return layout_text(self.controllers, self.brokers, self.combined)
+        text = layout_text(self.controllers, self.brokers, self.combined)
+        return text + (", TLS with client certificates" if self.secure else "")
+
+    @property
+    def cert_dir(self) -> str:
+        return os.path.join(self.base_dir, CERTS_DIR)
+
+    def certificates(self) -> dict[str, Issued]:
+        """The files of ``up --secure`` (named as ``api.certs.create`` names
+        them): "ca" (its ``certfile`` is ca.pem), "node-<id>" and "client"."""
+        def issued(stem: str) -> Issued:
+            return Issued(os.path.join(self.cert_dir, f"{stem}.pem"),
+                          os.path.join(self.cert_dir, f"{stem}-key.pem"))
+        return {"ca": issued("ca"), **{f"node-{i}": issued(f"node-{i}") for i in self.nodes},
+                "client": issued("client")}
+
+    def client_security(self) -> dict[str, str] | None:
+        """Kafka's client settings for this cluster (None without TLS)."""
+        if not self.secure:
+            return None
+        files = self.certificates()
+        return {"security_protocol": "SSL", "ssl_cafile": files["ca"].certfile,
+                "ssl_certfile": files["client"].certfile,
+                "ssl_keyfile": files["client"].keyfile}
 
     def to_json(self) -> dict[str, Any]:
         return {"format_version": FORMAT_VERSION,
                 "layout": {"controllers": self.controllers, "brokers": self.brokers,
                            "combined": self.combined},
+                "secure": self.secure,
                 "settings": self.settings,
                 "bootstrap": self.bootstrap_url,
                 "nodes": [node.to_json() for _, node in sorted(self.nodes.items())]}
@@ -206,11 +261,16 @@ class LocalCluster:
             nodes = [LocalNode.from_json(entry) for entry in raw["nodes"]]
             cluster = cls(base_dir, int(layout["controllers"]), int(layout["brokers"]),
                           bool(layout["combined"]), dict(raw.get("settings") or {}),
-                          {node.node_id: node for node in nodes})
+                          {node.node_id: node for node in nodes},
+                          secure=bool(raw.get("secure", False)))
         except (KeyError, TypeError, ValueError) as exc:
             raise ClusterError(f"{path} is damaged ({type(exc).__name__}: {exc})") from None
         if not cluster.broker_ids or not cluster.controller_ids:
             raise ClusterError(f"{path} is damaged: it needs a broker and a controller")
+        if any(node.tls != cluster.secure for node in nodes):
+            raise ClusterError(f"{path} is damaged: \"secure\" is {str(cluster.secure).lower()}"
+                               " but not every node URL is " +
+                               ("https://" if cluster.secure else "http://"))
         return cluster
 
     def write_configs(self) -> None:
@@ -220,13 +280,23 @@ class LocalCluster:
         if len(self.controller_ids) > 1 and "controller.quorum.secret.file" not in settings:
             settings["controller.quorum.secret.file"] = write_raft_secret(
                 os.path.join(self.base_dir, RAFT_SECRET_FILE))
+        files = self.certificates()
+        if self.secure:
+            settings = {"listener.security.protocol.map": "BROKER:SSL,CONTROLLER:SSL",
+                        "ssl.cafile": files["ca"].certfile, "ssl.client.auth": "required",
+                        **settings}
         for node in self.nodes.values():
             header = (f"Node {node.node_id} of the cluster in {self.base_dir}, written by "
                       "`kraftlog cluster up`.\nRestart it alone with: "
                       f"kraftlog node --config {node.config_path}")
+            node_settings = settings
+            if self.secure:
+                own = files[f"node-{node.node_id}"]
+                node_settings = {"ssl.certfile": own.certfile, "ssl.keyfile": own.keyfile,
+                                 **settings}
             write_node_config(node.config_path, node_config_values(
                 node.node_id, node.roles, voters, node.broker_port, node.controller_port,
-                node.data_dir, settings), header)
+                node.data_dir, node_settings), header)
 
 
 def layout_text(controllers: int, brokers: int, combined: bool) -> str:
@@ -287,6 +357,11 @@ def parse_settings(items: Iterable[str]) -> dict[str, Any]:
         if key in LAYOUT_KEYS:
             raise ClusterError(f"--set {key}: `cluster up` sets {key} per node; "
                                f"its keys {', '.join(sorted(LAYOUT_KEYS))} cannot be set")
+        if key in TLS_KEYS:
+            raise ClusterError(f"--set {key}: use --secure, which makes a CA and certificates "
+                               f"in DIR/{CERTS_DIR} and sets {', '.join(sorted(TLS_KEYS))} "
+                               "itself (for your own certificates, write node configs and run "
+                               "`kraftlog node --config`)")
         settings[key] = parse_setting(value)
     return settings
 
@@ -303,10 +378,12 @@ def parse_setting(text: str) -> Any:
 
 def plan_cluster(base_dir: str, controllers: int, brokers: int, combined: bool,
                  settings: Mapping[str, Any],
-                 pick_port: Callable[[bool], int] | None = None) -> LocalCluster:
+                 pick_port: Callable[[bool], int] | None = None,
+                 secure: bool = False) -> LocalCluster:
     """A new cluster's nodes, paths and ports (nothing written or started).
     ``pick_port(pair)`` returns a free port (and, with ``pair``, the next one
-    free too: a controller's Raft port); tests pass a deterministic one."""
+    free too: a controller's Raft port); tests pass a deterministic one.
+    ``secure``: TLS listeners (``up --secure``)."""
     if pick_port is None:
         taken: set[int] = set()
 
@@ -321,9 +398,77 @@ def plan_cluster(base_dir: str, controllers: int, brokers: int, combined: bool,
             controller_port=pick_port(True) if "controller" in roles else None,
             config_path=os.path.join(base_dir, f"node-{node_id}.toml"),
             log_path=os.path.join(base_dir, f"node-{node_id}.log"),
-            data_dir=os.path.join(base_dir, f"node-{node_id}"))
+            data_dir=os.path.join(base_dir, f"node-{node_id}"), tls=secure)
     return LocalCluster(base_dir, controllers, brokers if not combined else controllers,
-                        combined, dict(settings), nodes)
+                        combined, dict(settings), nodes, secure=secure)
+
+
+# -- TLS (`up --secure`) -----------------------------------------------------
+def ensure_certificates(cluster: LocalCluster, nodes_running: bool) -> None:
+    """A secure cluster's CA, node and client certificates in DIR/certs:
+    made when none exist and no node runs (the first ``up --secure``, or
+    after a person deleted DIR/certs of a stopped cluster), else kept as
+    they are: the nodes trust that CA."""
+    files = _certificate_files(cluster)
+    missing = [path for path in files if not os.path.exists(path)]
+    if not missing:
+        return
+    if len(missing) == len(files) and not nodes_running:
+        try:
+            create_certificates(cluster.cert_dir, nodes=max(cluster.nodes), hosts=CERT_HOSTS)
+        except OSError as exc:
+            raise ClusterError(f"cannot write certificates to {cluster.cert_dir}: {exc}") \
+                from None
+        return
+    raise _missing_certificates(cluster, missing)
+
+
+def _certificate_files(cluster: LocalCluster) -> list[str]:
+    """Every file of DIR/certs the nodes and clients need (the CA's key only
+    signs, so not that one)."""
+    return [path for name, issued in cluster.certificates().items()
+            for path in ((issued.certfile,) if name == "ca" else
+                         (issued.certfile, issued.keyfile))]
+
+
+def _missing_certificates(cluster: LocalCluster, missing: list[str]) -> ClusterError:
+    names = ", ".join(os.path.basename(path) for path in missing)
+    return ClusterError(
+        f"{cluster.cert_dir} is missing {names}: restore them, or stop the cluster "
+        f"(`kraftlog cluster down --dir {cluster.base_dir}`), delete {cluster.cert_dir} and "
+        f"run `kraftlog cluster up --dir {cluster.base_dir}` to make a new CA and "
+        "certificates (clients then need the new ca.pem and client certificate)")
+
+
+def client_context(cluster: LocalCluster) -> ssl.SSLContext | None:
+    """What ``up`` and ``status`` call a secure cluster's nodes with: its CA
+    trusted, its client certificate presented (the nodes require one);
+    None without TLS."""
+    security = cluster.client_security()
+    if security is None:
+        return None
+    from protocol import tls
+
+    missing = [path for path in _certificate_files(cluster) if not os.path.exists(path)]
+    if missing:
+        raise _missing_certificates(cluster, missing)
+    try:
+        return tls.client_context(security["ssl_cafile"], security["ssl_certfile"],
+                                  security["ssl_keyfile"])
+    except tls.TlsConfigError as exc:
+        raise ClusterError(f"cannot use the cluster's client certificate: {exc}") from None
+
+
+def security_exports(cluster: LocalCluster) -> str | None:
+    """The shell line that points the ``kraftlog`` CLI at a secure
+    cluster's CA and client certificate (None without TLS)."""
+    security = cluster.client_security()
+    if security is None:
+        return None
+    return ("export KRAFTLOG_SECURITY_PROTOCOL=SSL "
+            f"KRAFTLOG_SSL_CAFILE={shlex.quote(security['ssl_cafile'])} "
+            f"KRAFTLOG_SSL_CERTFILE={shlex.quote(security['ssl_certfile'])} "
+            f"KRAFTLOG_SSL_KEYFILE={shlex.quote(security['ssl_keyfile'])}")
 
 
 # -- processes ---------------------------------------------------------------
@@ -468,17 +613,18 @@ class NodeHealth:
         return bool(self.controller and self.controller.get("active"))
 
 
-def _get(url: str, timeout_s: float) -> dict | None:
+def _get(url: str, timeout_s: float, context: ssl.SSLContext | None = None) -> dict | None:
     try:
-        _, body = http_json(url, timeout_s=timeout_s)
+        _, body = http_json(url, timeout_s=timeout_s, context=context)
     except (OSError, ValueError):
         return None
     return body if isinstance(body, dict) else None
 
 
-def probe(cluster: LocalCluster, pids: Mapping[int, int], timeout_s: float
-          ) -> dict[int, NodeHealth]:
-    """Every node's health, asked in parallel (at most ``timeout_s`` each)."""
+def probe(cluster: LocalCluster, pids: Mapping[int, int], timeout_s: float,
+          context: ssl.SSLContext | None = None) -> dict[int, NodeHealth]:
+    """Every node's health, asked in parallel (at most ``timeout_s`` each);
+    ``context``: a secure cluster's (``client_context``)."""
     healths = {i: NodeHealth(alive=i in pids) for i in cluster.nodes}
     jobs = []
     for node_id, node in cluster.nodes.items():
@@ -489,7 +635,7 @@ def probe(cluster: LocalCluster, pids: Mapping[int, int], timeout_s: float
                 jobs.append((node_id, "controller", node.controller_url + "/healthz"))
     if jobs:
         with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-            answers = list(pool.map(lambda job: _get(job[2], timeout_s), jobs))
+            answers = list(pool.map(lambda job: _get(job[2], timeout_s, context), jobs))
         for (node_id, role, _), answer in zip(jobs, answers):
             setattr(healths[node_id], role, answer)
     return healths
@@ -539,7 +685,8 @@ def status_table(rows: list[tuple[str, ...]], header: tuple[str, ...] = TABLE_HE
     return table.format_table(header, rows)
 
 
-def quorum_status(cluster: LocalCluster, healths: Mapping[int, NodeHealth]) -> dict | None:
+def quorum_status(cluster: LocalCluster, healths: Mapping[int, NodeHealth],
+                  context: ssl.SSLContext | None = None) -> dict | None:
     """GET /v1/quorum from the first answering broker (which asks the
     controllers), else from a controller directly."""
     urls = [cluster.nodes[i].broker_url + "/v1/quorum" for i in cluster.broker_ids
@@ -547,7 +694,7 @@ def quorum_status(cluster: LocalCluster, healths: Mapping[int, NodeHealth]) -> d
     urls += [cluster.nodes[i].controller_url + "/v1/quorum" for i in cluster.controller_ids
              if healths[i].controller is not None]
     for url in urls:
-        status = _get(url, QUORUM_TIMEOUT_S)
+        status = _get(url, QUORUM_TIMEOUT_S, context)
         if status is not None and "error" not in status:
             return status
     return None
@@ -575,9 +722,12 @@ def _say(out: TextIO, text: str = "") -> None:
 
 def cluster_up(base_dir: str, *, controllers: int | None = None, brokers: int | None = None,
                combined: int | None = None, set_items: Iterable[str] = (),
-               timeout_s: float = 60.0, out: TextIO = sys.stdout) -> int:
+               timeout_s: float = 60.0, secure: bool = False,
+               out: TextIO = sys.stdout) -> int:
     """Create (or restart the stopped nodes of) the cluster in ``base_dir``
-    and wait until it serves; print its table and how to use it."""
+    and wait until it serves; print its table and how to use it.
+    ``secure``: a new cluster gets TLS everywhere (an existing one keeps
+    what it was made with; asking a plaintext one for TLS is refused)."""
     if timeout_s <= 0:
         raise ClusterError("--timeout-s must be positive")
     base_dir = os.path.abspath(os.path.expanduser(base_dir))
@@ -595,18 +745,26 @@ def cluster_up(base_dir: str, *, controllers: int | None = None, brokers: int | 
     with dir_lock(base_dir):
         if os.path.exists(os.path.join(base_dir, CLUSTER_FILE)):
             cluster = LocalCluster.load(base_dir)
-            _check_same_cluster(cluster, layout, settings, set_items)
+            _check_same_cluster(cluster, layout, settings, set_items, secure)
             _say(out, f"Cluster in {base_dir}: {cluster.layout_text}")
+            if cluster.secure:
+                ensure_certificates(cluster, nodes_running=bool(live_pids(cluster.nodes.values())))
         else:
             if set(os.listdir(base_dir)) - {LOCK_FILE}:  # another command raced us
                 raise ClusterError(f"{base_dir} is not empty and has no {CLUSTER_FILE}: "
                                    "choose a new or empty --dir")
             count_c, count_b, is_combined = layout or (DEFAULT_CONTROLLERS, DEFAULT_BROKERS,
                                                        False)
-            cluster = plan_cluster(base_dir, count_c, count_b, is_combined, settings)
+            cluster = plan_cluster(base_dir, count_c, count_b, is_combined, settings,
+                                   secure=secure)
+            if secure:
+                ensure_certificates(cluster, nodes_running=False)
             cluster.write_configs()
             cluster.save()
             _say(out, f"New cluster in {base_dir}: {cluster.layout_text}")
+            if secure:
+                _say(out, f"  CA, node and client certificates in {cluster.cert_dir}")
+        context = client_context(cluster)  # before starting anything: the files must do
         pids = live_pids(cluster.nodes.values())
         started: dict[int, subprocess.Popen] = {}
         for node_id, node in sorted(cluster.nodes.items()):
@@ -622,20 +780,27 @@ def cluster_up(base_dir: str, *, controllers: int | None = None, brokers: int | 
                       f"log {node.log_path}")
         cluster.save()
         pids = {i: node.pid for i, node in cluster.nodes.items() if node.pid is not None}
-        healths = _wait_until_ready(cluster, pids, started, timeout_s, out)
+        healths = _wait_until_ready(cluster, pids, started, timeout_s, out, context)
     _say(out)
     _say(out, status_table(table_rows(cluster, pids, healths)))
     _say(out)
     _say(out, f"Use it:   export KRAFTLOG_BOOTSTRAP={cluster.bootstrap_url}")
+    exports = security_exports(cluster)
+    if exports:
+        _say(out, f"          {exports}")
+        _say(out, "          (every listener is TLS and requires a client certificate: "
+                  "these give the CLI the cluster's CA and client certificate)")
     _say(out, f"Inspect:  kraftlog cluster status --dir {base_dir}")
     _say(out, f"Stop it:  kraftlog cluster down --dir {base_dir}")
     return 0
 
 
 def _check_same_cluster(cluster: LocalCluster, layout: tuple[int, int, bool] | None,
-                        settings: Mapping[str, Any], set_items: Iterable[str]) -> None:
+                        settings: Mapping[str, Any], set_items: Iterable[str],
+                        secure: bool = False) -> None:
     """Flags that shape a new cluster may repeat an existing one's shape, not
-    change it: a restart keeps the recorded configs."""
+    change it: a restart keeps the recorded configs. A secure cluster stays
+    secure without --secure; a plaintext one is not made secure by it."""
     recorded = (cluster.controllers, cluster.brokers, cluster.combined)
     hint = (f"drop those flags to restart it as recorded, edit its "
             f"{cluster.base_dir}/node-<id>.toml files, or use a new --dir")
@@ -645,11 +810,16 @@ def _check_same_cluster(cluster: LocalCluster, layout: tuple[int, int, bool] | N
     if list(set_items) and dict(settings) != cluster.settings:
         raise ClusterError(f"{cluster.base_dir} holds a cluster made with other --set "
                            f"settings ({cluster.settings or 'none'}): {hint}")
+    if secure and not cluster.secure:
+        raise ClusterError(f"{cluster.base_dir} holds a cluster made without --secure (plain "
+                           "HTTP listeners); --secure only makes a new cluster TLS: drop it "
+                           "to restart this one as recorded, or use a new --dir")
 
 
 def _wait_until_ready(cluster: LocalCluster, pids: Mapping[int, int],
                       started: Mapping[int, subprocess.Popen], timeout_s: float,
-                      out: TextIO) -> dict[int, NodeHealth]:
+                      out: TextIO, context: ssl.SSLContext | None = None
+                      ) -> dict[int, NodeHealth]:
     start = time.monotonic()
     deadline = start + timeout_s
     last_text, last_said = "", 0.0
@@ -662,7 +832,7 @@ def _wait_until_ready(cluster: LocalCluster, pids: Mapping[int, int],
                     f"node {node_id} exited with code {code} while starting: "
                     f"{last_log_line(node.log_path)!r} (log: {node.log_path})")
         remaining_s = deadline - time.monotonic()
-        healths = probe(cluster, pids, max(0.1, min(PROBE_TIMEOUT_S, remaining_s)))
+        healths = probe(cluster, pids, max(0.1, min(PROBE_TIMEOUT_S, remaining_s)), context)
         text = progress_text(cluster, healths)
         now = time.monotonic()
         if is_ready(cluster, healths):
@@ -728,13 +898,16 @@ def cluster_status(base_dir: str, *, as_json: bool = False, out: TextIO = sys.st
     """Print every node with its live state, and the active controller."""
     cluster = LocalCluster.load(base_dir)
     pids = live_pids(cluster.nodes.values())
-    healths = probe(cluster, pids, PROBE_TIMEOUT_S)
-    quorum = quorum_status(cluster, healths)
+    context = client_context(cluster)
+    healths = probe(cluster, pids, PROBE_TIMEOUT_S, context)
+    quorum = quorum_status(cluster, healths, context)
     if as_json:
         nodes = [{**node.to_json(), "pid": pids.get(i), "state": describe_state(node, healths[i]),
                   "broker_health": healths[i].broker, "controller_health": healths[i].controller}
                  for i, node in sorted(cluster.nodes.items())]
         _say(out, json.dumps({"dir": cluster.base_dir, "layout": cluster.to_json()["layout"],
+                              "secure": cluster.secure,
+                              "client_security": cluster.client_security(),
                               "bootstrap": cluster.bootstrap_url, "nodes": nodes,
                               "quorum": quorum}, indent=2))
         return 0
@@ -751,4 +924,7 @@ def cluster_status(base_dir: str, *, as_json: bool = False, out: TextIO = sys.st
     serving = [cluster.nodes[i].broker_url for i in cluster.broker_ids
                if healths[i].broker is not None]
     _say(out, f"Use it: export KRAFTLOG_BOOTSTRAP={(serving or [cluster.bootstrap_url])[0]}")
+    exports = security_exports(cluster)
+    if exports:
+        _say(out, f"        {exports}")
     return 0

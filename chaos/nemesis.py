@@ -33,6 +33,9 @@ Faults, by name (``NEMESES``):
 
 Partition nemeses need ``chaos.netns``; scenarios that use them are not run
 (and say why) where namespaces are unavailable.
+
+Against a TLS cluster every probe goes through the cluster's own methods or
+its ``ssl_context`` (the CA and the client certificate of the run).
 """
 
 from __future__ import annotations
@@ -97,7 +100,7 @@ def partition_states(target: Target) -> dict[int, dict]:
             continue
         try:
             status, body = http_json(f"{node.broker_url}/v1/metadata?topics={target.topic}",
-                                     timeout_s=PROBE_TIMEOUT_S)
+                                     timeout_s=PROBE_TIMEOUT_S, context=cluster.ssl_context)
         except (OSError, ValueError):
             continue
         if status == 200 and (newest is None or body.get("metadata_offset", -1) > newest[0]):

@@ -4,7 +4,12 @@
    by default, or combined nodes) with ``configs/chaos.toml`` and the fast
    timeouts of ``chaos/cluster.py``. Scenarios with network partitions put
    each node in its own network namespace (``chaos/netns.py``); where the
-   machine cannot, the run is reported as not run, with the reason.
+   machine cannot, the run is reported as not run, with the reason. With
+   ``secure`` every listener is TLS and clients must present a certificate
+   (``ssl.client.auth = required``): a CA and certificates are made for the
+   run under ``DIR/cluster/certs``, and every client and HTTP call of the
+   harness (workload, final read, admin, nemesis probes) uses the cluster's
+   ``ClientSecurity``.
 2. **Topic**: ``partitions`` partitions, replication factor 3 (or the number
    of brokers if fewer), ``min.insync.replicas`` 2.
 3. **Workload** (``chaos/workload.py``) for ``duration_s`` while the
@@ -38,7 +43,8 @@ from typing import Any
 
 from chaos import checker, nemesis, netns
 from chaos.cluster import FAST_SETTINGS, REPO_ROOT, ProcessCluster, wait_until
-from chaos.workload import History, Workload, final_read, read_history, record_copier_offsets
+from chaos.workload import (ClientSecurity, History, Workload, final_read, read_history,
+                            record_copier_offsets)
 
 TOPIC = "chaos"
 CHAOS_CONFIG = os.path.join(REPO_ROOT, "configs", "chaos.toml")
@@ -85,12 +91,19 @@ class RunConfig:
     #: "plain" (each write sent once) or "idempotent" (the client retries).
     workload: str = "plain"
     settings: dict[str, Any] = field(default_factory=dict)
+    #: TLS on every listener with client certificates required; the harness's
+    #: clients present the run's client certificate.
+    secure: bool = False
 
     @property
     def layout(self) -> str:
-        if self.combined:
-            return f"{self.controllers} combined nodes"
-        return f"{self.controllers} controllers + {self.brokers} brokers"
+        nodes = (f"{self.controllers} combined nodes" if self.combined
+                 else f"{self.controllers} controllers + {self.brokers} brokers")
+        return nodes + (", TLS" if self.secure else "")
+
+    @property
+    def security_protocol(self) -> str:
+        return "SSL" if self.secure else "PLAINTEXT"
 
 
 def node_settings(config: RunConfig) -> dict[str, Any]:
@@ -104,6 +117,9 @@ def node_settings(config: RunConfig) -> dict[str, Any]:
     if config.unsafe_ack_before_replication:
         settings["unsafe.ack.before.replication"] = True
         settings["unclean.leader.election.enable"] = True
+    if config.secure:
+        # The protocol map and the certificate files come from ProcessCluster.
+        settings["ssl.client.auth"] = "required"
     settings.update(config.settings)
     return settings
 
@@ -158,7 +174,10 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
     history = History(os.path.join(config.out_dir, "history.jsonl"))
     settings = node_settings(config)
     cluster = ProcessCluster(os.path.join(config.out_dir, "cluster"), config.controllers,
-                             config.brokers, config.combined, settings, network=network)
+                             config.brokers, config.combined, settings, network=network,
+                             tls=config.secure)
+    security = ClientSecurity(cluster.client_security, cluster.ssl_context)
+    settings = dict(cluster.settings)  # with the TLS settings the cluster added
     target = nemesis.Target(cluster, TOPIC, config.partitions, rng, network,
                             log=lambda line: history.record({"type": "nemesis",
                                                              "phase": "info", "detail": line}))
@@ -166,6 +185,7 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
                     "duration_s": config.duration_s, "topic": TOPIC,
                     "partitions": config.partitions, "layout": config.layout,
                     "nemeses": nemeses, "network": "namespaces" if network else "loopback",
+                    "security_protocol": config.security_protocol,
                     "unsafe_ack_before_replication": config.unsafe_ack_before_replication,
                     "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "settings": settings, "config": _jsonable(asdict(config))})
@@ -175,10 +195,10 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
             f"in {config.out_dir}")
         cluster.start()
         nemesis.wait_serving(cluster, sorted(cluster.nodes), CLUSTER_START_S)
-        _create_topic(cluster, config, settings)
+        _create_topic(cluster, config, settings, security)
         workload = Workload(lambda: _broker_urls(cluster), TOPIC, config.partitions, history,
-                            producers=config.producers, consumers=config.consumers,
-                            rate=config.rate, seed=config.seed,
+                            security=security, producers=config.producers,
+                            consumers=config.consumers, rate=config.rate, seed=config.seed,
                             idempotent=config.workload == "idempotent",
                             transactional=config.workload == "transactional")
         history.record({"type": "workload", "producer": workload.producer_settings()})
@@ -196,14 +216,15 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
         history.record({"type": "phase", "name": "drain"})
         say("final read ...")
         count = final_read(_broker_urls(cluster), TOPIC, config.partitions, history,
-                           FINAL_READ_S, workload.isolation_level)
+                           FINAL_READ_S, workload.isolation_level, security=security)
         if workload.transactional:
             # The copies first: reading them waits until no transaction is
             # open, after which the copier's offsets stay put.
             copies = final_read(_broker_urls(cluster), workload.copy_topic, config.partitions,
-                                history, FINAL_READ_S, "read_committed", kind="copy-drain")
+                                history, FINAL_READ_S, "read_committed", kind="copy-drain",
+                                security=security)
             record_copier_offsets(_broker_urls(cluster), TOPIC, config.partitions, history,
-                                  workload.copier_id)
+                                  workload.copier_id, security=security)
             say(f"copies read: {copies:,}")
         say(f"final read: {count:,} records")
     except Exception as exc:  # noqa: BLE001  the run fails with its reason
@@ -224,6 +245,7 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
     results = checker.check(events)
     results.update(faults=faults_from_events(events), layout=config.layout, nemeses=nemeses,
                    network="namespaces" if network else "loopback",
+                   security_protocol=config.security_protocol,
                    unsafe_ack_before_replication=config.unsafe_ack_before_replication,
                    config=_jsonable(asdict(config)))
     write_results(config.out_dir, results, events, say)
@@ -307,7 +329,8 @@ def _wait_full_isr(target: nemesis.Target) -> None:
                f"every partition of {TOPIC} with its whole ISR", interval_s=0.2)
 
 
-def _create_topic(cluster: ProcessCluster, config: RunConfig, settings: dict) -> None:
+def _create_topic(cluster: ProcessCluster, config: RunConfig, settings: dict,
+                  security: ClientSecurity) -> None:
     from api.client import Admin, NewTopic
 
     replication = settings["default.replication.factor"]
@@ -315,7 +338,7 @@ def _create_topic(cluster: ProcessCluster, config: RunConfig, settings: dict) ->
     if config.unsafe_ack_before_replication:
         configs["unclean.leader.election.enable"] = "true"
     names = [TOPIC] + ([f"{TOPIC}-copy"] if config.workload == "transactional" else [])
-    with Admin(_broker_urls(cluster)) as admin:
+    with Admin(_broker_urls(cluster), **security.settings) as admin:
         admin.create_topics([NewTopic(name, config.partitions, replication, configs=configs)
                              for name in names])
     target = nemesis.Target(cluster, TOPIC, config.partitions, random.Random(0))

@@ -30,6 +30,12 @@ Final read
     After the faults are healed and the ISR is whole again, one fresh
     consumer reads every partition from the start to its high watermark.
 
+Security
+    Against a TLS cluster (``kraftlog chaos run --secure``) every client here
+    and every HTTP call gets the run's ``ClientSecurity``: the client
+    settings and the SSL context of the cluster's CA and client certificate.
+    It is a required argument, so no call can forget it.
+
 The history is JSON lines (docs/chaos.md has the format); ``History`` writes
 it as events happen, so a run that crashes still leaves what it saw.
 """
@@ -38,9 +44,11 @@ from __future__ import annotations
 
 import json
 import random
+import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from api.client import Consumer, Producer, TopicPartition
@@ -77,6 +85,20 @@ TRANSACTION_TIMEOUT_MS = 10_000
 #: The consume-transform-produce loop of the transactional workload.
 COPY_GROUP = "chaos-copier"
 COPY_SESSION_TIMEOUT_MS = 6_000
+
+
+@dataclass(frozen=True)
+class ClientSecurity:
+    """How the harness reaches the cluster's listeners. ``settings``: the
+    keyword arguments of every client it makes (Kafka's ``security_protocol``,
+    ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``; a TLS
+    ``ProcessCluster``'s ``client_security``). ``context``: what its own
+    JSON calls to https URLs verify the nodes with and present as their
+    client certificate (the cluster's ``ssl_context``). Both empty for a
+    plaintext cluster."""
+
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    context: ssl.SSLContext | None = None
 
 
 def copy_value(partition: int, offset: int, value: str) -> str:
@@ -154,11 +176,12 @@ class Workload:
     """The producers and live consumers of one run."""
 
     def __init__(self, bootstrap: Callable[[], list[str]], topic: str, partitions: int,
-                 history: History, *, producers: int = 3, consumers: int = 2,
-                 rate: float = 300.0, keys: int = 64, seed: int = 0,
+                 history: History, *, security: ClientSecurity, producers: int = 3,
+                 consumers: int = 2, rate: float = 300.0, keys: int = 64, seed: int = 0,
                  request_timeout_ms: int = 3000, idempotent: bool = False,
                  transactional: bool = False) -> None:
         self.bootstrap = bootstrap
+        self.security = security
         self.topic = topic
         self.partitions = partitions
         self.history = history
@@ -226,7 +249,8 @@ class Workload:
         rng = random.Random(f"{self.seed}-producer-{number}")
         interval_s = ROUND_RECORDS * self.producer_count / self.rate
         timeout_ms = self.request_timeout_ms
-        with Producer(self.bootstrap(), **self.producer_settings()) as producer:
+        with Producer(self.bootstrap(), **self.producer_settings(),
+                      **self.security.settings) as producer:
             outstanding = _Outstanding(OUTSTANDING_MAX)
             seq = 0
             next_round = time.monotonic()
@@ -353,7 +377,7 @@ class Workload:
                 producer.close(timeout_ms=10 * self.request_timeout_ms)
 
     def _new_transactional_producer(self, settings: dict) -> Producer | None:
-        producer = Producer(self.bootstrap(), **settings)
+        producer = Producer(self.bootstrap(), **settings, **self.security.settings)
         try:
             producer.init_transactions()
             return producer
@@ -394,9 +418,10 @@ class Workload:
                                     isolation_level="read_committed",
                                     auto_offset_reset="earliest", enable_auto_commit=False,
                                     request_timeout_ms=5000, metadata_max_age_ms=2000,
-                                    session_timeout_ms=COPY_SESSION_TIMEOUT_MS)
+                                    session_timeout_ms=COPY_SESSION_TIMEOUT_MS,
+                                    **self.security.settings)
                 consumer.subscribe([self.topic])
-                producer = Producer(self.bootstrap(), **settings)
+                producer = Producer(self.bootstrap(), **settings, **self.security.settings)
                 producer.init_transactions()
                 while not self._stop_consumers.is_set():
                     records = consumer.poll(timeout_ms=POLL_TIMEOUT_MS)
@@ -430,8 +455,8 @@ class Workload:
     def _consume(self, number: int) -> None:
         tps = [TopicPartition(self.topic, p) for p in range(self.partitions)]
         with Consumer(self.bootstrap(), auto_offset_reset="none", request_timeout_ms=5000,
-                      metadata_max_age_ms=2000,
-                      isolation_level=self.isolation_level) as consumer:
+                      metadata_max_age_ms=2000, isolation_level=self.isolation_level,
+                      **self.security.settings) as consumer:
             consumer.assign(tps)
             for tp in tps:
                 consumer.seek(tp, 0)
@@ -468,7 +493,7 @@ class Workload:
 
 def final_read(bootstrap: list[str], topic: str, partitions: int, history: History,
                timeout_s: float, isolation_level: str = "read_uncommitted",
-               kind: str = "drain") -> int:
+               kind: str = "drain", *, security: ClientSecurity) -> int:
     """Read every partition from offset 0 to its high watermark (its last
     stable offset, read_committed) now; record it as ``drain`` events (or
     ``kind``); the number of records read."""
@@ -476,9 +501,9 @@ def final_read(bootstrap: list[str], topic: str, partitions: int, history: Histo
     deadline = time.monotonic() + timeout_s
     total = 0
     with Consumer(bootstrap, auto_offset_reset="none", request_timeout_ms=5000,
-                  isolation_level=isolation_level) as consumer:
+                  isolation_level=isolation_level, **security.settings) as consumer:
         if isolation_level == "read_committed":
-            _wait_transactions_settled(bootstrap, consumer, tps, deadline)
+            _wait_transactions_settled(bootstrap, consumer, tps, deadline, security)
         ends = _settled_end_offsets(consumer, tps, deadline)
         history.record({"type": f"{kind}-start",
                         "ends": {str(tp.partition): end for tp, end in ends.items()}})
@@ -535,7 +560,8 @@ class _Outstanding:
 
 
 def record_copier_offsets(bootstrap: list[str], topic: str, partitions: int,
-                          history: History, copier_id: str, timeout_s: float = 60.0) -> None:
+                          history: History, copier_id: str, timeout_s: float = 60.0, *,
+                          security: ClientSecurity) -> None:
     """The copier group's committed offsets of ``topic`` (``copy-offsets``),
     once the copier's last transaction is complete (its markers, the one in
     ``__consumer_offsets`` too, written)."""
@@ -547,7 +573,7 @@ def record_copier_offsets(bootstrap: list[str], topic: str, partitions: int,
     path = "/v1/transactions/" + urllib.parse.quote(copier_id, safe="")
     while True:
         try:
-            status, answer = http_json(bootstrap[0] + path)
+            status, answer = http_json(bootstrap[0] + path, context=security.context)
         except OSError:
             status, answer = 0, {}
         if status == 404 or (status == 200 and answer.get("state") not in (
@@ -556,7 +582,8 @@ def record_copier_offsets(bootstrap: list[str], topic: str, partitions: int,
         if time.monotonic() > deadline:
             raise TimeoutError(f"the copier's transaction did not complete: {answer}")
         time.sleep(0.2)
-    status, group = http_json(bootstrap[0] + "/v1/groups/" + COPY_GROUP)
+    status, group = http_json(bootstrap[0] + "/v1/groups/" + COPY_GROUP,
+                              context=security.context)
     committed = {p: 0 for p in range(partitions)}
     if status == 200:
         for entry in group.get("offsets") or ():
@@ -569,11 +596,13 @@ def record_copier_offsets(bootstrap: list[str], topic: str, partitions: int,
 
 
 def _wait_transactions_settled(bootstrap: list[str], committed: Consumer,
-                               tps: list[TopicPartition], deadline: float) -> None:
+                               tps: list[TopicPartition], deadline: float,
+                               security: ClientSecurity) -> None:
     """Until no transaction is open: every last stable offset has reached
     its high watermark (a transaction a fault left open is aborted by its
     coordinator after its timeout)."""
-    with Consumer(bootstrap, auto_offset_reset="none", request_timeout_ms=5000) as plain:
+    with Consumer(bootstrap, auto_offset_reset="none", request_timeout_ms=5000,
+                  **security.settings) as plain:
         while True:
             stable, high = committed.end_offsets(tps), plain.end_offsets(tps)
             if stable == high:

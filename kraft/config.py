@@ -276,6 +276,10 @@ def parse_protocol_map(text: str, listeners: Mapping[str, Endpoint]) -> dict[str
 def _node_tls(values: Mapping[str, Any], protocols: Mapping[str, str]) -> NodeTls | None:
     """The node's TLS contexts, or None when nothing it serves or calls is SSL."""
     if tls.SSL not in protocols.values():
+        if values["ssl.client.auth"] != "none":
+            raise InvalidConfigError(
+                f"ssl.client.auth = {values['ssl.client.auth']} has no effect: no listener is "
+                "SSL in listener.security.protocol.map (set e.g. BROKER:SSL,CONTROLLER:SSL)")
         return None
     certfile, keyfile = values["ssl.certfile"], values["ssl.keyfile"]
     cafile, client_auth = values["ssl.cafile"], values["ssl.client.auth"]
@@ -294,7 +298,7 @@ def _node_tls(values: Mapping[str, Any], protocols: Mapping[str, str]) -> NodeTl
                                   check_hostname=identification == "https")
     except tls.TlsConfigError as exc:
         raise InvalidConfigError(str(exc)) from None
-    return NodeTls(server, peer, tls.CertificateReloader(server, certfile, keyfile, cafile),
+    return NodeTls(server, peer, tls.CertificateReloader(server, peer, certfile, keyfile, cafile),
                    values["ssl.reload.interval.ms"])
 
 

@@ -93,11 +93,15 @@ def server_context(certfile: str, keyfile: str | None, cafile: str | None = None
 def client_context(cafile: str | None = None, certfile: str | None = None,
                    keyfile: str | None = None, check_hostname: bool = True
                    ) -> ssl.SSLContext:
-    """What a client (or a node calling its peers) verifies servers with."""
-    context = ssl.create_default_context()
+    """What a client (or a node calling its peers) verifies servers with:
+    ``cafile``'s CAs and only those (as a Kafka truststore replaces the
+    defaults), or the system's without one."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     if cafile:
         _load_cas(context, cafile)
+    else:
+        context.load_default_certs()
     context.check_hostname = check_hostname
     if certfile:
         check_not_expired(certfile, "the client certificate")
@@ -109,9 +113,19 @@ def client_context(cafile: str | None = None, certfile: str | None = None,
 
 @dataclasses.dataclass
 class CertificateReloader:
-    """Re-loads a server context's files when one of them changes."""
+    """Re-loads a node's certificate, key and CA files into its live
+    contexts (``server``: its SSL listeners'; ``peer``: the one it calls
+    its peers with, presenting the same certificate) when one changes.
 
-    context: ssl.SSLContext
+    The files are tried on scratch contexts first: a pair that does not
+    load (a certificate replaced before its key, a half-written file, an
+    expired certificate) is logged and tried again at the next check, and
+    the live contexts keep what they had. A CA file adds to the CAs trusted
+    (OpenSSL cannot drop one from a live context): a CA removed is trusted
+    until a restart."""
+
+    server: ssl.SSLContext
+    peer: ssl.SSLContext | None
     certfile: str
     keyfile: str | None
     cafile: str | None
@@ -126,24 +140,31 @@ class CertificateReloader:
                 info = os.stat(path) if path else None
             except OSError:
                 info = None
-            stamps.append(None if info is None else (info.st_mtime_ns, info.st_size))
+            stamps.append(None if info is None else (
+                info.st_ino, info.st_mtime_ns, info.st_ctime_ns, info.st_size))
         return tuple(stamps)
 
     def check(self) -> bool:
-        """Reload if a file changed; whether it did. A file that cannot be
-        used (half written, say) is logged and tried again next time: the
-        context keeps what it had."""
+        """Reload if a file changed; whether it did."""
         stamps = self._stamps()
         if stamps == self._seen:
             return False
         try:
             check_not_expired(self.certfile, "the new ssl.certfile")
-            _load_chain(self.context, self.certfile, self.keyfile)
-            if self.cafile and self.context.verify_mode != ssl.CERT_NONE:
-                _load_cas(self.context, self.cafile)
+            _load_chain(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), self.certfile, self.keyfile)
+            if self.cafile:
+                _load_cas(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), self.cafile)
         except TlsConfigError as exc:
-            logger.warning("certificate files changed but cannot be loaded yet: %s", exc)
+            logger.warning("certificate files changed but cannot be loaded yet (the node "
+                           "keeps serving the ones it had): %s", exc)
             return False
+        # Both load: into the live contexts, with no await in between.
+        for context in (self.server, self.peer):
+            if context is None:
+                continue
+            _load_chain(context, self.certfile, self.keyfile)
+            if self.cafile and context.verify_mode != ssl.CERT_NONE:
+                _load_cas(context, self.cafile)
         self._seen = stamps
         logger.info("reloaded the TLS certificate %s", self.certfile)
         return True

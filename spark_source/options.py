@@ -308,6 +308,8 @@ def _normal_urls(value: str, scheme: str = "http") -> str:
     for item in value.split(","):
         url = item.strip().rstrip("/")
         if url:
+            if scheme == "https" and url.startswith("http://"):
+                url = "https://" + url[len("http://"):]
             urls.append(url if "://" in url else f"{scheme}://{url}")
     return ",".join(urls)
 

@@ -581,13 +581,11 @@ class _SegmentReader:
 _ARRAY32 = struct.Struct(">BI")
 
 
-def _decode(header: fmt.BatchHeader, batch: memoryview, verify_crc: bool = True
-            ) -> tuple[list, bool]:
+def _decode(header: fmt.BatchHeader, batch: memoryview) -> tuple[list, bool]:
     """The records of one batch as tuples ``(timestamp_delta, offset_delta,
     key, value, headers)``, decoded in one call, and whether their offset
-    deltas are 0..n-1 (as every batch a producer wrote). Checks the CRC
-    unless told it was checked earlier in the pass."""
-    if verify_crc and fmt.compute_crc(batch, 0, header.size_bytes) != header.crc:
+    deltas are 0..n-1 (as every batch a producer wrote). Checks the CRC."""
+    if fmt.compute_crc(batch, 0, header.size_bytes) != header.crc:
         raise fmt.CorruptRecordError(f"CRC mismatch in batch at offset {header.base_offset}")
     count = header.record_count
     if count == 0:
@@ -616,7 +614,7 @@ def _decode(header: fmt.BatchHeader, batch: memoryview, verify_crc: bool = True
         raise fmt.CorruptRecordError(
             f"records of batch at offset {header.base_offset} do not decode or disagree "
             f"with its record count: {exc}") from exc
-    if header.last_offset_delta == count - 1 and deltas == _deltas_of(count):
+    if header.last_offset_delta == count - 1 and deltas == tuple(range(count)):
         return items, True
     # As iter_records checks: offset deltas increase and stay in the batch
     # (a bad one would put a foreign offset in the offset map).
@@ -625,19 +623,6 @@ def _decode(header: fmt.BatchHeader, batch: memoryview, verify_crc: bool = True
         raise fmt.CorruptRecordError(
             f"record offset deltas of batch at offset {header.base_offset} are out of order")
     return items, False
-
-
-_CONTIGUOUS: dict[int, tuple[int, ...]] = {}
-
-
-def _deltas_of(count: int) -> tuple[int, ...]:
-    """``(0, 1, ..., count - 1)``, kept for the common batch sizes."""
-    deltas = _CONTIGUOUS.get(count)
-    if deltas is None:
-        deltas = tuple(range(count))
-        if len(_CONTIGUOUS) < 256:
-            _CONTIGUOUS[count] = deltas
-    return deltas
 
 
 def _rebuild(header: fmt.BatchHeader, items: list) -> bytes:
@@ -822,8 +807,12 @@ def _clean_batch(header: fmt.BatchHeader, batch: memoryview, offsets: OffsetMap,
         if not latest or (len(latest) == count and not tombstones):
             keep = [] if not latest else None
         else:
-            # Its CRC was checked as the map was built.
-            items, _ = _decode(header, batch, verify_crc=False)
+            # Checked again (the bytes were read again, and a rebuilt batch
+            # gets a fresh CRC: corruption must not be sealed into it).
+            items, _ = _decode(header, batch)
+            if len(items) != count:
+                raise fmt.CorruptRecordError(
+                    f"batch at offset {base} changed between the map and the rewrite")
             keep = list(map(items.__getitem__, map(base.__rsub__, latest)))
     elif header.is_transactional and aborted(header):
         keep, tombstones = [], False

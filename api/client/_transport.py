@@ -87,7 +87,9 @@ def default_client_id(kind: str) -> str:
 
 def bootstrap_urls(bootstrap: str | Iterable[str], scheme: str = "http") -> list[str]:
     """Normalise ``bootstrap`` (a URL, ``"a,b"``, or a list) to URLs without
-    a trailing slash; ``host:port`` gets ``scheme``."""
+    a trailing slash; ``host:port`` gets ``scheme``. With ``https`` (an SSL
+    client), an ``http://`` URL (the default bootstrap, say) becomes
+    ``https://``: such a client never sends plaintext."""
     if isinstance(bootstrap, str):
         items = bootstrap.split(",")
     else:
@@ -99,6 +101,8 @@ def bootstrap_urls(bootstrap: str | Iterable[str], scheme: str = "http") -> list
             continue
         if "://" not in url:
             url = f"{scheme}://{url}"
+        elif scheme == "https" and url.startswith("http://"):
+            url = "https://" + url[len("http://"):]
         if url not in urls:
             urls.append(url)
     if not urls:
@@ -152,6 +156,13 @@ class Transport:
         session = self._session_or_new()
         timeout_s = (timeout_ms or self.request_timeout_ms) / 1000
         url = base_url + path
+        if self.security.scheme == "https" and url.startswith("http://"):
+            # A URL the cluster handed out (a broker, a coordinator, a
+            # leader) that is plain: never send an SSL client's data there.
+            raise SslAuthenticationError(
+                f"{url} is a plain HTTP listener, and this client is configured for "
+                "security_protocol='SSL': it sends nothing unencrypted. Every broker's "
+                "listener must be SSL (listener.security.protocol.map)")
         data = None
         headers = None
         if method == "POST":
@@ -171,6 +182,9 @@ class Transport:
             raise RequestTimedOutError(
                 f"{method} {url} got no answer within {timeout_s * 1000:.0f} ms") from None
         except (aiohttp.ClientSSLError, aiohttp.ClientConnectorCertificateError) as exc:
+            if not _refused_handshake(exc):  # the broker went away mid-handshake: retriable
+                raise BrokerNotAvailableError(
+                    f"{method} {url} failed during the TLS handshake: {exc}") from None
             raise SslAuthenticationError(
                 f"{method} {url}: the TLS handshake failed: {exc}. Check that the broker's "
                 "listener is SSL, that ssl_cafile holds the CA that signed its certificate, "
@@ -204,6 +218,20 @@ class Transport:
 _UNDECODABLE = object()
 #: How long ``_plain_to_tls`` gives its probe.
 TLS_PROBE_TIMEOUT_S = 2.0
+
+
+def _refused_handshake(exc: Exception) -> bool:
+    """Whether a failed TLS handshake was a refusal (a certificate that
+    does not verify, an alert from the server, TLS spoken to a plain port),
+    which will fail the same way again, rather than the connection going
+    away in the middle (a broker killed or restarting)."""
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return True
+    cause = getattr(exc, "os_error", None) or exc.__cause__ or exc
+    reason = (getattr(cause, "reason", None) or str(cause)).upper()
+    return ("CERTIFICATE" in reason or "ALERT" in reason or "WRONG_VERSION" in reason
+            or "UNKNOWN_PROTOCOL" in reason or "RECORD_LAYER" in reason
+            or "HTTP_REQUEST" in reason)
 
 
 async def _plain_to_tls(url: str) -> SslAuthenticationError | None:

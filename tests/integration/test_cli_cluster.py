@@ -24,9 +24,13 @@ FAST = ["--set", "broker.session.timeout.ms=1500", "--set", "broker.heartbeat.in
 CLI_TIMEOUT_S = 60
 
 
-def kraftlog(*args: str) -> subprocess.CompletedProcess:
+def kraftlog(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run the CLI; ``env``: variables set on top of a copy of this process's
+    environment without any KRAFTLOG_* variable."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KRAFTLOG_")}
     return subprocess.run([sys.executable, "-m", "api.cli", *args], capture_output=True,
-                          text=True, timeout=CLI_TIMEOUT_S, cwd=REPO_ROOT)
+                          text=True, timeout=CLI_TIMEOUT_S, cwd=REPO_ROOT,
+                          env={**clean, **(env or {})})
 
 
 def recorded(cluster_dir) -> dict:
@@ -145,6 +149,94 @@ def test_up_restarts_only_a_killed_node_on_its_ports_and_down_stops_all(cluster_
     assert down.returncode == 0, down.stderr
     wait_gone({nodes[i]["config_path"]: pid for i, pid in after.items()}, 5)
     assert all(pid is None for pid in pids_of(cluster_dir).values())
+
+
+def test_up_secure_makes_a_tls_cluster_the_cli_reaches_with_the_printed_variables(
+        cluster_dirs):
+    dirs, tmp_path = cluster_dirs
+    cluster_dir = str(tmp_path / "secure")
+    dirs.append(cluster_dir)
+
+    up = kraftlog("cluster", "up", "--dir", cluster_dir, "--combined", "1", "--secure", *FAST)
+    assert up.returncode == 0, up.stdout + up.stderr
+    state = recorded(cluster_dir)
+    assert state["secure"] is True
+    (node,) = state["nodes"]
+    assert node["broker_url"].startswith("https://127.0.0.1:")
+    assert node["controller_url"].startswith("https://127.0.0.1:")
+    assert f"export KRAFTLOG_BOOTSTRAP={node['broker_url']}" in up.stdout
+    certs = os.path.join(cluster_dir, "certs")
+    exports = (f"export KRAFTLOG_SECURITY_PROTOCOL=SSL KRAFTLOG_SSL_CAFILE={certs}/ca.pem "
+               f"KRAFTLOG_SSL_CERTFILE={certs}/client.pem "
+               f"KRAFTLOG_SSL_KEYFILE={certs}/client-key.pem")
+    assert exports in up.stdout
+    assert "running, active" in up.stdout  # up's probes got through TLS
+    with open(node["config_path"]) as f:
+        config = f.read()
+    assert '"listener.security.protocol.map" = "BROKER:SSL,CONTROLLER:SSL"' in config
+    assert '"ssl.client.auth" = "required"' in config
+    assert f'"ssl.certfile" = "{certs}/node-1.pem"' in config
+
+    # The CLI with exactly the printed variables; and without them, refused.
+    env = {"KRAFTLOG_BOOTSTRAP": node["broker_url"]}
+    env.update(pair.split("=", 1) for pair in exports.removeprefix("export ").split())
+    created = kraftlog("topics", "create", "secured", "--partitions", "2", env=env)
+    assert created.returncode == 0, created.stdout + created.stderr
+    listed = kraftlog("topics", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert any(line.split()[:2] == ["secured", "2"] for line in listed.stdout.splitlines()), \
+        listed.stdout
+    plain = kraftlog("topics", "list", env={"KRAFTLOG_BOOTSTRAP": node["broker_url"]})
+    assert plain.returncode != 0 and "secured" not in plain.stdout
+    assert "certificate" in plain.stderr.lower(), plain.stderr
+
+    # A second `up` without --secure keeps it TLS (nothing to start, its
+    # probes over TLS), and so does `status`.
+    again = kraftlog("cluster", "up", "--dir", cluster_dir)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "TLS with client certificates" in again.stdout and "left alone" in again.stdout
+    assert exports in again.stdout
+    status = kraftlog("cluster", "status", "--dir", cluster_dir, "--json")
+    assert status.returncode == 0, status.stderr
+    live = json.loads(status.stdout)
+    assert live["secure"] is True and [n["state"] for n in live["nodes"]] == ["running, active"]
+    assert live["quorum"]["leader_id"] == 1
+
+    # Stopped and started again: the same CA and certificates, so the CLI's
+    # variables still work.
+    with open(os.path.join(certs, "ca.pem"), "rb") as f:
+        ca = f.read()
+    down = kraftlog("cluster", "down", "--dir", cluster_dir)
+    assert down.returncode == 0, down.stderr
+    wait_gone({node["config_path"]: node["pid"]}, 10)
+    restarted = kraftlog("cluster", "up", "--dir", cluster_dir)
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    assert "running, active" in restarted.stdout and exports in restarted.stdout
+    with open(os.path.join(certs, "ca.pem"), "rb") as f:
+        assert f.read() == ca
+    listed = kraftlog("topics", "list", env=env)
+    assert listed.returncode == 0 and "secured" in listed.stdout, listed.stderr
+
+    pid = pids_of(cluster_dir)[1]
+    down = kraftlog("cluster", "down", "--dir", cluster_dir)
+    assert down.returncode == 0, down.stderr
+    wait_gone({node["config_path"]: pid}, 10)
+
+
+def test_up_secure_on_a_plaintext_cluster_is_refused_with_what_to_do(tmp_path):
+    cluster_dir = tmp_path / "plain"
+    cluster_dir.mkdir()
+    (cluster_dir / CLUSTER_FILE).write_text(json.dumps({
+        "format_version": 1, "layout": {"controllers": 1, "brokers": 1, "combined": True},
+        "settings": {}, "nodes": [
+            {"id": 1, "roles": ["broker", "controller"], "broker_url": "http://127.0.0.1:1",
+             "controller_url": "http://127.0.0.1:2", "pid": None,
+             "config_path": str(cluster_dir / "node-1.toml"),
+             "log_path": str(cluster_dir / "node-1.log"), "data_dir": str(cluster_dir / "n1")},
+        ]}))
+    result = kraftlog("cluster", "up", "--dir", str(cluster_dir), "--secure")
+    assert result.returncode == 1
+    assert "made without --secure" in result.stderr and "use a new --dir" in result.stderr
 
 
 def test_down_without_cluster_json_fails_with_one_clear_line(tmp_path):

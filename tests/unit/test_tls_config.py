@@ -108,3 +108,72 @@ def test_the_url_of_an_address_follows_its_protocol():
     assert tls.url("h:1", tls.SSL) == "https://h:1"
     assert tls.url("h:1", tls.PLAINTEXT) == "http://h:1"
     assert tls.url("https://h:1", tls.PLAINTEXT) == "https://h:1"
+
+
+def test_a_client_with_a_ca_file_trusts_that_ca_only(made):
+    context = tls.client_context(made["ca"].certfile)
+    assert len(context.get_ca_certs()) == 1  # not the system's CAs as well
+
+
+def test_an_ssl_client_never_sends_to_a_plain_url(made):
+    import asyncio
+
+    from api.client import SslAuthenticationError
+    from api.client._transport import Security, Transport, bootstrap_urls
+    assert bootstrap_urls("http://h:1,g:2", "https") == ["https://h:1", "https://g:2"]
+    transport = Transport(security=Security("SSL", made["ca"].certfile))
+
+    async def send() -> None:
+        try:
+            # As a metadata answer could name it: a broker with a plain listener.
+            await transport.request("http://127.0.0.1:9", "/v1/metadata", {})
+        finally:
+            await transport.close()
+    with pytest.raises(SslAuthenticationError, match="sends nothing unencrypted"):
+        asyncio.run(send())
+
+
+def _handshake(server: "ssl.SSLContext", client: "ssl.SSLContext") -> None:
+    """A TLS handshake between two contexts in memory; raises if it fails."""
+    import ssl
+    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
+    client_side = client.wrap_bio(c_in, c_out, server_hostname="localhost")
+    server_side = server.wrap_bio(s_in, s_out, server_side=True)
+    for _ in range(10):
+        done = 0
+        for side, out, peer_in in ((client_side, c_out, s_in), (server_side, s_out, c_in)):
+            try:
+                side.do_handshake()
+                done += 1
+            except ssl.SSLWantReadError:
+                pass
+            peer_in.write(out.read())
+        if done == 2:
+            return
+    raise AssertionError("the handshake did not finish")
+
+
+def test_a_certificate_replaced_before_its_key_leaves_the_listener_serving(made, tmp_path):
+    import shutil
+    node = certs.Issued(str(tmp_path / "node.pem"), str(tmp_path / "node-key.pem"))
+    shutil.copy(made["node-1"].certfile, node.certfile)
+    shutil.copy(made["node-1"].keyfile, node.keyfile)
+    server = tls.server_context(node.certfile, node.keyfile)
+    reloader = tls.CertificateReloader(server, None, node.certfile, node.keyfile,
+                                       made["ca"].certfile)
+    client = tls.client_context(made["ca"].certfile)
+    ca = certs.CertificateAuthority.load(made["ca"])
+    fresh = ca.issue(str(tmp_path), "fresh", "node-1", certs.DEFAULT_HOSTS)
+    shutil.copy(fresh.certfile, node.certfile)  # the certificate first: no match yet
+    assert reloader.check() is False
+    _handshake(server, client)  # still the old pair
+    shutil.copy(fresh.keyfile, node.keyfile)
+    assert reloader.check() is True
+    _handshake(server, client)
+
+
+def test_certs_create_will_not_replace_certificates_in_use(tmp_path):
+    certs.create(str(tmp_path), nodes=1)
+    with pytest.raises(FileExistsError, match="--force"):
+        certs.create(str(tmp_path), nodes=1)
+    assert certs.create(str(tmp_path), nodes=1, force=True)["ca"].certfile
