@@ -4,6 +4,7 @@ words that say what to do. (Real handshakes: tests/integration/test_tls.py.)"""
 from __future__ import annotations
 
 import datetime
+import ssl
 
 import pytest
 
@@ -133,9 +134,8 @@ def test_an_ssl_client_never_sends_to_a_plain_url(made):
         asyncio.run(send())
 
 
-def _handshake(server: "ssl.SSLContext", client: "ssl.SSLContext") -> None:
+def _handshake(server: ssl.SSLContext, client: ssl.SSLContext) -> None:
     """A TLS handshake between two contexts in memory; raises if it fails."""
-    import ssl
     c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
     client_side = client.wrap_bio(c_in, c_out, server_hostname="localhost")
     server_side = server.wrap_bio(s_in, s_out, server_side=True)
