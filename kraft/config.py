@@ -81,6 +81,8 @@ class NodeTls:
     peer: ssl.SSLContext | None
     reloader: tls.CertificateReloader | None
     reload_interval_ms: int
+    #: ssl.principal.mapping.rules: client certificate subject -> user name.
+    mapper: tls.PrincipalMapper = dataclasses.field(default_factory=tls.PrincipalMapper)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,11 +133,12 @@ class NodeConfig:
         return BROKER_ROLE in self.roles
 
     def secure_app(self, app: Any, endpoint: Endpoint) -> None:
-        """What an HTTP app served on ``endpoint`` needs for TLS: the
-        refusal of requests without a client certificate, where
-        ``ssl.client.auth = required`` on an SSL listener."""
-        if endpoint.tls and self.settings.get("ssl.client.auth") == "required":
-            tls.client_certificate_required(app)
+        """What an HTTP app served on ``endpoint`` needs for TLS: each
+        request's user named from its client certificate, and refused
+        without one where ``ssl.client.auth = required``."""
+        if endpoint.tls and self.tls is not None:
+            tls.authenticate_clients(app, self.tls.mapper,
+                                     self.settings.get("ssl.client.auth") == "required")
 
     def raft_endpoint(self, node_id: int) -> Endpoint:
         voter = self.voters[node_id]
@@ -276,10 +279,12 @@ def parse_protocol_map(text: str, listeners: Mapping[str, Endpoint]) -> dict[str
 def _node_tls(values: Mapping[str, Any], protocols: Mapping[str, str]) -> NodeTls | None:
     """The node's TLS contexts, or None when nothing it serves or calls is SSL."""
     if tls.SSL not in protocols.values():
-        if values["ssl.client.auth"] != "none":
-            raise InvalidConfigError(
-                f"ssl.client.auth = {values['ssl.client.auth']} has no effect: no listener is "
-                "SSL in listener.security.protocol.map (set e.g. BROKER:SSL,CONTROLLER:SSL)")
+        for key, default in (("ssl.client.auth", "none"),
+                             ("ssl.principal.mapping.rules", "DEFAULT")):
+            if values[key] != default:
+                raise InvalidConfigError(
+                    f"{key} = {values[key]!r} has no effect: no listener is SSL in "
+                    "listener.security.protocol.map (set e.g. BROKER:SSL,CONTROLLER:SSL)")
         return None
     certfile, keyfile = values["ssl.certfile"], values["ssl.keyfile"]
     cafile, client_auth = values["ssl.cafile"], values["ssl.client.auth"]
@@ -296,10 +301,11 @@ def _node_tls(values: Mapping[str, Any], protocols: Mapping[str, str]) -> NodeTl
         server = tls.server_context(certfile, keyfile, cafile, client_auth)
         peer = tls.client_context(cafile, certfile, keyfile,
                                   check_hostname=identification == "https")
+        mapper = tls.PrincipalMapper(values["ssl.principal.mapping.rules"])
     except tls.TlsConfigError as exc:
         raise InvalidConfigError(str(exc)) from None
     return NodeTls(server, peer, tls.CertificateReloader(server, peer, certfile, keyfile, cafile),
-                   values["ssl.reload.interval.ms"])
+                   values["ssl.reload.interval.ms"], mapper)
 
 
 #: The shortest controller.quorum.secret.file content accepted.

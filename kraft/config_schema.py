@@ -121,6 +121,11 @@ SCHEMA: tuple[Key, ...] = (
     _k("ssl.endpoint.identification.algorithm", "str", "https",
        "https: check that a peer's certificate names the host this node called; empty: "
        "do not (certificates without the right names, in a test setup).", _CONFIG),
+    _k("ssl.principal.mapping.rules", "str", "DEFAULT",
+       "How a client certificate's subject (CN=etl,OU=data,O=acme) becomes its user name "
+       "(User:<name>, for quotas): RULE:pattern/replacement/[L|U] rules and DEFAULT (the "
+       "subject as it is), comma-separated, first match wins; a subject no rule matches is "
+       "refused. Kafka's syntax.", _CONFIG),
     _k("ssl.reload.interval.ms", "int", 30_000,
        "How often SSL listeners look for a changed ssl.certfile, ssl.keyfile or ssl.cafile "
        "and load it: new connections get the new certificate, without a restart.",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import ssl
 
 logger = logging.getLogger(__name__)
@@ -170,32 +171,83 @@ class CertificateReloader:
         return True
 
 
-def client_certificate_required(app) -> None:
-    """Refuse, on ``app``, every request whose connection presented no
-    client certificate (``ssl.client.auth = required``).
+#: The user of a request without a client certificate.
+ANONYMOUS = "User:ANONYMOUS"
+#: Where ``authenticate_clients`` leaves a request's user.
+PRINCIPAL_KEY = "kraftlog.principal"
 
-    The TLS layer asks for one without insisting (a certificate that is
-    presented must still verify, or the handshake fails): a client that has
-    none gets a 401 ``SSL_AUTHENTICATION_FAILED`` that says what to set,
-    where a refusal inside the TLS 1.3 handshake reaches it as a bare
-    disconnect it would retry."""
+
+def authenticate_clients(app, mapper: "PrincipalMapper", require_certificate: bool) -> None:
+    """On ``app`` (an SSL listener's), name every request's user from its
+    client certificate: ``User:`` and what ``mapper``
+    (``ssl.principal.mapping.rules``) makes of the certificate's subject, or
+    ``User:ANONYMOUS`` without one. Refused, 401 ``SSL_AUTHENTICATION_FAILED``
+    saying what to do: a request without a certificate where
+    ``require_certificate`` (``ssl.client.auth = required``), and one whose
+    subject no mapping rule matches (as Kafka refuses it).
+
+    The TLS layer asks for a certificate without insisting (one that is
+    presented must still verify, or the handshake fails): a refusal inside
+    the TLS 1.3 handshake would reach the client as a bare disconnect it
+    retries; this one it can read."""
     from aiohttp import web
 
     from protocol.errors import SslAuthenticationError
 
     @web.middleware
-    async def require_certificate(request, handler):
+    async def authenticate(request, handler):
         transport = request.transport
-        if transport is None or not transport.get_extra_info("peercert"):
-            raise SslAuthenticationError(
-                "this listener requires a client certificate (ssl.client.auth = required): "
-                "connect with ssl_certfile and ssl_keyfile (--ssl-certfile, --ssl-keyfile), "
-                "a certificate signed by a CA the node trusts")
+        cert = transport.get_extra_info("peercert") if transport is not None else None
+        if not cert:
+            if require_certificate:
+                raise SslAuthenticationError(
+                    "this listener requires a client certificate (ssl.client.auth = "
+                    "required): connect with ssl_certfile and ssl_keyfile (--ssl-certfile, "
+                    "--ssl-keyfile), a certificate signed by a CA the node trusts")
+            request[PRINCIPAL_KEY] = ANONYMOUS
+        else:
+            subject = subject_name(cert.get("subject", ()))
+            name = mapper.name(subject)
+            if name is None:
+                raise SslAuthenticationError(
+                    f"no ssl.principal.mapping.rules rule matches the client certificate's "
+                    f"subject {subject!r}: the node refuses it")
+            request[PRINCIPAL_KEY] = "User:" + name
         return await handler(request)
 
     from protocol import wire
     app.middlewares.insert(app.middlewares.index(wire.error_middleware) + 1,
-                           require_certificate)  # its refusal is an error body
+                           authenticate)  # its refusal is an error body
+
+
+def principal_of(request) -> str:
+    """The user ``authenticate_clients`` named, else ``User:ANONYMOUS`` (a
+    plain listener)."""
+    return request.get(PRINCIPAL_KEY, ANONYMOUS)
+
+
+_SHORT = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU",
+          "countryName": "C", "localityName": "L", "stateOrProvinceName": "ST",
+          "streetAddress": "STREET", "domainComponent": "DC", "userId": "UID",
+          "emailAddress": "EMAILADDRESS"}
+
+
+def subject_name(subject) -> str:
+    """``ssl`` module's subject tuple as an RFC 2253 string (most specific
+    RDN first, the way Java's X500Principal names it)."""
+    parts = []
+    for rdn in reversed(subject):
+        parts.append("+".join(f"{_SHORT.get(k, k)}={_escape(v)}" for k, v in rdn))
+    return ",".join(parts)
+
+
+def _escape(value: str) -> str:
+    out = "".join("\\" + c if c in ',+"\\<>;=' else c for c in value)
+    if out.startswith((" ", "#")):
+        out = "\\" + out
+    if out.endswith(" "):
+        out = out[:-1] + "\\ "
+    return out
 
 
 def expiry(certfile: str):
@@ -224,3 +276,52 @@ def session(context: ssl.SSLContext | None, **kwargs):
     import aiohttp
     connector = aiohttp.TCPConnector(ssl=context) if context is not None else None
     return aiohttp.ClientSession(connector=connector, **kwargs)
+
+
+class PrincipalMapper:
+    """Kafka's ``ssl.principal.mapping.rules``: how a client certificate's
+    subject (RFC 2253, ``CN=etl,OU=data,O=acme``) becomes a user name.
+
+    Rules, tried in order, comma-separated: ``RULE:pattern/replacement/``
+    (a regular expression the whole subject must match; ``$1``... in the
+    replacement are its groups; an ``L`` or ``U`` after the last slash makes
+    the name lower or upper case) and ``DEFAULT`` (the subject as it is). A
+    subject no rule matches is refused, as in Kafka."""
+
+    _RULE = re.compile(r"\s*(?:RULE:((?:\\.|[^\\/])*)/((?:\\.|[^\\/])*)/([LU]?)|(DEFAULT))\s*(,|$)")
+
+    def __init__(self, rules: str = "DEFAULT") -> None:
+        self.rules: list[tuple[re.Pattern, str, str] | None] = []
+        pos, text = 0, rules.strip()
+        while pos < len(text):
+            found = self._RULE.match(text, pos)
+            if found is None:
+                raise TlsConfigError(
+                    f"ssl.principal.mapping.rules: cannot read {text[pos:]!r}: write "
+                    "RULE:pattern/replacement/ (optionally /L or /U), or DEFAULT, "
+                    "comma-separated")
+            if found.group(4):
+                self.rules.append(None)
+            else:
+                try:
+                    pattern = re.compile(found.group(1).replace("\\/", "/"))
+                except re.error as exc:
+                    raise TlsConfigError(
+                        f"ssl.principal.mapping.rules: bad pattern {found.group(1)!r}: "
+                        f"{exc}") from None
+                replacement = re.sub(r"\$(\d+)", r"\\g<\1>", found.group(2).replace("\\/", "/"))
+                self.rules.append((pattern, replacement, found.group(3)))
+            pos = found.end()
+        if not self.rules:
+            self.rules.append(None)
+
+    def name(self, subject: str) -> str | None:
+        """The user name of ``subject``, or None: no rule matches it."""
+        for rule in self.rules:
+            if rule is None:
+                return subject
+            pattern, replacement, case = rule
+            if pattern.fullmatch(subject):
+                name = pattern.sub(replacement, subject, count=1)
+                return name.lower() if case == "L" else name.upper() if case == "U" else name
+        return None

@@ -23,12 +23,13 @@ from aiohttp import web
 
 from api.broker.metrics import BrokerMetrics
 from api.broker.partition import Partition
-from api.broker.quotas import QuotaManager, client_id_of, principal_of
+from api.broker.quotas import QuotaManager, client_id_of
 from api.broker.replica_manager import ReplicaManager
 from api.broker.replication import (READ_COMMITTED, READ_UNCOMMITTED, FetchRequest, FetchSpec,
                                     MarkerItem, ProduceItem, broker_url)
 from protocol import wire
 from protocol.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
+from protocol.tls import principal_of
 from protocol.errors import CodedError, InvalidRequestError, InvalidRequiredAcksError, KraftError
 from protocol.fields import Fields
 from storage.batch import iter_batches, iter_records

@@ -29,9 +29,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from protocol.quotas import (ANONYMOUS, CLIENT_ID_CHARS_MAX, CLIENT_ID_HEADER,
-                             check_quota_value, entity_name, parse_entity_name,
-                             resolution_order)
+from protocol.quotas import (CLIENT_ID_CHARS_MAX, CLIENT_ID_HEADER, check_quota_value,
+                             entity_name, parse_entity_name, resolution_order)
 
 #: A throttle is never longer than this, whatever the rate.
 THROTTLE_MS_MAX = 60_000
@@ -172,37 +171,3 @@ def client_id_of(request: Any) -> str:
     """The client id a request names itself with ("" without one)."""
     value = request.headers.get(CLIENT_ID_HEADER, "")
     return value[:CLIENT_ID_CHARS_MAX]
-
-
-def principal_of(request: Any) -> str:
-    """The request's user: ``User:<subject>`` of its TLS client certificate
-    (RFC 2253 order, as Kafka names it), else ``User:ANONYMOUS``."""
-    transport = request.transport
-    cert = transport.get_extra_info("peercert") if transport is not None else None
-    if not cert:
-        return ANONYMOUS
-    return "User:" + subject_name(cert.get("subject", ()))
-
-
-_SHORT = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU",
-          "countryName": "C", "localityName": "L", "stateOrProvinceName": "ST",
-          "streetAddress": "STREET", "domainComponent": "DC", "userId": "UID",
-          "emailAddress": "EMAILADDRESS"}
-
-
-def subject_name(subject) -> str:
-    """``ssl`` module's subject tuple as an RFC 2253 string (most specific
-    RDN first, the way Java's X500Principal names it)."""
-    parts = []
-    for rdn in reversed(subject):
-        parts.append("+".join(f"{_SHORT.get(k, k)}={_escape(v)}" for k, v in rdn))
-    return ",".join(parts)
-
-
-def _escape(value: str) -> str:
-    out = "".join("\\" + c if c in ',+"\\<>;=' else c for c in value)
-    if out.startswith((" ", "#")):
-        out = "\\" + out
-    if out.endswith(" "):
-        out = out[:-1] + "\\ "
-    return out

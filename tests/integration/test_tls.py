@@ -39,7 +39,10 @@ TOPIC = "secure-orders"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     base = tmp_path_factory.mktemp("tls")
-    settings = {**FAST_SETTINGS, "ssl.client.auth": "required", "ssl.reload.interval.ms": 200}
+    settings = {**FAST_SETTINGS, "ssl.client.auth": "required", "ssl.reload.interval.ms": 200,
+                # Users are named by their certificate's CN; other subjects refused.
+                "ssl.principal.mapping.rules": r"RULE:^CN=(client|node-\d+),O=.*$/$1/",
+                "quota.window.num": 2, "quota.window.size.seconds": 1}
     with ProcessCluster(str(base / "cluster"), controllers=3, brokers=3, combined=True,
                         settings=settings, tls=True) as running:
         running.start()
@@ -204,3 +207,41 @@ def test_a_replaced_certificate_is_served_without_a_restart(cluster, tmp_path):
     assert node.running
     with Admin(node.broker_url, **cluster.client_security) as admin:
         assert TOPIC in admin.list_topics()
+
+
+def test_a_certificate_no_mapping_rule_matches_is_refused(cluster, tmp_path):
+    stranger = _cluster_ca(cluster).issue(str(tmp_path), "stranger", "stranger")
+    security = {**cluster.client_security, "ssl_certfile": stranger.certfile,
+                "ssl_keyfile": stranger.keyfile}
+    error = fails_fast(lambda: admin_call(cluster.nodes[1].broker_url, **security))
+    assert isinstance(error, SslAuthenticationError) and not error.retriable
+    assert "no ssl.principal.mapping.rules rule matches" in error.message
+    assert "CN=stranger" in error.message
+
+
+def test_a_user_quota_applies_to_the_certificates_user(cluster):
+    """The client certificate's CN, mapped by the rule, is the user a quota
+    names: User:client."""
+    url = cluster.nodes[2].broker_url
+    with Admin(url, **cluster.client_security) as admin:
+        admin.create_topics([NewTopic("user-quota", 1, 3)])
+        admin.alter_client_quotas({"user": "User:client"}, {"producer_byte_rate": 50_000})
+    with Producer(bootstrap(cluster), client_id="by-user", linger_ms=0,
+                  batch_size=64 * 1024, **cluster.client_security) as producer:
+        for i in range(200):
+            producer.send("user-quota", b"u" * 1024)
+        producer.flush(60_000)
+    held = 0.0
+    for node in cluster.nodes.values():
+        text = _get_text(node.broker_url + "/metrics", cluster.ssl_context)
+        for line in text.splitlines():
+            if line.startswith("kraftlog_client_quota_throttle_ms_total{") \
+                    and 'client_id="by-user"' in line:
+                held += float(line.rsplit(" ", 1)[1])
+    assert held > 0
+
+
+def _get_text(url: str, context: ssl.SSLContext) -> str:
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=5, context=context) as response:
+        return response.read().decode()

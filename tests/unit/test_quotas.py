@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from api.broker.quotas import QuotaManager, Rate, subject_name
+from api.broker.quotas import QuotaManager, Rate
 from protocol.quotas import (CONSUMER_BYTE_RATE, DEFAULT, PRODUCER_BYTE_RATE, check_entity,
                              check_quota_value, entity_name, resolution_order)
+from protocol.tls import PrincipalMapper, TlsConfigError, subject_name
 
 
 class Clock:
@@ -105,3 +106,19 @@ def test_the_next_request_of_a_throttled_client_waits_its_throttle_out():
     assert quotas.hold_for("User:ANONYMOUS", "slow") == pytest.approx(0.5)
     clock.now += 1
     assert quotas.hold_for("User:ANONYMOUS", "slow") == 0
+
+
+def test_principal_mapping_rules_read_as_kafkas():
+    rules = PrincipalMapper(
+        "RULE:^CN=(.*?),OU=ServiceUsers.*$/$1/,"
+        "RULE:^CN=(.*?),OU=(.*?),O=(.*?),L=(.*?),ST=(.*?),C=(.*?)$/$1@$2/L,"
+        "RULE:^.*[Cc][Nn]=([a-zA-Z0-9.]*).*$/$1/U, DEFAULT")
+    assert rules.name("CN=kafka-server1,OU=ServiceUsers,O=org,C=us") == "kafka-server1"
+    assert rules.name("CN=Duke,OU=JavaSoft,O=Sun,L=Santa Clara,ST=CA,C=US") == "duke@javasoft"
+    assert rules.name("CN=Duke,OU=JavaSoft,O=Sun") == "DUKE"
+    assert rules.name("OU=JavaSoft,O=Sun,C=US") == "OU=JavaSoft,O=Sun,C=US"  # DEFAULT
+    assert PrincipalMapper("RULE:^CN=(.*?),.*$/$1/").name("O=x") is None  # refused
+    assert PrincipalMapper().name("CN=a,O=b") == "CN=a,O=b"
+    for bad in ("RULE:^CN=(.*$/$1/", "RULES:x/y/", "RULE:a/b"):
+        with pytest.raises(TlsConfigError, match="ssl.principal.mapping.rules"):
+            PrincipalMapper(bad)
