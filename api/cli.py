@@ -85,9 +85,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     from api import transactions_cli
 
     transactions_cli.add_commands(commands, ExamplesFormatter)
-    from api import quotas_cli
+    from api import quotas_cli, users_cli
 
     quotas_cli.add_commands(commands, ExamplesFormatter)
+    users_cli.add_commands(commands, ExamplesFormatter)
     if command == "bench":
         _add_bench_commands(commands)
     else:
@@ -465,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     args.bootstrap = normalise_bootstrap(
-        args.bootstrap, "https" if args.security_protocol == "SSL" else "http")
+        args.bootstrap, "https" if args.security_protocol in ("SSL", "SASL_SSL") else "http")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

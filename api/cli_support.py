@@ -19,6 +19,7 @@ __all__ = ["DEFAULT_BOOTSTRAP", "CliError", "ExamplesFormatter", "add_security_a
 #: makes, and every JSON request, connects with. One command, one process.
 _security: dict = {}
 _ssl_context = None
+_authorization: str | None = None
 
 
 def add_security_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +30,8 @@ def add_security_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "TLS", "How to reach brokers whose listener is SSL (docs/security.md). Each "
         "defaults to its environment variable.")
-    group.add_argument("--security-protocol", choices=("PLAINTEXT", "SSL"), type=str.upper,
+    group.add_argument("--security-protocol", choices=("PLAINTEXT", "SSL", "SASL_SSL"),
+                       type=str.upper,
                        default=os.environ.get("KRAFTLOG_SECURITY_PROTOCOL", "PLAINTEXT"),
                        help="SSL: https:// for host:port addresses, certificates verified "
                             "($KRAFTLOG_SECURITY_PROTOCOL; default %(default)s)")
@@ -41,24 +43,48 @@ def add_security_arguments(parser: argparse.ArgumentParser) -> None:
                                            "require one ($KRAFTLOG_SSL_CERTFILE)")
     group.add_argument("--ssl-keyfile", default=os.environ.get("KRAFTLOG_SSL_KEYFILE"),
                        metavar="PEM", help="its private key ($KRAFTLOG_SSL_KEYFILE)")
+    group.add_argument("--sasl-username", default=os.environ.get("KRAFTLOG_SASL_USERNAME"),
+                       metavar="USER", help="SASL_SSL: the user to authenticate as "
+                                            "($KRAFTLOG_SASL_USERNAME)")
+    group.add_argument("--sasl-password-file",
+                       default=os.environ.get("KRAFTLOG_SASL_PASSWORD_FILE"), metavar="FILE",
+                       help="SASL_SSL: a file whose first line is the password "
+                            "($KRAFTLOG_SASL_PASSWORD_FILE, or $KRAFTLOG_SASL_PASSWORD)")
 
 
 def configure_security(args: argparse.Namespace) -> None:
     """Take the parsed global TLS options; raises CliError for unusable files."""
-    global _ssl_context
+    global _ssl_context, _authorization
+    import base64
+    import os
+
     from protocol import tls
 
-    if args.security_protocol not in ("PLAINTEXT", "SSL"):  # from the environment
-        raise CliError(f"security protocol {args.security_protocol!r}: use PLAINTEXT or SSL "
-                       "(check $KRAFTLOG_SECURITY_PROTOCOL)")
+    if args.security_protocol not in ("PLAINTEXT", "SSL", "SASL_SSL"):  # from the environment
+        raise CliError(f"security protocol {args.security_protocol!r}: use PLAINTEXT, SSL or "
+                       "SASL_SSL (check $KRAFTLOG_SECURITY_PROTOCOL)")
     _security.clear()
     _security.update(security_protocol=args.security_protocol, ssl_cafile=args.ssl_cafile,
                      ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
+    if args.security_protocol == "SASL_SSL" and args.sasl_username:
+        password = os.environ.get("KRAFTLOG_SASL_PASSWORD")
+        if args.sasl_password_file:
+            try:
+                with open(args.sasl_password_file) as f:
+                    password = f.readline().rstrip("\n")
+            except OSError as exc:
+                raise CliError(f"cannot read --sasl-password-file: {exc}") from None
+        if password is None:
+            raise CliError("--sasl-username needs --sasl-password-file (or "
+                           "$KRAFTLOG_SASL_PASSWORD)")
+        _security.update(sasl_plain_username=args.sasl_username, sasl_plain_password=password)
+        _authorization = "Basic " + base64.b64encode(
+            f"{args.sasl_username}:{password}".encode()).decode()
     try:
         _ssl_context = tls.client_context(args.ssl_cafile, args.ssl_certfile,
                                           args.ssl_keyfile) \
-            if args.security_protocol == tls.SSL or args.ssl_cafile or args.ssl_certfile \
-            else None
+            if args.security_protocol in tls.TLS_PROTOCOLS or args.ssl_cafile \
+            or args.ssl_certfile else None
     except tls.TlsConfigError as exc:
         raise CliError(str(exc)) from None
 
@@ -97,8 +123,10 @@ def get_json(url: str, timeout_s: float = 10.0, data: bytes | None = None) -> ob
     import urllib.error
     import urllib.request
 
-    request = urllib.request.Request(url, data=data, headers={
-        "Accept": "application/json", "Content-Type": "application/json"})
+    headers = {"Accept": "application/json", "Content-Type": "application/json"}
+    if _authorization:
+        headers["Authorization"] = _authorization
+    request = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s,
                                     context=_ssl_context) as response:

@@ -29,7 +29,7 @@ import logging
 import os
 import ssl
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kraft.config_schema import BY_NAME, SCHEMA, ConfigError, typed, unknown_key_message
@@ -53,6 +53,7 @@ class Endpoint:
     host: str
     port: int
     tls: bool = False  # the listener speaks SSL (listener.security.protocol.map)
+    sasl: bool = False  # SASL_SSL: a request needs a certificate or a SCRAM user
 
     def __str__(self) -> str:
         return f"{self.host}:{self.port}"
@@ -132,13 +133,21 @@ class NodeConfig:
     def is_broker(self) -> bool:
         return BROKER_ROLE in self.roles
 
-    def secure_app(self, app: Any, endpoint: Endpoint) -> None:
+    def secure_app(self, app: Any, endpoint: Endpoint,
+                   credentials: Callable[[str], Mapping[str, str]] | None = None) -> None:
         """What an HTTP app served on ``endpoint`` needs for TLS: each
         request's user named from its client certificate, and refused
-        without one where ``ssl.client.auth = required``."""
+        without one where ``ssl.client.auth = required``; on a SASL_SSL
+        listener, without a certificate, from a SCRAM user's name and
+        password (``credentials``: user -> mechanism -> encoded credential,
+        from the metadata)."""
         if endpoint.tls and self.tls is not None:
-            tls.authenticate_clients(app, self.tls.mapper,
-                                     self.settings.get("ssl.client.auth") == "required")
+            verifier = tls.PasswordVerifier(credentials) \
+                if endpoint.sasl and credentials is not None else None
+            tls.authenticate_clients(
+                app, self.tls.mapper,
+                self.settings.get("ssl.client.auth") == "required" and not endpoint.sasl,
+                verifier)
 
     def raft_endpoint(self, node_id: int) -> Endpoint:
         voter = self.voters[node_id]
@@ -211,9 +220,12 @@ def node_config_from_settings(settings: Mapping[str, Any],
     listeners = parse_listeners(values["listeners"] or "")
     voters = parse_voters(values["controller.quorum.voters"] or "")
     protocols = parse_protocol_map(values["listener.security.protocol.map"], listeners)
-    listeners = {name: dataclasses.replace(ep, tls=protocols.get(name) == tls.SSL)
+    listeners = {name: dataclasses.replace(ep, tls=protocols.get(name) in tls.TLS_PROTOCOLS,
+                                           sasl=protocols.get(name) == tls.SASL_SSL)
                  for name, ep in listeners.items()}
-    voters = {node: dataclasses.replace(ep, tls=protocols.get(CONTROLLER_LISTENER) == tls.SSL)
+    controller_protocol = protocols.get(CONTROLLER_LISTENER)
+    voters = {node: dataclasses.replace(ep, tls=controller_protocol in tls.TLS_PROTOCOLS,
+                                        sasl=controller_protocol == tls.SASL_SSL)
               for node, ep in voters.items()}
     log_dirs = values["log.dirs"] if values["log.dirs"] is not None else values["log.dir"]
     if isinstance(log_dirs, str):
@@ -258,11 +270,11 @@ def parse_protocol_map(text: str, listeners: Mapping[str, Endpoint]) -> dict[str
         if not sep or not name.strip():
             raise InvalidConfigError(
                 f"listener.security.protocol.map: {item!r} is not NAME:PROTOCOL")
-        if protocol in tls.SASL_PROTOCOLS:
+        if protocol == tls.SASL_PLAINTEXT:
             raise InvalidConfigError(
-                f"listener.security.protocol.map: {name} = {protocol}: SASL authentication "
-                "is not available yet; use SSL (TLS, with ssl.client.auth = required for "
-                "client certificates) or PLAINTEXT")
+                f"listener.security.protocol.map: {name} = SASL_PLAINTEXT would send "
+                "passwords in clear: use SASL_SSL (TLS, then a SCRAM user's name and "
+                "password, or a client certificate)")
         if protocol not in tls.SECURITY_PROTOCOLS:
             raise InvalidConfigError(
                 f"listener.security.protocol.map: {name} = {protocol!r}: use "
@@ -278,7 +290,7 @@ def parse_protocol_map(text: str, listeners: Mapping[str, Endpoint]) -> dict[str
 
 def _node_tls(values: Mapping[str, Any], protocols: Mapping[str, str]) -> NodeTls | None:
     """The node's TLS contexts, or None when nothing it serves or calls is SSL."""
-    if tls.SSL not in protocols.values():
+    if not set(protocols.values()) & set(tls.TLS_PROTOCOLS):
         for key, default in (("ssl.client.auth", "none"),
                              ("ssl.principal.mapping.rules", "DEFAULT")):
             if values[key] != default:
@@ -290,13 +302,21 @@ def _node_tls(values: Mapping[str, Any], protocols: Mapping[str, str]) -> NodeTl
     cafile, client_auth = values["ssl.cafile"], values["ssl.client.auth"]
     identification = values["ssl.endpoint.identification.algorithm"]
     if not certfile:
-        ssl_listeners = ", ".join(n for n, p in protocols.items() if p == tls.SSL)
+        ssl_listeners = ", ".join(n for n, p in protocols.items() if p in tls.TLS_PROTOCOLS)
         raise InvalidConfigError(
             f"listener(s) {ssl_listeners} are SSL: set ssl.certfile and ssl.keyfile (PEM; "
             "`kraftlog certs create --dir certs` makes a CA and node certificates)")
     if identification not in ("https", ""):
         raise InvalidConfigError(
             f"ssl.endpoint.identification.algorithm = {identification!r}: use https or ''")
+    if tls.SASL_SSL in protocols.values() and client_auth == "none":
+        # A SASL_SSL listener takes a client certificate instead of a password
+        # (the nodes' own calls): the context asks for one, without insisting.
+        if not cafile:
+            raise InvalidConfigError(
+                "a SASL_SSL listener accepts client certificates too (the nodes call each "
+                "other with theirs): set ssl.cafile to the CA that signs them")
+        client_auth = "requested"
     try:
         server = tls.server_context(certfile, keyfile, cafile, client_auth)
         peer = tls.client_context(cafile, certfile, keyfile,

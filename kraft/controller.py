@@ -74,12 +74,13 @@ from kraft.topic_config import (MIN_INSYNC_REPLICAS, TOPIC_CONFIGS,
                                 UNCLEAN_LEADER_ELECTION_ENABLE, builtin_defaults,
                                 defaults_from_broker_config, normalise_topic_config, printable,
                                 unclean_election_enabled, validate_topic_configs)
-from protocol import quotas
+from protocol import quotas, scram
 from protocol.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistrationError,
                              FencedLeaderEpochError, IneligibleReplicaError, InvalidConfigError,
                              InvalidPartitionsError, InvalidReplicationFactorError,
                              InvalidRequestError, InvalidTopicError, InvalidUpdateVersionError,
                              KraftError, NoReassignmentInProgressError, NotLeaderOrFollowerError,
+                             ResourceNotFoundError,
                              StaleBrokerEpochError, TopicAlreadyExistsError,
                              UnknownLeaderEpochError, UnknownServerError,
                              UnknownTopicOrPartitionError)
@@ -765,6 +766,57 @@ class Controller:
                 error = _error(exc)
             results.append({"entity": entity, "error": error})
         return ControllerResult([] if validate_only else draft.records, {"entries": results})
+
+    # -- SCRAM users ---------------------------------------------------------
+    def describe_users(self, image: MetadataImage, request: Any) -> dict:
+        """DescribeUserScramCredentials: users, their mechanisms and
+        iteration counts (never a salt or a key)."""
+        Fields(request, "")
+        return {"users": [{"name": name, "credentials": [
+            {"mechanism": mech, "iterations": scram.decode(value).iterations}
+            for mech, value in sorted(creds.items())]}
+            for name, creds in sorted(image.scram_users().items())]}
+
+    def alter_users(self, image: MetadataImage, request: Any) -> ControllerResult:
+        """AlterUserScramCredentials: ``upsertions`` (name, mechanism,
+        iterations, salt, salted_password: the password salted and iterated
+        by the client, from which only the stored and server keys are kept)
+        and ``deletions`` (name, mechanism). Each fails alone."""
+        body = Fields(request, "")
+        draft = _Draft(image)
+        results = []
+        for kind in ("upsertions", "deletions"):
+            for i, item in enumerate(body.sequence(kind, TOPICS_PER_REQUEST_MAX, default=[])):
+                fields = Fields(item, f"{kind}[{i}]")
+                name = fields.values.get("name")
+                error = None
+                try:
+                    try:
+                        scram.check_user_name(name)
+                        mechanism = scram.check_mechanism(fields.string("mechanism", 32))
+                        if kind == "upsertions":
+                            iterations = scram.check_iterations(fields.values.get("iterations"))
+                            salt = fields.values.get("salt")
+                            salted = fields.values.get("salted_password")
+                            if not (isinstance(salt, bytes) and 16 <= len(salt) <= 256):
+                                raise ValueError("salt must be 16-256 random bytes")
+                            if not (isinstance(salted, bytes) and 32 <= len(salted) <= 64):
+                                raise ValueError("salted_password must be the 32- or 64-byte "
+                                                 "PBKDF2 output of the password")
+                            value = scram.encode(scram.credential(salted, salt, iterations,
+                                                                  mechanism))
+                        else:
+                            if draft.image.scram_credential(name, mechanism) is None:
+                                raise ResourceNotFoundError(
+                                    f"user {name!r} has no {mechanism} credential")
+                            value = None
+                    except ValueError as exc:
+                        raise InvalidRequestError(f"{kind}[{i}]: {exc}") from None
+                    draft.add(ConfigRecord(scram.USER_SCRAM_RESOURCE, name, mechanism, value))
+                except KraftError as exc:
+                    error = _error(exc)
+                results.append({"name": name, "error": error})
+        return ControllerResult(draft.records, {"results": results})
 
     # -- partitions ---------------------------------------------------------
     def alter_partition(self, image: MetadataImage, request: Any) -> ControllerResult:

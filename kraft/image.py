@@ -32,13 +32,15 @@ from kraft.records import (LEADER_RECOVERED, LEADER_RECOVERY_STATES, NO_LEADER,
                            NoOpRecord, PartitionChangeRecord, PartitionRecord, ProducerIdsRecord,
                            Record, RegisterBrokerRecord, RemoveTopicRecord, TopicRecord,
                            UnfenceBrokerRecord, UnregisterBrokerRecord)
-from protocol import quotas
+from protocol import quotas, scram
 from protocol.errors import MetadataApplyError
 
 TOPIC_RESOURCE = "topic"
 BROKER_RESOURCE = "broker"
 # Client quotas: name = the entity as canonical JSON (protocol/quotas.py).
 CLIENT_QUOTA_RESOURCE = quotas.CLIENT_QUOTA_RESOURCE
+# SCRAM credentials: name = the user, config name = the mechanism (protocol/scram.py).
+USER_SCRAM_RESOURCE = scram.USER_SCRAM_RESOURCE
 
 
 @dataclasses.dataclass
@@ -234,7 +236,8 @@ class MetadataImage:
         if r.resource_type == TOPIC_RESOURCE:
             if r.resource_name not in self.topics:
                 raise MetadataApplyError(f"config for unknown topic {r.resource_name!r}")
-        elif r.resource_type not in (BROKER_RESOURCE, CLIENT_QUOTA_RESOURCE):
+        elif r.resource_type not in (BROKER_RESOURCE, CLIENT_QUOTA_RESOURCE,
+                                     USER_SCRAM_RESOURCE):
             raise MetadataApplyError(f"unknown config resource type {r.resource_type!r}")
         key = (r.resource_type, r.resource_name)
         if r.value is None:
@@ -291,6 +294,19 @@ class MetadataImage:
         """Entity name (protocol/quotas.py) -> its quotas."""
         return {name: dict(values) for (kind, name), values in self.configs.items()
                 if kind == CLIENT_QUOTA_RESOURCE}
+
+    def scram_credential(self, user: str, mechanism: str) -> str | None:
+        """The encoded SCRAM credential of ``user`` for ``mechanism``."""
+        return self.scram_credentials(user).get(mechanism)
+
+    def scram_credentials(self, user: str) -> dict[str, str]:
+        """Mechanism -> encoded SCRAM credential of ``user`` (empty: no such user)."""
+        return dict(self.configs.get((USER_SCRAM_RESOURCE, user), {}))
+
+    def scram_users(self) -> dict[str, dict[str, str]]:
+        """User -> mechanism -> encoded credential."""
+        return {name: dict(values) for (kind, name), values in self.configs.items()
+                if kind == USER_SCRAM_RESOURCE}
 
     def topic_configs(self, name: str) -> dict[str, str]:
         return dict(self.configs.get((TOPIC_RESOURCE, name), {}))

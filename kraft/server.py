@@ -35,6 +35,8 @@ Endpoints (controller listener; msgpack or JSON bodies, see protocol/wire.py):
   POST /v1/controller/configs/alter        incremental alter topic configs
   POST /v1/controller/quotas/alter         set or remove client quotas
   POST /v1/controller/quotas/describe      every client quota
+  POST /v1/controller/users/alter          add, replace or delete SCRAM credentials
+  POST /v1/controller/users/describe       users and their SCRAM mechanisms
   POST /v1/controller/partitions/alter     AlterPartition (ISR, leader recovery) from leaders
   POST /v1/controller/leaders/elect        preferred leader election
   POST /v1/controller/partitions/reassign  start or cancel partition reassignments
@@ -163,7 +165,8 @@ class ControllerServer:
         idle_ms = self.config.settings["connections.max.idle.ms"]
         app[wire.BODY_BYTES_MAX_KEY] = CONTROLLER_REQUEST_BYTES_MAX
         app[wire.BODY_IDLE_MS_KEY] = idle_ms
-        self.config.secure_app(app, self.config.voters[self.config.node_id])
+        self.config.secure_app(app, self.config.voters[self.config.node_id],
+                               self._scram_credentials)
         self.add_routes(app)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
                                      keepalive_timeout=idle_ms / 1000)
@@ -197,6 +200,8 @@ class ControllerServer:
             "configs/alter": self._writer(lambda c: c.alter_configs),
             "quotas/alter": self._writer(lambda c: c.alter_client_quotas),
             "quotas/describe": self._reader(lambda c: c.describe_client_quotas),
+            "users/alter": self._writer(lambda c: c.alter_users),
+            "users/describe": self._reader(lambda c: c.describe_users),
             "partitions/alter": self._writer(lambda c: c.alter_partition),
             "leaders/elect": self._writer(lambda c: c.elect_leaders),
             "partitions/reassign": self._writer(lambda c: c.alter_partition_reassignments),
@@ -417,6 +422,10 @@ class ControllerServer:
         for voter in status["voters"]:
             voter["url"] = self.config.voters[voter["id"]].url
         return wire.respond(request, status)
+
+    def _scram_credentials(self, user: str) -> dict[str, str]:
+        with self.quorum.image_lock:
+            return self.quorum.image.scram_credentials(user)
 
     async def handle_image(self, request: web.Request) -> web.Response:
         with self.quorum.image_lock:

@@ -33,6 +33,18 @@ class SslAuthenticationError(KraftError):
     code = "SSL_AUTHENTICATION_FAILED"
 
 
+class SaslAuthenticationError(KraftError):
+    """A SASL listener got no credentials, or wrong ones."""
+
+    code = "SASL_AUTHENTICATION_FAILED"
+
+
+class ResourceNotFoundError(KraftError):
+    """A user (or other named resource) that does not exist."""
+
+    code = "RESOURCE_NOT_FOUND"
+
+
 class InvalidRecordError(KraftError):
     """A metadata record that does not decode or names an unknown type."""
 

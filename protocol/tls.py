@@ -29,9 +29,13 @@ logger = logging.getLogger(__name__)
 
 PLAINTEXT = "PLAINTEXT"
 SSL = "SSL"
-SECURITY_PROTOCOLS = (PLAINTEXT, SSL)
-#: Kafka's names for the protocols that add SASL authentication.
-SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
+#: TLS, and every request authenticated: a client certificate, or a SCRAM
+#: user's name and password (HTTP Basic, inside TLS).
+SASL_SSL = "SASL_SSL"
+SECURITY_PROTOCOLS = (PLAINTEXT, SSL, SASL_SSL)
+#: Refused: a password must never cross the network in clear.
+SASL_PLAINTEXT = "SASL_PLAINTEXT"
+TLS_PROTOCOLS = (SSL, SASL_SSL)
 CLIENT_AUTH = ("none", "requested", "required")
 
 
@@ -40,7 +44,7 @@ class TlsConfigError(ValueError):
 
 
 def scheme(security_protocol: str) -> str:
-    return "https" if security_protocol == SSL else "http"
+    return "https" if security_protocol in TLS_PROTOCOLS else "http"
 
 
 def url(address: str, security_protocol: str) -> str:
@@ -177,7 +181,8 @@ ANONYMOUS = "User:ANONYMOUS"
 PRINCIPAL_KEY = "kraftlog.principal"
 
 
-def authenticate_clients(app, mapper: "PrincipalMapper", require_certificate: bool) -> None:
+def authenticate_clients(app, mapper: "PrincipalMapper", require_certificate: bool,
+                         verifier: "PasswordVerifier | None" = None) -> None:
     """On ``app`` (an SSL listener's), name every request's user from its
     client certificate: ``User:`` and what ``mapper``
     (``ssl.principal.mapping.rules``) makes of the certificate's subject, or
@@ -186,19 +191,33 @@ def authenticate_clients(app, mapper: "PrincipalMapper", require_certificate: bo
     ``require_certificate`` (``ssl.client.auth = required``), and one whose
     subject no mapping rule matches (as Kafka refuses it).
 
+    With ``verifier`` (a SASL_SSL listener), a request without a client
+    certificate must carry a SCRAM user's name and password (HTTP Basic,
+    inside TLS): its user is then ``User:<name>``; none or a wrong one is a
+    401 ``SASL_AUTHENTICATION_FAILED``.
+
     The TLS layer asks for a certificate without insisting (one that is
     presented must still verify, or the handshake fails): a refusal inside
     the TLS 1.3 handshake would reach the client as a bare disconnect it
     retries; this one it can read."""
     from aiohttp import web
 
-    from protocol.errors import SslAuthenticationError
+    from protocol.errors import SaslAuthenticationError, SslAuthenticationError
 
     @web.middleware
     async def authenticate(request, handler):
         transport = request.transport
         cert = transport.get_extra_info("peercert") if transport is not None else None
-        if not cert:
+        if not cert and verifier is not None:
+            user = await verifier.authenticate(request.headers.get("Authorization"))
+            if user is None:
+                raise SaslAuthenticationError(
+                    "this listener is SASL_SSL: authenticate with a SCRAM user's name and "
+                    "password (sasl_plain_username / sasl_plain_password; kraftlog users "
+                    "create makes one) or a client certificate; the ones given are missing "
+                    "or wrong")
+            request[PRINCIPAL_KEY] = "User:" + user
+        elif not cert:
             if require_certificate:
                 raise SslAuthenticationError(
                     "this listener requires a client certificate (ssl.client.auth = "
@@ -325,3 +344,56 @@ class PrincipalMapper:
                 name = pattern.sub(replacement, subject, count=1)
                 return name.lower() if case == "L" else name.upper() if case == "U" else name
         return None
+
+
+class PasswordVerifier:
+    """Checks HTTP Basic credentials against SCRAM credentials.
+
+    ``credentials(user)`` gives the user's mechanism -> encoded credential
+    (from the metadata image). Deriving a key is PBKDF2 (thousands of
+    iterations): it runs off the event loop, and each answer is remembered
+    for that credential and a keyed digest of the password (never the
+    password), so a client pays it once per connection pool, and a
+    credential changed or deleted is checked afresh."""
+
+    CACHE_MAX = 10_000
+
+    def __init__(self, credentials) -> None:
+        import os as _os
+        self.credentials = credentials
+        self._pepper = _os.urandom(32)
+        self._known: dict[tuple, bool] = {}
+
+    async def authenticate(self, header: str | None) -> str | None:
+        """The user ``header`` (``Basic base64(user:password)``) proves, or None."""
+        import asyncio
+        import base64
+        import binascii
+        import hashlib
+        import hmac
+
+        from protocol import scram
+        if not header or not header.startswith("Basic "):
+            return None
+        try:
+            user, sep, password = base64.b64decode(header[6:], validate=True).decode() \
+                .partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        if not sep or not user:
+            return None
+        creds = self.credentials(user) or {}
+        if not creds:
+            return None
+        digest = hmac.new(self._pepper, password.encode(), hashlib.sha256).digest()
+        key = (user, tuple(sorted(creds.items())), digest)
+        known = self._known.get(key)
+        if known is None:
+            def check() -> bool:
+                return any(scram.verify(password, scram.decode(value), mechanism)
+                           for mechanism, value in creds.items() if mechanism in scram.MECHANISMS)
+            known = await asyncio.get_running_loop().run_in_executor(None, check)
+            if len(self._known) >= self.CACHE_MAX:
+                self._known.clear()
+            self._known[key] = known
+        return user if known else None

@@ -150,7 +150,8 @@ _SPELLING = {name.lower(): name for name in (
     "fetchOffset.numRetries", "fetchOffset.retryIntervalMs", "kafka.isolation.level",
     "kafka.security.protocol", "kafka.ssl.truststore.location", "kafka.ssl.truststore.type",
     "kafka.ssl.keystore.location", "kafka.ssl.keystore.type",
-    "kafka.ssl.endpoint.identification.algorithm")}
+    "kafka.ssl.endpoint.identification.algorithm", "kafka.sasl.mechanism",
+    "kafka.sasl.jaas.config")}
 _BATCH_ONLY = ("endingoffsets", "endingtimestamp", "endingoffsetsbytimestamp")
 # Spark Kafka options this source refuses, with the reason.
 _NOT_SUPPORTED = {
@@ -208,6 +209,22 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
         isolation_level=_isolation_level(opts), security=security_options(opts))
 
 
+def _jaas_credentials(jaas: str) -> dict:
+    """The user name and password of a ``kafka.sasl.jaas.config`` as Kafka
+    clients write it (``...ScramLoginModule required username="u"
+    password="p";``)."""
+    import re
+    found = {key: re.search(rf'{key}\s*=\s*"((?:[^"\\]|\\.)*)"', jaas)
+             for key in ("username", "password")}
+    if not all(found.values()):
+        raise InvalidOptionError(
+            "kafka.security.protocol=SASL_SSL needs kafka.sasl.jaas.config with the user: "
+            'org.apache.kafka.common.security.scram.ScramLoginModule required username="..." '
+            'password="...";')
+    return {"sasl_plain_username": found["username"].group(1),
+            "sasl_plain_password": found["password"].group(1)}
+
+
 #: The TLS options, which the sink takes too (lower-case).
 SECURITY_OPTIONS = frozenset(k for k in _SPELLING if k.startswith("kafka.s"))
 
@@ -221,10 +238,11 @@ def security_options(opts: Mapping[str, str]) -> dict:
     PEM file), ``kafka.ssl.endpoint.identification.algorithm`` ("" skips
     the host name check). The client's keyword arguments."""
     protocol = opts.get("kafka.security.protocol", "PLAINTEXT").strip().upper()
-    if protocol not in ("PLAINTEXT", "SSL"):
+    if protocol not in ("PLAINTEXT", "SSL", "SASL_SSL"):
         raise InvalidOptionError(
-            f"kafka.security.protocol must be PLAINTEXT or SSL, not {protocol!r}"
-            + (" (SASL authentication is not available yet)" if "SASL" in protocol else ""))
+            f"kafka.security.protocol must be PLAINTEXT, SSL or SASL_SSL, not {protocol!r}"
+            + (" (SASL_PLAINTEXT would send the password in clear)"
+               if protocol == "SASL_PLAINTEXT" else ""))
     for store in ("truststore", "keystore"):
         kind = opts.get(f"kafka.ssl.{store}.type", "PEM").strip().upper()
         if kind != "PEM":
@@ -232,8 +250,14 @@ def security_options(opts: Mapping[str, str]) -> dict:
                 f"kafka.ssl.{store}.type must be PEM, not {kind}: kraftlog reads PEM files "
                 f"(convert a JKS or PKCS12 store with keytool and openssl)")
     settings: dict = {}
-    if protocol == "SSL":
-        settings["security_protocol"] = "SSL"
+    if protocol != "PLAINTEXT":
+        settings["security_protocol"] = protocol
+    if protocol == "SASL_SSL":
+        settings.update(_jaas_credentials(opts.get("kafka.sasl.jaas.config", "")))
+        if "kafka.sasl.mechanism" in opts:
+            settings["sasl_mechanism"] = opts["kafka.sasl.mechanism"].strip().upper()
+    elif "kafka.sasl.jaas.config" in opts:
+        raise InvalidOptionError("kafka.sasl.jaas.config needs kafka.security.protocol=SASL_SSL")
     if "kafka.ssl.truststore.location" in opts:
         settings["ssl_cafile"] = opts["kafka.ssl.truststore.location"]
     if "kafka.ssl.keystore.location" in opts:
@@ -285,7 +309,7 @@ def _refuse_unknown(opts: Mapping[str, str], streaming: bool) -> None:
 
 
 def _bootstrap(opts: Mapping[str, str]) -> str:
-    ssl = opts.get("kafka.security.protocol", "").strip().upper() == "SSL"
+    ssl = opts.get("kafka.security.protocol", "").strip().upper() in ("SSL", "SASL_SSL")
     values = {_normal_urls(opts[k], "https" if ssl else "http")
               for k in ("kraftlog.bootstrap.servers", "kafka.bootstrap.servers") if k in opts}
     values.discard("")

@@ -72,6 +72,8 @@ ADMIN_ROUTES = {
     "/v1/admin/partitions/reassignments": "/v1/controller/partitions/reassignments",
     "/v1/admin/quotas/alter": "/v1/controller/quotas/alter",
     "/v1/admin/quotas/describe": "/v1/controller/quotas/describe",
+    "/v1/admin/users/alter": "/v1/controller/users/alter",
+    "/v1/admin/users/describe": "/v1/controller/users/describe",
 }
 
 
@@ -172,7 +174,8 @@ class BrokerServer:
         idle_ms = self.config.settings["connections.max.idle.ms"]
         app[wire.BODY_BYTES_MAX_KEY] = self.request_bytes_max
         app[wire.BODY_IDLE_MS_KEY] = idle_ms
-        self.config.secure_app(app, self.config.listeners[BROKER_LISTENER])
+        self.config.secure_app(app, self.config.listeners[BROKER_LISTENER],
+                               lambda user: self.lifecycle.image.scram_credentials(user))
         self.data.add_routes(app)
         self.rest.add_routes(app)
         self.group_api.add_routes(app)

@@ -37,7 +37,8 @@ from api.client.errors import (BrokerNotAvailableError, BufferExhaustedError, Cl
                                LeaderNotAvailableError, MessageTooLargeError,
                                NoOffsetForPartitionError, NotEnoughReplicasAfterAppendError,
                                NotEnoughReplicasError, NotLeaderError, OffsetOutOfRangeError,
-                               RequestTimedOutError, SslAuthenticationError,
+                               RequestTimedOutError, SaslAuthenticationError,
+                               SslAuthenticationError,
                                TopicAlreadyExistsError,
                                UnknownTopicOrPartitionError, error_from)
 from api.client.group import CommitFailedError
@@ -52,7 +53,8 @@ __all__ = [
     "NotEnoughReplicasAfterAppendError", "NotEnoughReplicasError", "NotLeaderError",
     "OffsetAndMetadata", "OffsetAndTimestamp", "OffsetOutOfRangeError",
     "PartitionInfo", "PartitionReassignment", "PreparedTransaction", "Producer", "RecordHandle",
-    "RecordMetadata", "RequestTimedOutError", "SslAuthenticationError",
+    "RecordMetadata", "RequestTimedOutError", "SaslAuthenticationError",
+    "SslAuthenticationError",
     "TopicAlreadyExistsError", "TopicDescription", "TopicMetadata", "TopicPartition",
     "UnknownTopicOrPartitionError", "error_from",
 ]

@@ -58,24 +58,45 @@ class Security:
 
     def __init__(self, security_protocol: str = tls.PLAINTEXT, ssl_cafile: str | None = None,
                  ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
-                 ssl_check_hostname: bool = True) -> None:
+                 ssl_check_hostname: bool = True, sasl_mechanism: str | None = None,
+                 sasl_plain_username: str | None = None,
+                 sasl_plain_password: str | None = None) -> None:
         protocol = str(security_protocol).upper()
-        if protocol in tls.SASL_PROTOCOLS:
-            raise ValueError(f"security_protocol {protocol}: SASL authentication is not "
-                             "available yet; use SSL or PLAINTEXT")
+        if protocol == tls.SASL_PLAINTEXT:
+            raise ValueError("security_protocol SASL_PLAINTEXT would send the password in "
+                             "clear: use SASL_SSL")
         if protocol not in tls.SECURITY_PROTOCOLS:
-            raise ValueError(f"security_protocol must be PLAINTEXT or SSL, not "
+            raise ValueError(f"security_protocol must be PLAINTEXT, SSL or SASL_SSL, not "
                              f"{security_protocol!r}")
         self.security_protocol = protocol
         self.scheme = tls.scheme(protocol)
+        self.authorization: str | None = None
+        if protocol == tls.SASL_SSL:
+            if sasl_mechanism is not None and sasl_mechanism not in SASL_MECHANISMS:
+                raise ValueError(f"sasl_mechanism must be one of {', '.join(SASL_MECHANISMS)}, "
+                                 f"not {sasl_mechanism!r}")
+            if sasl_plain_username and sasl_plain_password is not None:
+                import base64
+                self.authorization = "Basic " + base64.b64encode(
+                    f"{sasl_plain_username}:{sasl_plain_password}".encode()).decode()
+            elif not ssl_certfile:
+                raise ValueError("security_protocol SASL_SSL needs sasl_plain_username and "
+                                 "sasl_plain_password (a user made with `kraftlog users "
+                                 "create`), or a client certificate (ssl_certfile)")
+        elif sasl_plain_username or sasl_plain_password:
+            raise ValueError("sasl_plain_username and sasl_plain_password are for "
+                             "security_protocol='SASL_SSL'")
         try:
             self.ssl_context = tls.client_context(
                 ssl_cafile, ssl_certfile, ssl_keyfile, bool(ssl_check_hostname)) \
-                if protocol == tls.SSL or ssl_cafile or ssl_certfile else None
+                if protocol in tls.TLS_PROTOCOLS or ssl_cafile or ssl_certfile else None
         except tls.TlsConfigError as exc:
             raise ValueError(str(exc)) from None
 
 
+#: Kafka's SASL mechanism names a client may give: the broker checks the
+#: password against the user's SCRAM credential whichever it is.
+SASL_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN")
 PLAINTEXT_SECURITY = Security()
 _client_numbers = itertools.count(1)
 
@@ -138,6 +159,8 @@ class Transport:
             connector = aiohttp.TCPConnector(limit=self.connections_max, limit_per_host=0,
                                              ssl=self.security.ssl_context or True)
             headers = {"Accept": MSGPACK}
+            if self.security.authorization:
+                headers["Authorization"] = self.security.authorization
             if self.client_id:
                 headers[CLIENT_ID_HEADER] = self.client_id
             self._session = aiohttp.ClientSession(

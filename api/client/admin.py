@@ -106,13 +106,16 @@ class AsyncAdmin:
                  request_timeout_ms: int = 30_000, retry_backoff_ms: int = 100,
                  security_protocol: str = "PLAINTEXT", ssl_cafile: str | None = None,
                  ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
-                 ssl_check_hostname: bool = True, client_id: str | None = None) -> None:
+                 ssl_check_hostname: bool = True, client_id: str | None = None,
+                 sasl_mechanism: str | None = None, sasl_plain_username: str | None = None,
+                 sasl_plain_password: str | None = None) -> None:
         self.request_timeout_ms = request_timeout_ms
         self.retry_backoff_ms = retry_backoff_ms
         self._transport = Transport(
             request_timeout_ms=request_timeout_ms,
             security=Security(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile,
-                              ssl_check_hostname),
+                              ssl_check_hostname, sasl_mechanism, sasl_plain_username,
+                              sasl_plain_password),
             client_id=default_client_id("adminclient") if client_id is None else client_id)
         self._metadata = ClusterMetadata(self._transport, bootstrap,
                                          request_timeout_ms=request_timeout_ms)
@@ -217,6 +220,43 @@ class AsyncAdmin:
                 raise error
             return _config_entries(entry.get("configs"))
         raise UnknownTopicOrPartitionError(f"no configs answered for topic {topic!r}")
+
+    # -- SCRAM users --------------------------------------------------------------
+    async def upsert_user(self, name: str, password: str, *,
+                          mechanism: str = "SCRAM-SHA-512", iterations: int = 8192) -> None:
+        """Create ``name`` or replace its password (Kafka's
+        AlterUserScramCredentials). The password is salted and iterated
+        here; only that travels, and the cluster keeps only keys derived
+        from it."""
+        from protocol import scram
+        try:
+            scram.check_user_name(name)
+            scram.check_mechanism(mechanism)
+            scram.check_iterations(iterations)
+        except ValueError as exc:
+            raise KraftlogError("INVALID_REQUEST", str(exc)) from None
+        salt = scram.new_salt()
+        salted = scram.salted_password(password, salt, iterations, mechanism)
+        await self._alter_users({"upsertions": [{
+            "name": name, "mechanism": mechanism, "iterations": iterations, "salt": salt,
+            "salted_password": salted}]})
+
+    async def delete_user(self, name: str, *, mechanism: str = "SCRAM-SHA-512") -> None:
+        """Remove ``name``'s credential for ``mechanism``."""
+        await self._alter_users({"deletions": [{"name": name, "mechanism": mechanism}]})
+
+    async def _alter_users(self, body: dict) -> None:
+        answer = await self._call("/v1/admin/users/alter", body)
+        for entry in answer.get("results") or ():
+            error = error_from(entry.get("error"))
+            if error is not None:
+                raise error
+
+    async def describe_users(self) -> dict[str, dict[str, int]]:
+        """User -> mechanism -> iterations (no salt or key ever leaves the cluster)."""
+        answer = await self._call("/v1/admin/users/describe", {})
+        return {user["name"]: {c["mechanism"]: c["iterations"] for c in user["credentials"]}
+                for user in answer.get("users") or ()}
 
     # -- client quotas ------------------------------------------------------------
     async def alter_client_quotas(self, entity: Mapping[str, str],
@@ -455,6 +495,15 @@ class Admin:
     def delete_topics(self, names: Iterable[str], **kwargs: Any
                       ) -> dict[str, KraftlogError | None]:
         return self._thread.run(self._admin.delete_topics(list(names), **kwargs))
+
+    def upsert_user(self, name: str, password: str, **kwargs: Any) -> None:
+        return self._thread.run(self._admin.upsert_user(name, password, **kwargs))
+
+    def delete_user(self, name: str, **kwargs: Any) -> None:
+        return self._thread.run(self._admin.delete_user(name, **kwargs))
+
+    def describe_users(self) -> dict[str, dict[str, int]]:
+        return self._thread.run(self._admin.describe_users())
 
     def alter_client_quotas(self, entity: Mapping[str, str],
                             quotas: Mapping[str, float | None], **kwargs: Any) -> None:

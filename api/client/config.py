@@ -28,9 +28,12 @@ class ProducerConfig:
                  transaction_two_phase_commit: bool = False,
                  security_protocol: str = "PLAINTEXT", ssl_cafile: str | None = None,
                  ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
-                 ssl_check_hostname: bool = True, client_id: str | None = None) -> None:
+                 ssl_check_hostname: bool = True, client_id: str | None = None,
+                 sasl_mechanism: str | None = None, sasl_plain_username: str | None = None,
+                 sasl_plain_password: str | None = None) -> None:
         self.security = Security(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile,
-                                 ssl_check_hostname)
+                                 ssl_check_hostname, sasl_mechanism, sasl_plain_username,
+                                 sasl_plain_password)
         self.client_id = default_client_id("producer") if client_id is None else client_id
         if acks == "all":
             acks = -1
@@ -133,9 +136,12 @@ class ConsumerConfig:
                  isolation_level: str = "read_uncommitted",
                  security_protocol: str = "PLAINTEXT", ssl_cafile: str | None = None,
                  ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
-                 ssl_check_hostname: bool = True, client_id: str | None = None) -> None:
+                 ssl_check_hostname: bool = True, client_id: str | None = None,
+                 sasl_mechanism: str | None = None, sasl_plain_username: str | None = None,
+                 sasl_plain_password: str | None = None) -> None:
         self.security = Security(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile,
-                                 ssl_check_hostname)
+                                 ssl_check_hostname, sasl_mechanism, sasl_plain_username,
+                                 sasl_plain_password)
         self.client_id = default_client_id("consumer") if client_id is None else client_id
         if isolation_level not in ("read_uncommitted", "read_committed"):
             raise ValueError(f"isolation_level must be 'read_uncommitted' or 'read_committed', "

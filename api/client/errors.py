@@ -130,6 +130,13 @@ class SslAuthenticationError(_CodedError):
     CODE = "SSL_AUTHENTICATION_FAILED"
 
 
+class SaslAuthenticationError(_CodedError):
+    """A SASL_SSL listener refused the user name and password (or got
+    none). Not retriable (Kafka's ``SaslAuthenticationException``)."""
+
+    CODE = "SASL_AUTHENTICATION_FAILED"
+
+
 class MessageTooLargeError(_CodedError):
     CODE = "MESSAGE_TOO_LARGE"
 
@@ -181,7 +188,8 @@ ERROR_BY_CODE: dict[str, type[_CodedError]] = {
         OffsetOutOfRangeError, RequestTimedOutError, BrokerNotAvailableError,
         MessageTooLargeError, CorruptRecordError, TopicAlreadyExistsError,
         InvalidTopicError, NotEnoughReplicasError, NotEnoughReplicasAfterAppendError,
-        BufferExhaustedError, ClientClosedError, SslAuthenticationError)
+        BufferExhaustedError, ClientClosedError, SslAuthenticationError,
+        SaslAuthenticationError)
 }
 
 

@@ -563,9 +563,9 @@ def test_unknown_options_are_named():
 
 
 def test_kafka_client_properties_get_a_hint():
-    message = refused(opts(**{"kafka.sasl.mechanism": "PLAIN"}),
-                      "kafka.sasl.mechanism", "not a Kafka client")
-    assert "Kafka client properties (kafka.sasl.mechanism)" in message
+    message = refused(opts(**{"kafka.max.poll.records": "5"}),
+                      "kafka.max.poll.records", "not a Kafka client")
+    assert "Kafka client properties (kafka.max.poll.records)" in message
 
 
 def test_unknown_options_are_refused_in_streaming_too():
@@ -751,8 +751,10 @@ def test_kafkas_tls_properties_become_the_clients_settings():
 
 
 @pytest.mark.parametrize("extra, fragment", [
-    ({"kafka.security.protocol": "SASL_SSL"}, "SASL authentication is not available yet"),
-    ({"kafka.security.protocol": "TLS"}, "PLAINTEXT or SSL"),
+    ({"kafka.security.protocol": "SASL_PLAINTEXT"}, "password in clear"),
+    ({"kafka.security.protocol": "SASL_SSL"}, "needs kafka.sasl.jaas.config"),
+    ({"kafka.sasl.jaas.config": "x"}, "needs kafka.security.protocol=SASL_SSL"),
+    ({"kafka.security.protocol": "TLS"}, "PLAINTEXT, SSL or SASL_SSL"),
     ({"kafka.ssl.truststore.type": "JKS"}, "must be PEM, not JKS"),
     ({"kafka.ssl.keystore.type": "PKCS12"}, "must be PEM, not PKCS12"),
     ({"kafka.ssl.endpoint.identification.algorithm": "dns"}, "https or empty"),
@@ -768,3 +770,15 @@ def test_the_sink_takes_the_same_tls_properties():
                                  "kafka.ssl.truststore.location": "/certs/ca.pem"})
     assert parsed.bootstrap == "https://h:9092"
     assert parsed.security == {"security_protocol": "SSL", "ssl_cafile": "/certs/ca.pem"}
+
+
+def test_a_scram_user_comes_from_kafkas_jaas_config():
+    parsed = batch(opts(**{
+        "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "SCRAM-SHA-512",
+        "kafka.ssl.truststore.location": "/certs/ca.pem",
+        "kafka.sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule '
+                                  'required username="etl" password="p\\"w";'}))
+    assert parsed.security == {"security_protocol": "SASL_SSL", "ssl_cafile": "/certs/ca.pem",
+                               "sasl_plain_username": "etl", "sasl_plain_password": 'p\\"w',
+                               "sasl_mechanism": "SCRAM-SHA-512"}
+    assert parsed.bootstrap.startswith("https://")

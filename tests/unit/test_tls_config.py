@@ -52,8 +52,10 @@ def test_ssl_listeners_are_https_everywhere_a_peer_or_client_learns_them(made):
 @pytest.mark.parametrize("change, message", [
     ({"ssl.certfile": None, "ssl.keyfile": None}, "set ssl.certfile and ssl.keyfile"),
     ({"ssl.certfile": "/nowhere/cert.pem"}, "not found: /nowhere/cert.pem"),
-    ({"listener.security.protocol.map": "BROKER:SASL_SSL,CONTROLLER:SSL"},
-     "SASL authentication is not available yet"),
+    ({"listener.security.protocol.map": "BROKER:SASL_PLAINTEXT,CONTROLLER:SSL"},
+     "would send passwords in clear"),
+    ({"listener.security.protocol.map": "BROKER:SASL_SSL,CONTROLLER:SSL", "ssl.cafile": None},
+     "accepts client certificates too"),
     ({"listener.security.protocol.map": "BROKER:TLS,CONTROLLER:SSL"}, "use PLAINTEXT or SSL"),
     ({"listener.security.protocol.map": "BROKER:SSL"}, "CONTROLLER has no entry"),
     ({"ssl.client.auth": "required", "ssl.cafile": None}, "needs ssl.cafile"),
@@ -84,9 +86,16 @@ def test_a_certificate_that_does_not_match_its_key_is_refused(made):
 def test_clients_take_kafkas_security_names():
     with Admin("127.0.0.1:9092", security_protocol="ssl") as admin:
         assert admin._admin._metadata.bootstrap_urls == ["https://127.0.0.1:9092"]
-    with pytest.raises(ValueError, match="SASL authentication is not available yet"):
+    with pytest.raises(ValueError, match="needs sasl_plain_username"):
         Producer("127.0.0.1:9092", security_protocol="SASL_SSL")
-    with pytest.raises(ValueError, match="PLAINTEXT or SSL"):
+    with pytest.raises(ValueError, match="password in clear"):
+        Producer("127.0.0.1:9092", security_protocol="SASL_PLAINTEXT")
+    with pytest.raises(ValueError, match="are for security_protocol='SASL_SSL'"):
+        Producer("127.0.0.1:9092", sasl_plain_username="u", sasl_plain_password="p")
+    with pytest.raises(ValueError, match="sasl_mechanism must be one of"):
+        Producer("127.0.0.1:9092", security_protocol="SASL_SSL", sasl_mechanism="GSSAPI",
+                 sasl_plain_username="u", sasl_plain_password="p")
+    with pytest.raises(ValueError, match="PLAINTEXT, SSL or SASL_SSL"):
         Producer("127.0.0.1:9092", security_protocol="TLS")
     with pytest.raises(ValueError, match="CA file not found"):
         Producer("127.0.0.1:9092", security_protocol="SSL", ssl_cafile="/nowhere/ca.pem")

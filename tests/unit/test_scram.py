@@ -1,0 +1,71 @@
+"""SCRAM credentials against RFC 7677's test exchange, and the broker's
+password check (HTTP Basic against stored SCRAM keys, remembered per
+credential)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+
+import pytest
+
+from protocol import scram
+from protocol.tls import PasswordVerifier
+
+# RFC 7677, section 3: user "user", password "pencil".
+SALT = base64.b64decode("W22ZaJ0SNY7soEsUEjb6gQ==")
+AUTH_MESSAGE = (b"n=user,r=rOprNGfwEbeRWgbNEkqO,"
+                b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
+                b"s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096,"
+                b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0")
+CLIENT_PROOF = base64.b64decode("dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=")
+SERVER_SIGNATURE = base64.b64decode("6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=")
+
+
+def test_the_stored_and_server_keys_match_rfc_7677():
+    salted = scram.salted_password("pencil", SALT, 4096, "SCRAM-SHA-256")
+    cred = scram.credential(salted, SALT, 4096, "SCRAM-SHA-256")
+    assert hmac.new(cred.server_key, AUTH_MESSAGE, "sha256").digest() == SERVER_SIGNATURE
+    signature = hmac.new(cred.stored_key, AUTH_MESSAGE, "sha256").digest()
+    client_key = bytes(a ^ b for a, b in zip(CLIENT_PROOF, signature))
+    assert hashlib.sha256(client_key).digest() == cred.stored_key
+    assert scram.decode(scram.encode(cred)) == cred
+    assert scram.verify("pencil", cred, "SCRAM-SHA-256")
+    assert not scram.verify("pencil!", cred, "SCRAM-SHA-256")
+
+
+@pytest.mark.parametrize("check, value, message", [
+    (scram.check_mechanism, "SCRAM-SHA-1", "unknown SCRAM mechanism"),
+    (scram.check_iterations, 100, r"\[4096, 16384\]"),
+    (scram.check_iterations, True, "integer"),
+    (scram.check_user_name, "", "1-255 printable"),
+    (scram.check_user_name, "a:b", "without ':'"),
+])
+def test_bad_users_are_refused(check, value, message):
+    with pytest.raises(ValueError, match=message):
+        check(value)
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_the_password_check_remembers_per_credential_and_forgets_a_changed_one():
+    salt = scram.new_salt()
+    stored = {"etl": {"SCRAM-SHA-512": scram.encode(scram.credential(
+        scram.salted_password("s3cret-pw", salt, 4096, "SCRAM-SHA-512"), salt, 4096,
+        "SCRAM-SHA-512"))}}
+    verifier = PasswordVerifier(lambda user: stored.get(user, {}))
+
+    def auth(header):
+        return asyncio.run(verifier.authenticate(header))
+    assert auth(basic("etl", "s3cret-pw")) == "etl"
+    assert auth(basic("etl", "s3cret-pw")) == "etl"  # remembered
+    assert auth(basic("etl", "wrong")) is None
+    assert auth(basic("nobody", "s3cret-pw")) is None
+    for bad in (None, "Bearer x", "Basic !!!", "Basic " + base64.b64encode(b"nocolon").decode()):
+        assert auth(bad) is None
+    del stored["etl"]  # deleted: a remembered success must not outlive it
+    assert auth(basic("etl", "s3cret-pw")) is None
