@@ -201,11 +201,11 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
     from bench import security as bench_security
 
     security_parser = bench_kinds.add_parser(
-        "security", help="produce and consume over TLS (client certificates) vs plaintext",
-        description="Start two fresh single nodes, one plain and one with TLS on both "
-                    "listeners and client certificates required, and alternate rounds: "
-                    "produce --records into a fresh topic, read them back. Print median "
-                    "records/s and TLS / plaintext for each (goal: at least 0.7).")
+        "security", help="produce and consume over TLS and TLS + SCRAM vs plaintext",
+        description="Start three fresh single nodes: plain, TLS on both listeners with "
+                    "client certificates required, and SASL_SSL with a SCRAM-SHA-512 user; "
+                    "alternate rounds: produce --records into a fresh topic, read them back. "
+                    "Print median records/s and each against plaintext (goal: at least 0.7).")
     bench_security.add_arguments(security_parser)
     security_parser.set_defaults(handler=bench_security.run)
     from bench import compaction as bench_compaction

@@ -1,11 +1,13 @@
-"""``kraftlog bench security``: what TLS costs producers and consumers.
+"""``kraftlog bench security``: what TLS and SCRAM cost producers and consumers.
 
-Two fresh single nodes (shipped defaults) side by side: one plain, one with
-both listeners SSL and client certificates required (``ProcessCluster(tls=
-True)``: a CA and certificates made for the run). Rounds alternate between
-them; each produces ``--records`` records into a fresh topic through the
-Python Producer, then reads them all back through the Consumer. Figures are
-medians of the rounds; the goal is TLS at >= 0.7x plaintext, both ways.
+Three fresh single nodes (shipped defaults) side by side: one plain, one
+with both listeners SSL and client certificates required, one whose BROKER
+listener is SASL_SSL, where the client authenticates as a SCRAM-SHA-512 user
+(``ProcessCluster(tls=True)``: a CA and certificates made for the run).
+Rounds alternate between them; each produces ``--records`` records into a
+fresh topic through the Python Producer, then reads them all back through
+the Consumer. Figures are medians of the rounds; the goal is >= 0.7x
+plaintext, both ways.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from chaos.cluster import ProcessCluster
 
 GOAL = 0.7
 ROUNDS = 3
+SCRAM_PASSWORD = "bench-password-1"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,21 +40,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
-def _produce(bootstrap: list[str], security: dict, topic: str, args) -> float:
+def _produce(bootstrap: list[str], security: dict, topic: str, args, label: str) -> float:
     from api.client import Producer
 
     with Producer(bootstrap=bootstrap, acks=1, batch_size=1024 * 1024, linger_ms=5,
                   **security) as producer:
         return _fill(producer, topic, args.records, args.record_size,
-                     f"produce {'TLS' if security else 'plain'}")["records_s"]
+                     f"produce {label}")["records_s"]
 
 
-def _consume(bootstrap: list[str], security: dict, topic: str, args) -> float:
+def _consume(bootstrap: list[str], security: dict, topic: str, args, label: str) -> float:
     from api.client import Consumer, TopicPartition
 
     with Consumer(bootstrap=bootstrap, auto_offset_reset="earliest", **security) as consumer:
         consumer.assign([TopicPartition(topic, p) for p in range(args.partitions)])
-        progress = _Progress(f"consume {'TLS' if security else 'plain'}", args.records)
+        progress = _Progress(f"consume {label}", args.records)
         got = 0
         started = time.perf_counter()
         deadline = started + max(60.0, args.records / 20_000)
@@ -65,35 +68,50 @@ def _consume(bootstrap: list[str], security: dict, topic: str, args) -> float:
     return got / elapsed
 
 
+LABELS = ("plain", "TLS", "TLS+SCRAM")
+
+
 def run(args: argparse.Namespace) -> int:
-    samples: dict[str, list[float]] = {k: [] for k in
-                                       ("produce plain", "produce TLS",
-                                        "consume plain", "consume TLS")}
+    samples: dict[str, list[float]] = {f"{way} {label}": [] for way in ("produce", "consume")
+                                       for label in LABELS}
     with tempfile.TemporaryDirectory(prefix="kraftlog-bench-security-") as base:
-        _status("starting a plain node and a TLS node (client certificates required) ...")
+        _status("starting three nodes: plain, TLS with client certificates, and SASL_SSL "
+                "(TLS + a SCRAM user's password) ...")
         plain = ProcessCluster(os.path.join(base, "plain"), controllers=1, brokers=0,
                                combined=True, settings={})
-        secure = ProcessCluster(os.path.join(base, "tls"), controllers=1, brokers=0,
-                                combined=True, settings={"ssl.client.auth": "required"},
-                                tls=True)
-        with plain, secure:
-            for cluster in (plain, secure):
+        mtls = ProcessCluster(os.path.join(base, "tls"), controllers=1, brokers=0,
+                              combined=True, settings={"ssl.client.auth": "required"},
+                              tls=True)
+        scram = ProcessCluster(os.path.join(base, "sasl"), controllers=1, brokers=0,
+                               combined=True, tls=True, settings={
+                                   "listener.security.protocol.map":
+                                       "BROKER:SASL_SSL,CONTROLLER:SSL"})
+        with plain, mtls, scram:
+            for cluster in (plain, mtls, scram):
                 cluster.start()
-            for cluster in (plain, secure):
+            for cluster in (plain, mtls, scram):
                 cluster.wait_for_brokers_running(timeout_s=60)
-            targets = [("plain", plain, {}), ("TLS", secure, secure.client_security)]
+            from api.client import Admin
+            with Admin([scram.nodes[1].broker_url], **scram.client_security) as admin:
+                admin.upsert_user("bench", SCRAM_PASSWORD)
+            as_user = {"security_protocol": "SASL_SSL",
+                       "ssl_cafile": scram.certs["ca"].certfile,
+                       "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "bench",
+                       "sasl_plain_password": SCRAM_PASSWORD}
+            targets = [("plain", plain, {}), ("TLS", mtls, mtls.client_security),
+                       ("TLS+SCRAM", scram, as_user)]
             for _ in range(args.rounds):
                 for label, cluster, security in targets:
                     bootstrap = [cluster.nodes[1].broker_url]
                     topic = f"bench-security-{uuid.uuid4().hex[:8]}"
                     _create_topic(bootstrap, topic, args.partitions, security=security)
                     samples[f"produce {label}"].append(
-                        _produce(bootstrap, security, topic, args))
+                        _produce(bootstrap, security, topic, args, label))
                     samples[f"consume {label}"].append(
-                        _consume(bootstrap, security, topic, args))
+                        _consume(bootstrap, security, topic, args, label))
     medians = {k: statistics.median(v) for k, v in samples.items()}
-    ratios = {way: medians[f"{way} TLS"] / medians[f"{way} plain"]
-              for way in ("produce", "consume")}
+    ratios = {f"{way} {label}": medians[f"{way} {label}"] / medians[f"{way} plain"]
+              for way in ("produce", "consume") for label in LABELS[1:]}
     summary = {"bench": "security", "records": args.records, "record_size": args.record_size,
                "partitions": args.partitions, "rounds": args.rounds, "samples": samples,
                "medians": medians, "ratios": ratios, "goal": GOAL}
@@ -103,8 +121,9 @@ def run(args: argparse.Namespace) -> int:
     from api.table import format_table
 
     print("kraftlog bench security")
-    print(f"  nodes     two fresh single nodes, one plain, one TLS on both listeners with "
-          f"client certificates required; {args.rounds} alternating rounds")
+    print(f"  nodes     three fresh single nodes: plain; TLS on both listeners with client "
+          f"certificates required; SASL_SSL (TLS, a SCRAM-SHA-512 user's password); "
+          f"{args.rounds} alternating rounds")
     print(f"  workload  {args.records:,} records of {args.record_size} B per run, "
           f"{args.partitions} partitions, acks=1, batch 1 MiB, linger 5 ms")
     print()
@@ -112,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         (name, f"{medians[name]:,.0f}", " / ".join(f"{r:,.0f}" for r in samples[name]))
         for name in samples]))
     print()
-    for way, ratio in ratios.items():
+    for run_name, ratio in ratios.items():
         verdict = "met" if ratio >= GOAL else "NOT met"
-        print(f"{way}: TLS / plain {ratio:.2f} (goal >= {GOAL}: {verdict})")
+        print(f"{run_name} / plain: {ratio:.2f} (goal >= {GOAL}: {verdict})")
     return 0
