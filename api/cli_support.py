@@ -69,11 +69,7 @@ def configure_security(args: argparse.Namespace) -> None:
     if args.security_protocol == "SASL_SSL" and args.sasl_username:
         password = os.environ.get("KRAFTLOG_SASL_PASSWORD")
         if args.sasl_password_file:
-            try:
-                with open(args.sasl_password_file) as f:
-                    password = f.readline().rstrip("\n")
-            except OSError as exc:
-                raise CliError(f"cannot read --sasl-password-file: {exc}") from None
+            password = read_secret(args.sasl_password_file, "--sasl-password-file")
         if password is None:
             raise CliError("--sasl-username needs --sasl-password-file (or "
                            "$KRAFTLOG_SASL_PASSWORD)")
@@ -87,6 +83,15 @@ def configure_security(args: argparse.Namespace) -> None:
             or args.ssl_certfile else None
     except tls.TlsConfigError as exc:
         raise CliError(str(exc)) from None
+
+
+def read_secret(path: str, option: str) -> str:
+    """The first line of ``path`` (a password file), or a CliError naming ``option``."""
+    try:
+        with open(path) as f:
+            return f.readline().rstrip("\n")
+    except OSError as exc:
+        raise CliError(f"cannot read {option}: {exc}") from None
 
 
 def client_security() -> dict:

@@ -51,14 +51,10 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
 
 
 def _password(args: argparse.Namespace) -> str:
-    from api.cli_support import CliError
+    from api.cli_support import CliError, read_secret
 
     if args.password_file:
-        try:
-            with open(args.password_file) as f:
-                password = f.readline().rstrip("\n")
-        except OSError as exc:
-            raise CliError(f"cannot read --password-file: {exc}") from None
+        password = read_secret(args.password_file, "--password-file")
     elif os.environ.get("KRAFTLOG_NEW_PASSWORD"):
         password = os.environ["KRAFTLOG_NEW_PASSWORD"]
     elif sys.stdin.isatty():
