@@ -130,6 +130,8 @@ def get_json(url: str, timeout_s: float = 10.0, data: bytes | None = None) -> ob
 
     headers = {"Accept": "application/json", "Content-Type": "application/json"}
     if _authorization:
+        if not url.startswith("https://"):
+            raise CliError(f"{url} is not https: a password is never sent in clear")
         headers["Authorization"] = _authorization
     request = urllib.request.Request(url, data=data, headers=headers)
     try:

@@ -43,8 +43,8 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
         parser.set_defaults(handler=_upsert)
     delete = actions.add_parser("delete", help="remove a user")
     delete.add_argument("name", metavar="NAME", help="the user to remove")
-    delete.add_argument("--mechanism", choices=MECHANISMS, default=MECHANISMS[0],
-                        help="the credential to remove (default %(default)s)")
+    delete.add_argument("--mechanism", choices=MECHANISMS,
+                        help="remove only this credential (default: the user)")
     delete.set_defaults(handler=_delete)
     listing = actions.add_parser("list", help="every user, its mechanisms and iterations")
     listing.set_defaults(handler=_list)
@@ -100,7 +100,8 @@ def _upsert(args: argparse.Namespace) -> int:
 def _delete(args: argparse.Namespace) -> int:
     with _admin(args) as admin:
         _run(lambda: admin.delete_user(args.name, mechanism=args.mechanism))
-    print(f"user {args.name}: {args.mechanism} credential deleted")
+    print(f"user {args.name} deleted" if args.mechanism is None
+          else f"user {args.name}: {args.mechanism} credential deleted")
     return 0
 
 

@@ -84,6 +84,9 @@ class NodeTls:
     reload_interval_ms: int
     #: ssl.principal.mapping.rules: client certificate subject -> user name.
     mapper: tls.PrincipalMapper = dataclasses.field(default_factory=tls.PrincipalMapper)
+    #: Some listener is SASL_SSL: then every SSL listener requires a client
+    #: certificate (no listener of such a cluster serves anonymous clients).
+    sasl: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,20 +137,22 @@ class NodeConfig:
         return BROKER_ROLE in self.roles
 
     def secure_app(self, app: Any, endpoint: Endpoint,
-                   credentials: Callable[[str], Mapping[str, str]] | None = None) -> None:
+                   credentials: Callable[[str], Mapping[str, str]] | None = None,
+                   ready: Callable[[], bool] = lambda: True) -> None:
         """What an HTTP app served on ``endpoint`` needs for TLS: each
         request's user named from its client certificate, and refused
         without one where ``ssl.client.auth = required``; on a SASL_SSL
         listener, without a certificate, from a SCRAM user's name and
         password (``credentials``: user -> mechanism -> encoded credential,
-        from the metadata)."""
+        from the metadata; ``ready``: whether that metadata has caught up)."""
         if endpoint.tls and self.tls is not None:
-            verifier = tls.PasswordVerifier(credentials) \
-                if endpoint.sasl and credentials is not None else None
-            tls.authenticate_clients(
-                app, self.tls.mapper,
-                self.settings.get("ssl.client.auth") == "required" and not endpoint.sasl,
-                verifier)
+            if endpoint.sasl and credentials is None:
+                raise RuntimeError(f"the SASL_SSL listener {endpoint} needs the users' "
+                                   "credentials to check passwords against")
+            verifier = tls.PasswordVerifier(credentials, ready) if endpoint.sasl else None
+            required = self.settings.get("ssl.client.auth") == "required" or self.tls.sasl
+            tls.authenticate_clients(app, self.tls.mapper, required and not endpoint.sasl,
+                                     verifier)
 
     def raft_endpoint(self, node_id: int) -> Endpoint:
         voter = self.voters[node_id]
@@ -275,6 +280,12 @@ def parse_protocol_map(text: str, listeners: Mapping[str, Endpoint]) -> dict[str
                 f"listener.security.protocol.map: {name} = SASL_PLAINTEXT would send "
                 "passwords in clear: use SASL_SSL (TLS, then a SCRAM user's name and "
                 "password, or a client certificate)")
+        if protocol == tls.SASL_SSL and name.strip() == CONTROLLER_LISTENER:
+            raise InvalidConfigError(
+                "listener.security.protocol.map: CONTROLLER = SASL_SSL: the controllers serve "
+                "nodes and administrators, who authenticate with certificates: use "
+                "CONTROLLER:SSL (a cluster with SASL_SSL listeners requires client "
+                "certificates on its SSL listeners)")
         if protocol not in tls.SECURITY_PROTOCOLS:
             raise InvalidConfigError(
                 f"listener.security.protocol.map: {name} = {protocol!r}: use "
@@ -325,7 +336,8 @@ def _node_tls(values: Mapping[str, Any], protocols: Mapping[str, str]) -> NodeTl
     except tls.TlsConfigError as exc:
         raise InvalidConfigError(str(exc)) from None
     return NodeTls(server, peer, tls.CertificateReloader(server, peer, certfile, keyfile, cafile),
-                   values["ssl.reload.interval.ms"], mapper)
+                   values["ssl.reload.interval.ms"], mapper,
+                   sasl=tls.SASL_SSL in protocols.values())
 
 
 #: The shortest controller.quorum.secret.file content accepted.

@@ -793,26 +793,39 @@ class Controller:
                 try:
                     try:
                         scram.check_user_name(name)
-                        mechanism = scram.check_mechanism(fields.string("mechanism", 32))
+                        given = fields.values.get("mechanism")
+                        mechanism = scram.check_mechanism(given) \
+                            if kind == "upsertions" or given is not None else None
                         if kind == "upsertions":
                             iterations = scram.check_iterations(fields.values.get("iterations"))
                             salt = fields.values.get("salt")
                             salted = fields.values.get("salted_password")
                             if not (isinstance(salt, bytes) and 16 <= len(salt) <= 256):
                                 raise ValueError("salt must be 16-256 random bytes")
-                            if not (isinstance(salted, bytes) and 32 <= len(salted) <= 64):
-                                raise ValueError("salted_password must be the 32- or 64-byte "
-                                                 "PBKDF2 output of the password")
+                            size = scram.digest_size(mechanism)
+                            if not (isinstance(salted, bytes) and len(salted) == size):
+                                raise ValueError(f"salted_password must be the {size}-byte "
+                                                 f"PBKDF2 output of the password for "
+                                                 f"{mechanism}")
                             value = scram.encode(scram.credential(salted, salt, iterations,
                                                                   mechanism))
                         else:
-                            if draft.image.scram_credential(name, mechanism) is None:
-                                raise ResourceNotFoundError(
-                                    f"user {name!r} has no {mechanism} credential")
                             value = None
                     except ValueError as exc:
                         raise InvalidRequestError(f"{kind}[{i}]: {exc}") from None
-                    draft.add(ConfigRecord(scram.USER_SCRAM_RESOURCE, name, mechanism, value))
+                    current = draft.image.scram_credentials(name)
+                    if value is None and (not current or (mechanism and mechanism not in current)):
+                        raise ResourceNotFoundError(
+                            f"user {name!r} has no {mechanism or 'SCRAM'} credential")
+                    # A user has one password: a new one replaces the credentials
+                    # of every mechanism, a deletion without a mechanism removes all.
+                    for other in sorted(current):
+                        if other != mechanism or value is None:
+                            draft.add(ConfigRecord(scram.USER_SCRAM_RESOURCE, name, other,
+                                                   None))
+                    if value is not None:
+                        draft.add(ConfigRecord(scram.USER_SCRAM_RESOURCE, name, mechanism,
+                                               value))
                 except KraftError as exc:
                     error = _error(exc)
                 results.append({"name": name, "error": error})

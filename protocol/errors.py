@@ -39,6 +39,18 @@ class SaslAuthenticationError(KraftError):
     code = "SASL_AUTHENTICATION_FAILED"
 
 
+class BrokerNotAvailableError(KraftError):
+    """This node cannot serve the request yet: retriable."""
+
+    code = "BROKER_NOT_AVAILABLE"
+
+
+class ClusterAuthorizationFailedError(KraftError):
+    """The client may not do this to the cluster."""
+
+    code = "CLUSTER_AUTHORIZATION_FAILED"
+
+
 class ResourceNotFoundError(KraftError):
     """A user (or other named resource) that does not exist."""
 

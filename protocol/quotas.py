@@ -79,5 +79,8 @@ def check_entity(entity: Any) -> dict[str, str]:
         if not isinstance(value, str) or not 0 < len(value) <= CLIENT_ID_CHARS_MAX:
             raise ValueError(f"entity {key} must be a name of 1-{CLIENT_ID_CHARS_MAX} "
                              f"characters (or {DEFAULT!r}), not {value!r}")
+        if key == USER and value != DEFAULT and not value.startswith("User:"):
+            raise ValueError(f"a user is named as its principal, User:{value} (User:<SCRAM "
+                             "name> or User:<certificate subject>), or <default>")
         checked[key] = value
     return checked

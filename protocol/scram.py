@@ -45,11 +45,19 @@ def check_mechanism(mechanism: str) -> str:
 
 
 def check_user_name(name: object) -> str:
+    """A SCRAM user's name: its principal is ``User:<name>``, which must not
+    pass for an anonymous client's or a certificate's (``CN=...,O=...``)."""
     if not isinstance(name, str) or not 0 < len(name) <= USER_NAME_CHARS_MAX \
-            or not name.isprintable() or ":" in name:
+            or not name.isprintable() or any(c in name for c in ":=,"):
         raise ValueError(f"a user name is 1-{USER_NAME_CHARS_MAX} printable characters "
-                         f"without ':', not {name!r}")
+                         f"without ':', '=' or ',', not {name!r}")
+    if name.upper() == "ANONYMOUS":
+        raise ValueError("ANONYMOUS is the name of clients that do not authenticate")
     return name
+
+
+def digest_size(mechanism: str) -> int:
+    return hashlib.new(MECHANISMS[mechanism]).digest_size
 
 
 def check_iterations(iterations: object) -> int:

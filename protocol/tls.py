@@ -19,6 +19,7 @@ theirs (a certificate rotated without a restart).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -177,8 +178,10 @@ class CertificateReloader:
 
 #: The user of a request without a client certificate.
 ANONYMOUS = "User:ANONYMOUS"
-#: Where ``authenticate_clients`` leaves a request's user.
+#: Where ``authenticate_clients`` leaves a request's user, and how it was
+#: proven ("certificate", "password"; absent: not at all).
 PRINCIPAL_KEY = "kraftlog.principal"
+PROOF_KEY = "kraftlog.proof"
 
 
 def authenticate_clients(app, mapper: "PrincipalMapper", require_certificate: bool,
@@ -217,6 +220,7 @@ def authenticate_clients(app, mapper: "PrincipalMapper", require_certificate: bo
                     "create makes one) or a client certificate; the ones given are missing "
                     "or wrong")
             request[PRINCIPAL_KEY] = "User:" + user
+            request[PROOF_KEY] = "password"
         elif not cert:
             if require_certificate:
                 raise SslAuthenticationError(
@@ -232,6 +236,7 @@ def authenticate_clients(app, mapper: "PrincipalMapper", require_certificate: bo
                     f"no ssl.principal.mapping.rules rule matches the client certificate's "
                     f"subject {subject!r}: the node refuses it")
             request[PRINCIPAL_KEY] = "User:" + name
+            request[PROOF_KEY] = "certificate"
         return await handler(request)
 
     from protocol import wire
@@ -260,8 +265,36 @@ def subject_name(subject) -> str:
     return ",".join(parts)
 
 
+def _java_replacement(text: str, groups: int) -> str:
+    """A Java ``Matcher.replaceAll`` replacement as a Python ``expand``
+    template: ``$n`` takes as many digits as name an existing group (``$12``
+    with one group is group 1 then "2"), ``\\x`` is x itself."""
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text):
+            out.append(text[i + 1].replace("\\", "\\\\"))
+            i += 2
+        elif c == "$":
+            j = i + 1
+            if j >= len(text) or not text[j].isdigit() or int(text[j]) > groups:
+                raise TlsConfigError(f"ssl.principal.mapping.rules: ${text[j:j + 1]} in "
+                                     f"{text!r} names no group of its pattern")
+            number = int(text[j])
+            j += 1
+            while j < len(text) and text[j].isdigit() and number * 10 + int(text[j]) <= groups:
+                number = number * 10 + int(text[j])
+                j += 1
+            out.append(f"\\g<{number}>")
+            i = j
+        else:
+            out.append("\\\\" if c == "\\" else c)
+            i += 1
+    return "".join(out)
+
+
 def _escape(value: str) -> str:
-    out = "".join("\\" + c if c in ',+"\\<>;=' else c for c in value)
+    out = "".join("\\" + c if c in ',+"\\<>;=#' else c for c in value)
     if out.startswith((" ", "#")):
         out = "\\" + out
     if out.endswith(" "):
@@ -328,7 +361,8 @@ class PrincipalMapper:
                     raise TlsConfigError(
                         f"ssl.principal.mapping.rules: bad pattern {found.group(1)!r}: "
                         f"{exc}") from None
-                replacement = re.sub(r"\$(\d+)", r"\\g<\1>", found.group(2).replace("\\/", "/"))
+                replacement = _java_replacement(found.group(2).replace("\\/", "/"),
+                                                pattern.groups)
                 self.rules.append((pattern, replacement, found.group(3)))
             pos = found.end()
         if not self.rules:
@@ -340,8 +374,9 @@ class PrincipalMapper:
             if rule is None:
                 return subject
             pattern, replacement, case = rule
-            if pattern.fullmatch(subject):
-                name = pattern.sub(replacement, subject, count=1)
+            matched = pattern.fullmatch(subject)
+            if matched:
+                name = matched.expand(replacement)
                 return name.lower() if case == "L" else name.upper() if case == "U" else name
         return None
 
@@ -358,15 +393,23 @@ class PasswordVerifier:
 
     CACHE_MAX = 10_000
 
-    def __init__(self, credentials) -> None:
-        import os as _os
+    def __init__(self, credentials, ready=lambda: True) -> None:
+        """``ready()``: whether the credentials are complete (a broker's
+        metadata has caught up since start-up); until then an unknown user
+        is "try again" (503), not a refusal."""
+        from protocol import scram
         self.credentials = credentials
-        self._pepper = _os.urandom(32)
+        self.ready = ready
+        self._running = asyncio.Semaphore(2)
+        self._pepper = os.urandom(32)
         self._known: dict[tuple, bool] = {}
+        salt = scram.new_salt()
+        self._decoy = scram.encode(scram.credential(scram.salted_password(
+            os.urandom(16).hex(), salt, scram.ITERATIONS_DEFAULT, "SCRAM-SHA-512"), salt,
+            scram.ITERATIONS_DEFAULT, "SCRAM-SHA-512"))
 
     async def authenticate(self, header: str | None) -> str | None:
         """The user ``header`` (``Basic base64(user:password)``) proves, or None."""
-        import asyncio
         import base64
         import binascii
         import hashlib
@@ -384,7 +427,13 @@ class PasswordVerifier:
             return None
         creds = self.credentials(user) or {}
         if not creds:
-            return None
+            if not self.ready():
+                from protocol.errors import BrokerNotAvailableError
+                raise BrokerNotAvailableError(
+                    "this node is still loading the cluster's users: retry")
+            # Check a made-up credential all the same: answering an unknown
+            # user faster than a wrong password would tell who exists.
+            creds, user = {"SCRAM-SHA-512": self._decoy}, ""
         digest = hmac.new(self._pepper, password.encode(), hashlib.sha256).digest()
         key = (user, tuple(sorted(creds.items())), digest)
         known = self._known.get(key)
@@ -392,8 +441,10 @@ class PasswordVerifier:
             def check() -> bool:
                 return any(scram.verify(password, scram.decode(value), mechanism)
                            for mechanism, value in creds.items() if mechanism in scram.MECHANISMS)
-            known = await asyncio.get_running_loop().run_in_executor(None, check)
-            if len(self._known) >= self.CACHE_MAX:
-                self._known.clear()
-            self._known[key] = known
-        return user if known else None
+            async with self._running:  # at most two derivations at a time
+                known = await asyncio.get_running_loop().run_in_executor(None, check)
+            if known:  # successes only: a flood of wrong ones evicts nothing useful
+                if len(self._known) >= self.CACHE_MAX:
+                    self._known.clear()
+                self._known[key] = known
+        return user if known and user else None

@@ -134,8 +134,9 @@ class SourceOptions:
     #: ... or until this long after the last trigger that was not held back.
     #: Only meaningful with ``min_offsets_per_trigger``.
     max_trigger_delay_ms: int = MAX_TRIGGER_DELAY_MS_DEFAULT
-    #: The client's TLS settings (security_options), as keyword arguments.
-    security: dict = field(default_factory=dict)
+    #: The client's TLS settings (security_options), as keyword arguments
+    #: (a password among them: kept out of the repr).
+    security: dict = field(default_factory=dict, repr=False)
 
 
 # Lower-case, as Spark hands them over; the spelling users write is kept for
@@ -221,8 +222,10 @@ def _jaas_credentials(jaas: str) -> dict:
             "kafka.security.protocol=SASL_SSL needs kafka.sasl.jaas.config with the user: "
             'org.apache.kafka.common.security.scram.ScramLoginModule required username="..." '
             'password="...";')
-    return {"sasl_plain_username": found["username"].group(1),
-            "sasl_plain_password": found["password"].group(1)}
+    def unescaped(value: str) -> str:  # as Kafka's JAAS parser reads \" and \\
+        return re.sub(r"\\(.)", r"\1", value)
+    return {"sasl_plain_username": unescaped(found["username"].group(1)),
+            "sasl_plain_password": unescaped(found["password"].group(1))}
 
 
 #: The TLS options, which the sink takes too (lower-case).

@@ -79,8 +79,9 @@ class SinkOptions:
     transactional_id_prefix: str | None
     #: Keyword arguments for the kraftlog ``Producer``.
     producer: dict[str, Any] = field(default_factory=dict)
-    #: The client's TLS settings (the source's security options).
-    security: dict[str, Any] = field(default_factory=dict)
+    #: The client's TLS settings (the source's security options; a password
+    #: among them: kept out of the repr).
+    security: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -129,11 +130,15 @@ class DataApi:
         self.marker_listeners: list[Callable[[MarkerItem], None]] = []
         #: Client quotas (api/broker/quotas.py); None: none enforced.
         self.quotas: QuotaManager | None = None
+        #: KIP-890: ``verify_txn(transactional_id, producer_id, epoch, tps)``
+        #: asks the transaction coordinator whether the partitions are in the
+        #: producer's open transaction (raises if not). Set by the server.
+        self.verify_txn: Callable[..., Any] | None = None
 
-    async def wait_turn(self, request: web.Request) -> None:
-        """Hold a produce or fetch until its client's last throttle is over."""
+    async def wait_turn(self, request: web.Request, key: str) -> None:
+        """Hold a produce (or fetch) until its quota entity's last throttle is over."""
         if self.quotas is not None:
-            wait_s = self.quotas.hold_for(principal_of(request), client_id_of(request))
+            wait_s = self.quotas.hold_for(key, principal_of(request), client_id_of(request))
             if wait_s > 0:
                 await asyncio.sleep(wait_s)
 
@@ -144,10 +149,6 @@ class DataApi:
         if self.quotas is None or amount <= 0:
             return 0
         return self.quotas.record(key, principal_of(request), client_id_of(request), amount)
-        #: KIP-890: ``verify_txn(transactional_id, producer_id, epoch, tps)``
-        #: asks the transaction coordinator whether the partitions are in the
-        #: producer's open transaction (raises if not). Set by the server.
-        self.verify_txn: Callable[..., Any] | None = None
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/produce", self.handle_produce)
@@ -163,7 +164,7 @@ class DataApi:
 
     # -- produce ---------------------------------------------------------------
     async def handle_produce(self, request: web.Request) -> web.Response:
-        await self.wait_turn(request)
+        await self.wait_turn(request, PRODUCER_BYTE_RATE)
         body = Fields(await wire.read_body(request), "")
         acks = body.values.get("acks", 1)
         if acks == "all":
@@ -274,7 +275,7 @@ class DataApi:
         fetch = decode_fetch(await wire.read_body(request))
         replica_id = fetch.replica_id
         if replica_id < 0:
-            await self.wait_turn(request)
+            await self.wait_turn(request, CONSUMER_BYTE_RATE)
         results = self._render("fetch", await self.replicas.fetch(fetch))
         fetched = 0
         for result in results if replica_id < 0 else ():

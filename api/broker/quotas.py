@@ -9,15 +9,17 @@ principal: ``User:<certificate subject>`` over mutual TLS, else
 ``request_percentage`` is refused as not enforced yet). The quota of a request is the most specific
 entity that has one, in Kafka's order (user+client, user+default client,
 user, default user+client, default user+default client, default user,
-client, default client); each (user, client id) pair is measured on its own.
+client, default client); the rate is that entity's, shared by the clients it
+covers (``<default>`` standing for each actual name), as in Kafka.
 
 Rates are measured over ``quota.window.num`` samples of
 ``quota.window.size.seconds``. A request that takes its client over its quota
 is served in full (a produce is appended, a fetch returns its records) and
-the client's next produce or fetch waits for the time that brings the rate
-back to the quota, as Kafka computes it: ``(rate - quota) / quota * window``
-(KIP-219: the answer goes at once and says so in ``throttle_time_ms``; then
-the client is held, whether or not it honours the field).
+the next produce (or fetch) of its entity waits for the time that brings the
+rate back to the quota, as Kafka computes it: ``(rate - quota) / quota *
+window``, at most the window (KIP-219: the answer goes at once and says so
+in ``throttle_time_ms``; then the clients are held, whether or not they
+honour the field).
 
 Entities are stored as metadata configs of resource type ``client-quota``
 whose name is the entity as canonical JSON (``entity_name``).
@@ -64,8 +66,9 @@ class Rate:
         self._purge(now_s)
         return sum(total for _, total in self._buckets) / self.window_s(now_s)
 
-    @property
-    def idle(self) -> bool:
+    def idle_since(self, now_s: float) -> bool:
+        """Nothing recorded within the window before ``now_s``."""
+        self._purge(now_s)
         return not self._buckets
 
 
@@ -80,34 +83,36 @@ class Throttled:
 
 
 class QuotaManager:
-    """Measures each (user, client id) and says how long to hold back an
-    answer. ``quotas()`` gives the current entity -> {key: value} table
-    (from the metadata image), ``version()`` when it changed."""
+    """Measures what each quota entity's clients send and fetch, and says
+    how long to hold their next request. ``quotas()`` gives the current
+    entity -> {key: value} table (from the metadata image), ``version()``
+    when it changed.
+
+    As in Kafka, the rate is the matched entity's, shared by every client it
+    covers: a quota on a user is shared by all of that user's client ids, a
+    ``<default>`` stands for each actual name (each user under a
+    ``<default>`` user quota has a rate of its own)."""
+
+    #: Past this many measured buckets, idle ones are swept out.
+    SWEEP_ABOVE = 10_000
+    #: Client ids the throttle metric names; the rest are counted as "other".
+    METRIC_CLIENTS_MAX = 1000
 
     def __init__(self, quotas: Callable[[], Mapping[str, Mapping[str, str]]],
                  version: Callable[[], int], samples: int, sample_s: float,
                  clock_s: Callable[[], float]) -> None:
         self._quotas, self._version = quotas, version
         self.samples, self.sample_s, self.clock_s = samples, sample_s, clock_s
+        #: Never longer than the window a rate is measured over (Kafka's cap).
+        self.throttle_ms_max = min(THROTTLE_MS_MAX, int(samples * sample_s * 1000))
         self._table: dict[str, dict[str, float]] = {}
         self._table_version: int | None = None
-        self._resolved: dict[tuple[str, str, str], float | None] = {}
-        self._rates: dict[tuple[str, str, str], Rate] = {}
-        #: (user, client id) -> when its next request may be served (clock_s).
+        self._resolved: dict[tuple[str, str, str], tuple[float, str] | None] = {}
+        #: (key, bucket) -> its rate, and when its clients may be served again.
+        self._rates: dict[tuple[str, str], Rate] = {}
         self._held_until: dict[tuple[str, str], float] = {}
+        self._swept_at = 0.0
         self.throttled = Throttled()
-
-    def hold_for(self, user: str, client_id: str) -> float:
-        """Seconds the next request of (user, client id) must wait: what
-        its last throttle left (0: none)."""
-        until = self._held_until.get((user, client_id))
-        if until is None:
-            return 0.0
-        left = until - self.clock_s()
-        if left <= 0:
-            del self._held_until[(user, client_id)]
-            return 0.0
-        return left
 
     def _refresh(self) -> None:
         version = self._version()
@@ -124,8 +129,10 @@ class QuotaManager:
         self._table, self._table_version = table, version
         self._resolved.clear()
 
-    def quota(self, key: str, user: str, client_id: str) -> float | None:
-        """The quota ``key`` of (user, client id), or None: unlimited."""
+    def resolve(self, key: str, user: str, client_id: str) -> tuple[float, str] | None:
+        """The quota ``key`` of (user, client id) and the bucket it is
+        measured in (the matched entity, ``<default>`` replaced by the
+        actual name), or None: unlimited."""
         self._refresh()
         cached = self._resolved.get((key, user, client_id), False)
         if cached is not False:
@@ -135,36 +142,67 @@ class QuotaManager:
             for entity in resolution_order(user, client_id):
                 value = self._table.get(entity_name(entity), {}).get(key)
                 if value is not None:
-                    found = value
+                    actual = {kind: (user if kind == "user" else client_id)
+                              for kind in entity}
+                    found = (value, entity_name(actual))
                     break
-        if len(self._resolved) > 100_000:
+        if len(self._resolved) > self.SWEEP_ABOVE:
             self._resolved.clear()
         self._resolved[(key, user, client_id)] = found
         return found
 
+    def quota(self, key: str, user: str, client_id: str) -> float | None:
+        """The quota ``key`` of (user, client id), or None: unlimited."""
+        found = self.resolve(key, user, client_id)
+        return None if found is None else found[0]
+
+    def hold_for(self, key: str, user: str, client_id: str) -> float:
+        """Seconds the next ``key`` request of (user, client id) must wait:
+        what the last throttle of its bucket left (0: none)."""
+        found = self.resolve(key, user, client_id)
+        if found is None:
+            return 0.0
+        until = self._held_until.get((key, found[1]))
+        left = 0.0 if until is None else until - self.clock_s()
+        return max(0.0, left)
+
     def record(self, key: str, user: str, client_id: str, amount: float) -> int:
         """Count ``amount`` bytes for (user, client id); the milliseconds to
-        hold the answer back (0: within quota)."""
-        limit = self.quota(key, user, client_id)
-        if limit is None:
+        hold its bucket's next request back (0: within quota)."""
+        found = self.resolve(key, user, client_id)
+        if found is None:
             return 0
+        limit, bucket = found
         now = self.clock_s()
-        rate = self._rates.get((key, user, client_id))
+        self._sweep(now)
+        rate = self._rates.get((key, bucket))
         if rate is None:
-            if len(self._rates) > 100_000:
-                self._rates = {k: r for k, r in self._rates.items() if not r.idle}
-            rate = self._rates[(key, user, client_id)] = Rate(self.samples, self.sample_s)
+            rate = self._rates[(key, bucket)] = Rate(self.samples, self.sample_s)
         rate.record(amount, now)
         observed = rate.rate(now)
         if observed <= limit:
             return 0
         throttle_ms = (observed - limit) / limit * rate.window_s(now) * 1000
-        throttle_ms = int(min(THROTTLE_MS_MAX, throttle_ms))
-        self.throttled.add(key, client_id, throttle_ms)
+        throttle_ms = int(min(self.throttle_ms_max, throttle_ms))
+        clients = self.throttled.ms_total
+        label = client_id if (key, client_id) in clients \
+            or len(clients) < self.METRIC_CLIENTS_MAX else "other"
+        self.throttled.add(key, label, throttle_ms)
         until = now + throttle_ms / 1000
-        if until > self._held_until.get((user, client_id), 0.0):
-            self._held_until[(user, client_id)] = until
+        if until > self._held_until.get((key, bucket), 0.0):
+            self._held_until[(key, bucket)] = until
         return throttle_ms
+
+    def _sweep(self, now: float) -> None:
+        """Forget the buckets idle for a whole window, and holds past, once
+        there are many of them (each client id under a ``<default>`` quota
+        makes one) and at most once per window."""
+        window = self.samples * self.sample_s
+        if len(self._rates) <= self.SWEEP_ABOVE or now - self._swept_at < window:
+            return
+        self._swept_at = now
+        self._rates = {k: r for k, r in self._rates.items() if not r.idle_since(now)}
+        self._held_until = {k: t for k, t in self._held_until.items() if t > now}
 
 
 def client_id_of(request: Any) -> str:

@@ -44,7 +44,7 @@ from kraft.config import BROKER_LISTENER, NodeConfig
 from kraft.image import MetadataImage
 from kraft.topic_config import defaults_from_broker_config
 from protocol import tls, wire
-from protocol.errors import UnknownTopicOrPartitionError
+from protocol.errors import ClusterAuthorizationFailedError, UnknownTopicOrPartitionError
 from protocol.fields import Fields
 from storage.cleaner import CleanerConfig
 from storage.config import LogConfig
@@ -75,6 +75,11 @@ ADMIN_ROUTES = {
     "/v1/admin/users/alter": "/v1/controller/users/alter",
     "/v1/admin/users/describe": "/v1/controller/users/describe",
 }
+
+
+#: Admin routes a password-authenticated (SCRAM) user may not call.
+CERTIFICATE_ONLY_ROUTES = frozenset({"/v1/admin/users/alter", "/v1/admin/users/describe",
+                                     "/v1/admin/quotas/alter"})
 
 
 def replication_settings(config: NodeConfig) -> ReplicationSettings:
@@ -175,7 +180,8 @@ class BrokerServer:
         app[wire.BODY_BYTES_MAX_KEY] = self.request_bytes_max
         app[wire.BODY_IDLE_MS_KEY] = idle_ms
         self.config.secure_app(app, self.config.listeners[BROKER_LISTENER],
-                               lambda user: self.lifecycle.image.scram_credentials(user))
+                               lambda user: self.lifecycle.image.scram_credentials(user),
+                               lambda: self.lifecycle.metadata_caught_up)
         self.data.add_routes(app)
         self.rest.add_routes(app)
         self.group_api.add_routes(app)
@@ -339,7 +345,14 @@ class BrokerServer:
 
     async def handle_admin(self, request: web.Request) -> web.Response:
         body = await wire.read_body(request)
-        path = ADMIN_ROUTES[request.match_info.route.resource.canonical]
+        route = request.match_info.route.resource.canonical
+        if route in CERTIFICATE_ONLY_ROUTES and request.get(tls.PROOF_KEY) == "password":
+            # Until ACLs: a SCRAM user may not make users or change quotas
+            # (nor take over another user's password).
+            raise ClusterAuthorizationFailedError(
+                f"{route} is for administrators, who authenticate with a client "
+                "certificate: a SCRAM user may not manage users or quotas")
+        path = ADMIN_ROUTES[route]
         return wire.respond(request, await self.forward_admin(path, body))
 
     async def handle_describe_topics(self, request: web.Request) -> web.Response:

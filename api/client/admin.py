@@ -225,7 +225,8 @@ class AsyncAdmin:
     async def upsert_user(self, name: str, password: str, *,
                           mechanism: str = "SCRAM-SHA-512", iterations: int = 8192) -> None:
         """Create ``name`` or replace its password (Kafka's
-        AlterUserScramCredentials). The password is salted and iterated
+        AlterUserScramCredentials; a user has one password, so a credential
+        of another mechanism goes). The password is salted and iterated
         here; only that travels, and the cluster keeps only keys derived
         from it."""
         from protocol import scram
@@ -241,9 +242,11 @@ class AsyncAdmin:
             "name": name, "mechanism": mechanism, "iterations": iterations, "salt": salt,
             "salted_password": salted}]})
 
-    async def delete_user(self, name: str, *, mechanism: str = "SCRAM-SHA-512") -> None:
-        """Remove ``name``'s credential for ``mechanism``."""
-        await self._alter_users({"deletions": [{"name": name, "mechanism": mechanism}]})
+    async def delete_user(self, name: str, *, mechanism: str | None = None) -> None:
+        """Remove ``name`` (only its ``mechanism`` credential, if given)."""
+        deletion = {"name": name} if mechanism is None else {"name": name,
+                                                             "mechanism": mechanism}
+        await self._alter_users({"deletions": [deletion]})
 
     async def _alter_users(self, body: dict) -> None:
         answer = await self._call("/v1/admin/users/alter", body)

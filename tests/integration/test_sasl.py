@@ -49,6 +49,19 @@ def as_user(cluster: ProcessCluster, user: str, password: str) -> dict:
             "sasl_plain_password": password}
 
 
+def wait_for_users(cluster: ProcessCluster, present: set[str], absent: set[str] = frozenset()
+                   ) -> None:
+    """Until every broker's metadata has the users (and not the others)."""
+    def everywhere() -> bool:
+        for broker in cluster.broker_ids:
+            with Admin(cluster.nodes[broker].broker_url, **cluster.client_security) as admin:
+                users = set(admin.describe_users())
+            if not present <= users or users & absent:
+                return False
+        return True
+    wait_until(everywhere, 30, f"users {sorted(present)} on every broker")
+
+
 def refused(call) -> KraftlogError:
     started = time.monotonic()
     with pytest.raises(KraftlogError) as caught:
@@ -66,7 +79,8 @@ def test_a_user_writes_and_reads_with_a_password_and_nodes_with_certificates(clu
     with Admin(bootstrap(cluster), **cluster.client_security) as admin:  # a certificate
         admin.upsert_user("etl", PASSWORD)
         admin.create_topics([NewTopic("sasl-orders", 2, 2)])
-        assert admin.describe_users() == {"etl": {"SCRAM-SHA-512": 8192}}
+        assert admin.describe_users()["etl"] == {"SCRAM-SHA-512": 8192}
+    wait_for_users(cluster, {"etl"})
     etl = as_user(cluster, "etl", PASSWORD)
     with Producer(bootstrap(cluster), **etl) as producer:
         for i in range(100):
@@ -88,6 +102,7 @@ def test_a_user_writes_and_reads_with_a_password_and_nodes_with_certificates(clu
 def test_wrong_unknown_missing_and_deleted_credentials_are_refused(cluster):
     with Admin(bootstrap(cluster), **cluster.client_security) as admin:
         admin.upsert_user("temp", PASSWORD)
+    wait_for_users(cluster, {"temp"})
     assert list_topics(cluster, **as_user(cluster, "temp", PASSWORD)) is not None
     for user, password in (("temp", "wrong password"), ("nobody", PASSWORD)):
         error = refused(lambda: list_topics(cluster, **as_user(cluster, user, password)))
@@ -95,7 +110,7 @@ def test_wrong_unknown_missing_and_deleted_credentials_are_refused(cluster):
         assert "SCRAM user" in error.message
     with Admin(bootstrap(cluster), **cluster.client_security) as admin:
         admin.delete_user("temp")
-        assert "temp" not in admin.describe_users()
+    wait_for_users(cluster, set(), {"temp"})
     error = refused(lambda: list_topics(cluster, **as_user(cluster, "temp", PASSWORD)))
     assert isinstance(error, SaslAuthenticationError)
     # No credentials at all (a plain HTTPS request): 401, nothing served.
@@ -139,3 +154,26 @@ def test_the_cli_manages_users_and_authenticates_as_one(cluster, tmp_path):
     assert done.returncode == 0, done.stderr
     done = cli(*as_admin, "users", "create", "short", env={"KRAFTLOG_NEW_PASSWORD": "abc"})
     assert done.returncode == 1 and "at least 8 characters" in done.stderr
+
+
+def test_scram_users_may_not_manage_users_and_the_controller_wants_a_certificate(cluster):
+    """Until ACLs: a SCRAM user cannot make users, change passwords or set
+    quotas; the CONTROLLER listener (SSL) of a cluster with SASL_SSL
+    listeners serves no anonymous client."""
+    with Admin(bootstrap(cluster), **cluster.client_security) as admin:
+        admin.upsert_user("clerk", PASSWORD)
+    wait_for_users(cluster, {"clerk"})
+    with Admin(bootstrap(cluster), **as_user(cluster, "clerk", PASSWORD)) as admin:
+        for call in (lambda: admin.upsert_user("clerk2", PASSWORD),
+                     lambda: admin.upsert_user("etl", "taken over!"),
+                     lambda: admin.alter_client_quotas({"client-id": "x"},
+                                                       {"producer_byte_rate": 1e9})):
+            error = refused(call)
+            assert error.code == "CLUSTER_AUTHORIZATION_FAILED", error
+    import ssl
+    context = ssl.create_default_context(cafile=cluster.certs["ca"].certfile)
+    controller = cluster.nodes[cluster.controller_ids[0]].controller_url
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(controller + "/v1/quorum", timeout=5, context=context)
+    assert caught.value.code == 401
+    assert json.load(caught.value)["error"]["code"] == "SSL_AUTHENTICATION_FAILED"

@@ -561,7 +561,7 @@ def test_bad_options_fail_when_the_query_starts(spark, bootstrap):
          .option("kraftlog.bootstrap.servers", bootstrap).option("subscribe", "t")
          .load().collect())
     with pytest.raises(Exception, match="not a Kafka client"):
-        reader(spark, bootstrap, subscribe="t", **{"kafka.security.protocol": "SSL"}).collect()
+        reader(spark, bootstrap, subscribe="t", **{"kafka.max.poll.records": "5"}).collect()
     with pytest.raises(Exception, match="exactly one of subscribe, subscribePattern or assign"):
         reader(spark, bootstrap, subscribe="t", assign='{"t": [0]}').collect()
     with pytest.raises(Exception, match="kraftlog.bootstrap.servers is required"):

@@ -4,6 +4,8 @@ principals. (A real node enforcing them: tests/integration/test_quotas.py.)"""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from api.broker.quotas import QuotaManager, Rate
@@ -35,7 +37,7 @@ def test_a_rate_spans_at_least_all_samples_but_one_and_forgets_old_ones():
     rate.record(100, clock.now)
     assert rate.rate(clock.now) == pytest.approx(200 / 2)
     clock.now += 10  # every sample older than the window: forgotten
-    assert rate.rate(clock.now) == 0 and rate.idle
+    assert rate.rate(clock.now) == 0 and rate.idle_since(clock.now)
 
 
 def test_the_most_specific_entity_with_a_quota_wins_in_kafkas_order():
@@ -58,9 +60,9 @@ def test_a_client_over_its_quota_is_held_back_as_kafka_computes_it():
     table = {entity_name({"client-id": "slow"}): {PRODUCER_BYTE_RATE: "1000"}}
     quotas, version = manager(table, clock, samples=2, sample_s=1.0)
     assert quotas.record(PRODUCER_BYTE_RATE, "User:ANONYMOUS", "slow", 500) == 0
-    # 3000 bytes over a 1 s window against 1000/s: (3000 - 1000) / 1000 * 1 s.
-    assert quotas.record(PRODUCER_BYTE_RATE, "User:ANONYMOUS", "slow", 2500) == 2000
-    assert quotas.throttled.ms_total == {(PRODUCER_BYTE_RATE, "slow"): 2000}
+    # 2000 bytes over a 1 s window against 1000/s: (2000 - 1000) / 1000 * 1 s.
+    assert quotas.record(PRODUCER_BYTE_RATE, "User:ANONYMOUS", "slow", 1500) == 1000
+    assert quotas.throttled.ms_total == {(PRODUCER_BYTE_RATE, "slow"): 1000}
     # Another client id, no quota: never held back.
     assert quotas.record(PRODUCER_BYTE_RATE, "User:ANONYMOUS", "fast", 10**9) == 0
     # The quota removed: the next metadata version frees the client.
@@ -81,7 +83,7 @@ def test_quota_values_are_checked(key, value, message):
 @pytest.mark.parametrize("entity, message", [
     ({}, "a map of user and/or client-id"), ("app", "a map"),
     ({"group": "x"}, "unknown entity type"), ({"client-id": ""}, "1-255 characters"),
-    ({"user": 7}, "1-255 characters")])
+    ({"user": 7}, "1-255 characters"), ({"user": "etl"}, "User:etl")])
 def test_entities_are_checked(entity, message):
     with pytest.raises(ValueError, match=message):
         check_entity(entity)
@@ -97,15 +99,44 @@ def test_the_next_request_of_a_throttled_client_waits_its_throttle_out():
     clock = Clock()
     table = {entity_name({"client-id": "slow"}): {CONSUMER_BYTE_RATE: "1000"}}
     quotas, _ = manager(table, clock, samples=2, sample_s=1.0)
-    assert quotas.hold_for("User:ANONYMOUS", "slow") == 0
-    ms = quotas.record(CONSUMER_BYTE_RATE, "User:ANONYMOUS", "slow", 4000)
-    assert ms == 3000
-    assert quotas.hold_for("User:ANONYMOUS", "slow") == pytest.approx(3.0)
-    assert quotas.hold_for("User:ANONYMOUS", "other") == 0
-    clock.now += 2.5
-    assert quotas.hold_for("User:ANONYMOUS", "slow") == pytest.approx(0.5)
+    hold = functools.partial(quotas.hold_for, CONSUMER_BYTE_RATE, "User:ANONYMOUS")
+    assert hold("slow") == 0
+    ms = quotas.record(CONSUMER_BYTE_RATE, "User:ANONYMOUS", "slow", 2500)
+    assert ms == 1500
+    assert hold("slow") == pytest.approx(1.5)
+    assert hold("other") == 0
+    assert quotas.hold_for(PRODUCER_BYTE_RATE, "User:ANONYMOUS", "slow") == 0  # per quota
+    clock.now += 1.0
+    assert hold("slow") == pytest.approx(0.5)
     clock.now += 1
-    assert quotas.hold_for("User:ANONYMOUS", "slow") == 0
+    assert hold("slow") == 0
+    # Never held longer than the window the rate is measured over (2 s here).
+    assert quotas.record(CONSUMER_BYTE_RATE, "User:ANONYMOUS", "slow", 10**9) == 2000
+
+
+def test_a_user_quota_is_shared_by_every_client_id_and_a_default_is_per_name():
+    clock = Clock()
+    table = {entity_name({"user": "User:etl"}): {PRODUCER_BYTE_RATE: "1000"},
+             entity_name({"user": DEFAULT}): {PRODUCER_BYTE_RATE: "1000"}}
+    quotas, _ = manager(table, clock, samples=2, sample_s=1.0)
+    # A new client id per request does not escape the user's quota.
+    held = [quotas.record(PRODUCER_BYTE_RATE, "User:etl", f"c{i}", 600) for i in range(3)]
+    assert held[0] == 0 and held[1] > 0 and held[2] > held[1]
+    # Another user under the <default> quota has a bucket of its own.
+    assert quotas.record(PRODUCER_BYTE_RATE, "User:other", "c0", 600) == 0
+    assert quotas.record(PRODUCER_BYTE_RATE, "User:third", "c0", 600) == 0
+
+
+def test_idle_buckets_are_swept_out():
+    clock = Clock()
+    table = {entity_name({"client-id": DEFAULT}): {PRODUCER_BYTE_RATE: "1000"}}
+    quotas, _ = manager(table, clock, samples=2, sample_s=1.0)
+    quotas.SWEEP_ABOVE = 50
+    for i in range(200):
+        quotas.record(PRODUCER_BYTE_RATE, "User:ANONYMOUS", f"client-{i}", 5000)
+    clock.now += 10
+    quotas.record(PRODUCER_BYTE_RATE, "User:ANONYMOUS", "late", 1)
+    assert len(quotas._rates) == 1 and not quotas._held_until
 
 
 def test_principal_mapping_rules_read_as_kafkas():

@@ -69,3 +69,34 @@ def test_the_password_check_remembers_per_credential_and_forgets_a_changed_one()
         assert auth(bad) is None
     del stored["etl"]  # deleted: a remembered success must not outlive it
     assert auth(basic("etl", "s3cret-pw")) is None
+
+
+def test_a_new_password_is_checked_afresh_and_a_success_is_remembered(monkeypatch):
+    def cred(password: str) -> str:
+        salt = scram.new_salt()
+        return scram.encode(scram.credential(
+            scram.salted_password(password, salt, 4096, "SCRAM-SHA-512"), salt, 4096,
+            "SCRAM-SHA-512"))
+    stored = {"etl": {"SCRAM-SHA-512": cred("first-password")}}
+    verifier = PasswordVerifier(lambda user: stored.get(user, {}))
+    calls = []
+    real = scram.verify
+    monkeypatch.setattr(scram, "verify", lambda *a: calls.append(a) or real(*a))
+
+    def auth(user, password):
+        return asyncio.run(verifier.authenticate(basic(user, password)))
+    assert auth("etl", "first-password") == "etl"
+    assert auth("etl", "first-password") == "etl" and len(calls) == 1  # remembered
+    stored["etl"] = {"SCRAM-SHA-512": cred("second-password")}   # set-password
+    assert auth("etl", "first-password") is None                # the old one no longer works
+    assert auth("etl", "second-password") == "etl"
+
+
+def test_an_unknown_user_is_retriable_until_the_users_are_loaded():
+    from protocol.errors import BrokerNotAvailableError
+    loaded = {"yes": False}
+    verifier = PasswordVerifier(lambda user: {}, lambda: loaded["yes"])
+    with pytest.raises(BrokerNotAvailableError):
+        asyncio.run(verifier.authenticate(basic("etl", "pw-123456")))
+    loaded["yes"] = True
+    assert asyncio.run(verifier.authenticate(basic("etl", "pw-123456"))) is None

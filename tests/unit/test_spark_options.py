@@ -779,6 +779,7 @@ def test_a_scram_user_comes_from_kafkas_jaas_config():
         "kafka.sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule '
                                   'required username="etl" password="p\\"w";'}))
     assert parsed.security == {"security_protocol": "SASL_SSL", "ssl_cafile": "/certs/ca.pem",
-                               "sasl_plain_username": "etl", "sasl_plain_password": 'p\\"w',
+                               "sasl_plain_username": "etl", "sasl_plain_password": 'p"w',
                                "sasl_mechanism": "SCRAM-SHA-512"}
+    assert 'p"w' not in repr(parsed)
     assert parsed.bootstrap.startswith("https://")
