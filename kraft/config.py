@@ -296,6 +296,25 @@ def parse_protocol_map(text: str, listeners: Mapping[str, Endpoint]) -> dict[str
             raise InvalidConfigError(
                 f"listener {name} has no entry in listener.security.protocol.map "
                 f"({text!r}): add {name}:PLAINTEXT or {name}:SSL")
+    for name in protocols:
+        if name not in (BROKER_LISTENER, CONTROLLER_LISTENER):
+            raise InvalidConfigError(
+                f"listener.security.protocol.map names {name!r}: kraftlog's listeners are "
+                f"{BROKER_LISTENER} and {CONTROLLER_LISTENER}")
+    if tls.SASL_SSL in protocols.values():
+        # Every node must know the cluster has password users (its SSL
+        # listeners then require certificates), and none may serve plainly.
+        missing = [n for n in (BROKER_LISTENER, CONTROLLER_LISTENER) if n not in protocols]
+        plain = [n for n, p in protocols.items() if p == tls.PLAINTEXT]
+        if missing or plain:
+            raise InvalidConfigError(
+                "listener.security.protocol.map: with a SASL_SSL listener, map both "
+                f"{BROKER_LISTENER} and {CONTROLLER_LISTENER} (the same on every node) and "
+                "none as PLAINTEXT, e.g. BROKER:SASL_SSL,CONTROLLER:SSL")
+    if CONTROLLER_LISTENER in listeners and BROKER_LISTENER not in protocols:
+        raise InvalidConfigError(
+            "listener.security.protocol.map: a controller maps BROKER too (the same map on "
+            "every node): it decides how this controller's clients must authenticate")
     return protocols
 
 

@@ -746,9 +746,13 @@ class Controller:
             entity = entry.values.get("entity")
             try:
                 try:
-                    name = quotas.entity_name(quotas.check_entity(entity))
+                    raw_ops = entry.sequence("ops", CONFIGS_PER_RESOURCE_MAX)
+                    # A quota stored before a rule was added may always be removed.
+                    removing = all(isinstance(op, dict) and op.get("value") is None
+                                   for op in raw_ops)
+                    name = quotas.entity_name(quotas.check_entity(entity, strict=not removing))
                     ops = []
-                    for j, op in enumerate(entry.sequence("ops", CONFIGS_PER_RESOURCE_MAX)):
+                    for j, op in enumerate(raw_ops):
                         op_fields = Fields(op, f"entries[{i}].ops[{j}]")
                         key = op_fields.string("key", NAME_CHARS_MAX)
                         value = op_fields.values.get("value")
@@ -792,8 +796,13 @@ class Controller:
                 error = None
                 try:
                     try:
-                        scram.check_user_name(name)
+                        if kind == "upsertions":
+                            scram.check_user_name(name)  # a stored one may always go
+                        elif not isinstance(name, str) or not name:
+                            raise ValueError(f"name must be a user's name, not {name!r}")
                         given = fields.values.get("mechanism")
+                        if given is not None and not isinstance(given, str):
+                            raise ValueError(f"mechanism must be a string, not {given!r}")
                         mechanism = scram.check_mechanism(given) \
                             if kind == "upsertions" or given is not None else None
                         if kind == "upsertions":
@@ -819,10 +828,10 @@ class Controller:
                             f"user {name!r} has no {mechanism or 'SCRAM'} credential")
                     # A user has one password: a new one replaces the credentials
                     # of every mechanism, a deletion without a mechanism removes all.
-                    for other in sorted(current):
-                        if other != mechanism or value is None:
-                            draft.add(ConfigRecord(scram.USER_SCRAM_RESOURCE, name, other,
-                                                   None))
+                    doomed = ([mechanism] if mechanism else sorted(current)) if value is None \
+                        else [other for other in sorted(current) if other != mechanism]
+                    for other in doomed:
+                        draft.add(ConfigRecord(scram.USER_SCRAM_RESOURCE, name, other, None))
                     if value is not None:
                         draft.add(ConfigRecord(scram.USER_SCRAM_RESOURCE, name, mechanism,
                                                value))

@@ -66,9 +66,10 @@ def resolution_order(user: str, client_id: str) -> list[dict[str, str]]:
 
 
 
-def check_entity(entity: Any) -> dict[str, str]:
+def check_entity(entity: Any, strict: bool = True) -> dict[str, str]:
     """An entity as a request gives it: a map of ``user`` and/or
-    ``client-id`` to a name or ``<default>``."""
+    ``client-id`` to a name or ``<default>`` (``strict``: a user named as a
+    principal, ``User:...``)."""
     if not isinstance(entity, Mapping) or not entity:
         raise ValueError("a quota entity is a map of user and/or client-id to a name "
                          f"(or {DEFAULT!r}), not {entity!r}")
@@ -79,7 +80,7 @@ def check_entity(entity: Any) -> dict[str, str]:
         if not isinstance(value, str) or not 0 < len(value) <= CLIENT_ID_CHARS_MAX:
             raise ValueError(f"entity {key} must be a name of 1-{CLIENT_ID_CHARS_MAX} "
                              f"characters (or {DEFAULT!r}), not {value!r}")
-        if key == USER and value != DEFAULT and not value.startswith("User:"):
+        if strict and key == USER and value != DEFAULT and not value.startswith("User:"):
             raise ValueError(f"a user is named as its principal, User:{value} (User:<SCRAM "
                              "name> or User:<certificate subject>), or <default>")
         checked[key] = value

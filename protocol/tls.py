@@ -268,7 +268,8 @@ def subject_name(subject) -> str:
 def _java_replacement(text: str, groups: int) -> str:
     """A Java ``Matcher.replaceAll`` replacement as a Python ``expand``
     template: ``$n`` takes as many digits as name an existing group (``$12``
-    with one group is group 1 then "2"), ``\\x`` is x itself."""
+    with one group is group 1 then "2"; a ``$n`` naming no group is left as
+    text, as Kafka does), ``\\x`` is x itself."""
     out, i = [], 0
     while i < len(text):
         c = text[i]
@@ -278,8 +279,9 @@ def _java_replacement(text: str, groups: int) -> str:
         elif c == "$":
             j = i + 1
             if j >= len(text) or not text[j].isdigit() or int(text[j]) > groups:
-                raise TlsConfigError(f"ssl.principal.mapping.rules: ${text[j:j + 1]} in "
-                                     f"{text!r} names no group of its pattern")
+                out.append("$")  # as Kafka takes it: literal text, not a group
+                i += 1
+                continue
             number = int(text[j])
             j += 1
             while j < len(text) and text[j].isdigit() and number * 10 + int(text[j]) <= groups:
@@ -392,6 +394,8 @@ class PasswordVerifier:
     credential changed or deleted is checked afresh."""
 
     CACHE_MAX = 10_000
+    #: Password checks that may queue; beyond, 503 (retriable) at once.
+    WAITING_MAX = 64
 
     def __init__(self, credentials, ready=lambda: True) -> None:
         """``ready()``: whether the credentials are complete (a broker's
@@ -401,6 +405,7 @@ class PasswordVerifier:
         self.credentials = credentials
         self.ready = ready
         self._running = asyncio.Semaphore(2)
+        self._waiting = 0
         self._pepper = os.urandom(32)
         self._known: dict[tuple, bool] = {}
         salt = scram.new_salt()
@@ -425,12 +430,16 @@ class PasswordVerifier:
             return None
         if not sep or not user:
             return None
+        from protocol.errors import BrokerNotAvailableError
+        if not self.ready():  # users half loaded: deleted ones, old passwords
+            raise BrokerNotAvailableError("this node is still loading the cluster's users: "
+                                          "retry")
+        try:
+            scram.check_user_name(user)
+        except ValueError:
+            return None
         creds = self.credentials(user) or {}
         if not creds:
-            if not self.ready():
-                from protocol.errors import BrokerNotAvailableError
-                raise BrokerNotAvailableError(
-                    "this node is still loading the cluster's users: retry")
             # Check a made-up credential all the same: answering an unknown
             # user faster than a wrong password would tell who exists.
             creds, user = {"SCRAM-SHA-512": self._decoy}, ""
@@ -441,8 +450,14 @@ class PasswordVerifier:
             def check() -> bool:
                 return any(scram.verify(password, scram.decode(value), mechanism)
                            for mechanism, value in creds.items() if mechanism in scram.MECHANISMS)
-            async with self._running:  # at most two derivations at a time
-                known = await asyncio.get_running_loop().run_in_executor(None, check)
+            if self._waiting >= self.WAITING_MAX:  # a flood of guesses: shed it
+                raise BrokerNotAvailableError("too many password checks at once: retry")
+            self._waiting += 1
+            try:
+                async with self._running:  # at most two derivations at a time
+                    known = await asyncio.get_running_loop().run_in_executor(None, check)
+            finally:
+                self._waiting -= 1
             if known:  # successes only: a flood of wrong ones evicts nothing useful
                 if len(self._known) >= self.CACHE_MAX:
                     self._known.clear()

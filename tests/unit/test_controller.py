@@ -1756,3 +1756,71 @@ def test_producer_ids_go_only_to_a_registered_broker_of_the_current_epoch():
     with pytest.raises(InvalidRequestError):
         cluster.call("allocate_producer_ids", {"broker_id": "one", "broker_epoch": 0})
     assert cluster.image.next_producer_id == 0
+
+
+# -- SCRAM users and client quotas ---------------------------------------------------------
+def _upsert(name, password, mechanism="SCRAM-SHA-512", iterations=4096) -> dict:
+    from protocol import scram
+    salt = scram.new_salt()
+    return {"name": name, "mechanism": mechanism, "iterations": iterations, "salt": salt,
+            "salted_password": scram.salted_password(password, salt, iterations, mechanism)}
+
+
+def test_a_user_has_one_password_whatever_the_mechanism():
+    from protocol import scram
+    cluster = Cluster()
+    answer = cluster.call("alter_users", {"upsertions": [
+        _upsert("etl", "old-password", "SCRAM-SHA-256")]})
+    assert answer["results"] == [{"name": "etl", "error": None}]
+    cluster.call("alter_users", {"upsertions": [_upsert("etl", "new-password")]})
+    creds = cluster.image.scram_credentials("etl")
+    assert list(creds) == ["SCRAM-SHA-512"]  # the old password went with its mechanism
+    assert scram.verify("new-password", scram.decode(creds["SCRAM-SHA-512"]), "SCRAM-SHA-512")
+    assert cluster.controller.describe_users(cluster.image, {}) == {
+        "users": [{"name": "etl", "credentials": [
+            {"mechanism": "SCRAM-SHA-512", "iterations": 4096}]}]}
+
+
+def test_deleting_a_user_or_one_credential():
+    cluster = Cluster()
+    cluster.call("alter_users", {"upsertions": [_upsert("a", "password-a")]})
+    # Two credentials, as a store from elsewhere might hold: one goes, then all.
+    cluster.image.configs[("user-scram", "a")]["SCRAM-SHA-256"] = \
+        cluster.image.configs[("user-scram", "a")]["SCRAM-SHA-512"]
+    cluster.call("alter_users", {"deletions": [{"name": "a", "mechanism": "SCRAM-SHA-256"}]})
+    assert list(cluster.image.scram_credentials("a")) == ["SCRAM-SHA-512"]
+    cluster.call("alter_users", {"deletions": [{"name": "a"}]})
+    assert cluster.image.scram_credentials("a") == {}
+    answer = cluster.call("alter_users", {"deletions": [{"name": "a"}]})
+    assert answer["results"][0]["error"]["code"] == "RESOURCE_NOT_FOUND"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"mechanism": ["SCRAM-SHA-512"]}, "mechanism must be a string"),
+    ({"mechanism": "SCRAM-SHA-1"}, "unknown SCRAM mechanism"),
+    ({"iterations": 100}, "iterations"),
+    ({"salt": b"short"}, "salt must be"),
+    ({"salted_password": b"x" * 32}, "64-byte"),
+    ({"name": "CN=admin,O=x"}, "without ':', '=' or ','"),
+    ({"name": "anonymous"}, "ANONYMOUS"),
+])
+def test_bad_users_are_refused_and_nothing_is_written(change, message):
+    cluster = Cluster()
+    before = cluster.image.offset
+    answer = cluster.call("alter_users", {"upsertions": [{**_upsert("ok", "password"),
+                                                          **change}]})
+    error = answer["results"][0]["error"]
+    assert error["code"] == "INVALID_REQUEST" and re.search(message, error["message"])
+    assert cluster.image.offset == before
+
+
+def test_a_stored_entity_can_always_be_removed():
+    cluster = Cluster()
+    cluster.image.configs[("client-quota", '{"user":"etl"}')] = {"producer_byte_rate": "10.0"}
+    answer = cluster.call("alter_client_quotas", {"entries": [
+        {"entity": {"user": "etl"}, "ops": [{"key": "producer_byte_rate", "value": None}]}]})
+    assert answer["entries"][0]["error"] is None
+    assert cluster.image.client_quotas() == {}
+    answer = cluster.call("alter_client_quotas", {"entries": [
+        {"entity": {"user": "etl"}, "ops": [{"key": "producer_byte_rate", "value": 5}]}]})
+    assert "User:etl" in answer["entries"][0]["error"]["message"]

@@ -56,6 +56,12 @@ def test_ssl_listeners_are_https_everywhere_a_peer_or_client_learns_them(made):
      "would send passwords in clear"),
     ({"listener.security.protocol.map": "BROKER:SASL_SSL,CONTROLLER:SSL", "ssl.cafile": None},
      "accepts client certificates too"),
+    ({"listener.security.protocol.map": "BROKER:SASL_SSL,CONTROLLER:PLAINTEXT"},
+     "none as PLAINTEXT"),
+    ({"listener.security.protocol.map": "CONTROLLER:SSL,BROKER:SSL,EXT:SASL_SSL"},
+     "kraftlog's listeners are BROKER and CONTROLLER"),
+    ({"listener.security.protocol.map": "BROKER:SSL,CONTROLLER:SASL_SSL"},
+     "CONTROLLER = SASL_SSL"),
     ({"listener.security.protocol.map": "BROKER:TLS,CONTROLLER:SSL"}, "use PLAINTEXT or SSL"),
     ({"listener.security.protocol.map": "BROKER:SSL"}, "CONTROLLER has no entry"),
     ({"ssl.client.auth": "required", "ssl.cafile": None}, "needs ssl.cafile"),
@@ -186,3 +192,26 @@ def test_certs_create_will_not_replace_certificates_in_use(tmp_path):
     with pytest.raises(FileExistsError, match="--force"):
         certs.create(str(tmp_path), nodes=1)
     assert certs.create(str(tmp_path), nodes=1, force=True)["ca"].certfile
+
+
+def test_a_cluster_with_password_users_serves_no_anonymous_client_on_ssl(made, monkeypatch):
+    """With BROKER:SASL_SSL, the SSL controller listener requires a client
+    certificate even though ssl.client.auth is left at none."""
+    from aiohttp import web
+
+    from kraft.config import CONTROLLER_LISTENER
+    config = node_config_from_settings(
+        secure(made, **{"listener.security.protocol.map": "BROKER:SASL_SSL,CONTROLLER:SSL"}))
+    assert config.tls.sasl and config.tls.server.verify_mode == ssl.CERT_OPTIONAL
+    app = web.Application()
+    seen = {}
+
+    def spy(app_, mapper, require_certificate, verifier=None):
+        seen[bool(verifier)] = require_certificate
+    monkeypatch.setattr(tls, "authenticate_clients", spy)
+    config.secure_app(app, config.voters[1])
+    config.secure_app(app, config.listeners["BROKER"], lambda user: {})
+    with pytest.raises(RuntimeError, match="needs the users' credentials"):
+        config.secure_app(app, config.listeners["BROKER"])
+    assert seen == {False: True, True: False}  # controller: certificate; broker: password ok
+    assert CONTROLLER_LISTENER in config.listeners
