@@ -388,10 +388,12 @@ class PasswordVerifier:
 
     ``credentials(user)`` gives the user's mechanism -> encoded credential
     (from the metadata image). Deriving a key is PBKDF2 (thousands of
-    iterations): it runs off the event loop, and each answer is remembered
-    for that credential and a keyed digest of the password (never the
-    password), so a client pays it once per connection pool, and a
-    credential changed or deleted is checked afresh."""
+    iterations): it runs off the event loop, two at a time (past
+    ``WAITING_MAX`` waiting, a 503), and each success is remembered for that
+    credential and a keyed digest of the password (never the password), so
+    a client pays it once, and a credential changed or deleted is checked
+    afresh. An unknown user costs a derivation too (a decoy credential),
+    so timing does not tell who exists."""
 
     CACHE_MAX = 10_000
     #: Password checks that may queue; beyond, 503 (retriable) at once.
