@@ -244,6 +244,18 @@ def authenticate_clients(app, mapper: "PrincipalMapper", require_certificate: bo
                            authenticate)  # its refusal is an error body
 
 
+def require_node_or_plain(request, what: str) -> None:
+    """Refuse ``what`` (a call only nodes make: a follower's fetch, a
+    transaction marker, a KIP-890 check) to a client that authenticated
+    with a password: nodes authenticate with certificates. (A plain
+    listener has no identities to tell them apart.)"""
+    if request.get(PROOF_KEY) == "password":
+        from protocol.errors import ClusterAuthorizationFailedError
+        raise ClusterAuthorizationFailedError(
+            f"{what} is for the cluster's nodes, which authenticate with certificates, "
+            f"not for {request.get(PRINCIPAL_KEY, ANONYMOUS)}")
+
+
 def principal_of(request) -> str:
     """The user ``authenticate_clients`` named, else ``User:ANONYMOUS`` (a
     plain listener)."""

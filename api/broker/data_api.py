@@ -30,7 +30,7 @@ from api.broker.replication import (READ_COMMITTED, READ_UNCOMMITTED, FetchReque
                                     MarkerItem, ProduceItem, broker_url)
 from protocol import wire
 from protocol.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
-from protocol.tls import principal_of
+from protocol.tls import principal_of, require_node_or_plain
 from protocol.errors import CodedError, InvalidRequestError, InvalidRequiredAcksError, KraftError
 from protocol.fields import Fields
 from storage.batch import iter_batches, iter_records
@@ -234,6 +234,7 @@ class DataApi:
     async def handle_write_markers(self, request: web.Request) -> web.Response:
         """WriteTxnMarkers: append a COMMIT or ABORT marker for a producer in
         each partition this broker leads, answered once committed."""
+        require_node_or_plain(request, "writing transaction markers")
         body = Fields(await wire.read_body(request), "")
         timeout_ms = body.integer("timeout_ms", 0, PRODUCE_TIMEOUT_MS_MAX, default=30_000)
         items = []
@@ -276,6 +277,8 @@ class DataApi:
         replica_id = fetch.replica_id
         if replica_id < 0:
             await self.wait_turn(request, CONSUMER_BYTE_RATE)
+        else:  # a follower's: unthrottled, and reads past the high watermark
+            require_node_or_plain(request, "a follower's fetch (replica_id >= 0)")
         results = self._render("fetch", await self.replicas.fetch(fetch))
         fetched = 0
         for result in results if replica_id < 0 else ():

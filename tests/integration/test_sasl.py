@@ -182,3 +182,39 @@ def test_scram_users_may_not_manage_users_and_the_controller_wants_a_certificate
         urllib.request.urlopen(controller + "/v1/quorum", timeout=5, context=context)
     assert caught.value.code == 401
     assert json.load(caught.value)["error"]["code"] == "SSL_AUTHENTICATION_FAILED"
+
+
+def test_a_password_user_may_not_pose_as_a_node(cluster):
+    """A follower's fetch (unthrottled, past the high watermark), transaction
+    markers and KIP-890 checks come from nodes, with certificates: a SCRAM
+    user gets 403 CLUSTER_AUTHORIZATION_FAILED for each."""
+    import asyncio
+
+    from api.client._transport import Security, Transport
+    with Admin(bootstrap(cluster), **cluster.client_security) as admin:
+        admin.upsert_user("poser", PASSWORD)
+    wait_for_login(cluster, "poser")
+    settings = as_user(cluster, "poser", PASSWORD)
+    del settings["security_protocol"]
+    transport = Transport(security=Security("SASL_SSL", **settings))
+    url = cluster.nodes[cluster.broker_ids[0]].broker_url
+    calls = [("/v1/fetch", {"replica_id": cluster.broker_ids[1], "max_wait_ms": 0,
+                            "partitions": [{"topic": "sasl-orders", "partition": 0,
+                                            "offset": 0}]}),
+             ("/v1/txn/markers", {"markers": []}),
+             ("/v1/transactions/verify", {"transactional_id": "t", "producer_id": 1,
+                                          "producer_epoch": 0, "partitions": []})]
+
+    async def send_all() -> list[str]:
+        codes = []
+        try:
+            for path, body in calls:
+                try:
+                    await transport.request(url, path, body)
+                    codes.append("served")
+                except KraftlogError as exc:
+                    codes.append(exc.code)
+        finally:
+            await transport.close()
+        return codes
+    assert asyncio.run(send_all()) == ["CLUSTER_AUTHORIZATION_FAILED"] * 3

@@ -306,6 +306,7 @@ class TransactionApi:
 
     async def handle_verify(self, request: web.Request) -> web.Response:
         """KIP-890's check, for partition leaders."""
+        tls.require_node_or_plain(request, "a KIP-890 transaction check")
         body = Fields(await wire.read_body(request), "")
         tid, pid, epoch = _producer(body)
         partitions = _partitions(body)
