@@ -78,15 +78,15 @@ class NodeTls:
     certificate where asked). Built once, at config load, so a bad file
     stops the node before it binds anything."""
 
-    server: ssl.SSLContext | None
-    peer: ssl.SSLContext | None
-    reloader: tls.CertificateReloader | None
+    server: ssl.SSLContext
+    peer: ssl.SSLContext
+    reloader: tls.CertificateReloader
     reload_interval_ms: int
     #: ssl.principal.mapping.rules: client certificate subject -> user name.
-    mapper: tls.PrincipalMapper = dataclasses.field(default_factory=tls.PrincipalMapper)
+    mapper: tls.PrincipalMapper
     #: Some listener is SASL_SSL: then every SSL listener requires a client
     #: certificate (no listener of such a cluster serves anonymous clients).
-    sasl: bool = False
+    sasl: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,12 +225,8 @@ def node_config_from_settings(settings: Mapping[str, Any],
     listeners = parse_listeners(values["listeners"] or "")
     voters = parse_voters(values["controller.quorum.voters"] or "")
     protocols = parse_protocol_map(values["listener.security.protocol.map"], listeners)
-    listeners = {name: dataclasses.replace(ep, tls=protocols.get(name) in tls.TLS_PROTOCOLS,
-                                           sasl=protocols.get(name) == tls.SASL_SSL)
-                 for name, ep in listeners.items()}
-    controller_protocol = protocols.get(CONTROLLER_LISTENER)
-    voters = {node: dataclasses.replace(ep, tls=controller_protocol in tls.TLS_PROTOCOLS,
-                                        sasl=controller_protocol == tls.SASL_SSL)
+    listeners = {name: _speaking(ep, protocols.get(name)) for name, ep in listeners.items()}
+    voters = {node: _speaking(ep, protocols.get(CONTROLLER_LISTENER))
               for node, ep in voters.items()}
     log_dirs = values["log.dirs"] if values["log.dirs"] is not None else values["log.dir"]
     if isinstance(log_dirs, str):
@@ -264,6 +260,12 @@ def node_config_from_settings(settings: Mapping[str, Any],
     )
     _check(config)
     return config
+
+
+def _speaking(endpoint: Endpoint, protocol: str | None) -> Endpoint:
+    """``endpoint`` as a listener of ``protocol`` serves it."""
+    return dataclasses.replace(endpoint, tls=protocol in tls.TLS_PROTOCOLS,
+                               sasl=protocol == tls.SASL_SSL)
 
 
 def parse_protocol_map(text: str, listeners: Mapping[str, Endpoint]) -> dict[str, str]:

@@ -792,52 +792,13 @@ class Controller:
         for kind in ("upsertions", "deletions"):
             for i, item in enumerate(body.sequence(kind, TOPICS_PER_REQUEST_MAX, default=[])):
                 fields = Fields(item, f"{kind}[{i}]")
-                name = fields.values.get("name")
                 error = None
                 try:
-                    try:
-                        if kind == "upsertions":
-                            scram.check_user_name(name)  # a stored one may always go
-                        elif not isinstance(name, str) or not name:
-                            raise ValueError(f"name must be a user's name, not {name!r}")
-                        given = fields.values.get("mechanism")
-                        if given is not None and not isinstance(given, str):
-                            raise ValueError(f"mechanism must be a string, not {given!r}")
-                        mechanism = scram.check_mechanism(given) \
-                            if kind == "upsertions" or given is not None else None
-                        if kind == "upsertions":
-                            iterations = scram.check_iterations(fields.values.get("iterations"))
-                            salt = fields.values.get("salt")
-                            salted = fields.values.get("salted_password")
-                            if not (isinstance(salt, bytes) and 16 <= len(salt) <= 256):
-                                raise ValueError("salt must be 16-256 random bytes")
-                            size = scram.digest_size(mechanism)
-                            if not (isinstance(salted, bytes) and len(salted) == size):
-                                raise ValueError(f"salted_password must be the {size}-byte "
-                                                 f"PBKDF2 output of the password for "
-                                                 f"{mechanism}")
-                            value = scram.encode(scram.credential(salted, salt, iterations,
-                                                                  mechanism))
-                        else:
-                            value = None
-                    except ValueError as exc:
-                        raise InvalidRequestError(f"{kind}[{i}]: {exc}") from None
-                    current = draft.image.scram_credentials(name)
-                    if value is None and (not current or (mechanism and mechanism not in current)):
-                        raise ResourceNotFoundError(
-                            f"user {name!r} has no {mechanism or 'SCRAM'} credential")
-                    # A user has one password: a new one replaces the credentials
-                    # of every mechanism, a deletion without a mechanism removes all.
-                    doomed = ([mechanism] if mechanism else sorted(current)) if value is None \
-                        else [other for other in sorted(current) if other != mechanism]
-                    for other in doomed:
-                        draft.add(ConfigRecord(scram.USER_SCRAM_RESOURCE, name, other, None))
-                    if value is not None:
-                        draft.add(ConfigRecord(scram.USER_SCRAM_RESOURCE, name, mechanism,
-                                               value))
+                    for record in _scram_change(draft.image, kind == "upsertions", fields):
+                        draft.add(record)
                 except KraftError as exc:
                     error = _error(exc)
-                results.append({"name": name, "error": error})
+                results.append({"name": fields.values.get("name"), "error": error})
         return ControllerResult(draft.records, {"results": results})
 
     # -- partitions ---------------------------------------------------------
@@ -1415,6 +1376,51 @@ def _config_value(value: Any, where: str) -> Any:
     raise InvalidRequestError(
         f"{where} must be a string, a number, a boolean or a list of at most "
         f"{CONFIG_LIST_ITEMS_MAX} strings, got {printable(value)}")
+
+
+def _scram_change(image: MetadataImage, upsert: bool, fields: Fields) -> list[ConfigRecord]:
+    """The records of one upsertion (name, mechanism, iterations, salt,
+    salted_password) or deletion (name, and a mechanism or not) of a SCRAM
+    user. A user has one password: a new one replaces the credentials of
+    every mechanism; a deletion without a mechanism removes them all."""
+    name = fields.values.get("name")
+    given = fields.values.get("mechanism")
+    try:
+        if upsert:
+            scram.check_user_name(name)
+        elif not isinstance(name, str) or not name:  # a stored name may always go
+            raise ValueError(f"name must be a user's name, not {name!r}")
+        if given is not None and not isinstance(given, str):
+            raise ValueError(f"mechanism must be a string, not {given!r}")
+        mechanism = scram.check_mechanism(given) if upsert or given is not None else None
+        value = _scram_credential(fields, mechanism) if upsert else None
+    except ValueError as exc:
+        raise InvalidRequestError(f"{fields.where}: {exc}") from None
+    current = sorted(image.scram_credentials(name))
+    if value is None:
+        if not current or (mechanism and mechanism not in current):
+            raise ResourceNotFoundError(f"user {name!r} has no {mechanism or 'SCRAM'} "
+                                        "credential")
+        return [ConfigRecord(scram.USER_SCRAM_RESOURCE, name, other, None)
+                for other in ([mechanism] if mechanism else current)]
+    return [ConfigRecord(scram.USER_SCRAM_RESOURCE, name, other, None)
+            for other in current if other != mechanism] + [
+        ConfigRecord(scram.USER_SCRAM_RESOURCE, name, mechanism, value)]
+
+
+def _scram_credential(fields: Fields, mechanism: str) -> str:
+    """The stored credential of an upsertion: only the keys SCRAM derives
+    from the salted password the client sent."""
+    iterations = scram.check_iterations(fields.values.get("iterations"))
+    salt = fields.values.get("salt")
+    salted = fields.values.get("salted_password")
+    if not (isinstance(salt, bytes) and 16 <= len(salt) <= 256):
+        raise ValueError("salt must be 16-256 random bytes")
+    size = scram.digest_size(mechanism)
+    if not (isinstance(salted, bytes) and len(salted) == size):
+        raise ValueError(f"salted_password must be the {size}-byte PBKDF2 output of the "
+                         f"password for {mechanism}")
+    return scram.encode(scram.credential(salted, salt, iterations, mechanism))
 
 
 def _endpoints(body: Fields) -> dict[str, str]:

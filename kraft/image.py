@@ -295,10 +295,6 @@ class MetadataImage:
         return {name: dict(values) for (kind, name), values in self.configs.items()
                 if kind == CLIENT_QUOTA_RESOURCE}
 
-    def scram_credential(self, user: str, mechanism: str) -> str | None:
-        """The encoded SCRAM credential of ``user`` for ``mechanism``."""
-        return self.scram_credentials(user).get(mechanism)
-
     def scram_credentials(self, user: str) -> dict[str, str]:
         """Mechanism -> encoded SCRAM credential of ``user`` (empty: no such user)."""
         return dict(self.configs.get((USER_SCRAM_RESOURCE, user), {}))

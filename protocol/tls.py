@@ -1,30 +1,40 @@
-"""TLS for kraftlog's HTTP listeners and for every client of them.
+"""TLS and client authentication for kraftlog's HTTP listeners and clients.
 
 Kafka's model, with PEM files instead of Java keystores: a listener's
-security protocol is ``PLAINTEXT`` or ``SSL`` (``listener.security.protocol.map``);
-an ``SSL`` listener presents ``ssl.certfile``/``ssl.keyfile`` and, with
-``ssl.client.auth`` ``requested`` or ``required``, asks clients for a
-certificate signed by ``ssl.cafile``. A client trusts ``ssl_cafile`` (the
-system's CAs without one), checks the server's host name unless told not
-to, and presents ``ssl_certfile``/``ssl_keyfile`` where the server asks.
+security protocol is ``PLAINTEXT``, ``SSL`` or ``SASL_SSL``
+(``listener.security.protocol.map``). A TLS listener presents
+``ssl.certfile``/``ssl.keyfile`` and may ask clients for a certificate signed
+by ``ssl.cafile``; ``authenticate_clients`` names each request's user from
+it (``ssl.principal.mapping.rules``) or, on ``SASL_SSL``, from a SCRAM
+user's name and password (``PasswordVerifier``). A client trusts
+``ssl_cafile`` (the system's CAs without one), checks the server's host name
+unless told not to, and presents ``ssl_certfile``/``ssl_keyfile``.
 
-A URL says which a server speaks: ``https://`` for ``SSL``, ``http://`` for
+A URL says which a server speaks: ``https://`` for TLS, ``http://`` for
 ``PLAINTEXT``. Nodes register their broker URL with its scheme, so clients
 and peers that learn a broker from metadata connect the right way.
 
-``CertificateReloader`` re-reads the files of a server's context when they
-change on disk: new connections get the new certificate, open ones keep
+``CertificateReloader`` loads a node's changed certificate files into its
+live contexts: new connections get the new certificate, open ones keep
 theirs (a certificate rotated without a restart).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import dataclasses
+import hashlib
+import hmac
 import logging
 import os
 import re
 import ssl
+
+from protocol import scram
+from protocol.errors import (BrokerNotAvailableError, ClusterAuthorizationFailedError,
+                             SaslAuthenticationError, SslAuthenticationError)
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +100,7 @@ def server_context(certfile: str, keyfile: str | None, cafile: str | None = None
                                  "that signs the clients' certificates")
         _load_cas(context, cafile)
         # Optional at the TLS layer even when required: a presented
-        # certificate must verify either way, and client_certificate_required
+        # certificate must verify either way, and authenticate_clients
         # refuses the requests of a client without one in words it can read.
         context.verify_mode = ssl.CERT_OPTIONAL
     return context
@@ -205,8 +215,6 @@ def authenticate_clients(app, mapper: "PrincipalMapper", require_certificate: bo
     retries; this one it can read."""
     from aiohttp import web
 
-    from protocol.errors import SaslAuthenticationError, SslAuthenticationError
-
     @web.middleware
     async def authenticate(request, handler):
         transport = request.transport
@@ -250,7 +258,6 @@ def require_node_or_plain(request, what: str) -> None:
     with a password: nodes authenticate with certificates. (A plain
     listener has no identities to tell them apart.)"""
     if request.get(PROOF_KEY) == "password":
-        from protocol.errors import ClusterAuthorizationFailedError
         raise ClusterAuthorizationFailedError(
             f"{what} is for the cluster's nodes, which authenticate with certificates, "
             f"not for {request.get(PRINCIPAL_KEY, ANONYMOUS)}")
@@ -309,7 +316,7 @@ def _java_replacement(text: str, groups: int) -> str:
 
 def _escape(value: str) -> str:
     out = "".join("\\" + c if c in ',+"\\<>;=#' else c for c in value)
-    if out.startswith((" ", "#")):
+    if out.startswith(" "):  # a "#" is escaped wherever it stands
         out = "\\" + out
     if out.endswith(" "):
         out = out[:-1] + "\\ "
@@ -413,15 +420,14 @@ class PasswordVerifier:
 
     def __init__(self, credentials, ready=lambda: True) -> None:
         """``ready()``: whether the credentials are complete (a broker's
-        metadata has caught up since start-up); until then an unknown user
-        is "try again" (503), not a refusal."""
-        from protocol import scram
+        metadata has caught up since start-up); until then every password
+        is "try again" (503), not a verdict."""
         self.credentials = credentials
         self.ready = ready
         self._running = asyncio.Semaphore(2)
         self._waiting = 0
         self._pepper = os.urandom(32)
-        self._known: dict[tuple, bool] = {}
+        self._known: set[tuple] = set()  # (user, credentials, password digest) that matched
         salt = scram.new_salt()
         self._decoy = scram.encode(scram.credential(scram.salted_password(
             os.urandom(16).hex(), salt, scram.ITERATIONS_DEFAULT, "SCRAM-SHA-512"), salt,
@@ -429,12 +435,6 @@ class PasswordVerifier:
 
     async def authenticate(self, header: str | None) -> str | None:
         """The user ``header`` (``Basic base64(user:password)``) proves, or None."""
-        import base64
-        import binascii
-        import hashlib
-        import hmac
-
-        from protocol import scram
         if not header or not header.startswith("Basic "):
             return None
         try:
@@ -444,7 +444,6 @@ class PasswordVerifier:
             return None
         if not sep or not user:
             return None
-        from protocol.errors import BrokerNotAvailableError
         if not self.ready():  # users half loaded: deleted ones, old passwords
             raise BrokerNotAvailableError("this node is still loading the cluster's users: "
                                           "retry")
@@ -459,8 +458,8 @@ class PasswordVerifier:
             creds, user = {"SCRAM-SHA-512": self._decoy}, ""
         digest = hmac.new(self._pepper, password.encode(), hashlib.sha256).digest()
         key = (user, tuple(sorted(creds.items())), digest)
-        known = self._known.get(key)
-        if known is None:
+        known = key in self._known
+        if not known:
             def check() -> bool:
                 return any(scram.verify(password, scram.decode(value), mechanism)
                            for mechanism, value in creds.items() if mechanism in scram.MECHANISMS)
@@ -475,5 +474,5 @@ class PasswordVerifier:
             if known:  # successes only: a flood of wrong ones evicts nothing useful
                 if len(self._known) >= self.CACHE_MAX:
                     self._known.clear()
-                self._known[key] = known
+                self._known.add(key)
         return user if known and user else None
