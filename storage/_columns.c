@@ -1,0 +1,466 @@
+/*
+ * storage._columns: a batch's records section to and from columns, in C.
+ *
+ * The records section (storage/batch.py) is one msgpack array per record,
+ * [timestamp_delta, offset_delta, key, value, headers]. Spark's reader wants
+ * Arrow columns and Spark's writer hands Arrow columns over; going through a
+ * Python object per record costs more than everything else on both paths.
+ * These functions walk the section (or the columns) once, in C:
+ *
+ *   decode(section, count)  -> the section as columns: Arrow-layout buffers
+ *   encode(key_offsets, key_data, key_validity, value_offsets, value_data,
+ *          value_validity, rows) -> the records section of those rows
+ *   murmur2(offsets, data, validity) -> Kafka's murmur2 of every key
+ *
+ * Everything here has a pure-Python equivalent in storage/columns.py, which
+ * is used when this extension is not built and is checked against it by
+ * tests/unit/test_columns.py. Input is untrusted bytes: every read is bounds
+ * checked and anything unexpected raises ValueError (the caller falls back
+ * to the general decoder, which says what is wrong).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* -- reading msgpack ---------------------------------------------------------- */
+
+typedef struct {
+    const uint8_t *p;
+    const uint8_t *end;
+} cursor;
+
+static inline int need(cursor *c, Py_ssize_t n) { return c->end - c->p >= n; }
+
+static inline uint64_t be(const uint8_t *p, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+/* An integer; 0 on success. */
+static int read_int(cursor *c, int64_t *out) {
+    if (!need(c, 1)) return -1;
+    uint8_t t = *c->p++;
+    if (t <= 0x7f) { *out = t; return 0; }
+    if (t >= 0xe0) { *out = (int8_t)t; return 0; }
+    int n;
+    switch (t) {
+    case 0xcc: case 0xd0: n = 1; break;
+    case 0xcd: case 0xd1: n = 2; break;
+    case 0xce: case 0xd2: n = 4; break;
+    case 0xcf: case 0xd3: n = 8; break;
+    default: return -1;
+    }
+    if (!need(c, n)) return -1;
+    uint64_t v = be(c->p, n);
+    c->p += n;
+    if (t >= 0xd0) { /* signed: sign-extend */
+        if (n < 8 && (v >> (8 * n - 1)) & 1) v |= ~(uint64_t)0 << (8 * n);
+        *out = (int64_t)v;
+    } else {
+        if (v > INT64_MAX) return -1;
+        *out = (int64_t)v;
+    }
+    return 0;
+}
+
+/* bin or nil: *len -1 for nil, else the bytes start at *start. */
+static int read_bin(cursor *c, const uint8_t **start, int64_t *len) {
+    if (!need(c, 1)) return -1;
+    uint8_t t = *c->p++;
+    int n;
+    switch (t) {
+    case 0xc0: *len = -1; *start = NULL; return 0;
+    case 0xc4: n = 1; break;
+    case 0xc5: n = 2; break;
+    case 0xc6: n = 4; break;
+    default: return -1;
+    }
+    if (!need(c, n)) return -1;
+    uint64_t l = be(c->p, n);
+    c->p += n;
+    if (!need(c, (Py_ssize_t)l)) return -1;
+    *start = c->p;
+    *len = (int64_t)l;
+    c->p += l;
+    return 0;
+}
+
+/* Skip any one msgpack object (headers); depth-limited. */
+static int skip(cursor *c, int depth) {
+    if (depth > 8 || !need(c, 1)) return -1;
+    uint8_t t = *c->p++;
+    uint64_t items = 0, bytes = 0;
+    if (t <= 0x7f || t >= 0xe0 || t == 0xc0 || t == 0xc2 || t == 0xc3) return 0;
+    if ((t & 0xe0) == 0xa0) bytes = t & 0x1f;
+    else if ((t & 0xf0) == 0x90) items = t & 0x0f;
+    else if ((t & 0xf0) == 0x80) items = 2 * (uint64_t)(t & 0x0f);
+    else {
+        int n;
+        switch (t) {
+        case 0xcc: case 0xd0: bytes = 1; break;
+        case 0xcd: case 0xd1: bytes = 2; break;
+        case 0xce: case 0xd2: case 0xca: bytes = 4; break;
+        case 0xcf: case 0xd3: case 0xcb: bytes = 8; break;
+        case 0xc4: case 0xd9: n = 1; goto sized;
+        case 0xc5: case 0xda: n = 2; goto sized;
+        case 0xc6: case 0xdb: n = 4; goto sized;
+        case 0xdc: n = 2; goto counted;
+        case 0xdd: n = 4; goto counted;
+        case 0xde: n = 2; goto mapped;
+        case 0xdf: n = 4; goto mapped;
+        default: return -1; /* ext types: never in a records section */
+        }
+        goto have;
+    sized:
+        if (!need(c, n)) return -1;
+        bytes = be(c->p, n); c->p += n; goto have;
+    counted:
+        if (!need(c, n)) return -1;
+        items = be(c->p, n); c->p += n; goto have;
+    mapped:
+        if (!need(c, n)) return -1;
+        items = 2 * be(c->p, n); c->p += n; goto have;
+    }
+have:
+    if (bytes) {
+        if (!need(c, (Py_ssize_t)bytes)) return -1;
+        c->p += bytes;
+    }
+    for (uint64_t i = 0; i < items; i++)
+        if (skip(c, depth + 1)) return -1;
+    return 0;
+}
+
+static PyObject *bad(const char *what, Py_ssize_t record) {
+    PyErr_Format(PyExc_ValueError, "record %zd: %s", record, what);
+    return NULL;
+}
+
+/* A validity bitmap (Arrow's: bit i of byte i/8, least significant first)
+ * from per-record lengths, -1 meaning null; None if nothing is null. */
+static PyObject *validity(const int64_t *lens, Py_ssize_t n, Py_ssize_t nulls) {
+    if (!nulls) Py_RETURN_NONE;
+    PyObject *bits = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
+    if (!bits) return NULL;
+    uint8_t *b = (uint8_t *)PyBytes_AS_STRING(bits);
+    memset(b, 0, (n + 7) / 8);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (lens[i] >= 0) b[i >> 3] |= (uint8_t)(1u << (i & 7));
+    return bits;
+}
+
+/* The offsets (int32, count + 1) and data of one binary column. */
+static int gather(const uint8_t *const *starts, const int64_t *lens, Py_ssize_t n,
+                  int64_t total, PyObject **offsets_out, PyObject **data_out) {
+    if (total > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "a column holds more than 2 GiB");
+        return -1;
+    }
+    PyObject *offsets = PyBytes_FromStringAndSize(NULL, (n + 1) * sizeof(int32_t));
+    PyObject *data = PyBytes_FromStringAndSize(NULL, total);
+    if (!offsets || !data) { Py_XDECREF(offsets); Py_XDECREF(data); return -1; }
+    int32_t *o = (int32_t *)PyBytes_AS_STRING(offsets);
+    char *d = PyBytes_AS_STRING(data);
+    int32_t at = 0;
+    o[0] = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (lens[i] > 0) {
+            memcpy(d + at, starts[i], (size_t)lens[i]);
+            at += (int32_t)lens[i];
+        }
+        o[i + 1] = at;
+    }
+    *offsets_out = offsets;
+    *data_out = data;
+    return 0;
+}
+
+PyDoc_STRVAR(decode_doc,
+"decode(section, count) -> (timestamp_deltas, offset_deltas, key_offsets, key_data,\n"
+"    key_validity, value_offsets, value_data, value_validity, header_spans)\n\n"
+"An uncompressed records section of exactly `count` records as columns:\n"
+"int64 deltas, Arrow binary layouts (int32 offsets, data, validity bitmap or\n"
+"None), and header_spans, None when no record has headers, else int64\n"
+"(start, end) byte positions of each record's headers array.\n"
+"ValueError if the section is not `count` well-formed records.");
+
+static PyObject *decode(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "y*n", &buf, &count)) return NULL;
+    PyObject *result = NULL, *ts = NULL, *od = NULL, *ko = NULL, *kd = NULL, *kv = NULL,
+             *vo = NULL, *vd = NULL, *vv = NULL, *hs = NULL;
+    const uint8_t **kstart = NULL, **vstart = NULL;
+    int64_t *klen = NULL, *vlen = NULL, *spans = NULL;
+    if (count < 0 || count > buf.len) { bad("count out of range", 0); goto done; }
+    ts = PyBytes_FromStringAndSize(NULL, count * 8);
+    od = PyBytes_FromStringAndSize(NULL, count * 8);
+    kstart = PyMem_Malloc((count + 1) * sizeof(*kstart));
+    vstart = PyMem_Malloc((count + 1) * sizeof(*vstart));
+    klen = PyMem_Malloc((count + 1) * sizeof(*klen));
+    vlen = PyMem_Malloc((count + 1) * sizeof(*vlen));
+    spans = PyMem_Malloc((2 * count + 1) * sizeof(*spans));
+    if (!ts || !od || !kstart || !vstart || !klen || !vlen || !spans) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *tsd = (int64_t *)PyBytes_AS_STRING(ts), *odd = (int64_t *)PyBytes_AS_STRING(od);
+    cursor c = {(const uint8_t *)buf.buf, (const uint8_t *)buf.buf + buf.len};
+    const uint8_t *base = c.p;
+    int64_t ktotal = 0, vtotal = 0;
+    Py_ssize_t knulls = 0, vnulls = 0, with_headers = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (!need(&c, 1) || *c.p++ != 0x95) { bad("not a 5-element array", i); goto done; }
+        if (read_int(&c, &tsd[i]) || read_int(&c, &odd[i])) {
+            bad("bad timestamp or offset delta", i);
+            goto done;
+        }
+        if (read_bin(&c, &kstart[i], &klen[i]) || read_bin(&c, &vstart[i], &vlen[i])) {
+            bad("key or value not bytes or nil", i);
+            goto done;
+        }
+        if (klen[i] < 0) knulls++; else ktotal += klen[i];
+        if (vlen[i] < 0) vnulls++; else vtotal += vlen[i];
+        spans[2 * i] = c.p - base;
+        if (need(&c, 1) && *c.p == 0x90) c.p++;
+        else {
+            if (!need(&c, 1) || !((*c.p & 0xf0) == 0x90 || *c.p == 0xdc || *c.p == 0xdd)
+                    || skip(&c, 0)) {
+                bad("headers not an array", i);
+                goto done;
+            }
+            with_headers++;
+        }
+        spans[2 * i + 1] = c.p - base;
+    }
+    if (c.p != c.end) { bad("bytes after the last record", count); goto done; }
+    if (gather(kstart, klen, count, ktotal, &ko, &kd)) goto done;
+    if (gather(vstart, vlen, count, vtotal, &vo, &vd)) goto done;
+    if (!(kv = validity(klen, count, knulls)) || !(vv = validity(vlen, count, vnulls))) goto done;
+    if (with_headers) {
+        hs = PyBytes_FromStringAndSize((const char *)spans, 2 * count * sizeof(*spans));
+        if (!hs) goto done;
+    } else {
+        hs = Py_None;
+        Py_INCREF(hs);
+    }
+    result = PyTuple_Pack(9, ts, od, ko, kd, kv, vo, vd, vv, hs);
+done:
+    Py_XDECREF(ts); Py_XDECREF(od); Py_XDECREF(ko); Py_XDECREF(kd); Py_XDECREF(kv);
+    Py_XDECREF(vo); Py_XDECREF(vd); Py_XDECREF(vv); Py_XDECREF(hs);
+    PyMem_Free(kstart); PyMem_Free(vstart); PyMem_Free(klen); PyMem_Free(vlen);
+    PyMem_Free(spans);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+/* -- writing ------------------------------------------------------------------ */
+
+/* One Arrow binary column: int32 offsets (already at the array's offset),
+ * data, and an optional validity bitmap with its bit offset. */
+typedef struct {
+    Py_buffer offsets, data, valid;
+    int has_valid;
+    Py_ssize_t bit_offset, rows;
+} column;
+
+static void release(column *col) {
+    if (col->offsets.obj) PyBuffer_Release(&col->offsets);
+    if (col->data.obj) PyBuffer_Release(&col->data);
+    if (col->has_valid) PyBuffer_Release(&col->valid);
+}
+
+/* Fill `col` from (offsets, data, validity-or-None, bit_offset). 0 on success. */
+static int column_from(PyObject *offsets, PyObject *data, PyObject *valid, Py_ssize_t bit_offset,
+                       column *col) {
+    memset(col, 0, sizeof(*col));
+    if (PyObject_GetBuffer(offsets, &col->offsets, PyBUF_SIMPLE) ||
+            PyObject_GetBuffer(data, &col->data, PyBUF_SIMPLE))
+        return -1;
+    if (col->offsets.len < 4 || col->offsets.len % 4) {
+        PyErr_SetString(PyExc_ValueError, "offsets must be int32, one more than the rows");
+        return -1;
+    }
+    col->rows = col->offsets.len / 4 - 1;
+    const int32_t *o = col->offsets.buf;
+    for (Py_ssize_t i = 0; i < col->rows; i++)
+        if (o[i] < 0 || o[i] > o[i + 1]) {
+            PyErr_SetString(PyExc_ValueError, "offsets must not decrease");
+            return -1;
+        }
+    if (o[col->rows] > col->data.len) {
+        PyErr_SetString(PyExc_ValueError, "offsets run past the data");
+        return -1;
+    }
+    if (valid != Py_None) {
+        if (PyObject_GetBuffer(valid, &col->valid, PyBUF_SIMPLE)) return -1;
+        col->has_valid = 1;
+        col->bit_offset = bit_offset;
+        if (bit_offset < 0 || (col->rows + bit_offset + 7) / 8 > col->valid.len) {
+            PyErr_SetString(PyExc_ValueError, "validity bitmap too short");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static inline int is_null(const column *col, Py_ssize_t i) {
+    if (!col->has_valid) return 0;
+    Py_ssize_t bit = i + col->bit_offset;
+    return !(((const uint8_t *)col->valid.buf)[bit >> 3] & (1u << (bit & 7)));
+}
+
+static inline uint8_t *put_uint(uint8_t *p, uint64_t v) {
+    if (v < 128) { *p++ = (uint8_t)v; }
+    else if (v < 256) { *p++ = 0xcc; *p++ = (uint8_t)v; }
+    else if (v < 65536) { *p++ = 0xcd; *p++ = (uint8_t)(v >> 8); *p++ = (uint8_t)v; }
+    else {
+        *p++ = 0xce;
+        *p++ = (uint8_t)(v >> 24); *p++ = (uint8_t)(v >> 16);
+        *p++ = (uint8_t)(v >> 8); *p++ = (uint8_t)v;
+    }
+    return p;
+}
+
+static inline uint8_t *put_bin(uint8_t *p, const column *col, Py_ssize_t i) {
+    if (is_null(col, i)) { *p++ = 0xc0; return p; }
+    const int32_t *o = col->offsets.buf;
+    uint32_t len = (uint32_t)(o[i + 1] - o[i]);
+    if (len < 256) { *p++ = 0xc4; *p++ = (uint8_t)len; }
+    else if (len < 65536) { *p++ = 0xc5; *p++ = (uint8_t)(len >> 8); *p++ = (uint8_t)len; }
+    else {
+        *p++ = 0xc6;
+        *p++ = (uint8_t)(len >> 24); *p++ = (uint8_t)(len >> 16);
+        *p++ = (uint8_t)(len >> 8); *p++ = (uint8_t)len;
+    }
+    memcpy(p, (const uint8_t *)col->data.buf + o[i], len);
+    return p + len;
+}
+
+PyDoc_STRVAR(encode_doc,
+"encode(key_offsets, key_data, key_validity, key_bit_offset, value_offsets,\n"
+"       value_data, value_validity, value_bit_offset, rows) -> bytes\n\n"
+"The records section of the given rows (an int64 buffer of row numbers) of\n"
+"a key and a value column in Arrow's binary layout (int32 offsets of the\n"
+"rows, data, validity bitmap or None): record j is\n"
+"[0, j, key, value, []], the same bytes msgpack's Packer makes.");
+
+static PyObject *encode(PyObject *self, PyObject *args) {
+    PyObject *ko, *kd, *kv, *vo, *vd, *vv, *rows_obj;
+    Py_ssize_t kbit, vbit;
+    if (!PyArg_ParseTuple(args, "OOOnOOOnO", &ko, &kd, &kv, &kbit, &vo, &vd, &vv, &vbit,
+                          &rows_obj))
+        return NULL;
+    column key, value;
+    Py_buffer rows = {0};
+    PyObject *out = NULL;
+    memset(&key, 0, sizeof(key));
+    memset(&value, 0, sizeof(value));
+    if (column_from(ko, kd, kv, kbit, &key) || column_from(vo, vd, vv, vbit, &value) ||
+            PyObject_GetBuffer(rows_obj, &rows, PyBUF_SIMPLE))
+        goto done;
+    if (key.rows != value.rows || rows.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "key and value columns differ in length, or rows "
+                        "is not int64");
+        goto done;
+    }
+    Py_ssize_t n = rows.len / 8;
+    const int64_t *r = rows.buf;
+    const int32_t *kof = key.offsets.buf, *vof = value.offsets.buf;
+    uint64_t size = 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        if (r[j] < 0 || r[j] >= key.rows) {
+            PyErr_SetString(PyExc_IndexError, "row number out of range");
+            goto done;
+        }
+        /* array, ts, offset (<= 5), key and value headers (<= 5 each), headers */
+        size += 1 + 1 + 5 + 5 + 5 + 1 + (uint64_t)(kof[r[j] + 1] - kof[r[j]]) +
+                (uint64_t)(vof[r[j] + 1] - vof[r[j]]);
+    }
+    if (size > PY_SSIZE_T_MAX / 2) { PyErr_NoMemory(); goto done; }
+    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+    if (!out) goto done;
+    uint8_t *p = (uint8_t *)PyBytes_AS_STRING(out);
+    uint8_t *start = p;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        *p++ = 0x95;
+        *p++ = 0;
+        p = put_uint(p, (uint64_t)j);
+        p = put_bin(p, &key, r[j]);
+        p = put_bin(p, &value, r[j]);
+        *p++ = 0x90;
+    }
+    if (_PyBytes_Resize(&out, p - start)) out = NULL;
+done:
+    release(&key);
+    release(&value);
+    if (rows.obj) PyBuffer_Release(&rows);
+    return out;
+}
+
+/* -- Kafka's murmur2 ------------------------------------------------------------ */
+
+static uint32_t murmur2_one(const uint8_t *data, uint32_t length) {
+    const uint32_t m = 0x5bd1e995;
+    uint32_t h = 0x9747b28cu ^ length;
+    uint32_t whole = length & ~3u;
+    for (uint32_t i = 0; i < whole; i += 4) {
+        uint32_t k = (uint32_t)data[i] | (uint32_t)data[i + 1] << 8 |
+                     (uint32_t)data[i + 2] << 16 | (uint32_t)data[i + 3] << 24;
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    switch (length & 3) {
+    case 3: h ^= (uint32_t)data[whole + 2] << 16; /* fall through */
+    case 2: h ^= (uint32_t)data[whole + 1] << 8;  /* fall through */
+    case 1: h ^= data[whole]; h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    return h;
+}
+
+PyDoc_STRVAR(murmur2_doc,
+"murmur2(offsets, data, validity, bit_offset) -> bytes\n\n"
+"Kafka's murmur2 of every key of an Arrow binary column, made positive\n"
+"(& 0x7fffffff) as the default partitioner does: int32, -1 for a null key.");
+
+static PyObject *murmur2(PyObject *self, PyObject *args) {
+    PyObject *o, *d, *v;
+    Py_ssize_t bit;
+    if (!PyArg_ParseTuple(args, "OOOn", &o, &d, &v, &bit)) return NULL;
+    column col;
+    PyObject *out = NULL;
+    if (column_from(o, d, v, bit, &col)) goto done;
+    out = PyBytes_FromStringAndSize(NULL, col.rows * 4);
+    if (!out) goto done;
+    int32_t *h = (int32_t *)PyBytes_AS_STRING(out);
+    const int32_t *of = col.offsets.buf;
+    for (Py_ssize_t i = 0; i < col.rows; i++)
+        h[i] = is_null(&col, i) ? -1 : (int32_t)(murmur2_one(
+            (const uint8_t *)col.data.buf + of[i], (uint32_t)(of[i + 1] - of[i])) & 0x7fffffffu);
+done:
+    release(&col);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"decode", decode, METH_VARARGS, decode_doc},
+    {"encode", encode, METH_VARARGS, encode_doc},
+    {"murmur2", murmur2, METH_VARARGS, murmur2_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "storage._columns",
+    "A records section to and from Arrow-layout columns, in C (see storage/columns.py).",
+    -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__columns(void) { return PyModule_Create(&module); }

@@ -1,0 +1,195 @@
+"""A batch's records section to and from columns, for readers and writers
+that work in Arrow (the Spark source and sink).
+
+The records section (``storage.batch``) is one msgpack array per record.
+Going through one Python object per record is what bounded Spark's reads
+and writes; these functions turn a whole section into columns, or columns
+into a section, in one call each:
+
+- ``decode(section, count)``: ``Columns`` in Arrow's binary layout (int32
+  offsets, data, validity bitmap), ready for ``pyarrow.Array.from_buffers``;
+- ``encode(keys, values, rows)``: the records section of some rows of two
+  Arrow-layout binary columns (``BinaryColumn``);
+- ``murmur2(keys)``: Kafka's positive murmur2 of every key (the default
+  partitioner's hash), -1 for null keys.
+
+Each is the C extension ``storage._columns`` when it is built (``pip
+install`` builds it where a C compiler exists) and the pure Python below
+otherwise: the same results (``tests/unit/test_columns.py`` checks them
+against each other and against ``storage.batch``), the Python one slower.
+Nothing here imports numpy or pyarrow: buffers in, bytes out.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any, NamedTuple
+
+import msgpack
+
+from protocol.partitioner import murmur2 as _murmur2_one
+
+try:
+    from storage import _columns as _c
+except ImportError:  # not built (no C compiler at install): the Python below
+    _c = None
+
+#: Whether the C extension is in use.
+ACCELERATED = _c is not None
+
+
+class Columns(NamedTuple):
+    """A records section as columns. Deltas are int64 (native order);
+    key/value offsets int32 (``count + 1``); validity an Arrow bitmap or
+    None (no nulls); ``headers`` None when no record has any, else one
+    entry per record: a tuple of ``(str, bytes | None)`` pairs or None."""
+
+    timestamp_deltas: bytes
+    offset_deltas: bytes
+    key_offsets: bytes
+    key_data: bytes
+    key_validity: bytes | None
+    value_offsets: bytes
+    value_data: bytes
+    value_validity: bytes | None
+    headers: list | None
+
+
+class BinaryColumn(NamedTuple):
+    """One Arrow binary column's buffers: int32 ``offsets`` (rows + 1, already
+    at the array's offset), ``data``, ``validity`` bitmap or None, and the
+    bitmap's ``bit_offset``."""
+
+    offsets: Any
+    data: Any
+    validity: Any
+    bit_offset: int = 0
+
+
+def decode(section, count: int) -> Columns:
+    """An uncompressed records section of exactly ``count`` records as
+    columns. ValueError if it is not that: the caller decodes it with
+    ``storage.batch.iter_records``, which says what is wrong."""
+    if _c is None:
+        return _py_decode(section, count)
+    ts, od, ko, kd, kv, vo, vd, vv, spans = _c.decode(section, count)
+    headers = None
+    if spans is not None:
+        positions = array("q", spans)
+        view = memoryview(section)
+        headers = [None] * count
+        for i in range(count):
+            start, end = positions[2 * i], positions[2 * i + 1]
+            if end - start > 1:
+                headers[i] = _headers(msgpack.unpackb(view[start:end], raw=False,
+                                                      use_list=False))
+    return Columns(ts, od, ko, kd, kv, vo, vd, vv, headers)
+
+
+def encode(keys: BinaryColumn, values: BinaryColumn, rows) -> bytes:
+    """The records section of ``rows`` (an int64 buffer of row numbers) of
+    ``keys`` and ``values``: record j is ``[0, j, key, value, []]``, exactly
+    as ``BatchBuilder`` packs it."""
+    if _c is not None:
+        return _c.encode(keys.offsets, keys.data, keys.validity, keys.bit_offset,
+                         values.offsets, values.data, values.validity, values.bit_offset, rows)
+    return _py_encode(keys, values, rows)
+
+
+def _py_encode(keys: BinaryColumn, values: BinaryColumn, rows) -> bytes:
+    key_at, value_at = _reader(keys), _reader(values)
+    packer = msgpack.Packer(use_bin_type=True, autoreset=False)
+    for j, row in enumerate(memoryview(rows).cast("B").cast("q")):
+        packer.pack((0, j, key_at(row), value_at(row), []))
+    return packer.bytes()
+
+
+def murmur2(keys: BinaryColumn) -> bytes:
+    """int32 ``murmur2(key) & 0x7fffffff`` of every key, -1 for null."""
+    if _c is not None:
+        return _c.murmur2(keys.offsets, keys.data, keys.validity, keys.bit_offset)
+    return _py_murmur2(keys)
+
+
+def _py_murmur2(keys: BinaryColumn) -> bytes:
+    key_at = _reader(keys)
+    rows = len(memoryview(keys.offsets).cast("B")) // 4 - 1
+    out = array("i", (-1 if (key := key_at(i)) is None else _murmur2_one(key) & 0x7FFFFFFF
+                      for i in range(rows)))
+    return out.tobytes()
+
+
+# -- the pure-Python equivalents ------------------------------------------------------------
+def _headers(entries) -> tuple:
+    if not isinstance(entries, tuple) or not all(
+            isinstance(e, tuple) and len(e) == 2 and isinstance(e[0], str)
+            and (e[1] is None or isinstance(e[1], bytes)) for e in entries):
+        raise ValueError("headers are not [str, bytes-or-nil] pairs")
+    return entries
+
+
+def _py_decode(section, count: int) -> Columns:
+    view = memoryview(section)
+    unpacker = msgpack.Unpacker(raw=False, use_list=False, max_buffer_size=max(len(view), 1),
+                                strict_map_key=False)
+    unpacker.feed(view)
+    ts, od = array("q"), array("q")
+    key_offsets, value_offsets = array("i", [0]), array("i", [0])
+    key_data, value_data = bytearray(), bytearray()
+    key_nulls, value_nulls, headers = [], [], []
+    try:
+        for i in range(count):
+            record = unpacker.unpack()
+            if not isinstance(record, tuple) or len(record) != 5:
+                raise ValueError(f"record {i}: not a 5-element array")
+            td, delta, key, value, entries = record
+            if not isinstance(td, int) or not isinstance(delta, int):
+                raise ValueError(f"record {i}: bad timestamp or offset delta")
+            ts.append(td)
+            od.append(delta)
+            for item, data, offsets, nulls in ((key, key_data, key_offsets, key_nulls),
+                                               (value, value_data, value_offsets, value_nulls)):
+                if item is None:
+                    nulls.append(i)
+                elif isinstance(item, bytes):
+                    data += item
+                else:
+                    raise ValueError(f"record {i}: key or value not bytes or nil")
+                offsets.append(len(data))
+            headers.append(_headers(entries) or None)
+    except msgpack.OutOfData:
+        raise ValueError(f"the section ends inside record {len(ts)}") from None
+    except (msgpack.UnpackException, TypeError, OverflowError) as exc:
+        raise ValueError(f"record {len(ts)}: {exc}") from None
+    if unpacker.tell() != len(view):
+        raise ValueError(f"record {count}: bytes after the last record")
+    return Columns(ts.tobytes(), od.tobytes(), key_offsets.tobytes(), bytes(key_data),
+                   _bitmap(key_nulls, count), value_offsets.tobytes(), bytes(value_data),
+                   _bitmap(value_nulls, count),
+                   headers if any(h is not None for h in headers) else None)
+
+
+def _bitmap(nulls: list[int], count: int) -> bytes | None:
+    if not nulls:
+        return None
+    bits = bytearray(b"\xff" * ((count + 7) // 8))
+    for i in nulls:
+        bits[i >> 3] &= ~(1 << (i & 7)) & 0xFF
+    if count % 8:  # padding bits clear, as the C extension leaves them
+        bits[-1] &= (1 << (count % 8)) - 1
+    return bytes(bits)
+
+
+def _reader(column: BinaryColumn):
+    """row -> the row's bytes or None, from Arrow-layout buffers."""
+    offsets = memoryview(column.offsets).cast("B").cast("i")
+    data = bytes(memoryview(column.data).cast("B"))
+    valid = None if column.validity is None else bytes(memoryview(column.validity).cast("B"))
+    bit = column.bit_offset
+
+    def at(row: int) -> bytes | None:
+        if valid is not None and not valid[(row + bit) >> 3] >> ((row + bit) & 7) & 1:
+            return None
+        return data[offsets[row]:offsets[row + 1]]
+    return at
+

@@ -1,0 +1,161 @@
+"""storage.columns: records sections to and from columns, the C extension
+and the pure-Python equivalent agreeing with each other and with
+storage.batch (the one definition of the format)."""
+
+from __future__ import annotations
+
+from array import array
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol.partitioner import murmur2 as murmur2_one
+from storage import batch as batch_format
+from storage import columns
+
+
+def test_the_c_extension_is_built_by_the_install():
+    # make test installs with a C compiler on this machine: the fast path
+    # must be the one measured and shipped.
+    assert columns.ACCELERATED
+
+
+payloads = st.one_of(st.none(), st.binary(max_size=300))
+headers = st.lists(st.tuples(st.text(max_size=8), st.one_of(st.none(), st.binary(max_size=20))),
+                   max_size=3)
+records = st.lists(st.tuples(payloads, payloads, headers,
+                             st.integers(-2**40, 2**40)), min_size=1, max_size=60)
+
+
+def section_of(recs) -> tuple[bytes, bytes]:
+    builder = batch_format.BatchBuilder()
+    for key, value, hdrs, ts in recs:
+        builder.append(key, value, timestamp_ms=ts, headers=hdrs)
+    built = builder.build()
+    return built, built[batch_format.HEADER_SIZE:]
+
+
+def as_rows(cols: columns.Columns, count: int) -> list:
+    """Columns back to (ts_delta, offset_delta, key, value, headers) rows."""
+    def binary(offsets, data, validity):
+        o = array("i", offsets)
+        return [None if validity is not None and not validity[i >> 3] >> (i & 7) & 1
+                else data[o[i]:o[i + 1]] for i in range(count)]
+    keys = binary(cols.key_offsets, cols.key_data, cols.key_validity)
+    values = binary(cols.value_offsets, cols.value_data, cols.value_validity)
+    hdrs = cols.headers or [None] * count
+    return list(zip(array("q", cols.timestamp_deltas), array("q", cols.offset_deltas), keys,
+                    values, [tuple(h) if h else () for h in hdrs]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(records)
+def test_decode_gives_what_iter_records_gives(recs):
+    built, section = section_of(recs)
+    header = batch_format.parse_header(built)
+    expected = [(r.timestamp - header.base_timestamp, r.offset, r.key, r.value,
+                 tuple(tuple(h) for h in r.headers))
+                for r in batch_format.iter_records(built)]
+    fast = columns.decode(section, len(recs))
+    slow = columns._py_decode(section, len(recs))
+    assert as_rows(fast, len(recs)) == expected == as_rows(slow, len(recs))
+    assert fast == slow
+
+
+@settings(max_examples=300, deadline=None)
+@given(records, st.data())
+def test_malformed_sections_raise_value_error_in_both(recs, data):
+    _, section = section_of(recs)
+    cut = data.draw(st.integers(0, len(section)))
+    flip = data.draw(st.integers(0, 255))
+    where = data.draw(st.integers(0, max(len(section) - 1, 0)))
+    mangled = bytearray(section[:cut])
+    if mangled and where < len(mangled):
+        mangled[where] ^= flip
+    count = data.draw(st.sampled_from([len(recs), len(recs) + 1, max(len(recs) - 1, 0)]))
+    outcomes = []
+    for decode in (columns.decode, columns._py_decode):
+        try:
+            outcomes.append(("ok", decode(bytes(mangled), count)))
+        except ValueError:
+            outcomes.append(("error", None))
+    # Both refuse, or both decode it the same (a flip can leave valid msgpack).
+    assert outcomes[0][0] == outcomes[1][0]
+    if outcomes[0][0] == "ok":
+        assert as_rows(outcomes[0][1], count) == as_rows(outcomes[1][1], count)
+
+
+def test_odd_but_valid_msgpack_decodes_or_is_refused_cleanly():
+    # A str key (never written by our clients) is refused, not misread.
+    odd = msgpack.packb([0, 0, "text", b"v", []], use_bin_type=True)
+    for decode in (columns.decode, columns._py_decode):
+        with pytest.raises(ValueError):
+            decode(odd, 1)
+    # Every integer width for the deltas.
+    wide = b"".join(msgpack.packb([td, od, None, b"", []], use_bin_type=True)
+                    for td, od in [(-1, 0), (-200, 1), (-40000, 2), (-2**40, 3), (2**63 - 1, 4),
+                                   (255, 70000), (65536, 2**33)])
+    fast, slow = columns.decode(wide, 7), columns._py_decode(wide, 7)
+    assert fast == slow
+    assert list(array("q", fast.timestamp_deltas)) == [-1, -200, -40000, -2**40, 2**63 - 1,
+                                                         255, 65536]
+
+
+def column_of(items: list) -> columns.BinaryColumn:
+    offsets, data, nulls = array("i", [0]), bytearray(), []
+    for i, item in enumerate(items):
+        if item is None:
+            nulls.append(i)
+        else:
+            data += item
+        offsets.append(len(data))
+    return columns.BinaryColumn(offsets.tobytes(), bytes(data),
+                                columns._bitmap(nulls, len(items)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(payloads, st.one_of(payloads, st.binary(min_size=70000,
+                                                                  max_size=70001))),
+                min_size=1, max_size=40), st.data())
+def test_encode_packs_exactly_as_the_batch_builder(pairs, data):
+    keys = column_of([k for k, _ in pairs])
+    values = column_of([v for _, v in pairs])
+    rows = data.draw(st.lists(st.integers(0, len(pairs) - 1), max_size=50))
+    builder = batch_format.BatchBuilder()
+    for row in rows:
+        builder.append(pairs[row][0], pairs[row][1], timestamp_ms=1000)
+    expected = b"".join(builder._chunks)
+    wanted = array("q", rows).tobytes()
+    assert columns.encode(keys, values, wanted) == expected
+    assert columns._py_encode(keys, values, wanted) == expected
+
+
+def test_encode_refuses_rows_out_of_range_and_bad_offsets():
+    keys = column_of([b"a", b"b"])
+    with pytest.raises(IndexError):
+        columns.encode(keys, keys, array("q", [2]).tobytes())
+    backwards = columns.BinaryColumn(array("i", [0, 2, 1]).tobytes(), b"ab", None)
+    with pytest.raises(ValueError):
+        columns.encode(backwards, backwards, array("q", [0]).tobytes())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(payloads, min_size=1, max_size=50))
+def test_murmur2_matches_the_partitioner(keys):
+    column = column_of(keys)
+    expected = [-1 if k is None else murmur2_one(k) & 0x7FFFFFFF for k in keys]
+    assert list(array("i", columns.murmur2(column))) == expected
+    assert list(array("i", columns._py_murmur2(column))) == expected
+
+
+def test_murmur2_of_kafkas_own_test_vectors():
+    # Kafka's UtilsTest.testMurmur2 inputs and outputs (signed, before the mask).
+    vectors = {b"21": -973932308, b"foobar": -790332482, b"a-little-bit-long-string":
+               -985981536, b"a-little-bit-longer-string": -1486304829,
+               b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
+               bytes([ord("a"), ord("b"), ord("c")]): 479470107}
+    column = column_of(list(vectors))
+    assert list(array("i", columns.murmur2(column))) == [v & 0x7FFFFFFF
+                                                          for v in vectors.values()]
