@@ -10,9 +10,13 @@ Where each piece runs::
       rows -> Producer.send (murmur2 partition by key)          every prepared transaction
       [prepare_transaction] -> KraftlogCommitMessage          abort(messages): abort them
 
-Spark hands a Python writer the rows as Arrow record batches; each column is
-turned into a list once per batch (strings cast to binary without a copy), so
-the per-row work is one ``Producer.send``.
+Spark hands a Python writer the rows as Arrow record batches. Without a
+``headers`` column (the common case) no row becomes a Python object: keys
+are hashed to partitions with Kafka's murmur2 over the whole column, the
+rows are grouped by partition, and each group is encoded into whole batches
+(up to ``batch.size`` bytes) in C (``storage.columns``) and handed to the
+producer as such (``Producer.send_encoded``). Rows with headers go one
+``Producer.send`` each.
 
 With ``exactlyOnce`` (the default) every task writes in a transaction it
 leaves prepared, and the driver commits them (``spark_source.commit``):
@@ -233,7 +237,8 @@ def write_task(options: SinkOptions, batches: Iterator, task: int, prefix: str |
             def on_delivery(error: Any, _metadata: Any) -> None:
                 if error is not None and not errors:
                     errors.append(error)
-        rows = _send_rows(producer, batches, options.topic, on_delivery)
+        rows = _send_rows(producer, batches, options.topic, on_delivery,
+                          settings.get("batch_size", PRODUCER_DEFAULTS["batch_size"]))
         prepared = None
         if prefix is not None:
             prepared = producer.prepare_transaction()
@@ -249,44 +254,135 @@ def write_task(options: SinkOptions, batches: Iterator, task: int, prefix: str |
 
 
 def _send_rows(producer: Any, batches: Iterator, topic_option: str | None,
-               on_delivery: Any) -> int:
+               on_delivery: Any, batch_size: int) -> int:
     """Every row of ``batches`` (Arrow record batches) sent; the count."""
+    import pyarrow.compute as pc
+
     send = producer.send
-    checked: set[str] = set()
+    checked: dict[str, int] = {}
     rows = 0
     for batch in batches:
         count = batch.num_rows
         if not count:
             continue
         index = {name.lower(): i for i, name in enumerate(batch.schema.names)}
-        values = _bytes(batch.column(index["value"]))
-        keys = _bytes(batch.column(index["key"])) if "key" in index else repeat(None, count)
         if topic_option is not None:
-            topics: Any = repeat(topic_option, count)
             wanted = {topic_option}
         else:
             column = batch.column(index["topic"])
             if column.null_count:
                 raise SinkWriteError("null topic present in the data. Use the topic option "
                                      "for setting a topic.")
-            topics = column.to_pylist()
-            wanted = set(topics)
-        for topic in wanted - checked:
-            _check_topic(producer, topic)
-            checked.add(topic)
-        partitions = (batch.column(index["partition"]).to_pylist() if "partition" in index
-                      else None)
-        headers = (_headers(batch.column(index["headers"])) if "headers" in index else None)
-        if partitions is None and headers is None and on_delivery is None:
-            for topic, key, value in zip(topics, keys, values):
-                send(topic, value, key)
-        else:
-            for topic, key, value, partition, header in zip(
-                    topics, keys, values, partitions or repeat(None, count),
-                    headers or repeat(None, count)):
-                send(topic, value, key, partition, None, header, on_delivery)
+            wanted = set(pc.unique(column).to_pylist())
+        for topic in wanted - checked.keys():
+            checked[topic] = _check_topic(producer, topic)
         rows += count
+        if "headers" not in index or batch.column(index["headers"]).null_count == count:
+            _send_columns(producer, batch, index, topic_option, checked, on_delivery,
+                          batch_size)
+            continue
+        # Headers: one send per row.
+        topics = (repeat(topic_option, count) if topic_option is not None
+                  else batch.column(index["topic"]).to_pylist())
+        values = _bytes(batch.column(index["value"]))
+        keys = _bytes(batch.column(index["key"])) if "key" in index else repeat(None, count)
+        partitions = (batch.column(index["partition"]).to_pylist() if "partition" in index
+                      else repeat(None, count))
+        headers = _headers(batch.column(index["headers"]))
+        for topic, key, value, partition, header in zip(topics, keys, values, partitions,
+                                                        headers):
+            send(topic, value, key, partition, None, header, on_delivery)
     return rows
+
+
+#: msgpack framing of one record beyond its key and value, at most (what
+#: ``storage.columns.encode`` adds): array, two ints, two bin headers, headers.
+_RECORD_FRAMING = 1 + 1 + 5 + 5 + 5 + 1
+
+
+def _send_columns(producer: Any, batch: Any, index: dict[str, int], topic_option: str | None,
+                  partition_counts: dict[str, int], on_delivery: Any, batch_size: int) -> None:
+    """One Arrow batch without headers sent as whole encoded batches: rows
+    to partitions (the ``partition`` column, else murmur2 of the key, else
+    one sticky partition per Arrow batch), grouped by partition, cut into
+    batches of about ``batch_size`` bytes."""
+    import random
+
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from storage import columns
+    from storage.batch import HEADER_SIZE
+
+    count = batch.num_rows
+    room = max(batch_size - HEADER_SIZE, 1)  # section bytes per batch
+    values = _binary_column(batch.column(index["value"]))
+    keys = _binary_column(batch.column(index["key"])) if "key" in index else None
+    key_column = keys or _null_column(count)
+    sizes = np.diff(np.frombuffer(values.offsets, np.int32)).astype(np.int64) + _RECORD_FRAMING
+    if keys is not None:
+        sizes += np.diff(np.frombuffer(keys.offsets, np.int32))
+        hashes = np.frombuffer(columns.murmur2(keys), np.int32)
+    explicit = None
+    if "partition" in index:
+        column = batch.column(index["partition"])
+        explicit = np.asarray(column.fill_null(-1), np.int64)
+    if topic_option is not None:
+        by_topic = [(topic_option, None)]
+    else:
+        topic_column = batch.column(index["topic"])
+        by_topic = [(t, np.flatnonzero(np.asarray(pc.equal(topic_column, t))))
+                    for t in pc.unique(topic_column).to_pylist()]
+    for topic, rows in by_topic:
+        partitions_count = partition_counts[topic]
+        picked = np.full(count if rows is None else len(rows), -1, np.int64)
+        if keys is not None:
+            hashed = hashes if rows is None else hashes[rows]
+            keyed = hashed >= 0
+            picked[keyed] = hashed[keyed] % partitions_count
+        if explicit is not None:
+            given = explicit if rows is None else explicit[rows]
+            if ((given < -1) | (given >= partitions_count)).any():
+                bad = int(given[(given < -1) | (given >= partitions_count)][0])
+                raise SinkWriteError(f"partition {bad} is not a partition of topic {topic!r} "
+                                     f"(it has {partitions_count}: 0 to "
+                                     f"{partitions_count - 1})")
+            picked = np.where(given >= 0, given, picked)
+        picked[picked < 0] = random.randrange(partitions_count)  # keyless: sticky
+        all_rows = np.arange(count, dtype=np.int64) if rows is None else rows.astype(np.int64)
+        order = np.argsort(picked, kind="stable")
+        picked, all_rows = picked[order], all_rows[order]
+        starts = np.flatnonzero(np.r_[True, picked[1:] != picked[:-1]])
+        for start, end in zip(starts, np.r_[starts[1:], len(picked)]):
+            group = all_rows[start:end]
+            filled = np.cumsum(sizes[group])
+            cuts = np.searchsorted(filled, np.arange(room, int(filled[-1]), room), side="right")
+            for piece in np.split(group, np.unique(cuts[(cuts > 0) & (cuts < len(group))])):
+                producer.send_encoded(topic, int(picked[start]),
+                                      columns.encode(key_column, values, piece.tobytes()),
+                                      len(piece), None, on_delivery)
+
+
+def _binary_column(column: Any) -> Any:  # -> storage.columns.BinaryColumn
+    """An Arrow string or binary column as ``BinaryColumn`` buffers, no copy
+    (strings are cast to binary, large types down to 32-bit offsets)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from storage.columns import BinaryColumn
+
+    if not pa.types.is_binary(column.type):
+        column = column.cast(pa.binary())
+    validity, offsets, data = column.buffers()
+    at = column.offset
+    offsets = np.frombuffer(offsets, np.int32)[at:at + len(column) + 1]
+    return BinaryColumn(offsets, data if data is not None else b"",
+                        validity if column.null_count else None, at)
+
+
+def _null_column(count: int) -> Any:
+    from storage.columns import BinaryColumn
+    return BinaryColumn(bytes(4 * (count + 1)), b"", bytes((count + 7) // 8), 0)
 
 
 def _bytes(column: Any) -> list:
@@ -304,11 +400,12 @@ def _headers(column: Any) -> list:
             for entries in column.to_pylist()]
 
 
-def _check_topic(producer: Any, topic: str) -> None:
+def _check_topic(producer: Any, topic: str) -> int:
+    """The topic's partition count; a clear error if it does not exist."""
     from api.client import KraftlogError
 
     try:
-        producer.partitions_for(topic)
+        return len(producer.partitions_for(topic))
     except KraftlogError as exc:
         if exc.code in ("UNKNOWN_TOPIC_OR_PARTITION", "INVALID_TOPIC_EXCEPTION"):
             raise SinkWriteError(f"topic {topic!r} does not exist in kraftlog: create it first "

@@ -552,6 +552,49 @@ class BatchBuilder:
             record_count=count, section=section)
 
 
+class EncodedBatchBuilder:
+    """A batch whose records section is already encoded (record ``j`` at
+    offset delta ``j``, every record at ``timestamp_ms``, e.g. by
+    ``storage.columns.encode``): ``BatchBuilder``'s interface for a
+    producer that hands over whole sections, with no room for more."""
+
+    def __init__(self, section: bytes, record_count: int, timestamp_ms: int, *,
+                 compression: Compression = Compression.NONE,
+                 compression_level: int = 6, transactional: bool = False) -> None:
+        compression = Compression(compression)
+        if compression not in SUPPORTED_COMPRESSION:
+            raise UnsupportedCompressionTypeError(
+                f"compression {compression.name.lower()} is not supported; use none or gzip")
+        if record_count < 1:
+            raise InvalidRecordError("cannot build an empty batch")
+        self.section = section
+        self.record_count = record_count
+        self.timestamp_ms = timestamp_ms
+        self.compression = compression
+        self.compression_level = compression_level
+        self.transactional = transactional
+        self.producer_id = NO_PRODUCER_ID
+        self.producer_epoch = NO_PRODUCER_EPOCH
+        self.base_sequence = NO_SEQUENCE
+
+    @property
+    def size_bytes(self) -> int:
+        return HEADER_SIZE + len(self.section)
+
+    def has_room_for(self, key, value, limit_bytes: int, headers=()) -> bool:
+        return False
+
+    def build(self) -> bytes:
+        attributes = int(self.compression) | (TRANSACTIONAL_BIT if self.transactional else 0)
+        return pack_batch(
+            base_offset=0, leader_epoch=NO_PARTITION_LEADER_EPOCH, attributes=attributes,
+            last_offset_delta=self.record_count - 1, base_timestamp=self.timestamp_ms,
+            max_timestamp=self.timestamp_ms, producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch, base_sequence=self.base_sequence,
+            record_count=self.record_count,
+            section=compress(self.compression, self.section, self.compression_level))
+
+
 class ControlType(enum.IntEnum):
     """What a control batch (attribute bit 5) marks, as Kafka numbers it: the
     end of a producer's transaction in this partition."""

@@ -23,7 +23,7 @@ from api.client.errors import (BufferExhaustedError, ClientClosedError, Kraftlog
                                MessageTooLargeError)
 from api.client.idempotence import IdempotenceState
 from protocol.partitioner import StickyPartitioner, murmur2
-from storage.batch import BatchBuilder, Compression, with_producer
+from storage.batch import BatchBuilder, Compression, EncodedBatchBuilder, with_producer
 
 logger = logging.getLogger(__name__)
 
@@ -425,6 +425,44 @@ class RecordAccumulator:
             self._wake()
         return handle
 
+    def append_encoded(self, topic: str, partition: int, section: bytes, record_count: int,
+                       timestamp_ms: int | None = None,
+                       on_delivery: DeliveryCallback | None = None) -> RecordHandle | None:
+        """Add one whole batch of ``record_count`` records whose section is
+        already encoded (``EncodedBatchBuilder``), to an explicit partition;
+        ready to send at once, after the partition's earlier records. The
+        handle is the batch's first record's. Blocks for buffer room as
+        ``append`` does."""
+        if self.transactional and not self.txn_open:
+            raise KraftlogError("INVALID_TXN_STATE",
+                                "a transactional producer sends only inside a transaction: "
+                                "call begin_transaction() first", retriable=False)
+        if timestamp_ms is None:
+            timestamp_ms = _time_ns() // 1_000_000
+        builder = EncodedBatchBuilder(section, record_count, timestamp_ms,
+                                      compression=self.compression,
+                                      transactional=self.transactional)
+        size = builder.size_bytes
+        tp = (topic, partition)
+        with self.lock:
+            if self.closed:
+                raise ClientClosedError("send on a closed producer")
+            if self.buffered_bytes + size > self.buffer_memory and not self._wait_for_room(size):
+                return None
+            if self._pending and topic in self._pending:
+                raise KraftlogError("INVALID_REQUEST", f"records of {topic} are waiting for "
+                                    "its metadata; send encoded batches after they went",
+                                    retriable=False)
+            batch = self._new_batch(tp, builder)
+            del self._open[tp]  # full: nothing joins it, and it goes without lingering
+            batch.buffered_bytes += size
+            self.buffered_bytes += size
+            handle = RecordHandle(batch, 0, timestamp_ms)
+            if on_delivery is not None:
+                _add_callback(batch, handle, on_delivery)
+        self._wake()
+        return handle
+
     def _has_room(self, batch: ProducerBatch, key, value, headers) -> bool:
         """The exact check, for records the cheap ``room_bytes`` estimate
         does not cover; re-bases the estimate on the builder's real size."""
@@ -474,16 +512,16 @@ class RecordAccumulator:
             raise ClientClosedError("send on a closed producer")
         return True
 
-    def _new_batch(self, tp: tuple[str, int]) -> ProducerBatch:
+    def _new_batch(self, tp: tuple[str, int], builder: Any = None) -> ProducerBatch:
         topic, partition = tp
         if not isinstance(topic, str) or not topic:
             raise TypeError(f"topic must be a non-empty str, not {topic!r}")
         if not isinstance(partition, int) or partition < 0:
             raise ValueError(f"partition must be an int >= 0, not {partition!r}")
-        batch = ProducerBatch(topic, partition,
-                              BatchBuilder(compression=self.compression,
-                                           transactional=self.transactional),
-                              self._clock_ms(), self.batch_size)
+        if builder is None:
+            builder = BatchBuilder(compression=self.compression,
+                                   transactional=self.transactional)
+        batch = ProducerBatch(topic, partition, builder, self._clock_ms(), self.batch_size)
         self._serial += 1
         batch.serial = self._serial
         self._open[tp] = batch

@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 from api.client.config import ConsumerConfig
 from api.client.fetcher import (_RESET_TIMESTAMPS, EARLIEST, LATEST, FetchBuffer, Fetcher,
-                                PartitionState)
+                                FetchedBatch, PartitionState)
 
 
 def first_offsets(records: Iterable[ConsumerRecord]) -> dict[TopicPartition, int]:
@@ -499,6 +499,19 @@ class AsyncConsumer:
         (default ``max_poll_records``), waiting up to ``timeout_ms`` for the
         first. Raises a partition's error (e.g. ``OffsetOutOfRangeError``
         with ``auto_offset_reset="none"``) until the application seeks."""
+        return await self._poll(self._buffer.drain, timeout_ms, max_records)
+
+    async def poll_batches(self, timeout_ms: int = 0, max_records: int | None = None
+                           ) -> list[FetchedBatch]:
+        """``poll`` for readers that decode whole batches themselves (the
+        Spark source turns them into Arrow columns): checked, undecoded
+        batches (``FetchedBatch``) holding about ``max_records`` records,
+        positions advanced past them. Each batch's records below its
+        ``position`` were returned before and are to be skipped."""
+        return await self._poll(self._buffer.drain_batches, timeout_ms, max_records)
+
+    async def _poll(self, drain: Callable[[int], list], timeout_ms: int,
+                    max_records: int | None) -> list:
         self._check_open()
         if self._fetcher is None:
             await self.start()
@@ -509,7 +522,7 @@ class AsyncConsumer:
         while True:
             self._raise_partition_error()
             self._data.clear()
-            records = self._buffer.drain(max_records)
+            records = drain(max_records)
             if records:
                 self._wakeup.set()  # buffer space freed: the fetcher may go on
                 return records
@@ -717,6 +730,12 @@ class Consumer:
             out = [self._pending.popleft() for _ in range(min(max_records, len(self._pending)))]
             return out
         return self._thread.run(self._consumer.poll(timeout_ms, max_records))
+
+    def poll_batches(self, timeout_ms: int = 0, max_records: int | None = None
+                     ) -> list[FetchedBatch]:
+        """``AsyncConsumer.poll_batches``, blocking. Not to be mixed with
+        iterating the consumer (records held for iteration are not in it)."""
+        return self._thread.run(self._consumer.poll_batches(timeout_ms, max_records))
 
     def __iter__(self) -> "Consumer":
         return self

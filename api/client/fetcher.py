@@ -19,6 +19,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Awaitable, Callable
 from operator import itemgetter
+from typing import NamedTuple
 
 import msgpack
 
@@ -41,6 +42,32 @@ _record_offset = itemgetter(2)
 # ---------------------------------------------------------------------------
 # Decoding: the consumer's hot path.
 # ---------------------------------------------------------------------------
+class FetchedBatch(NamedTuple):
+    """One whole fetched batch for a reader that decodes batches itself
+    (``poll_batches``): records below ``position`` were handed out before
+    (a fetch may start inside a batch) and are to be skipped."""
+
+    tp: TopicPartition
+    header: batch_format.BatchHeader
+    data: memoryview
+    position: int
+
+
+def check_batch(topic: str, partition: int, view: memoryview, *, check_crc: bool = True
+                ) -> batch_format.BatchHeader:
+    """The header of one whole batch, its sanity and (with ``check_crc``)
+    checksum verified; ``CorruptRecordError`` if not."""
+    header = batch_format.parse_header(view)
+    try:
+        batch_format.check_header(header, len(view), batch_format.MAX_BATCH_BYTES, strict=False)
+        if check_crc and batch_format.compute_crc(view, 0, header.size_bytes) != header.crc:
+            raise batch_format.CorruptRecordError(
+                f"CRC mismatch in batch at offset {header.base_offset}")
+    except batch_format.RecordFormatError as exc:
+        raise CorruptRecordError(f"{topic}-{partition}: {exc}") from None
+    return header
+
+
 def decode_batch(topic: str, partition: int, view: memoryview, *, check_crc: bool = True,
                  include_headers: bool = True) -> list[ConsumerRecord]:
     """Every record of one whole batch, as ``ConsumerRecord``s.
@@ -51,13 +78,9 @@ def decode_batch(topic: str, partition: int, view: memoryview, *, check_crc: boo
     header, the CRC (unless ``check_crc`` is off) and that the records
     section holds exactly ``record_count`` records and nothing else.
     """
-    header = batch_format.parse_header(view)
+    header = check_batch(topic, partition, view, check_crc=check_crc)
+    end = header.size_bytes
     try:
-        batch_format.check_header(header, len(view), batch_format.MAX_BATCH_BYTES, strict=False)
-        end = header.size_bytes
-        if check_crc and batch_format.compute_crc(view, 0, end) != header.crc:
-            raise batch_format.CorruptRecordError(
-                f"CRC mismatch in batch at offset {header.base_offset}")
         timestamp_type = 1 if header.attributes & batch_format.TIMESTAMP_TYPE_BIT else 0
         if header.compression != batch_format.Compression.NONE:
             return [ConsumerRecord(topic, partition, r.offset, r.timestamp, r.key, r.value,
@@ -134,7 +157,7 @@ class _CompletedFetch:
     time as ``poll`` asks."""
 
     __slots__ = ("state", "generation", "data", "batches", "records", "index",
-                 "batch_next_offset", "size_bytes")
+                 "batch_next_offset", "size_bytes", "current")
 
     def __init__(self, state: PartitionState, data: bytes,
                  batches: list[tuple[batch_format.BatchHeader, memoryview]]) -> None:
@@ -146,6 +169,8 @@ class _CompletedFetch:
         self.index = 0
         self.batch_next_offset = -1
         self.size_bytes = len(data)
+        #: The batch ``records`` were decoded from, as (header, bytes).
+        self.current: tuple | None = None
 
 
 class FetchBuffer:
@@ -209,6 +234,51 @@ class FetchBuffer:
             state.position = records[stop - 1][2] + 1
         return out
 
+    def drain_batches(self, max_records: int) -> list[FetchedBatch]:
+        """Whole batches holding up to about ``max_records`` records at their
+        partitions' positions, undecoded (checked, CRC too), advancing the
+        positions past them: ``drain`` for readers that decode batches
+        themselves. Control batches, aborted transactions' (read_committed)
+        and batches below the position are skipped; a corrupt batch sets
+        its partition's ``error``."""
+        out: list[FetchedBatch] = []
+        records = 0
+        fetches = self._fetches
+        while fetches and records < max_records:
+            fetch = fetches[0]
+            state = fetch.state
+            if (state.generation != fetch.generation or state.position is None
+                    or state.error is not None):
+                self._pop()
+                continue
+            if fetch.index < len(fetch.records):
+                # Decoded by ``drain`` but not all handed out: the rest of it.
+                header, view = fetch.current
+                out.append(FetchedBatch(state.tp, header, view, state.position))
+                records += len(fetch.records) - fetch.index
+                fetch.records, fetch.index = [], 0
+                state.position = max(state.position, header.next_offset)
+                continue
+            if fetch.batch_next_offset > state.position:
+                state.position = fetch.batch_next_offset
+            if not fetch.batches:
+                self._pop()
+                continue
+            header, view = fetch.batches.popleft()
+            if header.next_offset <= state.position or header.is_control or view is None:
+                state.position = max(state.position, header.next_offset)
+                continue
+            try:
+                check_batch(state.tp.topic, state.tp.partition, view, check_crc=self.check_crcs)
+            except KraftlogError as exc:
+                state.error = exc
+                self._pop()
+                continue
+            out.append(FetchedBatch(state.tp, header, view, state.position))
+            records += header.record_count
+            state.position = header.next_offset
+        return out
+
     def _decode_next(self, fetch: _CompletedFetch) -> bool:
         """Decode the next batch of ``fetch`` holding records at or after the
         position; False when none is left."""
@@ -234,6 +304,7 @@ class FetchBuffer:
             fetch.records = records
             fetch.index = start
             fetch.batch_next_offset = header.next_offset
+            fetch.current = (header, view)
             return True
         return False
 

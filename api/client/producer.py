@@ -48,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from api.client._sync import LoopThread
@@ -184,7 +184,27 @@ class AsyncProducer:
             await asyncio.sleep(0)
         return handle
 
+    async def send_encoded(self, topic: str, partition: int, section: bytes,
+                           record_count: int, timestamp_ms: int | None = None,
+                           on_delivery: DeliveryCallback | None = None) -> RecordHandle:
+        """Queue one whole batch whose records section is already encoded
+        (``storage.columns.encode``: record ``j`` at offset delta ``j``, all
+        at ``timestamp_ms``) for ``partition``; the bulk path of writers
+        that hold columns (the Spark sink). Idempotence and transactions
+        apply as to ``send``. Returns the first record's handle."""
+        if self._loop is None:
+            await self.start()
+        args = (topic, partition, section, record_count, timestamp_ms, on_delivery)
+        handle = self._acc.append_encoded(*args)
+        if handle is None:
+            handle = await self._when_room(self._acc.append_encoded, *args)
+        return handle
+
     async def _send_when_room(self, *record: Any) -> RecordHandle:
+        return await self._when_room(self._acc.append, *record)
+
+    async def _when_room(self, append: Callable[..., RecordHandle | None], *record: Any
+                         ) -> RecordHandle:
         deadline_ms = monotonic_ms() + self.config.max_block_ms
         while True:
             remaining_ms = deadline_ms - monotonic_ms()
@@ -193,7 +213,7 @@ class AsyncProducer:
                     f"buffer_memory ({self.config.buffer_memory} bytes) stayed full for "
                     f"max_block_ms ({self.config.max_block_ms} ms)")
             self._sender.space.clear()
-            handle = self._acc.append(*record)
+            handle = append(*record)
             if handle is not None:
                 return handle
             try:
@@ -409,6 +429,14 @@ class Producer:
         accumulator's ``append``, which this documents.)"""
         return self._producer._acc.append(topic, value, key, partition, timestamp_ms,
                                           headers, on_delivery)
+
+    def send_encoded(self, topic: str, partition: int, section: bytes, record_count: int,
+                     timestamp_ms: int | None = None,
+                     on_delivery: DeliveryCallback | None = None) -> RecordHandle:
+        """As ``AsyncProducer.send_encoded``; blocks up to ``max_block_ms``
+        for buffer room."""
+        return self._producer._acc.append_encoded(topic, partition, section, record_count,
+                                                  timestamp_ms, on_delivery)
 
     def flush(self, timeout_ms: int | None = None) -> None:
         """As ``AsyncProducer.flush``, waiting in the calling thread."""

@@ -138,6 +138,47 @@ def test_a_corrupt_batch_stops_its_partition_with_an_error():
     assert isinstance(s.error, CorruptRecordError)
 
 
+# -- whole batches for readers that decode them (poll_batches) --------------------------------
+def test_drain_batches_hands_whole_batches_with_the_position_to_skip_to():
+    buffer = FetchBuffer()
+    s = state(12)
+    buffer.add(s, stored_batch(10, values(10, 15)) + stored_batch(15, values(15, 18)))
+    got = buffer.drain_batches(100)
+    assert [(b.header.base_offset, b.position) for b in got] == [(10, 12), (15, 15)]
+    assert [r.offset for r in iter_records(got[0].data)] == list(range(10, 15))
+    assert s.position == 18 and len(buffer) == 0
+
+
+def test_drain_batches_skips_control_batches_and_stops_near_max_records():
+    buffer = FetchBuffer()
+    s = state(0)
+    buffer.add(s, stored_batch(0, [b"marker"], control=True) + stored_batch(1, values(1, 4))
+               + stored_batch(4, values(4, 7)))
+    first = buffer.drain_batches(2)  # a whole batch even past max_records
+    assert [b.header.base_offset for b in first] == [1] and s.position == 4
+    assert [b.header.base_offset for b in buffer.drain_batches(10)] == [4]
+
+
+def test_drain_batches_after_drain_hands_over_the_rest_of_a_decoded_batch():
+    buffer = FetchBuffer()
+    s = state(0)
+    buffer.add(s, stored_batch(0, values(0, 5)) + stored_batch(5, values(5, 8)))
+    assert [r.offset for r in buffer.drain(2)] == [0, 1]
+    got = buffer.drain_batches(100)
+    assert [(b.header.base_offset, b.position) for b in got] == [(0, 2), (5, 5)]
+    assert s.position == 8
+
+
+def test_drain_batches_stops_a_partition_at_a_corrupt_batch():
+    buffer = FetchBuffer()
+    s = state(0)
+    bad = bytearray(stored_batch(0, values(0, 2)))
+    bad[-1] ^= 0xFF
+    buffer.add(s, bytes(bad))
+    assert buffer.drain_batches(10) == []
+    assert isinstance(s.error, CorruptRecordError) and s.position == 0
+
+
 # -- the consumer, against an in-memory broker ---------------------------------------------
 class FakeBroker:
     """Two brokers (A, B) serving metadata, list offsets and fetch from

@@ -452,6 +452,66 @@ async def test_one_produce_request_per_broker_carries_many_partitions():
     assert all(body["acks"] == -1 for _, body in requests)
 
 
+def encoded(pairs):
+    """A records section of ``(key, value)`` pairs made as the Spark sink
+    makes it (``storage.columns.encode``)."""
+    from array import array
+
+    from storage import columns
+
+    def column(items):
+        offsets, data = array("i", [0]), b""
+        for item in items:
+            data += item
+            offsets.append(len(data))
+        return columns.BinaryColumn(offsets.tobytes(), data, None)
+    rows = array("q", range(len(pairs))).tobytes()
+    return columns.encode(column([k for k, _ in pairs]), column([v for _, v in pairs]), rows)
+
+
+def test_an_encoded_batch_goes_at_once_after_the_partitions_earlier_records():
+    acc = accumulator()
+    first = acc.append("t", b"before", partition=1)
+    handle = acc.append_encoded("t", 1, encoded([(b"k0", b"v0"), (b"k1", b"v1")]), 2,
+                                timestamp_ms=1234)
+    later = acc.append("t", b"after", partition=1)
+    # No linger has passed: only what is closed goes, the encoded batch too.
+    out, _next, _missing = acc.drain(acc._clock_ms(), lambda tp: A)
+    batches = out[A]
+    assert [b.count for b in batches] == [1, 2]  # the open batch closed before it
+    assert [(r.key, r.value, r.timestamp) for r in records_of(batches[1])] == [
+        (b"k0", b"v0", 1234), (b"k1", b"v1", 1234)]
+    assert first._batch is batches[0] and handle._batch is batches[1]
+    assert later._batch not in batches  # a new open batch, lingering
+
+
+def test_an_encoded_batch_obeys_transactions_and_the_buffer_limit():
+    acc = accumulator(transactional=True)
+    with pytest.raises(KraftlogError, match="INVALID_TXN_STATE|begin_transaction"):
+        acc.append_encoded("t", 0, encoded([(b"k", b"v")]), 1)
+    acc.txn_open = True
+    acc.append_encoded("t", 0, encoded([(b"k", b"v")]), 1)
+    built = drain_all(acc)[0]
+    header = parse_header(built.builder.build())
+    assert header.is_transactional and header.record_count == 1
+    small = accumulator(buffer_memory=200)
+    assert small.append_encoded("t", 0, encoded([(b"k", b"x" * 100)]), 1) is not None
+    assert small.append_encoded("t", 0, encoded([(b"k", b"x" * 100)]), 1) is None  # full
+
+
+async def test_encoded_batches_are_idempotent_and_get_their_offsets():
+    broker = FakeBroker({"t": 2})
+    async with fake_producer(broker) as producer:
+        first = await producer.send_encoded("t", 1, encoded([(b"a", b"1"), (b"b", b"2")]), 2)
+        second = await producer.send_encoded("t", 1, encoded([(b"c", b"3")]), 1)
+        await producer.flush()
+        assert [(await h).offset for h in (first, second)] == [0, 2]
+    assert [r.key for r in broker.logs[("t", 1)]] == [b"a", b"b", b"c"]
+    stamped = [header for _, body in broker.produce_requests()
+               for entry in body["partitions"] for header, _ in iter_batches(entry["records"])]
+    assert [h.base_sequence for h in stamped] == [0, 2] and stamped[0].producer_id >= 0
+
+
 async def test_batches_of_one_partition_share_a_request_and_get_consecutive_offsets():
     # Without idempotence; an idempotent producer sends one batch per
     # partition per request (the broker dedupes batch by batch).
