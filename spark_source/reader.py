@@ -10,7 +10,7 @@ changes and retrying what a retry can cure, and only committed records
 Rows leave as ``pyarrow.RecordBatch``es of about ``BATCH_ROWS`` records in
 Spark's Kafka source schema, with no Python object per record: the consumer
 hands over whole stored batches undecoded (``poll_batches``), each records
-section becomes Arrow-layout columns in one call (``storage.columns``, in C)
+section becomes Arrow-layout columns in one call (``protocol.columns``, in C)
 and the columns become Arrow arrays without a copy (``batch_to_arrow``).
 A batch the columnar decoder does not take goes through the consumer's
 general decoder instead, which also says what is wrong with a corrupt one.
@@ -249,33 +249,23 @@ def batch_to_arrow(fetched, schema, until_offset: int, include_headers: bool):
     import numpy as np
     import pyarrow as pa
 
-    from storage import batch as batch_format
-    from storage import columns
+    from protocol import columns
 
-    header = fetched.header
-    count = header.record_count
-    view = fetched.data
+    count = fetched.header.record_count
     try:
-        section = batch_format.decompress(
-            header.compression, view[batch_format.HEADER_SIZE:header.size_bytes],
-            batch_format.DEFAULT_MAX_DECOMPRESSED_BYTES)
-        cols = columns.decode(section, count)
-        deltas = np.frombuffer(cols.offset_deltas, np.int64)
-        if count and (deltas[0] < 0 or deltas[-1] > header.last_offset_delta
-                      or (count > 1 and not (deltas[1:] > deltas[:-1]).all())):
-            raise ValueError("offset deltas out of order")
-    except (ValueError, batch_format.RecordFormatError):
+        decoded = columns.decode_batch(fetched.data, fetched.header)
+    except ValueError:
         from api.client.fetcher import decode_batch
-        records = decode_batch(fetched.tp.topic, fetched.tp.partition, view, check_crc=False,
-                               include_headers=include_headers)
+        records = decode_batch(fetched.tp.topic, fetched.tp.partition, fetched.data,
+                               check_crc=False, include_headers=include_headers)
         start = bisect_left(records, fetched.position, key=_offset_of)
         end = bisect_left(records, until_offset, key=_offset_of)
         if start >= end:
             return pa.RecordBatch.from_pylist([], schema=schema)
         return _to_arrow(records[start:end], include_headers, schema)
-    offsets = deltas + header.base_offset
-    stamps = (np.frombuffer(cols.timestamp_deltas, np.int64) + header.base_timestamp) * 1000
-    timestamp_type = 1 if header.attributes & batch_format.TIMESTAMP_TYPE_BIT else 0
+    cols = decoded.columns
+    offsets = np.frombuffer(cols.offset_deltas, np.int64) + decoded.base_offset
+    stamps = (np.frombuffer(cols.timestamp_deltas, np.int64) + decoded.base_timestamp) * 1000
     arrays = [
         _binary(count, cols.key_validity, cols.key_offsets, cols.key_data),
         _binary(count, cols.value_validity, cols.value_offsets, cols.value_data),
@@ -283,7 +273,7 @@ def batch_to_arrow(fetched, schema, until_offset: int, include_headers: bool):
         pa.repeat(pa.scalar(fetched.tp.partition, pa.int32()), count),
         pa.array(offsets, pa.int64()),
         pa.array(stamps, pa.int64()).view(schema.field("timestamp").type),
-        pa.repeat(pa.scalar(timestamp_type, pa.int32()), count),
+        pa.repeat(pa.scalar(decoded.timestamp_type, pa.int32()), count),
     ]
     if include_headers:
         field = schema.field("headers").type

@@ -14,7 +14,7 @@ Spark hands a Python writer the rows as Arrow record batches. Without a
 ``headers`` column (the common case) no row becomes a Python object: keys
 are hashed to partitions with Kafka's murmur2 over the whole column, the
 rows are grouped by partition, and each group is encoded into whole batches
-(up to ``batch.size`` bytes) in C (``storage.columns``) and handed to the
+(up to ``batch.size`` bytes) in C (``protocol.columns``) and handed to the
 producer as such (``Producer.send_encoded``). Rows with headers go one
 ``Producer.send`` each.
 
@@ -296,7 +296,7 @@ def _send_rows(producer: Any, batches: Iterator, topic_option: str | None,
 
 
 #: msgpack framing of one record beyond its key and value, at most (what
-#: ``storage.columns.encode`` adds): array, two ints, two bin headers, headers.
+#: ``protocol.columns.encode`` adds): array, two ints, two bin headers, headers.
 _RECORD_FRAMING = 1 + 1 + 5 + 5 + 5 + 1
 
 
@@ -311,11 +311,10 @@ def _send_columns(producer: Any, batch: Any, index: dict[str, int], topic_option
     import numpy as np
     import pyarrow.compute as pc
 
-    from storage import columns
-    from storage.batch import HEADER_SIZE
+    from protocol import columns
 
     count = batch.num_rows
-    room = max(batch_size - HEADER_SIZE, 1)  # section bytes per batch
+    room = max(batch_size - columns.BATCH_HEADER_BYTES, 1)  # section bytes per batch
     values = _binary_column(batch.column(index["value"]))
     keys = _binary_column(batch.column(index["key"])) if "key" in index else None
     key_column = keys or _null_column(count)
@@ -363,13 +362,13 @@ def _send_columns(producer: Any, batch: Any, index: dict[str, int], topic_option
                                       len(piece), None, on_delivery)
 
 
-def _binary_column(column: Any) -> Any:  # -> storage.columns.BinaryColumn
+def _binary_column(column: Any) -> Any:  # -> protocol.columns.BinaryColumn
     """An Arrow string or binary column as ``BinaryColumn`` buffers, no copy
     (strings are cast to binary, large types down to 32-bit offsets)."""
     import numpy as np
     import pyarrow as pa
 
-    from storage.columns import BinaryColumn
+    from protocol.columns import BinaryColumn
 
     if not pa.types.is_binary(column.type):
         column = column.cast(pa.binary())
@@ -381,7 +380,7 @@ def _binary_column(column: Any) -> Any:  # -> storage.columns.BinaryColumn
 
 
 def _null_column(count: int) -> Any:
-    from storage.columns import BinaryColumn
+    from protocol.columns import BinaryColumn
     return BinaryColumn(bytes(4 * (count + 1)), b"", bytes((count + 7) // 8), 0)
 
 

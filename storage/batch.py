@@ -555,7 +555,7 @@ class BatchBuilder:
 class EncodedBatchBuilder:
     """A batch whose records section is already encoded (record ``j`` at
     offset delta ``j``, every record at ``timestamp_ms``, e.g. by
-    ``storage.columns.encode``): ``BatchBuilder``'s interface for a
+    ``protocol.columns.encode``): ``BatchBuilder``'s interface for a
     producer that hands over whole sections, with no room for more."""
 
     def __init__(self, section: bytes, record_count: int, timestamp_ms: int, *,

@@ -188,7 +188,7 @@ class AsyncProducer:
                            record_count: int, timestamp_ms: int | None = None,
                            on_delivery: DeliveryCallback | None = None) -> RecordHandle:
         """Queue one whole batch whose records section is already encoded
-        (``storage.columns.encode``: record ``j`` at offset delta ``j``, all
+        (``protocol.columns.encode``: record ``j`` at offset delta ``j``, all
         at ``timestamp_ms``) for ``partition``; the bulk path of writers
         that hold columns (the Spark sink). Idempotence and transactions
         apply as to ``send``. Returns the first record's handle."""

@@ -454,10 +454,10 @@ async def test_one_produce_request_per_broker_carries_many_partitions():
 
 def encoded(pairs):
     """A records section of ``(key, value)`` pairs made as the Spark sink
-    makes it (``storage.columns.encode``)."""
+    makes it (``protocol.columns.encode``)."""
     from array import array
 
-    from storage import columns
+    from protocol import columns
 
     def column(items):
         offsets, data = array("i", [0]), b""

@@ -1,4 +1,4 @@
-"""storage.columns: records sections to and from columns, the C extension
+"""protocol.columns: records sections to and from columns, the C extension
 and the pure-Python equivalent agreeing with each other and with
 storage.batch (the one definition of the format)."""
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from protocol.partitioner import murmur2 as murmur2_one
 from storage import batch as batch_format
-from storage import columns
+from protocol import columns
 
 
 def test_the_c_extension_is_built_by_the_install():

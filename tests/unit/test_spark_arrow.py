@@ -1,5 +1,5 @@
 """The Spark reader's columnar path (``batch_to_arrow``: a stored batch to
-an Arrow RecordBatch through ``storage.columns``) gives exactly the rows
+an Arrow RecordBatch through ``protocol.columns``) gives exactly the rows
 the consumer's record-by-record decoder gives."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ into a section, in one call each:
 - ``murmur2(keys)``: Kafka's positive murmur2 of every key (the default
   partitioner's hash), -1 for null keys.
 
-Each is the C extension ``storage._columns`` when it is built (``pip
+Each is the C extension ``protocol._columns`` when it is built (``pip
 install`` builds it where a C compiler exists) and the pure Python below
 otherwise: the same results (``tests/unit/test_columns.py`` checks them
 against each other and against ``storage.batch``), the Python one slower.
@@ -28,9 +28,10 @@ from typing import Any, NamedTuple
 import msgpack
 
 from protocol.partitioner import murmur2 as _murmur2_one
+from storage import batch as _batch
 
 try:
-    from storage import _columns as _c
+    from protocol import _columns as _c
 except ImportError:  # not built (no C compiler at install): the Python below
     _c = None
 
@@ -55,6 +56,20 @@ class Columns(NamedTuple):
     headers: list | None
 
 
+class BatchColumns(NamedTuple):
+    """One stored batch's records as columns (``decode_batch``)."""
+
+    base_offset: int
+    base_timestamp: int
+    #: Kafka's timestamp type: 0 create time, 1 log-append time.
+    timestamp_type: int
+    columns: Columns
+
+
+#: Bytes of a batch beyond its records section.
+BATCH_HEADER_BYTES = _batch.HEADER_SIZE
+
+
 class BinaryColumn(NamedTuple):
     """One Arrow binary column's buffers: int32 ``offsets`` (rows + 1, already
     at the array's offset), ``data``, ``validity`` bitmap or None, and the
@@ -67,9 +82,10 @@ class BinaryColumn(NamedTuple):
 
 
 def decode(section, count: int) -> Columns:
-    """An uncompressed records section of exactly ``count`` records as
-    columns. ValueError if it is not that: the caller decodes it with
-    ``storage.batch.iter_records``, which says what is wrong."""
+    """An uncompressed records section of exactly ``count`` records, offset
+    deltas increasing from 0 or more, as columns. ValueError if it is not
+    that: the caller decodes it with ``storage.batch.iter_records``, which
+    says what is wrong."""
     if _c is None:
         return _py_decode(section, count)
     ts, od, ko, kd, kv, vo, vd, vv, spans = _c.decode(section, count)
@@ -84,6 +100,25 @@ def decode(section, count: int) -> Columns:
                 headers[i] = _headers(msgpack.unpackb(view[start:end], raw=False,
                                                       use_list=False))
     return Columns(ts, od, ko, kd, kv, vo, vd, vv, headers)
+
+
+def decode_batch(view: memoryview, header: _batch.BatchHeader) -> BatchColumns:
+    """One whole stored batch (its header already checked, as the consumer
+    checks it) as columns, inflated if compressed. ValueError for anything
+    not a well-formed batch of ordinary records (a reader decodes it with
+    the general decoder instead, which says what is wrong)."""
+    count = header.record_count
+    try:
+        section = _batch.decompress(header.compression,
+                                    view[_batch.HEADER_SIZE:header.size_bytes],
+                                    _batch.DEFAULT_MAX_DECOMPRESSED_BYTES)
+    except _batch.RecordFormatError as exc:
+        raise ValueError(str(exc)) from None
+    columns = decode(section, count)
+    if count and memoryview(columns.offset_deltas).cast("q")[-1] > header.last_offset_delta:
+        raise ValueError("offset deltas past the batch's last offset")
+    timestamp_type = 1 if header.attributes & _batch.TIMESTAMP_TYPE_BIT else 0
+    return BatchColumns(header.base_offset, header.base_timestamp, timestamp_type, columns)
 
 
 def encode(keys: BinaryColumn, values: BinaryColumn, rows) -> bytes:
@@ -145,6 +180,8 @@ def _py_decode(section, count: int) -> Columns:
             td, delta, key, value, entries = record
             if not isinstance(td, int) or not isinstance(delta, int):
                 raise ValueError(f"record {i}: bad timestamp or offset delta")
+            if delta < 0 or (od and delta <= od[-1]):
+                raise ValueError(f"record {i}: offset deltas out of order")
             ts.append(td)
             od.append(delta)
             for item, data, offsets, nulls in ((key, key_data, key_offsets, key_nulls),

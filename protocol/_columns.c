@@ -1,5 +1,5 @@
 /*
- * storage._columns: a batch's records section to and from columns, in C.
+ * protocol._columns: a batch's records section to and from columns, in C.
  *
  * The records section (storage/batch.py) is one msgpack array per record,
  * [timestamp_delta, offset_delta, key, value, headers]. Spark's reader wants
@@ -12,7 +12,7 @@
  *          value_validity, rows) -> the records section of those rows
  *   murmur2(offsets, data, validity) -> Kafka's murmur2 of every key
  *
- * Everything here has a pure-Python equivalent in storage/columns.py, which
+ * Everything here has a pure-Python equivalent in protocol/columns.py, which
  * is used when this extension is not built and is checked against it by
  * tests/unit/test_columns.py. Input is untrusted bytes: every read is bounds
  * checked and anything unexpected raises ValueError (the caller falls back
@@ -180,7 +180,8 @@ static int gather(const uint8_t *const *starts, const int64_t *lens, Py_ssize_t 
 PyDoc_STRVAR(decode_doc,
 "decode(section, count) -> (timestamp_deltas, offset_deltas, key_offsets, key_data,\n"
 "    key_validity, value_offsets, value_data, value_validity, header_spans)\n\n"
-"An uncompressed records section of exactly `count` records as columns:\n"
+"An uncompressed records section of exactly `count` records, offset deltas\n"
+"increasing from 0 or more, as columns:\n"
 "int64 deltas, Arrow binary layouts (int32 offsets, data, validity bitmap or\n"
 "None), and header_spans, None when no record has headers, else int64\n"
 "(start, end) byte positions of each record's headers array.\n"
@@ -215,6 +216,10 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         if (!need(&c, 1) || *c.p++ != 0x95) { bad("not a 5-element array", i); goto done; }
         if (read_int(&c, &tsd[i]) || read_int(&c, &odd[i])) {
             bad("bad timestamp or offset delta", i);
+            goto done;
+        }
+        if (odd[i] < 0 || (i && odd[i] <= odd[i - 1])) {
+            bad("offset deltas out of order", i);
             goto done;
         }
         if (read_bin(&c, &kstart[i], &klen[i]) || read_bin(&c, &vstart[i], &vlen[i])) {
@@ -458,8 +463,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "storage._columns",
-    "A records section to and from Arrow-layout columns, in C (see storage/columns.py).",
+    PyModuleDef_HEAD_INIT, "protocol._columns",
+    "A records section to and from Arrow-layout columns, in C (see protocol/columns.py).",
     -1, methods,
 };
 
