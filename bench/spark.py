@@ -10,8 +10,9 @@ as the example pipeline's), against a fresh single combined node (or
 2. The whole topic copied once to a local Parquet directory (not timed;
    it also starts Spark's Python workers and fills the page cache) and the
    copy's row count checked against ``--records``.
-3. Batch reads, each after one untimed warm-up read, ``--repeats`` times,
-   fully materialised through the ``noop`` sink (every column of every
+3. Batch reads, each after one untimed warm-up read, in ``--repeats``
+   rounds that read each source once in turn, fully materialised through
+   the ``noop`` sink (every column of every
    row): first the topic through ``format("kraftlog")``, then the Parquet
    copy, the reference. Median and best records/s and MB/s (of value bytes,
    as ``bench consume``), and the same for an in-memory Python source
@@ -204,12 +205,11 @@ def bench_batch(spark: Any, bootstrap: list[str], topic: str, work: str,
                          .option("partitions", str(args.partitions))
                          .option("record_size", str(args.record_size)).load())
                  for shape in ("arrow", "tuples")}
-    runs = {"kraftlog": _timed_noop(kraftlog, args, 'format("kraftlog")'),
-            "parquet": _timed_noop(spark.read.parquet(parquet_dir), args, "Parquet"),
-            "ceiling_arrow": _timed_noop(in_memory["arrow"], args,
-                                         "in-memory Python source, Arrow batches"),
-            "ceiling_tuples": _timed_noop(in_memory["tuples"], args,
-                                          "in-memory Python source, tuples")}
+    runs = _timed_noop({
+        "kraftlog": (kraftlog, 'format("kraftlog")'),
+        "parquet": (spark.read.parquet(parquet_dir), "Parquet"),
+        "ceiling_arrow": (in_memory["arrow"], "in-memory Python source, Arrow batches"),
+        "ceiling_tuples": (in_memory["tuples"], "in-memory Python source, tuples")}, args)
     median = {name: r["records_s_median"] for name, r in runs.items()}
     return {"batch": runs, "parquet_rows_checked": copied,
             "ratio": median["kraftlog"] / median["parquet"],
@@ -219,23 +219,31 @@ def bench_batch(spark: Any, bootstrap: list[str], topic: str, work: str,
             "ratio_to_ceiling_target": CEILING_TARGET}
 
 
-def _timed_noop(df: Any, args: argparse.Namespace, label: str) -> dict:
-    """``df`` written to the noop sink once untimed (each reader has its own
-    warm-up: code generation, JIT), then ``args.repeats`` times, each timed."""
-    _status(f"{label}: warm-up run (not timed) ...")
-    df.write.format("noop").mode("overwrite").save()
-    seconds = []
-    for i in range(args.repeats):
-        started = time.perf_counter()
-        df.write.format("noop").mode("overwrite").save()
-        seconds.append(time.perf_counter() - started)
-        _status(f"{label}: run {i + 1}/{args.repeats}: {seconds[-1]:.2f} s, "
-                f"{args.records / seconds[-1]:,.0f} records/s")
-    median, best = statistics.median(seconds), min(seconds)
+def _timed_noop(frames: dict[str, tuple[Any, str]], args: argparse.Namespace) -> dict:
+    """Each of ``frames`` (name -> (DataFrame, label)) written to the noop
+    sink once untimed (each reader has its own warm-up: code generation,
+    JIT, Python workers), then ``args.repeats`` timed rounds, each reading
+    every frame once in turn: Spark keeps warming up for a while, and
+    interleaving spreads that over all readers instead of favouring the last."""
     value_mb = args.records * args.record_size / 1e6
-    return {"seconds": seconds, "records_s_median": args.records / median,
-            "records_s_best": args.records / best, "mb_s_median": value_mb / median,
-            "mb_s_best": value_mb / best}
+    for df, label in frames.values():
+        _status(f"{label}: warm-up run (not timed) ...")
+        df.write.format("noop").mode("overwrite").save()
+    seconds: dict[str, list[float]] = {name: [] for name in frames}
+    for i in range(args.repeats):
+        for name, (df, label) in frames.items():
+            started = time.perf_counter()
+            df.write.format("noop").mode("overwrite").save()
+            seconds[name].append(time.perf_counter() - started)
+            _status(f"{label}: run {i + 1}/{args.repeats}: {seconds[name][-1]:.2f} s, "
+                    f"{args.records / seconds[name][-1]:,.0f} records/s")
+    out = {}
+    for name, taken in seconds.items():
+        median, best = statistics.median(taken), min(taken)
+        out[name] = {"seconds": taken, "records_s_median": args.records / median,
+                     "records_s_best": args.records / best, "mb_s_median": value_mb / median,
+                     "mb_s_best": value_mb / best}
+    return out
 
 
 # -- streaming: latency at a steady rate -------------------------------------------------

@@ -6,9 +6,10 @@ The rows are the Parquet copy of the read phase's topic, ``key`` and
 ``value`` only (``--records`` rows of ``--record-size`` value bytes), read
 from local Parquet by each run: what differs between the runs is the sink.
 Each kraftlog run writes into a fresh topic of ``--partitions`` partitions;
-each Parquet run into a fresh directory. One untimed warm-up per sink, then
-``--repeats`` timed runs; the rows of the first timed exactly-once run are
-counted back with a read_committed consumer.
+each Parquet run into a fresh directory, made before the clock starts. One
+untimed warm-up per sink, then ``--repeats`` timed rounds writing to each
+sink in turn; the rows of the first timed exactly-once run are counted back
+with a read_committed consumer.
 """
 
 from __future__ import annotations
@@ -32,26 +33,26 @@ def bench_write(spark: Any, bootstrap: list[str], parquet_dir: str, work: str,
     rows = spark.read.parquet(parquet_dir).select("key", "value")
     counter = iter(range(1_000_000))
 
-    def to_kraftlog(exactly_once: bool) -> Any:
-        def write() -> str:
+    def to_kraftlog(exactly_once: bool) -> tuple[Any, Any]:
+        def prepare() -> str:
             topic = f"bench-spark-write-{uuid.uuid4().hex[:8]}"
             _create_topic(bootstrap, topic, args.partitions)
+            return topic
+
+        def write(topic: str) -> None:
             (rows.write.format("kraftlog").mode("append")
              .option("kafka.bootstrap.servers", ",".join(bootstrap))
              .option("topic", topic).option("exactlyOnce", str(exactly_once).lower())
              .save())
-            return topic
-        return write
+        return prepare, write
 
-    def to_parquet() -> str:
-        path = os.path.join(work, f"write-{next(counter)}")
-        rows.write.parquet(path)
-        return path
+    def to_parquet() -> tuple[Any, Any]:
+        return (lambda: os.path.join(work, f"write-{next(counter)}")), rows.write.parquet
 
-    runs = {"kraftlog": _timed(to_kraftlog(True), args, 'format("kraftlog"), exactly once'),
-            "kraftlog_at_least_once": _timed(to_kraftlog(False), args,
-                                             'format("kraftlog"), exactlyOnce=false'),
-            "parquet": _timed(to_parquet, args, "Parquet")}
+    runs = _timed({"kraftlog": (to_kraftlog(True), 'format("kraftlog"), exactly once'),
+                   "kraftlog_at_least_once": (to_kraftlog(False),
+                                              'format("kraftlog"), exactlyOnce=false'),
+                   "parquet": (to_parquet(), "Parquet")}, args)
     counted = _count_committed(bootstrap, runs["kraftlog"]["targets"][0], args.partitions)
     if counted != args.records:
         raise SystemExit(f"an exactly-once write left {counted:,} rows for read_committed "
@@ -63,21 +64,34 @@ def bench_write(spark: Any, bootstrap: list[str], parquet_dir: str, work: str,
             "write_ratio_target": WRITE_RATIO_TARGET}
 
 
-def _timed(write: Any, args: argparse.Namespace, label: str) -> dict:
-    _status(f"write to {label}: warm-up run (not timed) ...")
-    write()
-    seconds, targets = [], []
+def _timed(sinks: dict[str, tuple[tuple[Any, Any], str]], args: argparse.Namespace) -> dict:
+    """Each sink (name -> ((prepare, write), label)) written once untimed,
+    then ``args.repeats`` timed rounds writing to each sink in turn (Spark
+    keeps warming up; interleaving spreads that over every sink). Each write
+    goes to a fresh target made by ``prepare`` before the clock starts (a
+    new topic, a new directory)."""
+    for (prepare, write), label in sinks.values():
+        _status(f"write to {label}: warm-up run (not timed) ...")
+        write(prepare())
+    seconds: dict[str, list[float]] = {name: [] for name in sinks}
+    targets: dict[str, list[str]] = {name: [] for name in sinks}
     for i in range(args.repeats):
-        started = time.perf_counter()
-        targets.append(write())
-        seconds.append(time.perf_counter() - started)
-        _status(f"write to {label}: run {i + 1}/{args.repeats}: {seconds[-1]:.2f} s, "
-                f"{args.records / seconds[-1]:,.0f} rows/s")
-    median, best = statistics.median(seconds), min(seconds)
+        for name, ((prepare, write), label) in sinks.items():
+            target = prepare()
+            started = time.perf_counter()
+            write(target)
+            seconds[name].append(time.perf_counter() - started)
+            targets[name].append(target)
+            _status(f"write to {label}: run {i + 1}/{args.repeats}: {seconds[name][-1]:.2f} s, "
+                    f"{args.records / seconds[name][-1]:,.0f} rows/s")
     value_mb = args.records * args.record_size / 1e6
-    return {"seconds": seconds, "records_s_median": args.records / median,
-            "records_s_best": args.records / best, "mb_s_median": value_mb / median,
-            "mb_s_best": value_mb / best, "targets": targets}
+    out = {}
+    for name, taken in seconds.items():
+        median, best = statistics.median(taken), min(taken)
+        out[name] = {"seconds": taken, "records_s_median": args.records / median,
+                     "records_s_best": args.records / best, "mb_s_median": value_mb / median,
+                     "mb_s_best": value_mb / best, "targets": targets[name]}
+    return out
 
 
 def _count_committed(bootstrap: list[str], topic: str, partitions: int) -> int:
