@@ -83,13 +83,13 @@ def read_range(options: SourceOptions, rng: OffsetRange, topic_id: str | None = 
     """The records of ``rng`` as Arrow batches, in offset order; with
     ``topic_id``, only if the topic still has that id (a topic created again
     under the same name holds other records at the same offsets)."""
-    import pyarrow as pa
 
     from api.client import Consumer, KraftlogError, OffsetOutOfRangeError, TopicPartition
 
     if rng.size <= 0:
         return
     schema = arrow_schema(options.include_headers)
+    constants = ConstantColumns(rng.topic, rng.partition)
     tp = TopicPartition(rng.topic, rng.partition)
     name = f"{rng.topic}-{rng.partition}"
     position = rng.from_offset
@@ -126,8 +126,8 @@ def read_range(options: SourceOptions, rng: OffsetRange, topic_id: str | None = 
                 progress_at = time.monotonic()
                 continue
             batches = [b for b in (batch_to_arrow(f, schema, rng.until_offset,
-                                                  options.include_headers) for f in fetched)
-                       if b.num_rows]
+                                                  options.include_headers, constants)
+                                   for f in fetched) if b.num_rows]
             if not batches:
                 moved = consumer.position(tp)
                 if moved > position:
@@ -152,7 +152,7 @@ def read_range(options: SourceOptions, rng: OffsetRange, topic_id: str | None = 
             first = offsets[0].as_py()
             if first > position:
                 _check_gap(consumer, options, tp, name, position, first)
-            yield batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+            yield from _coalesced(batches)
             position = max(position, fetched[-1].header.next_offset)
     except KraftlogError as exc:
         raise RuntimeError(f"reading {name} offsets {rng.from_offset} to "
@@ -241,7 +241,60 @@ def _check_gap(consumer, options: SourceOptions, tp, name: str, position: int,
 OFFSET_COLUMN = 4
 
 
-def batch_to_arrow(fetched, schema, until_offset: int, include_headers: bool):
+#: Arrow batches smaller than this are joined before Spark gets them (each
+#: costs Spark a fixed amount); larger ones go as they are, without a copy.
+SMALL_BATCH_ROWS = 2048
+
+
+def _coalesced(batches: list) -> Iterator:
+    """``batches`` in order, runs of small ones joined into one."""
+    import pyarrow as pa
+
+    run: list = []
+    for batch in batches:
+        if batch.num_rows >= SMALL_BATCH_ROWS:
+            if run:
+                yield run[0] if len(run) == 1 else pa.concat_batches(run)
+                run = []
+            yield batch
+        else:
+            run.append(batch)
+            if sum(b.num_rows for b in run) >= SMALL_BATCH_ROWS:
+                yield pa.concat_batches(run)
+                run = []
+    if run:
+        yield run[0] if len(run) == 1 else pa.concat_batches(run)
+
+
+class ConstantColumns:
+    """The columns every row of a partition shares (topic, partition,
+    timestamp type), made once per range and handed out as zero-copy
+    slices: repeating a string per batch costs more than decoding it."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self._made: dict[int, tuple] = {}
+        self._rows = 0
+
+    def get(self, count: int, timestamp_type: int) -> tuple:
+        """(topic, partition, timestamp type) arrays of ``count`` rows."""
+        import pyarrow as pa
+
+        if count > self._rows:
+            self._rows = max(count, 2 * self._rows, 16384)
+            self._made.clear()
+        made = self._made.get(timestamp_type)
+        if made is None:
+            made = self._made[timestamp_type] = (
+                pa.repeat(pa.scalar(self.topic, pa.string()), self._rows),
+                pa.repeat(pa.scalar(self.partition, pa.int32()), self._rows),
+                pa.repeat(pa.scalar(timestamp_type, pa.int32()), self._rows))
+        return tuple(column.slice(0, count) for column in made)
+
+
+def batch_to_arrow(fetched, schema, until_offset: int, include_headers: bool,
+                   constants: ConstantColumns | None = None):
     """One fetched stored batch (``FetchedBatch``) -> the RecordBatch of its
     records in ``[fetched.position, until_offset)``, in ``schema``: the
     records section decoded to columns in one call and wrapped as Arrow
@@ -264,16 +317,19 @@ def batch_to_arrow(fetched, schema, until_offset: int, include_headers: bool):
             return pa.RecordBatch.from_pylist([], schema=schema)
         return _to_arrow(records[start:end], include_headers, schema)
     cols = decoded.columns
+    if constants is None:
+        constants = ConstantColumns(fetched.tp.topic, fetched.tp.partition)
+    topics, partitions, timestamp_types = constants.get(count, decoded.timestamp_type)
     offsets = np.frombuffer(cols.offset_deltas, np.int64) + decoded.base_offset
     stamps = (np.frombuffer(cols.timestamp_deltas, np.int64) + decoded.base_timestamp) * 1000
     arrays = [
         _binary(count, cols.key_validity, cols.key_offsets, cols.key_data),
         _binary(count, cols.value_validity, cols.value_offsets, cols.value_data),
-        pa.repeat(pa.scalar(fetched.tp.topic, pa.string()), count),
-        pa.repeat(pa.scalar(fetched.tp.partition, pa.int32()), count),
+        topics,
+        partitions,
         pa.array(offsets, pa.int64()),
         pa.array(stamps, pa.int64()).view(schema.field("timestamp").type),
-        pa.repeat(pa.scalar(decoded.timestamp_type, pa.int32()), count),
+        timestamp_types,
     ]
     if include_headers:
         field = schema.field("headers").type

@@ -412,6 +412,11 @@ class Sender:
                 # idempotence.py); a real gap in a transaction fails the
                 # batch instead: the transaction must abort.
                 retriable = True
+            if error.code == "OUT_OF_ORDER_SEQUENCE_NUMBER" and not unresolvable:
+                # Overtaken by a later request on another connection: it goes
+                # again as soon as the batches ahead of it are answered
+                # (``may_send`` holds a retry until then), not after a back-off.
+                retry_at = now
         if (retriable and head.attempts <= self.config.retries
                 and all(retry_at < b.created_ms + self.config.delivery_timeout_ms
                         for b in batches)):

@@ -512,6 +512,46 @@ async def test_encoded_batches_are_idempotent_and_get_their_offsets():
     assert [h.base_sequence for h in stamped] == [0, 2] and stamped[0].producer_id >= 0
 
 
+class OvertakingBroker(FakeBroker):
+    """Produce requests travel on separate connections: the second produce
+    request is appended only after the third was (which overtook it and so
+    was refused as out of order)."""
+
+    def __init__(self, topics):
+        super().__init__(topics)
+        self.produces = 0
+        self.third_done = asyncio.Event()
+
+    async def request(self, url, path, body=None, **kwargs):
+        if path != "/v1/produce":
+            return await super().request(url, path, body, **kwargs)
+        self.produces += 1
+        number = self.produces
+        if number == 2:
+            await asyncio.wait_for(self.third_done.wait(), 5)
+        try:
+            return await super().request(url, path, body, **kwargs)
+        finally:
+            if number == 3:
+                self.third_done.set()
+
+
+async def test_a_batch_overtaken_on_another_connection_goes_again_without_a_back_off():
+    # With a back-off of a minute, only a retry that waits for the batch
+    # ahead of it (not for the back-off) lets the flush finish in time.
+    broker = OvertakingBroker({"t": 1})
+    async with fake_producer(broker, retry_backoff_ms=60_000, batch_size=200,
+                             linger_ms=0) as producer:
+        first = await producer.send("t", b"a" * 150, partition=0)
+        await asyncio.sleep(0.05)  # answered: the next ones may be pipelined
+        handles = [await producer.send("t", b"%d" % i * 150, partition=0) for i in range(3)]
+        await asyncio.wait_for(producer.flush(), 10)
+        offsets = [(await h).offset for h in [first, *handles]]
+    assert [r.value[:1] for r in broker.logs[("t", 0)]] == [b"a", b"0", b"1", b"2"]
+    assert sorted(offsets) == offsets
+    assert broker.third_done.is_set()  # the overtaking did happen
+
+
 async def test_batches_of_one_partition_share_a_request_and_get_consecutive_offsets():
     # Without idempotence; an idempotent producer sends one batch per
     # partition per request (the broker dedupes batch by batch).
