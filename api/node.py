@@ -19,6 +19,7 @@ import sys
 
 from kraft.client import ControllerClient
 from kraft.config import NodeConfig
+from protocol.malloc import keep_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ async def run_node(config: NodeConfig) -> int:
     # `kill -USR1 <pid>` writes every thread's stack to the node's stderr:
     # how a node that hangs (say, in its shutdown) tells where.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    keep_freed_memory()  # fetch and produce buffers reused, not faulted in afresh
     node = Node(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -213,8 +213,11 @@ def write_task(options: SinkOptions, batches: Iterator, task: int, prefix: str |
     """Write the task's rows (Arrow record batches); with ``prefix``, in a
     transaction of ``<prefix>-<task>`` left prepared for the driver."""
     from api.client import KraftlogError, Producer
+    from protocol.malloc import keep_freed_memory
 
     from spark_source.commit import transactional_id
+
+    keep_freed_memory()  # each encoded batch lands in reused memory
 
     settings: dict[str, Any] = {**PRODUCER_DEFAULTS, **options.producer}
     if prefix is not None:
