@@ -178,74 +178,104 @@ static int gather(const uint8_t *const *starts, const int64_t *lens, Py_ssize_t 
 }
 
 PyDoc_STRVAR(decode_doc,
-"decode(section, count) -> (timestamp_deltas, offset_deltas, key_offsets, key_data,\n"
-"    key_validity, value_offsets, value_data, value_validity, header_spans)\n\n"
-"An uncompressed records section of exactly `count` records, offset deltas\n"
-"increasing from 0 or more, as columns:\n"
-"int64 deltas, Arrow binary layouts (int32 offsets, data, validity bitmap or\n"
-"None), and header_spans, None when no record has headers, else int64\n"
-"(start, end) byte positions of each record's headers array.\n"
-"ValueError if the section is not `count` well-formed records.");
+"decode(sections) -> (timestamps, offsets, key_offsets, key_data, key_validity,\n"
+"    value_offsets, value_data, value_validity, header_spans)\n\n"
+"Uncompressed records sections, each given as (section, count, base_offset,\n"
+"base_timestamp, last_offset_delta), as one set of columns: int64 offsets and\n"
+"timestamps (base + delta), Arrow binary layouts (int32 offsets, data,\n"
+"validity bitmap or None) of keys and values, and header_spans: None when no\n"
+"record has headers, else int64 (section index, start, end) of each record's\n"
+"headers array. ValueError unless each section is exactly `count` records\n"
+"with offset deltas increasing from 0 or more, up to last_offset_delta.");
 
 static PyObject *decode(PyObject *self, PyObject *args) {
-    Py_buffer buf;
-    Py_ssize_t count;
-    if (!PyArg_ParseTuple(args, "y*n", &buf, &count)) return NULL;
+    PyObject *list;
+    if (!PyArg_ParseTuple(args, "O!", &PyList_Type, &list)) return NULL;
+    Py_ssize_t sections = PyList_GET_SIZE(list);
     PyObject *result = NULL, *ts = NULL, *od = NULL, *ko = NULL, *kd = NULL, *kv = NULL,
              *vo = NULL, *vd = NULL, *vv = NULL, *hs = NULL;
     const uint8_t **kstart = NULL, **vstart = NULL;
     int64_t *klen = NULL, *vlen = NULL, *spans = NULL;
-    if (count < 0 || count > buf.len) { bad("count out of range", 0); goto done; }
-    ts = PyBytes_FromStringAndSize(NULL, count * 8);
-    od = PyBytes_FromStringAndSize(NULL, count * 8);
-    kstart = PyMem_Malloc((count + 1) * sizeof(*kstart));
-    vstart = PyMem_Malloc((count + 1) * sizeof(*vstart));
-    klen = PyMem_Malloc((count + 1) * sizeof(*klen));
-    vlen = PyMem_Malloc((count + 1) * sizeof(*vlen));
-    spans = PyMem_Malloc((2 * count + 1) * sizeof(*spans));
+    Py_buffer *bufs = PyMem_Calloc(sections + 1, sizeof(Py_buffer));
+    Py_ssize_t *counts = PyMem_Calloc(sections + 1, sizeof(Py_ssize_t));
+    int64_t *bases = PyMem_Calloc(3 * sections + 1, sizeof(int64_t));
+    Py_ssize_t held = 0, total = 0;
+    if (!bufs || !counts || !bases) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t s = 0; s < sections; s++) {
+        PyObject *item = PyList_GET_ITEM(list, s);
+        long long base_offset, base_timestamp, last_delta;
+        if (!PyTuple_Check(item) ||
+                !PyArg_ParseTuple(item, "y*nLLL", &bufs[s], &counts[s], &base_offset,
+                                  &base_timestamp, &last_delta)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "each section is a tuple (section, count, "
+                                "base_offset, base_timestamp, last_offset_delta)");
+            goto done;
+        }
+        held = s + 1;
+        if (counts[s] < 0 || counts[s] > bufs[s].len) { bad("count out of range", 0); goto done; }
+        bases[3 * s] = base_offset;
+        bases[3 * s + 1] = base_timestamp;
+        bases[3 * s + 2] = last_delta;
+        total += counts[s];
+    }
+    ts = PyBytes_FromStringAndSize(NULL, total * 8);
+    od = PyBytes_FromStringAndSize(NULL, total * 8);
+    kstart = PyMem_Malloc((total + 1) * sizeof(*kstart));
+    vstart = PyMem_Malloc((total + 1) * sizeof(*vstart));
+    klen = PyMem_Malloc((total + 1) * sizeof(*klen));
+    vlen = PyMem_Malloc((total + 1) * sizeof(*vlen));
+    spans = PyMem_Malloc((3 * total + 1) * sizeof(*spans));
     if (!ts || !od || !kstart || !vstart || !klen || !vlen || !spans) {
         PyErr_NoMemory();
         goto done;
     }
     int64_t *tsd = (int64_t *)PyBytes_AS_STRING(ts), *odd = (int64_t *)PyBytes_AS_STRING(od);
-    cursor c = {(const uint8_t *)buf.buf, (const uint8_t *)buf.buf + buf.len};
-    const uint8_t *base = c.p;
     int64_t ktotal = 0, vtotal = 0;
-    Py_ssize_t knulls = 0, vnulls = 0, with_headers = 0;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        if (!need(&c, 1) || *c.p++ != 0x95) { bad("not a 5-element array", i); goto done; }
-        if (read_int(&c, &tsd[i]) || read_int(&c, &odd[i])) {
-            bad("bad timestamp or offset delta", i);
-            goto done;
-        }
-        if (odd[i] < 0 || (i && odd[i] <= odd[i - 1])) {
-            bad("offset deltas out of order", i);
-            goto done;
-        }
-        if (read_bin(&c, &kstart[i], &klen[i]) || read_bin(&c, &vstart[i], &vlen[i])) {
-            bad("key or value not bytes or nil", i);
-            goto done;
-        }
-        if (klen[i] < 0) knulls++; else ktotal += klen[i];
-        if (vlen[i] < 0) vnulls++; else vtotal += vlen[i];
-        spans[2 * i] = c.p - base;
-        if (need(&c, 1) && *c.p == 0x90) c.p++;
-        else {
-            if (!need(&c, 1) || !((*c.p & 0xf0) == 0x90 || *c.p == 0xdc || *c.p == 0xdd)
-                    || skip(&c, 0)) {
-                bad("headers not an array", i);
+    Py_ssize_t knulls = 0, vnulls = 0, with_headers = 0, i = 0;
+    for (Py_ssize_t s = 0; s < sections; s++) {
+        cursor c = {(const uint8_t *)bufs[s].buf, (const uint8_t *)bufs[s].buf + bufs[s].len};
+        const uint8_t *base = c.p;
+        int64_t last = -1, delta, tdelta;
+        for (Py_ssize_t r = 0; r < counts[s]; r++, i++) {
+            if (!need(&c, 1) || *c.p++ != 0x95) { bad("not a 5-element array", r); goto done; }
+            if (read_int(&c, &tdelta) || read_int(&c, &delta)) {
+                bad("bad timestamp or offset delta", r);
                 goto done;
             }
-            with_headers++;
+            if (delta <= last || delta > bases[3 * s + 2]) {
+                bad("offset deltas out of order or past the batch's last offset", r);
+                goto done;
+            }
+            last = delta;
+            odd[i] = bases[3 * s] + delta;
+            tsd[i] = (int64_t)((uint64_t)bases[3 * s + 1] + (uint64_t)tdelta);
+            if (read_bin(&c, &kstart[i], &klen[i]) || read_bin(&c, &vstart[i], &vlen[i])) {
+                bad("key or value not bytes or nil", r);
+                goto done;
+            }
+            if (klen[i] < 0) knulls++; else ktotal += klen[i];
+            if (vlen[i] < 0) vnulls++; else vtotal += vlen[i];
+            spans[3 * i] = s;
+            spans[3 * i + 1] = c.p - base;
+            if (need(&c, 1) && *c.p == 0x90) c.p++;
+            else {
+                if (!need(&c, 1) || !((*c.p & 0xf0) == 0x90 || *c.p == 0xdc || *c.p == 0xdd)
+                        || skip(&c, 0)) {
+                    bad("headers not an array", r);
+                    goto done;
+                }
+                with_headers++;
+            }
+            spans[3 * i + 2] = c.p - base;
         }
-        spans[2 * i + 1] = c.p - base;
+        if (c.p != c.end) { bad("bytes after the last record", counts[s]); goto done; }
     }
-    if (c.p != c.end) { bad("bytes after the last record", count); goto done; }
-    if (gather(kstart, klen, count, ktotal, &ko, &kd)) goto done;
-    if (gather(vstart, vlen, count, vtotal, &vo, &vd)) goto done;
-    if (!(kv = validity(klen, count, knulls)) || !(vv = validity(vlen, count, vnulls))) goto done;
+    if (gather(kstart, klen, total, ktotal, &ko, &kd)) goto done;
+    if (gather(vstart, vlen, total, vtotal, &vo, &vd)) goto done;
+    if (!(kv = validity(klen, total, knulls)) || !(vv = validity(vlen, total, vnulls))) goto done;
     if (with_headers) {
-        hs = PyBytes_FromStringAndSize((const char *)spans, 2 * count * sizeof(*spans));
+        hs = PyBytes_FromStringAndSize((const char *)spans, 3 * total * sizeof(*spans));
         if (!hs) goto done;
     } else {
         hs = Py_None;
@@ -257,7 +287,8 @@ done:
     Py_XDECREF(vo); Py_XDECREF(vd); Py_XDECREF(vv); Py_XDECREF(hs);
     PyMem_Free(kstart); PyMem_Free(vstart); PyMem_Free(klen); PyMem_Free(vlen);
     PyMem_Free(spans);
-    PyBuffer_Release(&buf);
+    for (Py_ssize_t s = 0; s < held; s++) PyBuffer_Release(&bufs[s]);
+    PyMem_Free(bufs); PyMem_Free(counts); PyMem_Free(bases);
     return result;
 }
 

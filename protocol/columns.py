@@ -6,8 +6,10 @@ Going through one Python object per record is what bounded Spark's reads
 and writes; these functions turn a whole section into columns, or columns
 into a section, in one call each:
 
-- ``decode(section, count)``: ``Columns`` in Arrow's binary layout (int32
-  offsets, data, validity bitmap), ready for ``pyarrow.Array.from_buffers``;
+- ``decode(section, count)``, ``decode_batches(batches)``: ``Columns`` in
+  Arrow's binary layout (int32 offsets, data, validity bitmap), ready for
+  ``pyarrow.Array.from_buffers``, of one section or of many stored batches
+  at once;
 - ``encode(keys, values, rows)``: the records section of some rows of two
   Arrow-layout binary columns (``BinaryColumn``);
 - ``murmur2(keys)``: Kafka's positive murmur2 of every key (the default
@@ -40,13 +42,14 @@ ACCELERATED = _c is not None
 
 
 class Columns(NamedTuple):
-    """A records section as columns. Deltas are int64 (native order);
-    key/value offsets int32 (``count + 1``); validity an Arrow bitmap or
-    None (no nulls); ``headers`` None when no record has any, else one
-    entry per record: a tuple of ``(str, bytes | None)`` pairs or None."""
+    """Records sections as columns. ``timestamps`` and ``offsets`` are int64
+    (native order): the records' deltas plus their section's bases (zero
+    for ``decode``); key/value offsets int32 (rows + 1); validity an Arrow
+    bitmap or None (no nulls); ``headers`` None when no record has any, else
+    one entry per record: a tuple of ``(str, bytes | None)`` pairs or None."""
 
-    timestamp_deltas: bytes
-    offset_deltas: bytes
+    timestamps: bytes
+    offsets: bytes
     key_offsets: bytes
     key_data: bytes
     key_validity: bytes | None
@@ -57,13 +60,13 @@ class Columns(NamedTuple):
 
 
 class BatchColumns(NamedTuple):
-    """One stored batch's records as columns (``decode_batch``)."""
+    """Stored batches' records as one set of columns (``decode_batches``):
+    absolute offsets and timestamps, and each batch's record count and
+    Kafka timestamp type (0 create time, 1 log-append time)."""
 
-    base_offset: int
-    base_timestamp: int
-    #: Kafka's timestamp type: 0 create time, 1 log-append time.
-    timestamp_type: int
     columns: Columns
+    counts: list[int]
+    timestamp_types: list[int]
 
 
 #: Bytes of a batch beyond its records section.
@@ -81,44 +84,55 @@ class BinaryColumn(NamedTuple):
     bit_offset: int = 0
 
 
+#: No limit on a section's offset deltas (``decode``).
+_NO_LAST_DELTA = 2**63 - 1
+
+
 def decode(section, count: int) -> Columns:
     """An uncompressed records section of exactly ``count`` records, offset
-    deltas increasing from 0 or more, as columns. ValueError if it is not
-    that: the caller decodes it with ``storage.batch.iter_records``, which
-    says what is wrong."""
+    deltas increasing from 0 or more, as columns (of deltas: bases zero).
+    ValueError if it is not that: the caller decodes it with
+    ``storage.batch.iter_records``, which says what is wrong."""
+    return _decode([(section, count, 0, 0, _NO_LAST_DELTA)])
+
+
+def decode_batches(batches: list) -> BatchColumns:
+    """Whole stored batches, ``(bytes, header)`` pairs (headers already
+    checked, as the consumer checks them), as one set of columns, inflated
+    where compressed: one call, no Python object per record, and no copy
+    to join them after. ValueError for anything not well-formed batches of
+    ordinary records (a reader decodes them one by one with the general
+    decoder instead, which says what is wrong)."""
+    sections = []
+    for view, header in batches:
+        try:
+            section = _batch.decompress(header.compression,
+                                        view[_batch.HEADER_SIZE:header.size_bytes],
+                                        _batch.DEFAULT_MAX_DECOMPRESSED_BYTES)
+        except _batch.RecordFormatError as exc:
+            raise ValueError(str(exc)) from None
+        sections.append((section, header.record_count, header.base_offset,
+                         header.base_timestamp, header.last_offset_delta))
+    return BatchColumns(_decode(sections), [h.record_count for _, h in batches],
+                        [1 if h.attributes & _batch.TIMESTAMP_TYPE_BIT else 0
+                         for _, h in batches])
+
+
+def _decode(sections: list) -> Columns:
     if _c is None:
-        return _py_decode(section, count)
-    ts, od, ko, kd, kv, vo, vd, vv, spans = _c.decode(section, count)
+        return _py_decode(sections)
+    ts, od, ko, kd, kv, vo, vd, vv, spans = _c.decode(sections)
     headers = None
     if spans is not None:
         positions = array("q", spans)
-        view = memoryview(section)
-        headers = [None] * count
-        for i in range(count):
-            start, end = positions[2 * i], positions[2 * i + 1]
+        views = [memoryview(section) for section, *_ in sections]
+        headers = [None] * (len(positions) // 3)
+        for i in range(len(headers)):
+            which, start, end = positions[3 * i:3 * i + 3]
             if end - start > 1:
-                headers[i] = _headers(msgpack.unpackb(view[start:end], raw=False,
+                headers[i] = _headers(msgpack.unpackb(views[which][start:end], raw=False,
                                                       use_list=False))
     return Columns(ts, od, ko, kd, kv, vo, vd, vv, headers)
-
-
-def decode_batch(view: memoryview, header: _batch.BatchHeader) -> BatchColumns:
-    """One whole stored batch (its header already checked, as the consumer
-    checks it) as columns, inflated if compressed. ValueError for anything
-    not a well-formed batch of ordinary records (a reader decodes it with
-    the general decoder instead, which says what is wrong)."""
-    count = header.record_count
-    try:
-        section = _batch.decompress(header.compression,
-                                    view[_batch.HEADER_SIZE:header.size_bytes],
-                                    _batch.DEFAULT_MAX_DECOMPRESSED_BYTES)
-    except _batch.RecordFormatError as exc:
-        raise ValueError(str(exc)) from None
-    columns = decode(section, count)
-    if count and memoryview(columns.offset_deltas).cast("q")[-1] > header.last_offset_delta:
-        raise ValueError("offset deltas past the batch's last offset")
-    timestamp_type = 1 if header.attributes & _batch.TIMESTAMP_TYPE_BIT else 0
-    return BatchColumns(header.base_offset, header.base_timestamp, timestamp_type, columns)
 
 
 def encode(keys: BinaryColumn, values: BinaryColumn, rows) -> bytes:
@@ -163,46 +177,54 @@ def _headers(entries) -> tuple:
     return entries
 
 
-def _py_decode(section, count: int) -> Columns:
-    view = memoryview(section)
-    unpacker = msgpack.Unpacker(raw=False, use_list=False, max_buffer_size=max(len(view), 1),
-                                strict_map_key=False)
-    unpacker.feed(view)
+def _py_decode(sections: list) -> Columns:
     ts, od = array("q"), array("q")
     key_offsets, value_offsets = array("i", [0]), array("i", [0])
     key_data, value_data = bytearray(), bytearray()
     key_nulls, value_nulls, headers = [], [], []
-    try:
-        for i in range(count):
-            record = unpacker.unpack()
-            if not isinstance(record, tuple) or len(record) != 5:
-                raise ValueError(f"record {i}: not a 5-element array")
-            td, delta, key, value, entries = record
-            if not isinstance(td, int) or not isinstance(delta, int):
-                raise ValueError(f"record {i}: bad timestamp or offset delta")
-            if delta < 0 or (od and delta <= od[-1]):
-                raise ValueError(f"record {i}: offset deltas out of order")
-            ts.append(td)
-            od.append(delta)
-            for item, data, offsets, nulls in ((key, key_data, key_offsets, key_nulls),
-                                               (value, value_data, value_offsets, value_nulls)):
-                if item is None:
-                    nulls.append(i)
-                elif isinstance(item, bytes):
-                    data += item
-                else:
-                    raise ValueError(f"record {i}: key or value not bytes or nil")
-                offsets.append(len(data))
-            headers.append(_headers(entries) or None)
-    except msgpack.OutOfData:
-        raise ValueError(f"the section ends inside record {len(ts)}") from None
-    except (msgpack.UnpackException, TypeError, OverflowError) as exc:
-        raise ValueError(f"record {len(ts)}: {exc}") from None
-    if unpacker.tell() != len(view):
-        raise ValueError(f"record {count}: bytes after the last record")
+    row = 0
+    for section, count, base_offset, base_timestamp, last_delta in sections:
+        view = memoryview(section)
+        unpacker = msgpack.Unpacker(raw=False, use_list=False,
+                                    max_buffer_size=max(len(view), 1), strict_map_key=False)
+        unpacker.feed(view)
+        previous = -1
+        i = 0
+        try:
+            for i in range(count):
+                record = unpacker.unpack()
+                if not isinstance(record, tuple) or len(record) != 5:
+                    raise ValueError(f"record {i}: not a 5-element array")
+                td, delta, key, value, entries = record
+                if not isinstance(td, int) or not isinstance(delta, int):
+                    raise ValueError(f"record {i}: bad timestamp or offset delta")
+                if not previous < delta <= last_delta:
+                    raise ValueError(f"record {i}: offset deltas out of order or past the "
+                                     "batch's last offset")
+                previous = delta
+                ts.append((base_timestamp + td + 2**63) % 2**64 - 2**63)  # as C wraps
+                od.append(base_offset + delta)
+                for item, data, offsets, nulls in (
+                        (key, key_data, key_offsets, key_nulls),
+                        (value, value_data, value_offsets, value_nulls)):
+                    if item is None:
+                        nulls.append(row)
+                    elif isinstance(item, bytes):
+                        data += item
+                    else:
+                        raise ValueError(f"record {i}: key or value not bytes or nil")
+                    offsets.append(len(data))
+                headers.append(_headers(entries) or None)
+                row += 1
+        except msgpack.OutOfData:
+            raise ValueError(f"the section ends inside record {i}") from None
+        except (msgpack.UnpackException, TypeError, OverflowError) as exc:
+            raise ValueError(f"record {i}: {exc}") from None
+        if unpacker.tell() != len(view):
+            raise ValueError(f"record {count}: bytes after the last record")
     return Columns(ts.tobytes(), od.tobytes(), key_offsets.tobytes(), bytes(key_data),
-                   _bitmap(key_nulls, count), value_offsets.tobytes(), bytes(value_data),
-                   _bitmap(value_nulls, count),
+                   _bitmap(key_nulls, row), value_offsets.tobytes(), bytes(value_data),
+                   _bitmap(value_nulls, row),
                    headers if any(h is not None for h in headers) else None)
 
 

@@ -105,6 +105,57 @@ def encode(body: Any, content_type: str) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+#: Byte strings at least this long (a fetch answer's records) leave as
+#: pieces of their own instead of being copied into the packed answer.
+PIECE_BYTES_MIN = 64 * 1024
+
+
+def pack_pieces(body: Any) -> list:
+    """``body`` as msgpack, in pieces whose concatenation is exactly
+    ``msgpack.packb(body, use_bin_type=True)``: every ``bytes`` value of
+    ``PIECE_BYTES_MIN`` or more is a piece itself (behind its bin32 header),
+    not a copy. A fetch answer of megabytes costs no packing copy."""
+    packer = msgpack.Packer(use_bin_type=True, autoreset=False)
+    pieces: list = []
+
+    def walk(item: Any) -> None:
+        if isinstance(item, dict):
+            packer.pack_map_header(len(item))
+            for key, value in item.items():
+                packer.pack(key)
+                walk(value)
+        elif isinstance(item, (list, tuple)):
+            packer.pack_array_header(len(item))
+            for value in item:
+                walk(value)
+        elif isinstance(item, bytes) and len(item) >= PIECE_BYTES_MIN:
+            # bin32, as msgpack itself packs 2**16 bytes or more.
+            pieces.append(packer.bytes() + b"\xc6" + len(item).to_bytes(4, "big"))
+            packer.reset()
+            pieces.append(item)
+        else:
+            packer.pack(item)
+
+    walk(body)
+    pieces.append(packer.bytes())
+    return [piece for piece in pieces if piece]
+
+
+class _Pieces(aiohttp.payload.Payload):
+    """A response body written piece by piece (``pack_pieces``)."""
+
+    def __init__(self, pieces: list, content_type: str) -> None:
+        super().__init__(pieces, content_type=content_type)
+        self._size = sum(len(piece) for piece in pieces)
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return b"".join(self._value).decode(encoding, errors)
+
+    async def write(self, writer: Any) -> None:
+        for piece in self._value:
+            await writer.write(piece)
+
+
 def response_type(request: web.Request) -> str:
     accept = request.headers.get("Accept", "")
     if MSGPACK in accept:
@@ -118,6 +169,12 @@ def response_type(request: web.Request) -> str:
 
 def respond(request: web.Request, body: Any, status: int = 200) -> web.Response:
     content_type = response_type(request)
+    if content_type == MSGPACK:
+        pieces = pack_pieces(body)
+        if len(pieces) > 1:
+            return web.Response(body=_Pieces(pieces, content_type), status=status)
+        return web.Response(body=pieces[0] if pieces else b"", status=status,
+                            content_type=content_type)
     return web.Response(body=encode(body, content_type), status=status,
                         content_type=content_type)
 

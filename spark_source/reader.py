@@ -9,11 +9,12 @@ changes and retrying what a retry can cure, and only committed records
 
 Rows leave as ``pyarrow.RecordBatch``es of about ``BATCH_ROWS`` records in
 Spark's Kafka source schema, with no Python object per record: the consumer
-hands over whole stored batches undecoded (``poll_batches``), each records
-section becomes Arrow-layout columns in one call (``protocol.columns``, in C)
-and the columns become Arrow arrays without a copy (``batch_to_arrow``).
-A batch the columnar decoder does not take goes through the consumer's
-general decoder instead, which also says what is wrong with a corrupt one.
+hands over whole stored batches undecoded (``poll_batches``), a poll's
+records sections become one set of Arrow-layout columns in one call
+(``protocol.columns``, in C), and the columns become Arrow arrays without a
+copy (``batches_to_arrow``). Batches the columnar decoder does not take go
+through the consumer's general decoder instead, which also says what is
+wrong with a corrupt one.
 
 Data loss is what the range promised but the log no longer holds: offsets
 below the log start (retention deleted them), a partition or topic that is
@@ -88,8 +89,6 @@ def read_range(options: SourceOptions, rng: OffsetRange, topic_id: str | None = 
     ``topic_id``, only if the topic still has that id (a topic created again
     under the same name holds other records at the same offsets)."""
 
-    import pyarrow as pa
-
     from api.client import Consumer, KraftlogError, OffsetOutOfRangeError, TopicPartition
     from protocol.malloc import keep_freed_memory
 
@@ -134,10 +133,9 @@ def read_range(options: SourceOptions, rng: OffsetRange, topic_id: str | None = 
                 consumer.seek(tp, position)
                 progress_at = time.monotonic()
                 continue
-            batches = [b for b in (batch_to_arrow(f, schema, rng.until_offset,
-                                                  options.include_headers, constants)
-                                   for f in fetched) if b.num_rows]
-            if not batches:
+            rows = (batches_to_arrow(fetched, schema, rng.until_offset,
+                                     options.include_headers, constants) if fetched else None)
+            if rows is None or not rows.num_rows:
                 moved = consumer.position(tp)
                 if moved > position:
                     # Past batches with nothing to return: transaction
@@ -157,11 +155,10 @@ def read_range(options: SourceOptions, rng: OffsetRange, topic_id: str | None = 
                     return
                 continue
             progress_at = time.monotonic()
-            offsets = batches[0].column(OFFSET_COLUMN)
-            first = offsets[0].as_py()
+            first = rows.column(OFFSET_COLUMN)[0].as_py()
             if first > position:
                 _check_gap(consumer, options, tp, name, position, first)
-            yield batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+            yield rows
             position = max(position, fetched[-1].header.next_offset)
     except KraftlogError as exc:
         raise RuntimeError(f"reading {name} offsets {rng.from_offset} to "
@@ -277,42 +274,42 @@ class ConstantColumns:
         return tuple(column.slice(0, count) for column in made)
 
 
-def batch_to_arrow(fetched, schema, until_offset: int, include_headers: bool,
-                   constants: ConstantColumns | None = None):
-    """One fetched stored batch (``FetchedBatch``) -> the RecordBatch of its
-    records in ``[fetched.position, until_offset)``, in ``schema``: the
-    records section decoded to columns in one call and wrapped as Arrow
-    arrays without copying; the general decoder for what that refuses."""
+def batches_to_arrow(fetched: list, schema, until_offset: int, include_headers: bool,
+                     constants: ConstantColumns | None = None):
+    """Consecutive fetched stored batches of one partition (``FetchedBatch``
+    es, one poll's) -> one RecordBatch of their records in
+    ``[fetched[0].position, until_offset)``, in ``schema``: every records
+    section decoded into one set of columns in one call, and those wrapped
+    as Arrow arrays without a copy. What the columnar decoder refuses goes
+    batch by batch through the consumer's general decoder."""
     import numpy as np
     import pyarrow as pa
 
     from protocol import columns
 
-    count = fetched.header.record_count
+    first = fetched[0]
     try:
-        decoded = columns.decode_batch(fetched.data, fetched.header)
+        decoded = columns.decode_batches([(f.data, f.header) for f in fetched])
     except ValueError:
-        from api.client.fetcher import decode_batch
-        records = decode_batch(fetched.tp.topic, fetched.tp.partition, fetched.data,
-                               check_crc=False, include_headers=include_headers)
-        start = bisect_left(records, fetched.position, key=_offset_of)
-        end = bisect_left(records, until_offset, key=_offset_of)
-        if start >= end:
-            return pa.RecordBatch.from_pylist([], schema=schema)
-        return _to_arrow(records[start:end], include_headers, schema)
+        parts = [_general(f, schema, until_offset, include_headers) for f in fetched]
+        return pa.concat_batches(parts) if len(parts) > 1 else parts[0]
     cols = decoded.columns
+    count = sum(decoded.counts)
     if constants is None:
-        constants = ConstantColumns(fetched.tp.topic, fetched.tp.partition)
-    topics, partitions, timestamp_types = constants.get(count, decoded.timestamp_type)
-    offsets = np.frombuffer(cols.offset_deltas, np.int64) + decoded.base_offset
-    stamps = (np.frombuffer(cols.timestamp_deltas, np.int64) + decoded.base_timestamp) * 1000
+        constants = ConstantColumns(first.tp.topic, first.tp.partition)
+    kinds = decoded.timestamp_types
+    topics, partitions, timestamp_types = constants.get(count, kinds[0])
+    if kinds.count(kinds[0]) != len(kinds):  # a topic's timestamp type changed
+        timestamp_types = pa.array(np.repeat(kinds, decoded.counts), pa.int32())
+    offsets = np.frombuffer(cols.offsets, np.int64)
     arrays = [
         _binary(count, cols.key_validity, cols.key_offsets, cols.key_data),
         _binary(count, cols.value_validity, cols.value_offsets, cols.value_data),
         topics,
         partitions,
         pa.array(offsets, pa.int64()),
-        pa.array(stamps, pa.int64()).view(schema.field("timestamp").type),
+        pa.array(np.frombuffer(cols.timestamps, np.int64) * 1000, pa.int64()).view(
+            schema.field("timestamp").type),
         timestamp_types,
     ]
     if include_headers:
@@ -320,9 +317,26 @@ def batch_to_arrow(fetched, schema, until_offset: int, include_headers: bool,
         arrays.append(pa.nulls(count, field) if cols.headers is None
                       else pa.array(cols.headers, field))
     out = pa.RecordBatch.from_arrays(arrays, schema=schema)
-    start = int(np.searchsorted(offsets, fetched.position))
+    # Offsets rise through the batches: the records asked for are one run.
+    start = int(np.searchsorted(offsets, first.position))
     end = int(np.searchsorted(offsets, until_offset))
     return out if start == 0 and end == count else out.slice(start, max(end - start, 0))
+
+
+def _general(fetched, schema, until_offset: int, include_headers: bool):  # -> pa.RecordBatch
+    """One batch through the consumer's record-by-record decoder, which
+    raises ``CorruptRecordError`` saying what is wrong with a bad one."""
+    import pyarrow as pa
+
+    from api.client.fetcher import decode_batch
+
+    records = decode_batch(fetched.tp.topic, fetched.tp.partition, fetched.data,
+                           check_crc=False, include_headers=include_headers)
+    start = bisect_left(records, fetched.position, key=_offset_of)
+    end = bisect_left(records, until_offset, key=_offset_of)
+    if start >= end:
+        return pa.RecordBatch.from_pylist([], schema=schema)
+    return _to_arrow(records[start:end], include_headers, schema)
 
 
 def _binary(count: int, validity: bytes | None, offsets: bytes, data: bytes):  # -> pa.Array
