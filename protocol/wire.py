@@ -110,6 +110,16 @@ def encode(body: Any, content_type: str) -> bytes:
 PIECE_BYTES_MIN = 64 * 1024
 
 
+def msgpack_body(body: Any) -> Any:
+    """``body`` packed for aiohttp: bytes, or a ``PiecesPayload`` when it
+    holds large byte strings (a produce request's batches, a fetch answer's
+    records), which are then sent as they are instead of being copied."""
+    pieces = pack_pieces(body)
+    if len(pieces) > 1:
+        return PiecesPayload(pieces, MSGPACK)
+    return pieces[0] if pieces else b""
+
+
 def pack_pieces(body: Any) -> list:
     """``body`` as msgpack, in pieces whose concatenation is exactly
     ``msgpack.packb(body, use_bin_type=True)``: every ``bytes`` value of
@@ -141,8 +151,9 @@ def pack_pieces(body: Any) -> list:
     return [piece for piece in pieces if piece]
 
 
-class _Pieces(aiohttp.payload.Payload):
-    """A response body written piece by piece (``pack_pieces``)."""
+class PiecesPayload(aiohttp.payload.Payload):
+    """A request or response body written piece by piece (``pack_pieces``),
+    its length known up front."""
 
     def __init__(self, pieces: list, content_type: str) -> None:
         super().__init__(pieces, content_type=content_type)
@@ -170,11 +181,10 @@ def response_type(request: web.Request) -> str:
 def respond(request: web.Request, body: Any, status: int = 200) -> web.Response:
     content_type = response_type(request)
     if content_type == MSGPACK:
-        pieces = pack_pieces(body)
-        if len(pieces) > 1:
-            return web.Response(body=_Pieces(pieces, content_type), status=status)
-        return web.Response(body=pieces[0] if pieces else b"", status=status,
-                            content_type=content_type)
+        packed = msgpack_body(body)
+        if isinstance(packed, PiecesPayload):
+            return web.Response(body=packed, status=status)
+        return web.Response(body=packed, status=status, content_type=content_type)
     return web.Response(body=encode(body, content_type), status=status,
                         content_type=content_type)
 

@@ -32,7 +32,7 @@ import msgpack
 
 from api.client.errors import (BrokerNotAvailableError, KraftlogError, RequestTimedOutError,
                                SslAuthenticationError, error_from)
-from protocol import DEFAULT_BOOTSTRAP, tls
+from protocol import DEFAULT_BOOTSTRAP, tls, wire
 from protocol.quotas import CLIENT_ID_CHARS_MAX, CLIENT_ID_HEADER
 
 MSGPACK = "application/msgpack"
@@ -189,7 +189,8 @@ class Transport:
         data = None
         headers = None
         if method == "POST":
-            data = msgpack.packb(body, use_bin_type=True)
+            # Batches of megabytes go as they are, not copied into the body.
+            data = wire.msgpack_body(body)
             headers = {"Content-Type": MSGPACK}
         try:
             async with session.request(method, url, data=data, headers=headers,
