@@ -248,7 +248,10 @@ static PyObject *decode(PyObject *self, PyObject *args) {
                 goto done;
             }
             last = delta;
-            odd[i] = bases[3 * s] + delta;
+            if (__builtin_add_overflow(bases[3 * s], delta, &odd[i])) {
+                bad("offset past 2**63", r);
+                goto done;
+            }
             tsd[i] = (int64_t)((uint64_t)bases[3 * s + 1] + (uint64_t)tdelta);
             if (read_bin(&c, &kstart[i], &klen[i]) || read_bin(&c, &vstart[i], &vlen[i])) {
                 bad("key or value not bytes or nil", r);
@@ -377,18 +380,24 @@ static inline uint8_t *put_bin(uint8_t *p, const column *col, Py_ssize_t i) {
 
 PyDoc_STRVAR(encode_doc,
 "encode(key_offsets, key_data, key_validity, key_bit_offset, value_offsets,\n"
-"       value_data, value_validity, value_bit_offset, rows) -> bytes\n\n"
+"       value_data, value_validity, value_bit_offset, rows[, room]) -> bytes\n\n"
 "The records section of the given rows (an int64 buffer of row numbers) of\n"
 "a key and a value column in Arrow's binary layout (int32 offsets of the\n"
 "rows, data, validity bitmap or None): record j is\n"
-"[0, j, key, value, []], the same bytes msgpack's Packer makes.");
+"[0, j, key, value, []], the same bytes msgpack's Packer makes. With room,\n"
+"a bytearray whose first `room` bytes (zeroed) are left free before the\n"
+"section, for the batch header to be written in place.");
 
 static PyObject *encode(PyObject *self, PyObject *args) {
     PyObject *ko, *kd, *kv, *vo, *vd, *vv, *rows_obj;
-    Py_ssize_t kbit, vbit;
-    if (!PyArg_ParseTuple(args, "OOOnOOOnO", &ko, &kd, &kv, &kbit, &vo, &vd, &vv, &vbit,
-                          &rows_obj))
+    Py_ssize_t kbit, vbit, room = 0;
+    if (!PyArg_ParseTuple(args, "OOOnOOOnO|n", &ko, &kd, &kv, &kbit, &vo, &vd, &vv, &vbit,
+                          &rows_obj, &room))
         return NULL;
+    if (room < 0 || room > 4096) {
+        PyErr_SetString(PyExc_ValueError, "room must be 0 to 4096 bytes");
+        return NULL;
+    }
     column key, value;
     Py_buffer rows = {0};
     PyObject *out = NULL;
@@ -416,10 +425,14 @@ static PyObject *encode(PyObject *self, PyObject *args) {
                 (uint64_t)(vof[r[j] + 1] - vof[r[j]]);
     }
     if (size > PY_SSIZE_T_MAX / 2) { PyErr_NoMemory(); goto done; }
-    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+    size += (uint64_t)room;
+    out = room ? PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)size)
+               : PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
     if (!out) goto done;
-    uint8_t *p = (uint8_t *)PyBytes_AS_STRING(out);
-    uint8_t *start = p;
+    uint8_t *start = room ? (uint8_t *)PyByteArray_AS_STRING(out)
+                          : (uint8_t *)PyBytes_AS_STRING(out);
+    memset(start, 0, (size_t)room);
+    uint8_t *p = start + room;
     for (Py_ssize_t j = 0; j < n; j++) {
         *p++ = 0x95;
         *p++ = 0;
@@ -428,7 +441,11 @@ static PyObject *encode(PyObject *self, PyObject *args) {
         p = put_bin(p, &value, r[j]);
         *p++ = 0x90;
     }
-    if (_PyBytes_Resize(&out, p - start)) out = NULL;
+    if (room) {
+        if (PyByteArray_Resize(out, p - start)) Py_CLEAR(out);
+    } else if (_PyBytes_Resize(&out, p - start)) {
+        out = NULL;
+    }
 done:
     release(&key);
     release(&value);

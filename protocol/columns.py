@@ -129,23 +129,35 @@ def _decode(sections: list) -> Columns:
         headers = [None] * (len(positions) // 3)
         for i in range(len(headers)):
             which, start, end = positions[3 * i:3 * i + 3]
-            if end - start > 1:
+            if end - start > 1:  # (an empty array in a longer encoding: no headers)
                 headers[i] = _headers(msgpack.unpackb(views[which][start:end], raw=False,
-                                                      use_list=False))
+                                                      use_list=False)) or None
+        if all(h is None for h in headers):
+            headers = None
     return Columns(ts, od, ko, kd, kv, vo, vd, vv, headers)
 
 
-def encode(keys: BinaryColumn, values: BinaryColumn, rows) -> bytes:
+def encode(keys: BinaryColumn, values: BinaryColumn, rows, room: int = 0) -> bytes | bytearray:
     """The records section of ``rows`` (an int64 buffer of row numbers) of
     ``keys`` and ``values``: record j is ``[0, j, key, value, []]``, exactly
-    as ``BatchBuilder`` packs it."""
+    as ``BatchBuilder`` packs it. With ``room`` (``BATCH_HEADER_BYTES``), a
+    bytearray whose first ``room`` bytes are left free for the batch header,
+    written there in place (``EncodedBatchBuilder``) instead of copied in
+    front."""
     if _c is not None:
         return _c.encode(keys.offsets, keys.data, keys.validity, keys.bit_offset,
-                         values.offsets, values.data, values.validity, values.bit_offset, rows)
-    return _py_encode(keys, values, rows)
+                         values.offsets, values.data, values.validity, values.bit_offset, rows,
+                         room)
+    section = _py_encode(keys, values, rows)
+    return bytearray(room) + section if room else section
 
 
 def _py_encode(keys: BinaryColumn, values: BinaryColumn, rows) -> bytes:
+    count = len(memoryview(keys.offsets).cast("B")) // 4 - 1
+    if count != len(memoryview(values.offsets).cast("B")) // 4 - 1:
+        raise ValueError("key and value columns differ in length")
+    if any(not 0 <= row < count for row in memoryview(rows).cast("B").cast("q")):
+        raise IndexError("row number out of range")
     key_at, value_at = _reader(keys), _reader(values)
     packer = msgpack.Packer(use_bin_type=True, autoreset=False)
     for j, row in enumerate(memoryview(rows).cast("B").cast("q")):
@@ -196,13 +208,16 @@ def _py_decode(sections: list) -> Columns:
                 if not isinstance(record, tuple) or len(record) != 5:
                     raise ValueError(f"record {i}: not a 5-element array")
                 td, delta, key, value, entries = record
-                if not isinstance(td, int) or not isinstance(delta, int):
+                if not (type(td) is int and type(delta) is int  # noqa: E721 (not bool)
+                        and -2**63 <= td < 2**63 and -2**63 <= delta < 2**63):
                     raise ValueError(f"record {i}: bad timestamp or offset delta")
                 if not previous < delta <= last_delta:
                     raise ValueError(f"record {i}: offset deltas out of order or past the "
                                      "batch's last offset")
                 previous = delta
                 ts.append((base_timestamp + td + 2**63) % 2**64 - 2**63)  # as C wraps
+                if base_offset + delta >= 2**63:
+                    raise ValueError(f"record {i}: offset past 2**63")
                 od.append(base_offset + delta)
                 for item, data, offsets, nulls in (
                         (key, key_data, key_offsets, key_nulls),

@@ -122,8 +122,8 @@ def msgpack_body(body: Any) -> Any:
 
 def pack_pieces(body: Any) -> list:
     """``body`` as msgpack, in pieces whose concatenation is exactly
-    ``msgpack.packb(body, use_bin_type=True)``: every ``bytes`` value of
-    ``PIECE_BYTES_MIN`` or more is a piece itself (behind its bin32 header),
+    ``msgpack.packb(body, use_bin_type=True)``: every ``bytes`` or
+    ``bytearray`` value of ``PIECE_BYTES_MIN`` or more is a piece itself (behind its bin32 header),
     not a copy. A fetch answer of megabytes costs no packing copy."""
     packer = msgpack.Packer(use_bin_type=True, autoreset=False)
     pieces: list = []
@@ -138,7 +138,7 @@ def pack_pieces(body: Any) -> list:
             packer.pack_array_header(len(item))
             for value in item:
                 walk(value)
-        elif isinstance(item, bytes) and len(item) >= PIECE_BYTES_MIN:
+        elif isinstance(item, (bytes, bytearray)) and len(item) >= PIECE_BYTES_MIN:
             # bin32, as msgpack itself packs 2**16 bytes or more.
             pieces.append(packer.bytes() + b"\xc6" + len(item).to_bytes(4, "big"))
             packer.reset()
@@ -159,8 +159,11 @@ class PiecesPayload(aiohttp.payload.Payload):
         super().__init__(pieces, content_type=content_type)
         self._size = sum(len(piece) for piece in pieces)
 
-    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+    def decode(self, encoding: str = "utf-8", errors: str = "replace") -> str:
         return b"".join(self._value).decode(encoding, errors)
+
+    async def as_bytes(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return b"".join(self._value)
 
     async def write(self, writer: Any) -> None:
         for piece in self._value:

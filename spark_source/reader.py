@@ -90,9 +90,9 @@ def read_range(options: SourceOptions, rng: OffsetRange, topic_id: str | None = 
     under the same name holds other records at the same offsets)."""
 
     from api.client import Consumer, KraftlogError, OffsetOutOfRangeError, TopicPartition
-    from protocol.malloc import keep_freed_memory
+    from protocol.malloc import SPARK_KEEP_BYTES, keep_freed_memory
 
-    keep_freed_memory()  # each fetch's megabytes land in reused memory
+    keep_freed_memory(SPARK_KEEP_BYTES)  # each fetch's megabytes land in reused memory
 
     if rng.size <= 0:
         return

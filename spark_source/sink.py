@@ -213,11 +213,11 @@ def write_task(options: SinkOptions, batches: Iterator, task: int, prefix: str |
     """Write the task's rows (Arrow record batches); with ``prefix``, in a
     transaction of ``<prefix>-<task>`` left prepared for the driver."""
     from api.client import KraftlogError, Producer
-    from protocol.malloc import keep_freed_memory
+    from protocol.malloc import SPARK_KEEP_BYTES, keep_freed_memory
 
     from spark_source.commit import transactional_id
 
-    keep_freed_memory()  # each encoded batch lands in reused memory
+    keep_freed_memory(SPARK_KEEP_BYTES)  # each encoded batch lands in reused memory
 
     settings: dict[str, Any] = {**PRODUCER_DEFAULTS, **options.producer}
     if prefix is not None:
@@ -308,7 +308,9 @@ def _send_columns(producer: Any, batch: Any, index: dict[str, int], topic_option
     """One Arrow batch without headers sent as whole encoded batches: rows
     to partitions (the ``partition`` column, else murmur2 of the key, else
     one sticky partition per Arrow batch), grouped by partition, cut into
-    batches of about ``batch_size`` bytes."""
+    batches of at most ``batch_size`` bytes. Keys are placed by the
+    partition count the task saw first (``partition_counts``): partitions
+    added while a task writes get keyed rows from the next task on."""
     import random
 
     import numpy as np
@@ -325,10 +327,11 @@ def _send_columns(producer: Any, batch: Any, index: dict[str, int], topic_option
     if keys is not None:
         sizes += np.diff(np.frombuffer(keys.offsets, np.int32))
         hashes = np.frombuffer(columns.murmur2(keys), np.int32)
-    explicit = None
+    explicit = given_at = None
     if "partition" in index:
         column = batch.column(index["partition"])
-        explicit = np.asarray(column.fill_null(-1), np.int64)
+        explicit = np.asarray(column.fill_null(0), np.int64)
+        given_at = np.asarray(column.is_valid())  # a null partition: the key decides
     if topic_option is not None:
         by_topic = [(topic_option, None)]
     else:
@@ -344,12 +347,13 @@ def _send_columns(producer: Any, batch: Any, index: dict[str, int], topic_option
             picked[keyed] = hashed[keyed] % partitions_count
         if explicit is not None:
             given = explicit if rows is None else explicit[rows]
-            if ((given < -1) | (given >= partitions_count)).any():
-                bad = int(given[(given < -1) | (given >= partitions_count)][0])
-                raise SinkWriteError(f"partition {bad} is not a partition of topic {topic!r} "
-                                     f"(it has {partitions_count}: 0 to "
+            valid = given_at if rows is None else given_at[rows]
+            wrong = valid & ((given < 0) | (given >= partitions_count))
+            if wrong.any():
+                raise SinkWriteError(f"partition {int(given[wrong][0])} is not a partition of "
+                                     f"topic {topic!r} (it has {partitions_count}: 0 to "
                                      f"{partitions_count - 1})")
-            picked = np.where(given >= 0, given, picked)
+            picked = np.where(valid, given, picked)
         picked[picked < 0] = random.randrange(partitions_count)  # keyless: sticky
         all_rows = np.arange(count, dtype=np.int64) if rows is None else rows.astype(np.int64)
         order = np.argsort(picked, kind="stable")
@@ -358,11 +362,18 @@ def _send_columns(producer: Any, batch: Any, index: dict[str, int], topic_option
         for start, end in zip(starts, np.r_[starts[1:], len(picked)]):
             group = all_rows[start:end]
             filled = np.cumsum(sizes[group])
-            cuts = np.searchsorted(filled, np.arange(room, int(filled[-1]), room), side="right")
-            for piece in np.split(group, np.unique(cuts[(cuts > 0) & (cuts < len(group))])):
+            first, used = 0, 0
+            while first < len(group):
+                # As many rows as fit in the batch; a row larger than a
+                # batch goes alone (the broker says if it is too large).
+                last = max(int(np.searchsorted(filled, used + room, side="right")), first + 1)
+                piece = group[first:last]
                 producer.send_encoded(topic, int(picked[start]),
-                                      columns.encode(key_column, values, piece.tobytes()),
-                                      len(piece), None, on_delivery)
+                                      columns.encode(key_column, values, piece.tobytes(),
+                                                     columns.BATCH_HEADER_BYTES),
+                                      len(piece), None, on_delivery, header_room=True)
+                used = int(filled[last - 1])
+                first = last
 
 
 def _binary_column(column: Any) -> Any:  # -> protocol.columns.BinaryColumn

@@ -361,6 +361,20 @@ def pack_batch(*, base_offset: int, leader_epoch: int, attributes: int,
     return bytes(header) + section
 
 
+def pack_header_into(batch: bytearray, *, base_offset: int, leader_epoch: int,
+                     attributes: int, last_offset_delta: int, base_timestamp: int,
+                     max_timestamp: int, producer_id: int, producer_epoch: int,
+                     base_sequence: int, record_count: int) -> bytearray:
+    """``pack_batch`` in place: ``batch`` holds HEADER_SIZE free bytes, then
+    the (uncompressed) section; the header and CRC are written into it."""
+    HEADER.pack_into(batch, 0, base_offset, len(batch) - LOG_OVERHEAD, leader_epoch, MAGIC, 0,
+                     attributes, last_offset_delta, base_timestamp, max_timestamp, producer_id,
+                     producer_epoch, base_sequence, record_count)
+    crc = crc32(memoryview(batch)[ATTRIBUTES_OFFSET:])
+    struct.pack_into(">I", batch, CRC_OFFSET, crc & 0xFFFFFFFF)
+    return batch
+
+
 def decompress(codec: int, data, limit_bytes: int) -> bytes:
     if codec == Compression.NONE:
         return data
@@ -558,16 +572,23 @@ class EncodedBatchBuilder:
     ``protocol.columns.encode``): ``BatchBuilder``'s interface for a
     producer that hands over whole sections, with no room for more."""
 
-    def __init__(self, section: bytes, record_count: int, timestamp_ms: int, *,
+    def __init__(self, section: bytes | bytearray, record_count: int, timestamp_ms: int, *,
                  compression: Compression = Compression.NONE,
-                 compression_level: int = 6, transactional: bool = False) -> None:
+                 compression_level: int = 6, transactional: bool = False,
+                 header_room: bool = False) -> None:
         compression = Compression(compression)
         if compression not in SUPPORTED_COMPRESSION:
             raise UnsupportedCompressionTypeError(
                 f"compression {compression.name.lower()} is not supported; use none or gzip")
         if record_count < 1:
             raise InvalidRecordError("cannot build an empty batch")
+        if header_room and not (isinstance(section, bytearray) and len(section) >= HEADER_SIZE):
+            raise ValueError("a section with header room is a bytearray of at least "
+                             f"{HEADER_SIZE} bytes")
+        #: With ``header_room``: a bytearray whose first HEADER_SIZE bytes
+        #: take the header in place (no copy of the records to prepend it).
         self.section = section
+        self.header_room = header_room
         self.record_count = record_count
         self.timestamp_ms = timestamp_ms
         self.compression = compression
@@ -579,20 +600,24 @@ class EncodedBatchBuilder:
 
     @property
     def size_bytes(self) -> int:
-        return HEADER_SIZE + len(self.section)
+        return len(self.section) + (0 if self.header_room else HEADER_SIZE)
 
     def has_room_for(self, key, value, limit_bytes: int, headers=()) -> bool:
         return False
 
-    def build(self) -> bytes:
+    def build(self) -> bytes | bytearray:
         attributes = int(self.compression) | (TRANSACTIONAL_BIT if self.transactional else 0)
-        return pack_batch(
+        fields = dict(
             base_offset=0, leader_epoch=NO_PARTITION_LEADER_EPOCH, attributes=attributes,
             last_offset_delta=self.record_count - 1, base_timestamp=self.timestamp_ms,
             max_timestamp=self.timestamp_ms, producer_id=self.producer_id,
             producer_epoch=self.producer_epoch, base_sequence=self.base_sequence,
-            record_count=self.record_count,
-            section=compress(self.compression, self.section, self.compression_level))
+            record_count=self.record_count)
+        if self.header_room and self.compression == Compression.NONE:
+            return pack_header_into(self.section, **fields)
+        section = memoryview(self.section)[HEADER_SIZE:] if self.header_room else self.section
+        return pack_batch(**fields, section=compress(self.compression, section,
+                                                     self.compression_level))
 
 
 class ControlType(enum.IntEnum):

@@ -425,9 +425,10 @@ class RecordAccumulator:
             self._wake()
         return handle
 
-    def append_encoded(self, topic: str, partition: int, section: bytes, record_count: int,
-                       timestamp_ms: int | None = None,
-                       on_delivery: DeliveryCallback | None = None) -> RecordHandle | None:
+    def append_encoded(self, topic: str, partition: int, section: bytes | bytearray,
+                       record_count: int, timestamp_ms: int | None = None,
+                       on_delivery: DeliveryCallback | None = None,
+                       header_room: bool = False) -> RecordHandle | None:
         """Add one whole batch of ``record_count`` records whose section is
         already encoded (``EncodedBatchBuilder``), to an explicit partition;
         ready to send at once, after the partition's earlier records. The
@@ -441,7 +442,8 @@ class RecordAccumulator:
             timestamp_ms = _time_ns() // 1_000_000
         builder = EncodedBatchBuilder(section, record_count, timestamp_ms,
                                       compression=self.compression,
-                                      transactional=self.transactional)
+                                      transactional=self.transactional,
+                                      header_room=header_room)
         size = builder.size_bytes
         tp = (topic, partition)
         with self.lock:

@@ -184,17 +184,22 @@ class AsyncProducer:
             await asyncio.sleep(0)
         return handle
 
-    async def send_encoded(self, topic: str, partition: int, section: bytes,
+    async def send_encoded(self, topic: str, partition: int, section: bytes | bytearray,
                            record_count: int, timestamp_ms: int | None = None,
-                           on_delivery: DeliveryCallback | None = None) -> RecordHandle:
+                           on_delivery: DeliveryCallback | None = None, *,
+                           header_room: bool = False) -> RecordHandle:
         """Queue one whole batch whose records section is already encoded
         (``protocol.columns.encode``: record ``j`` at offset delta ``j``, all
         at ``timestamp_ms``) for ``partition``; the bulk path of writers
-        that hold columns (the Spark sink). Idempotence and transactions
-        apply as to ``send``. Returns the first record's handle."""
+        that hold columns (the Spark sink). ``header_room``: ``section`` is
+        a bytearray that starts with room for the batch header (``encode``
+        with ``room``), written there without copying the records.
+        Idempotence and transactions apply as to ``send``. Returns the first
+        record's handle."""
         if self._loop is None:
             await self.start()
-        args = (topic, partition, section, record_count, timestamp_ms, on_delivery)
+        args = (topic, partition, section, record_count, timestamp_ms, on_delivery,
+                header_room)
         handle = self._acc.append_encoded(*args)
         if handle is None:
             handle = await self._when_room(self._acc.append_encoded, *args)
@@ -430,13 +435,14 @@ class Producer:
         return self._producer._acc.append(topic, value, key, partition, timestamp_ms,
                                           headers, on_delivery)
 
-    def send_encoded(self, topic: str, partition: int, section: bytes, record_count: int,
-                     timestamp_ms: int | None = None,
-                     on_delivery: DeliveryCallback | None = None) -> RecordHandle:
+    def send_encoded(self, topic: str, partition: int, section: bytes | bytearray,
+                     record_count: int, timestamp_ms: int | None = None,
+                     on_delivery: DeliveryCallback | None = None, *,
+                     header_room: bool = False) -> RecordHandle:
         """As ``AsyncProducer.send_encoded``; blocks up to ``max_block_ms``
         for buffer room."""
         return self._producer._acc.append_encoded(topic, partition, section, record_count,
-                                                  timestamp_ms, on_delivery)
+                                                  timestamp_ms, on_delivery, header_room)
 
     def flush(self, timeout_ms: int | None = None) -> None:
         """As ``AsyncProducer.flush``, waiting in the calling thread."""

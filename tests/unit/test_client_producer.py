@@ -499,6 +499,26 @@ def test_an_encoded_batch_obeys_transactions_and_the_buffer_limit():
     assert small.append_encoded("t", 0, encoded([(b"k", b"x" * 100)]), 1) is None  # full
 
 
+def test_an_encoded_batch_with_header_room_is_the_same_batch_built_in_place():
+    from protocol import columns
+    from storage.batch import EncodedBatchBuilder, iter_records
+
+    plain = encoded([(b"k", b"v"), (b"j", b"w")])
+    roomy = bytearray(columns.BATCH_HEADER_BYTES) + plain
+    for builder in (EncodedBatchBuilder(plain, 2, 99, transactional=True),
+                    EncodedBatchBuilder(roomy, 2, 99, transactional=True, header_room=True)):
+        builder.producer_id, builder.producer_epoch, builder.base_sequence = 7, 1, 40
+        assert builder.size_bytes == HEADER_SIZE + len(plain)
+        built = builder.build()
+        header = parse_header(built)
+        assert (header.producer_id, header.base_sequence, header.is_transactional) == (7, 40, True)
+        assert [(r.key, r.value, r.timestamp) for r in iter_records(built)] == [
+            (b"k", b"v", 99), (b"j", b"w", 99)]
+    assert builder.build() is roomy  # written in place: no copy of the records
+    with pytest.raises(ValueError):
+        EncodedBatchBuilder(plain, 2, 99, header_room=True)  # bytes: no room to write in
+
+
 async def test_encoded_batches_are_idempotent_and_get_their_offsets():
     broker = FakeBroker({"t": 2})
     async with fake_producer(broker) as producer:

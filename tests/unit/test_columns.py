@@ -135,6 +135,9 @@ def test_encode_packs_exactly_as_the_batch_builder(pairs, data):
     wanted = array("q", rows).tobytes()
     assert columns.encode(keys, values, wanted) == expected
     assert columns._py_encode(keys, values, wanted) == expected
+    roomy = columns.encode(keys, values, wanted, columns.BATCH_HEADER_BYTES)
+    assert isinstance(roomy, bytearray)
+    assert roomy == bytes(columns.BATCH_HEADER_BYTES) + expected
 
 
 def test_encode_refuses_rows_out_of_range_and_bad_offsets():
@@ -202,3 +205,41 @@ def test_decode_batches_refuses_offset_deltas_past_the_header():
                    lambda: columns._py_decode([(section, 2, 0, 0, 0)])):
         with pytest.raises(ValueError):
             decode()
+
+
+def test_odd_deltas_and_headers_decode_alike_in_both():
+    packed = [
+        b"\x95\xc3\x00\xc0\xc0\x90",  # a bool for a timestamp delta
+        b"\x95\xcf\x80\x00\x00\x00\x00\x00\x00\x00\x00\xc0\xc0\x90",  # a delta of 2**63
+    ]
+    for section in packed:
+        for decode in (columns.decode, py_decode):
+            with pytest.raises(ValueError):
+                decode(section, 1)
+    empty_long_headers = b"\x95\x00\x00\xc0\xc0\xdc\x00\x00"  # [] as array16
+    assert columns.decode(empty_long_headers, 1) == py_decode(empty_long_headers, 1)
+    assert columns.decode(empty_long_headers, 1).headers is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(payloads, min_size=1, max_size=30), st.integers(0, 15), st.data())
+def test_columns_at_a_bit_offset_encode_and_hash_as_their_rows(items, skip, data):
+    # Arrow slices keep their parent's buffers: offsets start past 0, and the
+    # validity bitmap at a bit offset.
+    whole = column_of([b"pad"] * skip + items)
+    offsets = array("i", whole.offsets)[skip:]
+    sliced = columns.BinaryColumn(offsets.tobytes(), whole.data, whole.validity, skip)
+    expected = column_of(items)
+    rows = array("q", data.draw(st.lists(st.integers(0, len(items) - 1), max_size=20)))
+    for encode in (columns.encode, columns._py_encode):
+        assert encode(sliced, sliced, rows.tobytes()) == encode(expected, expected,
+                                                                  rows.tobytes())
+    for murmur2 in (columns.murmur2, columns._py_murmur2):
+        assert murmur2(sliced) == murmur2(expected)
+
+
+def test_the_python_encoder_refuses_rows_out_of_range_too():
+    keys = column_of([b"a", b"b"])
+    for row in (2, -1):
+        with pytest.raises(IndexError):
+            columns._py_encode(keys, keys, array("q", [row]).tobytes())

@@ -18,8 +18,14 @@ from spark_source.sink import SinkWriteError, _send_columns
 class RecordingProducer:
     def __init__(self):
         self.sent = []  # (topic, partition, [(key, value)])
+        self.sizes = []  # of each batch as built
 
-    def send_encoded(self, topic, partition, section, count, timestamp_ms, on_delivery):
+    def send_encoded(self, topic, partition, section, count, timestamp_ms, on_delivery,
+                     header_room=False):
+        if header_room:  # room for the batch header, zeroed, before the records
+            assert section[:columns.BATCH_HEADER_BYTES] == bytes(columns.BATCH_HEADER_BYTES)
+            section = bytes(section[columns.BATCH_HEADER_BYTES:])
+        self.sizes.append(len(section) + columns.BATCH_HEADER_BYTES)
         cols = columns.decode(section, count)
         assert list(array("q", cols.offsets)) == list(range(count))
 
@@ -32,8 +38,8 @@ class RecordingProducer:
         self.sent.append((topic, partition, pairs))
 
 
-def send(batch, topic_option="t", counts=None, batch_size=1 << 20):
-    producer = RecordingProducer()
+def send(batch, topic_option="t", counts=None, batch_size=1 << 20, producer=None):
+    producer = producer or RecordingProducer()
     index = {name: i for i, name in enumerate(batch.schema.names)}
     _send_columns(producer, batch, index, topic_option, counts or {"t": 4}, None, batch_size)
     return producer.sent
@@ -66,13 +72,24 @@ def test_strings_nulls_an_explicit_partition_and_keyless_rows():
     assert placed[b"4"][1] is None and 0 <= placed[b"4"][0] < 4  # keyless: a sticky partition
 
 
-def test_rows_are_cut_into_batches_under_batch_size():
-    batch = pa.record_batch({"value": pa.array([b"x" * 1000] * 100, pa.binary()),
-                             "partition": pa.array([1] * 100, pa.int32())})
-    sent = send(batch, batch_size=10_000)
-    assert sum(len(pairs) for _, _, pairs in sent) == 100
-    assert all(p == 1 for _, p, _ in sent) and len(sent) >= 10
-    assert all(len(pairs) * 1000 <= 10_000 for _, _, pairs in sent)
+@pytest.mark.parametrize("value_bytes, rows, batch_size", [
+    (1000, 100, 10_000), (600_000, 12, 1 << 20), (300_000, 12, 1 << 20), (7, 5000, 4096)])
+def test_rows_are_cut_into_batches_within_batch_size(value_bytes, rows, batch_size):
+    batch = pa.record_batch({"value": pa.array([b"x" * value_bytes] * rows, pa.binary()),
+                             "partition": pa.array([1] * rows, pa.int32())})
+    producer = RecordingProducer()
+    sent = send(batch, batch_size=batch_size, producer=producer)
+    assert sum(len(pairs) for _, _, pairs in sent) == rows
+    assert all(p == 1 for _, p, _ in sent)
+    assert max(producer.sizes) <= batch_size  # the batch as built, header included
+    assert sum(producer.sizes) > batch_size * (len(sent) - 1) / 2  # and not cut needlessly
+
+
+def test_a_row_larger_than_a_batch_goes_alone():
+    batch = pa.record_batch({"value": pa.array([b"s", b"x" * 5000, b"t"], pa.binary()),
+                             "partition": pa.array([0, 0, 0], pa.int32())})
+    sent = send(batch, batch_size=1000)
+    assert [[v for _, v in pairs] for _, _, pairs in sent] == [[b"s"], [b"x" * 5000], [b"t"]]
 
 
 def test_rows_go_to_the_topic_column_s_topics():
@@ -88,10 +105,12 @@ def test_rows_go_to_the_topic_column_s_topics():
     assert by_topic["b"] == [(b"2", b"y")]
 
 
-def test_a_partition_the_topic_does_not_have_is_refused():
-    batch = pa.record_batch({"value": pa.array([b"x"], pa.binary()),
-                             "partition": pa.array([4], pa.int32())})
-    with pytest.raises(SinkWriteError, match="partition 4 is not a partition of topic 't'"):
+@pytest.mark.parametrize("partition", [4, -1])
+def test_a_partition_the_topic_does_not_have_is_refused(partition):
+    batch = pa.record_batch({"value": pa.array([b"x", b"y"], pa.binary()),
+                             "partition": pa.array([None, partition], pa.int32())})
+    with pytest.raises(SinkWriteError,
+                       match=f"partition {partition} is not a partition of topic 't'"):
         send(batch)
 
 
