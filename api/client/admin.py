@@ -37,9 +37,14 @@ from api.client.errors import KraftlogError, UnknownTopicOrPartitionError, error
 #: A group's coordinator is being created, is loading, or moved: ask again.
 #: A coordinator that does not answer (killed, restarting) is replaced by
 #: another broker within a failover: ask again too.
+#: Ask the group coordinator again after these: it moved or is loading, or
+#: the offsets log could not be written to enough replicas yet (a broker
+#: down; Kafka's coordinator answers COORDINATOR_NOT_AVAILABLE then). Writing
+#: the same offsets again is harmless.
 COORDINATOR_RETRY_CODES = frozenset({"COORDINATOR_NOT_AVAILABLE",
                                      "COORDINATOR_LOAD_IN_PROGRESS", "NOT_COORDINATOR",
-                                     "BROKER_NOT_AVAILABLE", "REQUEST_TIMED_OUT"})
+                                     "BROKER_NOT_AVAILABLE", "REQUEST_TIMED_OUT",
+                                     "NOT_ENOUGH_REPLICAS", "NOT_ENOUGH_REPLICAS_AFTER_APPEND"})
 ADMIN_RETRY_CODES = frozenset({"NOT_CONTROLLER", "BROKER_NOT_AVAILABLE"})
 #: Ending a prepared transaction: ask the coordinator again after these (it
 #: moved, is loading, or is still writing the markers of the decision).
