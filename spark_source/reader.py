@@ -89,7 +89,6 @@ def read_range(options: SourceOptions, rng: OffsetRange, topic_id: str | None = 
     """The records of ``rng`` as Arrow batches, in offset order; with
     ``topic_id``, only if the topic still has that id (a topic created again
     under the same name holds other records at the same offsets)."""
-
     from api.client import Consumer, KraftlogError, OffsetOutOfRangeError, TopicPartition
     from protocol.malloc import SPARK_KEEP_BYTES, keep_freed_memory
 
@@ -277,8 +276,8 @@ class ConstantColumns:
 
 def batches_to_arrow(fetched: list, schema, until_offset: int, include_headers: bool,
                      constants: ConstantColumns | None = None):
-    """Consecutive fetched stored batches of one partition (``FetchedBatch``
-    es, one poll's) -> one RecordBatch of their records in
+    """Consecutive fetched stored batches of one partition (one poll's
+    ``FetchedBatch`` list) -> one RecordBatch of their records in
     ``[fetched[0].position, until_offset)``, in ``schema``: every records
     section decoded into one set of columns in one call, and those wrapped
     as Arrow arrays without a copy. What the columnar decoder refuses goes

@@ -460,6 +460,15 @@ def _check_bytes(name: str, value) -> None:
         raise TypeError(f"record {name} must be bytes or None, not {type(value).__name__}")
 
 
+def _supported(compression: int) -> Compression:
+    """``compression`` as a ``Compression`` a producer may build with."""
+    compression = Compression(compression)
+    if compression not in SUPPORTED_COMPRESSION:
+        raise UnsupportedCompressionTypeError(
+            f"compression {compression.name.lower()} is not supported; use none or gzip")
+    return compression
+
+
 class BatchBuilder:
     """Accumulates records for one partition and builds one batch.
 
@@ -480,11 +489,7 @@ class BatchBuilder:
                  base_sequence: int = NO_SEQUENCE,
                  transactional: bool = False,
                  control: bool = False) -> None:
-        compression = Compression(compression)
-        if compression not in SUPPORTED_COMPRESSION:
-            raise UnsupportedCompressionTypeError(
-                f"compression {compression.name.lower()} is not supported; use none or gzip")
-        self.compression = compression
+        self.compression = _supported(compression)
         self.compression_level = compression_level
         self.producer_id = producer_id
         self.producer_epoch = producer_epoch
@@ -576,10 +581,7 @@ class EncodedBatchBuilder:
                  compression: Compression = Compression.NONE,
                  compression_level: int = 6, transactional: bool = False,
                  header_room: bool = False) -> None:
-        compression = Compression(compression)
-        if compression not in SUPPORTED_COMPRESSION:
-            raise UnsupportedCompressionTypeError(
-                f"compression {compression.name.lower()} is not supported; use none or gzip")
+        compression = _supported(compression)
         if record_count < 1:
             raise InvalidRecordError("cannot build an empty batch")
         if header_room and not (isinstance(section, bytearray) and len(section) >= HEADER_SIZE):

@@ -211,14 +211,8 @@ class FetchBuffer:
         advancing the positions. A batch that does not decode sets its
         partition's ``error`` and drops the partition's buffered data."""
         out: list[ConsumerRecord] = []
-        fetches = self._fetches
-        while fetches and len(out) < max_records:
-            fetch = fetches[0]
+        while len(out) < max_records and (fetch := self._live_head()) is not None:
             state = fetch.state
-            if (state.generation != fetch.generation or state.position is None
-                    or state.error is not None):
-                self._pop()
-                continue
             if fetch.index >= len(fetch.records):
                 if fetch.batch_next_offset > state.position:
                     state.position = fetch.batch_next_offset
@@ -243,14 +237,8 @@ class FetchBuffer:
         its partition's ``error``."""
         out: list[FetchedBatch] = []
         records = 0
-        fetches = self._fetches
-        while fetches and records < max_records:
-            fetch = fetches[0]
+        while records < max_records and (fetch := self._live_head()) is not None:
             state = fetch.state
-            if (state.generation != fetch.generation or state.position is None
-                    or state.error is not None):
-                self._pop()
-                continue
             if fetch.index < len(fetch.records):
                 # Decoded by ``drain`` but not all handed out: the rest of it.
                 header, view = fetch.current
@@ -278,6 +266,18 @@ class FetchBuffer:
             records += header.record_count
             state.position = header.next_offset
         return out
+
+    def _live_head(self) -> _CompletedFetch | None:
+        """The first buffered fetch its partition still wants (not from
+        before a seek, not after an error), dropping those before it."""
+        while self._fetches:
+            fetch = self._fetches[0]
+            state = fetch.state
+            if (state.generation == fetch.generation and state.position is not None
+                    and state.error is None):
+                return fetch
+            self._pop()
+        return None
 
     def _decode_next(self, fetch: _CompletedFetch) -> bool:
         """Decode the next batch of ``fetch`` holding records at or after the
