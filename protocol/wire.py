@@ -151,6 +151,10 @@ def pack_pieces(body: Any) -> list:
     return [piece for piece in pieces if piece]
 
 
+#: Large pieces are handed to the socket this much at a time.
+WRITE_CHUNK_BYTES = 256 * 1024
+
+
 class PiecesPayload(aiohttp.payload.Payload):
     """A request or response body written piece by piece (``pack_pieces``),
     its length known up front."""
@@ -167,7 +171,14 @@ class PiecesPayload(aiohttp.payload.Payload):
 
     async def write(self, writer: Any) -> None:
         for piece in self._value:
-            await writer.write(piece)
+            if len(piece) <= WRITE_CHUNK_BYTES:
+                await writer.write(piece)
+                continue
+            # In slices: what the socket does not take at once is copied
+            # into the transport's buffer, a slice at a time, not megabytes.
+            view = memoryview(piece)
+            for start in range(0, len(view), WRITE_CHUNK_BYTES):
+                await writer.write(view[start:start + WRITE_CHUNK_BYTES])
 
 
 def response_type(request: web.Request) -> str:
