@@ -281,7 +281,7 @@ def _send_rows(producer: Any, batches: Iterator, topic_option: str | None,
             checked[topic] = _check_topic(producer, topic)
         rows += count
         if "headers" not in index or batch.column(index["headers"]).null_count == count:
-            _send_columns(producer, batch, index, topic_option, checked, on_delivery,
+            _send_columns(producer, batch, index, topic_option, wanted, checked, on_delivery,
                           batch_size)
             continue
         # Headers: one send per row.
@@ -304,11 +304,13 @@ _RECORD_FRAMING = 1 + 1 + 5 + 5 + 5 + 1
 
 
 def _send_columns(producer: Any, batch: Any, index: dict[str, int], topic_option: str | None,
-                  partition_counts: dict[str, int], on_delivery: Any, batch_size: int) -> None:
+                  topics: set[str], partition_counts: dict[str, int], on_delivery: Any,
+                  batch_size: int) -> None:
     """One Arrow batch without headers sent as whole encoded batches: rows
     to partitions (the ``partition`` column, else murmur2 of the key, else
-    one sticky partition per Arrow batch), grouped by partition, cut into
-    batches of at most ``batch_size`` bytes. Keys are placed by the
+    one sticky partition per Arrow batch; ``topics``: the batch's topics),
+    grouped by partition, cut into batches of at most ``batch_size`` bytes.
+    Keys are placed by the
     partition count the task saw first (``partition_counts``): partitions
     added while a task writes get keyed rows from the next task on."""
     import random
@@ -337,7 +339,7 @@ def _send_columns(producer: Any, batch: Any, index: dict[str, int], topic_option
     else:
         topic_column = batch.column(index["topic"])
         by_topic = [(t, np.flatnonzero(np.asarray(pc.equal(topic_column, t))))
-                    for t in pc.unique(topic_column).to_pylist()]
+                    for t in sorted(topics)]
     for topic, rows in by_topic:
         partitions_count = partition_counts[topic]
         picked = np.full(count if rows is None else len(rows), -1, np.int64)

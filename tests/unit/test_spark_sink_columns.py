@@ -41,7 +41,10 @@ class RecordingProducer:
 def send(batch, topic_option="t", counts=None, batch_size=1 << 20, producer=None):
     producer = producer or RecordingProducer()
     index = {name: i for i, name in enumerate(batch.schema.names)}
-    _send_columns(producer, batch, index, topic_option, counts or {"t": 4}, None, batch_size)
+    topics = ({topic_option} if topic_option is not None
+              else set(batch.column(index["topic"]).to_pylist()))
+    _send_columns(producer, batch, index, topic_option, topics, counts or {"t": 4}, None,
+                  batch_size)
     return producer.sent
 
 
