@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml protocol/_columns.c
+$(STAMP): pyproject.toml protocol/_columns.c storage/_records.c storage/_records.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[spark,test]'

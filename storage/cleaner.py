@@ -59,14 +59,12 @@ import logging
 import math
 import operator
 import os
-import struct
 import threading
 import time
 from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
-import msgpack
-
 from storage import batch as fmt
+from storage import sections
 from storage.checkpoint import fsync_directory, write_atomically
 from storage.config import LONG_MAX
 from storage.errors import InvalidConfigError
@@ -407,20 +405,16 @@ class OffsetMap:
         empty map always has room, so every pass makes progress."""
         return not self.map or len(self.map) + count <= self.capacity
 
-    def put_batch(self, base_offset: int, items: list, contiguous: bool) -> None:
-        """The keys of one batch's records (``_decode``'s items;
-        ``contiguous``: their offset deltas are 0..n-1). The common case
-        (every key present and short) runs without a Python step per record."""
+    def put_batch(self, base_offset: int, records: "_Scanned") -> None:
+        """The keys of one batch's records. The common case (every key
+        present and short) runs without a Python step per record."""
         self._latest = None
-        keys = list(map(_KEY, items))
-        if contiguous:
-            offsets: Iterator[int] = iter(range(base_offset, base_offset + len(items)))
-        else:
-            offsets = map(base_offset.__add__, map(_OFFSET_DELTA, items))
+        keys = records.keys
+        offsets: Iterator[int] = records.offsets(base_offset)
         if None not in keys:
-            if contiguous:
+            if records.deltas is None:
                 self.whole.add(base_offset)
-                if None in map(_VALUE, items):
+                if records.nulls is not None:
                     self.tombstoned.add(base_offset)
             if not keys or max(map(len, keys)) <= MAP_KEY_BYTES_MAX:
                 self.map.update(zip(keys, offsets))
@@ -446,9 +440,6 @@ class OffsetMap:
                       bisect.bisect_left(latest, next_offset)]
 
 
-_OFFSET_DELTA = operator.itemgetter(1)
-_KEY = operator.itemgetter(2)
-_VALUE = operator.itemgetter(3)
 _MINUS_ONES = itertools.repeat(-1)
 
 
@@ -566,8 +557,7 @@ class _SegmentReader:
             pos += used
 
     def _read(self, count: int, pos: int) -> memoryview:
-        """``count`` bytes at ``pos`` (fewer at the end of the file), in a
-        writable buffer (``_decode`` unpacks in place)."""
+        """``count`` bytes at ``pos`` (fewer at the end of the file)."""
         if self.buffer is None or len(self.buffer) < count:
             buffer = bytearray(count)
             if self.buffer is not None:
@@ -578,65 +568,53 @@ class _SegmentReader:
         return view[:os.preadv(self.fd, [view], pos)]
 
 
-_ARRAY32 = struct.Struct(">BI")
+class _Scanned(NamedTuple):
+    """A batch's records as the cleaner sees them (``sections.scan``)."""
+
+    section: Any  #: the uncompressed records section
+    keys: list  #: bytes (str for a key stored as a string) or None, per record
+    deltas: list[int] | None  #: offset deltas; None when they are 0..n-1
+    nulls: bytes | None  #: 1 per record whose value is null; None when none is
+
+    def offsets(self, base_offset: int) -> Iterator[int]:
+        if self.deltas is None:
+            return iter(range(base_offset, base_offset + len(self.keys)))
+        return map(base_offset.__add__, self.deltas)
 
 
-def _decode(header: fmt.BatchHeader, batch: memoryview) -> tuple[list, bool]:
-    """The records of one batch as tuples ``(timestamp_delta, offset_delta,
-    key, value, headers)``, decoded in one call, and whether their offset
-    deltas are 0..n-1 (as every batch a producer wrote). Checks the CRC."""
+def _scan(header: fmt.BatchHeader, batch: memoryview) -> _Scanned:
+    """One batch's keys, offset deltas and null values, its values left
+    undecoded (``storage.sections``). Checks the CRC, and the offset deltas
+    as ``iter_records`` does (a bad one would put a foreign offset in the
+    offset map)."""
     if fmt.compute_crc(batch, 0, header.size_bytes) != header.crc:
         raise fmt.CorruptRecordError(f"CRC mismatch in batch at offset {header.base_offset}")
     count = header.record_count
-    if count == 0:
-        return [], True
-    # The section is the records' msgpack arrays back to back: behind an
-    # array header of their count it is one msgpack array. Uncompressed in
-    # a writable buffer, that header goes in place of the batch header's
-    # last bytes (put back after), sparing a copy of the whole section.
-    array_header = _ARRAY32.pack(0xDD, count)
-    in_place = header.compression == fmt.Compression.NONE and not batch.readonly
     try:
-        if in_place:
-            at = fmt.HEADER_SIZE - len(array_header)
-            saved = bytes(batch[at:fmt.HEADER_SIZE])
-            batch[at:fmt.HEADER_SIZE] = array_header
-            try:
-                items = msgpack.unpackb(batch[at:], raw=False, use_list=False)
-            finally:
-                batch[at:fmt.HEADER_SIZE] = saved
+        if header.compression == fmt.Compression.NONE:
+            section = batch[fmt.HEADER_SIZE:header.size_bytes]
         else:
             section = fmt.decompress(header.compression, batch[fmt.HEADER_SIZE:],
                                      fmt.DEFAULT_MAX_DECOMPRESSED_BYTES)
-            items = msgpack.unpackb(array_header + section, raw=False, use_list=False)
-        deltas = tuple(map(_OFFSET_DELTA, items))
-    except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
+        keys, deltas, nulls = sections.scan(section, count, header.last_offset_delta)
+    except ValueError as exc:
         raise fmt.CorruptRecordError(
             f"records of batch at offset {header.base_offset} do not decode or disagree "
-            f"with its record count: {exc}") from exc
-    if header.last_offset_delta == count - 1 and deltas == tuple(range(count)):
-        return items, True
-    # As iter_records checks: offset deltas increase and stay in the batch
-    # (a bad one would put a foreign offset in the offset map).
-    if not (0 <= deltas[0] and deltas[-1] <= header.last_offset_delta
-            and all(map(operator.lt, deltas, itertools.islice(deltas, 1, None)))):
-        raise fmt.CorruptRecordError(
-            f"record offset deltas of batch at offset {header.base_offset} are out of order")
-    return items, False
+            f"with its header: {exc}") from exc
+    return _Scanned(section, keys, None if count == 0 else deltas, nulls)
 
 
-def _rebuild(header: fmt.BatchHeader, items: list) -> bytes:
-    """The batch with only ``items``: each record packed as it was, every
-    header field but length, CRC and record count unchanged."""
-    count = len(items)
-    body = msgpack.packb(items, use_bin_type=True)
-    body = body[1 if count < 16 else 3 if count < 65536 else 5:]  # the array header
+def _rebuild(header: fmt.BatchHeader, records: _Scanned | None, keep: list[int]) -> bytes:
+    """The batch with only the records at indexes ``keep``, each copied
+    byte for byte, every header field but length, CRC and record count
+    unchanged."""
+    body = sections.pick(records.section, header.record_count, keep) if keep else b""
     return fmt.pack_batch(
         base_offset=header.base_offset, leader_epoch=header.partition_leader_epoch,
         attributes=header.attributes, last_offset_delta=header.last_offset_delta,
         base_timestamp=header.base_timestamp, max_timestamp=header.max_timestamp,
         producer_id=header.producer_id, producer_epoch=header.producer_epoch,
-        base_sequence=header.base_sequence, record_count=count,
+        base_sequence=header.base_sequence, record_count=len(keep),
         section=fmt.compress(header.compression, body))
 
 
@@ -679,8 +657,7 @@ def build_offset_map(plan: CleanPlan, budget_bytes: int, throttler: Throttler = 
                     continue
                 if not offsets.has_room_for(header.record_count):
                     return offsets, header.base_offset, read + reader.bytes_read
-                items, contiguous = _decode(header, batch)
-                offsets.put_batch(header.base_offset, items, contiguous)
+                offsets.put_batch(header.base_offset, _scan(header, batch))
             read += reader.bytes_read
     return offsets, plan.dirty_end, read
 
@@ -797,49 +774,51 @@ def _clean_batch(header: fmt.BatchHeader, batch: memoryview, offsets: OffsetMap,
         result.records_kept += count
         return batch
     result.records_read += count
+    records: _Scanned | None = None
+    keep: list[int] | None  # indexes of the records that stay; None: all of them
     if base in offsets.whole:
         # The map holds this batch whole: its records that stay are those
         # at their key's latest offset, read off the map (deltas are 0..n-1,
         # so an offset's index in the batch is offset - base). A batch kept
-        # whole or dropped whole is not decoded again.
+        # whole or dropped whole is not read again.
         latest = offsets.kept_range(base, header.next_offset)
-        tombstones = base in offsets.tombstoned
-        if not latest or (len(latest) == count and not tombstones):
+        if not latest or (len(latest) == count and base not in offsets.tombstoned):
             keep = [] if not latest else None
         else:
             # Checked again (the bytes were read again, and a rebuilt batch
             # gets a fresh CRC: corruption must not be sealed into it).
-            items, _ = _decode(header, batch)
-            if len(items) != count:
+            records = _scan(header, batch)
+            if records.deltas is not None or len(records.keys) != count:
                 raise fmt.CorruptRecordError(
                     f"batch at offset {base} changed between the map and the rewrite")
-            keep = list(map(items.__getitem__, map(base.__rsub__, latest)))
+            keep = list(map(base.__rsub__, latest))
     elif header.is_transactional and aborted(header):
-        keep, tombstones = [], False
+        keep = []
     else:
-        items, _ = _decode(header, batch)
+        records = _scan(header, batch)
+        keys = records.keys
         # Superseded: the map knows a later offset for the key. Written
         # with map() so the common case takes no Python step per record.
-        keys = list(map(_KEY, items))
-        offsets_here = map(base.__add__, map(_OFFSET_DELTA, items))
         if None in keys or (offsets.hashed and keys
                             and max(map(len, keys)) > MAP_KEY_BYTES_MAX):
             latest_of = [-1 if key is None else offsets.get(key) for key in keys]
         else:
             latest_of = map(offsets.map.get, keys, _MINUS_ONES)
-        superseded = list(map(operator.gt, latest_of, offsets_here))
-        keep = list(itertools.compress(items, map(operator.not_, superseded))) \
-            if True in superseded else list(items)
-        tombstones = True
-    if keep and tombstones and None in map(_VALUE, keep):  # perhaps past their time
-        keep = [item for item in keep
-                if not (item[3] is None and item[2] is not None
-                        and removable(base + item[1]))]
+        superseded = list(map(operator.gt, latest_of, records.offsets(base)))
+        if True in superseded:
+            keep = list(itertools.compress(range(count), map(operator.not_, superseded)))
+        else:
+            keep = None if count else []  # an empty batch stays only where it must
+    if records is not None and records.nulls is not None:  # tombstones, perhaps past their time
+        nulls, keys, deltas = records.nulls, records.keys, records.deltas
+        keep = [i for i in (range(count) if keep is None else keep)
+                if not (nulls[i] and keys[i] is not None
+                        and removable(base + (i if deltas is None else deltas[i])))]
     if keep is None or (count and len(keep) == count):
         kept = batch
         result.records_kept += count
     elif keep or is_last or (pid >= 0 and producer_last.get(pid) == header.last_offset):
-        kept = _rebuild(header, keep)
+        kept = _rebuild(header, records, keep)
         result.records_kept += len(keep)
     else:
         return None
