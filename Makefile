@@ -13,6 +13,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml protocol/_columns.c storage/_records.c storage/_records.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	rm -f protocol/_columns.*.so storage/_records.*.so  # an edited extension is rebuilt
 	$(PY) -m pip install --quiet -e '.[spark,test]'
 	touch $(STAMP)
 

@@ -8,6 +8,8 @@
  *
  *   scan(section, count, last_offset_delta) -> (keys, deltas, nulls)
  *   pick(section, count, indexes) -> the records at indexes, byte for byte
+ *   OffsetMap: key -> latest offset, filled from sections (put) and asked
+ *       which records of a section stay (keep), no Python object per record
  *
  * storage/sections.py has the same functions in Python, used when this
  * extension is not built or refuses a section (a key stored as a string),
@@ -149,6 +151,398 @@ done:
     return result;
 }
 
+/* -- the offset map --------------------------------------------------------------- */
+
+/* Key -> offset of its latest record, for one cleaner pass: open addressing
+ * with linear probing over 32-byte entries. Keys are held whole, so no two
+ * keys ever share an entry (Kafka's map holds digests): up to 15 bytes in
+ * the entry, longer ones in an arena. Each key has a kind, bytes or str (a
+ * str key and the bytes of its UTF-8 are different keys, as in a dict).
+ *
+ * A pass's keys are spread over a table far larger than the CPU's caches,
+ * so each lookup costs a cache miss; whole sections are put and looked up
+ * at once, with the entries of the keys a few records ahead prefetched.
+ * The hash is seeded per map with random bytes from the caller, so a log's
+ * keys cannot be chosen to pile up in one probe run. */
+#define INLINE_MAX 15
+#define IN_ARENA 127
+#define STR_KIND 0x80
+#define AHEAD 8
+
+typedef struct {
+    uint64_t hash;        /* 0: an empty entry */
+    int64_t offset;
+    uint8_t key[INLINE_MAX];  /* the key, or its arena position (8 bytes) */
+    uint8_t tag;          /* STR_KIND | the key's length, or | IN_ARENA */
+} entry;
+
+typedef struct {
+    PyObject_HEAD
+    entry *table;
+    Py_ssize_t slots;     /* a power of two */
+    Py_ssize_t count;
+    uint8_t *arena;       /* per long key: its length (4 bytes), its bytes */
+    uint64_t arena_used, arena_size;
+    uint64_t key_bytes;   /* of the keys held, one more each: what a budget counts */
+    uint64_t seed;
+} OffsetMap;
+
+/* One record's key as the map sees it. */
+typedef struct {
+    const uint8_t *key;
+    int64_t len;          /* -1: no key */
+    int64_t offset;
+    uint64_t hash;
+    uint8_t kind;         /* 0 or STR_KIND */
+    uint8_t nil_value;
+} item;
+
+static inline uint64_t mix(uint64_t h) {
+    h ^= h >> 33; h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33; h *= 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 33;
+    return h;
+}
+
+static uint64_t hash_key(uint64_t seed, uint8_t kind, const uint8_t *key, int64_t len) {
+    uint64_t h = mix(seed ^ ((uint64_t)len << 8 | kind));
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t chunk;
+        memcpy(&chunk, key + i, 8);
+        h = mix(h ^ chunk) + 0x9e3779b97f4a7c15ULL;
+    }
+    uint64_t tail = 0;
+    memcpy(&tail, key + i, (size_t)(len - i));
+    h = mix(h ^ tail ^ ((uint64_t)(len - i) << 59));
+    return h | 1;  /* never 0, the empty entry */
+}
+
+static inline int same_key(const OffsetMap *m, const entry *e, const item *it) {
+    if ((e->tag & STR_KIND) != it->kind) return 0;
+    uint8_t stored = e->tag & ~STR_KIND;
+    if (it->len <= INLINE_MAX)
+        return stored == it->len && memcmp(e->key, it->key, (size_t)it->len) == 0;
+    if (stored != IN_ARENA) return 0;
+    uint64_t at;
+    uint32_t len;
+    memcpy(&at, e->key, 8);
+    memcpy(&len, m->arena + at, 4);
+    return len == it->len && memcmp(m->arena + at + 4, it->key, (size_t)len) == 0;
+}
+
+/* The entry of the key, or the empty entry where it would go. */
+static inline entry *find(const OffsetMap *m, const item *it) {
+    Py_ssize_t mask = m->slots - 1, i = (Py_ssize_t)(it->hash & (uint64_t)mask);
+    while (m->table[i].hash && !(m->table[i].hash == it->hash && same_key(m, &m->table[i], it)))
+        i = (i + 1) & mask;
+    return &m->table[i];
+}
+
+static inline void prefetch(const OffsetMap *m, const item *it) {
+    if (it->len >= 0)
+        __builtin_prefetch(&m->table[it->hash & (uint64_t)(m->slots - 1)]);
+}
+
+/* Room for `more` keys at most 70% full; 0 on success. */
+static int reserve(OffsetMap *m, Py_ssize_t more) {
+    Py_ssize_t slots = m->slots ? m->slots : 1024;
+    while (10 * (m->count + more) > 7 * slots) slots *= 2;
+    if (slots == m->slots) return 0;
+    entry *table = PyMem_Calloc(slots, sizeof(entry));
+    if (!table) { PyErr_NoMemory(); return -1; }
+    Py_ssize_t mask = slots - 1;
+    for (Py_ssize_t j = 0; j < m->slots; j++) {
+        if (!m->table[j].hash) continue;
+        Py_ssize_t i = (Py_ssize_t)(m->table[j].hash & (uint64_t)mask);
+        while (table[i].hash) i = (i + 1) & mask;
+        table[i] = m->table[j];
+    }
+    PyMem_Free(m->table);
+    m->table = table;
+    m->slots = slots;
+    return 0;
+}
+
+/* Key -> offset, keeping the later offset; 0 on success. Room reserved. */
+static int put_item(OffsetMap *m, const item *it) {
+    entry *e = find(m, it);
+    if (e->hash) {
+        if (it->offset > e->offset) e->offset = it->offset;
+        return 0;
+    }
+    if (it->len <= INLINE_MAX) {
+        memcpy(e->key, it->key, (size_t)it->len);
+        e->tag = it->kind | (uint8_t)it->len;
+    } else {
+        uint64_t need = 4 + (uint64_t)it->len;
+        if (it->len > UINT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "a key over 4 GiB");
+            return -1;
+        }
+        if (m->arena_used + need > m->arena_size) {
+            uint64_t size = m->arena_size ? m->arena_size : 65536;
+            while (size < m->arena_used + need) size *= 2;
+            uint8_t *arena = PyMem_Realloc(m->arena, size);
+            if (!arena) { PyErr_NoMemory(); return -1; }
+            m->arena = arena;
+            m->arena_size = size;
+        }
+        uint32_t len = (uint32_t)it->len;
+        memcpy(m->arena + m->arena_used, &len, 4);
+        memcpy(m->arena + m->arena_used + 4, it->key, len);
+        memcpy(e->key, &m->arena_used, 8);
+        e->tag = it->kind | IN_ARENA;
+        m->arena_used += need;
+    }
+    e->hash = it->hash;
+    e->offset = it->offset;
+    m->count++;
+    m->key_bytes += (uint64_t)it->len + 1;
+    return 0;
+}
+
+static inline int64_t get_item(const OffsetMap *m, const item *it) {
+    if (!m->count) return -1;
+    const entry *e = find(m, it);
+    return e->hash ? e->offset : -1;
+}
+
+static PyObject *map_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    (void)kwargs;
+    unsigned long long seed;
+    if (!PyArg_ParseTuple(args, "K", &seed)) return NULL;
+    OffsetMap *m = (OffsetMap *)type->tp_alloc(type, 0);
+    if (!m) return NULL;
+    m->seed = seed;
+    if (reserve(m, 1)) { Py_DECREF(m); return NULL; }
+    return (PyObject *)m;
+}
+
+static void map_dealloc(OffsetMap *m) {
+    PyMem_Free(m->table);
+    PyMem_Free(m->arena);
+    Py_TYPE(m)->tp_free((PyObject *)m);
+}
+
+static Py_ssize_t map_len(OffsetMap *m) { return m->count; }
+
+/* A key argument as an item: `*held` is a new reference to its bytes, which
+ * the caller releases after use; -1 with an exception set otherwise. */
+static int item_of(const OffsetMap *m, PyObject *key, int64_t offset, item *it, PyObject **held) {
+    if (PyBytes_Check(key)) {
+        it->kind = 0;
+        Py_INCREF(key);
+        *held = key;
+    } else if (PyUnicode_Check(key)) {
+        /* Surrogate-escaped, as sections.py reads a string that is not UTF-8. */
+        it->kind = STR_KIND;
+        if (!(*held = PyUnicode_AsEncodedString(key, "utf-8", "surrogateescape"))) return -1;
+    } else {
+        PyErr_SetString(PyExc_TypeError, "a key is bytes or str");
+        return -1;
+    }
+    it->key = (const uint8_t *)PyBytes_AS_STRING(*held);
+    it->len = PyBytes_GET_SIZE(*held);
+    it->offset = offset;
+    it->hash = hash_key(m->seed, it->kind, it->key, it->len);
+    return 0;
+}
+
+PyDoc_STRVAR(put_key_doc, "put_key(key, offset): key (bytes or str) -> offset, if later.");
+
+static PyObject *map_put_key(OffsetMap *m, PyObject *args) {
+    PyObject *key, *held;
+    long long offset;
+    item it;
+    if (!PyArg_ParseTuple(args, "OL", &key, &offset)) return NULL;
+    if (item_of(m, key, offset, &it, &held)) return NULL;
+    int failed = reserve(m, 1) || put_item(m, &it);
+    Py_DECREF(held);
+    if (failed) return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(get_doc, "get(key) -> the latest offset of key (bytes or str), or -1.");
+
+static PyObject *map_get(OffsetMap *m, PyObject *key) {
+    PyObject *held;
+    item it;
+    if (item_of(m, key, 0, &it, &held)) return NULL;
+    int64_t offset = get_item(m, &it);
+    Py_DECREF(held);
+    return PyLong_FromLongLong(offset);
+}
+
+/* The items of an uncompressed section of `count` records whose offset
+ * deltas increase up to last_delta (PyMem_Free them); NULL with ValueError
+ * set if it is not that. *keyed and *key_bytes: records with a key, and
+ * their keys' bytes (one more each). */
+static item *items_of(const OffsetMap *m, const Py_buffer *buf, Py_ssize_t count,
+                      int64_t last_delta, int64_t base, uint64_t *keyed, uint64_t *key_bytes) {
+    if (count < 0 || count > buf->len) { bad("count out of range", 0); return NULL; }
+    item *items = PyMem_Malloc((count + 1) * sizeof(item));
+    if (!items) { PyErr_NoMemory(); return NULL; }
+    cursor c = {(const uint8_t *)buf->buf, (const uint8_t *)buf->buf + buf->len};
+    int64_t last = -1;
+    *keyed = *key_bytes = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        record rec;
+        item *it = &items[i];
+        const char *wrong = read_record(&c, &rec);
+        if (wrong) { bad(wrong, i); goto fail; }
+        if (rec.offset_delta <= last || rec.offset_delta > last_delta) {
+            bad("offset deltas out of order or past the batch's last offset", i);
+            goto fail;
+        }
+        last = rec.offset_delta;
+        if (__builtin_add_overflow(base, rec.offset_delta, &it->offset)) {
+            bad("offset past 2**63", i);
+            goto fail;
+        }
+        it->key = rec.key;
+        it->len = rec.key_len;
+        it->kind = 0;
+        it->nil_value = rec.value_len < 0;
+        if (rec.key_len >= 0) {
+            it->hash = hash_key(m->seed, 0, rec.key, rec.key_len);
+            (*keyed)++;
+            *key_bytes += (uint64_t)rec.key_len + 1;
+        }
+    }
+    if (c.p != c.end) { bad("bytes after the last record", count); goto fail; }
+    return items;
+fail:
+    PyMem_Free(items);
+    return NULL;
+}
+
+PyDoc_STRVAR(put_doc,
+"put(section, count, last_offset_delta, base_offset, room_keys, room_bytes) -> bool\n\n"
+"Every keyed record of an uncompressed records section, key -> offset, if its\n"
+"keyed records and their key bytes (one more each) fit in room_keys and\n"
+"room_bytes (-1: no limit); False, with nothing put, if not. ValueError as\n"
+"sections.scan, with nothing put.");
+
+static PyObject *map_put(OffsetMap *m, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t count;
+    long long last_delta, base, room_keys, room_bytes;
+    if (!PyArg_ParseTuple(args, "y*nLLLL", &buf, &count, &last_delta, &base, &room_keys,
+                          &room_bytes))
+        return NULL;
+    PyObject *result = NULL;
+    uint64_t keyed, key_bytes;
+    item *items = items_of(m, &buf, count, last_delta, base, &keyed, &key_bytes);
+    if (!items) goto done;
+    if ((room_keys >= 0 && keyed > (uint64_t)room_keys)
+            || (room_bytes >= 0 && key_bytes > (uint64_t)room_bytes)) {
+        result = Py_False;
+    } else {
+        if (reserve(m, (Py_ssize_t)keyed)) goto done;
+        for (Py_ssize_t i = 0; i < count && i < AHEAD; i++) prefetch(m, &items[i]);
+        for (Py_ssize_t i = 0; i < count; i++) {
+            if (i + AHEAD < count) prefetch(m, &items[i + AHEAD]);
+            if (items[i].len >= 0 && put_item(m, &items[i])) goto done;
+        }
+        result = Py_True;
+    }
+    Py_INCREF(result);
+done:
+    PyMem_Free(items);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+static int append_index(PyObject *list, Py_ssize_t i) {
+    PyObject *n = PyLong_FromSsize_t(i);
+    if (!n) return -1;
+    int failed = PyList_Append(list, n);
+    Py_DECREF(n);
+    return failed;
+}
+
+PyDoc_STRVAR(keep_doc,
+"keep(section, count, last_offset_delta, base_offset) -> (keep, tombstones)\n\n"
+"Which records of an uncompressed records section stay: those without a key or\n"
+"at their key's latest offset. keep is None when all do, else their indexes;\n"
+"tombstones None, or (index, offset) of each keyed record that stays with a nil\n"
+"value. ValueError as sections.scan.");
+
+static PyObject *map_keep(OffsetMap *m, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t count;
+    long long last_delta, base;
+    if (!PyArg_ParseTuple(args, "y*nLL", &buf, &count, &last_delta, &base)) return NULL;
+    PyObject *keep = NULL, *tombstones = NULL, *result = NULL;
+    uint64_t keyed, key_bytes;
+    item *items = items_of(m, &buf, count, last_delta, base, &keyed, &key_bytes);
+    if (!items) goto done;
+    for (Py_ssize_t i = 0; i < count && i < AHEAD; i++) prefetch(m, &items[i]);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (i + AHEAD < count) prefetch(m, &items[i + AHEAD]);
+        const item *it = &items[i];
+        if (it->len >= 0 && get_item(m, it) > it->offset) {  /* superseded: it goes */
+            if (!keep) {  /* the first to go: the ones before it stay */
+                if (!(keep = PyList_New(0))) goto done;
+                for (Py_ssize_t j = 0; j < i; j++)
+                    if (append_index(keep, j)) goto done;
+            }
+            continue;
+        }
+        if (keep && append_index(keep, i)) goto done;
+        if (it->len >= 0 && it->nil_value) {
+            if (!tombstones && !(tombstones = PyList_New(0))) goto done;
+            PyObject *pair = Py_BuildValue("(nL)", i, (long long)it->offset);
+            if (!pair) goto done;
+            int failed = PyList_Append(tombstones, pair);
+            Py_DECREF(pair);
+            if (failed) goto done;
+        }
+    }
+    result = Py_BuildValue("(OO)", keep ? keep : Py_None, tombstones ? tombstones : Py_None);
+done:
+    Py_XDECREF(keep);
+    Py_XDECREF(tombstones);
+    PyMem_Free(items);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+static PyObject *map_key_bytes(OffsetMap *m, void *closure) {
+    (void)closure;
+    return PyLong_FromUnsignedLongLong(m->key_bytes);
+}
+
+static PyMethodDef map_methods[] = {
+    {"put", (PyCFunction)map_put, METH_VARARGS, put_doc},
+    {"put_key", (PyCFunction)map_put_key, METH_VARARGS, put_key_doc},
+    {"get", (PyCFunction)map_get, METH_O, get_doc},
+    {"keep", (PyCFunction)map_keep, METH_VARARGS, keep_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef map_getset[] = {
+    {"key_bytes", (getter)map_key_bytes, NULL, "bytes of the keys held, one more each", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods map_sequence = {.sq_length = (lenfunc)map_len};
+
+static PyTypeObject OffsetMapType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "storage._records.OffsetMap",
+    .tp_doc = PyDoc_STR("OffsetMap(seed): key -> latest offset, keys held whole (see "
+                        "storage/cleaner.py)."),
+    .tp_basicsize = sizeof(OffsetMap),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = map_new,
+    .tp_dealloc = (destructor)map_dealloc,
+    .tp_methods = map_methods,
+    .tp_getset = map_getset,
+    .tp_as_sequence = &map_sequence,
+};
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, scan_doc},
     {"pick", pick, METH_VARARGS, pick_doc},
@@ -161,4 +555,15 @@ static struct PyModuleDef module = {
     -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__records(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__records(void) {
+    if (PyType_Ready(&OffsetMapType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&OffsetMapType);
+    if (PyModule_AddObject(m, "OffsetMap", (PyObject *)&OffsetMapType) < 0) {
+        Py_DECREF(&OffsetMapType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

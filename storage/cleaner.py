@@ -50,14 +50,10 @@ before that only makes the next pass redo work.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import hashlib
-import itertools
 import json
 import logging
 import math
-import operator
 import os
 import threading
 import time
@@ -83,11 +79,14 @@ SEGMENT_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
 READ_CHUNK_BYTES = 1024 * 1024
 #: Bytes of cleaned batches written at once.
 WRITE_CHUNK_BYTES = 1024 * 1024
-#: Keys longer than this are stored as a 16-byte BLAKE2b digest.
-MAP_KEY_BYTES_MAX = 32
-#: What one offset-map entry is counted as: the dict slot, a key object of
-#: at most MAP_KEY_BYTES_MAX bytes and the offset (CPython, measured).
-MAP_ENTRY_BYTES = 100 + MAP_KEY_BYTES_MAX
+#: What one offset-map entry is counted as beyond its key's bytes (counted
+#: as one more than its length): an entry of the C map's table (hash,
+#: offset, a key of up to 15 bytes or its place; 32 bytes in a table kept
+#: at most 70% full).
+MAP_ENTRY_BYTES = 48
+#: The same for the pure-Python map used where the C extension is not built
+#: (a dict slot, a key object and an int: CPython, measured).
+MAP_DICT_ENTRY_BYTES = 100
 #: Share of the dedupe buffer the map may fill (Kafka's load factor).
 MAP_LOAD_FACTOR = 0.9
 
@@ -378,77 +377,92 @@ def plan_clean(part_log, now_ms: int, upper_bound: int | None = None,
 class OffsetMap:
     """Key -> offset of its latest record, within a memory budget.
 
-    Each entry is counted as ``MAP_ENTRY_BYTES`` (the dict slot, a key of at
-    most ``MAP_KEY_BYTES_MAX`` bytes (longer ones are stored as a 16-byte
-    BLAKE2b digest) and the offset), so the budget bounds the entries.
-
-    It also notes which batches it holds whole (every record keyed, offset
-    deltas 0..n-1): what the rewrite keeps of those is read off the map's
-    offsets (``kept_range``), without looking up a key.
+    Keys are held whole, so no two keys ever share an entry (Kafka's map
+    keeps digests). The map is ``storage._records.OffsetMap`` where the C
+    extension is built: filled from a whole section and asked which records
+    of one stay, it makes no Python object per record. Otherwise, and for a
+    section the C one does not take (a key stored as a string), the same in
+    Python over ``sections.scan``. The budget counts each entry as
+    ``entry_bytes`` plus its key's length plus one.
     """
 
     def __init__(self, budget_bytes: int) -> None:
-        self.capacity = max(1, int(budget_bytes * MAP_LOAD_FACTOR) // MAP_ENTRY_BYTES)
-        self.map: dict[bytes | int, int] = {}
-        #: Whether any key is stored as a digest (lookups of long keys must hash).
-        self.hashed = False
-        #: Base offsets of the batches held whole, and of those with tombstones.
-        self.whole: set[int] = set()
-        self.tombstoned: set[int] = set()
-        self._latest: list[int] | None = None
+        self.budget = int(budget_bytes * MAP_LOAD_FACTOR)
+        self._c = sections.offset_map()
+        self._dict: dict[bytes | str, int] = {}
+        self._key_bytes = 0  # of the Python map
+        self.entry_bytes = MAP_DICT_ENTRY_BYTES if self._c is None else MAP_ENTRY_BYTES
 
     def __len__(self) -> int:
-        return len(self.map)
+        return len(self._dict) if self._c is None else len(self._c)
 
-    def has_room_for(self, count: int) -> bool:
-        """Room for ``count`` more keys (all of them new, at worst); an
-        empty map always has room, so every pass makes progress."""
-        return not self.map or len(self.map) + count <= self.capacity
+    @property
+    def used_bytes(self) -> int:
+        key_bytes = self._key_bytes if self._c is None else self._c.key_bytes
+        return len(self) * self.entry_bytes + key_bytes
 
-    def put_batch(self, base_offset: int, records: "_Scanned") -> None:
-        """The keys of one batch's records. The common case (every key
-        present and short) runs without a Python step per record."""
-        self._latest = None
-        keys = records.keys
-        offsets: Iterator[int] = records.offsets(base_offset)
-        if None not in keys:
-            if records.deltas is None:
-                self.whole.add(base_offset)
-                if records.nulls is not None:
-                    self.tombstoned.add(base_offset)
-            if not keys or max(map(len, keys)) <= MAP_KEY_BYTES_MAX:
-                self.map.update(zip(keys, offsets))
-                return
-        mapping = self.map
-        for key, offset in zip(keys, offsets):
-            if key is not None:
-                if len(key) > MAP_KEY_BYTES_MAX:
-                    key = _digest(key)
-                    self.hashed = True
-                mapping[key] = offset
+    def put(self, header: fmt.BatchHeader, section) -> bool:
+        """Every keyed record of one batch (its uncompressed records
+        section), if they fit (all of them new keys, at worst); False, with
+        nothing put, if not. An empty map takes any batch, so every pass
+        makes progress."""
+        count, last, base = header.record_count, header.last_offset_delta, header.base_offset
+        room_keys = room_bytes = -1
+        if len(self):
+            room_bytes = self.budget - self.used_bytes
+            room_keys = max(0, room_bytes) // (self.entry_bytes + 1)
+            if room_bytes < 0:
+                return False
+        if self._c is not None:
+            try:
+                return self._c.put(section, count, last, base, room_keys, room_bytes)
+            except ValueError:
+                pass  # perhaps only what the C map does not take: the Python scan says
+        keys, deltas, _ = _scan(header, section)
+        keyed = [(key, offset) for key, offset in zip(keys, _offsets(base, keys, deltas))
+                 if key is not None]
+        need = sum(len(key) + 1 for key, _ in keyed)
+        if room_keys >= 0 and (len(keyed) > room_keys or need > room_bytes):
+            return False
+        for key, offset in keyed:
+            if self._c is not None:
+                self._c.put_key(key, offset)
+            else:
+                if key not in self._dict:
+                    self._key_bytes += len(key) + 1
+                self._dict[key] = offset
+        return True
 
-    def get(self, key: bytes, default: int = -1) -> int:
-        return self.map.get(key if len(key) <= MAP_KEY_BYTES_MAX else _digest(key), default)
+    def get(self, key: bytes | str) -> int:
+        """The latest offset of ``key``, or -1."""
+        return self._dict.get(key, -1) if self._c is None else self._c.get(key)
 
-    def kept_range(self, base_offset: int, next_offset: int) -> list[int]:
-        """Of a batch held whole, the offsets that are their key's latest:
-        the records a pass keeps."""
-        latest = self._latest
-        if latest is None:
-            latest = self._latest = sorted(self.map.values())
-        return latest[bisect.bisect_left(latest, base_offset):
-                      bisect.bisect_left(latest, next_offset)]
+    def keep(self, header: fmt.BatchHeader, section) -> tuple[list[int] | None, list | None]:
+        """Which records of one batch stay: those without a key or at their
+        key's latest offset. ``(keep, tombstones)``: ``keep`` None when all
+        do, else their indexes; ``tombstones`` None, or ``(index, offset)``
+        of each keyed record that stays with a null value."""
+        count, last, base = header.record_count, header.last_offset_delta, header.base_offset
+        if self._c is not None:
+            try:
+                return self._c.keep(section, count, last, base)
+            except ValueError:
+                pass
+        keys, deltas, nulls = _scan(header, section)
+        keep: list[int] = []
+        tombstones = []
+        for i, (key, offset) in enumerate(zip(keys, _offsets(base, keys, deltas))):
+            if key is None or self.get(key) <= offset:
+                keep.append(i)
+                if key is not None and nulls is not None and nulls[i]:
+                    tombstones.append((i, offset))
+        return None if len(keep) == count else keep, tombstones or None
 
 
-_MINUS_ONES = itertools.repeat(-1)
-
-
-def _digest(key: bytes | str) -> int:
-    """A long key's slot in the offset map: its 128-bit BLAKE2b digest as an
-    int, which no raw (bytes) key can equal, whatever bytes a client sends."""
-    if isinstance(key, str):
-        key = key.encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=16).digest(), "big")
+def _offsets(base_offset: int, keys: list, deltas: list[int] | None) -> Iterator[int]:
+    if deltas is None:
+        return iter(range(base_offset, base_offset + len(keys)))
+    return map(base_offset.__add__, deltas)
 
 
 class Throttler:
@@ -568,47 +582,37 @@ class _SegmentReader:
         return view[:os.preadv(self.fd, [view], pos)]
 
 
-class _Scanned(NamedTuple):
-    """A batch's records as the cleaner sees them (``sections.scan``)."""
-
-    section: Any  #: the uncompressed records section
-    keys: list  #: bytes (str for a key stored as a string) or None, per record
-    deltas: list[int] | None  #: offset deltas; None when they are 0..n-1
-    nulls: bytes | None  #: 1 per record whose value is null; None when none is
-
-    def offsets(self, base_offset: int) -> Iterator[int]:
-        if self.deltas is None:
-            return iter(range(base_offset, base_offset + len(self.keys)))
-        return map(base_offset.__add__, self.deltas)
-
-
-def _scan(header: fmt.BatchHeader, batch: memoryview) -> _Scanned:
-    """One batch's keys, offset deltas and null values, its values left
-    undecoded (``storage.sections``). Checks the CRC, and the offset deltas
-    as ``iter_records`` does (a bad one would put a foreign offset in the
-    offset map)."""
+def _section(header: fmt.BatchHeader, batch: memoryview):
+    """One batch's uncompressed records section, its CRC checked."""
     if fmt.compute_crc(batch, 0, header.size_bytes) != header.crc:
         raise fmt.CorruptRecordError(f"CRC mismatch in batch at offset {header.base_offset}")
-    count = header.record_count
+    if header.compression == fmt.Compression.NONE:
+        return batch[fmt.HEADER_SIZE:header.size_bytes]
     try:
-        if header.compression == fmt.Compression.NONE:
-            section = batch[fmt.HEADER_SIZE:header.size_bytes]
-        else:
-            section = fmt.decompress(header.compression, batch[fmt.HEADER_SIZE:],
-                                     fmt.DEFAULT_MAX_DECOMPRESSED_BYTES)
-        keys, deltas, nulls = sections.scan(section, count, header.last_offset_delta)
+        return fmt.decompress(header.compression, batch[fmt.HEADER_SIZE:],
+                              fmt.DEFAULT_MAX_DECOMPRESSED_BYTES)
+    except ValueError as exc:
+        raise fmt.CorruptRecordError(
+            f"records of batch at offset {header.base_offset} do not decompress: {exc}") from exc
+
+
+def _scan(header: fmt.BatchHeader, section) -> tuple[list, list[int] | None, bytes | None]:
+    """``sections.scan`` of one batch's records section: its keys, offset
+    deltas and null values, checked as ``iter_records`` checks them (a bad
+    offset delta would put a foreign offset in the offset map)."""
+    try:
+        return sections.scan(section, header.record_count, header.last_offset_delta)
     except ValueError as exc:
         raise fmt.CorruptRecordError(
             f"records of batch at offset {header.base_offset} do not decode or disagree "
             f"with its header: {exc}") from exc
-    return _Scanned(section, keys, None if count == 0 else deltas, nulls)
 
 
-def _rebuild(header: fmt.BatchHeader, records: _Scanned | None, keep: list[int]) -> bytes:
+def _rebuild(header: fmt.BatchHeader, section, keep: list[int]) -> bytes:
     """The batch with only the records at indexes ``keep``, each copied
     byte for byte, every header field but length, CRC and record count
     unchanged."""
-    body = sections.pick(records.section, header.record_count, keep) if keep else b""
+    body = sections.pick(section, header.record_count, keep) if keep else b""
     return fmt.pack_batch(
         base_offset=header.base_offset, leader_epoch=header.partition_leader_epoch,
         attributes=header.attributes, last_offset_delta=header.last_offset_delta,
@@ -655,9 +659,8 @@ def build_offset_map(plan: CleanPlan, budget_bytes: int, throttler: Throttler = 
                     continue
                 if header.is_transactional and aborted(header):
                     continue
-                if not offsets.has_room_for(header.record_count):
+                if not offsets.put(header, _section(header, batch)):
                     return offsets, header.base_offset, read + reader.bytes_read
-                offsets.put_batch(header.base_offset, _scan(header, batch))
             read += reader.bytes_read
     return offsets, plan.dirty_end, read
 
@@ -774,51 +777,25 @@ def _clean_batch(header: fmt.BatchHeader, batch: memoryview, offsets: OffsetMap,
         result.records_kept += count
         return batch
     result.records_read += count
-    records: _Scanned | None = None
-    keep: list[int] | None  # indexes of the records that stay; None: all of them
-    if base in offsets.whole:
-        # The map holds this batch whole: its records that stay are those
-        # at their key's latest offset, read off the map (deltas are 0..n-1,
-        # so an offset's index in the batch is offset - base). A batch kept
-        # whole or dropped whole is not read again.
-        latest = offsets.kept_range(base, header.next_offset)
-        if not latest or (len(latest) == count and base not in offsets.tombstoned):
-            keep = [] if not latest else None
-        else:
-            # Checked again (the bytes were read again, and a rebuilt batch
-            # gets a fresh CRC: corruption must not be sealed into it).
-            records = _scan(header, batch)
-            if records.deltas is not None or len(records.keys) != count:
-                raise fmt.CorruptRecordError(
-                    f"batch at offset {base} changed between the map and the rewrite")
-            keep = list(map(base.__rsub__, latest))
-    elif header.is_transactional and aborted(header):
-        keep = []
+    section = None
+    if header.is_transactional and aborted(header):
+        keep: list[int] | None = []
     else:
-        records = _scan(header, batch)
-        keys = records.keys
-        # Superseded: the map knows a later offset for the key. Written
-        # with map() so the common case takes no Python step per record.
-        if None in keys or (offsets.hashed and keys
-                            and max(map(len, keys)) > MAP_KEY_BYTES_MAX):
-            latest_of = [-1 if key is None else offsets.get(key) for key in keys]
-        else:
-            latest_of = map(offsets.map.get, keys, _MINUS_ONES)
-        superseded = list(map(operator.gt, latest_of, records.offsets(base)))
-        if True in superseded:
-            keep = list(itertools.compress(range(count), map(operator.not_, superseded)))
-        else:
-            keep = None if count else []  # an empty batch stays only where it must
-    if records is not None and records.nulls is not None:  # tombstones, perhaps past their time
-        nulls, keys, deltas = records.nulls, records.keys, records.deltas
-        keep = [i for i in (range(count) if keep is None else keep)
-                if not (nulls[i] and keys[i] is not None
-                        and removable(base + (i if deltas is None else deltas[i])))]
+        # Checked again (the bytes were read again, and a cut batch gets a
+        # fresh CRC: corruption must not be sealed into it).
+        section = _section(header, batch)
+        keep, tombstones = offsets.keep(header, section)
+        if tombstones:  # perhaps past their time
+            gone = {i for i, offset in tombstones if removable(offset)}
+            if gone:
+                keep = [i for i in (range(count) if keep is None else keep) if i not in gone]
+        if keep is None and not count:
+            keep = []  # an empty batch stays only where it must
     if keep is None or (count and len(keep) == count):
         kept = batch
         result.records_kept += count
     elif keep or is_last or (pid >= 0 and producer_last.get(pid) == header.last_offset):
-        kept = _rebuild(header, records, keep)
+        kept = _rebuild(header, section, keep)
         result.records_kept += len(keep)
     else:
         return None

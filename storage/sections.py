@@ -8,7 +8,10 @@ pass's time, so these two functions do only that work:
 - ``scan(section, count, last_offset_delta)``: the keys, the offset deltas
   (``None`` when they are ``0..count-1``) and which values are null;
 - ``pick(section, count, indexes)``: the records at ``indexes`` copied byte
-  for byte, the records section of a batch that keeps only those.
+  for byte, the records section of a batch that keeps only those;
+- ``offset_map()``: the C offset map (``storage._records.OffsetMap``: key ->
+  latest offset, filled from and asked about whole sections), which
+  ``storage.cleaner.OffsetMap`` uses when it exists.
 
 Each is the C extension ``storage._records`` when it is built and takes the
 section, and the Python below otherwise (the extension refuses a key or
@@ -20,6 +23,8 @@ records with increasing offset deltas up to ``last_offset_delta``;
 
 from __future__ import annotations
 
+import os
+
 import msgpack
 
 try:
@@ -29,6 +34,12 @@ except ImportError:  # not built (no C compiler at install): the Python below
 
 #: Whether the C extension is in use.
 ACCELERATED = _c is not None
+
+def offset_map():
+    """A new C offset map with a random hash seed, or None when the
+    extension is not built."""
+    return None if _c is None else _c.OffsetMap(int.from_bytes(os.urandom(8), "little"))
+
 
 _ERRORS = (ValueError, TypeError, IndexError, msgpack.UnpackException)
 

@@ -195,7 +195,7 @@ def test_a_map_too_small_for_the_dirty_section_cleans_it_in_passes(tmp_path):
 
 
 def test_long_keys_and_batches_emptied_by_an_earlier_pass(tmp_path):
-    """Keys over 32 bytes live in the offset map as digests; a later pass
+    """Long keys (held whole in the offset map, as every key); a later pass
     meets the empty batches an earlier one left (a segment's last batch)."""
     clock = Clock()
     log = open_compacted(tmp_path / "t-0", clock)
@@ -286,7 +286,9 @@ def test_gaps_survive_a_full_recovery_whatever_config_the_log_is_opened_with(tmp
         reopened.abandon()
 
 
-def test_a_raw_key_equal_to_a_long_keys_digest_supersedes_nothing(tmp_path):
+def test_a_key_equal_to_another_keys_digest_supersedes_nothing(tmp_path):
+    # Keys are held whole: a key crafted to equal a digest of another (as
+    # an offset map of digests would store it) is just another key.
     import hashlib
 
     clock = Clock()
@@ -343,7 +345,7 @@ def test_multi_record_batches_keep_exactly_the_latest_record_of_each_key(
         tmp_path, seed, budget):
     """Batches of many records, some kept whole, some dropped whole, most
     cut (the rewrite reads what stays of those off the offset map); keyless
-    records written before the topic became compacted; long keys (digests);
+    records written before the topic became compacted; long keys;
     tombstones; a map too small for the dirty section (passes); and a
     replica's copy of the cleaned log, whose batches have offset gaps, cleaned
     again with more records on top: each keeps exactly what the model says."""

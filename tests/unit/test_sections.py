@@ -136,3 +136,135 @@ def test_malformed_sections_raise_value_error_in_both(recs, data):
     assert fast == slow or (fast is ValueError)
     if fast is not ValueError:
         assert fast == mangled
+
+
+# -- the offset map (storage.cleaner.OffsetMap), C and Python ---------------------------
+keys_drawn = st.one_of(st.none(), st.sampled_from([b"a", b"b", b"", b"long-" + b"x" * 60]),
+                       st.binary(max_size=40))
+batches = st.lists(st.lists(st.tuples(keys_drawn, st.one_of(st.none(), st.binary(max_size=8))),
+                            min_size=1, max_size=12), min_size=1, max_size=12)
+
+
+def offset_maps(budget: int = 1 << 20):
+    from storage import cleaner
+    fast = cleaner.OffsetMap(budget)
+    saved = sections._c
+    sections._c = None
+    try:
+        slow = cleaner.OffsetMap(budget)
+    finally:
+        sections._c = saved
+    assert fast._c is not None and slow._c is None
+    return fast, slow
+
+
+def with_python(function, *args):
+    saved = sections._c
+    sections._c = None
+    try:
+        return function(*args)
+    finally:
+        sections._c = saved
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches)
+def test_the_c_and_python_offset_maps_keep_the_latest_record_of_each_key(batch_list):
+    fast, slow = offset_maps()
+    built = []
+    base = 0
+    for recs in batch_list:
+        b = batch_format.BatchBuilder()
+        for key, value in recs:
+            b.append(key, value, timestamp_ms=1)
+        raw = bytearray(b.build())
+        raw[:8] = base.to_bytes(8, "big")
+        header = batch_format.parse_header(bytes(raw))
+        section = bytes(raw[batch_format.HEADER_SIZE:])
+        assert fast.put(header, section) and with_python(slow.put, header, section)
+        built.append((header, section, recs))
+        base += len(recs)
+    assert len(fast) == len(slow)
+    latest = {}
+    offset = 0
+    for recs in batch_list:
+        for key, _ in recs:
+            if key is not None:
+                latest[key] = offset
+            offset += 1
+    for key, at in latest.items():
+        assert fast.get(key) == slow.get(key) == at
+    for header, section, recs in built:
+        answer = fast.keep(header, section)
+        assert answer == with_python(slow.keep, header, section)
+        keep, tombstones = answer
+        stays = [i for i, (key, _) in enumerate(recs)
+                 if key is None or latest[key] == header.base_offset + i]
+        assert (keep if keep is not None else list(range(len(recs)))) == stays
+        expected = [(i, header.base_offset + i) for i in stays
+                    if recs[i][0] is not None and recs[i][1] is None]
+        assert (tombstones or []) == expected
+
+
+def keyed_batch(base: int, keys: list[bytes]):
+    b = batch_format.BatchBuilder()
+    for key in keys:
+        b.append(key, b"v", timestamp_ms=1)
+    raw = bytearray(b.build())
+    raw[:8] = base.to_bytes(8, "big")
+    return batch_format.parse_header(bytes(raw)), bytes(raw[batch_format.HEADER_SIZE:])
+
+
+@pytest.mark.parametrize("accelerated", [True, False])
+def test_an_offset_map_refuses_a_batch_that_may_not_fit_and_puts_nothing_of_it(accelerated):
+    from storage import cleaner
+    saved = sections._c
+    if not accelerated:
+        sections._c = None
+    try:
+        entry = cleaner.MAP_ENTRY_BYTES if accelerated else cleaner.MAP_DICT_ENTRY_BYTES
+        # Room for 15 entries of 3-byte keys (each counted as entry + 4).
+        offsets = cleaner.OffsetMap(int(15 * (entry + 4) / cleaner.MAP_LOAD_FACTOR) + 1)
+        keys = [b"k%02d" % i for i in range(10)]
+        assert offsets.put(*keyed_batch(0, keys))
+        # Ten more records may be ten new keys: no room for them, though
+        # they are the same keys again. Nothing of the batch is put.
+        assert not offsets.put(*keyed_batch(10, keys))
+        assert len(offsets) == 10 and offsets.get(b"k00") == 0
+        assert offsets.put(*keyed_batch(20, keys[:4]))
+        assert offsets.get(b"k00") == 20 and offsets.get(b"k09") == 9
+        # An empty map takes any batch: every pass makes progress.
+        assert cleaner.OffsetMap(1).put(*keyed_batch(0, keys))
+    finally:
+        sections._c = saved
+
+
+def test_a_key_stored_as_a_string_is_not_the_same_key_as_its_bytes():
+    from storage import cleaner
+    as_text = msgpack.packb((0, 0, "key", b"v", ()), use_bin_type=True)
+    as_bytes = msgpack.packb((0, 0, b"key", b"v", ()), use_bin_type=True)
+    for offsets in offset_maps():
+        for base, section in ((0, as_text), (1, as_bytes)):
+            header = batch_format.BatchHeader(
+                base_offset=base, batch_length=0, partition_leader_epoch=0, magic=2, crc=0,
+                attributes=0, last_offset_delta=0, base_timestamp=0, max_timestamp=0,
+                producer_id=-1, producer_epoch=-1, base_sequence=-1, record_count=1)
+            assert offsets.put(header, section)
+        assert offsets.get("key") == 0 and offsets.get(b"key") == 1
+    assert isinstance(cleaner.OffsetMap(1 << 20)._c, sections._c.OffsetMap)
+
+
+def test_the_c_offset_map_grows_and_keeps_every_key_short_and_long():
+    from storage import cleaner
+    offsets = cleaner.OffsetMap(1 << 30)
+    keys = [b"k%d" % i if i % 3 else b"a-long-key-of-more-than-15-bytes-%d" % i
+            for i in range(20_000)]
+    base = 0
+    for start in range(0, len(keys), 500):  # 40 batches: the table grows several times
+        assert offsets.put(*keyed_batch(base, keys[start:start + 500]))
+        base += 500
+    assert len(offsets) == len(keys)
+    assert [offsets.get(key) for key in keys] == list(range(len(keys)))
+    assert offsets.get(b"absent") == -1 and offsets.get("k1") == -1
+    assert offsets.used_bytes == (len(keys) * cleaner.MAP_ENTRY_BYTES
+                                  + sum(len(key) + 1 for key in keys))
