@@ -9,8 +9,8 @@ Each pass has three steps, on two threads:
    watermark, the recovery point (only fsynced data is rewritten), the first
    open transaction, and ``min.compaction.lag.ms`` each stop the range.
 2. ``clean`` (a cleaner process, niced, or any thread; never the event loop:
-   it decodes every record, so in the broker's process it would hold the
-   GIL the event loop needs): build the offset map
+   it reads every record, much of it in C calls that hold the GIL the event
+   loop needs): build the offset map
    (key -> last offset) over the dirty section, bounded by
    ``log.cleaner.dedupe.buffer.size``; if the dirty section has more keys
    than fit, the pass stops where the map filled and the next pass goes on
