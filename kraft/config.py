@@ -32,6 +32,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from kraft.authorizer import AUTHORIZER_NAMES, STANDARD_AUTHORIZER, AclSettings
 from kraft.config_schema import BY_NAME, SCHEMA, ConfigError, typed, unknown_key_message
 from protocol import tls
 from protocol.errors import InvalidConfigError
@@ -123,6 +124,8 @@ class NodeConfig:
     raft_secret: bytes | None = dataclasses.field(default=None, repr=False)
     # TLS contexts, when a listener is SSL (listener.security.protocol.map).
     tls: NodeTls | None = dataclasses.field(default=None, repr=False, compare=False)
+    # The authorizer's settings (authorizer.class.name, super.users, ...).
+    acl: AclSettings = dataclasses.field(default_factory=AclSettings)
     # Every key of the schema that has a value (set, or a default), typed.
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
     # Where each key's value came from: "default", the file's path, or "--set".
@@ -255,6 +258,7 @@ def node_config_from_settings(settings: Mapping[str, Any],
         unsafe_ack_before_replication=values["unsafe.ack.before.replication"],
         raft_secret=_read_raft_secret(values["controller.quorum.secret.file"]),
         tls=_node_tls(values, protocols),
+        acl=_acl_settings(values),
         settings={key: value for key, value in values.items() if value is not None},
         sources=sources,
     )
@@ -447,6 +451,20 @@ def parse_voters(text: str) -> dict[int, Endpoint]:
     return voters
 
 
+def _acl_settings(values: Mapping[str, Any]) -> AclSettings:
+    name = values["authorizer.class.name"]
+    if name and name not in AUTHORIZER_NAMES:
+        raise InvalidConfigError(
+            f"authorizer.class.name = {name!r}: use {STANDARD_AUTHORIZER} (ACLs on) or leave "
+            "it empty (off)")
+    settings = AclSettings.from_settings(values)
+    for user in settings.super_users:
+        if not user.startswith("User:") or len(user) == len("User:"):
+            raise InvalidConfigError(
+                f"super.users: {user!r} is not a principal: User:<name>, ';'-separated")
+    return settings
+
+
 def _check(config: NodeConfig) -> None:
     if config.is_controller:
         own = config.voters.get(config.node_id)
@@ -468,6 +486,13 @@ def _check(config: NodeConfig) -> None:
                 f"the CONTROLLER listener ({listener}) must be this node's voter address ({own})")
     if config.is_broker and BROKER_LISTENER not in config.listeners:
         raise InvalidConfigError("a broker needs a BROKER://host:port listener")
+    plain = sorted(name for name, ep in config.listeners.items() if not ep.tls)
+    if config.acl.enabled and plain and tls.ANONYMOUS not in config.acl.super_users:
+        raise InvalidConfigError(
+            f"authorizer.class.name is set but listener(s) {', '.join(plain)} are PLAINTEXT: "
+            f"every caller there, the other nodes included, is {tls.ANONYMOUS}, whom no ACL "
+            "can tell apart. Make them SSL or SASL_SSL (kraftlog cluster up --secure sets "
+            f"this up), or add {tls.ANONYMOUS} to super.users")
     positive = {
         "broker.session.timeout.ms": config.session_timeout_ms,
         "broker.heartbeat.interval.ms": config.heartbeat_interval_ms,

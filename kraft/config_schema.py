@@ -126,6 +126,17 @@ SCHEMA: tuple[Key, ...] = (
        "(User:<name>, for quotas): RULE:pattern/replacement/[L|U] rules and DEFAULT (the "
        "subject as it is), comma-separated, first match wins; a subject no rule matches is "
        "refused. Kafka's syntax.", _CONFIG),
+    _k("authorizer.class.name", "str", "",
+       "Turns ACLs on: kraftlog.StandardAuthorizer (or Kafka's "
+       "org.apache.kafka.metadata.authorizer.StandardAuthorizer, the same thing). Empty: "
+       "off, every authenticated caller may do anything.", _CONFIG),
+    _k("super.users", "str", "",
+       "Principals that ACLs do not restrict, ';'-separated (certificate subjects hold "
+       "commas): User:CN=node-1;User:admin. The nodes' own certificate principals belong "
+       "here.", _CONFIG),
+    _k("allow.everyone.if.no.acl.found", "bool", False,
+       "With the authorizer on: whether a resource that no ACL names is open to everyone "
+       "(Kafka's default, false: closed).", _CONFIG),
     _k("ssl.reload.interval.ms", "int", 30_000,
        "How often SSL listeners look for a changed ssl.certfile, ssl.keyfile or ssl.cafile "
        "and load it: new connections get the new certificate, without a restart.",

@@ -66,15 +66,16 @@ from kraft.image import TOPIC_RESOURCE, BrokerRegistration, MetadataImage, Parti
 from kraft.placement import (BrokerInfo, elect_leader, isr_after_fencing, place_replicas,
                              preferred_leader_election)
 from kraft.records import (LEADER_RECOVERED, LEADER_RECOVERING, NO_LEADER,
-                           BrokerRegistrationChangeRecord, ConfigRecord, FenceBrokerRecord,
-                           PartitionChangeRecord, PartitionRecord, ProducerIdsRecord, Record,
-                           RegisterBrokerRecord, RemoveTopicRecord, TopicRecord,
+                           AccessControlEntryRecord, BrokerRegistrationChangeRecord, ConfigRecord,
+                           FenceBrokerRecord, PartitionChangeRecord, PartitionRecord,
+                           ProducerIdsRecord, Record, RegisterBrokerRecord,
+                           RemoveAccessControlEntryRecord, RemoveTopicRecord, TopicRecord,
                            UnfenceBrokerRecord)
 from kraft.topic_config import (MIN_INSYNC_REPLICAS, TOPIC_CONFIGS,
                                 UNCLEAN_LEADER_ELECTION_ENABLE, builtin_defaults,
                                 defaults_from_broker_config, normalise_topic_config, printable,
                                 unclean_election_enabled, validate_topic_configs)
-from protocol import quotas, scram
+from protocol import acl, quotas, scram
 from protocol.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistrationError,
                              FencedLeaderEpochError, IneligibleReplicaError, InvalidConfigError,
                              InvalidPartitionsError, InvalidReplicationFactorError,
@@ -92,6 +93,8 @@ logger = logging.getLogger(__name__)
 
 # -- limits (a limit on everything) -------------------------------------------
 TOPICS_PER_REQUEST_MAX = 1000  # topics or config resources in one request
+#: ACLs a cluster may hold (each is in every node's memory).
+ACLS_MAX = 100_000
 PARTITIONS_PER_TOPIC_MAX = 10_000
 PARTITIONS_PER_REQUEST_MAX = 10_000  # partitions created, or named, by one request
 REPLICAS_PER_PARTITION_MAX = 1000  # replica list / ISR length in a request
@@ -800,6 +803,47 @@ class Controller:
                     error = _error(exc)
                 results.append({"name": fields.values.get("name"), "error": error})
         return ControllerResult(draft.records, {"results": results})
+
+    # -- ACLs --------------------------------------------------------------
+    def create_acls(self, image: MetadataImage, request: Any) -> ControllerResult:
+        """CreateAcls: ``creations``, each an ACL (protocol/acl.py), checked
+        alone; one already there succeeds and writes nothing."""
+        body = Fields(request, "")
+        draft = _Draft(image)
+        results = []
+        for i, item in enumerate(body.sequence("creations", TOPICS_PER_REQUEST_MAX)):
+            error = None
+            try:
+                binding = acl.binding_from_wire(item, f"creations[{i}]")
+                if binding not in draft.image.acls:
+                    if len(draft.image.acls) >= ACLS_MAX:
+                        raise InvalidRequestError(
+                            f"the cluster holds {ACLS_MAX} ACLs, the most it may: delete some "
+                            "(prefixed patterns cover many resources with one)")
+                    draft.add(AccessControlEntryRecord(*binding))
+            except KraftError as exc:
+                error = _error(exc)
+            results.append({"error": error})
+        return ControllerResult(draft.records, {"results": results})
+
+    def delete_acls(self, image: MetadataImage, request: Any) -> ControllerResult:
+        """DeleteAcls: ``filters`` (protocol/acl.py); each answers the ACLs
+        it matched, all of which are deleted (once, if several match one)."""
+        body = Fields(request, "")
+        draft = _Draft(image)
+        results = []
+        for i, item in enumerate(body.sequence("filters", TOPICS_PER_REQUEST_MAX)):
+            try:
+                acl_filter = acl.filter_from_wire(item, f"filters[{i}]")
+            except KraftError as exc:
+                results.append({"error": _error(exc), "matching_acls": []})
+                continue
+            matched = sorted(b for b in image.acls if acl.filter_matches(acl_filter, b))
+            for binding in matched:
+                if binding in draft.image.acls:
+                    draft.add(RemoveAccessControlEntryRecord(*binding))
+            results.append({"error": None, "matching_acls": [b.to_wire() for b in matched]})
+        return ControllerResult(draft.records, {"filter_results": results})
 
     # -- partitions ---------------------------------------------------------
     def alter_partition(self, image: MetadataImage, request: Any) -> ControllerResult:

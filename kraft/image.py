@@ -28,12 +28,13 @@ from typing import Any
 import msgpack
 
 from kraft.records import (LEADER_RECOVERED, LEADER_RECOVERY_STATES, NO_LEADER,
-                           BrokerRegistrationChangeRecord, ConfigRecord, FenceBrokerRecord,
-                           NoOpRecord, PartitionChangeRecord, PartitionRecord, ProducerIdsRecord,
-                           Record, RegisterBrokerRecord, RemoveTopicRecord, TopicRecord,
+                           AccessControlEntryRecord, BrokerRegistrationChangeRecord,
+                           ConfigRecord, FenceBrokerRecord, NoOpRecord, PartitionChangeRecord,
+                           PartitionRecord, ProducerIdsRecord, Record, RegisterBrokerRecord,
+                           RemoveAccessControlEntryRecord, RemoveTopicRecord, TopicRecord,
                            UnfenceBrokerRecord, UnregisterBrokerRecord)
-from protocol import quotas, scram
-from protocol.errors import MetadataApplyError
+from protocol import acl, quotas, scram
+from protocol.errors import InvalidRequestError, MetadataApplyError
 
 TOPIC_RESOURCE = "topic"
 BROKER_RESOURCE = "broker"
@@ -113,6 +114,13 @@ class MetadataImage:
         # (resource type, resource name) -> {config name: value}
         self.configs: dict[tuple[str, str], dict[str, str]] = {}
         self.next_producer_id = 0
+        # ACLs (protocol/acl.py). Shared between an image and its copies
+        # until one of them changes its own (copy on write): most drafts
+        # touch no ACL, and there may be tens of thousands.
+        self.acls: set[acl.AclBinding] = set()
+        self._acls_shared = False
+        # Bumped on every ACL change: a key for caches of decisions, not state.
+        self.acl_version = 0
 
     # -- applying ----------------------------------------------------------
     def apply(self, record: Record, offset: int) -> None:
@@ -255,6 +263,36 @@ class MetadataImage:
                 f"{self.next_producer_id}")
         self.next_producer_id = r.next_producer_id
 
+    @staticmethod
+    def _binding(r: AccessControlEntryRecord | RemoveAccessControlEntryRecord
+                 ) -> acl.AclBinding:
+        binding = acl.AclBinding(r.resource_type, r.resource_name, r.pattern_type, r.principal,
+                                 r.host, r.operation, r.permission_type)
+        try:
+            acl.check_binding(binding)
+        except InvalidRequestError as exc:
+            raise MetadataApplyError(f"invalid ACL {binding}: {exc}") from None
+        return binding
+
+    def _own_acls(self) -> set[acl.AclBinding]:
+        if self._acls_shared:
+            self.acls = set(self.acls)
+            self._acls_shared = False
+        self.acl_version += 1
+        return self.acls
+
+    def _acl(self, r: AccessControlEntryRecord, offset: int) -> None:
+        binding = self._binding(r)
+        if binding in self.acls:
+            raise MetadataApplyError(f"ACL {binding} already exists")
+        self._own_acls().add(binding)
+
+    def _remove_acl(self, r: RemoveAccessControlEntryRecord, offset: int) -> None:
+        binding = self._binding(r)
+        if binding not in self.acls:
+            raise MetadataApplyError(f"ACL {binding} does not exist")
+        self._own_acls().discard(binding)
+
     def _no_op(self, r: NoOpRecord, offset: int) -> None:
         pass
 
@@ -270,6 +308,8 @@ class MetadataImage:
         RemoveTopicRecord: _remove_topic,
         ConfigRecord: _config,
         ProducerIdsRecord: _producer_ids,
+        AccessControlEntryRecord: _acl,
+        RemoveAccessControlEntryRecord: _remove_acl,
         NoOpRecord: _no_op,
     }
 
@@ -287,6 +327,9 @@ class MetadataImage:
         copy.topic_names_by_id = dict(self.topic_names_by_id)
         copy.configs = {key: dict(values) for key, values in self.configs.items()}
         copy.next_producer_id = self.next_producer_id
+        copy.acls = self.acls  # copied by whichever changes it first
+        copy._acls_shared = self._acls_shared = True
+        copy.acl_version = self.acl_version
         return copy
 
     # -- queries -----------------------------------------------------------
@@ -303,6 +346,9 @@ class MetadataImage:
         """User -> mechanism -> encoded credential."""
         return {name: dict(values) for (kind, name), values in self.configs.items()
                 if kind == USER_SCRAM_RESOURCE}
+
+    def acl_bindings(self) -> list[acl.AclBinding]:
+        return sorted(self.acls)
 
     def topic_configs(self, name: str) -> dict[str, str]:
         return dict(self.configs.get((TOPIC_RESOURCE, name), {}))
@@ -348,6 +394,7 @@ class MetadataImage:
             "configs": [[rtype, rname, values] for (rtype, rname), values in
                         self.configs.items()],
             "next_producer_id": self.next_producer_id,
+            "acls": sorted(list(binding) for binding in self.acls),
         }, use_bin_type=True)
 
     @classmethod
@@ -364,6 +411,9 @@ class MetadataImage:
             image.topic_names_by_id[topic.topic_id] = topic.name
         image.configs = {(rtype, rname): dict(values) for rtype, rname, values in raw["configs"]}
         image.next_producer_id = raw["next_producer_id"]
+        # Snapshots written before ACLs existed have none.
+        image.acls = {acl.AclBinding(*fields) for fields in raw.get("acls", ())}
+        image.acl_version = 1 if image.acls else 0
         image.check_invariants()
         return image
 

@@ -170,6 +170,35 @@ class ProducerIdsRecord(Record):
 
 
 @dataclasses.dataclass(frozen=True)
+class AccessControlEntryRecord(Record):
+    """An ACL (protocol/acl.py) was created. Its identity is all of its
+    fields, as in Kafka's StandardAcl: the same binding twice is one."""
+
+    TYPE: ClassVar[str] = "acl"
+    resource_type: str
+    resource_name: str
+    pattern_type: str
+    principal: str
+    host: str
+    operation: str
+    permission_type: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoveAccessControlEntryRecord(Record):
+    """An ACL was deleted (the same fields)."""
+
+    TYPE: ClassVar[str] = "remove_acl"
+    resource_type: str
+    resource_name: str
+    pattern_type: str
+    principal: str
+    host: str
+    operation: str
+    permission_type: str
+
+
+@dataclasses.dataclass(frozen=True)
 class NoOpRecord(Record):
     """Written by a newly active controller so its term commits an entry."""
 
@@ -180,7 +209,8 @@ RECORD_TYPES: dict[str, type[Record]] = {
     cls.TYPE: cls for cls in (
         RegisterBrokerRecord, UnregisterBrokerRecord, FenceBrokerRecord, UnfenceBrokerRecord,
         BrokerRegistrationChangeRecord, TopicRecord, PartitionRecord, PartitionChangeRecord,
-        RemoveTopicRecord, ConfigRecord, ProducerIdsRecord, NoOpRecord)
+        RemoveTopicRecord, ConfigRecord, ProducerIdsRecord, AccessControlEntryRecord,
+        RemoveAccessControlEntryRecord, NoOpRecord)
 }
 _HINTS = {cls: typing.get_type_hints(cls) for cls in RECORD_TYPES.values()}
 

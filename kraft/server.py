@@ -59,14 +59,35 @@ from typing import Any
 
 from aiohttp import web
 
+from kraft.authorizer import (AllowAll, Authorizer, RouteRule, authorization_middleware,
+                              check_routes_complete)
 from kraft.config import NodeConfig
 from kraft.controller import Controller, ControllerResult, ControllerSettings
 from kraft.image import MetadataImage
 from kraft.quorum import ApplyStatus, MetadataQuorum, RaftSettings
 from kraft.records import NoOpRecord, decode
-from protocol import wire
+from protocol import acl, wire
 from protocol.errors import (InvalidRequestError, KraftError, NotControllerError,
                              RequestTimedOutError, UnknownServerError)
+
+
+#: How each controller route is authorized (kraft/authorizer.py). Brokers
+#: and administrators' tools call these; Kafka's equivalents need
+#: CLUSTER_ACTION (a forwarded admin request is an Envelope, checked at the
+#: broker the client called, whose certificate then calls here).
+_CLUSTER_ACTION_PATHS = (
+    "brokers/register", "brokers/heartbeat", "metadata", "topics/create", "topics/delete",
+    "partitions/create", "configs/alter", "quotas/alter", "quotas/describe", "users/alter",
+    "users/describe", "acls/create", "acls/delete", "partitions/alter", "leaders/elect",
+    "partitions/reassign", "producer_ids/allocate", "configs/describe",
+    "partitions/reassignments")
+CONTROLLER_ROUTE_RULES: dict[tuple[str, str], RouteRule] = {
+    **{("POST", f"/v1/controller/{path}"): RouteRule(path, acl.CLUSTER_ACTION)
+       for path in _CLUSTER_ACTION_PATHS},
+    ("GET", "/v1/quorum"): RouteRule("DescribeQuorum", acl.DESCRIBE),
+    ("GET", "/v1/metadata"): RouteRule("the metadata image", acl.CLUSTER_ACTION),
+    ("GET", "/healthz"): RouteRule("health", open=True),
+}
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +189,11 @@ class ControllerServer:
         # Never SASL_SSL (refused): no passwords to check here.
         self.config.secure_app(app, self.config.voters[self.config.node_id])
         self.add_routes(app)
+        authorizer = (Authorizer(lambda: self.quorum.image, self.config.acl,
+                                 lock=self.quorum.image_lock)
+                      if self.config.acl.enabled else AllowAll())
+        check_routes_complete(app, CONTROLLER_ROUTE_RULES)
+        app.middlewares.append(authorization_middleware(authorizer, CONTROLLER_ROUTE_RULES))
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
                                      keepalive_timeout=idle_ms / 1000)
         await self._runner.setup()
@@ -202,6 +228,8 @@ class ControllerServer:
             "quotas/describe": self._reader(lambda c: c.describe_client_quotas),
             "users/alter": self._writer(lambda c: c.alter_users),
             "users/describe": self._reader(lambda c: c.describe_users),
+            "acls/create": self._writer(lambda c: c.create_acls),
+            "acls/delete": self._writer(lambda c: c.delete_acls),
             "partitions/alter": self._writer(lambda c: c.alter_partition),
             "leaders/elect": self._writer(lambda c: c.elect_leaders),
             "partitions/reassign": self._writer(lambda c: c.alter_partition_reassignments),

@@ -51,6 +51,32 @@ class ClusterAuthorizationFailedError(KraftError):
     code = "CLUSTER_AUTHORIZATION_FAILED"
 
 
+class TopicAuthorizationFailedError(KraftError):
+    """The caller may not do this to the topic (an ACL). Not retriable. A
+    topic the caller may not describe answers this whether or not it exists."""
+
+    code = "TOPIC_AUTHORIZATION_FAILED"
+
+
+class GroupAuthorizationFailedError(KraftError):
+    """The caller may not do this to the consumer group (an ACL). Not retriable."""
+
+    code = "GROUP_AUTHORIZATION_FAILED"
+
+
+class TransactionalIdAuthorizationFailedError(KraftError):
+    """The caller may not use this transactional id (an ACL). Not retriable."""
+
+    code = "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
+
+
+class SecurityDisabledError(KraftError):
+    """ACLs are asked for where no authorizer is configured
+    (``authorizer.class.name``)."""
+
+    code = "SECURITY_DISABLED"
+
+
 class ResourceNotFoundError(KraftError):
     """A user (or other named resource) that does not exist."""
 

@@ -27,13 +27,17 @@ from api.broker.partition import Partition
 from api.broker.quotas import QuotaManager, client_id_of
 from api.broker.replica_manager import ReplicaManager
 from api.broker.replication import (READ_COMMITTED, READ_UNCOMMITTED, FetchRequest, FetchSpec,
-                                    MarkerItem, ProduceItem, broker_url)
-from protocol import wire
+                                    MarkerItem, ProduceItem, broker_url,
+                                    empty_fetch_result)
+from api.broker.authz import topic_filter
+from kraft.authorizer import RequestAuth, auth_of
+from protocol import acl, wire
 from protocol.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from protocol.tls import principal_of, require_node_or_plain
-from protocol.errors import CodedError, InvalidRequestError, InvalidRequiredAcksError, KraftError
+from protocol.errors import (CodedError, InvalidRequestError, InvalidRequiredAcksError,
+                             KraftError, TransactionalIdAuthorizationFailedError)
 from protocol.fields import Fields
-from storage.batch import iter_batches, iter_records
+from storage.batch import HEADER_SIZE, iter_batches, iter_records, parse_header
 from storage.manager import TOPIC_NAME_MAX_CHARS, TopicPartition
 
 logger = logging.getLogger(__name__)
@@ -184,7 +188,9 @@ class DataApi:
                 TopicPartition(fields.string("topic", TOPIC_NAME_MAX_CHARS),
                                fields.integer("partition", 0, INT32_MAX)),
                 _leader_epoch(fields), records))
-        refused = await self._verify_transaction(body, items)
+        refused = self._authorize_produce(auth_of(request), body, items)
+        refused.update(await self._verify_transaction(
+            body, [item for item in items if item.tp not in refused]))
         results, appended = await self.replicas.produce(
             [item for item in items if item.tp not in refused], acks, timeout_ms)
         results += [{"topic": tp.topic, "partition": tp.partition, "error": error}
@@ -196,6 +202,27 @@ class DataApi:
                                     sum(len(item.records) for item in items))
         return wire.respond(request, {"partitions": self._render("produce", results),
                                       "throttle_time_ms": throttle_ms})
+
+    @staticmethod
+    def _authorize_produce(auth: RequestAuth, body: Fields, items: list[ProduceItem]
+                           ) -> dict[TopicPartition, Exception]:
+        """Kafka's order: transactional records need WRITE on the
+        transactional id (or the whole request is refused), then each topic
+        needs WRITE (its partitions are refused, the others appended)."""
+        if not auth.enabled:
+            return {}
+        tid = body.values.get("transactional_id")
+        transactional = any(len(item.records) >= HEADER_SIZE
+                            and parse_header(item.records).is_transactional for item in items)
+        if transactional or tid is not None:
+            if not isinstance(tid, str) or not tid:
+                raise TransactionalIdAuthorizationFailedError(
+                    "transactional records come with the transactional_id they are written "
+                    "under, which the caller must be allowed to WRITE")
+            auth.require(acl.WRITE, acl.TRANSACTIONAL_ID, tid)
+        may_write = topic_filter(auth, acl.WRITE)
+        return {item.tp: auth.refusal(acl.WRITE, acl.TOPIC, item.tp.topic)
+                for item in items if not may_write(item.tp.topic)}
 
     async def _verify_transaction(self, body: Fields, items: list[ProduceItem]
                                   ) -> dict[TopicPartition, Exception]:
@@ -234,7 +261,8 @@ class DataApi:
     async def handle_write_markers(self, request: web.Request) -> web.Response:
         """WriteTxnMarkers: append a COMMIT or ABORT marker for a producer in
         each partition this broker leads, answered once committed."""
-        require_node_or_plain(request, "writing transaction markers")
+        if not auth_of(request).enabled:  # with ACLs: CLUSTER_ACTION, by the middleware
+            require_node_or_plain(request, "writing transaction markers")
         body = Fields(await wire.read_body(request), "")
         timeout_ms = body.integer("timeout_ms", 0, PRODUCE_TIMEOUT_MS_MAX, default=30_000)
         items = []
@@ -275,11 +303,23 @@ class DataApi:
                 "/topics/{topic}/partitions/{p}/records)")
         fetch = decode_fetch(await wire.read_body(request))
         replica_id = fetch.replica_id
+        auth = auth_of(request)
+        refused: list[dict] = []
         if replica_id < 0:
             await self.wait_turn(request, CONSUMER_BYTE_RATE)
-        else:  # a follower's: unthrottled, and reads past the high watermark
+            if auth.enabled:
+                may_read = topic_filter(auth, acl.READ)
+                for spec in fetch.specs:
+                    if not may_read(spec.tp.topic):
+                        refused.append(dict(empty_fetch_result(spec), error=auth.refusal(
+                            acl.READ, acl.TOPIC, spec.tp.topic)))
+                if refused:
+                    fetch.specs = [s for s in fetch.specs if may_read(s.tp.topic)]
+        elif auth.enabled:  # a follower's: unthrottled, and reads past the high watermark
+            auth.require(acl.CLUSTER_ACTION, acl.CLUSTER, what="a follower's fetch")
+        else:
             require_node_or_plain(request, "a follower's fetch (replica_id >= 0)")
-        results = self._render("fetch", await self.replicas.fetch(fetch))
+        results = self._render("fetch", await self.replicas.fetch(fetch) + refused)
         fetched = 0
         for result in results if replica_id < 0 else ():
             records = result["records"]
@@ -296,6 +336,8 @@ class DataApi:
     # -- list offsets ------------------------------------------------------------
     async def handle_list_offsets(self, request: web.Request) -> web.Response:
         body = Fields(await wire.read_body(request), "")
+        auth = auth_of(request)
+        may_describe = topic_filter(auth)
         results = []
         for i, item in enumerate(body.sequence("partitions", PARTITIONS_PER_REQUEST_MAX)):
             fields = Fields(item, f"partitions[{i}]")
@@ -307,6 +349,8 @@ class DataApi:
             result = {"topic": topic, "partition": partition, "error": None,
                       "offset": -1, "timestamp": -1}
             try:
+                if not may_describe(topic):
+                    raise auth.refusal(acl.DESCRIBE, acl.TOPIC, topic)
                 part = self.replicas.leader_partition(topic, partition, epoch)
                 result["offset"], result["timestamp"] = _offset_for(part, timestamp, isolation)
             except Exception as exc:  # noqa: BLE001  each partition answers for itself
@@ -339,14 +383,26 @@ class DataApi:
             body = Fields(await wire.read_body(request), "")
             names = body.strings("topics", PARTITIONS_PER_REQUEST_MAX, TOPIC_NAME_MAX_CHARS,
                                  default=None)
-        return wire.respond(request, self.metadata(names))
+        return wire.respond(request, self.metadata(names, topic_filter(auth_of(request))))
 
-    def metadata(self, names: list[str] | None) -> dict:
+    def metadata(self, names: list[str] | None,
+                 may_describe: Callable[[str], bool] = lambda _name: True) -> dict:
+        """Brokers and topics; a topic the caller may not describe is left
+        out of a listing and, named, answers TOPIC_AUTHORIZATION_FAILED
+        whether it exists or not (Kafka's rule)."""
         image = self.replicas.image
         brokers = [{"id": b.broker_id, "url": broker_url(image, b.broker_id), "rack": b.rack}
                    for _, b in sorted(image.brokers.items()) if not b.fenced]
         topics = []
-        for name in (sorted(image.topics) if names is None else names):
+        listing = names is None
+        for name in (sorted(image.topics) if listing else names):
+            if not may_describe(name):
+                if not listing:
+                    topics.append({"name": name, "topic_id": None, "partitions": [],
+                                   "error": {"code": "TOPIC_AUTHORIZATION_FAILED",
+                                             "message": f"not authorized to describe topic "
+                                                        f"{name!r}"}})
+                continue
             topic = image.topics.get(name)
             if topic is None:
                 topics.append({"name": name, "topic_id": None, "partitions": [],

@@ -761,7 +761,7 @@ class ReplicationCore:
                         f"{part.replicas})")
                 diverging = part.diverging_epoch(spec.offset, spec.last_fetched_epoch)
                 if diverging is not None:
-                    result = _empty_fetch_result(spec)
+                    result = empty_fetch_result(spec)
                     result.update(high_watermark=part.high_watermark,
                                   log_start_offset=part.log_start_offset,
                                   log_end_offset=part.log_end_offset,
@@ -774,7 +774,7 @@ class ReplicationCore:
                         self._touch(part.tp)  # commits: acks=all and consumers
                     self._maybe_propose(part, now_ms)
             except Exception as exc:  # noqa: BLE001  each partition answers for itself
-                result = _empty_fetch_result(spec)
+                result = empty_fetch_result(spec)
                 result["error"] = exc
                 answered[i] = result
         return answered
@@ -785,7 +785,7 @@ class ReplicationCore:
         total_bytes = 0
         any_error = False
         for spec in specs:
-            result = _empty_fetch_result(spec)
+            result = empty_fetch_result(spec)
             try:
                 part = self.leader_partition(spec.tp.topic, spec.tp.partition,
                                              spec.current_leader_epoch)
@@ -1059,7 +1059,8 @@ class ReplicationCore:
             assert set(session.order) == set(session.partitions), session.leader_id
 
 
-def _empty_fetch_result(spec: FetchSpec) -> dict:
+def empty_fetch_result(spec: FetchSpec) -> dict:
+    """A fetch result with nothing in it (and nothing told of the partition)."""
     return {"topic": spec.tp.topic, "partition": spec.tp.partition, "error": None,
             "high_watermark": -1, "log_start_offset": -1, "log_end_offset": -1,
             "records": b""}

@@ -39,12 +39,18 @@ from api.broker.replica_manager import ReplicaManager
 from api.broker.replication import ReplicationSettings, broker_url
 from api.broker.rest_proxy import RestProxy
 from api.broker.transactions.service import TransactionApi, TransactionService
+from api.broker.authz import (BROKER_ROUTE_RULES, require_cluster_or_topics, require_topics,
+                              topic_filter)
+from kraft.authorizer import (AllowAll, Authorizer, auth_of, authorization_middleware,
+                              check_routes_complete)
 from kraft.client import ControllerClient
 from kraft.config import BROKER_LISTENER, NodeConfig
 from kraft.image import MetadataImage
 from kraft.topic_config import defaults_from_broker_config
-from protocol import tls, wire
-from protocol.errors import ClusterAuthorizationFailedError, UnknownTopicOrPartitionError
+from kraft.authorizer import STANDARD_AUTHORIZER
+from protocol import acl, tls, wire
+from protocol.errors import (ClusterAuthorizationFailedError, SecurityDisabledError,
+                             UnknownTopicOrPartitionError)
 from protocol.fields import Fields
 from storage.cleaner import CleanerConfig
 from storage.config import LogConfig
@@ -74,6 +80,8 @@ ADMIN_ROUTES = {
     "/v1/admin/quotas/describe": "/v1/controller/quotas/describe",
     "/v1/admin/users/alter": "/v1/controller/users/alter",
     "/v1/admin/users/describe": "/v1/controller/users/describe",
+    "/v1/admin/acls/create": "/v1/controller/acls/create",
+    "/v1/admin/acls/delete": "/v1/controller/acls/delete",
 }
 
 
@@ -157,6 +165,10 @@ class BrokerServer:
         self.metrics.add_group_gauges(
             lambda: {(group,): count for group, count in self.groups.member_counts.items()},
             lambda: {(g, t, str(p)): lag for (g, t, p), lag in self.groups.lags.items()})
+        self.authorizer: Authorizer | AllowAll = (
+            Authorizer(lambda: self.lifecycle.image, config.acl,
+                       ready=lambda: self.lifecycle.metadata_caught_up)
+            if config.acl.enabled else AllowAll())
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         # Replaced by a fresh event after every metadata change.
@@ -197,6 +209,9 @@ class BrokerServer:
         app.router.add_get("/v1/topics", self.handle_topics)
         app.router.add_get("/v1/topics/{topic}", self.handle_topic)
         app.router.add_get("/v1/quorum", self.handle_quorum)
+        app.router.add_post("/v1/admin/acls/describe", self.handle_describe_acls)
+        check_routes_complete(app, BROKER_ROUTE_RULES)
+        app.middlewares.append(authorization_middleware(self.authorizer, BROKER_ROUTE_RULES))
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
                                      keepalive_timeout=idle_ms / 1000)
         await self._runner.setup()
@@ -346,22 +361,81 @@ class BrokerServer:
     async def handle_admin(self, request: web.Request) -> web.Response:
         body = await wire.read_body(request)
         route = request.match_info.route.resource.canonical
-        if route in CERTIFICATE_ONLY_ROUTES and request.get(tls.PROOF_KEY) == "password":
-            # Until ACLs: a SCRAM user may not make users or change quotas
+        auth = auth_of(request)
+        if not auth.enabled and route in CERTIFICATE_ONLY_ROUTES \
+                and request.get(tls.PROOF_KEY) == "password":
+            # Without ACLs: a SCRAM user may not make users or change quotas
             # (nor take over another user's password).
             raise ClusterAuthorizationFailedError(
                 f"{route} is for administrators, who authenticate with a client "
-                "certificate: a SCRAM user may not manage users or quotas")
+                "certificate: a SCRAM user may not manage users or quotas (with ACLs on, "
+                "ALTER on the cluster allows it)")
+        if auth.enabled:
+            self._authorize_admin(auth, route, body)
+        elif route.startswith("/v1/admin/acls/"):
+            raise SecurityDisabledError(
+                "ACLs are off on this cluster: set authorizer.class.name = "
+                f"{STANDARD_AUTHORIZER} (and super.users) on every node to use them")
         path = ADMIN_ROUTES[route]
         return wire.respond(request, await self.forward_admin(path, body))
+
+    @staticmethod
+    def _authorize_admin(auth, route: str, body) -> None:
+        """The per-resource checks of the admin routes that have them (the
+        others' CLUSTER operation is the middleware's). All or nothing: a
+        request that names a resource the caller may not touch is refused
+        whole, naming it."""
+        values = body if isinstance(body, dict) else {}
+
+        def names(key: str, field: str | None = "name") -> list[str]:
+            items = values.get(key)
+            if not isinstance(items, list):
+                return []
+            if field is None:
+                return [item for item in items if isinstance(item, str)]
+            return [item.get(field) for item in items
+                    if isinstance(item, dict) and isinstance(item.get(field), str)]
+
+        if route == "/v1/admin/topics/create":
+            require_cluster_or_topics(auth, acl.CREATE, names("topics"), "CreateTopics")
+        elif route == "/v1/admin/topics/delete":
+            require_topics(auth, acl.DELETE, names("topics", None), "DeleteTopics")
+        elif route == "/v1/admin/partitions/create":
+            require_topics(auth, acl.ALTER, names("topics"), "CreatePartitions")
+        elif route in ("/v1/admin/configs/describe", "/v1/admin/configs/alter"):
+            op = acl.DESCRIBE_CONFIGS if route.endswith("describe") else acl.ALTER_CONFIGS
+            for item in values.get("resources") or ():
+                if not isinstance(item, dict):
+                    continue
+                if item.get("type") == "topic" and isinstance(item.get("name"), str):
+                    auth.require(op, acl.TOPIC, item["name"], "configs")
+                else:
+                    auth.require(op, acl.CLUSTER, acl.CLUSTER_NAME, "broker configs")
+
+    async def handle_describe_acls(self, request: web.Request) -> web.Response:
+        """DescribeAcls, from this broker's metadata: the ACLs a filter
+        (protocol/acl.py; none: every ACL) matches."""
+        if not auth_of(request).enabled:
+            raise SecurityDisabledError(
+                "ACLs are off on this cluster: set authorizer.class.name = "
+                f"{STANDARD_AUTHORIZER} (and super.users) on every node to use them")
+        body = Fields(await wire.read_body(request), "")
+        acl_filter = acl.filter_from_wire(body.values.get("filter") or {})
+        self.data.check_metadata_current()
+        return wire.respond(request, {"acls": [
+            b.to_wire() for b in self.lifecycle.image.acl_bindings()
+            if acl.filter_matches(acl_filter, b)]})
 
     async def handle_describe_topics(self, request: web.Request) -> web.Response:
         body = Fields(await wire.read_body(request), "")
         names = body.strings("topics", TOPICS_PER_REQUEST_MAX, TOPIC_NAME_MAX_CHARS,
                              default=None)
         self.data.check_metadata_current()
-        answer = self.data.metadata(names)
-        found = [topic["name"] for topic in answer["topics"] if topic["error"] is None]
+        auth = auth_of(request)
+        answer = self.data.metadata(names, topic_filter(auth))
+        may_see_configs = topic_filter(auth, acl.DESCRIBE_CONFIGS)
+        found = [topic["name"] for topic in answer["topics"]
+                 if topic["error"] is None and may_see_configs(topic["name"])]
         if found:
             # Every config with its value and source, as the controller knows them.
             described = await self.client.call("/v1/controller/configs/describe", {
@@ -370,7 +444,7 @@ class BrokerServer:
             configs = {r["name"]: r["configs"] for r in described["resources"]
                        if r.get("error") is None}
             for topic in answer["topics"]:
-                if topic["error"] is None:
+                if topic["name"] in found:
                     topic["configs"] = configs.get(topic["name"], [])
         return wire.respond(request, answer)
 
@@ -416,9 +490,10 @@ class BrokerServer:
 
     async def handle_topics(self, request: web.Request) -> web.Response:
         image = self.lifecycle.image
+        visible = topic_filter(auth_of(request))
         topics = [{"name": t.name, "topic_id": t.topic_id, "partitions": len(t.partitions),
                    "replication_factor": len(t.partitions[0].replicas) if t.partitions else 0}
-                  for _, t in sorted(image.topics.items())]
+                  for _, t in sorted(image.topics.items()) if visible(t.name)]
         return wire.respond(request, {"topics": topics})
 
     async def handle_topic(self, request: web.Request) -> web.Response:
@@ -427,11 +502,15 @@ class BrokerServer:
         the partitions this broker hosts, as this broker sees them;
         ``?producers=true``: with the idempotent producers each knows)."""
         name = request.match_info["topic"]
+        auth = auth_of(request)
+        auth.require(acl.DESCRIBE, acl.TOPIC, name)  # before existence: Kafka's rule
         image = self.lifecycle.image
         topic = image.topics.get(name)
         if topic is None:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
         producers = request.query.get("producers") in ("1", "true")
+        if producers:
+            auth.require(acl.READ, acl.TOPIC, name, "its producers")
         if request.query.get("local") in ("1", "true"):
             now_ms = self.replicas.clock_ms()
             return wire.respond(request, {"name": name, "partitions": [
@@ -457,9 +536,10 @@ class BrokerServer:
                                 ("producers",) if producers else ()):
                     entry[key] = found.get(key)
             partitions.append(entry)
+        configs = image.topic_configs(name) \
+            if auth.allowed(acl.DESCRIBE_CONFIGS, acl.TOPIC, name) else None
         return wire.respond(request, {"name": name, "topic_id": topic.topic_id,
-                                      "configs": image.topic_configs(name),
-                                      "partitions": partitions})
+                                      "configs": configs, "partitions": partitions})
 
     async def _leader_stats(self, name: str, registrations: dict, producers: bool = False
                             ) -> dict[int, dict]:
