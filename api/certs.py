@@ -56,10 +56,20 @@ def _write_cert(path: str, cert) -> None:
     _write_atomically(path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
 
 
+def subject_of(common_name: str) -> str:
+    """The subject of a certificate ``issue`` makes for ``common_name``, as
+    a node names it (RFC 2253, most specific first): what the principal
+    ``User:<subject>`` (ssl.principal.mapping.rules DEFAULT) holds."""
+    return f"CN={common_name},O={ORGANIZATION}"
+
+
+ORGANIZATION = "kraftlog dev"
+
+
 def _name(common_name: str):
     from cryptography import x509
     from cryptography.x509.oid import NameOID
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "kraftlog dev"),
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION),
                       x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 

@@ -243,6 +243,9 @@ class ProcessCluster:
     #: cluster under ``<base_dir>/certs`` (``api.certs``), every node's
     #: listeners SSL; ``client_security`` is what a client needs to connect.
     tls: bool = False
+    #: With ``tls``: ACLs on (``authorizer.class.name``), the nodes' and the
+    #: client certificate's principals super users (``super_users``).
+    acls: bool = False
     nodes: dict[int, NodeProcess] = field(default_factory=dict, init=False)
     certs: dict = field(default_factory=dict, init=False)
     ssl_context: ssl.SSLContext | None = field(default=None, init=False)
@@ -276,9 +279,20 @@ class ProcessCluster:
                                   nodes=max(self.nodes), hosts=hosts)
         self.settings = {"listener.security.protocol.map": "BROKER:SSL,CONTROLLER:SSL",
                          "ssl.cafile": self.certs["ca"].certfile, **self.settings}
+        if self.acls:
+            self.settings = {"authorizer.class.name": "kraftlog.StandardAuthorizer",
+                             "super.users": ";".join(self.super_users), **self.settings}
         self.ssl_context = ssl.create_default_context(cafile=self.certs["ca"].certfile)
         self.ssl_context.load_cert_chain(self.certs["client"].certfile,
                                          self.certs["client"].keyfile)
+
+    @property
+    def super_users(self) -> list[str]:
+        """The principals of the nodes' certificates and of the client's
+        (``api.certs`` names them; ssl.principal.mapping.rules DEFAULT)."""
+        from api import certs
+        return [f"User:{certs.subject_of(name)}"
+                for name in [*(f"node-{n}" for n in sorted(self.nodes)), "client"]]
 
     @property
     def client_security(self) -> dict[str, Any]:

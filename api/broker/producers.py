@@ -17,7 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
-from protocol import wire
+from kraft.authorizer import auth_of
+from protocol import acl, wire
 from protocol.errors import CoordinatorNotAvailableError, KraftError
 from protocol.fields import Fields
 
@@ -115,13 +116,21 @@ class ProducerApi:
         body = Fields(await wire.read_body(request), "")
         timeout_ms = body.integer("transaction_timeout_ms", 1, TRANSACTION_TIMEOUT_MS_MAX,
                                   default=60_000)
+        auth = auth_of(request)
         if body.values.get("transactional_id") is not None:
             # On the transactional id's coordinator (else NOT_COORDINATOR).
             tid = body.string("transactional_id", TRANSACTIONAL_ID_CHARS_MAX)
+            auth.require(acl.WRITE, acl.TRANSACTIONAL_ID, tid)
             answer = await self.transactions.init_producer_id(
                 tid, timeout_ms, body.integer("producer_id", -1, INT64_MAX, default=-1),
                 body.integer("producer_epoch", -1, INT16_MAX, default=-1),
                 body.boolean("two_phase_commit", default=False))
             return wire.respond(request, answer)
+        # An idempotent producer: IDEMPOTENT_WRITE on the cluster, or WRITE
+        # on some topic (KIP-679).
+        if not (auth.allowed(acl.IDEMPOTENT_WRITE, acl.CLUSTER, acl.CLUSTER_NAME)
+                or auth.allowed_any(acl.WRITE, acl.TOPIC)):
+            raise auth.refusal(acl.IDEMPOTENT_WRITE, acl.CLUSTER, acl.CLUSTER_NAME,
+                               "an idempotent producer needs it, or WRITE on some topic")
         producer_id = await self.ids.next_id()
         return wire.respond(request, {"producer_id": producer_id, "producer_epoch": 0})

@@ -28,7 +28,8 @@ import msgpack
 from aiohttp import web
 
 from api.broker.replication import broker_url
-from protocol import validate_topic_name, wire
+from kraft.authorizer import auth_of
+from protocol import acl, validate_topic_name, wire
 from protocol.errors import (RETRIABLE_CODES, InvalidRequestError, KraftError,
                              LeaderNotAvailableError, UnknownTopicOrPartitionError)
 from protocol.fields import Fields
@@ -75,6 +76,8 @@ class RestProxy:
         binary = content_type == BINARY_V2
         body = Fields(await _read_json(request), "")
         topic = request.match_info["topic"]
+        # Here, at the broker the client called: the leader sees this node.
+        auth_of(request).require(acl.WRITE, acl.TOPIC, topic)
         items = body.sequence("records", RECORDS_PER_REQUEST_MAX)
         if not items:
             raise InvalidRequestError("records must hold at least one record")
@@ -131,6 +134,7 @@ class RestProxy:
     # -- read ----------------------------------------------------------------------
     async def handle_read(self, request: web.Request) -> web.Response:
         topic = request.match_info["topic"]
+        auth_of(request).require(acl.READ, acl.TOPIC, topic)
         partition = _query_int(request.match_info["partition"], "partition", 0, 2**31 - 1)
         offset = _query_int(request.query.get("offset", "0"), "offset", 0, 2**63 - 1)
         max_bytes = _query_int(request.query.get("max_bytes", str(READ_BYTES_DEFAULT)),

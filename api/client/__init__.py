@@ -32,8 +32,12 @@ from api.client._types import (ConfigEntry, ConsumerRecord, NewTopic, OffsetAndM
                                TopicMetadata, TopicPartition)
 from api.client.admin import Admin, AsyncAdmin, CreatedTopic
 from api.client.consumer import AsyncConsumer, Consumer
-from api.client.errors import (BrokerNotAvailableError, BufferExhaustedError, ClientClosedError,
-                               CorruptRecordError, InvalidTopicError, KraftlogError,
+from api.client.errors import (AuthorizationError, BrokerNotAvailableError, BufferExhaustedError,
+                               ClientClosedError, ClusterAuthorizationFailedError,
+                               CorruptRecordError, GroupAuthorizationFailedError,
+                               TopicAuthorizationFailedError,
+                               TransactionalIdAuthorizationFailedError, InvalidTopicError,
+                               KraftlogError,
                                LeaderNotAvailableError, MessageTooLargeError,
                                NoOffsetForPartitionError, NotEnoughReplicasAfterAppendError,
                                NotEnoughReplicasError, NotLeaderError, OffsetOutOfRangeError,
@@ -43,9 +47,14 @@ from api.client.errors import (BrokerNotAvailableError, BufferExhaustedError, Cl
                                UnknownTopicOrPartitionError, error_from)
 from api.client.group import CommitFailedError
 from api.client.producer import AsyncProducer, Producer, RecordHandle
+from protocol.acl import AclBinding, AclBindingFilter
 
 __all__ = [
-    "Admin", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "BrokerNotAvailableError",
+    "AclBinding", "AclBindingFilter", "Admin", "AsyncAdmin", "AsyncConsumer", "AsyncProducer",
+    "AuthorizationError",
+    "BrokerNotAvailableError", "ClusterAuthorizationFailedError",
+    "GroupAuthorizationFailedError", "TopicAuthorizationFailedError",
+    "TransactionalIdAuthorizationFailedError",
     "BufferExhaustedError", "ClientClosedError", "CommitFailedError", "ConfigEntry",
     "Consumer", "ConsumerRecord",
     "CorruptRecordError", "CreatedTopic", "InvalidTopicError", "KraftlogError",

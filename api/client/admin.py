@@ -32,6 +32,7 @@ from api.client._types import (ConfigEntry, NewTopic, OffsetAndMetadata, Partiti
                                PartitionReassignment, PreparedTransaction, TopicDescription,
                                TopicPartition, as_topic_partition)
 from api.client.errors import KraftlogError, UnknownTopicOrPartitionError, error_from
+from protocol.acl import AclBinding, AclBindingFilter
 
 #: Codes after which an admin call is tried again (nothing was applied).
 #: A group's coordinator is being created, is loading, or moved: ask again.
@@ -265,6 +266,35 @@ class AsyncAdmin:
         answer = await self._call("/v1/admin/users/describe", {})
         return {user["name"]: {c["mechanism"]: c["iterations"] for c in user["credentials"]}
                 for user in answer.get("users") or ()}
+
+    # -- ACLs ---------------------------------------------------------------------
+    async def create_acls(self, bindings: Iterable[AclBinding]) -> None:
+        """Create ACLs (``AclBinding``); one already there is kept as it is.
+        Raises the first refusal (an invalid binding: ``INVALID_REQUEST``)."""
+        answer = await self._call("/v1/admin/acls/create", {
+            "creations": [b.to_wire() for b in bindings]})
+        for entry in answer.get("results") or ():
+            error = error_from(entry.get("error"))
+            if error is not None:
+                raise error
+
+    async def delete_acls(self, filters: Iterable[AclBindingFilter]) -> list[AclBinding]:
+        """Delete every ACL a filter matches; the ACLs deleted."""
+        answer = await self._call("/v1/admin/acls/delete", {
+            "filters": [f.to_wire() for f in filters]})
+        deleted: set[AclBinding] = set()
+        for entry in answer.get("filter_results") or ():
+            error = error_from(entry.get("error"))
+            if error is not None:
+                raise error
+            deleted.update(AclBinding(**b) for b in entry.get("matching_acls") or ())
+        return sorted(deleted)
+
+    async def describe_acls(self, acl_filter: AclBindingFilter = AclBindingFilter()
+                            ) -> list[AclBinding]:
+        """The ACLs ``acl_filter`` matches (by default: all)."""
+        answer = await self._call("/v1/admin/acls/describe", {"filter": acl_filter.to_wire()})
+        return [AclBinding(**b) for b in answer.get("acls") or ()]
 
     # -- client quotas ------------------------------------------------------------
     async def alter_client_quotas(self, entity: Mapping[str, str],
@@ -512,6 +542,16 @@ class Admin:
 
     def describe_users(self) -> dict[str, dict[str, int]]:
         return self._thread.run(self._admin.describe_users())
+
+    def create_acls(self, bindings: Iterable[AclBinding]) -> None:
+        return self._thread.run(self._admin.create_acls(list(bindings)))
+
+    def delete_acls(self, filters: Iterable[AclBindingFilter]) -> list[AclBinding]:
+        return self._thread.run(self._admin.delete_acls(list(filters)))
+
+    def describe_acls(self, acl_filter: AclBindingFilter = AclBindingFilter()
+                      ) -> list[AclBinding]:
+        return self._thread.run(self._admin.describe_acls(acl_filter))
 
     def alter_client_quotas(self, entity: Mapping[str, str],
                             quotas: Mapping[str, float | None], **kwargs: Any) -> None:

@@ -137,6 +137,28 @@ class SaslAuthenticationError(_CodedError):
     CODE = "SASL_AUTHENTICATION_FAILED"
 
 
+class AuthorizationError(_CodedError):
+    """An ACL refused the call (Kafka's ``AuthorizationException``). Not
+    retriable: it fails the same way until an administrator allows it
+    (the message says with which ``kraftlog acls add``)."""
+
+
+class TopicAuthorizationFailedError(AuthorizationError):
+    CODE = "TOPIC_AUTHORIZATION_FAILED"
+
+
+class GroupAuthorizationFailedError(AuthorizationError):
+    CODE = "GROUP_AUTHORIZATION_FAILED"
+
+
+class ClusterAuthorizationFailedError(AuthorizationError):
+    CODE = "CLUSTER_AUTHORIZATION_FAILED"
+
+
+class TransactionalIdAuthorizationFailedError(AuthorizationError):
+    CODE = "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
+
+
 class MessageTooLargeError(_CodedError):
     CODE = "MESSAGE_TOO_LARGE"
 
@@ -189,7 +211,8 @@ ERROR_BY_CODE: dict[str, type[_CodedError]] = {
         MessageTooLargeError, CorruptRecordError, TopicAlreadyExistsError,
         InvalidTopicError, NotEnoughReplicasError, NotEnoughReplicasAfterAppendError,
         BufferExhaustedError, ClientClosedError, SslAuthenticationError,
-        SaslAuthenticationError)
+        SaslAuthenticationError, TopicAuthorizationFailedError, GroupAuthorizationFailedError,
+        ClusterAuthorizationFailedError, TransactionalIdAuthorizationFailedError)
 }
 
 

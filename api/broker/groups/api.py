@@ -29,7 +29,9 @@ from aiohttp import web
 
 from api.broker.groups.coordinator import HeartbeatRequest
 from api.broker.groups.service import GROUP_ID_CHARS_MAX, PEER_TIMEOUT_S, GroupService
-from protocol import tls, wire
+from api.broker.authz import require_topics, topic_filter
+from kraft.authorizer import RequestAuth, auth_of
+from protocol import acl, tls, wire
 from protocol.errors import CoordinatorNotAvailableError, InvalidRequestError
 from protocol.fields import Fields
 
@@ -63,7 +65,9 @@ class GroupApi:
     # -- members ---------------------------------------------------------------------
     async def handle_find_coordinator(self, request: web.Request) -> web.Response:
         body = Fields(await wire.read_body(request), "")
-        return wire.respond(request, await self.service.find_coordinator(_group_id(body)))
+        group_id = _group_id(body)
+        auth_of(request).require(acl.DESCRIBE, acl.GROUP, group_id)
+        return wire.respond(request, await self.service.find_coordinator(group_id))
 
     async def handle_heartbeat(self, request: web.Request) -> web.Response:
         body = Fields(await wire.read_body(request), "")
@@ -83,9 +87,15 @@ class GroupApi:
             owned_partitions=_partitions(body, "owned_partitions", default=None),
             client_id=body.string("client_id", NAME_CHARS_MAX, min_chars=0, default=None),
             client_host=request.remote)
+        auth = auth_of(request)
+        auth.require(acl.READ, acl.GROUP, group_id)
+        require_topics(auth, acl.DESCRIBE, heartbeat.subscribed_topic_names or (),
+                       "a subscription")
         service = self.service
+        visible = topic_filter(auth)
+        topics = {name: count for name, count in service.topics().items() if visible(name)}
         response = await service.run(group_id, lambda core: core.heartbeat(
-            service.clock_ms(), group_id, heartbeat, service.topics()))
+            service.clock_ms(), group_id, heartbeat, topics))
         assignment = response.assignment
         return wire.respond(request, {
             "member_id": response.member_id, "member_epoch": response.member_epoch,
@@ -98,9 +108,13 @@ class GroupApi:
         member_id = body.string("member_id", NAME_CHARS_MAX, min_chars=0, default="")
         member_epoch = body.integer("member_epoch", -1, INT32_MAX, default=-1)
         offsets = _offsets(body)
+        auth = auth_of(request)
+        auth.require(acl.READ, acl.GROUP, group_id)
+        refused = _unreadable(auth, offsets)
         service = self.service
         results = await service.run(group_id, lambda core: core.commit_offsets(
             service.clock_ms(), group_id, member_id, member_epoch, offsets))
+        results.update(refused)
         return wire.respond(request, {"partitions": [
             {"topic": t, "partition": p,
              "error": None if code is None else {"code": code, "message": _why(code)}}
@@ -112,9 +126,14 @@ class GroupApi:
         group_id = _group_id(body)
         producer_id = body.integer("producer_id", 0, INT64_MAX)
         producer_epoch = body.integer("producer_epoch", 0, 2**15 - 1)
-        body.string("transactional_id", NAME_CHARS_MAX)
+        transactional_id = body.string("transactional_id", NAME_CHARS_MAX)
         offsets = _offsets(body)
+        auth = auth_of(request)
+        auth.require(acl.WRITE, acl.TRANSACTIONAL_ID, transactional_id)
+        auth.require(acl.READ, acl.GROUP, group_id)
+        refused = _unreadable(auth, offsets)
         results = await self.service.txn_commit(group_id, producer_id, producer_epoch, offsets)
+        results.update(refused)
         return wire.respond(request, {"partitions": [
             {"topic": t, "partition": p,
              "error": None if code is None else {"code": code, "message": _why(code)}}
@@ -124,16 +143,20 @@ class GroupApi:
         body = Fields(await wire.read_body(request), "")
         group_id = _group_id(body)
         wanted = _partitions(body, "partitions", default=None)
+        auth = auth_of(request)
+        auth.require(acl.DESCRIBE, acl.GROUP, group_id)
+        visible = topic_filter(auth)  # a topic the caller may not see is left out
         committed = await self.service.run(
             group_id, lambda core: (core.fetch_offsets(group_id, wanted), []))
         return wire.respond(request, {"group_id": group_id, "partitions": [
             {"topic": t, "partition": p, "offset": value[0], "metadata": value[1]}
-            for (t, p), value in sorted(committed.items())]})
+            for (t, p), value in sorted(committed.items()) if visible(t)]})
 
     # -- admin -----------------------------------------------------------------------
     async def handle_delete(self, request: web.Request) -> web.Response:
         body = Fields(await wire.read_body(request), "")
         group_id = _group_id(body)
+        auth_of(request).require(acl.DELETE, acl.GROUP, group_id)
         await self.service.run(group_id, lambda core: (None, core.delete_group(group_id)))
         return wire.respond(request, {"group_id": group_id, "deleted": True})
 
@@ -141,6 +164,9 @@ class GroupApi:
         body = Fields(await wire.read_body(request), "")
         group_id = _group_id(body)
         offsets = _offsets(body)
+        auth = auth_of(request)
+        auth.require(acl.READ, acl.GROUP, group_id)
+        require_topics(auth, acl.READ, sorted({t for t, _ in offsets}), "an offsets reset")
         service = self.service
         await service.run(group_id, lambda core: (None, core.reset_offsets(
             service.clock_ms(), group_id, offsets)))
@@ -150,8 +176,16 @@ class GroupApi:
 
     # -- inspection ------------------------------------------------------------------
     async def handle_list(self, request: web.Request) -> web.Response:
+        auth = auth_of(request)
+        if auth.enabled and not auth.allowed(acl.DESCRIBE, acl.CLUSTER, acl.CLUSTER_NAME):
+            def visible(group: dict) -> bool:
+                return auth.allowed(acl.DESCRIBE, acl.GROUP, group["group_id"])
+        else:
+            def visible(group: dict) -> bool:
+                return True
         if request.query.get("local") == "true":
-            return wire.respond(request, {"groups": self.service.list_local()})
+            return wire.respond(request, {"groups": [
+                g for g in self.service.list_local() if visible(g)]})
         groups: list[dict] = []
         errors: list[dict] = []
         peers = self.peers()
@@ -163,7 +197,7 @@ class GroupApi:
             if isinstance(answer, BaseException):
                 errors.append({"broker_id": broker, "error": str(answer)})
             else:
-                groups.extend(answer.get("groups", []))
+                groups.extend(g for g in answer.get("groups", []) if visible(g))
         return wire.respond(request, {"groups": sorted(groups, key=lambda g: g["group_id"]),
                                       "unreachable_brokers": errors})
 
@@ -174,6 +208,9 @@ class GroupApi:
         group_id = request.match_info["group"]
         if not group_id or len(group_id) > GROUP_ID_CHARS_MAX:
             raise InvalidRequestError("group id must be 1-255 characters")
+        auth = auth_of(request)
+        auth.require(acl.DESCRIBE, acl.GROUP, group_id)
+        visible = topic_filter(auth)
         service = self.service
         if request.query.get("local") != "true":
             where = await service.find_coordinator(group_id)
@@ -185,13 +222,18 @@ class GroupApi:
                             url, params={"local": "true"},
                             headers={"Accept": "application/json"},
                             timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as answer:
-                        return wire.respond(request, await answer.json(), answer.status)
+                        described = await answer.json()
+                        if isinstance(described.get("offsets"), list):
+                            described["offsets"] = [o for o in described["offsets"]
+                                                    if visible(o.get("topic"))]
+                        return wire.respond(request, described, answer.status)
                 except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
                     raise CoordinatorNotAvailableError(
                         f"the coordinator of {group_id!r} (broker {where['coordinator_id']}) "
                         f"did not answer: {type(exc).__name__}; retry") from None
         described = _jsonable(await service.run(
             group_id, lambda core: (core.describe(group_id, service.clock_ms()), [])))
+        described["offsets"] = [o for o in described["offsets"] if visible(o["topic"])]
         ends = await service.end_offsets([(o["topic"], o["partition"])
                                           for o in described["offsets"]])
         for entry in described["offsets"]:
@@ -199,6 +241,18 @@ class GroupApi:
             entry["log_end_offset"] = end
             entry["lag"] = None if end is None else max(0, end - entry["offset"])
         return wire.respond(request, described)
+
+def _unreadable(auth: RequestAuth, offsets: dict) -> dict[tuple[str, int], str]:
+    """The partitions of ``offsets`` whose topic the caller may not READ,
+    taken out of ``offsets`` and answered TOPIC_AUTHORIZATION_FAILED."""
+    if not auth.enabled:
+        return {}
+    readable = topic_filter(auth, acl.READ)
+    refused = {tp: "TOPIC_AUTHORIZATION_FAILED" for tp in offsets if not readable(tp[0])}
+    for tp in refused:
+        del offsets[tp]
+    return refused
+
 
 def _group_id(body: Fields) -> str:
     return body.string("group_id", GROUP_ID_CHARS_MAX)
@@ -245,6 +299,8 @@ _WHY = {
                           "the partition may have moved; rejoin or refresh the assignment",
     "UNKNOWN_MEMBER_ID": "the group does not know this member: rejoin",
     "INVALID_REQUEST": "offsets must be 0 or more",
+    "TOPIC_AUTHORIZATION_FAILED": "not authorized to READ the topic: its offsets are not "
+                                  "committed",
 }
 
 

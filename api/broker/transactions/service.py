@@ -36,8 +36,10 @@ from aiohttp import web
 from api.broker.coordinator_shards import Shard, ShardedCoordinator, partition_for
 from api.broker.producers import ProducerIdManager
 from api.broker.replication import broker_url
+from api.broker.authz import require_topics, topic_filter
 from api.broker.transactions import coordinator as txn
-from protocol import TopicPartition, tls, wire
+from kraft.authorizer import RequestAuth, auth_of
+from protocol import TopicPartition, acl, tls, wire
 from protocol.errors import (CodedError, CoordinatorNotAvailableError, InvalidRequestError,
                              UnknownTopicOrPartitionError)
 from protocol.fields import Fields
@@ -289,6 +291,7 @@ class TransactionApi:
     async def handle_find_coordinator(self, request: web.Request) -> web.Response:
         body = Fields(await wire.read_body(request), "")
         tid = _transactional_id(body)
+        auth_of(request).require(acl.DESCRIBE, acl.TRANSACTIONAL_ID, tid)
         return wire.respond(request, {"transactional_id": tid,
                                       **await self.service.locate(tid)})
 
@@ -298,6 +301,10 @@ class TransactionApi:
         partitions = _partitions(body)
         if not partitions:
             raise InvalidRequestError("partitions must name at least one partition")
+        auth = auth_of(request)
+        auth.require(acl.WRITE, acl.TRANSACTIONAL_ID, tid)
+        require_topics(auth, acl.WRITE, sorted({tp.topic for tp in partitions}),
+                       "adding it to a transaction")
         self.service.check_partitions(partitions)
         now = self.service.clock_ms()
         await self.service.run(tid, lambda core: core.add_partitions(tid, pid, epoch,
@@ -306,7 +313,8 @@ class TransactionApi:
 
     async def handle_verify(self, request: web.Request) -> web.Response:
         """KIP-890's check, for partition leaders."""
-        tls.require_node_or_plain(request, "a KIP-890 transaction check")
+        if not auth_of(request).enabled:  # with ACLs: CLUSTER_ACTION, by the middleware
+            tls.require_node_or_plain(request, "a KIP-890 transaction check")
         body = Fields(await wire.read_body(request), "")
         tid, pid, epoch = _producer(body)
         partitions = _partitions(body)
@@ -320,6 +328,7 @@ class TransactionApi:
     async def handle_end(self, request: web.Request) -> web.Response:
         body = Fields(await wire.read_body(request), "")
         tid, pid, epoch = _producer(body)
+        auth_of(request).require(acl.WRITE, acl.TRANSACTIONAL_ID, tid)
         committed = body.boolean("committed")
         now = self.service.clock_ms()
         await self.service.run(tid, lambda core: core.end_txn(tid, pid, epoch, committed, now))
@@ -369,21 +378,33 @@ class TransactionApi:
     async def handle_describe(self, request: web.Request) -> web.Response:
         """One transactional id, on any broker (asked of its coordinator)."""
         tid = request.match_info["transactional_id"]
+        auth = auth_of(request)
+        auth.require(acl.DESCRIBE, acl.TRANSACTIONAL_ID, tid)
         if not self._coordinates(tid):
-            return wire.respond(request, await self._forward(
-                "GET", tid, f"/v1/transactions/{quote(tid, safe='')}", None))
+            return wire.respond(request, _visible_topics(auth, await self._forward(
+                "GET", tid, f"/v1/transactions/{quote(tid, safe='')}", None)))
         shard = self.service.shard_for(tid)
         described = shard.core.describe(tid)
         if described is None:
             return wire.respond(request, {"error": {
                 "code": "TRANSACTIONAL_ID_NOT_FOUND",
                 "message": f"no transactional id {tid!r}"}}, 404)
-        return wire.respond(request, {**described, "coordinator_id": self.service.broker_id})
+        return wire.respond(request, _visible_topics(
+            auth, {**described, "coordinator_id": self.service.broker_id}))
 
     async def handle_list(self, request: web.Request) -> web.Response:
-        """Every broker's transactional ids (``?local=true``: this one's)."""
+        """Every broker's transactional ids (``?local=true``: this one's),
+        those the caller may DESCRIBE."""
+        auth = auth_of(request)
+
+        def visible(found: list[dict]) -> list[dict]:
+            if not auth.enabled:
+                return found
+            return [t for t in found if auth.allowed(
+                acl.DESCRIBE, acl.TRANSACTIONAL_ID, t.get("transactional_id", ""))]
+
         if request.query.get("local") in ("1", "true"):
-            return wire.respond(request, {"transactions": self.local()})
+            return wire.respond(request, {"transactions": visible(self.local())})
         out = self.local()
         async with tls.session(self.service.peer_ssl) as session:
             async def ask(url: str) -> list[dict]:
@@ -400,7 +421,7 @@ class TransactionApi:
             for found in await asyncio.gather(*(ask(url) for url in others)):
                 out.extend(found)
         return wire.respond(request, {"transactions": sorted(
-            out, key=lambda t: t["transactional_id"])})
+            visible(out), key=lambda t: t["transactional_id"])})
 
     def local(self) -> list[dict]:
         out = []
@@ -409,6 +430,16 @@ class TransactionApi:
                 out.extend({**t, "coordinator_id": self.service.broker_id}
                            for t in shard.core.list_transactions())
         return out
+
+
+def _visible_topics(auth: RequestAuth, described: dict) -> dict:
+    """A described transaction without the partitions of topics the caller
+    may not DESCRIBE."""
+    if auth.enabled and isinstance(described.get("partitions"), list):
+        visible = topic_filter(auth)
+        described["partitions"] = [p for p in described["partitions"]
+                                   if not isinstance(p, dict) or visible(p.get("topic", ""))]
+    return described
 
 
 def _transactional_id(body: Fields) -> str:
