@@ -105,7 +105,10 @@ static PyObject *decode(PyObject *self, PyObject *args) {
             goto done;
         }
         held = s + 1;
-        if (counts[s] < 0 || counts[s] > bufs[s].len) { bad("count out of range", 0); goto done; }
+        if (counts[s] < 0 || counts[s] > bufs[s].len / MIN_RECORD_BYTES) {
+            bad("count out of range", 0);
+            goto done;
+        }
         bases[3 * s] = base_offset;
         bases[3 * s + 1] = base_timestamp;
         bases[3 * s + 2] = last_delta;

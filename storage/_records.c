@@ -44,7 +44,10 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*nL", &buf, &count, &last_delta)) return NULL;
     PyObject *keys = NULL, *deltas = NULL, *nulls = NULL, *result = NULL;
     int64_t *all = NULL;
-    if (count < 0 || count > buf.len) { bad("count out of range", 0); goto done; }
+    if (count < 0 || count > buf.len / MIN_RECORD_BYTES) {
+        bad("count out of range", 0);
+        goto done;
+    }
     keys = PyList_New(count);
     all = PyMem_Malloc((count + 1) * sizeof(int64_t));
     if (!keys || !all) { if (keys) PyErr_NoMemory(); goto done; }
@@ -117,6 +120,10 @@ static PyObject *pick(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*nO!", &buf, &count, &PyList_Type, &indexes)) return NULL;
     PyObject *out = NULL, *result = NULL;
     Py_ssize_t wanted = PyList_GET_SIZE(indexes);
+    if (count < 0 || count > buf.len / MIN_RECORD_BYTES) {
+        bad("count out of range", 0);
+        goto done;
+    }
     /* At most the whole section: the output never outgrows it. */
     if (!(out = PyBytes_FromStringAndSize(NULL, buf.len))) goto done;
     char *o = PyBytes_AS_STRING(out);
@@ -168,6 +175,8 @@ done:
 #define IN_ARENA 127
 #define STR_KIND 0x80
 #define AHEAD 8
+#define FIRST_SLOTS 16
+#define FIRST_ARENA_BYTES 4096
 
 typedef struct {
     uint64_t hash;        /* 0: an empty entry */
@@ -183,7 +192,6 @@ typedef struct {
     Py_ssize_t count;
     uint8_t *arena;       /* per long key: its length (4 bytes), its bytes */
     uint64_t arena_used, arena_size;
-    uint64_t key_bytes;   /* of the keys held, one more each: what a budget counts */
     uint64_t seed;
 } OffsetMap;
 
@@ -215,7 +223,7 @@ static uint64_t hash_key(uint64_t seed, uint8_t kind, const uint8_t *key, int64_
     uint64_t tail = 0;
     memcpy(&tail, key + i, (size_t)(len - i));
     h = mix(h ^ tail ^ ((uint64_t)(len - i) << 59));
-    return h | 1;  /* never 0, the empty entry */
+    return h | 1ULL << 63;  /* never 0, the empty entry; the low bits index the table */
 }
 
 static inline int same_key(const OffsetMap *m, const entry *e, const item *it) {
@@ -246,7 +254,7 @@ static inline void prefetch(const OffsetMap *m, const item *it) {
 
 /* Room for `more` keys at most 70% full; 0 on success. */
 static int reserve(OffsetMap *m, Py_ssize_t more) {
-    Py_ssize_t slots = m->slots ? m->slots : 1024;
+    Py_ssize_t slots = m->slots ? m->slots : FIRST_SLOTS;
     while (10 * (m->count + more) > 7 * slots) slots *= 2;
     if (slots == m->slots) return 0;
     entry *table = PyMem_Calloc(slots, sizeof(entry));
@@ -281,7 +289,7 @@ static int put_item(OffsetMap *m, const item *it) {
             return -1;
         }
         if (m->arena_used + need > m->arena_size) {
-            uint64_t size = m->arena_size ? m->arena_size : 65536;
+            uint64_t size = m->arena_size ? m->arena_size : FIRST_ARENA_BYTES;
             while (size < m->arena_used + need) size *= 2;
             uint8_t *arena = PyMem_Realloc(m->arena, size);
             if (!arena) { PyErr_NoMemory(); return -1; }
@@ -298,7 +306,6 @@ static int put_item(OffsetMap *m, const item *it) {
     e->hash = it->hash;
     e->offset = it->offset;
     m->count++;
-    m->key_bytes += (uint64_t)it->len + 1;
     return 0;
 }
 
@@ -376,16 +383,19 @@ static PyObject *map_get(OffsetMap *m, PyObject *key) {
 
 /* The items of an uncompressed section of `count` records whose offset
  * deltas increase up to last_delta (PyMem_Free them); NULL with ValueError
- * set if it is not that. *keyed and *key_bytes: records with a key, and
- * their keys' bytes (one more each). */
+ * set if it is not that. *keyed: records with a key; *long_bytes: what
+ * their keys would take of the arena, were they all new. */
 static item *items_of(const OffsetMap *m, const Py_buffer *buf, Py_ssize_t count,
-                      int64_t last_delta, int64_t base, uint64_t *keyed, uint64_t *key_bytes) {
-    if (count < 0 || count > buf->len) { bad("count out of range", 0); return NULL; }
+                      int64_t last_delta, int64_t base, uint64_t *keyed, uint64_t *long_bytes) {
+    if (count < 0 || count > buf->len / MIN_RECORD_BYTES) {
+        bad("count out of range", 0);
+        return NULL;
+    }
     item *items = PyMem_Malloc((count + 1) * sizeof(item));
     if (!items) { PyErr_NoMemory(); return NULL; }
     cursor c = {(const uint8_t *)buf->buf, (const uint8_t *)buf->buf + buf->len};
     int64_t last = -1;
-    *keyed = *key_bytes = 0;
+    *keyed = *long_bytes = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
         record rec;
         item *it = &items[i];
@@ -407,7 +417,7 @@ static item *items_of(const OffsetMap *m, const Py_buffer *buf, Py_ssize_t count
         if (rec.key_len >= 0) {
             it->hash = hash_key(m->seed, 0, rec.key, rec.key_len);
             (*keyed)++;
-            *key_bytes += (uint64_t)rec.key_len + 1;
+            if (rec.key_len > INLINE_MAX) *long_bytes += 4 + (uint64_t)rec.key_len;
         }
     }
     if (c.p != c.end) { bad("bytes after the last record", count); goto fail; }
@@ -417,26 +427,39 @@ fail:
     return NULL;
 }
 
+/* The memory the map would hold, at its peak, after `more` new keys with
+ * `more_arena` bytes of long keys: the table as it would grow (the old one
+ * is still there while the new one fills) and the arena. */
+static uint64_t projected_bytes(const OffsetMap *m, uint64_t more, uint64_t more_arena) {
+    uint64_t slots = (uint64_t)m->slots, table = slots * sizeof(entry);
+    while (10 * ((uint64_t)m->count + more) > 7 * slots) slots *= 2;
+    if (slots != (uint64_t)m->slots) table += slots * sizeof(entry);
+    uint64_t arena = m->arena_size;
+    if (m->arena_used + more_arena > arena) {
+        if (!arena) arena = FIRST_ARENA_BYTES;
+        while (arena < m->arena_used + more_arena) arena *= 2;
+    }
+    return table + arena;
+}
+
 PyDoc_STRVAR(put_doc,
-"put(section, count, last_offset_delta, base_offset, room_keys, room_bytes) -> bool\n\n"
-"Every keyed record of an uncompressed records section, key -> offset, if its\n"
-"keyed records and their key bytes (one more each) fit in room_keys and\n"
-"room_bytes (-1: no limit); False, with nothing put, if not. ValueError as\n"
-"sections.scan, with nothing put.");
+"put(section, count, last_offset_delta, base_offset, budget_bytes) -> bool\n\n"
+"Every keyed record of an uncompressed records section, key -> offset, if the\n"
+"map's memory (memory_bytes) stays within budget_bytes (-1: no limit) even were\n"
+"every key new; False, with nothing put, if not. ValueError as sections.scan,\n"
+"with nothing put.");
 
 static PyObject *map_put(OffsetMap *m, PyObject *args) {
     Py_buffer buf;
     Py_ssize_t count;
-    long long last_delta, base, room_keys, room_bytes;
-    if (!PyArg_ParseTuple(args, "y*nLLLL", &buf, &count, &last_delta, &base, &room_keys,
-                          &room_bytes))
+    long long last_delta, base, budget;
+    if (!PyArg_ParseTuple(args, "y*nLLL", &buf, &count, &last_delta, &base, &budget))
         return NULL;
     PyObject *result = NULL;
-    uint64_t keyed, key_bytes;
-    item *items = items_of(m, &buf, count, last_delta, base, &keyed, &key_bytes);
+    uint64_t keyed, long_bytes;
+    item *items = items_of(m, &buf, count, last_delta, base, &keyed, &long_bytes);
     if (!items) goto done;
-    if ((room_keys >= 0 && keyed > (uint64_t)room_keys)
-            || (room_bytes >= 0 && key_bytes > (uint64_t)room_bytes)) {
+    if (budget >= 0 && projected_bytes(m, keyed, long_bytes) > (uint64_t)budget) {
         result = Py_False;
     } else {
         if (reserve(m, (Py_ssize_t)keyed)) goto done;
@@ -475,8 +498,8 @@ static PyObject *map_keep(OffsetMap *m, PyObject *args) {
     long long last_delta, base;
     if (!PyArg_ParseTuple(args, "y*nLL", &buf, &count, &last_delta, &base)) return NULL;
     PyObject *keep = NULL, *tombstones = NULL, *result = NULL;
-    uint64_t keyed, key_bytes;
-    item *items = items_of(m, &buf, count, last_delta, base, &keyed, &key_bytes);
+    uint64_t keyed, long_bytes;
+    item *items = items_of(m, &buf, count, last_delta, base, &keyed, &long_bytes);
     if (!items) goto done;
     for (Py_ssize_t i = 0; i < count && i < AHEAD; i++) prefetch(m, &items[i]);
     for (Py_ssize_t i = 0; i < count; i++) {
@@ -509,9 +532,9 @@ done:
     return result;
 }
 
-static PyObject *map_key_bytes(OffsetMap *m, void *closure) {
+static PyObject *map_memory_bytes(OffsetMap *m, void *closure) {
     (void)closure;
-    return PyLong_FromUnsignedLongLong(m->key_bytes);
+    return PyLong_FromUnsignedLongLong((uint64_t)m->slots * sizeof(entry) + m->arena_size);
 }
 
 static PyMethodDef map_methods[] = {
@@ -523,7 +546,8 @@ static PyMethodDef map_methods[] = {
 };
 
 static PyGetSetDef map_getset[] = {
-    {"key_bytes", (getter)map_key_bytes, NULL, "bytes of the keys held, one more each", NULL},
+    {"memory_bytes", (getter)map_memory_bytes, NULL,
+     "bytes the map holds: its table and its arena of long keys", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

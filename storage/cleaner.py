@@ -79,13 +79,15 @@ SEGMENT_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
 READ_CHUNK_BYTES = 1024 * 1024
 #: Bytes of cleaned batches written at once.
 WRITE_CHUNK_BYTES = 1024 * 1024
-#: What one offset-map entry is counted as beyond its key's bytes (counted
-#: as one more than its length): an entry of the C map's table (hash,
-#: offset, a key of up to 15 bytes or its place; 32 bytes in a table kept
-#: at most 70% full).
-MAP_ENTRY_BYTES = 48
-#: The same for the pure-Python map used where the C extension is not built
-#: (a dict slot, a key object and an int: CPython, measured).
+#: Bytes of one entry of the C offset map's table (hash, offset, a key of
+#: up to 15 bytes or its place in the arena of longer keys). The table
+#: doubles when 70% full; what a map may hold is its memory, table and
+#: arena, measured (``OffsetMap.used_bytes``), the old table included
+#: while a doubling copies it.
+MAP_ENTRY_BYTES = 32
+#: What the pure-Python map, used where the C extension is not built,
+#: counts per key beyond its length plus one (a dict slot, a key object
+#: and an int: CPython, measured).
 MAP_DICT_ENTRY_BYTES = 100
 #: Share of the dedupe buffer the map may fill (Kafka's load factor).
 MAP_LOAD_FACTOR = 0.9
@@ -380,10 +382,11 @@ class OffsetMap:
     Keys are held whole, so no two keys ever share an entry (Kafka's map
     keeps digests). The map is ``storage._records.OffsetMap`` where the C
     extension is built: filled from a whole section and asked which records
-    of one stay, it makes no Python object per record. Otherwise, and for a
-    section the C one does not take (a key stored as a string), the same in
-    Python over ``sections.scan``. The budget counts each entry as
-    ``entry_bytes`` plus its key's length plus one.
+    of one stay, it makes no Python object per record, and its budget is
+    the memory it holds. Otherwise, and for a section the C one does not
+    take (a key stored as a string), the same in Python over
+    ``sections.scan``, counting ``MAP_DICT_ENTRY_BYTES`` plus the key's
+    length plus one per key.
     """
 
     def __init__(self, budget_bytes: int) -> None:
@@ -391,43 +394,41 @@ class OffsetMap:
         self._c = sections.offset_map()
         self._dict: dict[bytes | str, int] = {}
         self._key_bytes = 0  # of the Python map
-        self.entry_bytes = MAP_DICT_ENTRY_BYTES if self._c is None else MAP_ENTRY_BYTES
 
     def __len__(self) -> int:
         return len(self._dict) if self._c is None else len(self._c)
 
     @property
     def used_bytes(self) -> int:
-        key_bytes = self._key_bytes if self._c is None else self._c.key_bytes
-        return len(self) * self.entry_bytes + key_bytes
+        if self._c is not None:
+            return self._c.memory_bytes
+        return len(self._dict) * MAP_DICT_ENTRY_BYTES + self._key_bytes
 
     def put(self, header: fmt.BatchHeader, section) -> bool:
         """Every keyed record of one batch (its uncompressed records
-        section), if they fit (all of them new keys, at worst); False, with
-        nothing put, if not. An empty map takes any batch, so every pass
-        makes progress."""
+        section), if the map stays within its budget even were every key
+        new; False, with nothing put, if not. An empty map takes any batch,
+        so every pass makes progress."""
         count, last, base = header.record_count, header.last_offset_delta, header.base_offset
-        room_keys = room_bytes = -1
-        if len(self):
-            room_bytes = self.budget - self.used_bytes
-            room_keys = max(0, room_bytes) // (self.entry_bytes + 1)
-            if room_bytes < 0:
-                return False
+        budget = self.budget if len(self) else -1
         if self._c is not None:
             try:
-                return self._c.put(section, count, last, base, room_keys, room_bytes)
+                return self._c.put(section, count, last, base, budget)
             except ValueError:
                 pass  # perhaps only what the C map does not take: the Python scan says
         keys, deltas, _ = _scan(header, section)
         keyed = [(key, offset) for key, offset in zip(keys, _offsets(base, keys, deltas))
                  if key is not None]
-        need = sum(len(key) + 1 for key, _ in keyed)
-        if room_keys >= 0 and (len(keyed) > room_keys or need > room_bytes):
+        if self._c is None:
+            need = sum(MAP_DICT_ENTRY_BYTES + len(key) + 1 for key, _ in keyed)
+        else:  # a table entry and arena room each, as the C map counts them
+            need = sum(2 * MAP_ENTRY_BYTES + 2 * (len(key) + 4) for key, _ in keyed)
+        if budget >= 0 and self.used_bytes + need > budget:
             return False
         for key, offset in keyed:
             if self._c is not None:
                 self._c.put_key(key, offset)
-            else:
+            elif offset > self._dict.get(key, -1):
                 if key not in self._dict:
                     self._key_bytes += len(key) + 1
                 self._dict[key] = offset
@@ -600,6 +601,9 @@ def _scan(header: fmt.BatchHeader, section) -> tuple[list, list[int] | None, byt
     """``sections.scan`` of one batch's records section: its keys, offset
     deltas and null values, checked as ``iter_records`` checks them (a bad
     offset delta would put a foreign offset in the offset map)."""
+    if header.base_offset + header.last_offset_delta > LONG_MAX:
+        raise fmt.CorruptRecordError(
+            f"batch at offset {header.base_offset} reaches past the largest offset")
     try:
         return sections.scan(section, header.record_count, header.last_offset_delta)
     except ValueError as exc:

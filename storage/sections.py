@@ -41,6 +41,9 @@ def offset_map():
     return None if _c is None else _c.OffsetMap(int.from_bytes(os.urandom(8), "little"))
 
 
+#: The smallest record, ``[0, 0, nil, nil, []]`` (storage/_records.h).
+MIN_RECORD_BYTES = 6
+
 _ERRORS = (ValueError, TypeError, IndexError, msgpack.UnpackException)
 
 
@@ -76,6 +79,7 @@ def pick(section, count: int, indexes: list[int]) -> bytes:
             return _c.pick(section, count, indexes)
         except ValueError:
             pass
+    _check_count(section, count)
     unpacker = _unpacker(section)
     pieces = []
     wanted = iter(indexes)
@@ -100,6 +104,11 @@ def pick(section, count: int, indexes: list[int]) -> bytes:
     if start != len(data):
         raise ValueError("bytes after the last record")
     return b"".join(pieces)
+
+
+def _check_count(section, count: int) -> None:
+    if not 0 <= count <= len(section) // MIN_RECORD_BYTES:
+        raise ValueError(f"record 0: count out of range ({count} in {len(section)} bytes)")
 
 
 def _unpacker(section) -> msgpack.Unpacker:

@@ -222,17 +222,22 @@ def test_an_offset_map_refuses_a_batch_that_may_not_fit_and_puts_nothing_of_it(a
     if not accelerated:
         sections._c = None
     try:
-        entry = cleaner.MAP_ENTRY_BYTES if accelerated else cleaner.MAP_DICT_ENTRY_BYTES
-        # Room for 15 entries of 3-byte keys (each counted as entry + 4).
-        offsets = cleaner.OffsetMap(int(15 * (entry + 4) / cleaner.MAP_LOAD_FACTOR) + 1)
+        if accelerated:
+            # Its memory: a 16-entry table (512 bytes) holds 11 keys; 20
+            # would double it, and the old and new tables together take 1,536.
+            budget, fits = 1000, 1
+        else:  # room for 15 keys of 3 bytes, counted as 100 + 4 each
+            budget, fits = 15 * (cleaner.MAP_DICT_ENTRY_BYTES + 4), 4
+        offsets = cleaner.OffsetMap(int(budget / cleaner.MAP_LOAD_FACTOR) + 1)
         keys = [b"k%02d" % i for i in range(10)]
         assert offsets.put(*keyed_batch(0, keys))
         # Ten more records may be ten new keys: no room for them, though
         # they are the same keys again. Nothing of the batch is put.
         assert not offsets.put(*keyed_batch(10, keys))
         assert len(offsets) == 10 and offsets.get(b"k00") == 0
-        assert offsets.put(*keyed_batch(20, keys[:4]))
+        assert offsets.put(*keyed_batch(20, keys[:fits]))
         assert offsets.get(b"k00") == 20 and offsets.get(b"k09") == 9
+        assert offsets.used_bytes <= offsets.budget
         # An empty map takes any batch: every pass makes progress.
         assert cleaner.OffsetMap(1).put(*keyed_batch(0, keys))
     finally:
@@ -266,5 +271,51 @@ def test_the_c_offset_map_grows_and_keeps_every_key_short_and_long():
     assert len(offsets) == len(keys)
     assert [offsets.get(key) for key in keys] == list(range(len(keys)))
     assert offsets.get(b"absent") == -1 and offsets.get("k1") == -1
-    assert offsets.used_bytes == (len(keys) * cleaner.MAP_ENTRY_BYTES
-                                  + sum(len(key) + 1 for key in keys))
+    # Its memory: the table (32768 entries for 20,000 keys, at most 70%
+    # full) and the arena of keys over 15 bytes (a length and the bytes).
+    arena = sum(4 + len(key) for key in keys if len(key) > 15)
+    assert offsets.used_bytes - 32768 * cleaner.MAP_ENTRY_BYTES in range(arena, 2 * arena + 1)
+
+
+def test_what_no_record_holds_is_refused_by_both():
+    # A header that is a map (the C reader refuses every map; the Python
+    # one, keys it cannot use), a negative count, more records than bytes.
+    with_map = msgpack.packb((0, 0, b"k", b"v", ({1: 2},)), use_bin_type=True)
+    assert both(sections.scan, with_map, 1, 0) == [ValueError, ValueError]
+    assert both(sections.pick, with_map, 1, [0]) == [ValueError, ValueError]
+    _, section = section_of([(b"a", b"1", [])])
+    for count in (-1, len(section)):
+        assert both(sections.scan, section, count, count - 1) == [ValueError, ValueError]
+        assert both(sections.pick, section, count, []) == [ValueError, ValueError]
+
+
+@pytest.mark.parametrize("accelerated", [True, False])
+def test_a_batch_reaching_past_the_largest_offset_is_corrupt(accelerated):
+    from storage import cleaner
+    saved = sections._c
+    if not accelerated:
+        sections._c = None
+    try:
+        offsets = cleaner.OffsetMap(1 << 20)
+        header, section = keyed_batch(0, [b"a", b"b", b"c"])
+        header = header._replace(base_offset=2**63 - 2)
+        for call in (offsets.put, offsets.keep):
+            with pytest.raises(batch_format.CorruptRecordError, match="largest offset"):
+                call(header, section)
+        assert len(offsets) == 0
+    finally:
+        sections._c = saved
+
+
+def test_the_c_offset_map_holds_no_more_memory_than_its_budget():
+    from storage import cleaner
+    offsets = cleaner.OffsetMap(200_000)
+    base, filled = 0, 0
+    while True:
+        keys = [b"a-key-of-more-than-fifteen-bytes-%06d" % (base + i) for i in range(50)]
+        if not offsets.put(*keyed_batch(base, keys)):
+            break
+        base += 50
+        assert offsets.used_bytes <= offsets.budget
+        filled += 50
+    assert filled == len(offsets) > 1000  # it filled up, then refused
