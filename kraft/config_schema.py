@@ -59,6 +59,7 @@ def _k(name, type_, default, doc, read_by, low=None, high=None) -> Key:
 
 
 _CONFIG = "kraft/config.py"
+_AUTHORIZER = "kraft/authorizer.py"
 _TOPIC = "kraft/topic_config.py"
 _STORAGE = "storage/config.py"
 _MANAGER = "storage/manager.py"
@@ -133,10 +134,10 @@ SCHEMA: tuple[Key, ...] = (
     _k("super.users", "str", "",
        "Principals that ACLs do not restrict, ';'-separated (certificate subjects hold "
        "commas): User:CN=node-1;User:admin. The nodes' own certificate principals belong "
-       "here.", _CONFIG),
+       "here.", _AUTHORIZER),
     _k("allow.everyone.if.no.acl.found", "bool", False,
        "With the authorizer on: whether a resource that no ACL names is open to everyone "
-       "(Kafka's default, false: closed).", _CONFIG),
+       "(Kafka's default, false: closed).", _AUTHORIZER),
     _k("ssl.reload.interval.ms", "int", 30_000,
        "How often SSL listeners look for a changed ssl.certfile, ssl.keyfile or ssl.cafile "
        "and load it: new connections get the new certificate, without a restart.",

@@ -521,6 +521,8 @@ class AsyncConsumer:
             await self._group.reconcile()
         while True:
             self._raise_partition_error()
+            if self._group is not None and self._group.fatal is not None:
+                raise self._group.fatal
             self._data.clear()
             records = drain(max_records)
             if records:
@@ -535,6 +537,10 @@ class AsyncConsumer:
                 await asyncio.wait_for(self._data.wait(), remaining)
             except asyncio.TimeoutError:
                 return []
+
+    def wake_poll(self) -> None:
+        """Make a waiting ``poll`` look again (its group failed, say)."""
+        self._data.set()
 
     def _raise_partition_error(self) -> None:
         for state in self._states.values():

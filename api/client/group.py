@@ -45,8 +45,9 @@ from api.client.errors import KraftlogError
 
 class GroupConsumer(Protocol):
     """What a member needs of the consumer it belongs to (``AsyncConsumer``):
-    its settings, its transport and metadata, and the two calls that hand
-    partitions over (with their positions) and back."""
+    its settings, its transport and metadata, the two calls that hand
+    partitions over (with their positions) and back, and a wake-up for a
+    waiting poll."""
 
     config: Any
     _transport: Transport
@@ -57,6 +58,9 @@ class GroupConsumer(Protocol):
 
     def _consumed_positions(self, tps: Iterable[TopicPartition]
                             ) -> dict[TopicPartition, int]: ...
+
+    def wake_poll(self) -> None: ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +78,9 @@ REFUSED_COMMIT_CODES = REJOIN_CODES | {"STALE_MEMBER_EPOCH"}
 #: Codes that no retry can cure: the next ``poll`` raises them.
 FATAL_CODES = frozenset({"INVALID_REQUEST", "UNSUPPORTED_ASSIGNOR", "GROUP_MAX_SIZE_REACHED",
                          "INVALID_SESSION_TIMEOUT",
-                         "UNRELEASED_INSTANCE_ID", "INVALID_GROUP_ID"})
+                         "UNRELEASED_INSTANCE_ID", "INVALID_GROUP_ID",
+                         # ACLs: until an administrator allows it
+                         "GROUP_AUTHORIZATION_FAILED", "TOPIC_AUTHORIZATION_FAILED"})
 #: Heartbeat interval until the coordinator says otherwise.
 HEARTBEAT_INTERVAL_MS_DEFAULT = 1000
 #: A heartbeat waits at least this long for its answer.
@@ -219,6 +225,7 @@ class GroupMember:
                     if self.owned:
                         self._lose(str(exc), forget_id=True)
                     self.fatal = exc
+                    self.consumer.wake_poll()  # raised by the poll waiting now
                     return
                 else:
                     logger.info("group %s: heartbeat failed: %s", self.group_id, exc)
