@@ -1,13 +1,21 @@
-"""``kraftlog bench security``: what TLS and SCRAM cost producers and consumers.
+"""``kraftlog bench security``: what TLS, SCRAM and ACLs cost producers and
+consumers.
 
-Three fresh single nodes (shipped defaults) side by side: one plain, one
+Five fresh single nodes (shipped defaults) side by side: one plain, one
 with both listeners SSL and client certificates required, one whose BROKER
 listener is SASL_SSL, where the client authenticates as a SCRAM-SHA-512 user
-(``ProcessCluster(tls=True)``: a CA and certificates made for the run).
-Rounds alternate between them; each produces ``--records`` records into a
-fresh topic through the Python Producer, then reads them all back through
-the Consumer. Figures are medians of the rounds; the goal is >= 0.7x
-plaintext, both ways.
+(``ProcessCluster(tls=True)``: a CA and certificates made for the run), and
+two more SASL_SSL ones with the authorizer on, holding 10 ACLs and
+``--acls`` ACLs (70% literal topics, 20% prefixed, 10% groups and
+transactional ids, over 50 principals; the bench user's own grants among
+them). Rounds alternate between them; each produces ``--records`` records
+into a fresh topic through the Python Producer, then reads them all back
+through the Consumer. Figures are medians of the rounds. Goals: >= 0.7x
+plaintext both ways for TLS+SCRAM, and no measurable drop from 10 ACLs to
+``--acls`` ACLs.
+
+First, in this process: the authorizer's cost per decision over 10 and
+``--acls`` ACLs, from its cache and from its index alone.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from chaos.cluster import ProcessCluster
 GOAL = 0.7
 ROUNDS = 3
 SCRAM_PASSWORD = "bench-password-1"
+BENCH_USER = "User:bench"
+ACL_PRINCIPALS = 50
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +47,70 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="partitions of each run's topic (default %(default)s)")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help="alternating rounds (default %(default)s)")
+    parser.add_argument("--acls", type=int, default=10_000,
+                        help="ACLs of the large authorizer node (default %(default)s)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def acl_bindings(count: int) -> list:
+    """``count`` ACLs: the bench user's grants (everything on topics named
+    bench-*, idempotent writes), then 70% literal topics, 20% prefixed, 10%
+    groups and transactional ids, for 50 other principals."""
+    from protocol import acl
+    mine = [acl.AclBinding(acl.TOPIC, "bench-", acl.PREFIXED, BENCH_USER, "*", acl.ALL,
+                           acl.ALLOW),
+            acl.AclBinding(acl.CLUSTER, acl.CLUSTER_NAME, acl.LITERAL, BENCH_USER, "*",
+                           acl.IDEMPOTENT_WRITE, acl.ALLOW)]
+    out = list(mine)
+    ops = (acl.READ, acl.WRITE, acl.DESCRIBE)
+    for i in range(max(0, count - len(mine))):
+        principal = f"User:app-{i % ACL_PRINCIPALS}"
+        kind = i % 10
+        if kind < 7:
+            binding = acl.AclBinding(acl.TOPIC, f"topic-{i}", acl.LITERAL, principal, "*",
+                                     ops[i % 3], acl.ALLOW)
+        elif kind < 9:
+            binding = acl.AclBinding(acl.TOPIC, f"team-{i}.", acl.PREFIXED, principal, "*",
+                                     ops[i % 3], acl.ALLOW if i % 2 else acl.DENY)
+        elif i % 20 == 9:
+            binding = acl.AclBinding(acl.GROUP, f"group-{i}", acl.LITERAL, principal, "*",
+                                     acl.READ, acl.ALLOW)
+        else:
+            binding = acl.AclBinding(acl.TRANSACTIONAL_ID, f"txn-{i}", acl.LITERAL, principal,
+                                     "*", acl.WRITE, acl.ALLOW)
+        out.append(binding)
+    return out[:max(count, len(mine))]
+
+
+def bench_decisions(count: int, decisions: int = 200_000) -> dict:
+    """ns per authorizer decision over 10 and ``count`` ACLs: cached (the
+    hot path: the same caller and topic again) and from the index alone."""
+    from kraft.authorizer import AclIndex, AclSettings, Authorizer, decide
+    from kraft.image import MetadataImage
+    from kraft.records import AccessControlEntryRecord
+    from protocol import acl
+
+    out = {}
+    for n in (10, count):
+        image = MetadataImage()
+        for offset, binding in enumerate(acl_bindings(n)):
+            image.apply(AccessControlEntryRecord(*binding), offset)
+        authorizer = Authorizer(lambda: image, AclSettings(True))
+        names = [f"bench-topic-{i % 64}" for i in range(decisions)]
+        started = time.perf_counter()
+        authorizer.authorize(BENCH_USER, "127.0.0.1", acl.WRITE, acl.TOPIC, "warm-up")
+        build_ms = (time.perf_counter() - started) * 1000  # the index, after an ACL change
+        started = time.perf_counter()
+        for name in names:
+            authorizer.authorize(BENCH_USER, "127.0.0.1", acl.WRITE, acl.TOPIC, name)
+        cached = (time.perf_counter() - started) / decisions * 1e9
+        index = AclIndex(image.acls)
+        started = time.perf_counter()
+        for name in names[:decisions // 4]:
+            decide(index, BENCH_USER, "127.0.0.1", acl.WRITE, acl.TOPIC, name, False)
+        uncached = (time.perf_counter() - started) / (decisions // 4) * 1e9
+        out[n] = {"cached_ns": cached, "index_ns": uncached, "index_build_ms": build_ms}
+    return out
 
 
 def _produce(bootstrap: list[str], security: dict, topic: str, args, label: str) -> float:
@@ -68,15 +141,17 @@ def _consume(bootstrap: list[str], security: dict, topic: str, args, label: str)
     return got / elapsed
 
 
-LABELS = ("plain", "TLS", "TLS+SCRAM")
-
-
 def run(args: argparse.Namespace) -> int:
+    few, many = "10 ACLs", f"{args.acls:,} ACLs"
+    labels = ("plain", "TLS", "TLS+SCRAM", few, many)
     samples: dict[str, list[float]] = {f"{way} {label}": [] for way in ("produce", "consume")
-                                       for label in LABELS}
+                                       for label in labels}
+    _status(f"the authorizer in this process: 10 and {args.acls:,} ACLs ...")
+    decisions = bench_decisions(args.acls)
     with tempfile.TemporaryDirectory(prefix="kraftlog-bench-security-") as base:
-        _status("starting three nodes: plain, TLS with client certificates, and SASL_SSL "
-                "(TLS + a SCRAM user's password) ...")
+        _status("starting five nodes: plain, TLS with client certificates, SASL_SSL "
+                "(TLS + a SCRAM user's password), and SASL_SSL with ACLs (10, and "
+                f"{args.acls:,}) ...")
         plain = ProcessCluster(os.path.join(base, "plain"), controllers=1, brokers=0,
                                combined=True, settings={})
         mtls = ProcessCluster(os.path.join(base, "tls"), controllers=1, brokers=0,
@@ -86,20 +161,39 @@ def run(args: argparse.Namespace) -> int:
                                combined=True, tls=True, settings={
                                    "listener.security.protocol.map":
                                        "BROKER:SASL_SSL,CONTROLLER:SSL"})
-        with plain, mtls, scram:
-            for cluster in (plain, mtls, scram):
+        acl_nodes = {label: ProcessCluster(
+            os.path.join(base, f"acls-{n}"), controllers=1, brokers=0, combined=True,
+            tls=True, acls=True, settings={
+                "listener.security.protocol.map": "BROKER:SASL_SSL,CONTROLLER:SSL"})
+            for label, n in ((few, 10), (many, args.acls))}
+        with plain, mtls, scram, acl_nodes[few], acl_nodes[many]:
+            everyone = (plain, mtls, scram, *acl_nodes.values())
+            for cluster in everyone:
                 cluster.start()
-            for cluster in (plain, mtls, scram):
+            for cluster in everyone:
                 cluster.wait_for_brokers_running(timeout_s=60)
             from api.client import Admin
-            with Admin([scram.nodes[1].broker_url], **scram.client_security) as admin:
-                admin.upsert_user("bench", SCRAM_PASSWORD)
-            as_user = {"security_protocol": "SASL_SSL",
-                       "ssl_cafile": scram.certs["ca"].certfile,
-                       "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "bench",
-                       "sasl_plain_password": SCRAM_PASSWORD}
+            for cluster in (scram, *acl_nodes.values()):
+                with Admin([cluster.nodes[1].broker_url], **cluster.client_security) as admin:
+                    admin.upsert_user("bench", SCRAM_PASSWORD)
+            for label, n in ((few, 10), (many, args.acls)):
+                _status(f"creating {n:,} ACLs ...")
+                cluster = acl_nodes[label]
+                bindings = acl_bindings(n)
+                with Admin([cluster.nodes[1].broker_url], **cluster.client_security) as admin:
+                    for at in range(0, len(bindings), 1000):
+                        admin.create_acls(bindings[at:at + 1000])
+                    assert len(admin.describe_acls()) == len(bindings)
+
+            def as_user(cluster: ProcessCluster) -> dict:
+                return {"security_protocol": "SASL_SSL",
+                        "ssl_cafile": cluster.certs["ca"].certfile,
+                        "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "bench",
+                        "sasl_plain_password": SCRAM_PASSWORD}
             targets = [("plain", plain, {}), ("TLS", mtls, mtls.client_security),
-                       ("TLS+SCRAM", scram, as_user)]
+                       ("TLS+SCRAM", scram, as_user(scram)),
+                       *((label, cluster, as_user(cluster))
+                         for label, cluster in acl_nodes.items())]
             for _ in range(args.rounds):
                 for label, cluster, security in targets:
                     bootstrap = [cluster.nodes[1].broker_url]
@@ -110,19 +204,23 @@ def run(args: argparse.Namespace) -> int:
                     samples[f"consume {label}"].append(
                         _consume(bootstrap, security, topic, args, label))
     medians = {k: statistics.median(v) for k, v in samples.items()}
-    ratios = {f"{way} {label}": medians[f"{way} {label}"] / medians[f"{way} plain"]
-              for way in ("produce", "consume") for label in LABELS[1:]}
+    ratios = {f"{way} {label} / plain": medians[f"{way} {label}"] / medians[f"{way} plain"]
+              for way in ("produce", "consume") for label in labels[1:4]}
+    acl_ratios = {f"{way} {many} / {few}": medians[f"{way} {many}"] / medians[f"{way} {few}"]
+                  for way in ("produce", "consume")}
     summary = {"bench": "security", "records": args.records, "record_size": args.record_size,
                "partitions": args.partitions, "rounds": args.rounds, "samples": samples,
-               "medians": medians, "ratios": ratios, "goal": GOAL}
+               "medians": medians, "ratios": ratios, "goal": GOAL, "acls": args.acls,
+               "acl_ratios": acl_ratios, "decisions_ns": decisions}
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
     from api.table import format_table
 
     print("kraftlog bench security")
-    print(f"  nodes     three fresh single nodes: plain; TLS on both listeners with client "
+    print(f"  nodes     five fresh single nodes: plain; TLS on both listeners with client "
           f"certificates required; SASL_SSL (TLS, a SCRAM-SHA-512 user's password); "
+          f"SASL_SSL with the authorizer and 10 or {args.acls:,} ACLs; "
           f"{args.rounds} alternating rounds")
     print(f"  workload  {args.records:,} records of {args.record_size} B per run, "
           f"{args.partitions} partitions, acks=1, batch 1 MiB, linger 5 ms")
@@ -133,5 +231,13 @@ def run(args: argparse.Namespace) -> int:
     print()
     for run_name, ratio in ratios.items():
         verdict = "met" if ratio >= GOAL else "NOT met"
-        print(f"{run_name} / plain: {ratio:.2f} (goal >= {GOAL}: {verdict})")
+        print(f"{run_name}: {ratio:.2f} (goal >= {GOAL} for TLS+SCRAM: {verdict})"
+              if "SCRAM" in run_name else f"{run_name}: {ratio:.2f}")
+    for run_name, ratio in acl_ratios.items():
+        print(f"{run_name}: {ratio:.2f} (goal: no measurable drop)")
+    print()
+    print(format_table(("authorizer, in process", "ns per decision, cached",
+                        "ns per decision, index only", "index build after a change, ms"), [
+        (f"{n:,} ACLs", f"{d['cached_ns']:,.0f}", f"{d['index_ns']:,.0f}",
+         f"{d['index_build_ms']:,.1f}") for n, d in decisions.items()]))
     return 0
