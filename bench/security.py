@@ -8,7 +8,8 @@ listener is SASL_SSL, where the client authenticates as a SCRAM-SHA-512 user
 two more SASL_SSL ones with the authorizer on, holding 10 ACLs and
 ``--acls`` ACLs (70% literal topics, 20% prefixed, 10% groups and
 transactional ids, over 50 principals; the bench user's own grants among
-them). Rounds alternate between them; each produces ``--records`` records
+them). Rounds alternate between them, each round starting one node further on;
+each produces ``--records`` records
 into a fresh topic through the Python Producer, then reads them all back
 through the Consumer. Figures are medians of the rounds. Goals: >= 0.7x
 plaintext both ways for TLS+SCRAM, and no measurable drop from 10 ACLs to
@@ -194,8 +195,10 @@ def run(args: argparse.Namespace) -> int:
                        ("TLS+SCRAM", scram, as_user(scram)),
                        *((label, cluster, as_user(cluster))
                          for label, cluster in acl_nodes.items())]
-            for _ in range(args.rounds):
-                for label, cluster, security in targets:
+            for round_no in range(args.rounds):
+                # Each round starts with the next node: none is always first or last.
+                turn = round_no % len(targets)
+                for label, cluster, security in targets[turn:] + targets[:turn]:
                     bootstrap = [cluster.nodes[1].broker_url]
                     topic = f"bench-security-{uuid.uuid4().hex[:8]}"
                     _create_topic(bootstrap, topic, args.partitions, security=security)

@@ -73,7 +73,8 @@ def add_commands(actions: argparse._SubParsersAction, formatter: type) -> None:
                           "(ssl.client.auth = required): a CA and node and client "
                           "certificates are made for the run in DIR/cluster/certs, nodes "
                           "replicate and register over TLS, and every client and HTTP call "
-                          "of the harness presents the client certificate. Works with "
+                          "of the harness presents the client certificate; ACLs are on, the "
+                          "nodes and the harness super users. Works with "
                           "--namespaces (the certificates name the namespace addresses)")
     run.add_argument("--unsafe-ack-before-replication", action="store_true",
                      help="run a deliberately BROKEN cluster (acks=all answered before "

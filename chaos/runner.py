@@ -9,7 +9,8 @@
    (``ssl.client.auth = required``): a CA and certificates are made for the
    run under ``DIR/cluster/certs``, and every client and HTTP call of the
    harness (workload, final read, admin, nemesis probes) uses the cluster's
-   ``ClientSecurity``.
+   ``ClientSecurity``. ACLs are on (``authorizer.class.name``), the nodes'
+   and the harness's certificates super users.
 2. **Topic**: ``partitions`` partitions, replication factor 3 (or the number
    of brokers if fewer), ``min.insync.replicas`` 2.
 3. **Workload** (``chaos/workload.py``) for ``duration_s`` while the
@@ -99,7 +100,7 @@ class RunConfig:
     def layout(self) -> str:
         nodes = (f"{self.controllers} combined nodes" if self.combined
                  else f"{self.controllers} controllers + {self.brokers} brokers")
-        return nodes + (", TLS" if self.secure else "")
+        return nodes + (", TLS, ACLs" if self.secure else "")
 
     @property
     def security_protocol(self) -> str:
@@ -175,7 +176,7 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
     settings = node_settings(config)
     cluster = ProcessCluster(os.path.join(config.out_dir, "cluster"), config.controllers,
                              config.brokers, config.combined, settings, network=network,
-                             tls=config.secure)
+                             tls=config.secure, acls=config.secure)
     security = ClientSecurity(cluster.client_security, cluster.ssl_context)
     settings = dict(cluster.settings)  # with the TLS settings the cluster added
     target = nemesis.Target(cluster, TOPIC, config.partitions, rng, network,

@@ -125,13 +125,15 @@ def test_transactions_through_faults_are_seen_whole_or_not_at_all(tmp_path, scen
 
 
 def test_a_tls_cluster_requiring_client_certificates_loses_nothing(tmp_path):
-    # `chaos run --secure`: every listener SSL, ssl.client.auth = required. A
-    # client or probe of the harness without the run's client certificate
-    # would be refused, so a pass shows every one of them presented it.
+    # `chaos run --secure`: every listener SSL, ssl.client.auth = required,
+    # ACLs on. A client or probe of the harness without the run's client
+    # certificate would be refused, and a node whose calls the authorizer
+    # refused could not replicate, so a pass shows every one of them passed.
     results, events = chaos_run(tmp_path, "kill-leader", secure=True)
     assert_passed(results, "kill-leader")
-    assert results["security_protocol"] == "SSL" and results["layout"].endswith(", TLS")
+    assert results["security_protocol"] == "SSL" and results["layout"].endswith(", TLS, ACLs")
     (run,) = [e for e in events if e["type"] == "run"]
     assert run["settings"]["listener.security.protocol.map"] == "BROKER:SSL,CONTROLLER:SSL"
     assert run["settings"]["ssl.client.auth"] == "required"
+    assert run["settings"]["authorizer.class.name"] == "kraftlog.StandardAuthorizer"
     assert os.path.exists(tmp_path / "kill-leader" / "cluster" / "certs" / "client.pem")
