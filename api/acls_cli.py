@@ -96,7 +96,10 @@ def _resource_flags(parser: argparse.ArgumentParser, patterns: tuple, default: s
     parser.add_argument("--cluster", action="store_true", help="the cluster")
     parser.add_argument("--resource-pattern-type", default=default.lower(),
                         choices=[p.lower() for p in patterns],
-                        help="how resource names are read (default %(default)s)")
+                        help="how resource names are read (default %(default)s; match: "
+                             "every ACL that applies to the name, any: every pattern type)"
+                             if acl.MATCH in patterns else
+                             "how resource names are read (default %(default)s)")
 
 
 def _resources(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -122,7 +125,14 @@ def _bindings(args: argparse.Namespace) -> list[acl.AclBinding]:
     if not entries:
         raise CliError("name who the ACLs are for: --allow-principal or --deny-principal "
                        "User:<name>")
+    _check_hosts(args)
     if args.producer or args.consumer:
+        if args.operation:
+            raise CliError("--producer and --consumer choose the operations themselves: "
+                           "drop --operation, or add those ACLs in a command of their own")
+        if args.cluster and not args.idempotent:
+            raise CliError("with --producer, the cluster's ACL is IDEMPOTENT_WRITE: say "
+                           "--idempotent (not --cluster)")
         wanted: list[tuple[str, str, str]] = []  # (resource type, name, operation)
         if args.producer:
             wanted += [(acl.TOPIC, t, op) for t in args.topic
@@ -158,6 +168,15 @@ def _bindings(args: argparse.Namespace) -> list[acl.AclBinding]:
     return sorted(set(bindings))
 
 
+def _check_hosts(args: argparse.Namespace) -> None:
+    from api.cli_support import CliError
+
+    for hosts, principals, kind in ((args.allow_host, args.allow_principal, "allow"),
+                                    (args.deny_host, args.deny_principal, "deny")):
+        if hosts and not principals:
+            raise CliError(f"--{kind}-host applies to --{kind}-principal, and none is given")
+
+
 def _filters(args: argparse.Namespace) -> list[acl.AclBindingFilter]:
     from api.cli_support import CliError
 
@@ -166,6 +185,9 @@ def _filters(args: argparse.Namespace) -> list[acl.AclBindingFilter]:
     if not resources and not (args.allow_principal or args.deny_principal):
         raise CliError("say which ACLs to remove: resource flags (--topic, --group, "
                        "--transactional-id, --cluster) and/or principal flags")
+    _check_hosts(args)
+    if not resources:
+        pattern = acl.ANY  # a principal's ACLs, whatever their resources' patterns
     entries = _entries(args) or [(None, None, None)]
     operations = args.operation or [None]
     return [acl.AclBindingFilter(rtype, name, pattern, principal, host, op, permission)

@@ -198,6 +198,8 @@ class Authorizer:
         key = (principal, host, operation, rtype, None)
         decision = self._cache.get(key)
         if decision is None:
+            if len(self._cache) >= CACHE_MAX:
+                self._cache = {}
             decision = self._cache[key] = self._any(principal, host, operation, rtype)
         return decision
 

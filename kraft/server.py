@@ -189,8 +189,11 @@ class ControllerServer:
         # Never SASL_SSL (refused): no passwords to check here.
         self.config.secure_app(app, self.config.voters[self.config.node_id])
         self.add_routes(app)
+        # Its ACLs are the cluster's once it is the active controller (its
+        # barrier applied): before, only super users (the nodes) are served,
+        # as Kafka's authorizer answers "not ready" until its first load.
         authorizer = (Authorizer(lambda: self.quorum.image, self.config.acl,
-                                 lock=self.quorum.image_lock)
+                                 ready=lambda: self.is_active, lock=self.quorum.image_lock)
                       if self.config.acl.enabled else AllowAll())
         check_routes_complete(app, CONTROLLER_ROUTE_RULES)
         app.middlewares.append(authorization_middleware(authorizer, CONTROLLER_ROUTE_RULES))

@@ -35,9 +35,10 @@ from protocol import acl, wire
 from protocol.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from protocol.tls import principal_of, require_node_or_plain
 from protocol.errors import (CodedError, InvalidRequestError, InvalidRequiredAcksError,
-                             KraftError, TransactionalIdAuthorizationFailedError)
+                             InvalidTopicError, KraftError,
+                             TransactionalIdAuthorizationFailedError)
 from protocol.fields import Fields
-from storage.batch import HEADER_SIZE, iter_batches, iter_records, parse_header
+from storage.batch import RecordFormatError, iter_batches, iter_records
 from storage.manager import TOPIC_NAME_MAX_CHARS, TopicPartition
 
 logger = logging.getLogger(__name__)
@@ -134,6 +135,8 @@ class DataApi:
         self.marker_listeners: list[Callable[[MarkerItem], None]] = []
         #: Client quotas (api/broker/quotas.py); None: none enforced.
         self.quotas: QuotaManager | None = None
+        #: Topics only their coordinators write (set by the server).
+        self.internal_topics: frozenset[str] = frozenset()
         #: KIP-890: ``verify_txn(transactional_id, producer_id, epoch, tps)``
         #: asks the transaction coordinator whether the partitions are in the
         #: producer's open transaction (raises if not). Set by the server.
@@ -188,7 +191,7 @@ class DataApi:
                 TopicPartition(fields.string("topic", TOPIC_NAME_MAX_CHARS),
                                fields.integer("partition", 0, INT32_MAX)),
                 _leader_epoch(fields), records))
-        refused = self._authorize_produce(auth_of(request), body, items)
+        refused = self._refused_writes(auth_of(request), body, items)
         refused.update(await self._verify_transaction(
             body, [item for item in items if item.tp not in refused]))
         results, appended = await self.replicas.produce(
@@ -203,26 +206,32 @@ class DataApi:
         return wire.respond(request, {"partitions": self._render("produce", results),
                                       "throttle_time_ms": throttle_ms})
 
-    @staticmethod
-    def _authorize_produce(auth: RequestAuth, body: Fields, items: list[ProduceItem]
-                           ) -> dict[TopicPartition, Exception]:
-        """Kafka's order: transactional records need WRITE on the
-        transactional id (or the whole request is refused), then each topic
-        needs WRITE (its partitions are refused, the others appended)."""
+    def _refused_writes(self, auth: RequestAuth, body: Fields, items: list[ProduceItem]
+                        ) -> dict[TopicPartition, Exception]:
+        """What a produce may not write. The internal topics take only their
+        coordinators' writes, whoever asks (as Kafka refuses them). With
+        ACLs, Kafka's order: transactional records need WRITE on the
+        transactional id they come with (or the whole request is refused),
+        then each topic needs WRITE (its partitions are refused, the others
+        appended)."""
+        refused: dict[TopicPartition, Exception] = {
+            item.tp: InvalidTopicError(f"{item.tp.topic} is an internal topic: only its "
+                                       "coordinator writes to it")
+            for item in items if item.tp.topic in self.internal_topics}
         if not auth.enabled:
-            return {}
-        tid = body.values.get("transactional_id")
-        transactional = any(len(item.records) >= HEADER_SIZE
-                            and parse_header(item.records).is_transactional for item in items)
-        if transactional or tid is not None:
+            return refused
+        if any(map(_has_transactional_batch, items)):
+            tid = body.values.get("transactional_id")
             if not isinstance(tid, str) or not tid:
                 raise TransactionalIdAuthorizationFailedError(
                     "transactional records come with the transactional_id they are written "
                     "under, which the caller must be allowed to WRITE")
             auth.require(acl.WRITE, acl.TRANSACTIONAL_ID, tid)
         may_write = topic_filter(auth, acl.WRITE)
-        return {item.tp: auth.refusal(acl.WRITE, acl.TOPIC, item.tp.topic)
-                for item in items if not may_write(item.tp.topic)}
+        for item in items:
+            if item.tp not in refused and not may_write(item.tp.topic):
+                refused[item.tp] = auth.refusal(acl.WRITE, acl.TOPIC, item.tp.topic)
+        return refused
 
     async def _verify_transaction(self, body: Fields, items: list[ProduceItem]
                                   ) -> dict[TopicPartition, Exception]:
@@ -418,6 +427,15 @@ class DataApi:
         return {"cluster_id": self.cluster_id, "controller_id": self.controller_id(),
                 "metadata_offset": image.offset,
                 "brokers": brokers, "topics": topics}
+
+
+def _has_transactional_batch(item: ProduceItem) -> bool:
+    """Whether any batch of the item is transactional (corrupt bytes are
+    the core's to refuse)."""
+    try:
+        return any(header.is_transactional for header, _ in iter_batches(item.records))
+    except RecordFormatError:
+        return False
 
 
 def _leader_epoch(fields: Fields) -> int | None:

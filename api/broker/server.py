@@ -29,7 +29,7 @@ from aiohttp import web
 from api.broker.data_api import DataApi
 from api.broker.fetcher import FollowerFetchSender
 from api.broker.groups.api import GroupApi
-from api.broker.groups.service import GroupService
+from api.broker.groups.service import OFFSETS_TOPIC, GroupService
 from api.broker.isr import AlterPartitionSender
 from api.broker.lifecycle import BrokerLifecycle
 from api.broker.metrics import BrokerMetrics
@@ -38,7 +38,8 @@ from api.broker.quotas import QuotaManager
 from api.broker.replica_manager import ReplicaManager
 from api.broker.replication import ReplicationSettings, broker_url
 from api.broker.rest_proxy import RestProxy
-from api.broker.transactions.service import TransactionApi, TransactionService
+from api.broker.transactions.service import (TRANSACTION_TOPIC, TransactionApi,
+                                             TransactionService)
 from api.broker.authz import (BROKER_ROUTE_RULES, require_cluster_or_topics, require_topics,
                               topic_filter)
 from kraft.authorizer import (AllowAll, Authorizer, auth_of, authorization_middleware,
@@ -162,6 +163,7 @@ class BrokerServer:
         self.transaction_api = TransactionApi(self.transactions, self._live_broker_urls)
         self.producer_api = ProducerApi(self.producer_ids, self.transactions)
         self.data.verify_txn = self.transactions.verify
+        self.data.internal_topics = frozenset({OFFSETS_TOPIC, TRANSACTION_TOPIC})
         self.metrics.add_group_gauges(
             lambda: {(group,): count for group, count in self.groups.member_counts.items()},
             lambda: {(g, t, str(p)): lag for (g, t, p), lag in self.groups.lags.items()})

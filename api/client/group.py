@@ -80,7 +80,8 @@ FATAL_CODES = frozenset({"INVALID_REQUEST", "UNSUPPORTED_ASSIGNOR", "GROUP_MAX_S
                          "INVALID_SESSION_TIMEOUT",
                          "UNRELEASED_INSTANCE_ID", "INVALID_GROUP_ID",
                          # ACLs: until an administrator allows it
-                         "GROUP_AUTHORIZATION_FAILED", "TOPIC_AUTHORIZATION_FAILED"})
+                         "GROUP_AUTHORIZATION_FAILED", "TOPIC_AUTHORIZATION_FAILED",
+                         "CLUSTER_AUTHORIZATION_FAILED"})
 #: Heartbeat interval until the coordinator says otherwise.
 HEARTBEAT_INTERVAL_MS_DEFAULT = 1000
 #: A heartbeat waits at least this long for its answer.

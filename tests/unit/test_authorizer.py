@@ -107,6 +107,22 @@ def test_the_cache_follows_acl_changes():
     assert not allowed(auth)
 
 
+def test_a_replaced_image_is_read_afresh_whatever_its_acl_version():
+    first = image_with(b(principal=BOB))
+    second = image_with(b())  # another image, the same acl_version
+    assert first.acl_version == second.acl_version
+    current = [first]
+    auth = Authorizer(lambda: current[0], AclSettings(True))
+    assert not allowed(auth)
+    current[0] = second  # a snapshot loaded, say
+    assert allowed(auth)
+    copy = second.copy()  # shares the set until one changes it
+    current[0] = copy
+    assert allowed(auth)
+    second.apply(RemoveAccessControlEntryRecord(*b()), second.offset + 1)
+    assert allowed(auth) and b() not in second.acls  # the copy kept its own
+
+
 def test_require_raises_the_resource_types_error_saying_how_to_allow_it():
     auth, _ = authorizer(b(principal=BOB))
     with pytest.raises(TopicAuthorizationFailedError, match="acls add --allow-principal "

@@ -91,11 +91,16 @@ class GroupApi:
         auth.require(acl.READ, acl.GROUP, group_id)
         require_topics(auth, acl.DESCRIBE, heartbeat.subscribed_topic_names or (),
                        "a subscription")
+        if heartbeat.subscribed_topic_regex is not None:
+            # The group resolves a regex over every topic, for all its
+            # members at once: with ACLs, only a caller who may see the
+            # whole cluster subscribes by one.
+            auth.require(acl.DESCRIBE, acl.CLUSTER, acl.CLUSTER_NAME,
+                         "a regex subscription, which may match any topic; subscribe by "
+                         "topic names instead")
         service = self.service
-        visible = topic_filter(auth)
-        topics = {name: count for name, count in service.topics().items() if visible(name)}
         response = await service.run(group_id, lambda core: core.heartbeat(
-            service.clock_ms(), group_id, heartbeat, topics))
+            service.clock_ms(), group_id, heartbeat, service.topics()))
         assignment = response.assignment
         return wire.respond(request, {
             "member_id": response.member_id, "member_epoch": response.member_epoch,
@@ -223,9 +228,8 @@ class GroupApi:
                             headers={"Accept": "application/json"},
                             timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as answer:
                         described = await answer.json()
-                        if isinstance(described.get("offsets"), list):
-                            described["offsets"] = [o for o in described["offsets"]
-                                                    if visible(o.get("topic"))]
+                        if answer.status == 200 and auth.enabled:
+                            _visible_group(described, visible)
                         return wire.respond(request, described, answer.status)
                 except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
                     raise CoordinatorNotAvailableError(
@@ -233,7 +237,8 @@ class GroupApi:
                         f"did not answer: {type(exc).__name__}; retry") from None
         described = _jsonable(await service.run(
             group_id, lambda core: (core.describe(group_id, service.clock_ms()), [])))
-        described["offsets"] = [o for o in described["offsets"] if visible(o["topic"])]
+        if auth.enabled:
+            _visible_group(described, visible)
         ends = await service.end_offsets([(o["topic"], o["partition"])
                                           for o in described["offsets"]])
         for entry in described["offsets"]:
@@ -241,6 +246,31 @@ class GroupApi:
             entry["log_end_offset"] = end
             entry["lag"] = None if end is None else max(0, end - entry["offset"])
         return wire.respond(request, described)
+
+def _visible_group(described: dict, visible) -> None:
+    """Leave out of a described group every trace of a topic the caller may
+    not DESCRIBE: its offsets, partition counts, and members' subscriptions,
+    assignments and targets."""
+    def parts(value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        return [tp for tp in value if isinstance(tp, list) and tp and visible(tp[0])]
+
+    if isinstance(described.get("offsets"), list):
+        described["offsets"] = [o for o in described["offsets"]
+                                if isinstance(o, dict) and visible(o.get("topic", ""))]
+    if isinstance(described.get("subscribed_partition_counts"), dict):
+        described["subscribed_partition_counts"] = {
+            t: n for t, n in described["subscribed_partition_counts"].items() if visible(t)}
+    for member in described.get("members") or ():
+        if not isinstance(member, dict):
+            continue
+        if isinstance(member.get("subscribed_topic_names"), list):
+            member["subscribed_topic_names"] = [t for t in member["subscribed_topic_names"]
+                                                if visible(t)]
+        for key in ("assigned", "pending_revocation", "target"):
+            member[key] = parts(member.get(key))
+
 
 def _unreadable(auth: RequestAuth, offsets: dict) -> dict[tuple[str, int], str]:
     """The partitions of ``offsets`` whose topic the caller may not READ,
