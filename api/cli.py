@@ -85,11 +85,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     from api import transactions_cli
 
     transactions_cli.add_commands(commands, ExamplesFormatter)
-    from api import acls_cli, quotas_cli, users_cli
+    from api import acls_cli, quotas_cli, tokens_cli, users_cli
 
     quotas_cli.add_commands(commands, ExamplesFormatter)
     users_cli.add_commands(commands, ExamplesFormatter)
     acls_cli.add_commands(commands, ExamplesFormatter)
+    tokens_cli.add_commands(commands, ExamplesFormatter)
     if command == "bench":
         _add_bench_commands(commands)
     else:

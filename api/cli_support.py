@@ -50,6 +50,11 @@ def add_security_arguments(parser: argparse.ArgumentParser) -> None:
                        default=os.environ.get("KRAFTLOG_SASL_PASSWORD_FILE"), metavar="FILE",
                        help="SASL_SSL: a file whose first line is the password "
                             "($KRAFTLOG_SASL_PASSWORD_FILE, or $KRAFTLOG_SASL_PASSWORD)")
+    group.add_argument("--sasl-token-file",
+                       default=os.environ.get("KRAFTLOG_SASL_TOKEN_FILE"), metavar="FILE",
+                       help="SASL_SSL: authenticate with a delegation token, the first line "
+                            "of FILE (`kraftlog tokens create` prints one; "
+                            "$KRAFTLOG_SASL_TOKEN_FILE)")
 
 
 def configure_security(args: argparse.Namespace) -> None:
@@ -66,7 +71,13 @@ def configure_security(args: argparse.Namespace) -> None:
     _security.clear()
     _security.update(security_protocol=args.security_protocol, ssl_cafile=args.ssl_cafile,
                      ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
-    if args.security_protocol == "SASL_SSL" and args.sasl_username:
+    if args.security_protocol == "SASL_SSL" and args.sasl_token_file:
+        if args.sasl_username:
+            raise CliError("give --sasl-username or --sasl-token-file, not both")
+        token = read_secret(args.sasl_token_file, "--sasl-token-file").strip()
+        _security.update(sasl_mechanism="OAUTHBEARER", sasl_oauth_token_provider=token)
+        _authorization = "Bearer " + token
+    elif args.security_protocol == "SASL_SSL" and args.sasl_username:
         password = os.environ.get("KRAFTLOG_SASL_PASSWORD")
         if args.sasl_password_file:
             password = read_secret(args.sasl_password_file, "--sasl-password-file")

@@ -116,6 +116,7 @@ def metric(url: str, name: str, timeout_s: float = 5.0,
 
 
 RAFT_SECRET_FILE = "raft-secret"
+TOKEN_SECRET_FILE = "token-secret"
 
 
 def write_raft_secret(path: str) -> str:
@@ -282,6 +283,9 @@ class ProcessCluster:
         if self.acls:
             self.settings = {"authorizer.class.name": "kraftlog.StandardAuthorizer",
                              "super.users": ";".join(self.super_users), **self.settings}
+        # Delegation tokens work on a TLS cluster: the key their HMACs use.
+        self.settings = {"delegation.token.secret.key.file": write_raft_secret(
+            os.path.join(self.base_dir, TOKEN_SECRET_FILE)), **self.settings}
         self.ssl_context = ssl.create_default_context(cafile=self.certs["ca"].certfile)
         self.ssl_context.load_cert_chain(self.certs["client"].certfile,
                                          self.certs["client"].keyfile)

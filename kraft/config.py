@@ -124,6 +124,9 @@ class NodeConfig:
     raft_secret: bytes | None = dataclasses.field(default=None, repr=False)
     # TLS contexts, when a listener is SSL (listener.security.protocol.map).
     tls: NodeTls | None = dataclasses.field(default=None, repr=False, compare=False)
+    # The key delegation tokens' HMACs are made with, read from
+    # delegation.token.secret.key.file (None: no tokens on this cluster).
+    token_secret: bytes | None = dataclasses.field(default=None, repr=False)
     # The authorizer's settings (authorizer.class.name, super.users, ...).
     acl: AclSettings = dataclasses.field(default_factory=AclSettings)
     # Every key of the schema that has a value (set, or a default), typed.
@@ -141,18 +144,22 @@ class NodeConfig:
 
     def secure_app(self, app: Any, endpoint: Endpoint,
                    credentials: Callable[[str], Mapping[str, str]] | None = None,
-                   ready: Callable[[], bool] = lambda: True) -> None:
+                   ready: Callable[[], bool] = lambda: True,
+                   tokens: Callable[[str], Any] | None = None) -> None:
         """What an HTTP app served on ``endpoint`` needs for TLS: each
         request's user named from its client certificate, and refused
         without one where ``ssl.client.auth = required``; on a SASL_SSL
         listener, without a certificate, from a SCRAM user's name and
         password (``credentials``: user -> mechanism -> encoded credential,
-        from the metadata; ``ready``: whether that metadata has caught up)."""
+        from the metadata; ``ready``: whether that metadata has caught up), or
+        a delegation token (``tokens``: token id -> ``TokenInfo``, its HMAC
+        checked with ``token_secret``)."""
         if endpoint.tls and self.tls is not None:
             if endpoint.sasl and credentials is None:
                 raise RuntimeError(f"the SASL_SSL listener {endpoint} needs the users' "
                                    "credentials to check passwords against")
-            verifier = tls.PasswordVerifier(credentials, ready) if endpoint.sasl else None
+            verifier = tls.PasswordVerifier(credentials, ready, tokens, self.token_secret) \
+                if endpoint.sasl else None
             required = self.settings.get("ssl.client.auth") == "required" or self.tls.sasl
             tls.authenticate_clients(app, self.tls.mapper, required and not endpoint.sasl,
                                      verifier)
@@ -259,6 +266,8 @@ def node_config_from_settings(settings: Mapping[str, Any],
         raft_secret=_read_raft_secret(values["controller.quorum.secret.file"]),
         tls=_node_tls(values, protocols),
         acl=_acl_settings(values),
+        token_secret=_read_raft_secret(values["delegation.token.secret.key.file"],
+                                       "delegation.token.secret.key.file"),
         settings={key: value for key, value in values.items() if value is not None},
         sources=sources,
     )
@@ -369,19 +378,20 @@ def _node_tls(values: Mapping[str, Any], protocols: Mapping[str, str]) -> NodeTl
 RAFT_SECRET_CHARS_MIN = 16
 
 
-def _read_raft_secret(path: str | None) -> bytes | None:
-    if path is None:
+def _read_raft_secret(path: str | None, key: str = "controller.quorum.secret.file"
+                      ) -> bytes | None:
+    """A secret from the file ``key`` names (None: no file set)."""
+    if not path:
         return None
     try:
         with open(path, "rb") as f:
             secret = f.read().strip()
     except OSError as exc:
-        raise InvalidConfigError(
-            f"controller.quorum.secret.file {path!r} cannot be read: {exc.strerror}") from None
+        raise InvalidConfigError(f"{key} {path!r} cannot be read: {exc.strerror}") from None
     if len(secret) < RAFT_SECRET_CHARS_MIN:
         raise InvalidConfigError(
-            f"controller.quorum.secret.file {path!r} holds {len(secret)} characters; use at "
-            f"least {RAFT_SECRET_CHARS_MIN} (for example: head -c 32 /dev/urandom | base64)")
+            f"{key} {path!r} holds {len(secret)} characters; use at least "
+            f"{RAFT_SECRET_CHARS_MIN} (for example: head -c 32 /dev/urandom | base64)")
     return secret
 
 

@@ -127,6 +127,16 @@ SCHEMA: tuple[Key, ...] = (
        "(User:<name>, for quotas): RULE:pattern/replacement/[L|U] rules and DEFAULT (the "
        "subject as it is), comma-separated, first match wins; a subject no rule matches is "
        "refused. Kafka's syntax.", _CONFIG),
+    _k("delegation.token.secret.key.file", "str", "",
+       "A file holding the key delegation tokens' HMACs are made with (at least 16 "
+       "characters, the same on every node). Kafka's delegation.token.secret.key, kept out "
+       "of the config file. Empty: the cluster makes no tokens.", _CONFIG),
+    _k("delegation.token.expiry.time.ms", "int", 86_400_000,
+       "How long a delegation token lasts unless renewed (a renewal pushes its expiry this "
+       "far, by default).", "kraft/controller.py", 1, INT64_MAX),
+    _k("delegation.token.max.lifetime.ms", "int", 604_800_000,
+       "No renewal takes a delegation token past this long after it was made.",
+       "kraft/controller.py", 1, INT64_MAX),
     _k("authorizer.class.name", "str", "",
        "Turns ACLs on: kraftlog.StandardAuthorizer (or Kafka's "
        "org.apache.kafka.metadata.authorizer.StandardAuthorizer, the same thing). Empty: "

@@ -67,7 +67,8 @@ from kraft.placement import (BrokerInfo, elect_leader, isr_after_fencing, place_
                              preferred_leader_election)
 from kraft.records import (LEADER_RECOVERED, LEADER_RECOVERING, NO_LEADER,
                            AccessControlEntryRecord, BrokerRegistrationChangeRecord, ConfigRecord,
-                           FenceBrokerRecord, PartitionChangeRecord, PartitionRecord,
+                           DelegationTokenRecord, FenceBrokerRecord,
+                           RemoveDelegationTokenRecord, PartitionChangeRecord, PartitionRecord,
                            ProducerIdsRecord, Record, RegisterBrokerRecord,
                            RemoveAccessControlEntryRecord, RemoveTopicRecord, TopicRecord,
                            UnfenceBrokerRecord)
@@ -76,7 +77,9 @@ from kraft.topic_config import (MIN_INSYNC_REPLICAS, TOPIC_CONFIGS,
                                 defaults_from_broker_config, normalise_topic_config, printable,
                                 unclean_election_enabled, validate_topic_configs)
 from protocol import acl, quotas, scram
-from protocol.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistrationError,
+from protocol.errors import (BrokerIdNotRegisteredError, DelegationTokenExpiredError,
+                             DelegationTokenNotFoundError, DelegationTokenOwnerMismatchError,
+                             DuplicateBrokerRegistrationError,
                              FencedLeaderEpochError, IneligibleReplicaError, InvalidConfigError,
                              InvalidPartitionsError, InvalidReplicationFactorError,
                              InvalidRequestError, InvalidTopicError, InvalidUpdateVersionError,
@@ -86,6 +89,7 @@ from protocol.errors import (BrokerIdNotRegisteredError, DuplicateBrokerRegistra
                              UnknownLeaderEpochError, UnknownServerError,
                              UnknownTopicOrPartitionError)
 from protocol.fields import Fields, as_int, as_str
+from protocol.tokens import new_token_id
 from storage import errors as storage_errors
 from storage.manager import validate_topic_name
 
@@ -95,6 +99,7 @@ logger = logging.getLogger(__name__)
 TOPICS_PER_REQUEST_MAX = 1000  # topics or config resources in one request
 #: ACLs a cluster may hold (each is in every node's memory).
 ACLS_MAX = 100_000
+TOKEN_RENEWERS_MAX = 100
 PARTITIONS_PER_TOPIC_MAX = 10_000
 PARTITIONS_PER_REQUEST_MAX = 10_000  # partitions created, or named, by one request
 REPLICAS_PER_PARTITION_MAX = 1000  # replica list / ISR length in a request
@@ -146,6 +151,8 @@ class ControllerSettings:
     leader_imbalance_check_interval_ms: int = 300_000
     # Topic key -> default value, from the node's broker-level settings.
     topic_config_defaults: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    token_expiry_ms: int = 86_400_000  # delegation.token.expiry.time.ms
+    token_max_lifetime_ms: int = 604_800_000  # delegation.token.max.lifetime.ms
 
     def __post_init__(self) -> None:
         _int_setting("broker.session.timeout.ms", self.session_timeout_ms, 1, INT32_MAX)
@@ -178,6 +185,9 @@ class ControllerSettings:
             auto_leader_rebalance_enable=config.auto_leader_rebalance_enable,
             leader_imbalance_check_interval_ms=config.leader_imbalance_check_interval_ms,
             topic_config_defaults=defaults_from_broker_config(config.settings),
+            token_expiry_ms=config.settings.get("delegation.token.expiry.time.ms", 86_400_000),
+            token_max_lifetime_ms=config.settings.get("delegation.token.max.lifetime.ms",
+                                                      604_800_000),
         )
 
 
@@ -845,6 +855,83 @@ class Controller:
             results.append({"error": None, "matching_acls": [b.to_wire() for b in matched]})
         return ControllerResult(draft.records, {"filter_results": results})
 
+    # -- delegation tokens (protocol/tokens.py) ----------------------------------
+    # The broker the client called has authenticated it and checked the
+    # token's HMAC: these take ``owner``/``requester`` principals from it.
+    # ``now_ms`` is wall-clock time (token times are compared by every node).
+    def create_delegation_token(self, image: MetadataImage, request: Any, now_ms: int
+                                ) -> ControllerResult:
+        """CreateDelegationToken: ``owner``, ``requester``, ``renewers``,
+        ``max_lifetime_ms`` (-1: the cluster's maximum, which also caps it)."""
+        body = Fields(request, "")
+        owner = _principal(body.string("owner", NAME_CHARS_MAX), "owner")
+        requester = _principal(body.string("requester", NAME_CHARS_MAX), "requester")
+        renewers = [_principal(as_str(r, f"renewers[{i}]", NAME_CHARS_MAX), "renewer")
+                    for i, r in enumerate(body.sequence("renewers", TOKEN_RENEWERS_MAX,
+                                                        default=[]))]
+        lifetime = body.integer("max_lifetime_ms", -1, INT64_MAX, default=-1)
+        settings = self.settings
+        max_ms = now_ms + (settings.token_max_lifetime_ms if lifetime <= 0
+                           else min(lifetime, settings.token_max_lifetime_ms))
+        record = DelegationTokenRecord(
+            new_token_id(), owner, requester, sorted(set(renewers)), now_ms,
+            min(max_ms, now_ms + settings.token_expiry_ms), max_ms)
+        return ControllerResult([record], {"token": _token_wire(record)})
+
+    def renew_delegation_token(self, image: MetadataImage, request: Any, now_ms: int
+                               ) -> ControllerResult:
+        """RenewDelegationToken: ``token_id``, ``requester`` (the owner or a
+        renewer), ``renew_period_ms`` (-1: the cluster's expiry time);
+        never past the token's maximum."""
+        token, period = self._renewable(image, request, now_ms, "renew_period_ms")
+        expiry = min(token.max_timestamp_ms,
+                     now_ms + (self.settings.token_expiry_ms if period < 0 else period))
+        record = DelegationTokenRecord(
+            token.token_id, token.owner, token.requester, list(token.renewers),
+            token.issue_timestamp_ms, max(expiry, token.issue_timestamp_ms),
+            token.max_timestamp_ms)
+        return ControllerResult([record], {"expiration_timestamp_ms":
+                                           record.expiration_timestamp_ms})
+
+    def expire_delegation_token(self, image: MetadataImage, request: Any, now_ms: int
+                                ) -> ControllerResult:
+        """ExpireDelegationToken: ``token_id``, ``requester``,
+        ``expiry_period_ms`` (-1 or 0: now, the token is removed)."""
+        token, period = self._renewable(image, request, now_ms, "expiry_period_ms")
+        if period <= 0:
+            return ControllerResult([RemoveDelegationTokenRecord(token.token_id)],
+                                    {"expiration_timestamp_ms": now_ms})
+        record = DelegationTokenRecord(
+            token.token_id, token.owner, token.requester, list(token.renewers),
+            token.issue_timestamp_ms,
+            max(token.issue_timestamp_ms, min(token.max_timestamp_ms, now_ms + period)),
+            token.max_timestamp_ms)
+        return ControllerResult([record], {"expiration_timestamp_ms":
+                                           record.expiration_timestamp_ms})
+
+    @staticmethod
+    def _renewable(image: MetadataImage, request: Any, now_ms: int, period_key: str):
+        body = Fields(request, "")
+        token_id = body.string("token_id", NAME_CHARS_MAX)
+        requester = _principal(body.string("requester", NAME_CHARS_MAX), "requester")
+        period = body.integer(period_key, -1, INT64_MAX, default=-1)
+        token = image.delegation_tokens.get(token_id)
+        if token is None:
+            raise DelegationTokenNotFoundError("no such delegation token")
+        if token.expiration_timestamp_ms < now_ms:
+            raise DelegationTokenExpiredError("the delegation token has expired")
+        if not token.may_renew(requester):
+            raise DelegationTokenOwnerMismatchError(
+                f"{requester} is neither the token's owner nor a renewer")
+        return token, period
+
+    def expired_delegation_tokens(self, image: MetadataImage, now_ms: int) -> list[Record]:
+        """Housekeeping (the shell's tick): the tokens past their expiry
+        (wall-clock ``now_ms``) removed."""
+        return [RemoveDelegationTokenRecord(token_id)
+                for token_id, token in sorted(image.delegation_tokens.items())
+                if token.expiration_timestamp_ms < now_ms]
+
     # -- partitions ---------------------------------------------------------
     def alter_partition(self, image: MetadataImage, request: Any) -> ControllerResult:
         """AlterPartition from a partition leader that shrinks or expands the
@@ -1263,6 +1350,16 @@ def _collision_key(name: str) -> str:
 
 
 # -- checks of request semantics (per item) --------------------------------------
+def _principal(text: str, what: str) -> str:
+    if not text.startswith("User:") or len(text) == len("User:"):
+        raise InvalidRequestError(f"a token's {what} is a principal, User:<name>, not {text!r}")
+    return text
+
+
+def _token_wire(record: DelegationTokenRecord) -> dict:
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+
+
 def _error(exc: KraftError) -> dict:
     return {"code": exc.code, "message": str(exc)}
 

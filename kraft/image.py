@@ -29,11 +29,13 @@ import msgpack
 
 from kraft.records import (LEADER_RECOVERED, LEADER_RECOVERY_STATES, NO_LEADER,
                            AccessControlEntryRecord, BrokerRegistrationChangeRecord,
-                           ConfigRecord, FenceBrokerRecord, NoOpRecord, PartitionChangeRecord,
-                           PartitionRecord, ProducerIdsRecord, Record, RegisterBrokerRecord,
-                           RemoveAccessControlEntryRecord, RemoveTopicRecord, TopicRecord,
+                           ConfigRecord, DelegationTokenRecord, FenceBrokerRecord, NoOpRecord,
+                           PartitionChangeRecord, PartitionRecord, ProducerIdsRecord, Record,
+                           RegisterBrokerRecord, RemoveAccessControlEntryRecord,
+                           RemoveDelegationTokenRecord, RemoveTopicRecord, TopicRecord,
                            UnfenceBrokerRecord, UnregisterBrokerRecord)
 from protocol import acl, quotas, scram
+from protocol.tokens import TokenInfo
 from protocol.errors import InvalidRequestError, MetadataApplyError
 
 TOPIC_RESOURCE = "topic"
@@ -121,6 +123,8 @@ class MetadataImage:
         self._acls_shared = False
         # Bumped on every ACL change: a key for caches of decisions, not state.
         self.acl_version = 0
+        # Delegation tokens by id (protocol/tokens.py).
+        self.delegation_tokens: dict[str, TokenInfo] = {}
 
     # -- applying ----------------------------------------------------------
     def apply(self, record: Record, offset: int) -> None:
@@ -293,6 +297,22 @@ class MetadataImage:
             raise MetadataApplyError(f"ACL {binding} does not exist")
         self._own_acls().discard(binding)
 
+    def _delegation_token(self, r: DelegationTokenRecord, offset: int) -> None:
+        if not (r.issue_timestamp_ms <= r.expiration_timestamp_ms <= r.max_timestamp_ms):
+            raise MetadataApplyError(
+                f"delegation token {r.token_id}: its times must be issue <= expiry <= max")
+        current = self.delegation_tokens.get(r.token_id)
+        if current is not None and (current.owner, current.issue_timestamp_ms) != (
+                r.owner, r.issue_timestamp_ms):
+            raise MetadataApplyError(f"delegation token {r.token_id} already exists")
+        self.delegation_tokens[r.token_id] = TokenInfo(
+            r.token_id, r.owner, r.requester, tuple(r.renewers), r.issue_timestamp_ms,
+            r.expiration_timestamp_ms, r.max_timestamp_ms)
+
+    def _remove_delegation_token(self, r: RemoveDelegationTokenRecord, offset: int) -> None:
+        if self.delegation_tokens.pop(r.token_id, None) is None:
+            raise MetadataApplyError(f"no delegation token {r.token_id}")
+
     def _no_op(self, r: NoOpRecord, offset: int) -> None:
         pass
 
@@ -310,6 +330,8 @@ class MetadataImage:
         ProducerIdsRecord: _producer_ids,
         AccessControlEntryRecord: _acl,
         RemoveAccessControlEntryRecord: _remove_acl,
+        DelegationTokenRecord: _delegation_token,
+        RemoveDelegationTokenRecord: _remove_delegation_token,
         NoOpRecord: _no_op,
     }
 
@@ -330,6 +352,7 @@ class MetadataImage:
         copy.acls = self.acls  # copied by whichever changes it first
         copy._acls_shared = self._acls_shared = True
         copy.acl_version = self.acl_version
+        copy.delegation_tokens = dict(self.delegation_tokens)  # TokenInfo is frozen
         return copy
 
     # -- queries -----------------------------------------------------------
@@ -395,6 +418,7 @@ class MetadataImage:
                         self.configs.items()],
             "next_producer_id": self.next_producer_id,
             "acls": sorted(list(binding) for binding in self.acls),
+            "delegation_tokens": [t.to_wire() for _, t in sorted(self.delegation_tokens.items())],
         }, use_bin_type=True)
 
     @classmethod
@@ -414,6 +438,9 @@ class MetadataImage:
         # Snapshots written before ACLs existed have none.
         image.acls = {acl.AclBinding(*fields) for fields in raw.get("acls", ())}
         image.acl_version = 1 if image.acls else 0
+        for t in raw.get("delegation_tokens", ()):
+            image.delegation_tokens[t["token_id"]] = TokenInfo(
+                **{**t, "renewers": tuple(t["renewers"])})
         image.check_invariants()
         return image
 

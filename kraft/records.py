@@ -199,6 +199,29 @@ class RemoveAccessControlEntryRecord(Record):
 
 
 @dataclasses.dataclass(frozen=True)
+class DelegationTokenRecord(Record):
+    """A delegation token (protocol/tokens.py) made or renewed: the whole
+    token, its HMAC excepted (nodes derive it from the cluster's secret)."""
+
+    TYPE: ClassVar[str] = "delegation_token"
+    token_id: str
+    owner: str
+    requester: str
+    renewers: list[str]
+    issue_timestamp_ms: int
+    expiration_timestamp_ms: int
+    max_timestamp_ms: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoveDelegationTokenRecord(Record):
+    """A delegation token expired (or was expired by its owner)."""
+
+    TYPE: ClassVar[str] = "remove_delegation_token"
+    token_id: str
+
+
+@dataclasses.dataclass(frozen=True)
 class NoOpRecord(Record):
     """Written by a newly active controller so its term commits an entry."""
 
@@ -210,7 +233,8 @@ RECORD_TYPES: dict[str, type[Record]] = {
         RegisterBrokerRecord, UnregisterBrokerRecord, FenceBrokerRecord, UnfenceBrokerRecord,
         BrokerRegistrationChangeRecord, TopicRecord, PartitionRecord, PartitionChangeRecord,
         RemoveTopicRecord, ConfigRecord, ProducerIdsRecord, AccessControlEntryRecord,
-        RemoveAccessControlEntryRecord, NoOpRecord)
+        RemoveAccessControlEntryRecord, DelegationTokenRecord, RemoveDelegationTokenRecord,
+        NoOpRecord)
 }
 _HINTS = {cls: typing.get_type_hints(cls) for cls in RECORD_TYPES.values()}
 

@@ -78,7 +78,8 @@ from protocol.errors import (InvalidRequestError, KraftError, NotControllerError
 _CLUSTER_ACTION_PATHS = (
     "brokers/register", "brokers/heartbeat", "metadata", "topics/create", "topics/delete",
     "partitions/create", "configs/alter", "quotas/alter", "quotas/describe", "users/alter",
-    "users/describe", "acls/create", "acls/delete", "partitions/alter", "leaders/elect",
+    "users/describe", "acls/create", "acls/delete", "tokens/create", "tokens/renew",
+    "tokens/expire", "partitions/alter", "leaders/elect",
     "partitions/reassign", "producer_ids/allocate", "configs/describe",
     "partitions/reassignments")
 CONTROLLER_ROUTE_RULES: dict[tuple[str, str], RouteRule] = {
@@ -233,6 +234,9 @@ class ControllerServer:
             "users/describe": self._reader(lambda c: c.describe_users),
             "acls/create": self._writer(lambda c: c.create_acls),
             "acls/delete": self._writer(lambda c: c.delete_acls),
+            "tokens/create": self._timed_writer(lambda c: c.create_delegation_token),
+            "tokens/renew": self._timed_writer(lambda c: c.renew_delegation_token),
+            "tokens/expire": self._timed_writer(lambda c: c.expire_delegation_token),
             "partitions/alter": self._writer(lambda c: c.alter_partition),
             "leaders/elect": self._writer(lambda c: c.elect_leaders),
             "partitions/reassign": self._writer(lambda c: c.alter_partition_reassignments),
@@ -359,6 +363,16 @@ class ControllerServer:
             return wire.respond(request, await self.write(lambda image: method(image, body)))
         return handle
 
+    def _timed_writer(self, pick: Callable[[Controller], Callable[..., Any]]):
+        """As ``_writer``, for a request judged against wall-clock time
+        (delegation tokens: every node compares their times)."""
+        async def handle(request: web.Request) -> web.Response:
+            body = await wire.read_body(request)
+            method = pick(self.core)
+            return wire.respond(request, await self.write(
+                lambda image: method(image, body, wall_clock_ms())))
+        return handle
+
     async def handle_register(self, request: web.Request) -> web.Response:
         body = await wire.read_body(request)
         now_ms = self.clock_ms()
@@ -377,9 +391,10 @@ class ControllerServer:
             if not self.is_active:
                 continue
             try:
-                now_ms = self.clock_ms()
+                now_ms, wall_ms = self.clock_ms(), wall_clock_ms()
                 await self.write(lambda image: ControllerResult(
-                    self.core.tick(image, now_ms), {}))
+                    self.core.tick(image, now_ms)
+                    + self.core.expired_delegation_tokens(image, wall_ms), {}))
             except KraftError as exc:
                 logger.info("controller %d: periodic work failed: %s", self.config.node_id, exc)
             except Exception:
@@ -466,6 +481,10 @@ class ControllerServer:
 
 class MetadataOffsetOutOfRangeError(KraftError):
     code = "OFFSET_OUT_OF_RANGE"
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def image_as_json(image: MetadataImage) -> dict:

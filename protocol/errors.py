@@ -77,6 +77,34 @@ class SecurityDisabledError(KraftError):
     code = "SECURITY_DISABLED"
 
 
+class DelegationTokenNotFoundError(KraftError):
+    """No such delegation token (or its HMAC is not the one given)."""
+
+    code = "DELEGATION_TOKEN_NOT_FOUND"
+
+
+class DelegationTokenExpiredError(KraftError):
+    code = "DELEGATION_TOKEN_EXPIRED"
+
+
+class DelegationTokenOwnerMismatchError(KraftError):
+    """Only a token's owner and renewers may renew or expire it."""
+
+    code = "DELEGATION_TOKEN_OWNER_MISMATCH"
+
+
+class DelegationTokenAuthDisabledError(KraftError):
+    """No ``delegation.token.secret.key.file``: the cluster makes no tokens."""
+
+    code = "DELEGATION_TOKEN_AUTH_DISABLED"
+
+
+class DelegationTokenRequestNotAllowedError(KraftError):
+    """Tokens are made by authenticated users, not by tokens nor anonymous callers."""
+
+    code = "DELEGATION_TOKEN_REQUEST_NOT_ALLOWED"
+
+
 class ResourceNotFoundError(KraftError):
     """A user (or other named resource) that does not exist."""
 

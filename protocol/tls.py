@@ -31,8 +31,9 @@ import logging
 import os
 import re
 import ssl
+import time
 
-from protocol import scram
+from protocol import scram, tokens
 from protocol.errors import (BrokerNotAvailableError, ClusterAuthorizationFailedError,
                              SaslAuthenticationError, SslAuthenticationError)
 
@@ -219,8 +220,17 @@ def authenticate_clients(app, mapper: "PrincipalMapper", require_certificate: bo
     async def authenticate(request, handler):
         transport = request.transport
         cert = transport.get_extra_info("peercert") if transport is not None else None
-        if not cert and verifier is not None:
-            user = await verifier.authenticate(request.headers.get("Authorization"))
+        header = request.headers.get("Authorization")
+        if not cert and verifier is not None and header and header.startswith("Bearer "):
+            owner = verifier.authenticate_token(header[len("Bearer "):])
+            if owner is None:
+                raise SaslAuthenticationError(
+                    "the delegation token is unknown, wrong or expired: make a new one with "
+                    "`kraftlog tokens create` (as its owner), or renew it before it expires")
+            request[PRINCIPAL_KEY] = owner
+            request[PROOF_KEY] = "token"
+        elif not cert and verifier is not None:
+            user = await verifier.authenticate(header)
             if user is None:
                 raise SaslAuthenticationError(
                     "this listener is SASL_SSL: authenticate with a SCRAM user's name and "
@@ -418,12 +428,17 @@ class PasswordVerifier:
     #: Password checks that may queue; beyond, 503 (retriable) at once.
     WAITING_MAX = 64
 
-    def __init__(self, credentials, ready=lambda: True) -> None:
+    def __init__(self, credentials, ready=lambda: True, tokens=None,
+                 token_secret: bytes | None = None) -> None:
         """``ready()``: whether the credentials are complete (a broker's
         metadata has caught up since start-up); until then every password
-        is "try again" (503), not a verdict."""
+        is "try again" (503), not a verdict. ``tokens(token_id)``: a
+        delegation token's ``TokenInfo`` or None, checked against
+        ``token_secret`` (protocol/tokens.py); without both, no token works."""
         self.credentials = credentials
         self.ready = ready
+        self.tokens = tokens
+        self.token_secret = token_secret
         self._running = asyncio.Semaphore(2)
         self._waiting = 0
         self._pepper = os.urandom(32)
@@ -432,6 +447,22 @@ class PasswordVerifier:
         self._decoy = scram.encode(scram.credential(scram.salted_password(
             os.urandom(16).hex(), salt, scram.ITERATIONS_DEFAULT, "SCRAM-SHA-512"), salt,
             scram.ITERATIONS_DEFAULT, "SCRAM-SHA-512"))
+
+    def authenticate_token(self, text: str) -> str | None:
+        """The owner (``User:<name>``) of the delegation token ``text``
+        (``<id>.<hmac>``) if its HMAC is right and it has not expired."""
+        parsed = tokens.parse_bearer(text)
+        if parsed is None or self.tokens is None or not self.token_secret:
+            return None
+        if not self.ready():
+            raise BrokerNotAvailableError("this node is still loading the cluster's "
+                                          "metadata: retry")
+        token_id, mac = parsed
+        token = self.tokens(token_id)
+        genuine = tokens.genuine(self.token_secret, token_id, mac)  # whether or not it exists
+        if token is None or not genuine or token.expiration_timestamp_ms < time.time() * 1000:
+            return None
+        return token.owner
 
     async def authenticate(self, header: str | None) -> str | None:
         """The user ``header`` (``Basic base64(user:password)``) proves, or None."""

@@ -70,6 +70,12 @@ BROKER_ROUTE_RULES: dict[tuple[str, str], RouteRule] = {
     ("POST", "/v1/admin/acls/create"): _rule("CreateAcls", ALTER),
     ("POST", "/v1/admin/acls/delete"): _rule("DeleteAcls", ALTER),
     ("POST", "/v1/admin/acls/describe"): _rule("DescribeAcls", DESCRIBE),
+    # delegation tokens: any user authenticated by password or certificate,
+    # for tokens of its own (the handler checks)
+    ("POST", "/v1/admin/tokens/create"): _rule("CreateDelegationToken"),
+    ("POST", "/v1/admin/tokens/renew"): _rule("RenewDelegationToken"),
+    ("POST", "/v1/admin/tokens/expire"): _rule("ExpireDelegationToken"),
+    ("POST", "/v1/admin/tokens/describe"): _rule("DescribeDelegationToken"),
     # inspection (server.py)
     ("GET", "/healthz"): RouteRule("health", open=True),
     ("GET", "/metrics"): _rule("metrics", DESCRIBE),

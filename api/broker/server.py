@@ -49,8 +49,10 @@ from kraft.config import BROKER_LISTENER, NodeConfig
 from kraft.image import MetadataImage
 from kraft.topic_config import defaults_from_broker_config
 from kraft.authorizer import STANDARD_AUTHORIZER
-from protocol import acl, tls, wire
-from protocol.errors import (ClusterAuthorizationFailedError, SecurityDisabledError,
+from protocol import acl, tls, tokens, wire
+from protocol.errors import (ClusterAuthorizationFailedError, DelegationTokenAuthDisabledError,
+                             DelegationTokenNotFoundError,
+                             DelegationTokenRequestNotAllowedError, SecurityDisabledError,
                              UnknownTopicOrPartitionError)
 from protocol.fields import Fields
 from storage.cleaner import CleanerConfig
@@ -84,6 +86,18 @@ ADMIN_ROUTES = {
     "/v1/admin/acls/create": "/v1/controller/acls/create",
     "/v1/admin/acls/delete": "/v1/controller/acls/delete",
 }
+
+
+#: Delegation token endpoints and the controller paths they forward to
+#: (with the caller's principal as the token's owner or requester).
+TOKEN_ROUTES = {
+    "/v1/admin/tokens/create": "/v1/controller/tokens/create",
+    "/v1/admin/tokens/renew": "/v1/controller/tokens/renew",
+    "/v1/admin/tokens/expire": "/v1/controller/tokens/expire",
+}
+TOKEN_RENEWERS_MAX = 100
+TOKEN_NAME_CHARS_MAX = 512  # a principal or an HMAC
+INT64_MAX = 2**63 - 1
 
 
 #: Admin routes a password-authenticated (SCRAM) user may not call.
@@ -195,7 +209,9 @@ class BrokerServer:
         app[wire.BODY_IDLE_MS_KEY] = idle_ms
         self.config.secure_app(app, self.config.listeners[BROKER_LISTENER],
                                lambda user: self.lifecycle.image.scram_credentials(user),
-                               lambda: self.lifecycle.metadata_caught_up)
+                               lambda: self.lifecycle.metadata_caught_up,
+                               lambda token_id: self.lifecycle.image.delegation_tokens.get(
+                                   token_id))
         self.data.add_routes(app)
         self.rest.add_routes(app)
         self.group_api.add_routes(app)
@@ -212,6 +228,9 @@ class BrokerServer:
         app.router.add_get("/v1/topics/{topic}", self.handle_topic)
         app.router.add_get("/v1/quorum", self.handle_quorum)
         app.router.add_post("/v1/admin/acls/describe", self.handle_describe_acls)
+        for path in TOKEN_ROUTES:
+            app.router.add_post(path, self.handle_tokens)
+        app.router.add_post("/v1/admin/tokens/describe", self.handle_describe_tokens)
         check_routes_complete(app, BROKER_ROUTE_RULES)
         app.middlewares.append(authorization_middleware(self.authorizer, BROKER_ROUTE_RULES))
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
@@ -427,6 +446,64 @@ class BrokerServer:
         return wire.respond(request, {"acls": [
             b.to_wire() for b in self.lifecycle.image.acl_bindings()
             if acl.filter_matches(acl_filter, b)]})
+
+    # -- delegation tokens (protocol/tokens.py) -------------------------------------
+    def _token_caller(self, request: web.Request) -> str:
+        """The principal asking about tokens: a user authenticated with a
+        password or a certificate (Kafka: not with a token, nor anonymously)."""
+        if not self.config.token_secret:
+            raise DelegationTokenAuthDisabledError(
+                "this cluster makes no delegation tokens: set delegation.token.secret.key.file "
+                "(the same secret) on every node")
+        principal = tls.principal_of(request)
+        if request.get(tls.PROOF_KEY) not in ("password", "certificate"):
+            raise DelegationTokenRequestNotAllowedError(
+                "delegation tokens are made, renewed and expired by users authenticated with "
+                "a password or a certificate on an SSL or SASL_SSL listener, not with a token "
+                f"nor as {tls.ANONYMOUS}")
+        return principal
+
+    async def handle_tokens(self, request: web.Request) -> web.Response:
+        """CreateDelegationToken, RenewDelegationToken, ExpireDelegationToken:
+        the caller is the new token's owner, or must own or renew it."""
+        principal = self._token_caller(request)
+        secret = self.config.token_secret
+        body = Fields(await wire.read_body(request), "")
+        route = request.match_info.route.resource.canonical
+        if route.endswith("/create"):
+            answer = await self.forward_admin(TOKEN_ROUTES[route], {
+                "owner": principal, "requester": principal,
+                "renewers": body.strings("renewers", TOKEN_RENEWERS_MAX, TOKEN_NAME_CHARS_MAX,
+                                         default=[]),
+                "max_lifetime_ms": body.integer("max_lifetime_ms", -1, INT64_MAX, default=-1)})
+            token = dict(answer["token"])
+            token["hmac"] = tokens.token_hmac(secret, token["token_id"])
+            return wire.respond(request, {"token": token})
+        token_id = body.string("token_id", tokens.TOKEN_ID_CHARS_MAX)
+        if not tokens.genuine(secret, token_id, body.string("hmac", TOKEN_NAME_CHARS_MAX)):
+            raise DelegationTokenNotFoundError("no such delegation token")
+        period = "renew_period_ms" if route.endswith("/renew") else "expiry_period_ms"
+        answer = await self.forward_admin(TOKEN_ROUTES[route], {
+            "token_id": token_id, "requester": principal,
+            period: body.integer(period, -1, INT64_MAX, default=-1)})
+        return wire.respond(request, {"expiration_timestamp_ms":
+                                      answer["expiration_timestamp_ms"]})
+
+    async def handle_describe_tokens(self, request: web.Request) -> web.Response:
+        """DescribeDelegationToken, from this broker's metadata: the tokens
+        the caller owns or renews (with ACLs on, a super user sees all),
+        of ``owners`` if given, each with its HMAC."""
+        principal = self._token_caller(request)
+        body = Fields(await wire.read_body(request), "")
+        owners = body.strings("owners", TOKEN_RENEWERS_MAX, TOKEN_NAME_CHARS_MAX, default=None)
+        self.data.check_metadata_current()
+        auth = auth_of(request)
+        sees_all = auth.enabled and auth.authorizer.is_super_user(principal)
+        return wire.respond(request, {"tokens": [
+            {**token.to_wire(), "hmac": tokens.token_hmac(self.config.token_secret, token_id)}
+            for token_id, token in sorted(self.lifecycle.image.delegation_tokens.items())
+            if (sees_all or token.may_renew(principal))
+            and (owners is None or token.owner in owners)]})
 
     async def handle_describe_topics(self, request: web.Request) -> web.Response:
         body = Fields(await wire.read_body(request), "")

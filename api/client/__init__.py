@@ -30,7 +30,7 @@ from api.client._types import (ConfigEntry, ConsumerRecord, NewTopic, OffsetAndM
                                OffsetAndTimestamp, PartitionInfo, PartitionReassignment,
                                PreparedTransaction, RecordMetadata, TopicDescription,
                                TopicMetadata, TopicPartition)
-from api.client.admin import Admin, AsyncAdmin, CreatedTopic
+from api.client.admin import Admin, AsyncAdmin, CreatedTopic, DelegationToken
 from api.client.consumer import AsyncConsumer, Consumer
 from api.client.errors import (AuthorizationError, BrokerNotAvailableError, BufferExhaustedError,
                                ClientClosedError, ClusterAuthorizationFailedError,
@@ -51,7 +51,7 @@ from protocol.acl import AclBinding, AclBindingFilter
 
 __all__ = [
     "AclBinding", "AclBindingFilter", "Admin", "AsyncAdmin", "AsyncConsumer", "AsyncProducer",
-    "AuthorizationError",
+    "AuthorizationError", "DelegationToken",
     "BrokerNotAvailableError", "ClusterAuthorizationFailedError",
     "GroupAuthorizationFailedError", "TopicAuthorizationFailedError",
     "TransactionalIdAuthorizationFailedError",

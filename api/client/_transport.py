@@ -60,7 +60,8 @@ class Security:
                  ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
                  ssl_check_hostname: bool = True, sasl_mechanism: str | None = None,
                  sasl_plain_username: str | None = None,
-                 sasl_plain_password: str | None = None) -> None:
+                 sasl_plain_password: str | None = None,
+                 sasl_oauth_token_provider: Any = None) -> None:
         protocol = str(security_protocol).upper()
         if protocol == tls.SASL_PLAINTEXT:
             raise ValueError("security_protocol SASL_PLAINTEXT would send the password in "
@@ -75,17 +76,22 @@ class Security:
             if sasl_mechanism is not None and sasl_mechanism not in SASL_MECHANISMS:
                 raise ValueError(f"sasl_mechanism must be one of {', '.join(SASL_MECHANISMS)}, "
                                  f"not {sasl_mechanism!r}")
-            if sasl_plain_username and sasl_plain_password is not None:
+            if sasl_mechanism == OAUTHBEARER or sasl_oauth_token_provider is not None:
+                token = _bearer_token(sasl_oauth_token_provider)
+                self.authorization = "Bearer " + token
+            elif sasl_plain_username and sasl_plain_password is not None:
                 import base64
                 self.authorization = "Basic " + base64.b64encode(
                     f"{sasl_plain_username}:{sasl_plain_password}".encode()).decode()
             elif not ssl_certfile:
                 raise ValueError("security_protocol SASL_SSL needs sasl_plain_username and "
                                  "sasl_plain_password (a user made with `kraftlog users "
-                                 "create`), or a client certificate (ssl_certfile)")
-        elif sasl_plain_username or sasl_plain_password:
-            raise ValueError("sasl_plain_username and sasl_plain_password are for "
-                             "security_protocol='SASL_SSL'")
+                                 "create`), a delegation token (sasl_mechanism OAUTHBEARER, "
+                                 "sasl_oauth_token_provider), or a client certificate "
+                                 "(ssl_certfile)")
+        elif sasl_plain_username or sasl_plain_password or sasl_oauth_token_provider:
+            raise ValueError("sasl_plain_username, sasl_plain_password and "
+                             "sasl_oauth_token_provider are for security_protocol='SASL_SSL'")
         try:
             self.ssl_context = tls.client_context(
                 ssl_cafile, ssl_certfile, ssl_keyfile, bool(ssl_check_hostname)) \
@@ -94,9 +100,23 @@ class Security:
             raise ValueError(str(exc)) from None
 
 
-#: Kafka's SASL mechanism names a client may give: the broker checks the
-#: password against the user's SCRAM credential whichever it is.
-SASL_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN")
+#: Kafka's SASL mechanism names a client may give: the broker checks a
+#: password against the user's SCRAM credential whichever it is; OAUTHBEARER
+#: sends a delegation token (``Admin.create_delegation_token``) instead.
+OAUTHBEARER = "OAUTHBEARER"
+SASL_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN", OAUTHBEARER)
+
+
+def _bearer_token(provider: Any) -> str:
+    """The token of ``sasl_oauth_token_provider``: a string (a delegation
+    token's ``<id>.<hmac>``), or, as kafka-python takes it, an object whose
+    ``token()`` returns one (asked once, when the client is made)."""
+    token = provider.token() if hasattr(provider, "token") else provider
+    if not isinstance(token, str) or not token or any(c.isspace() for c in token):
+        raise ValueError("sasl_mechanism OAUTHBEARER needs sasl_oauth_token_provider: a "
+                         "delegation token (DelegationToken.value, `kraftlog tokens create`) "
+                         "or an object whose token() returns one")
+    return token
 PLAINTEXT_SECURITY = Security()
 _client_numbers = itertools.count(1)
 

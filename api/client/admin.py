@@ -66,6 +66,30 @@ class CreatedTopic(NamedTuple):
     error: KraftlogError | None
 
 
+class DelegationToken(NamedTuple):
+    """A delegation token (Kafka's): who it authenticates as, until when,
+    and its HMAC. ``value`` is what a client presents
+    (``sasl_mechanism="OAUTHBEARER", sasl_oauth_token_provider=token.value``)."""
+
+    token_id: str
+    hmac: str
+    owner: str
+    renewers: tuple[str, ...]
+    issue_timestamp_ms: int
+    expiration_timestamp_ms: int
+    max_timestamp_ms: int
+
+    @property
+    def value(self) -> str:
+        return f"{self.token_id}.{self.hmac}"
+
+    @classmethod
+    def from_wire(cls, raw: Mapping[str, Any]) -> "DelegationToken":
+        return cls(raw["token_id"], raw["hmac"], raw["owner"], tuple(raw.get("renewers") or ()),
+                   raw["issue_timestamp_ms"], raw["expiration_timestamp_ms"],
+                   raw["max_timestamp_ms"])
+
+
 def _new_topic_body(topic: NewTopic | str) -> dict:
     if isinstance(topic, str):
         topic = NewTopic(topic)
@@ -114,14 +138,15 @@ class AsyncAdmin:
                  ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
                  ssl_check_hostname: bool = True, client_id: str | None = None,
                  sasl_mechanism: str | None = None, sasl_plain_username: str | None = None,
-                 sasl_plain_password: str | None = None) -> None:
+                 sasl_plain_password: str | None = None,
+                 sasl_oauth_token_provider: Any = None) -> None:
         self.request_timeout_ms = request_timeout_ms
         self.retry_backoff_ms = retry_backoff_ms
         self._transport = Transport(
             request_timeout_ms=request_timeout_ms,
             security=Security(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile,
                               ssl_check_hostname, sasl_mechanism, sasl_plain_username,
-                              sasl_plain_password),
+                              sasl_plain_password, sasl_oauth_token_provider),
             client_id=default_client_id("adminclient") if client_id is None else client_id)
         self._metadata = ClusterMetadata(self._transport, bootstrap,
                                          request_timeout_ms=request_timeout_ms)
@@ -266,6 +291,39 @@ class AsyncAdmin:
         answer = await self._call("/v1/admin/users/describe", {})
         return {user["name"]: {c["mechanism"]: c["iterations"] for c in user["credentials"]}
                 for user in answer.get("users") or ()}
+
+    # -- delegation tokens ----------------------------------------------------------
+    async def create_delegation_token(self, renewers: Iterable[str] = (), *,
+                                      max_lifetime_ms: int = -1) -> "DelegationToken":
+        """A token that authenticates as this client's user (Kafka's
+        CreateDelegationToken); ``renewers`` (principals) may renew it too.
+        Its ``value`` goes to ``sasl_oauth_token_provider``."""
+        answer = await self._call("/v1/admin/tokens/create", {
+            "renewers": list(renewers), "max_lifetime_ms": max_lifetime_ms})
+        return DelegationToken.from_wire(answer["token"])
+
+    async def renew_delegation_token(self, token: "DelegationToken", *,
+                                     renew_period_ms: int = -1) -> int:
+        """Push the token's expiry back (by the cluster's
+        delegation.token.expiry.time.ms by default); its new expiry."""
+        answer = await self._call("/v1/admin/tokens/renew", {
+            "token_id": token.token_id, "hmac": token.hmac, "renew_period_ms": renew_period_ms})
+        return answer["expiration_timestamp_ms"]
+
+    async def expire_delegation_token(self, token: "DelegationToken", *,
+                                      expiry_period_ms: int = -1) -> int:
+        """Expire the token now (or in ``expiry_period_ms``); its expiry."""
+        answer = await self._call("/v1/admin/tokens/expire", {
+            "token_id": token.token_id, "hmac": token.hmac,
+            "expiry_period_ms": expiry_period_ms})
+        return answer["expiration_timestamp_ms"]
+
+    async def describe_delegation_token(self, owners: Iterable[str] | None = None
+                                        ) -> list["DelegationToken"]:
+        """The tokens this user owns or may renew (of ``owners``, if given)."""
+        answer = await self._call("/v1/admin/tokens/describe", {
+            "owners": None if owners is None else list(owners)})
+        return [DelegationToken.from_wire(t) for t in answer.get("tokens") or ()]
 
     # -- ACLs ---------------------------------------------------------------------
     async def create_acls(self, bindings: Iterable[AclBinding]) -> None:
@@ -542,6 +600,21 @@ class Admin:
 
     def describe_users(self) -> dict[str, dict[str, int]]:
         return self._thread.run(self._admin.describe_users())
+
+    def create_delegation_token(self, renewers: Iterable[str] = (), **kwargs: Any
+                                ) -> "DelegationToken":
+        return self._thread.run(self._admin.create_delegation_token(list(renewers), **kwargs))
+
+    def renew_delegation_token(self, token: "DelegationToken", **kwargs: Any) -> int:
+        return self._thread.run(self._admin.renew_delegation_token(token, **kwargs))
+
+    def expire_delegation_token(self, token: "DelegationToken", **kwargs: Any) -> int:
+        return self._thread.run(self._admin.expire_delegation_token(token, **kwargs))
+
+    def describe_delegation_token(self, owners: Iterable[str] | None = None
+                                  ) -> list["DelegationToken"]:
+        return self._thread.run(self._admin.describe_delegation_token(
+            None if owners is None else list(owners)))
 
     def create_acls(self, bindings: Iterable[AclBinding]) -> None:
         return self._thread.run(self._admin.create_acls(list(bindings)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from api.client._transport import DEFAULT_BOOTSTRAP, Security, default_client_id
 from api.client.accumulator import MAX_REQUEST_BYTES_DEFAULT, Partitioner
@@ -30,10 +31,11 @@ class ProducerConfig:
                  ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
                  ssl_check_hostname: bool = True, client_id: str | None = None,
                  sasl_mechanism: str | None = None, sasl_plain_username: str | None = None,
-                 sasl_plain_password: str | None = None) -> None:
+                 sasl_plain_password: str | None = None,
+                 sasl_oauth_token_provider: Any = None) -> None:
         self.security = Security(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile,
                                  ssl_check_hostname, sasl_mechanism, sasl_plain_username,
-                                 sasl_plain_password)
+                                 sasl_plain_password, sasl_oauth_token_provider)
         self.client_id = default_client_id("producer") if client_id is None else client_id
         if acks == "all":
             acks = -1
@@ -138,10 +140,11 @@ class ConsumerConfig:
                  ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
                  ssl_check_hostname: bool = True, client_id: str | None = None,
                  sasl_mechanism: str | None = None, sasl_plain_username: str | None = None,
-                 sasl_plain_password: str | None = None) -> None:
+                 sasl_plain_password: str | None = None,
+                 sasl_oauth_token_provider: Any = None) -> None:
         self.security = Security(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile,
                                  ssl_check_hostname, sasl_mechanism, sasl_plain_username,
-                                 sasl_plain_password)
+                                 sasl_plain_password, sasl_oauth_token_provider)
         self.client_id = default_client_id("consumer") if client_id is None else client_id
         if isolation_level not in ("read_uncommitted", "read_committed"):
             raise ValueError(f"isolation_level must be 'read_uncommitted' or 'read_committed', "

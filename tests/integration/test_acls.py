@@ -183,6 +183,16 @@ def served(status: int, body: dict) -> None:
     assert status == 200, (status, body)
 
 
+def own_tokens_only(status: int, body: dict) -> None:
+    """Tokens need no ACL: a user sees (and makes) only its own."""
+    assert status == 200 and all(t["owner"] == MALLORY for t in body["tokens"]), body
+
+
+def unknown_token(status: int, body: dict) -> None:
+    assert status == 404 and set(body) == {"error"} and \
+        body["error"]["code"] == "DELEGATION_TOKEN_NOT_FOUND", (status, body)
+
+
 PRODUCE = {"acks": 1, "partitions": [{"topic": "acl-orders", "partition": 0,
                                       "records": batch()}]}
 OFFSETS = [{"topic": "acl-orders", "partition": 0, "offset": 1}]
@@ -280,6 +290,13 @@ BROKER_CASES = {
                                         whole(CLUSTER_REFUSED)),
     ("POST", "/v1/admin/acls/describe"): ("/v1/admin/acls/describe", {}, False,
                                           whole(CLUSTER_REFUSED)),
+    ("POST", "/v1/admin/tokens/create"): ("/v1/admin/tokens/create", {}, False, served),
+    ("POST", "/v1/admin/tokens/renew"): ("/v1/admin/tokens/renew", {
+        "token_id": "acl-nothing", "hmac": "x"}, False, unknown_token),
+    ("POST", "/v1/admin/tokens/expire"): ("/v1/admin/tokens/expire", {
+        "token_id": "acl-nothing", "hmac": "x"}, False, unknown_token),
+    ("POST", "/v1/admin/tokens/describe"): ("/v1/admin/tokens/describe", {}, False,
+                                            own_tokens_only),
     ("GET", "/healthz"): ("/healthz", None, True, served),
     ("GET", "/metrics"): ("/metrics", None, True, whole(CLUSTER_REFUSED)),
     ("GET", "/v1/cluster"): ("/v1/cluster", None, True, served),
@@ -496,3 +513,87 @@ def test_what_the_acls_hide_stays_hidden_in_groups_and_internal_topics(cluster):
         certificate=cluster.certs["client"], user=None)
     assert status == 200 and answer["partitions"][0]["error"]["code"] == \
         "INVALID_TOPIC_EXCEPTION", answer
+
+
+# -- delegation tokens ---------------------------------------------------------------------
+def test_a_delegation_token_is_its_owner_until_it_expires(cluster, tmp_path):
+    """A user makes a token; a job with only the token is that user (its
+    ACLs and nothing more); tokens cannot make tokens; the owner or a
+    renewer renews it; expired, it is refused at once."""
+    from api.client import DelegationToken, SaslAuthenticationError
+    grant(cluster, [AclBinding(acl.TOPIC, "token-", acl.PREFIXED, "User:erin", "*", acl.ALL,
+                               acl.ALLOW)])
+    with Admin(bootstrap(cluster), **cluster.client_security) as admin:
+        admin.upsert_user("erin", PASSWORD)
+        admin.create_topics([NewTopic("token-jobs", 1, 2)])
+    wait_for_login(cluster, "erin")
+    with Admin(bootstrap(cluster), **as_user(cluster, "erin")) as admin:
+        token = admin.create_delegation_token(["User:bob"])
+        assert token.owner == "User:erin" and token.renewers == ("User:bob",)
+        assert token.issue_timestamp_ms < token.expiration_timestamp_ms <= \
+            token.max_timestamp_ms
+        assert [t.token_id for t in admin.describe_delegation_token()] == [token.token_id]
+    with Admin(bootstrap(cluster), **as_user(cluster, "mallory")) as admin:
+        # not mallory's (who has one of her own, from the route matrix)
+        assert token.token_id not in {t.token_id for t in admin.describe_delegation_token()}
+        error = refused(lambda: admin.renew_delegation_token(token))
+        assert error.code == "DELEGATION_TOKEN_OWNER_MISMATCH", error
+
+    job = {"security_protocol": "SASL_SSL", "ssl_cafile": cluster.certs["ca"].certfile,
+           "sasl_mechanism": "OAUTHBEARER", "sasl_oauth_token_provider": token.value}
+
+    wait_until(lambda: all(_bearer_status(cluster, b, token.value) == 200
+                           for b in cluster.broker_ids), 30, "the token known everywhere")
+    with Producer(bootstrap(cluster), **job) as producer:
+        producer.send("token-jobs", b"from a job").result(30)
+        error = refused(lambda: producer.send("acl-orders", b"no").result(30))
+        assert error.code == TOPIC_REFUSED  # erin's ACLs, no more
+    with Admin(bootstrap(cluster), **job) as admin:
+        visible = admin.list_topics()
+        assert "token-jobs" in visible and "acl-orders" not in visible
+        error = refused(lambda: admin.create_delegation_token())
+        assert error.code == "DELEGATION_TOKEN_REQUEST_NOT_ALLOWED", error
+
+    forged = DelegationToken(token.token_id, "A" * len(token.hmac), *token[2:])
+    for bad in (forged.value, "no-dot-here", token.token_id + ".x"):
+        assert _bearer_status(cluster, cluster.broker_ids[0], bad) == 401
+    with Admin(bootstrap(cluster), **as_user(cluster, "bob")) as admin:  # a renewer
+        assert admin.renew_delegation_token(token) >= token.expiration_timestamp_ms
+    with Admin(bootstrap(cluster), **as_user(cluster, "erin")) as admin:
+        admin.expire_delegation_token(token)
+    wait_until(lambda: all(_bearer_status(cluster, b, token.value) == 401
+                           for b in cluster.broker_ids), 30, "the token refused everywhere")
+    with Admin(bootstrap(cluster), **job) as admin:
+        error = refused(admin.list_topics)
+        assert isinstance(error, SaslAuthenticationError), error
+    token_file = tmp_path / "job.token"
+    client = cluster.client_security
+    made = subprocess.run(
+        [sys.executable, "-m", "api.cli", "--bootstrap", bootstrap(cluster),
+         "--security-protocol", "SASL_SSL", "--ssl-cafile", client["ssl_cafile"],
+         "--sasl-username", "erin", "tokens", "create"], cwd=REPO_ROOT, capture_output=True,
+        text=True, timeout=60, env={**{k: v for k, v in os.environ.items()
+                                       if not k.startswith("KRAFTLOG_")},
+                                    "KRAFTLOG_SASL_PASSWORD": PASSWORD})
+    assert made.returncode == 0, made.stderr
+    token_file.write_text(made.stdout)
+    listed = subprocess.run(
+        [sys.executable, "-m", "api.cli", "--bootstrap",
+         cluster.nodes[cluster.broker_ids[0]].broker_url,
+         "--security-protocol", "SASL_SSL", "--ssl-cafile", client["ssl_cafile"],
+         "--sasl-token-file", str(token_file), "topics", "list"], cwd=REPO_ROOT,
+        capture_output=True, text=True, timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("KRAFTLOG_")})
+    assert listed.returncode == 0 and "token-jobs" in listed.stdout, listed.stderr
+
+
+def _bearer_status(cluster: ProcessCluster, broker: int, value: str) -> int:
+    context = ssl.create_default_context(cafile=cluster.certs["ca"].certfile)
+    request = urllib.request.Request(cluster.nodes[broker].broker_url + "/v1/topics",
+                                     headers={"Authorization": f"Bearer {value}",
+                                              "Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
