@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import itertools
 
+from api.cli_support import admin_call, admin_client
 from api.table import format_table
 from protocol import acl
 
@@ -202,27 +203,14 @@ def _table(bindings: list[acl.AclBinding]) -> str:
          b.resource_name, b.pattern_type) for b in bindings])
 
 
-def _connect(args: argparse.Namespace):
-    from api.cli_support import client_security
-    from api.client import Admin
-
-    return Admin(args.bootstrap, request_timeout_ms=10_000, **client_security())
 
 
-def _run(action):
-    from api.cli_support import CliError
-    from api.client import KraftlogError
-
-    try:
-        return action()
-    except KraftlogError as exc:
-        raise CliError(f"{exc.code}: {exc.message}") from None
 
 
 def _add(args: argparse.Namespace) -> int:
     bindings = _bindings(args)
-    with _connect(args) as admin:
-        _run(lambda: admin.create_acls(bindings))
+    with admin_client(args) as admin:
+        admin_call(lambda: admin.create_acls(bindings))
     print(f"{len(bindings)} ACL{'s' if len(bindings) != 1 else ''} in place:")
     print(_table(bindings))
     return 0
@@ -232,8 +220,8 @@ def _remove(args: argparse.Namespace) -> int:
     from api.cli_support import CliError
 
     filters = _filters(args)
-    with _connect(args) as admin:
-        matching = sorted({b for f in filters for b in _run(
+    with admin_client(args) as admin:
+        matching = sorted({b for f in filters for b in admin_call(
             lambda f=f: admin.describe_acls(f))})
         if not matching:
             print("No ACL matches.")
@@ -247,7 +235,7 @@ def _remove(args: argparse.Namespace) -> int:
             if input(f"remove these {len(matching)} ACLs? [y/N] ").strip().lower() != "y":
                 print("Nothing removed.")
                 return 1
-        removed = _run(lambda: admin.delete_acls(filters))
+        removed = admin_call(lambda: admin.delete_acls(filters))
     print(f"removed {len(removed)} ACL{'s' if len(removed) != 1 else ''}:")
     print(_table(removed))
     return 0
@@ -256,8 +244,8 @@ def _remove(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     pattern = args.resource_pattern_type.upper()
     resources = _resources(args) or [(None, None)]
-    with _connect(args) as admin:
-        found = sorted({b for rtype, name in resources for b in _run(
+    with admin_client(args) as admin:
+        found = sorted({b for rtype, name in resources for b in admin_call(
             lambda rtype=rtype, name=name: admin.describe_acls(acl.AclBindingFilter(
                 rtype, name, pattern, args.principal)))})
     if not found:

@@ -13,7 +13,7 @@ import argparse
 from protocol import DEFAULT_BOOTSTRAP
 
 __all__ = ["DEFAULT_BOOTSTRAP", "CliError", "ExamplesFormatter", "add_security_arguments",
-           "client_security", "configure_security", "get_json"]
+           "admin_call", "admin_client", "client_security", "configure_security", "get_json"]
 
 #: The command's TLS settings (its global options): what every client it
 #: makes, and every JSON request, connects with. One command, one process.
@@ -108,6 +108,23 @@ def read_secret(path: str, option: str) -> str:
 def client_security() -> dict:
     """The TLS keyword arguments of a client this command makes."""
     return dict(_security)
+
+
+def admin_client(args: argparse.Namespace):
+    """An ``Admin`` for the command's ``--bootstrap``, with its security."""
+    from api.client import Admin
+
+    return Admin(args.bootstrap, request_timeout_ms=10_000, **client_security())
+
+
+def admin_call(action):
+    """``action()``; a client error becomes a CliError saying its code."""
+    from api.client import KraftlogError
+
+    try:
+        return action()
+    except KraftlogError as exc:
+        raise CliError(f"{exc.code}: {exc.message}") from None
 
 
 class CliError(Exception):

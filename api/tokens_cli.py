@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import datetime
 
+from api.cli_support import admin_call, admin_client
 from api.table import format_table
 
 
@@ -50,21 +51,8 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     listing.set_defaults(handler=_list)
 
 
-def _admin(args: argparse.Namespace):
-    from api.cli_support import client_security
-    from api.client import Admin
-
-    return Admin(args.bootstrap, request_timeout_ms=10_000, **client_security())
 
 
-def _run(action):
-    from api.cli_support import CliError
-    from api.client import KraftlogError
-
-    try:
-        return action()
-    except KraftlogError as exc:
-        raise CliError(f"{exc.code}: {exc.message}") from None
 
 
 def _when(ms: int) -> str:
@@ -75,8 +63,8 @@ def _when(ms: int) -> str:
 def _create(args: argparse.Namespace) -> int:
     import sys
 
-    with _admin(args) as admin:
-        token = _run(lambda: admin.create_delegation_token(
+    with admin_client(args) as admin:
+        token = admin_call(lambda: admin.create_delegation_token(
             args.renewer_principal, max_lifetime_ms=args.max_life_time_period))
     print(token.value)  # alone on stdout: `> job.token` keeps just the token
     print(f"token {token.token_id} of {token.owner}: expires {_when(token.expiration_timestamp_ms)}"
@@ -97,20 +85,20 @@ def _token(path: str):
 
 def _change(args: argparse.Namespace) -> int:
     token = _token(args.token_file)
-    with _admin(args) as admin:
+    with admin_client(args) as admin:
         if args.tokens_command == "renew":
-            expiry = _run(lambda: admin.renew_delegation_token(
+            expiry = admin_call(lambda: admin.renew_delegation_token(
                 token, renew_period_ms=args.period))
         else:
-            expiry = _run(lambda: admin.expire_delegation_token(
+            expiry = admin_call(lambda: admin.expire_delegation_token(
                 token, expiry_period_ms=args.period))
     print(f"token {token.token_id} expires {_when(expiry)}")
     return 0
 
 
 def _list(args: argparse.Namespace) -> int:
-    with _admin(args) as admin:
-        found = _run(lambda: admin.describe_delegation_token(args.owner_principal))
+    with admin_client(args) as admin:
+        found = admin_call(lambda: admin.describe_delegation_token(args.owner_principal))
     if not found:
         print("No tokens. `kraftlog tokens create` makes one.")
         return 0

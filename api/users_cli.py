@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 
+from api.cli_support import admin_call, admin_client
 from api.table import format_table
 
 MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
@@ -70,27 +71,14 @@ def _password(args: argparse.Namespace) -> str:
     return password
 
 
-def _admin(args: argparse.Namespace):
-    from api.cli_support import client_security
-    from api.client import Admin
-
-    return Admin(args.bootstrap, request_timeout_ms=10_000, **client_security())
 
 
-def _run(action) -> None:
-    from api.cli_support import CliError
-    from api.client import KraftlogError
-
-    try:
-        return action()
-    except KraftlogError as exc:
-        raise CliError(f"{exc.code}: {exc.message}") from None
 
 
 def _upsert(args: argparse.Namespace) -> int:
     password = _password(args)
-    with _admin(args) as admin:
-        _run(lambda: admin.upsert_user(args.name, password, mechanism=args.mechanism,
+    with admin_client(args) as admin:
+        admin_call(lambda: admin.upsert_user(args.name, password, mechanism=args.mechanism,
                                        iterations=args.iterations))
     verb = "created" if args.users_command == "create" else "has a new password"
     print(f"user {args.name} {verb} ({args.mechanism}, {args.iterations} iterations)")
@@ -98,16 +86,16 @@ def _upsert(args: argparse.Namespace) -> int:
 
 
 def _delete(args: argparse.Namespace) -> int:
-    with _admin(args) as admin:
-        _run(lambda: admin.delete_user(args.name, mechanism=args.mechanism))
+    with admin_client(args) as admin:
+        admin_call(lambda: admin.delete_user(args.name, mechanism=args.mechanism))
     print(f"user {args.name} deleted" if args.mechanism is None
           else f"user {args.name}: {args.mechanism} credential deleted")
     return 0
 
 
 def _list(args: argparse.Namespace) -> int:
-    with _admin(args) as admin:
-        users = _run(admin.describe_users)
+    with admin_client(args) as admin:
+        users = admin_call(admin.describe_users)
     if not users:
         print("No users. `kraftlog users create NAME` makes one.")
         return 0

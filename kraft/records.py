@@ -185,17 +185,10 @@ class AccessControlEntryRecord(Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class RemoveAccessControlEntryRecord(Record):
+class RemoveAccessControlEntryRecord(AccessControlEntryRecord):
     """An ACL was deleted (the same fields)."""
 
     TYPE: ClassVar[str] = "remove_acl"
-    resource_type: str
-    resource_name: str
-    pattern_type: str
-    principal: str
-    host: str
-    operation: str
-    permission_type: str
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,11 +25,6 @@
 
 #include "../storage/_records.h"
 
-static PyObject *bad(const char *what, Py_ssize_t record) {
-    PyErr_Format(PyExc_ValueError, "record %zd: %s", record, what);
-    return NULL;
-}
-
 /* A validity bitmap (Arrow's: bit i of byte i/8, least significant first)
  * from per-record lengths, -1 meaning null; None if nothing is null. */
 static PyObject *validity(const int64_t *lens, Py_ssize_t n, Py_ssize_t nulls) {

@@ -22,11 +22,6 @@
 
 #include "_records.h"
 
-static PyObject *bad(const char *what, Py_ssize_t record) {
-    PyErr_Format(PyExc_ValueError, "record %zd: %s", record, what);
-    return NULL;
-}
-
 PyDoc_STRVAR(scan_doc,
 "scan(section, count, last_offset_delta) -> (keys, deltas, nulls)\n\n"
 "The keys of an uncompressed records section of `count` records (a list of\n"

@@ -120,6 +120,12 @@ have:
     return 0;
 }
 
+/* A ValueError saying what is wrong with which record; NULL. */
+static PyObject *bad(const char *what, Py_ssize_t record) {
+    PyErr_Format(PyExc_ValueError, "record %zd: %s", record, what);
+    return NULL;
+}
+
 /* One record, its fields pointing into the section. */
 typedef struct {
     int64_t timestamp_delta, offset_delta;
