@@ -328,7 +328,8 @@ class DataApi:
             auth.require(acl.CLUSTER_ACTION, acl.CLUSTER, what="a follower's fetch")
         else:
             require_node_or_plain(request, "a follower's fetch (replica_id >= 0)")
-        results = self._render("fetch", await self.replicas.fetch(fetch) + refused)
+        answered = await self.replicas.fetch(fetch) if fetch.specs or not refused else []
+        results = self._render("fetch", answered + refused)
         fetched = 0
         for result in results if replica_id < 0 else ():
             records = result["records"]

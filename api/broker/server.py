@@ -26,7 +26,9 @@ import time
 import aiohttp
 from aiohttp import web
 
-from api.broker.data_api import DataApi
+from api.broker.authz import (BROKER_ROUTE_RULES, require_cluster_or_topics, require_topics,
+                              topic_filter)
+from api.broker.data_api import INT64_MAX, DataApi
 from api.broker.fetcher import FollowerFetchSender
 from api.broker.groups.api import GroupApi
 from api.broker.groups.service import OFFSETS_TOPIC, GroupService
@@ -38,17 +40,13 @@ from api.broker.quotas import QuotaManager
 from api.broker.replica_manager import ReplicaManager
 from api.broker.replication import ReplicationSettings, broker_url
 from api.broker.rest_proxy import RestProxy
-from api.broker.transactions.service import (TRANSACTION_TOPIC, TransactionApi,
-                                             TransactionService)
-from api.broker.authz import (BROKER_ROUTE_RULES, require_cluster_or_topics, require_topics,
-                              topic_filter)
-from kraft.authorizer import (AllowAll, Authorizer, auth_of, authorization_middleware,
-                              check_routes_complete)
+from api.broker.transactions.service import TRANSACTION_TOPIC, TransactionApi, TransactionService
+from kraft.authorizer import (STANDARD_AUTHORIZER, AllowAll, Authorizer, auth_of,
+                              authorization_middleware, check_routes_complete)
 from kraft.client import ControllerClient
 from kraft.config import BROKER_LISTENER, NodeConfig
 from kraft.image import MetadataImage
 from kraft.topic_config import defaults_from_broker_config
-from kraft.authorizer import STANDARD_AUTHORIZER
 from protocol import acl, tls, tokens, wire
 from protocol.errors import (ClusterAuthorizationFailedError, DelegationTokenAuthDisabledError,
                              DelegationTokenNotFoundError,
@@ -97,7 +95,6 @@ TOKEN_ROUTES = {
 }
 TOKEN_RENEWERS_MAX = 100
 TOKEN_NAME_CHARS_MAX = 512  # a principal or an HMAC
-INT64_MAX = 2**63 - 1
 
 
 #: Admin routes a password-authenticated (SCRAM) user may not call.
