@@ -647,9 +647,9 @@ def build_offset_map(plan: CleanPlan, budget_bytes: int, throttler: Throttler = 
     """The offset map of the dirty section, and where it stops: the dirty
     end, or the first batch that did not fit. Also returns bytes read.
 
-    Nothing of a batch is kept beyond its keys: the rewrite reads and
-    decodes again what it needs. (Keeping decoded records for it was
-    slower: memory that is not reused costs a page fault per 4 KiB.)"""
+    Nothing of a batch is kept beyond its keys (in the map): the rewrite
+    reads and scans again what it needs, which costs less than keeping it
+    (memory not reused costs a page fault per 4 KiB)."""
     offsets = OffsetMap(budget_bytes)
     aborted = _Aborted(plan.aborted)
     read = 0
