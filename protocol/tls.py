@@ -428,16 +428,16 @@ class PasswordVerifier:
     #: Password checks that may queue; beyond, 503 (retriable) at once.
     WAITING_MAX = 64
 
-    def __init__(self, credentials, ready=lambda: True, tokens=None,
+    def __init__(self, credentials, ready=lambda: True, token_info=None,
                  token_secret: bytes | None = None) -> None:
         """``ready()``: whether the credentials are complete (a broker's
         metadata has caught up since start-up); until then every password
-        is "try again" (503), not a verdict. ``tokens(token_id)``: a
+        is "try again" (503), not a verdict. ``token_info(token_id)``: a
         delegation token's ``TokenInfo`` or None, checked against
         ``token_secret`` (protocol/tokens.py); without both, no token works."""
         self.credentials = credentials
         self.ready = ready
-        self.tokens = tokens
+        self.token_info = token_info
         self.token_secret = token_secret
         self._running = asyncio.Semaphore(2)
         self._waiting = 0
@@ -452,13 +452,13 @@ class PasswordVerifier:
         """The owner (``User:<name>``) of the delegation token ``text``
         (``<id>.<hmac>``) if its HMAC is right and it has not expired."""
         parsed = tokens.parse_bearer(text)
-        if parsed is None or self.tokens is None or not self.token_secret:
+        if parsed is None or self.token_info is None or not self.token_secret:
             return None
         if not self.ready():
             raise BrokerNotAvailableError("this node is still loading the cluster's "
                                           "metadata: retry")
         token_id, mac = parsed
-        token = self.tokens(token_id)
+        token = self.token_info(token_id)
         genuine = tokens.genuine(self.token_secret, token_id, mac)  # whether or not it exists
         if token is None or not genuine or token.expiration_timestamp_ms < time.time() * 1000:
             return None

@@ -94,7 +94,7 @@ def test_expiring_now_removes_a_token_and_the_controller_sweeps_expired_ones():
 def test_a_node_accepts_a_genuine_live_token_and_nothing_else():
     now = int(time.time() * 1000)
     image, token = created(MetadataImage(), now)
-    verifier = tls.PasswordVerifier(lambda _user: {}, tokens=image.delegation_tokens.get,
+    verifier = tls.PasswordVerifier(lambda _user: {}, token_info=image.delegation_tokens.get,
                                     token_secret=SECRET)
     token_id = token["token_id"]
     value = tokens.bearer(token_id, tokens.token_hmac(SECRET, token_id))
@@ -105,9 +105,9 @@ def test_a_node_accepts_a_genuine_live_token_and_nothing_else():
         assert verifier.authenticate_token(bad) is None, bad
     expired, _ = created(MetadataImage(), now - 2 * DAY)
     (old_id,) = expired.delegation_tokens
-    stale = tls.PasswordVerifier(lambda _user: {}, tokens=expired.delegation_tokens.get,
+    stale = tls.PasswordVerifier(lambda _user: {}, token_info=expired.delegation_tokens.get,
                                  token_secret=SECRET)
     assert stale.authenticate_token(tokens.bearer(old_id, tokens.token_hmac(SECRET, old_id))) \
         is None
-    no_secret = tls.PasswordVerifier(lambda _user: {}, tokens=image.delegation_tokens.get)
+    no_secret = tls.PasswordVerifier(lambda _user: {}, token_info=image.delegation_tokens.get)
     assert no_secret.authenticate_token(value) is None
