@@ -10,6 +10,7 @@ import itertools
 from api.cli_support import admin_call, admin_client
 from api.table import format_table
 from protocol import acl
+from protocol.errors import InvalidRequestError
 
 _OPERATIONS = [op.lower().replace("_", "-") for op in acl.OPERATIONS]
 
@@ -163,7 +164,7 @@ def _bindings(args: argparse.Namespace) -> list[acl.AclBinding]:
                                  principal, host, op, permission)
         try:
             acl.check_binding(binding)
-        except Exception as exc:  # noqa: BLE001  InvalidRequestError: say it as the CLI
+        except InvalidRequestError as exc:  # said as the CLI says things
             raise CliError(str(exc)) from None
         bindings.append(binding)
     return sorted(set(bindings))
