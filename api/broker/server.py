@@ -65,6 +65,8 @@ PEER_CALL_TIMEOUT_S = 5.0
 ADMIN_METADATA_WAIT_MS = 10_000
 #: Default time an admin call may take at the controller.
 ADMIN_TIMEOUT_MS = 30_000
+#: How long one attempt of an admin call waits for a controller's answer.
+ADMIN_ATTEMPT_TIMEOUT_MS = 10_000
 TOPICS_PER_REQUEST_MAX = 1000
 
 #: Admin endpoints and the controller paths they forward to.
@@ -370,7 +372,13 @@ class BrokerServer:
         broker's metadata shows its effect."""
         timeout_ms = body.get("timeout_ms") if isinstance(body.get("timeout_ms"), int) \
             else ADMIN_TIMEOUT_MS
-        answer = await self.client.call(controller_path, body, timeout_ms=timeout_ms)
+        # A controller that took the request is given time to commit it: asked
+        # again after a heartbeat interval (the default per attempt), a slow
+        # commit of a create would answer the retry TOPIC_ALREADY_EXISTS.
+        # One that cannot be reached is still left at once for the others.
+        answer = await self.client.call(
+            controller_path, body, timeout_ms=timeout_ms,
+            request_timeout_ms=min(timeout_ms, ADMIN_ATTEMPT_TIMEOUT_MS))
         offset = answer.get("metadata_offset") if isinstance(answer, dict) else None
         if isinstance(offset, int):
             await self.wait_for_metadata(offset, ADMIN_METADATA_WAIT_MS)
