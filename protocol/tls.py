@@ -190,9 +190,12 @@ class CertificateReloader:
 #: The user of a request without a client certificate.
 ANONYMOUS = "User:ANONYMOUS"
 #: Where ``authenticate_clients`` leaves a request's user, and how it was
-#: proven ("certificate", "password"; absent: not at all).
+#: proven ("certificate", "password", "token"; absent: not at all).
 PRINCIPAL_KEY = "kraftlog.principal"
 PROOF_KEY = "kraftlog.proof"
+#: Proofs no node uses (a password, a delegation token): without ACLs, what
+#: only nodes and administrators may do is refused to them.
+NOT_A_NODE = frozenset({"password", "token"})
 
 
 def authenticate_clients(app, mapper: "PrincipalMapper", require_certificate: bool,
@@ -267,7 +270,7 @@ def require_node_or_plain(request, what: str) -> None:
     transaction marker, a KIP-890 check) to a client that authenticated
     with a password: nodes authenticate with certificates. (A plain
     listener has no identities to tell them apart.)"""
-    if request.get(PROOF_KEY) == "password":
+    if request.get(PROOF_KEY) in NOT_A_NODE:
         raise ClusterAuthorizationFailedError(
             f"{what} is for the cluster's nodes, which authenticate with certificates, "
             f"not for {request.get(PRINCIPAL_KEY, ANONYMOUS)}")

@@ -389,7 +389,7 @@ class BrokerServer:
         route = request.match_info.route.resource.canonical
         auth = auth_of(request)
         if not auth.enabled and route in CERTIFICATE_ONLY_ROUTES \
-                and request.get(tls.PROOF_KEY) == "password":
+                and request.get(tls.PROOF_KEY) in tls.NOT_A_NODE:
             # Without ACLs: a SCRAM user may not make users or change quotas
             # (nor take over another user's password).
             raise ClusterAuthorizationFailedError(

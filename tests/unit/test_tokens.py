@@ -111,3 +111,14 @@ def test_a_node_accepts_a_genuine_live_token_and_nothing_else():
         is None
     no_secret = tls.PasswordVerifier(lambda _user: {}, token_info=image.delegation_tokens.get)
     assert no_secret.authenticate_token(value) is None
+
+
+def test_without_acls_a_token_may_do_no_more_than_a_password():
+    # A token's owner may be a SCRAM user: what only nodes may do (a
+    # follower's fetch, markers) stays refused to a token as to a password.
+    from protocol.errors import ClusterAuthorizationFailedError
+    for proof in ("password", "token"):
+        with pytest.raises(ClusterAuthorizationFailedError):
+            tls.require_node_or_plain({tls.PROOF_KEY: proof}, "a follower's fetch")
+    tls.require_node_or_plain({tls.PROOF_KEY: "certificate"}, "a follower's fetch")
+    assert tls.NOT_A_NODE == {"password", "token"}
