@@ -8,15 +8,20 @@ import argparse
 
 from api.table import format_table
 
-_KEYS = (("--producer-byte-rate", "producer_byte_rate"),
-         ("--consumer-byte-rate", "consumer_byte_rate"))
+_KEYS = (("--producer-byte-rate", "producer_byte_rate", "BYTES_PER_S", "bytes per second"),
+         ("--consumer-byte-rate", "consumer_byte_rate", "BYTES_PER_S", "bytes per second"),
+         ("--request-percentage", "request_percentage", "PERCENT",
+          "percent of the broker's event loop the client's requests may keep busy, "
+          "over the quota window (Kafka's percent of a request handler thread)"))
 
 
 def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     quotas = commands.add_parser(
-        "quotas", help="client quotas: produce and fetch byte rates per user / client id",
+        "quotas", help="client quotas: produce and fetch byte rates and request time per user / "
+             "client id",
         formatter_class=formatter,
-        description="Limit how fast a client may produce or fetch, by its user (its TLS "
+        description="Limit how fast a client may produce or fetch, and how much of a "
+                    "broker's time its requests may take, by its user (its TLS "
                     "certificate's subject, User:ANONYMOUS without one), its client id "
                     "(client_id in the client, Kafka's client.id), or both; <default> "
                     "stands for every one without a quota of its own. A client over its "
@@ -26,6 +31,7 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
                "  kraftlog quotas set --client-id reports --consumer-byte-rate 1048576\n"
                "  kraftlog quotas set --client-id '<default>' --producer-byte-rate 10485760\n"
                "  kraftlog quotas set --user 'User:CN=etl,O=acme' --producer-byte-rate 5e6\n"
+               "  kraftlog quotas set --client-id dashboards --request-percentage 20\n"
                "  kraftlog quotas remove --client-id reports --consumer-byte-rate\n"
                "  kraftlog quotas list")
     actions = quotas.add_subparsers(dest="quotas_command", metavar="ACTION")
@@ -35,9 +41,9 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     for parser in (set_parser, remove):
         parser.add_argument("--user", help="the user (User:..., or <default>)")
         parser.add_argument("--client-id", help="the client id (or <default>)")
-    for flag, key in _KEYS:
-        set_parser.add_argument(flag, type=float, metavar="BYTES_PER_S", dest=key,
-                                help=f"{key}: bytes per second")
+    for flag, key, metavar, unit in _KEYS:
+        set_parser.add_argument(flag, type=float, metavar=metavar, dest=key,
+                                help=f"{key}: {unit}")
         remove.add_argument(flag, action="store_true", dest=key, help=f"remove {key}")
     set_parser.set_defaults(handler=_set)
     remove.set_defaults(handler=_remove)
@@ -59,7 +65,7 @@ def _alter(args: argparse.Namespace, changes: dict) -> int:
     from api.client import Admin, KraftlogError
 
     if not changes:
-        raise CliError("name at least one quota: " + ", ".join(flag for flag, _ in _KEYS))
+        raise CliError("name at least one quota: " + ", ".join(flag for flag, *_ in _KEYS))
     entity = _entity(args)
     try:
         with Admin(args.bootstrap, request_timeout_ms=10_000, **client_security()) as admin:
@@ -73,16 +79,20 @@ def _alter(args: argparse.Namespace, changes: dict) -> int:
 
 
 def _set(args: argparse.Namespace) -> int:
-    return _alter(args, {key: getattr(args, key) for _, key in _KEYS
+    return _alter(args, {key: getattr(args, key) for _, key, *_ in _KEYS
                          if getattr(args, key) is not None})
 
 
 def _remove(args: argparse.Namespace) -> int:
-    return _alter(args, {key: None for _, key in _KEYS if getattr(args, key)})
+    return _alter(args, {key: None for _, key, *_ in _KEYS if getattr(args, key)})
 
 
 def _describe(entity: dict[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(entity.items(), reverse=True))
+
+
+def _number(key: str, value: float) -> str:
+    return f"{value:g}%" if key == "request_percentage" else f"{value:,.0f}"
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -98,8 +108,8 @@ def _list(args: argparse.Namespace) -> int:
         print("No client quotas: every client may produce and fetch as fast as it can.")
         return 0
     rows = [(entity.get("user", "-"), entity.get("client-id", "-"),
-             *(f"{quotas[key]:,.0f}" if key in quotas else "-" for _, key in _KEYS))
+             *(_number(key, quotas[key]) if key in quotas else "-" for _, key, *_ in _KEYS))
             for entity, quotas in entries]
-    print(format_table(("USER", "CLIENT-ID", "PRODUCER-BYTE-RATE", "CONSUMER-BYTE-RATE"),
-                       rows))
+    print(format_table(("USER", "CLIENT-ID", "PRODUCER-BYTE-RATE", "CONSUMER-BYTE-RATE",
+                        "REQUEST-PERCENTAGE"), rows))
     return 0

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from api.broker.metrics import BrokerMetrics
 from api.broker.partition import Partition
-from api.broker.quotas import QuotaManager, client_id_of
+from api.broker.quotas import QuotaManager, client_id_of, exempt_from_request_quota
 from api.broker.replica_manager import ReplicaManager
 from api.broker.replication import (READ_COMMITTED, READ_UNCOMMITTED, FetchRequest, FetchSpec,
                                     MarkerItem, ProduceItem, broker_url,
@@ -272,6 +272,7 @@ class DataApi:
         each partition this broker leads, answered once committed."""
         if not auth_of(request).enabled:  # with ACLs: CLUSTER_ACTION, by the middleware
             require_node_or_plain(request, "writing transaction markers")
+        exempt_from_request_quota(request)  # with ACLs, the middleware checked CLUSTER_ACTION
         body = Fields(await wire.read_body(request), "")
         timeout_ms = body.integer("timeout_ms", 0, PRODUCE_TIMEOUT_MS_MAX, default=30_000)
         items = []
@@ -328,6 +329,8 @@ class DataApi:
             auth.require(acl.CLUSTER_ACTION, acl.CLUSTER, what="a follower's fetch")
         else:
             require_node_or_plain(request, "a follower's fetch (replica_id >= 0)")
+        if replica_id >= 0:
+            exempt_from_request_quota(request)
         answered = await self.replicas.fetch(fetch) if fetch.specs or not refused else []
         results = self._render("fetch", answered + refused)
         fetched = 0

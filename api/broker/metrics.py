@@ -178,7 +178,7 @@ class BrokerMetrics:
         self.registry.add(Gauge(
             "kraftlog_client_quota_throttle_ms_total",
             "Milliseconds answers were held back for clients over their quota "
-            "(producer_byte_rate or consumer_byte_rate), per client id.",
+            "(producer_byte_rate, consumer_byte_rate or request_percentage), per client id.",
             throttled, ("quota", "client_id")))
 
     def add_group_gauges(self, members: Callable[[], dict[tuple, float]],

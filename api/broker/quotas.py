@@ -5,8 +5,9 @@ Kafka's model. A quota is set on an *entity*: a user (the client's
 principal: ``User:<certificate subject>`` over mutual TLS, else
 ``User:ANONYMOUS``), a client id (what the client calls itself, Kafka's
 ``client.id``), or both, each possibly ``<default>``. Keys:
-``producer_byte_rate`` and ``consumer_byte_rate`` (bytes per second; Kafka's
-``request_percentage`` is refused as not enforced yet). The quota of a request is the most specific
+``producer_byte_rate`` and ``consumer_byte_rate`` (bytes per second) and
+``request_percentage`` (percent of the broker's event loop, Kafka's percent
+of one request handler thread). The quota of a request is the most specific
 entity that has one, in Kafka's order (user+client, user+default client,
 user, default user+client, default user+default client, default user,
 client, default client); the rate is that entity's, shared by the clients it
@@ -21,21 +22,42 @@ window``, at most the window (KIP-219: the answer goes at once and says so
 in ``throttle_time_ms``; then the clients are held, whether or not they
 honour the field).
 
+Request time is what the handler of a request runs on the event loop, step by
+step between its awaits (``OnLoopTime``): a long-polling fetch that waits
+for records, or a produce waiting for its replicas, costs only the time it
+works, as a Kafka request in purgatory costs its handler thread nothing.
+Every API counts (metadata, groups, admin, inspection), as in Kafka; the
+calls only nodes make (a follower's fetch, transaction markers, KIP-890
+checks) are exempt, as Kafka exempts cluster actions. Over the quota, the
+answer says so in the ``Kraftlog-Throttle-Time-Ms`` header (every API, not
+only produce and fetch, so it cannot be a body field) and the entity's next
+request of any kind waits (``request_quota_middleware``).
+
 Entities are stored as metadata configs of resource type ``client-quota``
 whose name is the entity as canonical JSON (``entity_name``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any
 
-from protocol.quotas import (CLIENT_ID_CHARS_MAX, CLIENT_ID_HEADER, check_quota_value,
-                             entity_name, parse_entity_name, resolution_order)
+from aiohttp import web
+
+from protocol.quotas import (CLIENT_ID_CHARS_MAX, CLIENT_ID_HEADER, REQUEST_PERCENTAGE,
+                             check_quota_value, entity_name, parse_entity_name,
+                             resolution_order)
+from protocol.tls import principal_of
 
 #: A throttle is never longer than this, whatever the rate.
 THROTTLE_MS_MAX = 60_000
+#: The response header a request quota's throttle is reported in.
+THROTTLE_HEADER = "Kraftlog-Throttle-Time-Ms"
+#: Set on a request (``exempt_from_request_quota``) that only a node makes.
+_EXEMPT_KEY = "kraftlog.quota_exempt"
 
 
 class Rate:
@@ -209,3 +231,80 @@ def client_id_of(request: Any) -> str:
     """The client id a request names itself with ("" without one)."""
     value = request.headers.get(CLIENT_ID_HEADER, "")
     return value[:CLIENT_ID_CHARS_MAX]
+
+
+def exempt_from_request_quota(request: Any) -> None:
+    """Leave this request's time out of its user's ``request_percentage``:
+    a call only nodes make (a follower's fetch, a transaction marker, a
+    KIP-890 check), once the handler has checked that a node makes it."""
+    request[_EXEMPT_KEY] = True
+
+
+class OnLoopTime:
+    """Awaits a coroutine and adds up the time its steps run on the event
+    loop (``busy_s``): each ``send``/``throw`` into it, so the synchronous
+    work of everything it awaits in turn, but not the time it is suspended
+    (waiting for records, replicas, a lock, a thread pool's result)."""
+
+    __slots__ = ("_coro", "busy_s")
+
+    def __init__(self, coro: Awaitable[Any]) -> None:
+        self._coro = coro.__await__()
+        self.busy_s = 0.0
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, clock = self._coro, time.perf_counter
+        sent: Any = None
+        thrown: BaseException | None = None
+        while True:
+            started = clock()
+            try:
+                if thrown is None:
+                    step = coro.send(sent)
+                else:
+                    step, thrown = coro.throw(thrown), None
+            except StopIteration as done:
+                self.busy_s += clock() - started
+                return done.value
+            except BaseException:
+                self.busy_s += clock() - started
+                raise
+            self.busy_s += clock() - started
+            try:
+                sent = yield step
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # noqa: BLE001  handed on to the coroutine
+                sent, thrown = None, exc
+
+
+def request_quota_middleware(quotas: QuotaManager) -> Callable:
+    """Enforces ``request_percentage``: a request whose (user, client id)
+    has one waits out its entity's last throttle, its handler's time on the
+    event loop is counted, and an answer that takes the entity over its
+    quota says for how long the next request will wait (THROTTLE_HEADER).
+    Without such a quota a request only pays a cached lookup."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler) -> web.StreamResponse:
+        user, client_id = principal_of(request), client_id_of(request)
+        if quotas.resolve(REQUEST_PERCENTAGE, user, client_id) is None:
+            return await handler(request)
+        wait_s = quotas.hold_for(REQUEST_PERCENTAGE, user, client_id)
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
+        timed = OnLoopTime(handler(request))
+        throttle_ms = 0
+        try:
+            response = await timed
+        finally:
+            if not request.get(_EXEMPT_KEY):
+                # Kafka's unit: percent of one thread, per second.
+                throttle_ms = quotas.record(REQUEST_PERCENTAGE, user, client_id,
+                                            timed.busy_s * 100)
+        if throttle_ms:
+            response.headers[THROTTLE_HEADER] = str(throttle_ms)
+        return response
+
+    return middleware

@@ -36,7 +36,7 @@ from api.broker.isr import AlterPartitionSender
 from api.broker.lifecycle import BrokerLifecycle
 from api.broker.metrics import BrokerMetrics
 from api.broker.producers import ProducerApi, ProducerIdManager
-from api.broker.quotas import QuotaManager
+from api.broker.quotas import QuotaManager, request_quota_middleware
 from api.broker.replica_manager import ReplicaManager
 from api.broker.replication import ReplicationSettings, broker_url
 from api.broker.rest_proxy import RestProxy
@@ -232,6 +232,8 @@ class BrokerServer:
         app.router.add_post("/v1/admin/tokens/describe", self.handle_describe_tokens)
         check_routes_complete(app, BROKER_ROUTE_RULES)
         app.middlewares.append(authorization_middleware(self.authorizer, BROKER_ROUTE_RULES))
+        # Innermost: a request's time is its handler's, once authorized.
+        app.middlewares.append(request_quota_middleware(self.quotas))
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
                                      keepalive_timeout=idle_ms / 1000)
         await self._runner.setup()

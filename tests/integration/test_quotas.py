@@ -1,18 +1,22 @@
 """Client quotas on a real node: set with the admin client and the CLI,
 stored in the metadata, enforced by holding answers back (the node's
 ``kraftlog_client_quota_throttle_ms_total`` counts it) while every record is
-still written and read; other clients go unthrottled; bad input refused
-with nothing stored."""
+still written and read; a client whose requests take more than its
+request_percentage of the broker is held back, answers saying so; other
+clients go unthrottled; bad input refused with nothing stored."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
 from api.client import Admin, Consumer, KraftlogError, NewTopic, Producer, TopicPartition
+from api.broker.quotas import THROTTLE_HEADER
 from chaos.cluster import FAST_SETTINGS, REPO_ROOT, ProcessCluster
+from protocol.quotas import CLIENT_ID_HEADER
 
 # A 2-sample window of 1 s: a test's few hundred KB are enough to go over.
 SETTINGS = {**FAST_SETTINGS, "quota.window.num": 2, "quota.window.size.seconds": 1}
@@ -80,8 +84,42 @@ def test_quotas_slow_a_client_down_without_losing_a_record(node):
     assert throttled_ms(node)[("producer_byte_rate", "slow")] == before
 
 
+def get(url: str, client_id: str):
+    request = urllib.request.Request(url, headers={CLIENT_ID_HEADER: client_id})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        response.read()
+        return response.headers.get(THROTTLE_HEADER)
+
+
+def test_request_percentage_holds_a_busy_client_back_and_only_it(node):
+    # 0.5 % of the broker's event loop: a few hundred cheap requests are more.
+    with Admin(node) as admin:
+        admin.create_topics([NewTopic("busy", 1, 1)])
+        admin.alter_client_quotas({"client-id": "busy"}, {"request_percentage": 0.5})
+    throttles = []
+    for _ in range(3000):  # bounded: far more than the quota allows in a window
+        throttle = get(node + "/v1/topics", "busy")
+        if throttle is not None:
+            throttles.append(int(throttle))
+            if len(throttles) == 3:
+                break
+    assert len(throttles) == 3 and all(0 < t <= 2000 for t in throttles), throttles
+    assert throttled_ms(node).get(("request_percentage", "busy"), 0) >= sum(throttles)
+    # Another client is not held back by it.
+    assert all(get(node + "/v1/topics", "idle") is None for _ in range(200))
+    assert ("request_percentage", "idle") not in throttled_ms(node)
+    # Held, never refused: the busy client's records are all written and read.
+    produce(node, "busy", 50, "busy")
+    with Consumer(node, client_id="busy", auto_offset_reset="earliest",
+                  consumer_timeout_ms=5000) as consumer:
+        consumer.assign([TopicPartition("busy", 0)])
+        assert len(list(consumer)) == 50
+    with Admin(node) as admin:
+        admin.alter_client_quotas({"client-id": "busy"}, {"request_percentage": None})
+
+
 @pytest.mark.parametrize("entity, quotas, message", [
-    ({"client-id": "x"}, {"request_percentage": 50}, "not enforced yet"),
+    ({"client-id": "x"}, {"request_percentage": 0}, "positive"),
     ({"client-id": "x"}, {"producer_byte_rate": -1}, "positive"),
     ({"group": "x"}, {"producer_byte_rate": 1}, "unknown entity type"),
     ({"client-id": "x"}, {"producer_byte_rate": "fast"}, "a number"),
@@ -102,10 +140,11 @@ def test_the_cli_sets_lists_and_removes_quotas(node):
         assert done.returncode == 0, done.stderr
         return done.stdout
     cli("quotas", "set", "--user", "User:CN=etl,O=acme", "--client-id", "nightly",
-        "--producer-byte-rate", "5e6", "--consumer-byte-rate", "1048576")
+        "--producer-byte-rate", "5e6", "--consumer-byte-rate", "1048576",
+        "--request-percentage", "12.5")
     listing = cli("quotas", "list")
     assert "User:CN=etl,O=acme" in listing and "5,000,000" in listing \
-        and "1,048,576" in listing
+        and "1,048,576" in listing and "12.5%" in listing and "REQUEST-PERCENTAGE" in listing
     cli("quotas", "remove", "--user", "User:CN=etl,O=acme", "--client-id", "nightly",
-        "--producer-byte-rate", "--consumer-byte-rate")
+        "--producer-byte-rate", "--consumer-byte-rate", "--request-percentage")
     assert "User:CN=etl,O=acme" not in cli("quotas", "list")

@@ -4,13 +4,16 @@ principals. (A real node enforcing them: tests/integration/test_quotas.py.)"""
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import time
 
 import pytest
 
-from api.broker.quotas import QuotaManager, Rate
-from protocol.quotas import (CONSUMER_BYTE_RATE, DEFAULT, PRODUCER_BYTE_RATE, check_entity,
-                             check_quota_value, entity_name, resolution_order)
+from api.broker.quotas import OnLoopTime, QuotaManager, Rate
+from protocol.quotas import (CONSUMER_BYTE_RATE, DEFAULT, PRODUCER_BYTE_RATE,
+                             REQUEST_PERCENTAGE, check_entity, check_quota_value, entity_name,
+                             resolution_order)
 from protocol.tls import PrincipalMapper, TlsConfigError, subject_name
 
 
@@ -74,7 +77,7 @@ def test_a_client_over_its_quota_is_held_back_as_kafka_computes_it():
 @pytest.mark.parametrize("key, value, message", [
     ("producer_byte_rate", 0, "positive"), ("producer_byte_rate", -5, "positive"),
     ("producer_byte_rate", "fast", "a number"), ("consumer_byte_rate", float("inf"), "positive"),
-    ("request_percentage", 50, "not enforced yet"), ("io_thread_rate", 1, "unknown quota")])
+    ("request_percentage", 0, "positive"), ("io_thread_rate", 1, "unknown quota")])
 def test_quota_values_are_checked(key, value, message):
     with pytest.raises(ValueError, match=message):
         check_quota_value(key, value)
@@ -153,3 +156,73 @@ def test_principal_mapping_rules_read_as_kafkas():
     for bad in ("RULE:^CN=(.*$/$1/", "RULES:x/y/", "RULE:a/b"):
         with pytest.raises(TlsConfigError, match="ssl.principal.mapping.rules"):
             PrincipalMapper(bad)
+
+
+def _work(seconds: float) -> None:
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        pass
+
+
+async def test_request_time_is_the_time_a_handler_runs_not_the_time_it_waits():
+    # A long poll: 30 ms of work around 300 ms of waiting (for records, a
+    # replica, a lock). Only the work counts against request_percentage.
+    async def inner() -> str:
+        _work(0.01)
+        await asyncio.sleep(0.15)
+        return "records"
+
+    async def handler() -> str:
+        _work(0.01)
+        value = await inner()
+        await asyncio.sleep(0.15)
+        _work(0.01)
+        return value
+
+    timed = OnLoopTime(handler())
+    started = time.perf_counter()
+    assert await timed == "records"
+    assert time.perf_counter() - started >= 0.3
+    assert 0.03 <= timed.busy_s < 0.1, timed.busy_s
+
+
+async def test_a_timed_handler_that_fails_or_is_cancelled_still_counts_its_work():
+    async def failing() -> None:
+        _work(0.01)
+        await asyncio.sleep(0)
+        raise KeyError("gone")
+
+    timed = OnLoopTime(failing())
+    with pytest.raises(KeyError):
+        await timed
+    assert timed.busy_s >= 0.01
+
+    caught = []
+
+    async def cancelled() -> None:
+        _work(0.01)
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            caught.append(True)  # the handler sees its cancellation, as without timing
+            raise
+
+    timed = OnLoopTime(cancelled())
+    task = asyncio.ensure_future(timed)
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert caught == [True] and timed.busy_s >= 0.01
+
+
+def test_request_percentage_throttles_in_kafkas_unit_percent_of_one_thread():
+    clock = Clock()
+    table = {entity_name({"user": "User:etl"}): {REQUEST_PERCENTAGE: "10"}}
+    quotas, _ = manager(table, clock, samples=2, sample_s=1.0)
+    # 50 ms of handler time in a 1 s window: 5 %, within 10 %.
+    assert quotas.record(REQUEST_PERCENTAGE, "User:etl", "a", 0.05 * 100) == 0
+    # 250 ms: 25 % against 10 %, held (25 - 10) / 10 * 1 s, shared by its client ids.
+    assert quotas.record(REQUEST_PERCENTAGE, "User:etl", "b", 0.2 * 100) == 1500
+    assert quotas.hold_for(REQUEST_PERCENTAGE, "User:etl", "c") == pytest.approx(1.5)
+    assert quotas.hold_for(PRODUCER_BYTE_RATE, "User:etl", "c") == 0  # other quotas free

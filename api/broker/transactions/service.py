@@ -35,6 +35,7 @@ from aiohttp import web
 
 from api.broker.coordinator_shards import Shard, ShardedCoordinator, partition_for
 from api.broker.producers import ProducerIdManager
+from api.broker.quotas import exempt_from_request_quota
 from api.broker.replication import broker_url
 from api.broker.authz import require_topics, topic_filter
 from api.broker.transactions import coordinator as txn
@@ -315,6 +316,7 @@ class TransactionApi:
         """KIP-890's check, for partition leaders."""
         if not auth_of(request).enabled:  # with ACLs: CLUSTER_ACTION, by the middleware
             tls.require_node_or_plain(request, "a KIP-890 transaction check")
+        exempt_from_request_quota(request)  # with ACLs, the middleware checked CLUSTER_ACTION
         body = Fields(await wire.read_body(request), "")
         tid, pid, epoch = _producer(body)
         partitions = _partitions(body)
