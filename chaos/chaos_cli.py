@@ -69,12 +69,13 @@ def add_commands(actions: argparse._SubParsersAction, formatter: type) -> None:
                      help="run every node in its own network namespace even when the "
                           "scenario cuts no links (partition scenarios always do)")
     run.add_argument("--secure", action="store_true",
-                     help="TLS on every listener with client certificates required "
-                          "(ssl.client.auth = required): a CA and node and client "
-                          "certificates are made for the run in DIR/cluster/certs, nodes "
-                          "replicate and register over TLS, and every client and HTTP call "
-                          "of the harness presents the client certificate; ACLs are on, the "
-                          "nodes and the harness super users. Works with "
+                     help="TLS on every listener, the brokers' SASL_SSL, ACLs on: a CA "
+                          "and node and client certificates are made for the run in "
+                          "DIR/cluster/certs; nodes replicate and register over TLS with "
+                          "their certificates (required: ssl.client.auth = required) and "
+                          "the harness administers with the client certificate, super users "
+                          "all; the workload and the final read log in as the SCRAM user "
+                          "chaos-workload, allowed only what they do. Works with "
                           "--namespaces (the certificates name the namespace addresses)")
     run.add_argument("--unsafe-ack-before-replication", action="store_true",
                      help="run a deliberately BROKEN cluster (acks=all answered before "

@@ -247,6 +247,10 @@ class ProcessCluster:
     #: With ``tls``: ACLs on (``authorizer.class.name``), the nodes' and the
     #: client certificate's principals super users (``super_users``).
     acls: bool = False
+    #: With ``tls``: the BROKER listeners SASL_SSL (the CONTROLLER's stay
+    #: SSL): clients may log in as SCRAM users (``add_user``); the nodes and
+    #: the client certificate still authenticate with certificates.
+    sasl: bool = False
     nodes: dict[int, NodeProcess] = field(default_factory=dict, init=False)
     certs: dict = field(default_factory=dict, init=False)
     ssl_context: ssl.SSLContext | None = field(default=None, init=False)
@@ -278,7 +282,9 @@ class ProcessCluster:
         hosts = sorted({*certs.DEFAULT_HOSTS, *(n.host for n in self.nodes.values())})
         self.certs = certs.create(os.path.join(self.base_dir, "certs"),
                                   nodes=max(self.nodes), hosts=hosts)
-        self.settings = {"listener.security.protocol.map": "BROKER:SSL,CONTROLLER:SSL",
+        broker_protocol = "SASL_SSL" if self.sasl else "SSL"
+        self.settings = {"listener.security.protocol.map":
+                         f"BROKER:{broker_protocol},CONTROLLER:SSL",
                          "ssl.cafile": self.certs["ca"].certfile, **self.settings}
         if self.acls:
             self.settings = {"authorizer.class.name": "kraftlog.StandardAuthorizer",
@@ -306,6 +312,39 @@ class ProcessCluster:
         return {"security_protocol": "SSL", "ssl_cafile": self.certs["ca"].certfile,
                 "ssl_certfile": self.certs["client"].certfile,
                 "ssl_keyfile": self.certs["client"].keyfile}
+
+    def user_security(self, user: str, password: str) -> dict[str, Any]:
+        """The settings of a client of this cluster that logs in as SCRAM
+        ``user`` (SASL_SSL) with the CA and no certificate of its own."""
+        return {"security_protocol": "SASL_SSL", "ssl_cafile": self.certs["ca"].certfile,
+                "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": user,
+                "sasl_plain_password": password}
+
+    def add_user(self, user: str, password: str, grants: list | tuple = (),
+                 timeout_s: float = 30.0) -> None:
+        """Make SCRAM ``user`` (a ``sasl`` cluster's) with the ACLs ``grants``
+        (``AclBinding``s), as the administrator (the client certificate),
+        and wait until every broker lets it log in. The ACLs go first, so a
+        broker that knows the user knows its ACLs too (they apply the
+        metadata in order)."""
+        from api.client import Admin
+
+        if not self.sasl:
+            raise ValueError("add_user needs a cluster made with sasl=True")
+        brokers = [node.broker_url for node in self.nodes.values() if node.broker_port]
+        with Admin(brokers, request_timeout_ms=10_000, **self.client_security) as admin:
+            if grants:
+                admin.create_acls(list(grants))
+            admin.upsert_user(user, password)
+
+        def everywhere() -> bool:
+            for url in brokers:
+                with Admin(url, request_timeout_ms=5000,
+                           **self.user_security(user, password)) as admin:
+                    admin.list_topics()  # refused until this broker knows the user
+            return True
+        wait_until(everywhere, timeout_s, f"every broker to let {user} log in",
+                   interval_s=0.2)
 
     # -- configs ----------------------------------------------------------
     @property

@@ -5,12 +5,14 @@
    timeouts of ``chaos/cluster.py``. Scenarios with network partitions put
    each node in its own network namespace (``chaos/netns.py``); where the
    machine cannot, the run is reported as not run, with the reason. With
-   ``secure`` every listener is TLS and clients must present a certificate
-   (``ssl.client.auth = required``): a CA and certificates are made for the
-   run under ``DIR/cluster/certs``, and every client and HTTP call of the
-   harness (workload, final read, admin, nemesis probes) uses the cluster's
-   ``ClientSecurity``. ACLs are on (``authorizer.class.name``), the nodes'
-   and the harness's certificates super users.
+   ``secure`` every listener is TLS, the brokers' SASL_SSL, and ACLs are on
+   (``authorizer.class.name``): a CA and certificates are made for the run
+   under ``DIR/cluster/certs``; the nodes call each other, and the harness
+   administers (topic, nemesis probes, the copier's offsets), with
+   certificates required on every SSL listener (``ssl.client.auth =
+   required``), super users; the workload and the final read log in as
+   the SCRAM user ``WORKLOAD_USER`` with only the ACLs it needs
+   (``WORKLOAD_GRANTS``).
 2. **Topic**: ``partitions`` partitions, replication factor 3 (or the number
    of brokers if fewer), ``min.insync.replicas`` 2.
 3. **Workload** (``chaos/workload.py``) for ``duration_s`` while the
@@ -34,6 +36,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import secrets
+import ssl
 import sys
 import time
 import tomllib
@@ -48,6 +52,24 @@ from chaos.workload import (ClientSecurity, History, Workload, final_read, read_
                             record_copier_offsets)
 
 TOPIC = "chaos"
+#: A ``secure`` run's workload logs in as this SCRAM user (a password made
+#: for the run), allowed only what it does: read and write the run's topics
+#: (``chaos``, ``chaos-copy``), read as the copier's group, write as its
+#: transactional ids (``chaos-<seed>...``).
+WORKLOAD_USER = "chaos-workload"
+
+
+def workload_grants() -> list:
+    from api.client import AclBinding
+    from protocol import acl
+
+    user = "User:" + WORKLOAD_USER
+    return [AclBinding(resource, name, acl.PREFIXED, user, acl.WILDCARD, operation, acl.ALLOW)
+            for resource, name, operation in (
+                (acl.TOPIC, TOPIC, acl.READ), (acl.TOPIC, TOPIC, acl.WRITE),
+                (acl.GROUP, TOPIC, acl.READ), (acl.TRANSACTIONAL_ID, TOPIC + "-", acl.WRITE))]
+
+
 CHAOS_CONFIG = os.path.join(REPO_ROOT, "configs", "chaos.toml")
 #: Keys of configs/chaos.toml the harness sets per node instead.
 LAYOUT_KEYS = frozenset({"process.roles", "log.dirs", "log.dir", "node.id", "listeners",
@@ -92,19 +114,20 @@ class RunConfig:
     #: "plain" (each write sent once) or "idempotent" (the client retries).
     workload: str = "plain"
     settings: dict[str, Any] = field(default_factory=dict)
-    #: TLS on every listener with client certificates required; the harness's
-    #: clients present the run's client certificate.
+    #: TLS on every listener, SASL_SSL brokers, ACLs: the workload logs in as
+    #: a SCRAM user, the harness administers with the run's client certificate.
     secure: bool = False
 
     @property
     def layout(self) -> str:
         nodes = (f"{self.controllers} combined nodes" if self.combined
                  else f"{self.controllers} controllers + {self.brokers} brokers")
-        return nodes + (", TLS, ACLs" if self.secure else "")
+        return nodes + (", TLS, SASL, ACLs" if self.secure else "")
 
     @property
     def security_protocol(self) -> str:
-        return "SSL" if self.secure else "PLAINTEXT"
+        """The workload's."""
+        return "SASL_SSL" if self.secure else "PLAINTEXT"
 
 
 def node_settings(config: RunConfig) -> dict[str, Any]:
@@ -176,8 +199,14 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
     settings = node_settings(config)
     cluster = ProcessCluster(os.path.join(config.out_dir, "cluster"), config.controllers,
                              config.brokers, config.combined, settings, network=network,
-                             tls=config.secure, acls=config.secure)
-    security = ClientSecurity(cluster.client_security, cluster.ssl_context)
+                             tls=config.secure, acls=config.secure, sasl=config.secure)
+    # The harness as administrator; the workload as itself (a SCRAM user).
+    operator = security = ClientSecurity(cluster.client_security, cluster.ssl_context)
+    password = secrets.token_urlsafe(18)
+    if config.secure:
+        security = ClientSecurity(cluster.user_security(WORKLOAD_USER, password),
+                                  ssl.create_default_context(
+                                      cafile=cluster.certs["ca"].certfile))
     settings = dict(cluster.settings)  # with the TLS settings the cluster added
     target = nemesis.Target(cluster, TOPIC, config.partitions, rng, network,
                             log=lambda line: history.record({"type": "nemesis",
@@ -196,13 +225,17 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
             f"in {config.out_dir}")
         cluster.start()
         nemesis.wait_serving(cluster, sorted(cluster.nodes), CLUSTER_START_S)
-        _create_topic(cluster, config, settings, security)
+        if config.secure:
+            cluster.add_user(WORKLOAD_USER, password, workload_grants(), CLUSTER_START_S)
+        _create_topic(cluster, config, settings, operator)
         workload = Workload(lambda: _broker_urls(cluster), TOPIC, config.partitions, history,
                             security=security, producers=config.producers,
                             consumers=config.consumers, rate=config.rate, seed=config.seed,
                             idempotent=config.workload == "idempotent",
                             transactional=config.workload == "transactional")
-        history.record({"type": "workload", "producer": workload.producer_settings()})
+        history.record({"type": "workload", "producer": workload.producer_settings(),
+                        "user": WORKLOAD_USER if config.secure else None,
+                        "security_protocol": config.security_protocol})
         history.record({"type": "phase", "name": "workload"})
         workload.start()
         _nemesis_loop(config, nemeses, target, history, workload, say)
@@ -225,7 +258,7 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
                                 history, FINAL_READ_S, "read_committed", kind="copy-drain",
                                 security=security)
             record_copier_offsets(_broker_urls(cluster), TOPIC, config.partitions, history,
-                                  workload.copier_id, security=security)
+                                  workload.copier_id, security=operator)
             say(f"copies read: {copies:,}")
         say(f"final read: {count:,} records")
     except Exception as exc:  # noqa: BLE001  the run fails with its reason
