@@ -71,10 +71,18 @@ def configure_security(args: argparse.Namespace) -> None:
     _security.clear()
     _security.update(security_protocol=args.security_protocol, ssl_cafile=args.ssl_cafile,
                      ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
+    if args.security_protocol != "SASL_SSL" and (args.sasl_token_file or args.sasl_username):
+        raise CliError(f"--sasl-username and --sasl-token-file are for --security-protocol "
+                       f"SASL_SSL, not {args.security_protocol} (or set "
+                       "$KRAFTLOG_SECURITY_PROTOCOL=SASL_SSL)")
     if args.security_protocol == "SASL_SSL" and args.sasl_token_file:
         if args.sasl_username:
             raise CliError("give --sasl-username or --sasl-token-file, not both")
         token = read_secret(args.sasl_token_file, "--sasl-token-file").strip()
+        if not token or any(c.isspace() for c in token):
+            raise CliError(f"--sasl-token-file {args.sasl_token_file}: its first line must be "
+                           "a delegation token (what `kraftlog tokens create` prints), not "
+                           f"{'nothing' if not token else 'text with spaces'}")
         _security.update(sasl_mechanism="OAUTHBEARER", sasl_oauth_token_provider=token)
         _authorization = "Bearer " + token
     elif args.security_protocol == "SASL_SSL" and args.sasl_username:

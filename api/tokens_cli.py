@@ -51,10 +51,6 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
     listing.set_defaults(handler=_list)
 
 
-
-
-
-
 def _when(ms: int) -> str:
     return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime(
         "%Y-%m-%d %H:%M:%S UTC")

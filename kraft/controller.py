@@ -99,6 +99,9 @@ logger = logging.getLogger(__name__)
 TOPICS_PER_REQUEST_MAX = 1000  # topics or config resources in one request
 #: ACLs a cluster may hold (each is in every node's memory).
 ACLS_MAX = 100_000
+#: Delegation tokens a cluster may hold (each is a metadata record, and
+#: every node keeps them all in memory).
+TOKENS_MAX = 100_000
 TOKEN_RENEWERS_MAX = 100
 PARTITIONS_PER_TOPIC_MAX = 10_000
 PARTITIONS_PER_REQUEST_MAX = 10_000  # partitions created, or named, by one request
@@ -230,6 +233,8 @@ class Controller:
         self._last_preferred_check_ms: int | None = None
         self._config_defaults = builtin_defaults()
         self._config_defaults.update(settings.topic_config_defaults)
+        #: (the tokens dict, its version, the earliest expiry among them).
+        self._token_expiry_cache: tuple[Any, int, int] = (None, -1, 0)
 
     # -- leadership and leases ----------------------------------------------
     def become_active(self, image: MetadataImage, now_ms: int) -> None:
@@ -870,9 +875,14 @@ class Controller:
                     for i, r in enumerate(body.sequence("renewers", TOKEN_RENEWERS_MAX,
                                                         default=[]))]
         lifetime = body.integer("max_lifetime_ms", -1, INT64_MAX, default=-1)
+        if len(image.delegation_tokens) >= TOKENS_MAX:
+            raise InvalidRequestError(
+                f"the cluster holds {TOKENS_MAX} delegation tokens, the most it may: expire "
+                "some (`kraftlog tokens expire`) or wait for them to expire")
         settings = self.settings
-        max_ms = now_ms + (settings.token_max_lifetime_ms if lifetime <= 0
-                           else min(lifetime, settings.token_max_lifetime_ms))
+        # Times stay int64 (as Kafka's), whatever the configured lifetimes.
+        max_ms = min(INT64_MAX, now_ms + (settings.token_max_lifetime_ms if lifetime <= 0
+                                          else min(lifetime, settings.token_max_lifetime_ms)))
         record = DelegationTokenRecord(
             new_token_id(), owner, requester, sorted(set(renewers)), now_ms,
             min(max_ms, now_ms + settings.token_expiry_ms), max_ms)
@@ -928,9 +938,19 @@ class Controller:
     def expired_delegation_tokens(self, image: MetadataImage, now_ms: int) -> list[Record]:
         """Housekeeping (the shell's tick): the tokens past their expiry
         (wall-clock ``now_ms``) removed."""
-        return [RemoveDelegationTokenRecord(token_id)
-                for token_id, token in sorted(image.delegation_tokens.items())
-                if token.expiration_timestamp_ms < now_ms]
+        tokens = image.delegation_tokens
+        if not tokens:
+            return []
+        # Most ticks expire nothing: the earliest expiry, once per token change.
+        cached_tokens, version, earliest = self._token_expiry_cache
+        if cached_tokens is not tokens or version != image.token_version:
+            earliest = min(t.expiration_timestamp_ms for t in tokens.values())
+            self._token_expiry_cache = (tokens, image.token_version, earliest)
+        if earliest >= now_ms:
+            return []
+        return [RemoveDelegationTokenRecord(token_id) for token_id in sorted(
+            token_id for token_id, token in tokens.items()
+            if token.expiration_timestamp_ms < now_ms)]
 
     # -- partitions ---------------------------------------------------------
     def alter_partition(self, image: MetadataImage, request: Any) -> ControllerResult:

@@ -123,8 +123,12 @@ class MetadataImage:
         self._acls_shared = False
         # Bumped on every ACL change: a key for caches of decisions, not state.
         self.acl_version = 0
-        # Delegation tokens by id (protocol/tokens.py).
+        # Delegation tokens by id (protocol/tokens.py); copy-on-write like
+        # ``acls`` (a cluster may hold many; most batches change none).
         self.delegation_tokens: dict[str, TokenInfo] = {}
+        self._tokens_shared = False
+        # Bumped on every token change: a key for caches, not state.
+        self.token_version = 0
 
     # -- applying ----------------------------------------------------------
     def apply(self, record: Record, offset: int) -> None:
@@ -297,21 +301,29 @@ class MetadataImage:
             raise MetadataApplyError(f"ACL {binding} does not exist")
         self._own_acls().discard(binding)
 
+    def _own_tokens(self) -> dict[str, TokenInfo]:
+        if self._tokens_shared:
+            self.delegation_tokens = dict(self.delegation_tokens)
+            self._tokens_shared = False
+        self.token_version += 1
+        return self.delegation_tokens
+
     def _delegation_token(self, r: DelegationTokenRecord, offset: int) -> None:
-        if not (r.issue_timestamp_ms <= r.expiration_timestamp_ms <= r.max_timestamp_ms):
-            raise MetadataApplyError(
-                f"delegation token {r.token_id}: its times must be issue <= expiry <= max")
+        token = TokenInfo(r.token_id, r.owner, r.requester, tuple(r.renewers),
+                          r.issue_timestamp_ms, r.expiration_timestamp_ms, r.max_timestamp_ms)
+        _check_token(token)
         current = self.delegation_tokens.get(r.token_id)
-        if current is not None and (current.owner, current.issue_timestamp_ms) != (
-                r.owner, r.issue_timestamp_ms):
-            raise MetadataApplyError(f"delegation token {r.token_id} already exists")
-        self.delegation_tokens[r.token_id] = TokenInfo(
-            r.token_id, r.owner, r.requester, tuple(r.renewers), r.issue_timestamp_ms,
-            r.expiration_timestamp_ms, r.max_timestamp_ms)
+        # A renewal (or an expiry set later) changes the expiry and nothing else.
+        if current is not None and dataclasses.replace(
+                current, expiration_timestamp_ms=token.expiration_timestamp_ms) != token:
+            raise MetadataApplyError(f"delegation token {r.token_id} already exists: a "
+                                     "record for it may change only its expiry")
+        self._own_tokens()[r.token_id] = token
 
     def _remove_delegation_token(self, r: RemoveDelegationTokenRecord, offset: int) -> None:
-        if self.delegation_tokens.pop(r.token_id, None) is None:
+        if r.token_id not in self.delegation_tokens:
             raise MetadataApplyError(f"no delegation token {r.token_id}")
+        del self._own_tokens()[r.token_id]
 
     def _no_op(self, r: NoOpRecord, offset: int) -> None:
         pass
@@ -352,7 +364,9 @@ class MetadataImage:
         copy.acls = self.acls  # copied by whichever changes it first
         copy._acls_shared = self._acls_shared = True
         copy.acl_version = self.acl_version
-        copy.delegation_tokens = dict(self.delegation_tokens)  # TokenInfo is frozen
+        copy.delegation_tokens = self.delegation_tokens  # TokenInfo is frozen
+        copy._tokens_shared = self._tokens_shared = True
+        copy.token_version = self.token_version
         return copy
 
     # -- queries -----------------------------------------------------------
@@ -439,8 +453,13 @@ class MetadataImage:
         image.acls = {acl.AclBinding(*fields) for fields in raw.get("acls", ())}
         image.acl_version = 1 if image.acls else 0
         for t in raw.get("delegation_tokens", ()):
-            image.delegation_tokens[t["token_id"]] = TokenInfo(
-                **{**t, "renewers": tuple(t["renewers"])})
+            try:
+                token = TokenInfo(**{**t, "renewers": tuple(t["renewers"])})
+            except (TypeError, KeyError) as exc:
+                raise MetadataApplyError(f"snapshot: a delegation token is malformed: "
+                                         f"{exc}") from None
+            _check_token(token)
+            image.delegation_tokens[token.token_id] = token
         image.check_invariants()
         return image
 
@@ -450,3 +469,16 @@ class MetadataImage:
     def __repr__(self) -> str:
         return (f"MetadataImage(offset={self.offset}, brokers={sorted(self.brokers)}, "
                 f"topics={sorted(self.topics)})")
+
+
+def _check_token(token: TokenInfo) -> None:
+    """A delegation token as a record or a snapshot gives it: typed fields,
+    and its times in order (issue <= expiry <= maximum)."""
+    texts = (token.token_id, token.owner, token.requester, *token.renewers)
+    times = (token.issue_timestamp_ms, token.expiration_timestamp_ms, token.max_timestamp_ms)
+    if not all(isinstance(t, str) and t for t in texts) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in times):
+        raise MetadataApplyError(f"delegation token {token.token_id!r} is malformed")
+    if not times[0] <= times[1] <= times[2]:
+        raise MetadataApplyError(
+            f"delegation token {token.token_id}: its times must be issue <= expiry <= max")

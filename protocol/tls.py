@@ -224,8 +224,9 @@ def authenticate_clients(app, mapper: "PrincipalMapper", require_certificate: bo
         transport = request.transport
         cert = transport.get_extra_info("peercert") if transport is not None else None
         header = request.headers.get("Authorization")
-        if not cert and verifier is not None and header and header.startswith("Bearer "):
-            owner = verifier.authenticate_token(header[len("Bearer "):])
+        scheme, credentials = auth_scheme(header)
+        if not cert and verifier is not None and scheme == "bearer":
+            owner = verifier.authenticate_token(credentials)
             if owner is None:
                 raise SaslAuthenticationError(
                     "the delegation token is unknown, wrong or expired: make a new one with "
@@ -274,6 +275,13 @@ def require_node_or_plain(request, what: str) -> None:
         raise ClusterAuthorizationFailedError(
             f"{what} is for the cluster's nodes, which authenticate with certificates, "
             f"not for {request.get(PRINCIPAL_KEY, ANONYMOUS)}")
+
+
+def auth_scheme(header: str | None) -> tuple[str, str]:
+    """(scheme in lower case, credentials) of an Authorization header
+    (RFC 7235: the scheme is case-insensitive), ("", "") without one."""
+    scheme, _, credentials = (header or "").strip().partition(" ")
+    return scheme.lower(), credentials.strip()
 
 
 def principal_of(request) -> str:
@@ -469,10 +477,11 @@ class PasswordVerifier:
 
     async def authenticate(self, header: str | None) -> str | None:
         """The user ``header`` (``Basic base64(user:password)``) proves, or None."""
-        if not header or not header.startswith("Basic "):
+        scheme, credentials = auth_scheme(header)
+        if scheme != "basic":
             return None
         try:
-            user, sep, password = base64.b64decode(header[6:], validate=True).decode() \
+            user, sep, password = base64.b64decode(credentials, validate=True).decode() \
                 .partition(":")
         except (binascii.Error, UnicodeDecodeError):
             return None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from storage.batch import BatchBuilder, decode_batches
+from storage.batch import HEADER_SIZE, BatchBuilder, decode_batches
 
 
 #: The integration tests' socket.request.max.bytes (tests/integration/conftest.py).
@@ -16,6 +16,17 @@ def make_batch(count: int = 3, *, value_bytes: int = 20, timestamp_ms: int = 1_0
         value = f"{tag}{i}".encode().ljust(value_bytes, b".")
         builder.append(f"k{i}".encode(), value, timestamp_ms=timestamp_ms)
     return builder.build()
+
+
+def batch_and_section(recs) -> tuple[bytes, bytes]:
+    """A batch of ``recs`` ((key, value, headers[, timestamp_ms]) each,
+    timestamp 1000 by default) and its records section (after the header)."""
+    builder = BatchBuilder()
+    for key, value, headers, *timestamp in recs:
+        builder.append(key, value, timestamp_ms=timestamp[0] if timestamp else 1000,
+                       headers=headers)
+    built = builder.build()
+    return built, built[HEADER_SIZE:]
 
 
 def read_all(log, start: int | None = None, upper: int | None = None) -> list:

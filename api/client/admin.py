@@ -298,6 +298,8 @@ class AsyncAdmin:
         """A token that authenticates as this client's user (Kafka's
         CreateDelegationToken); ``renewers`` (principals) may renew it too.
         Its ``value`` goes to ``sasl_oauth_token_provider``."""
+        if isinstance(renewers, str):  # one principal, not its characters
+            renewers = [renewers]
         answer = await self._call("/v1/admin/tokens/create", {
             "renewers": list(renewers), "max_lifetime_ms": max_lifetime_ms})
         return DelegationToken.from_wire(answer["token"])
@@ -603,7 +605,8 @@ class Admin:
 
     def create_delegation_token(self, renewers: Iterable[str] = (), **kwargs: Any
                                 ) -> "DelegationToken":
-        return self._thread.run(self._admin.create_delegation_token(list(renewers), **kwargs))
+        return self._thread.run(self._admin.create_delegation_token(
+            [renewers] if isinstance(renewers, str) else list(renewers), **kwargs))
 
     def renew_delegation_token(self, token: "DelegationToken", **kwargs: Any) -> int:
         return self._thread.run(self._admin.renew_delegation_token(token, **kwargs))

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from protocol.partitioner import murmur2 as murmur2_one
 from storage import batch as batch_format
+from tests.helpers import batch_and_section as section_of
 from protocol import columns
 
 
@@ -32,14 +33,6 @@ records = st.lists(st.tuples(payloads, payloads, headers,
 def py_decode(section, count):
     """The pure-Python decoder, called as ``columns.decode`` is."""
     return columns._py_decode([(section, count, 0, 0, columns._NO_LAST_DELTA)])
-
-
-def section_of(recs) -> tuple[bytes, bytes]:
-    builder = batch_format.BatchBuilder()
-    for key, value, hdrs, ts in recs:
-        builder.append(key, value, timestamp_ms=ts, headers=hdrs)
-    built = builder.build()
-    return built, built[batch_format.HEADER_SIZE:]
 
 
 def as_rows(cols: columns.Columns, count: int) -> list:

@@ -63,6 +63,7 @@ def test_the_password_check_remembers_per_credential_and_forgets_a_changed_one()
         return asyncio.run(verifier.authenticate(header))
     assert auth(basic("etl", "s3cret-pw")) == "etl"
     assert auth(basic("etl", "s3cret-pw")) == "etl"  # remembered
+    assert auth("basic" + basic("etl", "s3cret-pw")[5:]) == "etl"  # the scheme in any case
     assert auth(basic("etl", "wrong")) is None
     assert auth(basic("nobody", "s3cret-pw")) is None
     for bad in (None, "Bearer x", "Basic !!!", "Basic " + base64.b64encode(b"nocolon").decode()):

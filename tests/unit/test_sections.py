@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from storage import batch as batch_format
+from tests.helpers import batch_and_section as section_of
 from storage import sections
 
 
@@ -24,14 +25,6 @@ payloads = st.one_of(st.none(), st.binary(max_size=200))
 headers = st.lists(st.tuples(st.text(max_size=8), st.one_of(st.none(), st.binary(max_size=20))),
                    max_size=2)
 records = st.lists(st.tuples(payloads, payloads, headers), min_size=1, max_size=40)
-
-
-def section_of(recs) -> tuple[bytes, bytes]:
-    builder = batch_format.BatchBuilder()
-    for key, value, hdrs in recs:
-        builder.append(key, value, timestamp_ms=1000, headers=hdrs)
-    built = builder.build()
-    return built, built[batch_format.HEADER_SIZE:]
 
 
 def both(function, *args):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import msgpack
 import pytest
 
 from kraft.controller import Controller, ControllerSettings
@@ -122,3 +123,86 @@ def test_without_acls_a_token_may_do_no_more_than_a_password():
             tls.require_node_or_plain({tls.PROOF_KEY: proof}, "a follower's fetch")
     tls.require_node_or_plain({tls.PROOF_KEY: "certificate"}, "a follower's fetch")
     assert tls.NOT_A_NODE == {"password", "token"}
+
+
+def test_a_record_for_an_existing_token_may_change_only_its_expiry():
+    from kraft.records import DelegationTokenRecord
+    from protocol.errors import MetadataApplyError
+    image, token = created(MetadataImage(), 1000, renewers=["User:bob"])
+    fields = {**token, "renewers": ["User:bob"]}
+    for change in ({"owner": "User:mallory"}, {"requester": "User:mallory"},
+                   {"renewers": ["User:bob", "User:mallory"]},
+                   {"max_timestamp_ms": token["max_timestamp_ms"] + DAY},
+                   {"expiration_timestamp_ms": token["issue_timestamp_ms"] - 1}):
+        with pytest.raises(MetadataApplyError):
+            image.apply(DelegationTokenRecord(**{**fields, **change}), image.offset + 1)
+    assert image.delegation_tokens[token["token_id"]].owner == "User:erin"
+    # A snapshot's tokens are checked as a record's are.
+    snapshot = image.to_snapshot()
+    for bad in ({"owner": 7}, {"expiration_timestamp_ms": token["max_timestamp_ms"] + 1},
+                {"surprise": 1}):
+        raw = msgpack.unpackb(snapshot)
+        raw["delegation_tokens"][0].update(bad)
+        with pytest.raises(MetadataApplyError):
+            MetadataImage.from_snapshot(msgpack.packb(raw))
+    assert MetadataImage.from_snapshot(snapshot).delegation_tokens == image.delegation_tokens
+
+
+def test_token_times_stay_int64_and_the_cluster_caps_the_number_of_tokens(monkeypatch):
+    import kraft.controller as controller_module
+    huge = Controller(ControllerSettings(token_expiry_ms=2**63 - 1,
+                                         token_max_lifetime_ms=2**63 - 1))
+    result = huge.create_delegation_token(MetadataImage(), {
+        "owner": "User:erin", "requester": "User:erin"}, 10**12)
+    token = result.response["token"]
+    assert token["max_timestamp_ms"] == token["expiration_timestamp_ms"] == 2**63 - 1
+    applied(MetadataImage(), result)  # encodes and applies
+    monkeypatch.setattr(controller_module, "TOKENS_MAX", 2)
+    image, _ = created(MetadataImage(), 1000)
+    image, _ = created(image, 1000)
+    with pytest.raises(InvalidRequestError, match="the most it may"):
+        created(image, 1000)
+
+
+def test_the_sweep_sees_tokens_made_renewed_or_removed_since_the_last_tick():
+    core = controller()
+    image, first = created(MetadataImage(), 1000)
+    assert core.expired_delegation_tokens(image, 1000 + DAY) == []
+    image, second = created(image, 0)  # expires at DAY, before the first
+    assert [r.token_id for r in core.expired_delegation_tokens(image, DAY + 1)] == [
+        second["token_id"]]
+    draft = image.copy()  # a draft that removes it: the original keeps it
+    applied(draft, core.expire_delegation_token(draft, {
+        "token_id": second["token_id"], "requester": "User:erin"}, 10))
+    assert core.expired_delegation_tokens(draft, DAY + 1) == []
+    assert len(core.expired_delegation_tokens(image, DAY + 1)) == 1
+    assert len(core.expired_delegation_tokens(image, 1001 + DAY)) == 2
+
+
+def test_the_authorization_scheme_is_case_insensitive():
+    # RFC 7235: "bearer" and "BASIC" are the same schemes as "Bearer" and "Basic".
+    assert tls.auth_scheme("bearer abc.def") == ("bearer", "abc.def")
+    assert tls.auth_scheme("BASIC  dXNlcjpwdw== ") == ("basic", "dXNlcjpwdw==")
+    assert tls.auth_scheme(None) == ("", "") and tls.auth_scheme("Bearer") == ("bearer", "")
+
+
+def test_the_cli_refuses_an_empty_token_file_or_a_token_without_sasl_ssl(tmp_path):
+    import argparse
+
+    from api.cli_support import CliError, configure_security
+    empty, token = tmp_path / "empty.token", tmp_path / "job.token"
+    empty.write_text("\n")
+    token.write_text("abc.def\n")
+
+    def args(protocol: str, token_file: str, username: str | None = None):
+        return argparse.Namespace(security_protocol=protocol, ssl_cafile=None,
+                                  ssl_certfile=None, ssl_keyfile=None, sasl_username=username,
+                                  sasl_password_file=None, sasl_token_file=token_file)
+    with pytest.raises(CliError, match="must be a delegation token"):
+        configure_security(args("SASL_SSL", str(empty)))
+    for protocol in ("SSL", "PLAINTEXT"):
+        with pytest.raises(CliError, match="are for --security-protocol SASL_SSL"):
+            configure_security(args(protocol, str(token)))
+        with pytest.raises(CliError, match="are for --security-protocol SASL_SSL"):
+            configure_security(args(protocol, None, username="erin"))
+    configure_security(args("PLAINTEXT", None))  # and back to no credentials
