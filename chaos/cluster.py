@@ -154,14 +154,18 @@ def voters_text(controller_ports: Mapping[int, int],
 def node_config_values(node_id: int, roles: tuple[str, ...], voters: str,
                        broker_port: int | None, controller_port: int | None,
                        log_dir: str, settings: Mapping[str, Any],
-                       host: str = "127.0.0.1") -> dict[str, Any]:
-    """One node's config: its identity, listeners (on ``host``) and data
-    directory, then ``settings`` (shared by every node of the cluster)."""
+                       host: str = "127.0.0.1", kafka_port: int | None = None
+                       ) -> dict[str, Any]:
+    """One node's config: its identity, listeners (on ``host``; ``kafka_port``:
+    a KAFKA listener too) and data directory, then ``settings`` (shared by
+    every node of the cluster)."""
     listeners = []
     if broker_port:
         listeners.append(f"BROKER://{host}:{broker_port}")
     if controller_port:
         listeners.append(f"CONTROLLER://{host}:{controller_port}")
+    if kafka_port:
+        listeners.append(f"KAFKA://{host}:{kafka_port}")
     return {
         "node.id": node_id,
         "process.roles": ",".join(roles),
@@ -207,8 +211,16 @@ class NodeProcess:
     controller_port: int | None
     host: str = LOOPBACK
     tls: bool = False
+    #: Its KAFKA listener's port (Kafka's protocol), if it has one.
+    kafka_port: int | None = None
     process: subprocess.Popen | None = None
     paused: bool = False
+
+    @property
+    def kafka_address(self) -> str:
+        """``host:port`` of its KAFKA listener, as Kafka clients take it."""
+        assert self.kafka_port is not None, f"node {self.node_id} has no KAFKA listener"
+        return f"{self.host}:{self.kafka_port}"
 
     @property
     def broker_url(self) -> str:
@@ -251,6 +263,8 @@ class ProcessCluster:
     #: SSL): clients may log in as SCRAM users (``add_user``); the nodes and
     #: the client certificate still authenticate with certificates.
     sasl: bool = False
+    #: Brokers get a KAFKA listener (Kafka's protocol) too: ``kafka_bootstrap``.
+    kafka: bool = False
     nodes: dict[int, NodeProcess] = field(default_factory=dict, init=False)
     certs: dict = field(default_factory=dict, init=False)
     ssl_context: ssl.SSLContext | None = field(default=None, init=False)
@@ -271,7 +285,9 @@ class ProcessCluster:
                 controller_port=free_port(pair=True, taken=taken)
                 if "controller" in roles else None,
                 host=self.network.address(node_id) if self.network else LOOPBACK,
-                tls=self.tls)
+                tls=self.tls,
+                kafka_port=free_port(taken=taken) if self.kafka and "broker" in roles
+                else None)
         if self.tls:
             self._make_certificates()
         for node in self.nodes.values():
@@ -312,6 +328,11 @@ class ProcessCluster:
         return {"security_protocol": "SSL", "ssl_cafile": self.certs["ca"].certfile,
                 "ssl_certfile": self.certs["client"].certfile,
                 "ssl_keyfile": self.certs["client"].keyfile}
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """The brokers' KAFKA listeners, as Kafka's bootstrap.servers."""
+        return ",".join(self.nodes[b].kafka_address for b in self.broker_ids)
 
     def user_security(self, user: str, password: str) -> dict[str, Any]:
         """The settings of a client of this cluster that logs in as SCRAM
@@ -360,7 +381,8 @@ class ProcessCluster:
             settings = {"ssl.certfile": own.certfile, "ssl.keyfile": own.keyfile, **settings}
         write_node_config(node.config_path, node_config_values(
             node.node_id, node.roles, self.voters, node.broker_port, node.controller_port,
-            os.path.join(self.base_dir, f"data-{node.node_id}"), settings, node.host))
+            os.path.join(self.base_dir, f"data-{node.node_id}"), settings, node.host,
+            node.kafka_port))
 
     # -- processes ----------------------------------------------------------
     def start(self, node_ids: list[int] | None = None) -> None:

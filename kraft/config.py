@@ -45,6 +45,8 @@ BROKER_ROLE = "broker"
 CONTROLLER_ROLE = "controller"
 BROKER_LISTENER = "BROKER"
 CONTROLLER_LISTENER = "CONTROLLER"
+#: Kafka's binary protocol (api/broker/kafka_listener.py), on brokers.
+KAFKA_LISTENER = "KAFKA"
 #: metadata.log.dir's default, inside the first log dir (not a partition name,
 #: so the log manager passes it by).
 METADATA_DIR_NAME = "__cluster_metadata"
@@ -312,10 +314,10 @@ def parse_protocol_map(text: str, listeners: Mapping[str, Endpoint]) -> dict[str
                 f"listener {name} has no entry in listener.security.protocol.map "
                 f"({text!r}): add {name}:PLAINTEXT or {name}:SSL")
     for name in protocols:
-        if name not in (BROKER_LISTENER, CONTROLLER_LISTENER):
+        if name not in (BROKER_LISTENER, CONTROLLER_LISTENER, KAFKA_LISTENER):
             raise InvalidConfigError(
                 f"listener.security.protocol.map names {name!r}: kraftlog's listeners are "
-                f"{BROKER_LISTENER} and {CONTROLLER_LISTENER}")
+                f"{BROKER_LISTENER}, {CONTROLLER_LISTENER} and {KAFKA_LISTENER}")
     if tls.SASL_SSL in protocols.values():
         # Every node must know the cluster has password users (its SSL
         # listeners then require certificates), and none may serve plainly.
@@ -496,6 +498,18 @@ def _check(config: NodeConfig) -> None:
                 f"the CONTROLLER listener ({listener}) must be this node's voter address ({own})")
     if config.is_broker and BROKER_LISTENER not in config.listeners:
         raise InvalidConfigError("a broker needs a BROKER://host:port listener")
+    kafka = config.listeners.get(KAFKA_LISTENER)
+    if kafka is not None:
+        if not config.is_broker:
+            raise InvalidConfigError("the KAFKA listener (Kafka's protocol) is a broker's: "
+                                     "this node has no broker role")
+        secured = sorted(name for name, ep in config.listeners.items()
+                         if ep.tls and name != KAFKA_LISTENER)
+        if kafka.tls or secured or config.acl.enabled:
+            raise InvalidConfigError(
+                "the KAFKA listener speaks PLAINTEXT only for now, without authentication: "
+                "on a cluster with TLS or ACLs it would be a door without a lock. Remove it "
+                "from listeners, or use the HTTP API (BROKER) on a secure cluster")
     plain = sorted(name for name, ep in config.listeners.items() if not ep.tls)
     if config.acl.enabled and plain and tls.ANONYMOUS not in config.acl.super_users:
         raise InvalidConfigError(

@@ -77,7 +77,8 @@ SCHEMA: tuple[Key, ...] = (
     _k("controller.quorum.voters", "str", None,
        "Every controller as id@host:port of its CONTROLLER listener (required).", _CONFIG),
     _k("listeners", "str", None,
-       "NAME://host:port per listener: BROKER (data plane), CONTROLLER (controllers).",
+       "NAME://host:port per listener: BROKER (data plane, HTTP), CONTROLLER "
+       "(controllers), KAFKA (brokers: Kafka's binary protocol, for Kafka clients).",
        _CONFIG),
     _k("metadata.log.dir", "str", None,
        "Where a controller keeps its Raft journal and snapshots (default: "
@@ -104,8 +105,10 @@ SCHEMA: tuple[Key, ...] = (
        "file content on every controller). Raft messages are authenticated and encrypted "
        "with it (Fernet) before anything in them is read; required when a Raft port is not "
        "on loopback. A lone controller without one makes up its own.", _CONFIG),
-    _k("listener.security.protocol.map", "str", "BROKER:PLAINTEXT,CONTROLLER:PLAINTEXT",
-       "NAME:PROTOCOL per listener, PROTOCOL PLAINTEXT or SSL (TLS with ssl.certfile). "
+    _k("listener.security.protocol.map", "str",
+       "BROKER:PLAINTEXT,CONTROLLER:PLAINTEXT,KAFKA:PLAINTEXT",
+       "NAME:PROTOCOL per listener, PROTOCOL PLAINTEXT or SSL (TLS with ssl.certfile); KAFKA "
+       "is PLAINTEXT only, for now. "
        "Every node of a cluster must map the listeners alike: peers are called with the "
        "protocol this node maps them to.", _CONFIG),
     _k("ssl.certfile", "str", None,

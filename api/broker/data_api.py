@@ -365,7 +365,7 @@ class DataApi:
                 if not may_describe(topic):
                     raise auth.refusal(acl.DESCRIBE, acl.TOPIC, topic)
                 part = self.replicas.leader_partition(topic, partition, epoch)
-                result["offset"], result["timestamp"] = _offset_for(part, timestamp, isolation)
+                result["offset"], result["timestamp"] = offset_for(part, timestamp, isolation)
             except Exception as exc:  # noqa: BLE001  each partition answers for itself
                 result["error"] = exc
             results.append(result)
@@ -446,7 +446,7 @@ def _leader_epoch(fields: Fields) -> int | None:
     return fields.integer("current_leader_epoch", -1, INT32_MAX, default=None)
 
 
-def _offset_for(part: Partition, timestamp: int, isolation: int = READ_UNCOMMITTED
+def offset_for(part: Partition, timestamp: int, isolation: int = READ_UNCOMMITTED
                 ) -> tuple[int, int]:
     """(offset, timestamp) answering a list-offsets query on a leader;
     read_committed readers' end is the last stable offset."""

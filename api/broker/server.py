@@ -36,6 +36,7 @@ from api.broker.isr import AlterPartitionSender
 from api.broker.lifecycle import BrokerLifecycle
 from api.broker.metrics import BrokerMetrics
 from api.broker.producers import ProducerApi, ProducerIdManager
+from api.broker.kafka_listener import KafkaListener
 from api.broker.quotas import QuotaManager, request_quota_middleware
 from api.broker.replica_manager import ReplicaManager
 from api.broker.replication import ReplicationSettings, broker_url
@@ -44,7 +45,7 @@ from api.broker.transactions.service import TRANSACTION_TOPIC, TransactionApi, T
 from kraft.authorizer import (STANDARD_AUTHORIZER, AllowAll, Authorizer, auth_of,
                               authorization_middleware, check_routes_complete)
 from kraft.client import ControllerClient
-from kraft.config import BROKER_LISTENER, NodeConfig
+from kraft.config import BROKER_LISTENER, KAFKA_LISTENER, NodeConfig
 from kraft.image import MetadataImage
 from kraft.topic_config import defaults_from_broker_config
 from protocol import acl, tls, tokens, wire
@@ -185,6 +186,7 @@ class BrokerServer:
                        ready=lambda: self.lifecycle.metadata_caught_up)
             if config.acl.enabled else AllowAll())
         self._runner: web.AppRunner | None = None
+        self.kafka: KafkaListener | None = None
         self._session: aiohttp.ClientSession | None = None
         # Replaced by a fresh event after every metadata change.
         self._metadata_changed = asyncio.Event()
@@ -241,8 +243,15 @@ class BrokerServer:
         await web.TCPSite(self._runner, endpoint.host, endpoint.port,
                           ssl_context=self.config.tls.server if endpoint.tls else None).start()
         logger.info("broker %d listening on %s", self.config.node_id, endpoint.url)
+        kafka = self.config.listeners.get(KAFKA_LISTENER)
+        if kafka is not None:
+            self.kafka = KafkaListener(self, self.request_bytes_max, idle_ms)
+            await self.kafka.start(kafka.host, kafka.port)
+            logger.info("broker %d speaks Kafka's protocol on %s", self.config.node_id, kafka)
 
     async def stop(self) -> None:
+        if self.kafka is not None:
+            await self.kafka.stop()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

@@ -1,0 +1,200 @@
+"""Kafka's protocol pieces, checked against an independent implementation
+(kafka-python's codec and record batches) and against bad input: the
+generated schemas' codec, RecordBatch v2 <-> kraftlog batches, CRC-32C."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import pytest
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+
+from protocol.kafka import codec, messages
+from protocol.kafka.records import kafka_to_native, native_to_kafka
+from storage import sections
+from storage.batch import (BatchBuilder, ControlType, CorruptRecordError,
+                           UnsupportedCompressionTypeError, build_control_batch, decode_batches)
+
+
+def test_crc32c_matches_the_published_check_values_in_c_and_in_python():
+    for accelerated in (True, False):
+        saved = sections._c
+        if not accelerated:
+            sections._c = None
+        try:
+            assert sections.crc32c(b"123456789") == 0xE3069283  # RFC 3720's check value
+            assert sections.crc32c(bytes(32)) == 0x8A9136AA
+            assert sections.crc32c(b"456789", sections.crc32c(b"123")) == 0xE3069283
+        finally:
+            sections._c = saved
+    data = random.Random(1).randbytes(10_001)
+    assert sections.crc32c(data) == sections.crc32c(data[7:], sections.crc32c(data[:7]))
+
+
+def kafka_batch(records, *, compression=0, producer=(-1, -1, -1), transactional=False,
+                base_offset=0) -> bytes:
+    builder = DefaultRecordBatchBuilder(2, compression, transactional, *producer,
+                                        batch_size=1 << 20)
+    for i, (key, value, headers, timestamp) in enumerate(records):
+        builder.append(base_offset + i, timestamp=timestamp, key=key, value=value,
+                       headers=headers)
+    return bytes(builder.build())
+
+
+RECORDS = [(b"k0", b"v0", [("h", b"x"), ("empty", None)], 1_000),
+           (None, b"no key", [], 1_005),
+           (b"k2", None, [], 999),  # a tombstone, older than the first
+           (b"", b"\x00" * 3000, [("bin", bytes(range(256)))], 2_000)]
+
+
+@pytest.mark.parametrize("compression", [0, 1])  # none, gzip
+def test_a_kafka_batch_becomes_a_kraftlog_batch_with_the_same_records(compression):
+    batch = kafka_batch(RECORDS, compression=compression, producer=(7, 1, 40))
+    native = kafka_to_native(batch)
+    decoded = list(decode_batches(native))
+    assert [(r.offset, r.timestamp, r.key, r.value, [list(h) for h in r.headers])
+            for r in decoded] == [(i, ts, k, v, [list(h) for h in hs])
+                                  for i, (k, v, hs, ts) in enumerate(RECORDS)]
+    # Same header fields (producer id, epoch, sequence), stored uncompressed.
+    again = DefaultRecordBatch(native_to_kafka(native))
+    assert (again.producer_id, again.producer_epoch, again.base_sequence) == (7, 1, 40)
+    assert again.compression_type == 0 and again.validate_crc()
+    assert [(r.offset, r.timestamp, r.key, r.value, r.headers) for r in again] == [
+        (i, ts, k, v, hs) for i, (k, v, hs, ts) in enumerate(RECORDS)]
+
+
+def test_an_uncompressed_kafka_batch_survives_both_conversions_byte_for_byte():
+    batch = kafka_batch(RECORDS)
+    assert native_to_kafka(kafka_to_native(batch)) == batch
+
+
+def test_kraftlog_batches_and_markers_read_as_kafka_batches():
+    builder = BatchBuilder(producer_id=9, producer_epoch=2, base_sequence=0, transactional=True)
+    builder.append(b"k", b"v", timestamp_ms=5, headers=[("a", b"b")])
+    marker = build_control_batch(ControlType.COMMIT, 9, 2, 3, 6)
+    out = native_to_kafka(builder.build() + marker + builder.build()[:30])  # a partial tail
+    first_size = struct.unpack_from(">i", out, 8)[0] + 12
+    first, second = DefaultRecordBatch(out[:first_size]), DefaultRecordBatch(out[first_size:])
+    assert first.validate_crc() and first.is_transactional and not first.is_control_batch
+    assert [(r.key, r.value, r.headers) for r in first] == [(b"k", b"v", [("a", b"b")])]
+    assert second.validate_crc() and second.is_control_batch
+    assert len(out) == first_size + len(bytes(second._buffer))  # the partial tail left out
+
+
+def test_bad_kafka_batches_are_refused_with_kafkas_error_names():
+    good = bytearray(kafka_batch(RECORDS))
+    corrupt = bytearray(good)
+    corrupt[-1] ^= 0xFF
+    with pytest.raises(CorruptRecordError, match="CRC-32C"):
+        kafka_to_native(bytes(corrupt))
+    old_magic = bytearray(good)
+    old_magic[16] = 1
+    with pytest.raises(CorruptRecordError, match="magic 1"):
+        kafka_to_native(bytes(old_magic))
+    with pytest.raises(CorruptRecordError):
+        kafka_to_native(bytes(good[:-5]))  # truncated
+    snappy = bytearray(good)
+    struct.pack_into(">h", snappy, 21, 2)
+    struct.pack_into(">I", snappy, 17, sections.crc32c(bytes(snappy[21:])))
+    with pytest.raises(UnsupportedCompressionTypeError, match="snappy") as caught:
+        kafka_to_native(bytes(snappy))
+    assert caught.value.code == "UNSUPPORTED_COMPRESSION_TYPE"
+    # A count that promises more records than the batch holds.
+    short = bytearray(good)
+    struct.pack_into(">i", short, 57, 5)
+    struct.pack_into(">I", short, 17, sections.crc32c(bytes(short[21:])))
+    with pytest.raises(CorruptRecordError):
+        kafka_to_native(bytes(short))
+
+
+def test_random_damage_to_a_kafka_batch_never_escapes_as_anything_but_a_record_error():
+    rng = random.Random(7)
+    good = kafka_batch(RECORDS)
+    body = bytearray(good)
+    for _ in range(2000):
+        damaged = bytearray(body)
+        for _ in range(rng.randint(1, 4)):
+            damaged[rng.randrange(61, len(damaged))] = rng.randrange(256)
+        # With the checksum fixed up, the records themselves are parsed.
+        struct.pack_into(">I", damaged, 17, sections.crc32c(bytes(damaged[21:])))
+        try:
+            kafka_to_native(bytes(damaged))
+        except CorruptRecordError:
+            pass
+
+
+# -- the codec, against kafka-python's ----------------------------------------------------
+def _ours(api_key: int, version: int, values: dict, kind: int = 0) -> bytes:
+    return bytes(codec.encode(messages.APIS[api_key][kind], version, values))
+
+
+@pytest.mark.parametrize("version", [1, 4, 8, 9, 10, 12])
+def test_metadata_requests_encode_as_kafka_python_encodes_them(version):
+    from kafka.protocol.metadata import MetadataRequest
+    theirs = MetadataRequest(version=version, topics=[
+        MetadataRequest.MetadataRequestTopic(name="orders", version=version)],
+        allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+    ours = _ours(3, version, {"Topics": [{"Name": "orders"}],
+                              "AllowAutoTopicCreation": False})
+    assert ours == bytes(theirs.encode())
+    decoded, end = codec.decode(messages.MetadataRequest, version, ours)
+    assert end == len(ours) and decoded["Topics"][0]["Name"] == "orders"
+
+
+@pytest.mark.parametrize("version", [4, 9, 12])
+def test_api_versions_and_fetch_responses_round_trip_with_tagged_fields(version):
+    response = {"ThrottleTimeMs": 5, "ErrorCode": 0, "SessionId": 0, "Responses": [
+        {"Topic": "t", "Partitions": [{
+            "PartitionIndex": 1, "ErrorCode": 0, "HighWatermark": 10, "LastStableOffset": 9,
+            "LogStartOffset": 0, "AbortedTransactions": [{"ProducerId": 4, "FirstOffset": 2}],
+            "PreferredReadReplica": -1, "Records": b"\x01\x02",
+            # Tagged in flexible versions: written only when not the default.
+            "CurrentLeader": {"LeaderId": 3, "LeaderEpoch": 7}}]}]}
+    encoded = codec.encode(messages.FetchResponse, version, response)
+    decoded, end = codec.decode(messages.FetchResponse, version, bytes(encoded))
+    assert end == len(encoded)
+    partition = decoded["Responses"][0]["Partitions"][0]
+    assert partition["Records"] == b"\x01\x02" and partition["HighWatermark"] == 10
+    assert partition["AbortedTransactions"] == [{"ProducerId": 4, "FirstOffset": 2}]
+    if version >= 12:
+        assert partition["CurrentLeader"] == {"LeaderId": 3, "LeaderEpoch": 7}
+    from kafka.protocol.consumer import FetchResponse
+    theirs = FetchResponse.decode(bytes(encoded), version=version)
+    assert theirs.responses[0].partitions[0].high_watermark == 10
+
+
+def test_truncated_or_random_frames_raise_only_decode_errors():
+    rng = random.Random(3)
+    frame = _ours(3, 12, {"Topics": [{"Name": "orders"}, {"Name": "x" * 300}]})
+    for cut in range(len(frame)):
+        with pytest.raises(codec.KafkaDecodeError):
+            codec.decode(messages.MetadataRequest, 12, frame[:cut])
+    for _ in range(3000):
+        junk = rng.randbytes(rng.randrange(0, 64))
+        for schema, version in ((messages.ProduceRequest, 9), (messages.FetchRequest, 12),
+                                (messages.MetadataRequest, 1), (messages.RequestHeader, 2)):
+            try:
+                codec.decode(schema, version, junk)
+            except codec.KafkaDecodeError:
+                pass
+
+
+def test_a_huge_length_or_count_is_refused_before_anything_is_made_of_it():
+    # Topics: a count of 2**31 - 1 in a 10-byte frame.
+    frame = struct.pack(">i", 2**31 - 1) + b"\x00" * 6
+    with pytest.raises(codec.KafkaDecodeError, match="elements"):
+        codec.decode(messages.MetadataRequest, 1, frame)
+    with pytest.raises(codec.KafkaDecodeError, match="past the end"):
+        codec.decode(messages.ApiVersionsRequest, 3, b"\xff\xff\xff\x7f")
+
+
+def test_the_generated_schemas_cover_every_api_the_listener_speaks():
+    from api.broker.kafka_listener import SUPPORTED
+    for api_key, (low, high) in SUPPORTED.items():
+        request, response = messages.APIS[api_key]
+        for version in range(low, high + 1):
+            codec.plan(request, version)
+            codec.plan(response, version)
+    assert messages.ERRORS["NOT_LEADER_OR_FOLLOWER"] == 6
+    assert messages.SOURCE.startswith("apache/kafka@")
