@@ -1,0 +1,241 @@
+"""Real Kafka clients against kraftlog's KAFKA listener: one controller and
+three brokers (real processes), each broker speaking Kafka's protocol
+beside its HTTP API.
+
+- kafka-python and confluent-kafka (librdkafka) produce and consume;
+  what they read is what was written, byte for byte (keys, values,
+  headers, timestamps, offsets), and so is what kraftlog's own client
+  reads over HTTP, and the other way round: one log, two doors.
+- Writes go on through a partition leader's kill -9.
+- Bad frames (a 2 GB size prefix, a short one, an unknown API, garbage, a
+  client that stalls mid-frame) close that connection; other clients are
+  served meanwhile and the broker lives on.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import pytest
+
+from api.client import Admin, Consumer, NewTopic, Producer, TopicPartition
+from chaos.cluster import FAST_SETTINGS, ProcessCluster
+
+RECORDS = 300
+#: A connection idle this long (or stalled mid-frame) is closed.
+IDLE_MS = 5000
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with ProcessCluster(str(tmp_path_factory.mktemp("kafka")), controllers=1, brokers=3,
+                        settings={**FAST_SETTINGS, "connections.max.idle.ms": IDLE_MS},
+                        kafka=True) as running:
+        running.start()
+        running.wait_for_active_controller(30)
+        running.wait_for_brokers_running(timeout_s=30)
+        yield running
+
+
+def http_bootstrap(cluster: ProcessCluster) -> list[str]:
+    return [cluster.nodes[b].broker_url for b in cluster.broker_ids]
+
+
+def create(cluster: ProcessCluster, name: str, partitions: int = 3, rf: int = 3) -> None:
+    with Admin(http_bootstrap(cluster)) as admin:
+        admin.create_topics([NewTopic(name, partitions, rf,
+                                      configs={"min.insync.replicas": "2"})])
+
+
+def expected(i: int) -> tuple[bytes | None, bytes, list]:
+    key = None if i % 7 == 0 else b"key-%d" % i
+    value = bytes([i % 256]) * (i % 50) + b"value-%d" % i
+    headers = [("n", str(i).encode()), ("empty", b"")] if i % 3 == 0 else []
+    return key, value, headers
+
+
+def read_http(cluster: ProcessCluster, topic: str, partitions: int, count: int) -> list:
+    with Consumer(http_bootstrap(cluster), auto_offset_reset="earliest",
+                  consumer_timeout_ms=5000) as consumer:
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < count and time.monotonic() < deadline:
+            got += list(consumer)
+    return sorted(((r.partition, r.offset, r.timestamp, r.key, r.value,
+                    [tuple(h) for h in r.headers]) for r in got))
+
+
+def read_kafka_python(cluster: ProcessCluster, topic: str, partitions: int, count: int) -> list:
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KTP
+    consumer = KafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap,
+                             auto_offset_reset="earliest", enable_auto_commit=False,
+                             consumer_timeout_ms=3000)
+    try:
+        consumer.assign([KTP(topic, p) for p in range(partitions)])
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < count and time.monotonic() < deadline:
+            got += list(consumer)
+    finally:
+        consumer.close()
+    return sorted(((r.partition, r.offset, r.timestamp, r.key, r.value,
+                    [tuple(h) for h in r.headers]) for r in got))
+
+
+def read_confluent(cluster: ProcessCluster, topic: str, partitions: int, count: int) -> list:
+    from confluent_kafka import Consumer as CKConsumer
+    from confluent_kafka import TopicPartition as CKTP
+    consumer = CKConsumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": "unused",
+                           "enable.auto.commit": False})
+    try:
+        consumer.assign([CKTP(topic, p, 0) for p in range(partitions)])
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < count and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None:
+                assert message.error() is None, message.error()
+                got.append(message)
+    finally:
+        consumer.close()
+    return sorted(((m.partition(), m.offset(), m.timestamp()[1], m.key(), m.value(),
+                    [tuple(h) for h in m.headers() or ()]) for m in got))
+
+
+def test_kafka_python_writes_what_every_reader_reads_byte_for_byte(cluster):
+    from kafka import KafkaProducer
+    create(cluster, "kp")
+    producer = KafkaProducer(bootstrap_servers=cluster.kafka_bootstrap, acks="all",
+                             enable_idempotence=False, linger_ms=5)
+    sent = []
+    try:
+        futures = []
+        for i in range(RECORDS):
+            key, value, headers = expected(i)
+            futures.append((i, producer.send("kp", key=key, value=value, headers=headers,
+                                             partition=i % 3, timestamp_ms=1_700_000_000_000 + i)))
+        producer.flush(30)
+        for i, future in futures:
+            meta = future.get(10)
+            key, value, headers = expected(i)
+            sent.append((meta.partition, meta.offset, 1_700_000_000_000 + i, key, value,
+                         [tuple(h) for h in headers]))
+    finally:
+        producer.close()
+    sent.sort()
+    assert read_kafka_python(cluster, "kp", 3, RECORDS) == sent
+    assert read_http(cluster, "kp", 3, RECORDS) == sent
+    assert read_confluent(cluster, "kp", 3, RECORDS) == sent
+
+
+def test_records_written_over_http_read_the_same_through_kafka_clients(cluster):
+    create(cluster, "native")
+    sent = []
+    with Producer(http_bootstrap(cluster), acks="all") as producer:
+        futures = []
+        for i in range(RECORDS):
+            key, value, headers = expected(i)
+            futures.append((i, producer.send("native", value, key=key, headers=headers,
+                                             partition=i % 3,
+                                             timestamp_ms=1_600_000_000_000 + i)))
+        producer.flush(30_000)
+        for i, future in futures:
+            meta = future.result(10)
+            key, value, headers = expected(i)
+            sent.append((meta.partition, meta.offset, 1_600_000_000_000 + i, key, value,
+                         [tuple(h) for h in headers]))
+    sent.sort()
+    assert read_confluent(cluster, "native", 3, RECORDS) == sent
+    assert read_kafka_python(cluster, "native", 3, RECORDS) == sent
+
+
+def test_confluent_kafka_produces_through_a_leader_kill_without_losing_an_ack(cluster):
+    from confluent_kafka import Producer as CKProducer
+    create(cluster, "ck", partitions=1)
+    acked: list[tuple[int, bytes]] = []
+    failed = []
+
+    def delivered(error, message):
+        (failed if error else acked).append(
+            error or (message.offset(), message.value()))
+    producer = CKProducer({"bootstrap.servers": cluster.kafka_bootstrap, "acks": "all",
+                           "linger.ms": 2, "message.timeout.ms": 30_000,
+                           "topic.metadata.refresh.interval.ms": 1000})
+    for i in range(200):
+        producer.produce("ck", value=b"before-%d" % i, on_delivery=delivered)
+    assert producer.flush(30) == 0 and len(acked) == 200 and not failed
+    with Admin(http_bootstrap(cluster)) as admin:
+        leader = admin.describe_topics(["ck"])["ck"].partitions[0].leader
+    cluster.kill(leader)
+    for i in range(200):
+        producer.produce("ck", value=b"after-%d" % i, on_delivery=delivered)
+        producer.poll(0)
+    assert producer.flush(60) == 0, "deliveries outstanding after a leader change"
+    cluster.start([leader])
+    cluster.wait_for_brokers_running(timeout_s=30)
+    # Every acknowledged write is there, once, where it was acknowledged.
+    values = {offset: value for offset, value in acked}
+    read = read_confluent(cluster, "ck", 1, len(acked))
+    assert {offset: value for _, offset, _, _, value, _ in read if offset in values} == values
+    assert len(failed) + len(acked) == 400
+
+
+# -- bad frames ----------------------------------------------------------------------------
+def _connect(cluster: ProcessCluster) -> socket.socket:
+    node = cluster.nodes[cluster.broker_ids[0]]
+    return socket.create_connection((node.host, node.kafka_port), timeout=10)
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the broker closed the connection (within the socket timeout)."""
+    try:
+        return sock.recv(1) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+
+
+def _api_versions(sock: socket.socket, version: int = 0) -> tuple[int, bytes]:
+    body = struct.pack(">hhih", 18, version, 42, 4) + b"test"
+    sock.sendall(struct.pack(">i", len(body)) + body)
+    (size,) = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))
+    answer = sock.recv(size, socket.MSG_WAITALL)
+    (correlation,) = struct.unpack_from(">i", answer)
+    return correlation, answer[4:]
+
+
+@pytest.mark.parametrize("frame", [
+    struct.pack(">i", 2**31 - 1),                        # a 2 GB frame announced
+    struct.pack(">i", -5),                               # a negative size
+    struct.pack(">i", 3) + b"abc",                       # shorter than a header
+    struct.pack(">i", 10) + struct.pack(">hhih", 999, 0, 1, -1),       # an unknown API
+    struct.pack(">i", 10) + struct.pack(">hhih", 3, 99, 1, -1),        # Metadata v99
+    struct.pack(">i", 14) + struct.pack(">hhih", 3, 12, 1, -1) + b"\xff" * 4,  # garbage body
+])
+def test_a_bad_frame_closes_its_connection_and_nothing_else(cluster, frame):
+    with _connect(cluster) as bad, _connect(cluster) as good:
+        bad.sendall(frame)
+        assert _closed(bad)
+        assert _api_versions(good)[0] == 42  # another client is served as before
+
+
+def test_a_too_new_api_versions_request_gets_the_versions_to_retry_with(cluster):
+    with _connect(cluster) as sock:
+        correlation, body = _api_versions(sock, version=99)
+        assert correlation == 42
+        (error,) = struct.unpack_from(">h", body)
+        assert error == 35  # UNSUPPORTED_VERSION, with the list: the client retries lower
+
+
+def test_a_client_that_stalls_mid_frame_holds_up_no_one(cluster):
+    with _connect(cluster) as slow:
+        slow.sendall(struct.pack(">i", 1000) + b"\x00\x12")  # 2 of 1000 bytes, then nothing
+        with _connect(cluster) as other:  # served meanwhile (its socket times out at 10 s)
+            assert _api_versions(other)[0] == 42
+        # The stalled connection is closed once connections.max.idle.ms passes.
+        slow.settimeout(IDLE_MS / 1000 + 10)
+        assert _closed(slow)
+    assert cluster.broker_health(cluster.broker_ids[0]) is not None
