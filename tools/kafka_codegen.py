@@ -31,6 +31,7 @@ MESSAGES = (
     "ListGroups", "DescribeGroups", "CreateTopics", "DeleteTopics", "CreatePartitions",
     "DescribeConfigs", "DescribeCluster", "InitProducerId", "SaslHandshake",
     "SaslAuthenticate", "AddPartitionsToTxn", "AddOffsetsToTxn", "EndTxn", "TxnOffsetCommit",
+    "ConsumerGroupHeartbeat",
 )
 HEADERS = ("RequestHeader", "ResponseHeader")
 MESSAGE_DIR = "clients/src/main/resources/common/message"

@@ -49,14 +49,25 @@ logger = logging.getLogger(__name__)
 
 KAFKA_LISTENER = "KAFKA"
 API_VERSIONS, METADATA, PRODUCE, FETCH, LIST_OFFSETS = 18, 3, 0, 1, 2
+FIND_COORDINATOR, OFFSET_COMMIT, OFFSET_FETCH, INIT_PRODUCER_ID = 10, 8, 9, 22
+CONSUMER_GROUP_HEARTBEAT = 68
 #: API key -> (lowest, highest) version spoken.
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 9),        # 3: RecordBatch v2 and transactional ids
     FETCH: (4, 12),         # 4: RecordBatch v2 and isolation levels; 13+ name topics by id
     LIST_OFFSETS: (1, 7),
     METADATA: (1, 12),
+    OFFSET_COMMIT: (2, 9),
+    OFFSET_FETCH: (1, 9),
+    FIND_COORDINATOR: (0, 4),
     API_VERSIONS: (0, 3),
+    INIT_PRODUCER_ID: (0, 4),
+    # KIP-848's group protocol, which kraftlog's coordinator speaks (v1: the
+    # member names itself, and may subscribe by regex).
+    CONSUMER_GROUP_HEARTBEAT: (0, 1),
 }
+#: FindCoordinator's key types.
+GROUP_KEY, TRANSACTION_KEY = 0, 1
 _SIZE = struct.Struct(">i")
 _HEADER = struct.Struct(">hhi")
 #: Kafka's smallest request header: key, version, correlation id, client id length.
@@ -96,7 +107,12 @@ class KafkaListener:
         self._connections: set[asyncio.Task] = set()
         self.handlers: dict[int, Callable] = {
             API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
-            FETCH: self.fetch, LIST_OFFSETS: self.list_offsets}
+            FETCH: self.fetch, LIST_OFFSETS: self.list_offsets,
+            FIND_COORDINATOR: self.find_coordinator, INIT_PRODUCER_ID: self.init_producer_id,
+            CONSUMER_GROUP_HEARTBEAT: self.consumer_group_heartbeat,
+            OFFSET_COMMIT: self.offset_commit, OFFSET_FETCH: self.offset_fetch}
+        self._ids_at: int | None = None
+        self._names_by_id: dict[bytes, str] = {}
 
     async def start(self, host: str, port: int) -> None:
         self._server = await asyncio.start_server(self._connection, host, port,
@@ -159,10 +175,17 @@ class KafkaListener:
             logger.debug("kafka listener: %s sent a malformed %d v%d: %s", peer, api_key,
                          version, exc)
             return False
-        body = await self.handlers[api_key](request, version, header)
-        if body is None:
-            return None
-        return self._respond(api_key, version, correlation_id, body)
+        try:
+            body = await self.handlers[api_key](request, version, header)
+            if body is None:
+                return None
+            return self._respond(api_key, version, correlation_id, body)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            # A request this listener could not make sense of, or its own
+            # defect: logged whole, and the connection closed (the client
+            # reconnects and retries), never the broker's other work.
+            logger.exception("kafka listener: %s: API %d v%d failed", peer, api_key, version)
+            return False
 
     @staticmethod
     def _respond(api_key: int, version: int, correlation_id: int, body: dict) -> bytes:
@@ -198,14 +221,20 @@ class KafkaListener:
         data = self.server.data
         image = data.replicas.image
         requested = request.get("Topics")
-        names = sorted(image.topics) if requested is None else [
-            t.get("Name") for t in requested]
+        # v10+: a topic may be asked for by id (a KIP-848 assignment names
+        # topics by id), its name null.
+        by_id = self._topic_names()
+        wanted = [(name, None) for name in sorted(image.topics)] if requested is None else [
+            (t.get("Name") if t.get("Name") is not None else by_id.get(t.get("TopicId")),
+             t.get("TopicId")) for t in requested]
         topics = []
-        for name in names:
+        for name, asked_id in wanted:
             topic = image.topics.get(name) if name is not None else None
             if topic is None:
-                topics.append({"ErrorCode": messages.ERRORS["UNKNOWN_TOPIC_OR_PARTITION"],
-                               "Name": name, "Partitions": []})
+                unknown_id = name is None and asked_id not in (None, codec.ZERO_UUID)
+                topics.append({"ErrorCode": messages.ERRORS[
+                    "UNKNOWN_TOPIC_ID" if unknown_id else "UNKNOWN_TOPIC_OR_PARTITION"],
+                    "Name": name, "TopicId": asked_id or codec.ZERO_UUID, "Partitions": []})
                 continue
             partitions = []
             for index, reg in sorted(topic.partitions.items()):
@@ -319,3 +348,161 @@ class KafkaListener:
                 partitions.append(answer)
             topics.append({"Name": topic["Name"], "Partitions": partitions})
         return {"ThrottleTimeMs": 0, "Topics": topics}
+
+    # -- coordinators -----------------------------------------------------------------------
+    def _node(self, broker_id: int) -> tuple[str, int]:
+        broker = self.server.data.replicas.image.brokers.get(broker_id)
+        address = broker.endpoints.get(KAFKA_LISTENER) if broker is not None else None
+        if not address:
+            return "", -1
+        host, _, port = address.rpartition(":")
+        return host.strip("[]"), int(port)
+
+    async def _coordinator(self, key_type: int, key: str) -> dict:
+        service = self.server.groups if key_type == GROUP_KEY else self.server.transactions
+        answer = {"Key": key, "NodeId": -1, "Host": "", "Port": -1, "ErrorCode": 0,
+                  "ErrorMessage": None}
+        if key_type not in (GROUP_KEY, TRANSACTION_KEY):
+            answer.update(ErrorCode=messages.ERRORS["INVALID_REQUEST"],
+                          ErrorMessage=f"key type {key_type}: kraftlog has group (0) and "
+                                       "transaction (1) coordinators")
+            return answer
+        try:
+            found = await service.locate(key)
+        except Exception as exc:  # noqa: BLE001  answered as its code
+            answer.update(ErrorCode=error_code(exc), ErrorMessage=str(exc))
+            return answer
+        host, port = self._node(found["coordinator_id"])
+        if port < 0:
+            answer.update(ErrorCode=messages.ERRORS["COORDINATOR_NOT_AVAILABLE"],
+                          ErrorMessage="the coordinator has no KAFKA listener")
+            return answer
+        answer.update(NodeId=found["coordinator_id"], Host=host, Port=port)
+        return answer
+
+    async def find_coordinator(self, request: dict, version: int, header: dict) -> dict:
+        key_type = request.get("KeyType", GROUP_KEY)
+        if version >= 4:
+            return {"ThrottleTimeMs": 0, "Coordinators": [
+                await self._coordinator(key_type, key) for key in request["CoordinatorKeys"]]}
+        answer = await self._coordinator(key_type, request["Key"])
+        answer.pop("Key")
+        return {"ThrottleTimeMs": 0, **answer}
+
+    async def init_producer_id(self, request: dict, version: int, header: dict) -> dict:
+        tid = request["TransactionalId"]
+        answer = {"ThrottleTimeMs": 0, "ErrorCode": 0, "ProducerId": -1, "ProducerEpoch": -1}
+        try:
+            if tid is None:  # an idempotent producer
+                answer["ProducerId"] = await self.server.producer_api.ids.next_id()
+                answer["ProducerEpoch"] = 0
+            else:
+                found = await self.server.transactions.init_producer_id(
+                    tid, request["TransactionTimeoutMs"], request.get("ProducerId", -1),
+                    request.get("ProducerEpoch", -1), False)
+                if found.get("error"):
+                    answer["ErrorCode"] = error_code(found["error"])
+                else:
+                    answer["ProducerId"] = found["producer_id"]
+                    answer["ProducerEpoch"] = found["producer_epoch"]
+        except Exception as exc:  # noqa: BLE001  answered as its code
+            answer["ErrorCode"] = error_code(exc)
+        return answer
+
+    # -- consumer groups (KIP-848) ----------------------------------------------------------
+    def _topic_names(self) -> dict[bytes, str]:
+        image = self.server.data.replicas.image
+        if self._ids_at != image.offset:
+            self._names_by_id = {topic_uuid(t.topic_id): name
+                                 for name, t in image.topics.items()}
+            self._ids_at = image.offset
+        return self._names_by_id
+
+    async def consumer_group_heartbeat(self, request: dict, version: int, header: dict) -> dict:
+        from api.broker.groups.coordinator import HeartbeatRequest
+
+        names = self._topic_names()
+        owned = request["TopicPartitions"]
+        heartbeat = HeartbeatRequest(
+            member_id=request["MemberId"], member_epoch=request["MemberEpoch"],
+            instance_id=request["InstanceId"],
+            rebalance_timeout_ms=None if request["RebalanceTimeoutMs"] < 0
+            else request["RebalanceTimeoutMs"],
+            subscribed_topic_names=request["SubscribedTopicNames"],
+            subscribed_topic_regex=request.get("SubscribedTopicRegex"),
+            server_assignor=request["ServerAssignor"],
+            owned_partitions=None if owned is None else [
+                TopicPartition(names[t["TopicId"]], p) for t in owned
+                if t["TopicId"] in names for p in t["Partitions"]],
+            client_id=header.get("ClientId"))
+        service = self.server.groups
+        try:
+            response = await service.run(request["GroupId"], lambda core: core.heartbeat(
+                service.clock_ms(), request["GroupId"], heartbeat, service.topics()))
+        except Exception as exc:  # noqa: BLE001  answered as its code
+            return {"ErrorCode": error_code(exc), "ErrorMessage": str(exc),
+                    "MemberEpoch": -1, "HeartbeatIntervalMs": 0}
+        assignment = None
+        if response.assignment is not None:
+            image = self.server.data.replicas.image
+            by_topic: dict[str, list[int]] = {}
+            for topic, partition in response.assignment:
+                by_topic.setdefault(topic, []).append(partition)
+            assignment = {"TopicPartitions": [
+                {"TopicId": topic_uuid(image.topics[t].topic_id), "Partitions": ps}
+                for t, ps in sorted(by_topic.items()) if t in image.topics]}
+        return {"ErrorCode": 0, "MemberId": response.member_id,
+                "MemberEpoch": response.member_epoch,
+                "HeartbeatIntervalMs": response.heartbeat_interval_ms,
+                "Assignment": assignment}
+
+    async def offset_commit(self, request: dict, version: int, header: dict) -> dict:
+        group_id = request["GroupId"]
+        offsets = {TopicPartition(t["Name"], p["PartitionIndex"]):
+                   (p["CommittedOffset"], p.get("CommittedMetadata") or "")
+                   for t in request["Topics"] or () for p in t["Partitions"] or ()}
+        service = self.server.groups
+        try:
+            results = await service.run(group_id, lambda core: core.commit_offsets(
+                service.clock_ms(), group_id, request.get("MemberId", ""),
+                request.get("GenerationIdOrMemberEpoch", -1), offsets))
+            codes = {tp: error_code(None if code is None else {"code": code})
+                     for tp, code in results.items()}
+        except Exception as exc:  # noqa: BLE001  the whole request answered as its code
+            codes = {tp: error_code(exc) for tp in offsets}
+        by_topic: dict[str, list[dict]] = {}
+        for (topic, partition), code in sorted(codes.items()):
+            by_topic.setdefault(topic, []).append({"PartitionIndex": partition,
+                                                   "ErrorCode": code})
+        return {"ThrottleTimeMs": 0, "Topics": [{"Name": name, "Partitions": parts}
+                                                for name, parts in by_topic.items()]}
+
+    async def _committed(self, group_id: str, topics: list[dict] | None
+                         ) -> tuple[int, list[dict]]:
+        wanted = None if topics is None else [
+            TopicPartition(t["Name"], p) for t in topics for p in t["PartitionIndexes"]]
+        service = self.server.groups
+        try:
+            committed = await service.run(
+                group_id, lambda core: (core.fetch_offsets(group_id, wanted), []))
+        except Exception as exc:  # noqa: BLE001  answered as its code
+            return error_code(exc), []
+        by_topic: dict[str, list[dict]] = {}
+        for topic, partition in (wanted if wanted is not None else sorted(committed)):
+            found = committed.get((topic, partition))
+            offset, metadata = found[:2] if found is not None else (-1, "")
+            by_topic.setdefault(topic, []).append({
+                "PartitionIndex": partition, "CommittedOffset": offset,
+                "CommittedLeaderEpoch": -1, "Metadata": metadata, "ErrorCode": 0})
+        return 0, [{"Name": name, "Partitions": parts} for name, parts in by_topic.items()]
+
+    async def offset_fetch(self, request: dict, version: int, header: dict) -> dict:
+        if version >= 8:
+            groups = []
+            for group in request["Groups"]:
+                code, topics = await self._committed(group["GroupId"], group["Topics"])
+                groups.append({"GroupId": group["GroupId"], "Topics": topics,
+                               "ErrorCode": code})
+            return {"ThrottleTimeMs": 0, "Groups": groups}
+        code, topics = await self._committed(request["GroupId"], request["Topics"])
+        return {"ThrottleTimeMs": 0, "Topics": topics, "ErrorCode": code}

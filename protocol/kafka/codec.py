@@ -81,7 +81,11 @@ def _within(span: tuple[int, int] | None, version: int) -> bool:
     return span is not None and span[0] <= version <= span[1]
 
 
-def _default(kind: str, text: str | None, nullable: bool) -> Any:
+def _default(kind: str, text: Any, nullable: bool) -> Any:
+    """A field's default: Kafka's definitions give it as a string ("-1",
+    "0x7fffffff", "null", "true") or, now and then, a JSON number or bool."""
+    if text is not None and not isinstance(text, str):
+        text = str(text).lower()
     if text == "null" or (text is None and nullable and kind not in _FIXED):
         return None
     if kind.startswith("[]"):
@@ -199,6 +203,10 @@ def _read_value(reader: Reader, field: Field, kind: str, flexible: bool) -> Any:
     if kind == "uuid":
         return bytes(reader.take(16))
     if field.sub is not None:
+        if field.nullable and kind == field.kind:
+            # A nullable struct: a byte first, -1 for null, 1 for one.
+            if reader.fixed(_INT8) < 0:
+                return None
         return _read_struct(reader, field.sub)
     raise KafkaDecodeError(f"{field.name}: unknown type {kind}")
 
@@ -267,6 +275,10 @@ def _write_value(out: bytearray, field: Field, kind: str, value: Any, flexible: 
     elif kind == "uuid":
         out += value if isinstance(value, (bytes, bytearray)) else uuid.UUID(value).bytes
     elif field.sub is not None:
+        if field.nullable and kind == field.kind:
+            out.append(0xFF if value is None else 1)
+            if value is None:
+                return
         _write_struct(out, field.sub, value or {})
     else:
         raise ValueError(f"{field.name}: unknown type {kind}")

@@ -7,6 +7,10 @@ beside its HTTP API.
   headers, timestamps, offsets), and so is what kraftlog's own client
   reads over HTTP, and the other way round: one log, two doors.
 - Writes go on through a partition leader's kill -9.
+- Idempotent producers of both clients (InitProducerId) write each record
+  once; three librdkafka consumers in a KIP-848 group
+  (``group.protocol=consumer``) share the partitions, commit, and take over
+  a leaving member's partitions; kraftlog's admin client sees the commits.
 - Bad frames (a 2 GB size prefix, a short one, an unknown API, garbage, a
   client that stalls mid-frame) close that connection; other clients are
   served meanwhile and the broker lives on.
@@ -182,6 +186,79 @@ def test_confluent_kafka_produces_through_a_leader_kill_without_losing_an_ack(cl
     read = read_confluent(cluster, "ck", 1, len(acked))
     assert {offset: value for _, offset, _, _, value, _ in read if offset in values} == values
     assert len(failed) + len(acked) == 400
+
+
+def test_idempotent_producers_of_both_clients_write_each_record_once(cluster):
+    from confluent_kafka import Producer as CKProducer
+    from kafka import KafkaProducer
+    create(cluster, "idem")
+    ck = CKProducer({"bootstrap.servers": cluster.kafka_bootstrap, "enable.idempotence": True,
+                     "linger.ms": 2})
+    for i in range(500):
+        ck.produce("idem", value=b"ck-%d" % i, partition=i % 3)
+    assert ck.flush(30) == 0
+    kp = KafkaProducer(bootstrap_servers=cluster.kafka_bootstrap, enable_idempotence=True,
+                       acks="all")
+    try:
+        for i in range(500):
+            kp.send("idem", value=b"kp-%d" % i, partition=i % 3)
+        kp.flush(30)
+    finally:
+        kp.close()
+    values = [r[4] for r in read_http(cluster, "idem", 3, 1000)]
+    assert sorted(values) == sorted([b"ck-%d" % i for i in range(500)]
+                                    + [b"kp-%d" % i for i in range(500)])
+
+
+def test_a_kip848_group_of_three_librdkafka_consumers_shares_rebalances_and_commits(cluster):
+    from confluent_kafka import Consumer as CKConsumer
+    create(cluster, "grp", partitions=6)
+    with Producer(http_bootstrap(cluster), acks="all") as producer:
+        for i in range(600):
+            producer.send("grp", b"g-%d" % i, partition=i % 6)
+        producer.flush(30_000)
+
+    def member() -> CKConsumer:
+        consumer = CKConsumer({"bootstrap.servers": cluster.kafka_bootstrap,
+                               "group.id": "kip848", "group.protocol": "consumer",
+                               "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        consumer.subscribe(["grp"])
+        return consumer
+    members = [member() for _ in range(3)]
+    seen: list[bytes] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for consumer in members:
+                message = consumer.poll(0.2)
+                if message is not None and message.error() is None:
+                    seen.append(message.value())
+            owned = [{tp.partition for tp in c.assignment()} for c in members]
+            if len(seen) >= 600 and all(owned) and sum(map(len, owned)) == 6:
+                break
+        owned = [{tp.partition for tp in c.assignment()} for c in members]
+        assert all(owned) and set().union(*owned) == set(range(6)), owned
+        assert sum(map(len, owned)) == 6  # each partition with one member
+        assert sorted(seen) == sorted(b"g-%d" % i for i in range(600))
+        for consumer in members:
+            consumer.commit(asynchronous=False)
+        # One leaves: the others take its partitions.
+        members.pop().close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for consumer in members:
+                consumer.poll(0.2)
+            owned = [{tp.partition for tp in c.assignment()} for c in members]
+            if sum(map(len, owned)) == 6 and set().union(*owned) == set(range(6)):
+                break
+        assert sum(map(len, owned)) == 6 and set().union(*owned) == set(range(6)), owned
+    finally:
+        for consumer in members:
+            consumer.close()
+    # What they committed is what kraftlog's own client sees for the group.
+    with Admin(http_bootstrap(cluster)) as admin:
+        committed = admin.list_consumer_group_offsets("kip848")
+    assert sum(v.offset for v in committed.values()) == 600
 
 
 # -- bad frames ----------------------------------------------------------------------------

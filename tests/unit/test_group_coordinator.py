@@ -388,6 +388,19 @@ def test_member_epochs_fenced_rejoin_and_previous():
     h.check_replay()
 
 
+def test_a_member_may_name_itself_when_it_joins():
+    # KIP-848 v1 (Kafka's clients): the member makes its id and joins with
+    # epoch 0; the coordinator takes it. A beat under an unknown id is still
+    # refused.
+    h = Harness({"t": 2})
+    response = h.heartbeat("g", HeartbeatRequest(member_id="client-made-uuid",
+                                                 subscribed_topic_names=["t"]))
+    assert response.member_id == "client-made-uuid" and response.member_epoch == 1
+    assert sorted(response.assignment) == [("t", 0), ("t", 1)]
+    refused("UNKNOWN_MEMBER_ID", h.heartbeat, "g", HeartbeatRequest(member_id="ghost",
+                                                                    member_epoch=1))
+
+
 def test_request_validation():
     h = Harness({"t": 2})
     refused("INVALID_REQUEST", h.heartbeat, "g", HeartbeatRequest())       # no subscription
@@ -396,8 +409,6 @@ def test_request_validation():
     refused("INVALID_REQUEST", h.heartbeat, "g", HeartbeatRequest(subscribed_topic_regex="(t"))
     refused("UNSUPPORTED_ASSIGNOR", h.heartbeat, "g", HeartbeatRequest(
         subscribed_topic_names=["t"], server_assignor="nope"))
-    refused("UNKNOWN_MEMBER_ID", h.heartbeat, "g", HeartbeatRequest(
-        member_id="ghost", subscribed_topic_names=["t"]))
     refused("INVALID_REQUEST", h.heartbeat, "g", HeartbeatRequest(member_epoch=3))
     refused("INVALID_REQUEST", h.heartbeat, "g", HeartbeatRequest(
         member_id="x", member_epoch=-3))

@@ -526,7 +526,7 @@ class GroupCoordinatorCore:
               topics: Mapping[str, int]) -> tuple[HeartbeatResponse, list[Record]]:
         group = self.groups.get(group_id)
         bump = False
-        if req.member_id:
+        if req.member_id and group is not None and req.member_id in group.members:
             # A member that lost its state (fenced, or restarted keeping its
             # id) joins again: it owns nothing now, so whatever the group
             # thought it held is free, and it converges on its target afresh.
@@ -556,7 +556,9 @@ class GroupCoordinatorCore:
                                  f"group {group_id!r} has {size} members, the most allowed")
             if group is None:
                 group = self.groups[group_id] = _Group(group_id)
-            member = _Member(self._new_member_id(group))
+            # KIP-848 v1: a client names itself (a UUID it made); v0 and
+            # kraftlog's client leave it to the coordinator.
+            member = _Member(req.member_id or self._new_member_id(group))
             member.instance_id = req.instance_id
             if holder is not None and not expired:
                 # The static member is back (as a new process): it takes the
