@@ -10,10 +10,10 @@ STAMP  := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml protocol/_columns.c storage/_records.c storage/_records.h
+$(STAMP): pyproject.toml protocol/_columns.c protocol/_kafka.c storage/_records.c storage/_records.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	rm -f protocol/_columns.*.so storage/_records.*.so  # an edited extension is rebuilt
+	rm -f protocol/_columns.*.so protocol/_kafka.*.so storage/_records.*.so  # an edited extension is rebuilt
 	$(PY) -m pip install --quiet -e '.[spark,test]'
 	touch $(STAMP)
 

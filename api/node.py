@@ -121,7 +121,7 @@ async def run_node(config: NodeConfig) -> int:
 def startup_banner(config: NodeConfig) -> str:
     """What a person starting a node needs: where it listens and, for a
     broker, three commands to try it."""
-    from kraft.config import BROKER_LISTENER, CONTROLLER_LISTENER
+    from kraft.config import BROKER_LISTENER, CONTROLLER_LISTENER, KAFKA_LISTENER
     from protocol import DEFAULT_BOOTSTRAP
 
     roles = ",".join(sorted(config.roles))
@@ -131,6 +131,9 @@ def startup_banner(config: NodeConfig) -> str:
         lines.append(f"  broker:     {url}")
     if config.is_controller:
         lines.append(f"  controller: {config.listeners[CONTROLLER_LISTENER].url}")
+    if KAFKA_LISTENER in config.listeners:
+        lines.append(f"  kafka:      {config.listeners[KAFKA_LISTENER]} "
+                     "(Kafka clients: bootstrap.servers)")
     if config.is_broker:
         exe = sys.argv[0] if os.path.basename(sys.argv[0]) == "kraftlog" else "kraftlog"
         flag = "" if url == DEFAULT_BOOTSTRAP else f" --bootstrap {url}"

@@ -27,6 +27,14 @@ import msgpack
 from storage import batch as native
 from storage.sections import crc32c
 
+try:
+    from protocol import _kafka as _c
+except ImportError:  # not built (no C compiler at install): the Python below
+    _c = None
+
+#: Whether the records are converted in C.
+ACCELERATED = _c is not None
+
 _CRC = struct.Struct(">I")
 _HEADER = native.HEADER
 _CODEC_NAMES = {2: "snappy", 3: "lz4", 4: "zstd"}
@@ -100,7 +108,7 @@ def kafka_to_native(data: bytes, max_decompressed_bytes: int = native.DEFAULT_MA
                 "batches (compression.type=none or gzip)")
         section = bytes(native.decompress(codec, batch[native.HEADER_SIZE:end],
                                           max_decompressed_bytes))
-        records = _records_to_msgpack(section, header)
+        records = _to_msgpack(section, header)
         out += native.pack_batch(
             base_offset=header.base_offset, leader_epoch=header.partition_leader_epoch,
             attributes=header.attributes & ~native.COMPRESSION_MASK,
@@ -111,7 +119,17 @@ def kafka_to_native(data: bytes, max_decompressed_bytes: int = native.DEFAULT_MA
     return bytes(out)
 
 
-def _records_to_msgpack(section: bytes, header: native.BatchHeader) -> bytes:
+def _to_msgpack(section: bytes, header: native.BatchHeader) -> bytes:
+    if _c is not None:
+        try:
+            return _c.kafka_to_msgpack(section, header.record_count, header.last_offset_delta)
+        except ValueError as exc:
+            raise native.CorruptRecordError(
+                f"the batch at offset {header.base_offset}: {exc}") from None
+    return _py_to_msgpack(section, header)
+
+
+def _py_to_msgpack(section: bytes, header: native.BatchHeader) -> bytes:
     pack = msgpack.Packer(use_bin_type=True).pack
     out = bytearray()
     pos, total = 0, len(section)
@@ -154,29 +172,16 @@ def native_to_kafka(data: bytes | memoryview) -> bytes:
     uncompressed; a partial batch at the end is left out."""
     out = bytearray()
     for header, batch in native.iter_batches(data):
-        section = bytearray()
-        for record in native.iter_records(batch, verify_crc=False):
-            body = bytearray(b"\0")  # attributes
-            _write_varint(body, record.timestamp - header.base_timestamp)
-            _write_varint(body, record.offset - header.base_offset)
-            for field in (record.key, record.value):
-                if field is None:
-                    _write_varint(body, -1)
-                else:
-                    _write_varint(body, len(field))
-                    body += field
-            _write_varint(body, len(record.headers))
-            for name, value in record.headers:
-                raw = name.encode()
-                _write_varint(body, len(raw))
-                body += raw
-                if value is None:
-                    _write_varint(body, -1)
-                else:
-                    _write_varint(body, len(value))
-                    body += value
-            _write_varint(section, len(body))
-            section += body
+        raw = native.decompress(header.compression, batch[native.HEADER_SIZE:header.size_bytes],
+                                native.DEFAULT_MAX_DECOMPRESSED_BYTES)
+        if _c is not None:
+            try:
+                section = _c.msgpack_to_kafka(raw, header.record_count)
+            except ValueError as exc:
+                raise native.CorruptRecordError(
+                    f"the batch at offset {header.base_offset}: {exc}") from None
+        else:
+            section = _py_to_kafka(raw, header)
         start = len(out)
         out += _HEADER.pack(
             header.base_offset, native.HEADER_SIZE - native.LOG_OVERHEAD + len(section),
@@ -188,3 +193,42 @@ def native_to_kafka(data: bytes | memoryview) -> bytes:
         crc = crc32c(memoryview(out)[start + native.ATTRIBUTES_OFFSET:])
         _CRC.pack_into(out, start + native.CRC_OFFSET, crc)
     return bytes(out)
+
+
+def _py_to_kafka(raw: bytes, header: native.BatchHeader) -> bytes:
+    section = bytearray()
+    unpacker = msgpack.Unpacker(raw=False, use_list=False, max_buffer_size=max(len(raw), 1))
+    unpacker.feed(raw)
+    count = 0
+    try:
+        for timestamp_delta, offset_delta, key, value, headers in unpacker:
+            count += 1
+            body = bytearray(b"\0")  # attributes
+            _write_varint(body, timestamp_delta)
+            _write_varint(body, offset_delta)
+            for field in (key, value):
+                if field is None:
+                    _write_varint(body, -1)
+                else:
+                    _write_varint(body, len(field))
+                    body += field
+            _write_varint(body, len(headers))
+            for name, value_ in headers:
+                raw_name = name.encode() if isinstance(name, str) else bytes(name)
+                _write_varint(body, len(raw_name))
+                body += raw_name
+                if value_ is None:
+                    _write_varint(body, -1)
+                else:
+                    _write_varint(body, len(value_))
+                    body += value_
+            _write_varint(section, len(body))
+            section += body
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise native.CorruptRecordError(
+            f"the batch at offset {header.base_offset} does not decode: {exc}") from None
+    if count != header.record_count:
+        raise native.CorruptRecordError(
+            f"the batch at offset {header.base_offset} holds {count} records, its header "
+            f"says {header.record_count}")
+    return bytes(section)

@@ -217,3 +217,64 @@ def test_a_nullable_struct_is_marked_present_or_null_by_a_byte():
     assert codec.decode(schema, 1, null)[0]["Assignment"] is None
     assert codec.decode(schema, 1, present)[0]["Assignment"]["TopicPartitions"] == [
         {"TopicId": b"\x01" * 16, "Partitions": [0, 2]}]
+
+
+# -- the C conversion against the Python one ------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from protocol.kafka import records as kafka_records  # noqa: E402
+from storage.batch import parse_header  # noqa: E402
+
+_payloads = st.one_of(st.none(), st.binary(max_size=300))
+_headers = st.lists(st.tuples(st.text(max_size=20), _payloads), max_size=3)
+_records = st.lists(st.tuples(_payloads, _payloads, _headers,
+                              st.integers(-2**40, 2**40)), min_size=1, max_size=30)
+
+
+def _native(recs) -> bytes:
+    builder = BatchBuilder()
+    for key, value, headers, ts in recs:
+        builder.append(key, value, timestamp_ms=10**12 + ts, headers=headers)
+    return builder.build()
+
+
+@pytest.mark.skipif(not kafka_records.ACCELERATED, reason="the C extension is not built")
+@settings(max_examples=300, deadline=None)
+@given(_records)
+def test_c_and_python_convert_records_to_the_same_bytes_both_ways(recs):
+    batch = _native(recs)
+    header = parse_header(batch)
+    section = batch[61:]
+    kafka_c = kafka_records._c.msgpack_to_kafka(section, header.record_count)
+    assert kafka_c == kafka_records._py_to_kafka(section, header)
+    back_c = kafka_records._c.kafka_to_msgpack(kafka_c, header.record_count,
+                                               header.last_offset_delta)
+    assert back_c == kafka_records._py_to_msgpack(kafka_c, header)
+    assert list(decode_batches(kafka_to_native(native_to_kafka(batch)))) == \
+        list(decode_batches(batch))
+
+
+@pytest.mark.skipif(not kafka_records.ACCELERATED, reason="the C extension is not built")
+def test_c_and_python_refuse_the_same_damaged_records():
+    rng = random.Random(11)
+    batch = _native([(b"k%d" % i, b"v" * i, [("h", b"x")] if i % 2 else [], i)
+                     for i in range(20)])
+    header = parse_header(batch)
+    kafka = kafka_records._c.msgpack_to_kafka(batch[61:], header.record_count)
+    refused = 0
+    for _ in range(3000):
+        damaged = bytearray(kafka)
+        for _ in range(rng.randint(1, 3)):
+            damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+        outcomes = []
+        for convert in (lambda: kafka_records._c.kafka_to_msgpack(
+                            bytes(damaged), header.record_count, header.last_offset_delta),
+                        lambda: kafka_records._py_to_msgpack(bytes(damaged), header)):
+            try:
+                outcomes.append(convert())
+            except (ValueError, CorruptRecordError):
+                outcomes.append(None)
+        assert outcomes[0] == outcomes[1]
+        refused += outcomes[0] is None
+    assert refused > 100  # the damage was found, not waved through

@@ -59,7 +59,7 @@ def test_ssl_listeners_are_https_everywhere_a_peer_or_client_learns_them(made):
     ({"listener.security.protocol.map": "BROKER:SASL_SSL,CONTROLLER:PLAINTEXT"},
      "none as PLAINTEXT"),
     ({"listener.security.protocol.map": "CONTROLLER:SSL,BROKER:SSL,EXT:SASL_SSL"},
-     "kraftlog's listeners are BROKER and CONTROLLER"),
+     "kraftlog's listeners are BROKER, CONTROLLER and KAFKA"),
     ({"listener.security.protocol.map": "BROKER:SSL,CONTROLLER:SASL_SSL"},
      "CONTROLLER = SASL_SSL"),
     ({"listener.security.protocol.map": "BROKER:TLS,CONTROLLER:SSL"}, "use PLAINTEXT or SSL"),
@@ -215,3 +215,21 @@ def test_a_cluster_with_password_users_serves_no_anonymous_client_on_ssl(made, m
         config.secure_app(app, config.listeners["BROKER"])
     assert seen == {False: True, True: False}  # controller: certificate; broker: password ok
     assert CONTROLLER_LISTENER in config.listeners
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"listener.security.protocol.map": "BROKER:SSL,CONTROLLER:SSL,KAFKA:PLAINTEXT"},
+     "door without a lock"),
+    ({"listener.security.protocol.map": "BROKER:SSL,CONTROLLER:SSL,KAFKA:SSL"},
+     "PLAINTEXT only"),
+])
+def test_the_kafka_listener_is_refused_on_a_secure_cluster(made, change, message):
+    # Until it authenticates its clients, a KAFKA listener on a cluster with
+    # TLS would let anyone past the lock on the other doors.
+    with pytest.raises(InvalidConfigError, match=message):
+        node_config_from_settings(secure(made, **change, listeners=COMBINED["listeners"]
+                                         + ",KAFKA://127.0.0.1:9095"))
+    # On a plain cluster it is a broker's listener like the others.
+    plain = node_config_from_settings({**COMBINED, "listeners": COMBINED["listeners"]
+                                       + ",KAFKA://127.0.0.1:9095"})
+    assert str(plain.listeners["KAFKA"]) == "127.0.0.1:9095"
