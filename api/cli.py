@@ -210,6 +210,17 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "Print median records/s and each against plaintext (goal: at least 0.7).")
     bench_security.add_arguments(security_parser)
     security_parser.set_defaults(handler=bench_security.run)
+    from bench import kafka as bench_kafka
+
+    kafka_parser = bench_kinds.add_parser(
+        "kafka", help="Kafka's clients through the KAFKA listener vs the HTTP/msgpack path",
+        description="Start one fresh node with a KAFKA listener; alternate rounds: produce "
+                    "--records through confluent-kafka (librdkafka) and through kraftlog's "
+                    "Producer, each into a fresh topic, then read them back the same way. "
+                    "Print median records/s and the Kafka listener against the HTTP path "
+                    "(goal: at least 0.7 both ways).")
+    bench_kafka.add_arguments(kafka_parser)
+    kafka_parser.set_defaults(handler=bench_kafka.run)
     from bench import compaction as bench_compaction
 
     compaction_parser = bench_kinds.add_parser(
