@@ -34,6 +34,10 @@ MESSAGES = (
     "ConsumerGroupHeartbeat",
 )
 HEADERS = ("RequestHeader", "ResponseHeader")
+#: Data carried inside messages: the classic group protocol's member
+#: metadata (JoinGroup) and assignment (SyncGroup), each prefixed by its
+#: version as an int16.
+DATA = ("ConsumerProtocolSubscription", "ConsumerProtocolAssignment")
 MESSAGE_DIR = "clients/src/main/resources/common/message"
 ERRORS_JAVA = "clients/src/main/java/org/apache/kafka/common/protocol/Errors.java"
 #: A version range with no upper bound ("3+") ends here.
@@ -129,7 +133,7 @@ def render(loaded: dict[str, dict], source: str, errors: dict[str, int]) -> str:
     for name, spec in loaded.items():
         lines.append(f"{name} = {pprint.pformat(spec, width=100, sort_dicts=False)}")
         lines.append("")
-    requests = [n for n in loaded if n.endswith("Request") and n not in HEADERS]
+    requests = [n for n in loaded if n.endswith("Request") and n not in (*HEADERS, *DATA)]
     lines.append("#: API key -> (request schema, response schema).")
     lines.append("APIS = {")
     for name in requests:
@@ -150,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                         "directory of definitions; --git reads it from the clone)")
     parser.add_argument("--output", default=OUTPUT)
     args = parser.parse_args(argv)
-    names = [*HEADERS, *(n + kind for n in MESSAGES for kind in ("Request", "Response"))]
+    names = [*HEADERS, *DATA,
+             *(n + kind for n in MESSAGES for kind in ("Request", "Response"))]
     if args.git:
         commit = subprocess.run(["git", "-C", args.git, "rev-parse", "HEAD"], check=True,
                                 capture_output=True, text=True).stdout.strip()

@@ -34,6 +34,7 @@ import asyncio
 import base64
 import logging
 import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +51,7 @@ logger = logging.getLogger(__name__)
 KAFKA_LISTENER = "KAFKA"
 API_VERSIONS, METADATA, PRODUCE, FETCH, LIST_OFFSETS = 18, 3, 0, 1, 2
 FIND_COORDINATOR, OFFSET_COMMIT, OFFSET_FETCH, INIT_PRODUCER_ID = 10, 8, 9, 22
+JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 CONSUMER_GROUP_HEARTBEAT = 68
 #: API key -> (lowest, highest) version spoken.
 SUPPORTED: dict[int, tuple[int, int]] = {
@@ -65,6 +67,11 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     # KIP-848's group protocol, which kraftlog's coordinator speaks (v1: the
     # member names itself, and may subscribe by regex).
     CONSUMER_GROUP_HEARTBEAT: (0, 1),
+    # The classic protocol, mapped onto the same coordinator (ClassicGroups).
+    JOIN_GROUP: (0, 9),
+    SYNC_GROUP: (0, 5),
+    HEARTBEAT: (0, 4),
+    LEAVE_GROUP: (0, 5),
 }
 #: FindCoordinator's key types.
 GROUP_KEY, TRANSACTION_KEY = 0, 1
@@ -110,7 +117,12 @@ class KafkaListener:
             FETCH: self.fetch, LIST_OFFSETS: self.list_offsets,
             FIND_COORDINATOR: self.find_coordinator, INIT_PRODUCER_ID: self.init_producer_id,
             CONSUMER_GROUP_HEARTBEAT: self.consumer_group_heartbeat,
-            OFFSET_COMMIT: self.offset_commit, OFFSET_FETCH: self.offset_fetch}
+            OFFSET_COMMIT: self.offset_commit, OFFSET_FETCH: self.offset_fetch,
+            JOIN_GROUP: self.join_group, SYNC_GROUP: self.sync_group,
+            HEARTBEAT: self.heartbeat, LEAVE_GROUP: self.leave_group}
+        #: The classic members this broker's coordinators serve: (group,
+        #: member id) -> what the member was told (``_Classic``).
+        self._classic: dict[tuple[str, str], _Classic] = {}
         self._ids_at: int | None = None
         self._names_by_id: dict[bytes, str] = {}
 
@@ -462,10 +474,17 @@ class KafkaListener:
                    (p["CommittedOffset"], p.get("CommittedMetadata") or "")
                    for t in request["Topics"] or () for p in t["Partitions"] or ()}
         service = self.server.groups
+        member_id = request.get("MemberId", "")
+        epoch = request.get("GenerationIdOrMemberEpoch", -1)
+        classic = self._classic.get((group_id, member_id))
+        if classic is not None and epoch == classic.generation:
+            # A classic member commits under the generation it was told;
+            # the coordinator knows the member's epoch, which heartbeats
+            # may have moved on since without changing its partitions.
+            epoch = classic.epoch
         try:
             results = await service.run(group_id, lambda core: core.commit_offsets(
-                service.clock_ms(), group_id, request.get("MemberId", ""),
-                request.get("GenerationIdOrMemberEpoch", -1), offsets))
+                service.clock_ms(), group_id, member_id, epoch, offsets))
             codes = {tp: error_code(None if code is None else {"code": code})
                      for tp, code in results.items()}
         except Exception as exc:  # noqa: BLE001  the whole request answered as its code
@@ -506,3 +525,195 @@ class KafkaListener:
             return {"ThrottleTimeMs": 0, "Groups": groups}
         code, topics = await self._committed(request["GroupId"], request["Topics"])
         return {"ThrottleTimeMs": 0, "Topics": topics, "ErrorCode": code}
+
+    # -- consumer groups: the classic protocol ---------------------------------------------
+    # kafka-python, aiokafka and librdkafka's default speak JoinGroup,
+    # SyncGroup, Heartbeat and LeaveGroup, where a leader member computes
+    # the assignment. Here, as in Kafka 4's groups of the consumer type, the
+    # coordinator assigns (KIP-848) and a classic member is a member like
+    # any other: JoinGroup joins it (its subscription from its metadata),
+    # no member is made leader, SyncGroup hands it what the coordinator gave
+    # it, and a heartbeat whose answer would change that asks it to rejoin
+    # (REBALANCE_IN_PROGRESS), which revokes what it holds (the eager
+    # protocol these clients use by default).
+    async def _classic_beat(self, group_id: str, heartbeat) -> Any:
+        service = self.server.groups
+        return await service.run(group_id, lambda core: core.heartbeat(
+            service.clock_ms(), group_id, heartbeat, service.topics()))
+
+    async def join_group(self, request: dict, version: int, header: dict) -> dict:
+        import uuid
+
+        from api.broker.groups.coordinator import HeartbeatRequest
+
+        group_id = request["GroupId"]
+        answer = {"ThrottleTimeMs": 0, "ErrorCode": 0, "GenerationId": -1,
+                  "ProtocolType": "consumer", "ProtocolName": None, "Leader": "",
+                  "MemberId": request["MemberId"], "Members": []}
+        protocols = request["Protocols"] or []
+        if request["ProtocolType"] != "consumer" or not protocols:
+            answer["ErrorCode"] = messages.ERRORS["INCONSISTENT_GROUP_PROTOCOL"]
+            return answer
+        try:
+            topics = _subscription(protocols[0]["Metadata"])
+        except codec.KafkaDecodeError:
+            answer["ErrorCode"] = messages.ERRORS["INCONSISTENT_GROUP_PROTOCOL"]
+            return answer
+        member_id = request["MemberId"] or f"{header.get('ClientId') or 'consumer'}-" \
+                                           f"{uuid.uuid4()}"
+        rebalance = request.get("RebalanceTimeoutMs", request["SessionTimeoutMs"])
+        heartbeat = HeartbeatRequest(
+            member_id=member_id, member_epoch=0, instance_id=request.get("GroupInstanceId"),
+            rebalance_timeout_ms=max(0, rebalance),
+            session_timeout_ms=request["SessionTimeoutMs"], subscribed_topic_names=topics,
+            owned_partitions=[], client_id=header.get("ClientId"))
+        try:
+            response = await self._classic_beat(group_id, heartbeat)
+        except Exception as exc:  # noqa: BLE001  answered as its code
+            answer["ErrorCode"] = _classic_code(exc)
+            return answer
+        self._forget_silent_members()
+        self._classic[(group_id, member_id)] = _Classic(
+            response.member_epoch, response.member_epoch,
+            frozenset(map(tuple, response.assignment or ())), protocols[0]["Name"])
+        answer.update(GenerationId=response.member_epoch, ProtocolName=protocols[0]["Name"],
+                      Leader=CLASSIC_LEADER, MemberId=member_id)
+        return answer
+
+    def _forget_silent_members(self) -> None:
+        """Past CLASSIC_MEMBERS_MAX, forget the members silent for an hour
+        (a member that died without leaving; the coordinator dropped it
+        long ago: it would have to rejoin anyway)."""
+        if len(self._classic) < CLASSIC_MEMBERS_MAX:
+            return
+        horizon = time.monotonic() - CLASSIC_SILENT_S
+        self._classic = {key: member for key, member in self._classic.items()
+                         if member.seen >= horizon}
+
+    async def sync_group(self, request: dict, version: int, header: dict) -> dict:
+        group_id, member_id = request["GroupId"], request["MemberId"]
+        answer = {"ThrottleTimeMs": 0, "ErrorCode": 0, "ProtocolType": "consumer",
+                  "ProtocolName": None, "Assignment": b""}
+        classic = self._classic.get((group_id, member_id))
+        if classic is None:
+            answer["ErrorCode"] = messages.ERRORS["UNKNOWN_MEMBER_ID"]
+            return answer
+        if request["GenerationId"] != classic.generation:
+            answer["ErrorCode"] = messages.ERRORS["ILLEGAL_GENERATION"]
+            return answer
+        code = await self._beat_classic(group_id, member_id, classic, keep=False)
+        answer.update(ErrorCode=code, ProtocolName=classic.protocol,
+                      Assignment=_assignment(classic.assigned) if code == 0 else b"")
+        return answer
+
+    async def _beat_classic(self, group_id: str, member_id: str, classic: "_Classic",
+                            keep: bool) -> int:
+        """A heartbeat for a classic member holding ``classic.assigned``. With
+        ``keep``, an answer that would change its partitions asks it to
+        rejoin instead; without, the change is what it is told (SyncGroup)."""
+        from api.broker.groups.coordinator import HeartbeatRequest
+
+        classic.seen = time.monotonic()
+        heartbeat = HeartbeatRequest(member_id=member_id, member_epoch=classic.epoch,
+                                     owned_partitions=sorted(classic.assigned))
+        try:
+            response = await self._classic_beat(group_id, heartbeat)
+        except Exception as exc:  # noqa: BLE001  answered as its code
+            if error_code(exc) in (messages.ERRORS["UNKNOWN_MEMBER_ID"],
+                                   messages.ERRORS["FENCED_MEMBER_EPOCH"]):
+                self._classic.pop((group_id, member_id), None)
+            return _classic_code(exc)
+        classic.epoch = response.member_epoch
+        if response.assignment is not None:
+            given = frozenset(map(tuple, response.assignment))
+            if given != classic.assigned:
+                if keep:
+                    return messages.ERRORS["REBALANCE_IN_PROGRESS"]
+                classic.assigned = given
+        return 0
+
+    async def heartbeat(self, request: dict, version: int, header: dict) -> dict:
+        group_id, member_id = request["GroupId"], request["MemberId"]
+        classic = self._classic.get((group_id, member_id))
+        if classic is None:
+            code = messages.ERRORS["UNKNOWN_MEMBER_ID"]
+        elif request["GenerationId"] != classic.generation:
+            code = messages.ERRORS["ILLEGAL_GENERATION"]
+        else:
+            code = await self._beat_classic(group_id, member_id, classic, keep=True)
+        return {"ThrottleTimeMs": 0, "ErrorCode": code}
+
+    async def leave_group(self, request: dict, version: int, header: dict) -> dict:
+        from api.broker.groups.coordinator import LEAVE_EPOCH, HeartbeatRequest
+
+        group_id = request["GroupId"]
+        leaving = ([{"MemberId": request["MemberId"], "GroupInstanceId": None}]
+                   if version < 3 else request["Members"] or [])
+        members = []
+        for member in leaving:
+            code = 0
+            try:
+                await self._classic_beat(group_id, HeartbeatRequest(
+                    member_id=member["MemberId"], member_epoch=LEAVE_EPOCH))
+            except Exception as exc:  # noqa: BLE001  answered as its code
+                code = _classic_code(exc)
+            self._classic.pop((group_id, member["MemberId"]), None)
+            members.append({"MemberId": member["MemberId"],
+                            "GroupInstanceId": member.get("GroupInstanceId"),
+                            "ErrorCode": code})
+        top = members[0]["ErrorCode"] if version < 3 and members else 0
+        return {"ThrottleTimeMs": 0, "ErrorCode": top, "Members": members}
+
+
+#: The leader a classic member is told of: never itself, so no member
+#: computes an assignment (the coordinator does).
+CLASSIC_LEADER = "kraftlog-coordinator"
+#: Classic members remembered before silent ones are forgotten.
+CLASSIC_MEMBERS_MAX = 10_000
+CLASSIC_SILENT_S = 3600.0
+
+
+class _Classic:
+    """A classic member as this listener told it: its generation (the member
+    epoch at its JoinGroup), the coordinator's epoch for it now, the
+    partitions it was given, its protocol (assignor) name."""
+
+    __slots__ = ("generation", "epoch", "assigned", "protocol", "seen")
+
+    def __init__(self, generation: int, epoch: int, assigned: frozenset, protocol: str):
+        self.generation, self.epoch, self.assigned = generation, epoch, assigned
+        self.protocol = protocol
+        self.seen = time.monotonic()
+
+
+def _classic_code(exc: Exception) -> int:
+    """A coordinator refusal in the classic protocol's words: KIP-848's
+    epoch errors become ILLEGAL_GENERATION, which makes the member rejoin."""
+    code = error_code(exc)
+    if code in (messages.ERRORS["FENCED_MEMBER_EPOCH"], messages.ERRORS["STALE_MEMBER_EPOCH"]):
+        return messages.ERRORS["ILLEGAL_GENERATION"]
+    return code
+
+
+def _subscription(metadata: bytes) -> list[str]:
+    """The topics of a classic member's ConsumerProtocolSubscription (an
+    int16 version, then the struct at that version, newer read as the
+    newest known)."""
+    if len(metadata) < 2:
+        raise codec.KafkaDecodeError("a subscription without its version")
+    (version,) = struct.unpack_from(">h", metadata)
+    schema = messages.ConsumerProtocolSubscription
+    version = max(0, min(version, schema["valid"][1]))
+    decoded, _ = codec.decode(schema, version, metadata, 2)
+    return [t for t in decoded["Topics"] or () if t]
+
+
+def _assignment(partitions: frozenset) -> bytes:
+    """ConsumerProtocolAssignment v0 of ``partitions``."""
+    by_topic: dict[str, list[int]] = {}
+    for topic, partition in sorted(partitions):
+        by_topic.setdefault(topic, []).append(partition)
+    out = bytearray(struct.pack(">h", 0))
+    codec.encode(messages.ConsumerProtocolAssignment, 0, {"AssignedPartitions": [
+        {"Topic": t, "Partitions": ps} for t, ps in by_topic.items()], "UserData": None}, out)
+    return bytes(out)

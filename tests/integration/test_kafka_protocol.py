@@ -8,7 +8,9 @@ beside its HTTP API.
   reads over HTTP, and the other way round: one log, two doors.
 - Writes go on through a partition leader's kill -9.
 - Idempotent producers of both clients (InitProducerId) write each record
-  once; three librdkafka consumers in a KIP-848 group
+  once; three kafka-python consumers in a classic group, and a kafka-python
+  member with a kraftlog member in one group, share the partitions; three
+  librdkafka consumers in a KIP-848 group
   (``group.protocol=consumer``) share the partitions, commit, and take over
   a leaving member's partitions; kraftlog's admin client sees the commits.
 - Bad frames (a 2 GB size prefix, a short one, an unknown API, garbage, a
@@ -259,6 +261,92 @@ def test_a_kip848_group_of_three_librdkafka_consumers_shares_rebalances_and_comm
     with Admin(http_bootstrap(cluster)) as admin:
         committed = admin.list_consumer_group_offsets("kip848")
     assert sum(v.offset for v in committed.values()) == 600
+
+
+def _fill(cluster: ProcessCluster, topic: str, partitions: int, count: int) -> None:
+    create(cluster, topic, partitions=partitions)
+    with Producer(http_bootstrap(cluster), acks="all") as producer:
+        for i in range(count):
+            producer.send(topic, b"%s-%d" % (topic.encode(), i), partition=i % partitions)
+        producer.flush(30_000)
+
+
+def _owned(members) -> list[set[int]]:
+    return [{tp.partition for tp in member.assignment()} for member in members]
+
+
+def test_a_classic_group_of_three_kafka_python_consumers_shares_rebalances_and_commits(
+        cluster):
+    # kafka-python speaks the classic protocol (JoinGroup/SyncGroup/
+    # Heartbeat/LeaveGroup); the coordinator assigns, as for KIP-848 members.
+    from kafka import KafkaConsumer
+    _fill(cluster, "classic", 6, 600)
+
+    def member() -> KafkaConsumer:
+        return KafkaConsumer("classic", bootstrap_servers=cluster.kafka_bootstrap,
+                             group_id="classic-g", auto_offset_reset="earliest",
+                             enable_auto_commit=False, heartbeat_interval_ms=500,
+                             session_timeout_ms=10_000)
+    members = [member() for _ in range(3)]
+    try:
+        seen: set[bytes] = set()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for consumer in members:
+                for records in consumer.poll(timeout_ms=200).values():
+                    seen.update(r.value for r in records)
+            owned = _owned(members)
+            if len(seen) == 600 and all(owned) and sum(map(len, owned)) == 6:
+                break
+        owned = _owned(members)
+        assert all(owned) and set().union(*owned) == set(range(6)), owned
+        assert sum(map(len, owned)) == 6  # no partition with two members
+        assert seen == {b"classic-%d" % i for i in range(600)}
+        # Each commits where its partitions end; one leaves, the others take over.
+        for consumer in members:
+            consumer.commit()
+        members.pop().close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for consumer in members:
+                consumer.poll(timeout_ms=200)
+            owned = _owned(members)
+            if sum(map(len, owned)) == 6 and set().union(*owned) == set(range(6)):
+                break
+        assert sum(map(len, owned)) == 6 and set().union(*owned) == set(range(6)), owned
+    finally:
+        for consumer in members:
+            consumer.close()
+    with Admin(http_bootstrap(cluster)) as admin:
+        committed = admin.list_consumer_group_offsets("classic-g")
+    assert sum(v.offset for v in committed.values()) == 600
+
+
+def test_a_kafka_python_member_and_a_kraftlog_member_share_one_group(cluster):
+    # One namespace: the same group through both doors, the partitions split
+    # between a classic Kafka member and kraftlog's own client.
+    from kafka import KafkaConsumer
+    _fill(cluster, "mixed", 4, 40)
+    kafka_member = KafkaConsumer("mixed", bootstrap_servers=cluster.kafka_bootstrap,
+                                 group_id="mixed-g", auto_offset_reset="earliest",
+                                 enable_auto_commit=False, heartbeat_interval_ms=500)
+    native = Consumer(http_bootstrap(cluster), group_id="mixed-g",
+                      auto_offset_reset="earliest")
+    try:
+        native.subscribe(["mixed"])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            kafka_member.poll(timeout_ms=200)
+            native.poll(timeout_ms=200)
+            theirs = {tp.partition for tp in kafka_member.assignment()}
+            ours = {tp.partition for tp in native.assignment()}
+            if theirs and ours and theirs | ours == set(range(4)) and not theirs & ours:
+                break
+        assert theirs and ours and theirs | ours == set(range(4)) and not theirs & ours, \
+            (theirs, ours)
+    finally:
+        kafka_member.close()
+        native.close()
 
 
 # -- bad frames ----------------------------------------------------------------------------

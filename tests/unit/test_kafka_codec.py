@@ -278,3 +278,19 @@ def test_c_and_python_refuse_the_same_damaged_records():
         assert outcomes[0] == outcomes[1]
         refused += outcomes[0] is None
     assert refused > 100  # the damage was found, not waved through
+
+
+def test_classic_member_metadata_and_assignments_read_and_write_as_kafka_python_does():
+    from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment
+    from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription
+
+    from api.broker.kafka_listener import _assignment, _subscription
+    for version in (0, 1, 3):
+        theirs = ConsumerProtocolSubscription(version=version, topics=["a", "b"],
+                                              user_data=None, owned_partitions=[])
+        assert _subscription(bytes(theirs.encode())) == ["a", "b"]
+    with pytest.raises(codec.KafkaDecodeError):
+        _subscription(b"\x00")
+    ours = _assignment(frozenset({("a", 2), ("a", 0), ("b", 1)}))
+    decoded = ConsumerProtocolAssignment.decode(ours)
+    assert sorted(decoded.partitions()) == sorted([("a", 0), ("a", 2), ("b", 1)])
