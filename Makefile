@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test bench-storage bench-controller spark-example clean
+.PHONY: install run test bench-storage bench-controller spark-example clean kcat
 
 install: $(STAMP)
 
@@ -29,8 +29,13 @@ run: $(STAMP)
 spark-example: $(STAMP)
 	$(PY) -m spark_source.example $(ARGS)
 
-test: $(STAMP)
-	$(PY) -m pytest -q tests
+test: $(STAMP) kcat
+	$(PY) -m pytest -q --durations=15 tests
+
+# kcat, a Kafka client the Kafka listener's tests drive (Debian's package).
+kcat:
+	@command -v kcat >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat >/dev/null; }
 
 bench-storage: $(STAMP)
 	$(VENV)/bin/kraftlog bench storage

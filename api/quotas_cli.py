@@ -21,8 +21,8 @@ def add_commands(commands: argparse._SubParsersAction, formatter: type) -> None:
              "client id",
         formatter_class=formatter,
         description="Limit how fast a client may produce or fetch, and how much of a "
-                    "broker's time its requests may take, by its user (its TLS "
-                    "certificate's subject, User:ANONYMOUS without one), its client id "
+                    "broker's time its requests may take, by its user (User:<SCRAM name>, "
+                    "its TLS certificate's subject, or User:ANONYMOUS), its client id "
                     "(client_id in the client, Kafka's client.id), or both; <default> "
                     "stands for every one without a quota of its own. A client over its "
                     "quota is slowed down (its answers are held back), never refused, and "
@@ -92,7 +92,9 @@ def _describe(entity: dict[str, str]) -> str:
 
 
 def _number(key: str, value: float) -> str:
-    return f"{value:g}%" if key == "request_percentage" else f"{value:,.0f}"
+    if key == "request_percentage":
+        return f"{value:,.3f}".rstrip("0").rstrip(".") + "%"
+    return f"{value:,.0f}"
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -235,7 +235,9 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
                             transactional=config.workload == "transactional")
         history.record({"type": "workload", "producer": workload.producer_settings(),
                         "user": WORKLOAD_USER if config.secure else None,
-                        "security_protocol": config.security_protocol})
+                        "security_protocol": config.security_protocol,
+                        # What the clients were given (names only, no secrets).
+                        "security_settings": sorted(security.settings)})
         history.record({"type": "phase", "name": "workload"})
         workload.start()
         _nemesis_loop(config, nemeses, target, history, workload, say)
@@ -260,6 +262,11 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
             record_copier_offsets(_broker_urls(cluster), TOPIC, config.partitions, history,
                                   workload.copier_id, security=operator)
             say(f"copies read: {copies:,}")
+            if copies == 0:
+                # Nothing copied proves nothing about exactly-once: the
+                # copier failed throughout (its errors are in the history).
+                raise RuntimeError("the transactional copier copied nothing: see its "
+                                   "copier-error events in history.jsonl")
         say(f"final read: {count:,} records")
     except Exception as exc:  # noqa: BLE001  the run fails with its reason
         error = f"{type(exc).__name__}: {exc}"

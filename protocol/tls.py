@@ -364,12 +364,21 @@ def check_not_expired(certfile: str, what: str) -> None:
                              "renew it (`kraftlog certs create` makes new dev certificates)")
 
 
+#: The client id a node's own calls to its peers carry (client quotas: no
+#: ``<default>`` client-id quota meant for clients covers them by accident).
+NODE_CLIENT_ID = "kraftlog-node"
+
+
 def session(context: ssl.SSLContext | None, **kwargs):
-    """An aiohttp client session that calls ``https://`` URLs with
-    ``context`` (the default context without one)."""
+    """An aiohttp client session for a node's calls to its peers: ``https://``
+    URLs with ``context`` (the default context without one), each request
+    naming its client id ``NODE_CLIENT_ID`` unless it names another."""
     import aiohttp
+
+    from protocol.quotas import CLIENT_ID_HEADER
     connector = aiohttp.TCPConnector(ssl=context) if context is not None else None
-    return aiohttp.ClientSession(connector=connector, **kwargs)
+    headers = {CLIENT_ID_HEADER: NODE_CLIENT_ID, **kwargs.pop("headers", {})}
+    return aiohttp.ClientSession(connector=connector, headers=headers, **kwargs)
 
 
 class PrincipalMapper:

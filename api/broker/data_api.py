@@ -32,7 +32,7 @@ from api.broker.replication import (READ_COMMITTED, READ_UNCOMMITTED, FetchReque
 from api.broker.authz import topic_filter
 from kraft.authorizer import RequestAuth, auth_of
 from protocol import acl, wire
-from protocol.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
+from protocol.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE
 from protocol.tls import principal_of, require_node_or_plain
 from protocol.errors import (CodedError, InvalidRequestError, InvalidRequiredAcksError,
                              InvalidTopicError, KraftError,
@@ -143,9 +143,13 @@ class DataApi:
         self.verify_txn: Callable[..., Any] | None = None
 
     async def wait_turn(self, request: web.Request, key: str) -> None:
-        """Hold a produce (or fetch) until its quota entity's last throttle is over."""
+        """Hold a produce (or a consumer's fetch) until its quota entity's
+        last throttle is over: the longer of its byte-rate (``key``) and
+        request-time holds (the middleware leaves these routes' holding here)."""
         if self.quotas is not None:
-            wait_s = self.quotas.hold_for(key, principal_of(request), client_id_of(request))
+            user, client_id = principal_of(request), client_id_of(request)
+            wait_s = max(self.quotas.hold_for(key, user, client_id),
+                         self.quotas.hold_for(REQUEST_PERCENTAGE, user, client_id))
             if wait_s > 0:
                 await asyncio.sleep(wait_s)
 
@@ -272,7 +276,6 @@ class DataApi:
         each partition this broker leads, answered once committed."""
         if not auth_of(request).enabled:  # with ACLs: CLUSTER_ACTION, by the middleware
             require_node_or_plain(request, "writing transaction markers")
-        exempt_from_request_quota(request)  # with ACLs, the middleware checked CLUSTER_ACTION
         body = Fields(await wire.read_body(request), "")
         timeout_ms = body.integer("timeout_ms", 0, PRODUCE_TIMEOUT_MS_MAX, default=30_000)
         items = []

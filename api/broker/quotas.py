@@ -2,8 +2,8 @@
 and client id, enforced by throttling (never by dropping data).
 
 Kafka's model. A quota is set on an *entity*: a user (the client's
-principal: ``User:<certificate subject>`` over mutual TLS, else
-``User:ANONYMOUS``), a client id (what the client calls itself, Kafka's
+principal: ``User:<SCRAM name>``, ``User:<certificate subject>`` over mutual
+TLS, else ``User:ANONYMOUS``), a client id (what the client calls itself, Kafka's
 ``client.id``), or both, each possibly ``<default>``. Keys:
 ``producer_byte_rate`` and ``consumer_byte_rate`` (bytes per second) and
 ``request_percentage`` (percent of the broker's event loop, Kafka's percent
@@ -28,10 +28,14 @@ for records, or a produce waiting for its replicas, costs only the time it
 works, as a Kafka request in purgatory costs its handler thread nothing.
 Every API counts (metadata, groups, admin, inspection), as in Kafka; the
 calls only nodes make (a follower's fetch, transaction markers, KIP-890
-checks) are exempt, as Kafka exempts cluster actions. Over the quota, the
-answer says so in the ``Kraftlog-Throttle-Time-Ms`` header (every API, not
-only produce and fetch, so it cannot be a body field) and the entity's next
-request of any kind waits (``request_quota_middleware``).
+checks) are exempt, as Kafka exempts cluster actions, and so are health
+probes and metrics scrapes; the nodes' own calls name themselves
+``kraftlog-node`` (a client id no ``<default>`` quota should cover by
+accident). Over the quota, the answer says so in the
+``Kraftlog-Throttle-Time-Ms`` header (every API, not only produce and
+fetch, so it cannot be a body field) and the entity's next request of any
+kind waits (``request_quota_middleware``); a produce or a consumer's fetch
+waits once, for the longer of its byte-rate and request holds.
 
 Entities are stored as metadata configs of resource type ``client-quota``
 whose name is the entity as canonical JSON (``entity_name``).
@@ -235,8 +239,8 @@ def client_id_of(request: Any) -> str:
 
 def exempt_from_request_quota(request: Any) -> None:
     """Leave this request's time out of its user's ``request_percentage``:
-    a call only nodes make (a follower's fetch, a transaction marker, a
-    KIP-890 check), once the handler has checked that a node makes it."""
+    a follower's fetch, once the handler has checked that a node makes it
+    (the routes only nodes call are in EXEMPT_ROUTES)."""
     request[_EXEMPT_KEY] = True
 
 
@@ -279,6 +283,16 @@ class OnLoopTime:
                 sent, thrown = None, exc
 
 
+#: Routes only nodes and operators call (markers, KIP-890 checks, health
+#: probes, metrics scrapes): never held, never counted, whoever calls.
+EXEMPT_ROUTES = frozenset({"/v1/txn/markers", "/v1/transactions/verify", "/healthz",
+                           "/metrics"})
+#: Routes whose handler does the holding (``DataApi.wait_turn``): for
+#: clients only (a follower's fetch is not held), and once, for the longer
+#: of the byte-rate and request holds, as Kafka throttles by the larger.
+HELD_BY_HANDLER = frozenset({"/v1/produce", "/v1/fetch"})
+
+
 def request_quota_middleware(quotas: QuotaManager) -> Callable:
     """Enforces ``request_percentage``: a request whose (user, client id)
     has one waits out its entity's last throttle, its handler's time on the
@@ -288,12 +302,17 @@ def request_quota_middleware(quotas: QuotaManager) -> Callable:
 
     @web.middleware
     async def middleware(request: web.Request, handler) -> web.StreamResponse:
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else ""
+        if route in EXEMPT_ROUTES:
+            return await handler(request)
         user, client_id = principal_of(request), client_id_of(request)
         if quotas.resolve(REQUEST_PERCENTAGE, user, client_id) is None:
             return await handler(request)
-        wait_s = quotas.hold_for(REQUEST_PERCENTAGE, user, client_id)
-        if wait_s > 0:
-            await asyncio.sleep(wait_s)
+        if route not in HELD_BY_HANDLER:
+            wait_s = quotas.hold_for(REQUEST_PERCENTAGE, user, client_id)
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
         timed = OnLoopTime(handler(request))
         throttle_ms = 0
         try:
@@ -303,7 +322,7 @@ def request_quota_middleware(quotas: QuotaManager) -> Callable:
                 # Kafka's unit: percent of one thread, per second.
                 throttle_ms = quotas.record(REQUEST_PERCENTAGE, user, client_id,
                                             timed.busy_s * 100)
-        if throttle_ms:
+        if throttle_ms and not response.prepared:
             response.headers[THROTTLE_HEADER] = str(throttle_ms)
         return response
 

@@ -68,13 +68,16 @@ def assert_secure(results: dict, events: list[dict], out: str) -> None:
     assert run["settings"]["authorizer.class.name"] == "kraftlog.StandardAuthorizer"
     (workload,) = [e for e in events if e["type"] == "workload"]
     assert workload["user"] == runner.WORKLOAD_USER
+    # A SCRAM login and the CA, no client certificate to fall back on.
+    assert "sasl_plain_username" in workload["security_settings"]
+    assert "ssl_certfile" not in workload["security_settings"]
     assert f"User:{runner.WORKLOAD_USER}" not in run["settings"]["super.users"]
     assert os.path.exists(os.path.join(out, "cluster", "certs", "client.pem"))
 
 
 # Every scenario runs once in the suite on a secure cluster (`chaos run
-# --secure`); the planted bug and the idempotent and transactional workloads
-# below run in plaintext, so both kinds of listener are under faults.
+# --secure`); the planted bug, the idempotent workload and one transactional
+# run below are in plaintext, so both kinds of listener are under faults.
 @pytest.mark.parametrize("scenario", ["kill-leader", "kill-random", "kill-controller",
                                       "restart-cluster", "pause", "rolling-restart"])
 def test_scenario_loses_nothing_with_tls_sasl_and_acls(tmp_path, scenario):
@@ -140,12 +143,15 @@ def test_an_idempotent_producer_retrying_through_faults_writes_each_value_once(t
     assert workload["producer"]["enable_idempotence"] is True
 
 
-@pytest.mark.parametrize("scenario", ["kill-leader", "kill-controller"])
-def test_transactions_through_faults_are_seen_whole_or_not_at_all(tmp_path, scenario):
+@pytest.mark.parametrize("scenario, secure", [("kill-leader", False),
+                                              ("kill-controller", True)])
+def test_transactions_through_faults_are_seen_whole_or_not_at_all(tmp_path, scenario,
+                                                                  secure):
     # Producers write transactions over every partition, committing most and
     # aborting some; read_committed consumers and the final read must never
     # show an aborted or partial transaction, or lose a committed one.
-    results, events = chaos_run(tmp_path, scenario, workload="transactional")
+    # Secure: the copier's consume-transform-produce under its own ACLs too.
+    results, events = chaos_run(tmp_path, scenario, workload="transactional", secure=secure)
     for kind in ("aborted_read", "partial_transaction", "duplicated"):
         assert kind in results["failing"] and results["anomalies"][kind]["count"] == 0
     assert_passed(results, scenario)

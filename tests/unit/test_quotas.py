@@ -183,7 +183,7 @@ async def test_request_time_is_the_time_a_handler_runs_not_the_time_it_waits():
     started = time.perf_counter()
     assert await timed == "records"
     assert time.perf_counter() - started >= 0.3
-    assert 0.03 <= timed.busy_s < 0.1, timed.busy_s
+    assert 0.03 <= timed.busy_s < 0.25, timed.busy_s  # far below the 0.3 s waited
 
 
 async def test_a_timed_handler_that_fails_or_is_cancelled_still_counts_its_work():
@@ -226,3 +226,53 @@ def test_request_percentage_throttles_in_kafkas_unit_percent_of_one_thread():
     assert quotas.record(REQUEST_PERCENTAGE, "User:etl", "b", 0.2 * 100) == 1500
     assert quotas.hold_for(REQUEST_PERCENTAGE, "User:etl", "c") == pytest.approx(1.5)
     assert quotas.hold_for(PRODUCER_BYTE_RATE, "User:etl", "c") == 0  # other quotas free
+
+
+async def test_calls_only_nodes_and_operators_make_are_never_held_by_a_request_quota():
+    # Everyone's client id under one <default> quota, its bucket held for half a
+    # minute: a client's request waits, but not a health probe, a metrics
+    # scrape, a marker or a KIP-890 check, nor a node's own calls (their
+    # client id is kraftlog-node, which a quota on "" does not cover).
+    import aiohttp
+    from aiohttp import web
+
+    from api.broker.quotas import request_quota_middleware
+    from protocol.quotas import CLIENT_ID_HEADER
+    from protocol.tls import NODE_CLIENT_ID
+
+    clock = Clock()
+    table = {entity_name({"client-id": ""}): {REQUEST_PERCENTAGE: "1"}}
+    quotas, _ = manager(table, clock)
+    quotas._held_until[(REQUEST_PERCENTAGE, entity_name({"client-id": ""}))] = clock.now + 30
+
+    async def ok(request):
+        return web.Response(text="ok")
+    app = web.Application(middlewares=[request_quota_middleware(quotas)])
+    for path in ("/healthz", "/metrics", "/v1/topics"):
+        app.router.add_get(path, ok)
+    for path in ("/v1/txn/markers", "/v1/transactions/verify"):
+        app.router.add_post(path, ok)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as client:
+            for method, path in (("GET", "/healthz"), ("GET", "/metrics"),
+                                 ("POST", "/v1/txn/markers"),
+                                 ("POST", "/v1/transactions/verify")):
+                async with client.request(method, base + path,
+                                          timeout=aiohttp.ClientTimeout(total=5)) as answer:
+                    assert answer.status == 200, path
+            async with client.get(base + "/v1/topics", headers={
+                    CLIENT_ID_HEADER: NODE_CLIENT_ID},
+                    timeout=aiohttp.ClientTimeout(total=5)) as answer:
+                assert answer.status == 200
+            with pytest.raises(asyncio.TimeoutError):  # the held client does wait
+                async with client.get(base + "/v1/topics",
+                                      timeout=aiohttp.ClientTimeout(total=1)):
+                    pass
+    finally:
+        await runner.cleanup()

@@ -34,8 +34,8 @@ import aiohttp
 from aiohttp import web
 
 from api.broker.coordinator_shards import Shard, ShardedCoordinator, partition_for
+from api.broker.groups.service import OFFSETS_TOPIC
 from api.broker.producers import ProducerIdManager
-from api.broker.quotas import exempt_from_request_quota
 from api.broker.replication import broker_url
 from api.broker.authz import require_topics, topic_filter
 from api.broker.transactions import coordinator as txn
@@ -304,7 +304,12 @@ class TransactionApi:
             raise InvalidRequestError("partitions must name at least one partition")
         auth = auth_of(request)
         auth.require(acl.WRITE, acl.TRANSACTIONAL_ID, tid)
-        require_topics(auth, acl.WRITE, sorted({tp.topic for tp in partitions}),
+        # The offsets topic joins a transaction for send_offsets_to_transaction
+        # (Kafka's AddOffsetsToTxn): WRITE on the transactional id is all that
+        # takes, as in Kafka; committing the offsets needs READ on the group
+        # (TxnOffsetCommit). Nobody writes that topic but its coordinator.
+        require_topics(auth, acl.WRITE, sorted({tp.topic for tp in partitions
+                                                if tp.topic != OFFSETS_TOPIC}),
                        "adding it to a transaction")
         self.service.check_partitions(partitions)
         now = self.service.clock_ms()
@@ -316,7 +321,6 @@ class TransactionApi:
         """KIP-890's check, for partition leaders."""
         if not auth_of(request).enabled:  # with ACLs: CLUSTER_ACTION, by the middleware
             tls.require_node_or_plain(request, "a KIP-890 transaction check")
-        exempt_from_request_quota(request)  # with ACLs, the middleware checked CLUSTER_ACTION
         body = Fields(await wire.read_body(request), "")
         tid, pid, epoch = _producer(body)
         partitions = _partitions(body)
