@@ -12,10 +12,13 @@ converted between Kafka's RecordBatch v2 and kraftlog's batches at this
 listener (``protocol/kafka/records.py``).
 
 What is spoken (``SUPPORTED``): ApiVersions, Metadata, Produce, Fetch,
-ListOffsets; the API versions listed there, each from the first that
-carries RecordBatch v2. ApiVersions lists exactly these, so a client
-degrades cleanly. Fetch sessions (KIP-227) are answered with session id 0,
-Kafka's documented fallback: the client sends full fetch requests.
+ListOffsets, FindCoordinator, InitProducerId, the KIP-848 and the classic
+consumer group APIs, OffsetCommit/OffsetFetch, CreateTopics, DeleteTopics,
+CreatePartitions, DescribeCluster; the API versions listed there (produce
+and fetch from the first that carries RecordBatch v2). ApiVersions lists
+exactly these, so a client degrades cleanly. Fetch sessions (KIP-227) are
+answered with session id 0, Kafka's documented fallback: the client sends
+full fetch requests.
 
 Bad input: a frame larger than ``socket.request.max.bytes`` or smaller than
 a header, an API or version not listed, or a body that does not decode
@@ -52,6 +55,7 @@ KAFKA_LISTENER = "KAFKA"
 API_VERSIONS, METADATA, PRODUCE, FETCH, LIST_OFFSETS = 18, 3, 0, 1, 2
 FIND_COORDINATOR, OFFSET_COMMIT, OFFSET_FETCH, INIT_PRODUCER_ID = 10, 8, 9, 22
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
+CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS, DESCRIBE_CLUSTER = 19, 20, 37, 60
 CONSUMER_GROUP_HEARTBEAT = 68
 #: API key -> (lowest, highest) version spoken.
 SUPPORTED: dict[int, tuple[int, int]] = {
@@ -72,6 +76,11 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     SYNC_GROUP: (0, 5),
     HEARTBEAT: (0, 4),
     LEAVE_GROUP: (0, 5),
+    # Admin: forwarded to the active controller, as the HTTP admin API does.
+    CREATE_TOPICS: (2, 7),
+    DELETE_TOPICS: (1, 6),
+    CREATE_PARTITIONS: (0, 3),
+    DESCRIBE_CLUSTER: (0, 1),
 }
 #: FindCoordinator's key types.
 GROUP_KEY, TRANSACTION_KEY = 0, 1
@@ -119,7 +128,9 @@ class KafkaListener:
             CONSUMER_GROUP_HEARTBEAT: self.consumer_group_heartbeat,
             OFFSET_COMMIT: self.offset_commit, OFFSET_FETCH: self.offset_fetch,
             JOIN_GROUP: self.join_group, SYNC_GROUP: self.sync_group,
-            HEARTBEAT: self.heartbeat, LEAVE_GROUP: self.leave_group}
+            HEARTBEAT: self.heartbeat, LEAVE_GROUP: self.leave_group,
+            CREATE_TOPICS: self.create_topics, DELETE_TOPICS: self.delete_topics,
+            CREATE_PARTITIONS: self.create_partitions, DESCRIBE_CLUSTER: self.describe_cluster}
         #: The classic members this broker's coordinators serve: (group,
         #: member id) -> what the member was told (``_Classic``).
         self._classic: dict[tuple[str, str], _Classic] = {}
@@ -192,7 +203,7 @@ class KafkaListener:
             if body is None:
                 return None
             return self._respond(api_key, version, correlation_id, body)
-        except (KeyError, TypeError, ValueError, AttributeError):
+        except Exception:  # noqa: BLE001  one request's failure, not the broker's
             # A request this listener could not make sense of, or its own
             # defect: logged whole, and the connection closed (the client
             # reconnects and retries), never the broker's other work.
@@ -663,6 +674,93 @@ class KafkaListener:
                             "ErrorCode": code})
         top = members[0]["ErrorCode"] if version < 3 and members else 0
         return {"ThrottleTimeMs": 0, "ErrorCode": top, "Members": members}
+
+
+    # -- admin --------------------------------------------------------------------------------
+    async def _admin(self, path: str, body: dict) -> tuple[dict | None, int, str | None]:
+        """The controller's answer to an admin request (as the HTTP admin
+        API forwards it), or the error that kept it from answering."""
+        try:
+            return await self.server.forward_admin(path, body), 0, None
+        except Exception as exc:  # noqa: BLE001  answered as its code
+            return None, error_code(exc), str(exc)
+
+    @staticmethod
+    def _entry_error(entry: dict) -> tuple[int, str | None]:
+        error = entry.get("error")
+        return (0, None) if not error else (error_code(error), error.get("message"))
+
+    async def create_topics(self, request: dict, version: int, header: dict) -> dict:
+        topics = request["Topics"] or []
+        answer, code, message = await self._admin("/v1/controller/topics/create", {
+            # Kafka's definition spells these two in lower camel case.
+            "validate_only": bool(request.get("validateOnly")),
+            "timeout_ms": max(0, request["timeoutMs"]),
+            "topics": [{"name": t["Name"], "num_partitions": t["NumPartitions"],
+                        "replication_factor": t["ReplicationFactor"],
+                        "configs": {c["Name"]: c["Value"] for c in t["Configs"] or ()},
+                        **({"assignments": {a["PartitionIndex"]: a["BrokerIds"]
+                                            for a in t["Assignments"]}}
+                           if t["Assignments"] else {})} for t in topics]})
+        results = []
+        by_name = {e["name"]: e for e in (answer or {}).get("topics") or ()}
+        for t in topics:
+            entry = by_name.get(t["Name"], {})
+            entry_code, entry_message = (code, message) if answer is None \
+                else self._entry_error(entry)
+            results.append({
+                "Name": t["Name"], "TopicId": topic_uuid(entry.get("topic_id")),
+                "ErrorCode": entry_code, "ErrorMessage": entry_message,
+                "NumPartitions": entry.get("num_partitions", -1),
+                "ReplicationFactor": entry.get("replication_factor", -1),
+                "Configs": None if entry_code else [
+                    {"Name": k, "Value": None if v is None else str(v), "ReadOnly": False,
+                     "ConfigSource": 5, "IsSensitive": False}  # 5: the cluster's default
+                    for k, v in sorted((entry.get("configs") or {}).items())]})
+        return {"ThrottleTimeMs": 0, "Topics": results}
+
+    async def delete_topics(self, request: dict, version: int, header: dict) -> dict:
+        names = (request["TopicNames"] or []) if version < 6 else [
+            t["Name"] if t["Name"] is not None else self._topic_names().get(t["TopicId"])
+            for t in request["Topics"] or ()]
+        wanted = [n for n in names if n is not None]
+        answer, code, message = await self._admin("/v1/controller/topics/delete",
+                                                  {"topics": wanted})
+        by_name = {e["name"]: e for e in (answer or {}).get("topics") or ()}
+        results = []
+        for name in names:
+            if name is None:
+                results.append({"Name": None, "ErrorCode": messages.ERRORS["UNKNOWN_TOPIC_ID"],
+                                "ErrorMessage": "no topic has that id"})
+                continue
+            entry_code, entry_message = (code, message) if answer is None \
+                else self._entry_error(by_name.get(name, {}))
+            results.append({"Name": name, "ErrorCode": entry_code,
+                            "ErrorMessage": entry_message})
+        return {"ThrottleTimeMs": 0, "Responses": results}
+
+    async def create_partitions(self, request: dict, version: int, header: dict) -> dict:
+        topics = request["Topics"] or []
+        answer, code, message = await self._admin("/v1/controller/partitions/create", {
+            "validate_only": bool(request.get("ValidateOnly")),
+            "topics": [{"name": t["Name"], "count": t["Count"]} for t in topics]})
+        by_name = {e["name"]: e for e in (answer or {}).get("topics") or ()}
+        results = []
+        for t in topics:
+            entry_code, entry_message = (code, message) if answer is None \
+                else self._entry_error(by_name.get(t["Name"], {}))
+            results.append({"Name": t["Name"], "ErrorCode": entry_code,
+                            "ErrorMessage": entry_message})
+        return {"ThrottleTimeMs": 0, "Results": results}
+
+    async def describe_cluster(self, request: dict, version: int, header: dict) -> dict:
+        image = self.server.data.replicas.image
+        return {"ThrottleTimeMs": 0, "ErrorCode": 0, "ErrorMessage": None, "EndpointType": 1,
+                "ClusterId": self.server.data.cluster_id,
+                "ControllerId": self.server.config.node_id,
+                "Brokers": [{"BrokerId": b["NodeId"], "Host": b["Host"], "Port": b["Port"],
+                             "Rack": b["Rack"]} for b in self._brokers(image)],
+                "ClusterAuthorizedOperations": -2147483648}
 
 
 #: The leader a classic member is told of: never itself, so no member

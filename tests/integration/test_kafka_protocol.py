@@ -13,7 +13,8 @@ beside its HTTP API.
   librdkafka consumers in a KIP-848 group
   (``group.protocol=consumer``) share the partitions, commit, and take over
   a leaving member's partitions; kraftlog's admin client sees the commits.
-- kcat lists, produces and consumes.
+- kcat lists, produces and consumes; the Kafka admin clients create, grow,
+  describe and delete topics.
 - Bad frames (a 2 GB size prefix, a short one, an unknown API, garbage, a
   client that stalls mid-frame) close that connection; other clients are
   served meanwhile and the broker lives on.
@@ -359,6 +360,38 @@ def test_a_kafka_python_member_and_a_kraftlog_member_share_one_group(cluster):
     finally:
         kafka_member.close()
         native.close()
+
+
+def test_kafka_admin_clients_create_grow_describe_and_delete_topics(cluster):
+    from confluent_kafka.admin import AdminClient, NewPartitions
+    from confluent_kafka.admin import NewTopic as CKNewTopic
+    from kafka.admin import KafkaAdminClient
+    from kafka.admin import NewTopic as KPNewTopic
+
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+    futures = admin.create_topics([CKNewTopic("adm-1", 2, 2, config={"retention.ms": "60000"})])
+    futures["adm-1"].result(30)
+    with Admin(http_bootstrap(cluster)) as native:
+        described = native.describe_topics(["adm-1"])["adm-1"]
+        assert len(described.partitions) == 2
+        assert native.describe_configs("adm-1", ["retention.ms"])["retention.ms"].value == "60000"
+    # A topic that exists: Kafka's error, not a broken connection.
+    with pytest.raises(Exception, match="TOPIC_ALREADY_EXISTS|already exists"):
+        admin.create_topics([CKNewTopic("adm-1", 1, 1)])["adm-1"].result(30)
+    admin.create_partitions([NewPartitions("adm-1", 4)])["adm-1"].result(30)
+    cluster_meta = admin.describe_cluster().result(30)
+    assert sorted(node.id for node in cluster_meta.nodes) == sorted(cluster.broker_ids)
+    admin.delete_topics(["adm-1"])["adm-1"].result(30)
+    kp = KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap)
+    try:
+        kp.create_topics([KPNewTopic("adm-2", 3, 1)])
+        assert "adm-2" in kp.list_topics()
+        kp.delete_topics(["adm-2"])
+    finally:
+        kp.close()
+    with Admin(http_bootstrap(cluster)) as native:
+        names = native.list_topics()
+    assert "adm-1" not in names and "adm-2" not in names
 
 
 def _kcat(cluster: ProcessCluster, *args: str, stdin: str | None = None) -> str:
