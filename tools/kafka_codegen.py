@@ -78,16 +78,19 @@ def versions(text: str | None) -> tuple[int, int] | None:
     return low, int(match.group(3)) if match.group(3) else low
 
 
-def field(spec: dict, structs: dict[str, list]) -> tuple:
+def field(spec: dict, structs: dict[str, list[dict]], depth: int = 0) -> tuple:
     """A field as the codec reads it: (name, type, versions, nullable
-    versions, tagged versions, tag, default, subfields, flexible override)."""
+    versions, tagged versions, tag, default, subfields, flexible override).
+    ``structs``: every struct type of the message by name (its field specs),
+    for a field that names a type defined elsewhere in the message."""
     kind = spec["type"]
     element = kind[2:] if kind.startswith("[]") else kind
     sub = None
-    if "fields" in spec:
-        sub = tuple(field(f, structs) for f in spec["fields"])
-    elif element in structs:
-        sub = structs[element]
+    if "fields" in spec or element in structs:
+        if depth > 16:
+            raise ValueError(f"struct {element} nests too deep (a cycle?)")
+        sub = tuple(field(f, structs, depth + 1)
+                    for f in spec.get("fields", structs.get(element, ())))
     flexible = spec.get("flexibleVersions")
     return (spec["name"], kind, versions(spec.get("versions")),
             versions(spec.get("nullableVersions")), versions(spec.get("taggedVersions")),
@@ -95,10 +98,22 @@ def field(spec: dict, structs: dict[str, list]) -> tuple:
             versions(flexible) if flexible is not None else "inherit")
 
 
+def _struct_specs(fields: list[dict], found: dict[str, list[dict]]) -> None:
+    """Every struct a message defines inline (a field with ``fields``), by
+    type name: another field of the message may name the type alone."""
+    for spec in fields:
+        if "fields" in spec:
+            kind = spec["type"]
+            found.setdefault(kind[2:] if kind.startswith("[]") else kind, spec["fields"])
+            _struct_specs(spec["fields"], found)
+
+
 def message(spec: dict) -> dict:
-    structs: dict[str, list] = {}
+    structs: dict[str, list[dict]] = {}
     for common in spec.get("commonStructs", ()):
-        structs[common["name"]] = tuple(field(f, structs) for f in common["fields"])
+        structs[common["name"]] = common["fields"]
+        _struct_specs(common["fields"], structs)
+    _struct_specs(spec["fields"], structs)
     return {"name": spec["name"], "api_key": spec.get("apiKey"),
             "valid": versions(spec["validVersions"]),
             "flexible": versions(spec["flexibleVersions"]),

@@ -196,7 +196,7 @@ class DataApi:
                                fields.integer("partition", 0, INT32_MAX)),
                 _leader_epoch(fields), records))
         refused = self._refused_writes(auth_of(request), body, items)
-        refused.update(await self._verify_transaction(
+        refused.update(await self.verify_transaction(
             body, [item for item in items if item.tp not in refused]))
         results, appended = await self.replicas.produce(
             [item for item in items if item.tp not in refused], acks, timeout_ms)
@@ -237,7 +237,7 @@ class DataApi:
                 refused[item.tp] = auth.refusal(acl.WRITE, acl.TOPIC, item.tp.topic)
         return refused
 
-    async def _verify_transaction(self, body: Fields, items: list[ProduceItem]
+    async def verify_transaction(self, body: Fields, items: list[ProduceItem]
                                   ) -> dict[TopicPartition, Exception]:
         """KIP-890: before a transaction's first write to a partition led
         here, ask its coordinator that the partition is in the producer's

@@ -14,7 +14,9 @@ listener (``protocol/kafka/records.py``).
 What is spoken (``SUPPORTED``): ApiVersions, Metadata, Produce, Fetch,
 ListOffsets, FindCoordinator, InitProducerId, the KIP-848 and the classic
 consumer group APIs, OffsetCommit/OffsetFetch, CreateTopics, DeleteTopics,
-CreatePartitions, DescribeCluster; the API versions listed there (produce
+CreatePartitions, DescribeCluster, and the transaction APIs
+(AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit); the API
+versions listed there (produce
 and fetch from the first that carries RecordBatch v2). ApiVersions lists
 exactly these, so a client degrades cleanly. Fetch sessions (KIP-227) are
 answered with session id 0, Kafka's documented fallback: the client sends
@@ -42,11 +44,15 @@ from collections.abc import Callable
 from typing import Any
 
 from api.broker.data_api import offset_for
+from api.broker.groups.service import OFFSETS_TOPIC
+from api.broker.transactions.service import END_WAIT_S
 from api.broker.replication import (READ_COMMITTED, READ_UNCOMMITTED, FetchRequest, FetchSpec,
                                     ProduceItem)
 from protocol import TopicPartition
+from protocol.fields import Fields
 from protocol.kafka import codec, messages
 from protocol.kafka.records import kafka_to_native, native_to_kafka
+from protocol.errors import InvalidTopicError
 from storage.batch import RecordFormatError
 
 logger = logging.getLogger(__name__)
@@ -56,6 +62,7 @@ API_VERSIONS, METADATA, PRODUCE, FETCH, LIST_OFFSETS = 18, 3, 0, 1, 2
 FIND_COORDINATOR, OFFSET_COMMIT, OFFSET_FETCH, INIT_PRODUCER_ID = 10, 8, 9, 22
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS, DESCRIBE_CLUSTER = 19, 20, 37, 60
+ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
 CONSUMER_GROUP_HEARTBEAT = 68
 #: API key -> (lowest, highest) version spoken.
 SUPPORTED: dict[int, tuple[int, int]] = {
@@ -81,6 +88,13 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DELETE_TOPICS: (1, 6),
     CREATE_PARTITIONS: (0, 3),
     DESCRIBE_CLUSTER: (0, 1),
+    # Transactions, on kraftlog's transaction coordinator (KIP-890's part 1:
+    # a partition's first transactional write is checked with it). Later
+    # versions are the brokers' batched form and KIP-890's part 2.
+    ADD_PARTITIONS_TO_TXN: (0, 3),
+    ADD_OFFSETS_TO_TXN: (0, 3),
+    END_TXN: (0, 4),
+    TXN_OFFSET_COMMIT: (0, 3),
 }
 #: FindCoordinator's key types.
 GROUP_KEY, TRANSACTION_KEY = 0, 1
@@ -130,7 +144,10 @@ class KafkaListener:
             JOIN_GROUP: self.join_group, SYNC_GROUP: self.sync_group,
             HEARTBEAT: self.heartbeat, LEAVE_GROUP: self.leave_group,
             CREATE_TOPICS: self.create_topics, DELETE_TOPICS: self.delete_topics,
-            CREATE_PARTITIONS: self.create_partitions, DESCRIBE_CLUSTER: self.describe_cluster}
+            CREATE_PARTITIONS: self.create_partitions, DESCRIBE_CLUSTER: self.describe_cluster,
+            ADD_PARTITIONS_TO_TXN: self.add_partitions_to_txn,
+            ADD_OFFSETS_TO_TXN: self.add_offsets_to_txn, END_TXN: self.end_txn,
+            TXN_OFFSET_COMMIT: self.txn_offset_commit}
         #: The classic members this broker's coordinators serve: (group,
         #: member id) -> what the member was told (``_Classic``).
         self._classic: dict[tuple[str, str], _Classic] = {}
@@ -292,6 +309,14 @@ class KafkaListener:
                     refused[tp] = error_code(exc)
                     continue
                 items.append(ProduceItem(tp, None, records))
+        tid = request.get("TransactionalId")
+        if tid is not None and items:
+            # KIP-890: a transaction's first write to a partition led here is
+            # checked with its coordinator, as the HTTP produce does.
+            for tp, exc in (await data.verify_transaction(
+                    Fields({"transactional_id": tid}, ""), items)).items():
+                refused[tp] = error_code(exc)
+            items = [item for item in items if item.tp not in refused]
         if acks not in (-1, 0, 1):
             results = [{"topic": i.tp.topic, "partition": i.tp.partition,
                         "error": messages.ERRORS["INVALID_REQUIRED_ACKS"]} for i in items]
@@ -761,6 +786,78 @@ class KafkaListener:
                 "Brokers": [{"BrokerId": b["NodeId"], "Host": b["Host"], "Port": b["Port"],
                              "Rack": b["Rack"]} for b in self._brokers(image)],
                 "ClusterAuthorizedOperations": -2147483648}
+
+
+    # -- transactions ---------------------------------------------------------------------------
+    async def _txn(self, tid: str, operation) -> int:
+        try:
+            await self.server.transactions.run(tid, operation)
+        except Exception as exc:  # noqa: BLE001  answered as its code
+            return error_code(exc)
+        return 0
+
+    async def add_partitions_to_txn(self, request: dict, version: int, header: dict) -> dict:
+        tid = request["V3AndBelowTransactionalId"]
+        pid, epoch = request["V3AndBelowProducerId"], request["V3AndBelowProducerEpoch"]
+        topics = request["V3AndBelowTopics"] or []
+        partitions = [TopicPartition(t["Name"], p) for t in topics for p in t["Partitions"]]
+        service = self.server.transactions
+        try:
+            if any(tp.topic in self.server.data.internal_topics for tp in partitions):
+                raise InvalidTopicError("the internal topics take no producer's writes")
+            service.check_partitions(partitions)
+            code = await self._txn(tid, lambda core: core.add_partitions(
+                tid, pid, epoch, partitions, service.clock_ms()))
+        except Exception as exc:  # noqa: BLE001  answered as its code
+            code = error_code(exc)
+        return {"ThrottleTimeMs": 0, "ResultsByTopicV3AndBelow": [
+            {"Name": t["Name"], "ResultsByPartition": [
+                {"PartitionIndex": p, "PartitionErrorCode": code} for p in t["Partitions"]]}
+            for t in topics]}
+
+    async def add_offsets_to_txn(self, request: dict, version: int, header: dict) -> dict:
+        tid, group_id = request["TransactionalId"], request["GroupId"]
+        service = self.server.transactions
+        try:
+            # The group's offsets partition joins the transaction (Kafka's
+            # AddOffsetsToTxn); the offsets come with TxnOffsetCommit.
+            found = await self.server.groups.locate(group_id)
+            offsets = [TopicPartition(OFFSETS_TOPIC, found["partition"])]
+            code = await self._txn(tid, lambda core: core.add_partitions(
+                tid, request["ProducerId"], request["ProducerEpoch"], offsets,
+                service.clock_ms()))
+        except Exception as exc:  # noqa: BLE001  answered as its code
+            code = error_code(exc)
+        return {"ThrottleTimeMs": 0, "ErrorCode": code}
+
+    async def end_txn(self, request: dict, version: int, header: dict) -> dict:
+        tid = request["TransactionalId"]
+        service = self.server.transactions
+        code = await self._txn(tid, lambda core: core.end_txn(
+            tid, request["ProducerId"], request["ProducerEpoch"], request["Committed"],
+            service.clock_ms()))
+        if code == 0:
+            # Answered once the markers are written, as the HTTP API answers.
+            await service.wait_markers(tid, END_WAIT_S)
+        return {"ThrottleTimeMs": 0, "ErrorCode": code}
+
+    async def txn_offset_commit(self, request: dict, version: int, header: dict) -> dict:
+        offsets = {TopicPartition(t["Name"], p["PartitionIndex"]):
+                   (p["CommittedOffset"], p.get("CommittedMetadata") or "")
+                   for t in request["Topics"] or () for p in t["Partitions"] or ()}
+        try:
+            results = await self.server.groups.txn_commit(
+                request["GroupId"], request["ProducerId"], request["ProducerEpoch"], offsets)
+            codes = {tp: error_code(None if code is None else {"code": code})
+                     for tp, code in results.items()}
+        except Exception as exc:  # noqa: BLE001  the whole request answered as its code
+            codes = {tp: error_code(exc) for tp in offsets}
+        by_topic: dict[str, list[dict]] = {}
+        for (topic, partition), code in sorted(codes.items()):
+            by_topic.setdefault(topic, []).append({"PartitionIndex": partition,
+                                                   "ErrorCode": code})
+        return {"ThrottleTimeMs": 0, "Topics": [{"Name": name, "Partitions": parts}
+                                                for name, parts in by_topic.items()]}
 
 
 #: The leader a classic member is told of: never itself, so no member

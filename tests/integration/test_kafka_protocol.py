@@ -13,6 +13,9 @@ beside its HTTP API.
   librdkafka consumers in a KIP-848 group
   (``group.protocol=consumer``) share the partitions, commit, and take over
   a leaving member's partitions; kraftlog's admin client sees the commits.
+- A librdkafka transactional producer commits, aborts, and copies a topic
+  with its consumer offsets in each transaction: read_committed readers of
+  both doors see each committed record once and none of the aborted.
 - kcat lists, produces and consumes; the Kafka admin clients create, grow,
   describe and delete topics.
 - Bad frames (a 2 GB size prefix, a short one, an unknown API, garbage, a
@@ -392,6 +395,77 @@ def test_kafka_admin_clients_create_grow_describe_and_delete_topics(cluster):
     with Admin(http_bootstrap(cluster)) as native:
         names = native.list_topics()
     assert "adm-1" not in names and "adm-2" not in names
+
+
+def test_librdkafka_transactions_commit_abort_and_copy_exactly_once(cluster):
+    # A transactional producer commits one transaction and aborts another;
+    # a consume-transform-produce loop copies a topic with its offsets in
+    # the transaction; read_committed readers of either door see the
+    # committed records once and nothing of the aborted ones.
+    from confluent_kafka import Consumer as CKConsumer
+    from confluent_kafka import Producer as CKProducer
+    _fill(cluster, "txin", 2, 100)
+    create(cluster, "txout", partitions=2)
+    producer = CKProducer({"bootstrap.servers": cluster.kafka_bootstrap,
+                           "transactional.id": "ck-tx-1", "linger.ms": 1})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(50):
+        producer.produce("txout", value=b"committed-%d" % i, partition=i % 2)
+    producer.commit_transaction(30)
+    producer.begin_transaction()
+    for i in range(50):
+        producer.produce("txout", value=b"aborted-%d" % i, partition=i % 2)
+    producer.abort_transaction(30)
+
+    consumer = CKConsumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": "txg",
+                           "group.protocol": "consumer", "auto.offset.reset": "earliest",
+                           "enable.auto.commit": False, "isolation.level": "read_committed"})
+    consumer.subscribe(["txin"])
+    copied = 0
+    try:
+        deadline = time.monotonic() + 60
+        while copied < 100 and time.monotonic() < deadline:
+            messages = consumer.consume(num_messages=100, timeout=0.5)
+            messages = [m for m in messages if m.error() is None]
+            if not messages:
+                continue
+            producer.begin_transaction()
+            for message in messages:
+                producer.produce("txout", value=b"copy-" + message.value(),
+                                 partition=message.partition())
+            producer.send_offsets_to_transaction(
+                consumer.position(consumer.assignment()), consumer.consumer_group_metadata(),
+                30)
+            producer.commit_transaction(30)
+            copied += len(messages)
+    finally:
+        consumer.close()
+    assert copied == 100
+    expected = {b"committed-%d" % i for i in range(50)} | {
+        b"copy-txin-%d" % i for i in range(100)}
+    with Consumer(http_bootstrap(cluster), auto_offset_reset="earliest",
+                  isolation_level="read_committed", consumer_timeout_ms=5000) as reader:
+        reader.assign([TopicPartition("txout", p) for p in range(2)])
+        values = [r.value for r in reader]
+    assert sorted(values) == sorted(expected)  # once each, nothing aborted
+    ck_reader = CKConsumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": "unused",
+                            "isolation.level": "read_committed", "enable.auto.commit": False})
+    from confluent_kafka import TopicPartition as CKTP
+    try:
+        ck_reader.assign([CKTP("txout", p, 0) for p in range(2)])
+        seen = []
+        deadline = time.monotonic() + 30
+        while len(seen) < len(expected) and time.monotonic() < deadline:
+            message = ck_reader.poll(0.5)
+            if message is not None and message.error() is None:
+                seen.append(message.value())
+    finally:
+        ck_reader.close()
+    assert sorted(seen) == sorted(expected)
+    with Admin(http_bootstrap(cluster)) as admin:
+        committed = admin.list_consumer_group_offsets("txg")
+    assert sum(v.offset for v in committed.values()) == 100
 
 
 def _kcat(cluster: ProcessCluster, *args: str, stdin: str | None = None) -> str:

@@ -201,6 +201,21 @@ def test_every_generated_schema_plans_at_every_version_and_covers_the_listener()
     for api_key, (low, high) in SUPPORTED.items():
         request, response = messages.APIS[api_key]
         assert request["valid"][0] <= low <= high <= request["valid"][1]
+    # Every struct type is resolved, wherever in the message it is defined
+    # (an empty array of it would encode without its fields).
+    primitive = {"int8", "int16", "int32", "int64", "uint16", "uint32", "float64", "string",
+                 "bytes", "records", "bool", "uuid"}
+
+    def unresolved(fields: tuple) -> list:
+        out = []
+        for name, kind, *_, sub, _flexible in fields:
+            element = kind[2:] if kind.startswith("[]") else kind
+            if sub is None and element not in primitive:
+                out.append((name, kind))
+            out += unresolved(sub or ())
+        return out
+    for request, response in messages.APIS.values():
+        assert unresolved(request["fields"]) == [] and unresolved(response["fields"]) == []
     assert messages.ERRORS["NOT_LEADER_OR_FOLLOWER"] == 6
     assert messages.SOURCE.startswith("apache/kafka@")
 
