@@ -16,6 +16,7 @@ beside its HTTP API.
 - A librdkafka transactional producer commits, aborts, and copies a topic
   with its consumer offsets in each transaction: read_committed readers of
   both doors see each committed record once and none of the aborted.
+- aiokafka produces (idempotent) and consumes in a group, committing;
 - kcat lists, produces and consumes; the Kafka admin clients create, grow,
   describe and delete topics.
 - Bad frames (a 2 GB size prefix, a short one, an unknown API, garbage, a
@@ -465,6 +466,41 @@ def test_librdkafka_transactions_commit_abort_and_copy_exactly_once(cluster):
     assert sorted(seen) == sorted(expected)
     with Admin(http_bootstrap(cluster)) as admin:
         committed = admin.list_consumer_group_offsets("txg")
+    assert sum(v.offset for v in committed.values()) == 100
+
+
+async def test_aiokafka_produces_and_consumes_in_a_group(cluster):
+    # aiokafka: asyncio, its own protocol code, the classic group protocol.
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    create(cluster, "aio", partitions=2)
+    producer = AIOKafkaProducer(bootstrap_servers=cluster.kafka_bootstrap,
+                                enable_idempotence=True)
+    await producer.start()
+    try:
+        for i in range(100):
+            await producer.send("aio", value=b"aio-%d" % i, key=b"k%d" % i,
+                                headers=[("n", b"%d" % i)], partition=i % 2)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer("aio", bootstrap_servers=cluster.kafka_bootstrap,
+                                group_id="aio-g", auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()
+    seen = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(seen) < 100 and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500)
+            for records in batches.values():
+                seen += [(r.key, r.value, list(r.headers)) for r in records]
+        await consumer.commit()
+    finally:
+        await consumer.stop()
+    assert sorted(seen) == sorted((b"k%d" % i, b"aio-%d" % i, [("n", b"%d" % i)])
+                                  for i in range(100))
+    with Admin(http_bootstrap(cluster)) as admin:
+        committed = admin.list_consumer_group_offsets("aio-g")
     assert sum(v.offset for v in committed.values()) == 100
 
 
