@@ -62,6 +62,7 @@ API_VERSIONS, METADATA, PRODUCE, FETCH, LIST_OFFSETS = 18, 3, 0, 1, 2
 FIND_COORDINATOR, OFFSET_COMMIT, OFFSET_FETCH, INIT_PRODUCER_ID = 10, 8, 9, 22
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS, DESCRIBE_CLUSTER = 19, 20, 37, 60
+DESCRIBE_CONFIGS = 32
 ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
 CONSUMER_GROUP_HEARTBEAT = 68
 #: API key -> (lowest, highest) version spoken.
@@ -88,6 +89,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DELETE_TOPICS: (1, 6),
     CREATE_PARTITIONS: (0, 3),
     DESCRIBE_CLUSTER: (0, 1),
+    DESCRIBE_CONFIGS: (0, 4),
     # Transactions, on kraftlog's transaction coordinator (KIP-890's part 1:
     # a partition's first transactional write is checked with it). Later
     # versions are the brokers' batched form and KIP-890's part 2.
@@ -96,6 +98,10 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     END_TXN: (0, 4),
     TXN_OFFSET_COMMIT: (0, 3),
 }
+#: DescribeConfigs: Kafka's resource type of a topic, and its numbers for
+#: where a config value comes from.
+TOPIC_RESOURCE = 2
+CONFIG_SOURCES = {"TOPIC_CONFIG": 1, "DEFAULT_CONFIG": 5}
 #: FindCoordinator's key types.
 GROUP_KEY, TRANSACTION_KEY = 0, 1
 _SIZE = struct.Struct(">i")
@@ -145,6 +151,7 @@ class KafkaListener:
             HEARTBEAT: self.heartbeat, LEAVE_GROUP: self.leave_group,
             CREATE_TOPICS: self.create_topics, DELETE_TOPICS: self.delete_topics,
             CREATE_PARTITIONS: self.create_partitions, DESCRIBE_CLUSTER: self.describe_cluster,
+            DESCRIBE_CONFIGS: self.describe_configs,
             ADD_PARTITIONS_TO_TXN: self.add_partitions_to_txn,
             ADD_OFFSETS_TO_TXN: self.add_offsets_to_txn, END_TXN: self.end_txn,
             TXN_OFFSET_COMMIT: self.txn_offset_commit}
@@ -776,6 +783,42 @@ class KafkaListener:
                 else self._entry_error(by_name.get(t["Name"], {}))
             results.append({"Name": t["Name"], "ErrorCode": entry_code,
                             "ErrorMessage": entry_message})
+        return {"ThrottleTimeMs": 0, "Results": results}
+
+    async def describe_configs(self, request: dict, version: int, header: dict) -> dict:
+        """Topics' configs (resource type 2), with where each value comes
+        from; a broker's (4) are refused, saying so: kraftlog's node configs
+        are read with ``kraftlog node --print-config``."""
+        results = []
+        for resource in request["Resources"] or ():
+            kind, name = resource["ResourceType"], resource["ResourceName"]
+            result = {"ErrorCode": 0, "ErrorMessage": None, "ResourceType": kind,
+                      "ResourceName": name, "Configs": []}
+            results.append(result)
+            if kind != TOPIC_RESOURCE:
+                result.update(ErrorCode=messages.ERRORS["INVALID_REQUEST"],
+                              ErrorMessage=f"resource type {kind}: kraftlog describes topic "
+                                           "configs (2) here; a node's are shown by "
+                                           "`kraftlog node --print-config`")
+                continue
+            body: dict = {"type": "topic", "name": name}
+            if resource["ConfigurationKeys"] is not None:
+                body["keys"] = list(resource["ConfigurationKeys"])
+            answer, code, message = await self._admin("/v1/controller/configs/describe",
+                                                      {"resources": [body]})
+            entries = (answer or {}).get("resources") or [{}]
+            if answer is not None:
+                code, message = self._entry_error(entries[0])
+            if code:
+                result.update(ErrorCode=code, ErrorMessage=message)
+                continue
+            for entry in entries[0].get("configs") or ():
+                source = CONFIG_SOURCES.get(entry.get("source"), 0)
+                value = entry.get("value")
+                result["Configs"].append({
+                    "Name": entry["name"], "Value": None if value is None else str(value),
+                    "ReadOnly": bool(entry.get("read_only")), "IsDefault": source == 5,
+                    "ConfigSource": source, "IsSensitive": False, "Synonyms": []})
         return {"ThrottleTimeMs": 0, "Results": results}
 
     async def describe_cluster(self, request: dict, version: int, header: dict) -> dict:

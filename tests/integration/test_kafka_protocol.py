@@ -16,7 +16,8 @@ beside its HTTP API.
 - A librdkafka transactional producer commits, aborts, and copies a topic
   with its consumer offsets in each transaction: read_committed readers of
   both doors see each committed record once and none of the aborted.
-- aiokafka produces (idempotent) and consumes in a group, committing;
+- aiokafka produces (idempotent) and consumes in a group, committing; a
+  quixstreams app counts words with changelog-backed state, exactly once;
 - kcat lists, produces and consumes; the Kafka admin clients create, grow,
   describe and delete topics.
 - Bad frames (a 2 GB size prefix, a short one, an unknown API, garbage, a
@@ -29,12 +30,13 @@ from __future__ import annotations
 import socket
 import struct
 import subprocess
+import sys
 import time
 
 import pytest
 
 from api.client import Admin, Consumer, NewTopic, Producer, TopicPartition
-from chaos.cluster import FAST_SETTINGS, ProcessCluster
+from chaos.cluster import FAST_SETTINGS, REPO_ROOT, ProcessCluster
 
 RECORDS = 300
 #: A connection idle this long (or stalled mid-frame) is closed.
@@ -502,6 +504,35 @@ async def test_aiokafka_produces_and_consumes_in_a_group(cluster):
     with Admin(http_bootstrap(cluster)) as admin:
         committed = admin.list_consumer_group_offsets("aio-g")
     assert sum(v.offset for v in committed.values()) == 100
+
+
+def test_a_quixstreams_app_counts_words_exactly_once(cluster, tmp_path):
+    # quixstreams (on librdkafka): a stateful app whose state lives in a
+    # changelog topic it creates, writing exactly once through transactions.
+    import json
+    words = ["kafka", "log", "kafka", "raft", "log", "kafka"] * 20
+    create(cluster, "words", partitions=2)
+    create(cluster, "counts", partitions=2)
+    with Producer(http_bootstrap(cluster), acks="all") as producer:
+        for word in words:
+            producer.send("words", json.dumps({"word": word}).encode(), key=word.encode())
+        producer.flush(30_000)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.integration.apps.quix_wordcount",
+         cluster.kafka_bootstrap, "words", "counts", "quix-wc", str(tmp_path / "state"),
+         str(len(words))], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with Consumer(http_bootstrap(cluster), auto_offset_reset="earliest",
+                  isolation_level="read_committed", consumer_timeout_ms=5000) as reader:
+        reader.assign([TopicPartition("counts", p) for p in range(2)])
+        counts = [json.loads(r.value) for r in reader]
+    final = {}
+    for entry in counts:
+        final[entry["word"]] = max(final.get(entry["word"], 0), entry["count"])
+    assert len(counts) == len(words)  # one output per input, none twice
+    assert final == {"kafka": 60, "log": 40, "raft": 20}
+    with Admin(http_bootstrap(cluster)) as admin:
+        assert any(name.startswith("changelog__") for name in admin.list_topics())
 
 
 def _kcat(cluster: ProcessCluster, *args: str, stdin: str | None = None) -> str:
