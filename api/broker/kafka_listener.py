@@ -525,19 +525,9 @@ class KafkaListener:
             # the coordinator knows the member's epoch, which heartbeats
             # may have moved on since without changing its partitions.
             epoch = classic.epoch
-        try:
-            results = await service.run(group_id, lambda core: core.commit_offsets(
-                service.clock_ms(), group_id, member_id, epoch, offsets))
-            codes = {tp: error_code(None if code is None else {"code": code})
-                     for tp, code in results.items()}
-        except Exception as exc:  # noqa: BLE001  the whole request answered as its code
-            codes = {tp: error_code(exc) for tp in offsets}
-        by_topic: dict[str, list[dict]] = {}
-        for (topic, partition), code in sorted(codes.items()):
-            by_topic.setdefault(topic, []).append({"PartitionIndex": partition,
-                                                   "ErrorCode": code})
-        return {"ThrottleTimeMs": 0, "Topics": [{"Name": name, "Partitions": parts}
-                                                for name, parts in by_topic.items()]}
+        return await _commit_answer(offsets, service.run(
+            group_id, lambda core: core.commit_offsets(service.clock_ms(), group_id, member_id,
+                                                       epoch, offsets)))
 
     async def _committed(self, group_id: str, topics: list[dict] | None
                          ) -> tuple[int, list[dict]]:
@@ -888,19 +878,24 @@ class KafkaListener:
         offsets = {TopicPartition(t["Name"], p["PartitionIndex"]):
                    (p["CommittedOffset"], p.get("CommittedMetadata") or "")
                    for t in request["Topics"] or () for p in t["Partitions"] or ()}
-        try:
-            results = await self.server.groups.txn_commit(
-                request["GroupId"], request["ProducerId"], request["ProducerEpoch"], offsets)
-            codes = {tp: error_code(None if code is None else {"code": code})
-                     for tp, code in results.items()}
-        except Exception as exc:  # noqa: BLE001  the whole request answered as its code
-            codes = {tp: error_code(exc) for tp in offsets}
-        by_topic: dict[str, list[dict]] = {}
-        for (topic, partition), code in sorted(codes.items()):
-            by_topic.setdefault(topic, []).append({"PartitionIndex": partition,
-                                                   "ErrorCode": code})
-        return {"ThrottleTimeMs": 0, "Topics": [{"Name": name, "Partitions": parts}
-                                                for name, parts in by_topic.items()]}
+        return await _commit_answer(offsets, self.server.groups.txn_commit(
+            request["GroupId"], request["ProducerId"], request["ProducerEpoch"], offsets))
+
+
+async def _commit_answer(offsets: dict, committing) -> dict:
+    """OffsetCommit's (or TxnOffsetCommit's) answer: each partition's code
+    from ``committing`` (a coroutine answering partition -> error code or
+    None), or its refusal of the whole request for every partition."""
+    try:
+        codes = {tp: error_code(None if code is None else {"code": code})
+                 for tp, code in (await committing).items()}
+    except Exception as exc:  # noqa: BLE001  the whole request answered as its code
+        codes = {tp: error_code(exc) for tp in offsets}
+    by_topic: dict[str, list[dict]] = {}
+    for (topic, partition), code in sorted(codes.items()):
+        by_topic.setdefault(topic, []).append({"PartitionIndex": partition, "ErrorCode": code})
+    return {"ThrottleTimeMs": 0, "Topics": [{"Name": name, "Partitions": parts}
+                                            for name, parts in by_topic.items()]}
 
 
 #: The leader a classic member is told of: never itself, so no member

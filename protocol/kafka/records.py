@@ -52,6 +52,15 @@ def _write_varint(out: bytearray, value: int) -> None:
     out.append(value)
 
 
+def _write_field(out: bytearray, field: bytes | None) -> None:
+    """A Kafka record field: its length as a varint (-1: null), its bytes."""
+    if field is None:
+        _write_varint(out, -1)
+    else:
+        _write_varint(out, len(field))
+        out += field
+
+
 def _read_varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
     value = shift = 0
     while True:
@@ -206,22 +215,12 @@ def _py_to_kafka(raw: bytes, header: native.BatchHeader) -> bytes:
             body = bytearray(b"\0")  # attributes
             _write_varint(body, timestamp_delta)
             _write_varint(body, offset_delta)
-            for field in (key, value):
-                if field is None:
-                    _write_varint(body, -1)
-                else:
-                    _write_varint(body, len(field))
-                    body += field
+            _write_field(body, key)
+            _write_field(body, value)
             _write_varint(body, len(headers))
             for name, value_ in headers:
-                raw_name = name.encode() if isinstance(name, str) else bytes(name)
-                _write_varint(body, len(raw_name))
-                body += raw_name
-                if value_ is None:
-                    _write_varint(body, -1)
-                else:
-                    _write_varint(body, len(value_))
-                    body += value_
+                _write_field(body, name.encode() if isinstance(name, str) else bytes(name))
+                _write_field(body, value_)
             _write_varint(section, len(body))
             section += body
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
