@@ -185,7 +185,11 @@ static PyObject *kafka_to_msgpack(PyObject *self, PyObject *args) {
     cursor c = {view.buf, (const uint8_t *)view.buf + view.len};
     out_t o = {NULL, 0, 0};
     PyObject *result = NULL;
-    if (reserve(&o, view.len + count * 8 + 16)) goto out;
+    if (count < 0 || count > view.len) {  /* every record takes bytes */
+        result = bad("a record count the section cannot hold", count);
+        goto out;
+    }
+    if (reserve(&o, view.len * 2 + 64)) goto out;
     for (Py_ssize_t i = 0; i < count; i++) {
         int64_t length, ts, od, key_len, value_len, headers;
         const uint8_t *key, *value;
@@ -283,7 +287,11 @@ static PyObject *msgpack_to_kafka(PyObject *self, PyObject *args) {
     cursor c = {view.buf, (const uint8_t *)view.buf + view.len};
     out_t o = {NULL, 0, 0}, body = {NULL, 0, 0};
     PyObject *result = NULL;
-    if (reserve(&o, view.len + count * 4 + 16)) goto out;
+    if (count < 0 || count > view.len) {  /* every record takes bytes */
+        result = bad("a record count the section cannot hold", count);
+        goto out;
+    }
+    if (reserve(&o, view.len * 2 + 64)) goto out;
     for (Py_ssize_t i = 0; i < count; i++) {
         record rec;
         const char *why = read_record(&c, &rec);

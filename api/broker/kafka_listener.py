@@ -53,7 +53,7 @@ from protocol.fields import Fields
 from protocol.kafka import codec, messages
 from protocol.kafka.records import kafka_to_native, native_to_kafka
 from protocol.errors import InvalidTopicError
-from storage.batch import RecordFormatError
+from storage.batch import RecordFormatError, iter_batches
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ CONSUMER_GROUP_HEARTBEAT = 68
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 9),        # 3: RecordBatch v2 and transactional ids
     FETCH: (4, 12),         # 4: RecordBatch v2 and isolation levels; 13+ name topics by id
-    LIST_OFFSETS: (1, 7),
+    LIST_OFFSETS: (1, 6),   # 7 adds the max-timestamp query (-3, KIP-734): not answered
     METADATA: (1, 12),
     OFFSET_COMMIT: (2, 9),
     OFFSET_FETCH: (1, 9),
@@ -108,6 +108,9 @@ _SIZE = struct.Struct(">i")
 _HEADER = struct.Struct(">hhi")
 #: Kafka's smallest request header: key, version, correlation id, client id length.
 FRAME_MIN = _HEADER.size + 2
+#: Requests other than produce are small; a larger one is refused before it
+#: is decoded (a few bytes per element would otherwise become many objects).
+FRAME_BYTES_MAX_NOT_PRODUCE = 1024 * 1024
 EARLIEST, LATEST = -2, -1
 
 
@@ -188,12 +191,20 @@ class KafkaListener:
                                  peer, size)
                     return
                 frame = await asyncio.wait_for(reader.readexactly(size), self.idle_s)
+                if size > FRAME_BYTES_MAX_NOT_PRODUCE and \
+                        _HEADER.unpack_from(frame)[0] != PRODUCE:
+                    logger.debug("kafka listener: %s sent a %d-byte request that is not a "
+                                 "produce: closing", peer, size)
+                    return
                 answer = await self._answer(frame, peer)
                 if answer is False:
                     return
                 if answer is not None:
-                    writer.write(_SIZE.pack(len(answer)) + answer)
-                    await writer.drain()
+                    writer.write(_SIZE.pack(len(answer)))
+                    writer.write(answer)
+                    # A client that stops reading is cut off like an idle one
+                    # (its answers would otherwise stay in memory).
+                    await asyncio.wait_for(writer.drain(), self.idle_s)
         except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
             pass
         finally:
@@ -271,9 +282,10 @@ class KafkaListener:
         # v10+: a topic may be asked for by id (a KIP-848 assignment names
         # topics by id), its name null.
         by_id = self._topic_names()
-        wanted = [(name, None) for name in sorted(image.topics)] if requested is None else [
-            (t.get("Name") if t.get("Name") is not None else by_id.get(t.get("TopicId")),
-             t.get("TopicId")) for t in requested]
+        wanted = [(name, None) for name in sorted(image.topics)] if requested is None else list(
+            dict.fromkeys((t.get("Name") if t.get("Name") is not None
+                           else by_id.get(t.get("TopicId")), t.get("TopicId"))
+                          for t in requested))  # each topic answered once
         topics = []
         for name, asked_id in wanted:
             topic = image.topics.get(name) if name is not None else None
@@ -281,7 +293,9 @@ class KafkaListener:
                 unknown_id = name is None and asked_id not in (None, codec.ZERO_UUID)
                 topics.append({"ErrorCode": messages.ERRORS[
                     "UNKNOWN_TOPIC_ID" if unknown_id else "UNKNOWN_TOPIC_OR_PARTITION"],
-                    "Name": name, "TopicId": asked_id or codec.ZERO_UUID, "Partitions": []})
+                    # A name is nullable from v12 only.
+                    "Name": name if name is not None or version >= 12 else "",
+                    "TopicId": asked_id or codec.ZERO_UUID, "Partitions": []})
                 continue
             partitions = []
             for index, reg in sorted(topic.partitions.items()):
@@ -334,7 +348,9 @@ class KafkaListener:
         results += [{"topic": tp.topic, "partition": tp.partition, "error": code}
                     for tp, code in refused.items()]
         if acks == 0:
-            return None
+            # Nothing is answered; a failed write closes the connection, as
+            # Kafka does, so the client notices (and refreshes its metadata).
+            return False if any(r["error"] for r in results) else None
         by_topic: dict[str, list[dict]] = {}
         for result in results:
             by_topic.setdefault(result["topic"], []).append({
@@ -376,7 +392,7 @@ class KafkaListener:
                     {"ProducerId": a["producer_id"], "FirstOffset": a["first_offset"]}
                     for a in aborted],
                 "PreferredReadReplica": -1,
-                "Records": native_to_kafka(result.get("records") or b"")})
+                **_kafka_records(result)})
         return {"ThrottleTimeMs": 0, "ErrorCode": 0, "SessionId": 0,
                 "Responses": [{"Topic": name, "Partitions": parts}
                               for name, parts in by_topic.items()]}
@@ -392,6 +408,10 @@ class KafkaListener:
                 answer = {"PartitionIndex": part["PartitionIndex"], "ErrorCode": 0,
                           "Timestamp": -1, "Offset": -1, "LeaderEpoch": -1}
                 epoch = part.get("CurrentLeaderEpoch", -1)
+                if part["Timestamp"] < EARLIEST:
+                    answer["ErrorCode"] = messages.ERRORS["INVALID_REQUEST"]
+                    partitions.append(answer)
+                    continue
                 try:
                     leader = replicas.leader_partition(topic["Name"], part["PartitionIndex"],
                                                        None if epoch < 0 else epoch)
@@ -525,9 +545,14 @@ class KafkaListener:
             # the coordinator knows the member's epoch, which heartbeats
             # may have moved on since without changing its partitions.
             epoch = classic.epoch
-        return await _commit_answer(offsets, service.run(
+        answer = await _commit_answer(offsets, service.run(
             group_id, lambda core: core.commit_offsets(service.clock_ms(), group_id, member_id,
                                                        epoch, offsets)))
+        if classic is not None or version < 9:  # a classic member: its words for it
+            for topic in answer["Topics"]:
+                for partition in topic["Partitions"]:
+                    partition["ErrorCode"] = _classic_number(partition["ErrorCode"])
+        return answer
 
     async def _committed(self, group_id: str, topics: list[dict] | None
                          ) -> tuple[int, list[dict]]:
@@ -629,7 +654,7 @@ class KafkaListener:
                   "ProtocolName": None, "Assignment": b""}
         classic = self._classic.get((group_id, member_id))
         if classic is None:
-            answer["ErrorCode"] = messages.ERRORS["UNKNOWN_MEMBER_ID"]
+            answer["ErrorCode"] = _unknown_here(member_id)
             return answer
         if request["GenerationId"] != classic.generation:
             answer["ErrorCode"] = messages.ERRORS["ILLEGAL_GENERATION"]
@@ -669,7 +694,7 @@ class KafkaListener:
         group_id, member_id = request["GroupId"], request["MemberId"]
         classic = self._classic.get((group_id, member_id))
         if classic is None:
-            code = messages.ERRORS["UNKNOWN_MEMBER_ID"]
+            code = _unknown_here(member_id)
         elif request["GenerationId"] != classic.generation:
             code = messages.ERRORS["ILLEGAL_GENERATION"]
         else:
@@ -882,6 +907,28 @@ class KafkaListener:
             request["GroupId"], request["ProducerId"], request["ProducerEpoch"], offsets))
 
 
+def _kafka_records(result: dict) -> dict:
+    """A fetch result's batches in Kafka's format. A stored batch that does
+    not convert (written over HTTP, whose produce checks batches, not each
+    record) answers its partition CORRUPT_MESSAGE, with the batches before
+    it; the request's other partitions are answered as usual."""
+    records = result.get("records") or b""
+    try:
+        return {"Records": native_to_kafka(records)}
+    except RecordFormatError as exc:
+        good = bytearray()
+        for _header, batch in iter_batches(records):
+            try:
+                good += native_to_kafka(batch)
+            except RecordFormatError:
+                break
+        if good:
+            return {"Records": bytes(good)}
+        logger.warning("kafka listener: %s-%s: a stored batch does not convert: %s",
+                       result.get("topic"), result.get("partition"), exc)
+        return {"Records": b"", "ErrorCode": messages.ERRORS["CORRUPT_MESSAGE"]}
+
+
 async def _commit_answer(offsets: dict, committing) -> dict:
     """OffsetCommit's (or TxnOffsetCommit's) answer: each partition's code
     from ``committing`` (a coroutine answering partition -> error code or
@@ -919,10 +966,21 @@ class _Classic:
         self.seen = time.monotonic()
 
 
+def _unknown_here(member_id: str) -> int:
+    """A classic member this listener has not seen join: after a coordinator
+    moved or restarted, a member the group still knows. Asked to rejoin
+    keeping its id (REBALANCE_IN_PROGRESS), it takes back its place rather
+    than waiting out its old session as a stranger."""
+    return messages.ERRORS["REBALANCE_IN_PROGRESS" if member_id else "UNKNOWN_MEMBER_ID"]
+
+
 def _classic_code(exc: Exception) -> int:
+    return _classic_number(error_code(exc))
+
+
+def _classic_number(code: int) -> int:
     """A coordinator refusal in the classic protocol's words: KIP-848's
     epoch errors become ILLEGAL_GENERATION, which makes the member rejoin."""
-    code = error_code(exc)
     if code in (messages.ERRORS["FENCED_MEMBER_EPOCH"], messages.ERRORS["STALE_MEMBER_EPOCH"]):
         return messages.ERRORS["ILLEGAL_GENERATION"]
     return code

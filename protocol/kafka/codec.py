@@ -137,11 +137,17 @@ def is_flexible(schema: dict, version: int) -> bool:
 
 
 # -- decoding ----------------------------------------------------------------------
+#: Array elements one message may hold: a few bytes each would otherwise
+#: become as many Python objects (and answers) as a frame has bytes.
+ELEMENTS_MAX = 100_000
+
+
 class Reader:
-    __slots__ = ("data", "pos")
+    __slots__ = ("data", "pos", "elements_left")
 
     def __init__(self, data: bytes | memoryview, pos: int = 0) -> None:
         self.data, self.pos = data, pos
+        self.elements_left = ELEMENTS_MAX
 
     def take(self, size: int) -> memoryview | bytes:
         end = self.pos + size
@@ -221,6 +227,9 @@ def _read_field(reader: Reader, field: Field) -> Any:
             return None
         if count > len(reader.data) - reader.pos:  # every element takes a byte at least
             raise KafkaDecodeError(f"{field.name}: {count} elements in a shorter frame")
+        reader.elements_left -= count
+        if reader.elements_left < 0:
+            raise KafkaDecodeError(f"more than {ELEMENTS_MAX} array elements in one message")
         return [_read_value(reader, field, field.element, flexible) for _ in range(count)]
     return _read_value(reader, field, field.kind, flexible)
 
@@ -234,7 +243,9 @@ def _read_struct(reader: Reader, plan_: Plan) -> dict:
             f = plan_.by_tag.get(tag)
             if f is not None:
                 inner = Reader(raw)
+                inner.elements_left = reader.elements_left
                 out[f.name] = _read_field(inner, f)
+                reader.elements_left = inner.elements_left
     return out
 
 

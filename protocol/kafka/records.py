@@ -70,6 +70,7 @@ def _read_varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
         pos += 1
         value |= (byte & 0x7F) << shift
         if not byte & 0x80:
+            value &= 0xFFFFFFFFFFFFFFFF  # a tenth byte's high bits fall off, as in C and Java
             return (value >> 1) ^ -(value & 1), pos
         shift += 7
         if shift > 63:
@@ -106,15 +107,17 @@ def kafka_to_native(data: bytes, max_decompressed_bytes: int = native.DEFAULT_MA
             raise native.CorruptRecordError(
                 f"record batch magic {header.magic}: kraftlog takes RecordBatch v2 (magic 2), "
                 "which every Kafka client since 0.11 sends")
-        end = header.size_bytes
-        if crc32c(batch[native.ATTRIBUTES_OFFSET:end]) != header.crc:
-            raise native.CorruptRecordError(
-                f"CRC-32C mismatch in the batch at offset {header.base_offset}")
         codec = header.compression
         if codec in _CODEC_NAMES:
             raise native.UnsupportedCompressionTypeError(
                 f"{_CODEC_NAMES[codec]} compression is not supported: send uncompressed or gzip "
                 "batches (compression.type=none or gzip)")
+        # Lengths, count and offset deltas sane before anything is made of them.
+        native.check_header(header, len(batch), native.MAX_BATCH_BYTES, strict=True)
+        end = header.size_bytes
+        if crc32c(batch[native.ATTRIBUTES_OFFSET:end]) != header.crc:
+            raise native.CorruptRecordError(
+                f"CRC-32C mismatch in the batch at offset {header.base_offset}")
         section = bytes(native.decompress(codec, batch[native.HEADER_SIZE:end],
                                           max_decompressed_bytes))
         records = _to_msgpack(section, header)
@@ -129,6 +132,10 @@ def kafka_to_native(data: bytes, max_decompressed_bytes: int = native.DEFAULT_MA
 
 
 def _to_msgpack(section: bytes, header: native.BatchHeader) -> bytes:
+    if header.record_count > len(section):  # every record takes bytes
+        raise native.CorruptRecordError(
+            f"the batch at offset {header.base_offset} says {header.record_count} records "
+            f"in {len(section)} bytes")
     if _c is not None:
         try:
             return _c.kafka_to_msgpack(section, header.record_count, header.last_offset_delta)
@@ -212,6 +219,8 @@ def _py_to_kafka(raw: bytes, header: native.BatchHeader) -> bytes:
     try:
         for timestamp_delta, offset_delta, key, value, headers in unpacker:
             count += 1
+            if not all(-2**63 <= n < 2**63 for n in (timestamp_delta, offset_delta)):
+                raise ValueError("a delta outside int64")
             body = bytearray(b"\0")  # attributes
             _write_varint(body, timestamp_delta)
             _write_varint(body, offset_delta)
@@ -226,8 +235,8 @@ def _py_to_kafka(raw: bytes, header: native.BatchHeader) -> bytes:
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise native.CorruptRecordError(
             f"the batch at offset {header.base_offset} does not decode: {exc}") from None
-    if count != header.record_count:
+    if count != header.record_count or unpacker.tell() != len(raw):
         raise native.CorruptRecordError(
-            f"the batch at offset {header.base_offset} holds {count} records, its header "
-            f"says {header.record_count}")
+            f"the batch at offset {header.base_offset} holds {count} whole records, its "
+            f"header says {header.record_count}")
     return bytes(section)

@@ -32,6 +32,7 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
@@ -586,12 +587,59 @@ def _api_versions(sock: socket.socket, version: int = 0) -> tuple[int, bytes]:
     struct.pack(">i", 10) + struct.pack(">hhih", 999, 0, 1, -1),       # an unknown API
     struct.pack(">i", 10) + struct.pack(">hhih", 3, 99, 1, -1),        # Metadata v99
     struct.pack(">i", 14) + struct.pack(">hhih", 3, 12, 1, -1) + b"\xff" * 4,  # garbage body
+    # A 1 MiB metadata request (only produces are that large): 500,000 names.
+    struct.pack(">i", 14 + 2**20) + struct.pack(">hhihi", 3, 1, 1, -1, 2**19) + bytes(2**20),
 ])
 def test_a_bad_frame_closes_its_connection_and_nothing_else(cluster, frame):
     with _connect(cluster) as bad, _connect(cluster) as good:
         bad.sendall(frame)
         assert _closed(bad)
         assert _api_versions(good)[0] == 42  # another client is served as before
+
+
+def test_a_stored_batch_kafka_cannot_read_fails_its_partition_only(cluster):
+    # The HTTP produce checks batches, not each record: a record with a
+    # string key is stored. Through the KAFKA listener its partition answers
+    # CORRUPT_MESSAGE; the fetch's other partitions are served as usual.
+    import msgpack
+
+    from protocol import wire
+    from storage.batch import pack_batch
+    create(cluster, "unreadable", partitions=1)
+    _fill(cluster, "readable", 1, 20)
+    section = msgpack.packb([0, 0, "a str key", b"v", []], use_bin_type=True)
+    batch = pack_batch(base_offset=0, leader_epoch=-1, attributes=0, last_offset_delta=0,
+                       base_timestamp=1000, max_timestamp=1000, producer_id=-1,
+                       producer_epoch=-1, base_sequence=-1, record_count=1, section=section)
+    with Admin(http_bootstrap(cluster)) as admin:
+        leader = admin.describe_topics(["unreadable"])["unreadable"].partitions[0].leader
+    body = msgpack.packb({"acks": 1, "partitions": [
+        {"topic": "unreadable", "partition": 0, "records": batch}]}, use_bin_type=True)
+    request = urllib.request.Request(cluster.nodes[leader].broker_url + "/v1/produce",
+                                     data=body, headers={"Content-Type": wire.MSGPACK,
+                                                         "Accept": wire.MSGPACK})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert msgpack.unpackb(answer.read())["partitions"][0]["error"] is None
+    from confluent_kafka import Consumer as CKConsumer
+    from confluent_kafka import TopicPartition as CKTP
+    consumer = CKConsumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": "unused",
+                           "enable.auto.commit": False})
+    good, errors = [], []
+    try:
+        consumer.assign([CKTP("readable", 0, 0), CKTP("unreadable", 0, 0)])
+        deadline = time.monotonic() + 30
+        while (len(good) < 20 or not errors) and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error() is None:
+                good.append(message.value())
+            elif message.topic() == "unreadable":
+                errors.append(message.error())
+    finally:
+        consumer.close()
+    assert sorted(good) == sorted(b"readable-%d" % i for i in range(20))
+    assert errors, "the unreadable partition should report its error"
 
 
 def test_a_too_new_api_versions_request_gets_the_versions_to_retry_with(cluster):

@@ -309,3 +309,14 @@ def test_classic_member_metadata_and_assignments_read_and_write_as_kafka_python_
     ours = _assignment(frozenset({("a", 2), ("a", 0), ("b", 1)}))
     decoded = ConsumerProtocolAssignment.decode(ours)
     assert sorted(decoded.partitions()) == sorted([("a", 0), ("a", 2), ("b", 1)])
+
+
+def test_a_message_of_many_tiny_elements_is_refused_before_it_is_built():
+    # 10 million empty topic names would be 20 MB on the wire and gigabytes
+    # of objects; a message holds at most ELEMENTS_MAX array elements.
+    many = codec.ELEMENTS_MAX + 1
+    frame = struct.pack(">i", many) + b"\x00\x00" * many
+    with pytest.raises(codec.KafkaDecodeError, match="array elements"):
+        codec.decode(messages.MetadataRequest, 1, frame)
+    fits = struct.pack(">i", 1000) + b"\x00\x00" * 1000
+    assert len(codec.decode(messages.MetadataRequest, 1, fits)[0]["Topics"]) == 1000
