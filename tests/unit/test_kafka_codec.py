@@ -320,3 +320,14 @@ def test_a_message_of_many_tiny_elements_is_refused_before_it_is_built():
         codec.decode(messages.MetadataRequest, 1, frame)
     fits = struct.pack(">i", 1000) + b"\x00\x00" * 1000
     assert len(codec.decode(messages.MetadataRequest, 1, fits)[0]["Topics"]) == 1000
+
+
+def test_the_compatibility_table_in_the_docs_is_what_the_listener_speaks():
+    import pathlib
+    import re
+
+    from api.broker.kafka_listener import SUPPORTED
+    doc = (pathlib.Path(__file__).parents[2] / "docs" / "kafka-protocol.md").read_text()
+    rows = {int(key): (int(low), int(high)) for key, low, high in
+            re.findall(r"^\| (\d+) \| \w+ \| (\d+)-(\d+) \|", doc, flags=re.MULTILINE)}
+    assert rows == SUPPORTED
