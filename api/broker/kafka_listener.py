@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from api.broker.data_api import offset_for
+from api.broker.data_api import PRODUCE_TIMEOUT_MS_MAX, offset_for
 from api.broker.groups.service import OFFSETS_TOPIC
 from api.broker.transactions.service import END_WAIT_S
 from api.broker.replication import (READ_COMMITTED, READ_UNCOMMITTED, FetchRequest, FetchSpec,
@@ -342,9 +342,13 @@ class KafkaListener:
             results = [{"topic": i.tp.topic, "partition": i.tp.partition,
                         "error": messages.ERRORS["INVALID_REQUIRED_ACKS"]} for i in items]
         else:
-            results, _appended = await data.replicas.produce(items, acks, request["TimeoutMs"])
+            timeout_ms = min(max(0, request["TimeoutMs"]), PRODUCE_TIMEOUT_MS_MAX)
+            results, appended = await data.replicas.produce(items, acks, timeout_ms)
             for result in results:
                 result["error"] = error_code(result.get("error"))
+            for topic, info in appended:  # the same metrics as the HTTP produce's
+                data.metrics.bytes_in.inc(info.size_bytes, topic)
+                data.metrics.messages_in.inc(info.record_count, topic)
         results += [{"topic": tp.topic, "partition": tp.partition, "error": code}
                     for tp, code in refused.items()]
         if acks == 0:
@@ -380,6 +384,11 @@ class KafkaListener:
         answered = await data.replicas.fetch(fetch) if specs else []
         by_topic: dict[str, list[dict]] = {}
         for result in answered:
+            stored = result.get("records") or b""
+            if stored:  # the same metrics as the HTTP fetch's
+                data.metrics.bytes_out.inc(len(stored), result["topic"])
+                data.metrics.messages_out.inc(sum(h.record_count for h, _ in
+                                                  iter_batches(stored)), result["topic"])
             aborted = result.get("aborted_transactions")
             by_topic.setdefault(result["topic"], []).append({
                 "PartitionIndex": result["partition"],
