@@ -263,7 +263,8 @@ class ProcessCluster:
     #: SSL): clients may log in as SCRAM users (``add_user``); the nodes and
     #: the client certificate still authenticate with certificates.
     sasl: bool = False
-    #: Brokers get a KAFKA listener (Kafka's protocol) too: ``kafka_bootstrap``.
+    #: Brokers get a KAFKA listener (Kafka's protocol) too: ``kafka_bootstrap``
+    #: (with ``tls``, SSL, or SASL_SSL with ``sasl``, as the BROKER listeners).
     kafka: bool = False
     nodes: dict[int, NodeProcess] = field(default_factory=dict, init=False)
     certs: dict = field(default_factory=dict, init=False)
@@ -299,8 +300,9 @@ class ProcessCluster:
         self.certs = certs.create(os.path.join(self.base_dir, "certs"),
                                   nodes=max(self.nodes), hosts=hosts)
         broker_protocol = "SASL_SSL" if self.sasl else "SSL"
+        kafka = f",KAFKA:{broker_protocol}" if self.kafka else ""
         self.settings = {"listener.security.protocol.map":
-                         f"BROKER:{broker_protocol},CONTROLLER:SSL",
+                         f"BROKER:{broker_protocol},CONTROLLER:SSL{kafka}",
                          "ssl.cafile": self.certs["ca"].certfile, **self.settings}
         if self.acls:
             self.settings = {"authorizer.class.name": "kraftlog.StandardAuthorizer",

@@ -503,13 +503,6 @@ def _check(config: NodeConfig) -> None:
         if not config.is_broker:
             raise InvalidConfigError("the KAFKA listener (Kafka's protocol) is a broker's: "
                                      "this node has no broker role")
-        secured = sorted(name for name, ep in config.listeners.items()
-                         if ep.tls and name != KAFKA_LISTENER)
-        if kafka.tls or secured or config.acl.enabled:
-            raise InvalidConfigError(
-                "the KAFKA listener speaks PLAINTEXT only for now, without authentication: "
-                "on a cluster with TLS or ACLs it would be a door without a lock. Remove it "
-                "from listeners, or use the HTTP API (BROKER) on a secure cluster")
     plain = sorted(name for name, ep in config.listeners.items() if not ep.tls)
     if config.acl.enabled and plain and tls.ANONYMOUS not in config.acl.super_users:
         raise InvalidConfigError(

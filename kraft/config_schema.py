@@ -107,8 +107,8 @@ SCHEMA: tuple[Key, ...] = (
        "on loopback. A lone controller without one makes up its own.", _CONFIG),
     _k("listener.security.protocol.map", "str",
        "BROKER:PLAINTEXT,CONTROLLER:PLAINTEXT,KAFKA:PLAINTEXT",
-       "NAME:PROTOCOL per listener, PROTOCOL PLAINTEXT or SSL (TLS with ssl.certfile); KAFKA "
-       "is PLAINTEXT only, for now. "
+       "NAME:PROTOCOL per listener, PROTOCOL PLAINTEXT, SSL (TLS with ssl.certfile) or "
+       "SASL_SSL (TLS, and clients log in as SCRAM users: BROKER and KAFKA only). "
        "Every node of a cluster must map the listeners alike: peers are called with the "
        "protocol this node maps them to.", _CONFIG),
     _k("ssl.certfile", "str", None,

@@ -103,3 +103,133 @@ def verify(password: str, cred: ScramCredential, mechanism: str) -> bool:
     derived = credential(salted_password(password, cred.salt, cred.iterations, mechanism),
                          cred.salt, cred.iterations, mechanism)
     return hmac.compare_digest(derived.stored_key, cred.stored_key)
+
+
+class ScramError(ValueError):
+    """A SCRAM exchange that cannot go on: a malformed message, or a proof
+    that is wrong (the client's password, or no such user)."""
+
+
+def _attributes(message: str) -> list[tuple[str, str]]:
+    """``a=value`` pairs of a SCRAM message, in order (RFC 5802 section 7)."""
+    pairs = []
+    for part in message.split(","):
+        if len(part) < 2 or part[1] != "=" or not part[0].isalpha():
+            raise ScramError(f"not a SCRAM attribute: {part[:40]!r}")
+        pairs.append((part[0], part[2:]))
+    return pairs
+
+
+def _sasl_name(text: str) -> str:
+    """A saslname's value: ``=2C`` is a comma, ``=3D`` an equals sign, and
+    no other ``=`` may stand in it."""
+    if "=" in text.replace("=2C", "").replace("=3D", ""):
+        raise ScramError("a user name with '=' not written as =2C or =3D")
+    return text.replace("=2C", ",").replace("=3D", "=")
+
+
+class ScramServer:
+    """The server's side of one SCRAM exchange (RFC 5802, without channel
+    binding, as Kafka speaks it): ``first(client_first)`` answers the
+    server-first message, ``final(client_final)`` checks the client's proof
+    and answers the server-final message, after which ``user`` is proven.
+
+    ``credential(user)`` gives the user's ``ScramCredential`` for this
+    mechanism, or None. A user without one is answered as if it had one (a
+    salt made from ``pepper`` and its name, so it is the same every time)
+    and fails at the proof: the exchange does not tell who exists."""
+
+    NONCE_BYTES = 24
+
+    def __init__(self, mechanism: str, credential, pepper: bytes, *,
+                 nonce_suffix: str | None = None) -> None:
+        """``nonce_suffix``: the server's part of the nonce (random unless
+        given: RFC 7677's test vector gives one)."""
+        self.mechanism = check_mechanism(mechanism)
+        self.digest = MECHANISMS[mechanism]
+        self._credential = credential
+        self._pepper = pepper
+        #: Who the client proved to be, once ``final`` has checked it.
+        self.user: str | None = None
+        #: ``first`` has answered: the next message is the client-final.
+        self.started = False
+        self._user = ""
+        self._cred: ScramCredential | None = None
+        self._client_first_bare = ""
+        self._server_first = ""
+        self._nonce = ""
+        self._gs2 = ""
+        self.extensions: dict[str, str] = {}
+        self._suffix = nonce_suffix
+
+    def first(self, message: bytes) -> bytes:
+        if self.started:
+            raise ScramError("a second client-first message")
+        self.started = True
+        try:
+            text = message.decode()
+        except UnicodeDecodeError:
+            raise ScramError("the client-first message is not UTF-8") from None
+        flag, sep, rest = text.partition(",")
+        authzid, sep2, bare = rest.partition(",")
+        if not sep or not sep2 or flag not in ("n", "y"):
+            raise ScramError("the client-first message must start n,, (kraftlog does no "
+                             "channel binding)")
+        self._gs2 = f"{flag},{authzid},"
+        attributes = _attributes(bare)
+        if len(attributes) < 2 or attributes[0][0] != "n" or attributes[1][0] != "r":
+            raise ScramError("the client-first message must name the user (n=) and then "
+                             "its nonce (r=)")
+        user = _sasl_name(attributes[0][1])
+        if authzid and _sasl_name(authzid.removeprefix("a=")) != user:
+            raise ScramError("an authorization id other than the user's own is not allowed")
+        client_nonce = attributes[1][1]
+        if not client_nonce or not client_nonce.isprintable():
+            raise ScramError("an empty or unprintable client nonce")
+        self.extensions = dict(attributes[2:])
+        self._client_first_bare = bare
+        self._cred = self._credential(user)
+        self._user = user
+        if self._cred is None:  # answered alike, refused at the proof
+            decoy = hmac.new(self._pepper, user.encode(), hashlib.sha256).digest()
+            self._cred = ScramCredential(decoy, ITERATIONS_DEFAULT, b"", b"")
+        self._nonce = client_nonce + (self._suffix or base64.b64encode(
+            os.urandom(self.NONCE_BYTES)).decode())
+        self._server_first = (f"r={self._nonce},s={base64.b64encode(self._cred.salt).decode()},"
+                              f"i={self._cred.iterations}")
+        return self._server_first.encode()
+
+    def final(self, message: bytes) -> bytes:
+        """The server-final message; raises ``ScramError`` on a wrong proof."""
+        if self._cred is None:
+            raise ScramError("the client-final message came before the client-first")
+        try:
+            text = message.decode()
+        except UnicodeDecodeError:
+            raise ScramError("the client-final message is not UTF-8") from None
+        without_proof, sep, proof_part = text.rpartition(",p=")
+        if not sep:
+            raise ScramError("the client-final message has no proof (p=)")
+        attributes = dict(_attributes(without_proof))
+        if attributes.get("r") != self._nonce:
+            raise ScramError("the client-final message's nonce is not the exchange's")
+        try:
+            binding = base64.b64decode(attributes.get("c", ""), validate=True).decode()
+            proof = base64.b64decode(proof_part, validate=True)
+        except (ValueError, UnicodeDecodeError):
+            raise ScramError("the channel binding or the proof is not base64") from None
+        if binding != self._gs2:
+            raise ScramError("the channel binding does not repeat the client-first header")
+        auth_message = ",".join((self._client_first_bare, self._server_first,
+                                 without_proof)).encode()
+        cred = self._cred
+        signature = hmac.new(cred.stored_key, auth_message, self.digest).digest()
+        if len(proof) != len(signature) or not cred.stored_key:
+            raise ScramError("wrong user name or password")
+        client_key = bytes(a ^ b for a, b in zip(proof, signature))
+        if not hmac.compare_digest(hashlib.new(self.digest, client_key).digest(),
+                                   cred.stored_key):
+            raise ScramError("wrong user name or password")
+        server_signature = hmac.new(cred.server_key, auth_message, self.digest).digest()
+        self.user = self._user
+        return b"v=" + base64.b64encode(server_signature)

@@ -496,6 +496,11 @@ class PasswordVerifier:
             return None
         if not sep or not user:
             return None
+        return await self.check_password(user, password)
+
+    async def check_password(self, user: str, password: str) -> str | None:
+        """``user`` if ``password`` is its password, else None (SASL PLAIN
+        on the Kafka listener asks this too)."""
         if not self.ready():  # users half loaded: deleted ones, old passwords
             raise BrokerNotAvailableError("this node is still loading the cluster's users: "
                                           "retry")

@@ -195,7 +195,8 @@ class DataApi:
                 TopicPartition(fields.string("topic", TOPIC_NAME_MAX_CHARS),
                                fields.integer("partition", 0, INT32_MAX)),
                 _leader_epoch(fields), records))
-        refused = self._refused_writes(auth_of(request), body, items)
+        refused = self.refused_writes(auth_of(request), body.values.get("transactional_id"),
+                                      items)
         refused.update(await self.verify_transaction(
             body, [item for item in items if item.tp not in refused]))
         results, appended = await self.replicas.produce(
@@ -210,14 +211,15 @@ class DataApi:
         return wire.respond(request, {"partitions": self._render("produce", results),
                                       "throttle_time_ms": throttle_ms})
 
-    def _refused_writes(self, auth: RequestAuth, body: Fields, items: list[ProduceItem]
-                        ) -> dict[TopicPartition, Exception]:
+    def refused_writes(self, auth: RequestAuth, tid: Any, items: list[ProduceItem]
+                       ) -> dict[TopicPartition, Exception]:
         """What a produce may not write. The internal topics take only their
         coordinators' writes, whoever asks (as Kafka refuses them). With
         ACLs, Kafka's order: transactional records need WRITE on the
         transactional id they come with (or the whole request is refused),
         then each topic needs WRITE (its partitions are refused, the others
-        appended)."""
+        appended). ``tid``: the transactional id the request names, if any
+        (the Kafka listener asks too)."""
         refused: dict[TopicPartition, Exception] = {
             item.tp: InvalidTopicError(f"{item.tp.topic} is an internal topic: only its "
                                        "coordinator writes to it")
@@ -225,7 +227,6 @@ class DataApi:
         if not auth.enabled:
             return refused
         if any(map(_has_transactional_batch, items)):
-            tid = body.values.get("transactional_id")
             if not isinstance(tid, str) or not tid:
                 raise TransactionalIdAuthorizationFailedError(
                     "transactional records come with the transactional_id they are written "

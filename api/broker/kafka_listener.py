@@ -29,8 +29,14 @@ must arrive within ``connections.max.idle.ms`` once its size is read (a
 slow client cannot hold a handler forever), and an idle connection is
 closed after it.
 
-Security: only PLAINTEXT for now, and refused on a cluster with ACLs or
-TLS (``kraft/config.py``): it would be a door without a lock.
+Security, as a Kafka listener of the same protocol: ``PLAINTEXT`` (every
+client ``User:ANONYMOUS``), ``SSL`` (TLS with the node's certificate; a
+client's certificate names it, through ``ssl.principal.mapping.rules``) or
+``SASL_SSL`` (TLS, then SaslHandshake and SaslAuthenticate before anything
+but ApiVersions: SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN, all checked against
+the SCRAM users of the metadata; a client that fails is answered
+SASL_AUTHENTICATION_FAILED and disconnected). Every API is then authorized
+as Kafka authorizes it, over the same ACLs as the HTTP API (``Caller``).
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ from collections.abc import Callable
 from typing import Any
 
 from api.broker.data_api import PRODUCE_TIMEOUT_MS_MAX, offset_for
+from kraft.authorizer import RequestAuth
+from protocol import acl, scram, tls
 from api.broker.groups.service import OFFSETS_TOPIC
 from api.broker.transactions.service import END_WAIT_S
 from api.broker.replication import (READ_COMMITTED, READ_UNCOMMITTED, FetchRequest, FetchSpec,
@@ -65,6 +73,18 @@ CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS, DESCRIBE_CLUSTER = 19, 20, 37, 
 DESCRIBE_CONFIGS = 32
 ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 24, 25, 26, 28
 CONSUMER_GROUP_HEARTBEAT = 68
+SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
+ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 33, 44
+LIST_GROUPS, DESCRIBE_GROUPS = 16, 15
+#: What a client may ask before it has authenticated on a SASL_SSL listener.
+BEFORE_AUTHENTICATION = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
+#: The SASL mechanisms a SASL_SSL listener offers: SCRAM's (the password
+#: never crosses the wire), and PLAIN (inside TLS) checked against the same
+#: SCRAM credential.
+SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
+#: How long an authentication waits for a starting broker's metadata (its
+#: users) before it is refused, saying to retry.
+SASL_READY_WAIT_S = 10.0
 #: API key -> (lowest, highest) version spoken.
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 9),        # 3: RecordBatch v2 and transactional ids
@@ -97,7 +117,16 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ADD_OFFSETS_TO_TXN: (0, 3),
     END_TXN: (0, 4),
     TXN_OFFSET_COMMIT: (0, 3),
+    # SASL_SSL listeners only: after a v1 handshake the exchange is carried
+    # in SaslAuthenticate, after a v0 one in bare size-prefixed frames.
+    SASL_HANDSHAKE: (0, 1),
+    SASL_AUTHENTICATE: (0, 2),
+    ALTER_CONFIGS: (0, 2),
+    INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    LIST_GROUPS: (0, 5),
+    DESCRIBE_GROUPS: (0, 5),
 }
+SASL_APIS = frozenset({SASL_HANDSHAKE, SASL_AUTHENTICATE})
 #: DescribeConfigs: Kafka's resource type of a topic, and its numbers for
 #: where a config value comes from.
 TOPIC_RESOURCE = 2
@@ -119,12 +148,22 @@ def error_code(error: Any) -> int:
     a code is this broker's failure: KAFKA_STORAGE_ERROR."""
     if error is None:
         return 0
+    if isinstance(error, int):  # already Kafka's number
+        return error
     name = getattr(error, "code", None)
     if isinstance(error, dict):
         name = error.get("code")
     if not isinstance(name, str):
         return messages.ERRORS["KAFKA_STORAGE_ERROR"]
     return messages.ERRORS.get(name, messages.ERRORS["UNKNOWN_SERVER_ERROR"])
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    """A registered listener address (``host:port``, or an SSL listener's
+    ``https://host:port``) as Kafka's host and port."""
+    host, _, port = address.partition("://")[2].rpartition(":") if "://" in address \
+        else address.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 def topic_uuid(topic_id: str | None) -> bytes:
@@ -135,15 +174,78 @@ def topic_uuid(topic_id: str | None) -> bytes:
     return raw if len(raw) == 16 else codec.ZERO_UUID
 
 
-class KafkaListener:
-    """Serves Kafka's protocol for one broker (``server``: its BrokerServer)."""
+class _SaslFailed(Exception):
+    """A client refused by its SASL exchange (the message says why)."""
 
-    def __init__(self, server: Any, frame_bytes_max: int, idle_ms: int) -> None:
+
+class Caller:
+    """One connection's client: who it is (``principal``: None until a
+    SASL_SSL client has authenticated), from where, and ``auth``, its
+    checks against the ACLs. ``header`` is the request being answered
+    (a connection's requests are answered one at a time)."""
+
+    __slots__ = ("peer", "host", "principal", "auth", "header", "mechanism", "scram",
+                 "close_after", "bare_sasl")
+
+    def __init__(self, peer: Any, principal: str | None, authorizer: Any) -> None:
+        self.peer = peer
+        self.host = peer[0] if isinstance(peer, tuple) and peer else ""
+        self.principal: str | None = None
+        self.auth: RequestAuth | None = None
+        self.header: dict = {}
+        self.mechanism: str | None = None  # chosen by SaslHandshake
+        self.scram: scram.ScramServer | None = None
+        #: Answer this request, then close (a failed authentication).
+        self.close_after = False
+        #: A v0 SaslHandshake: the exchange comes in bare frames, no headers.
+        self.bare_sasl = False
+        if principal is not None:
+            self.authenticated(principal, authorizer)
+
+    def authenticated(self, principal: str, authorizer: Any) -> None:
+        self.principal = principal
+        self.auth = RequestAuth(authorizer, principal, self.host)
+
+    def may(self, operation: str, rtype: str, name: str = acl.CLUSTER_NAME) -> bool:
+        return self.auth.allowed(operation, rtype, name)
+
+    def refused(self, operation: str, rtype: str, name: str = acl.CLUSTER_NAME) -> int:
+        """0 if the caller may, else the resource type's
+        AUTHORIZATION_FAILED (or the authorizer's own error: its metadata
+        not loaded yet) as Kafka's number."""
+        try:
+            return 0 if self.may(operation, rtype, name) else error_code(
+                self.auth.refusal(operation, rtype, name))
+        except Exception as exc:  # noqa: BLE001  answered as its code
+            return error_code(exc)
+
+
+class KafkaListener:
+    """Serves Kafka's protocol for one broker (``server``: its BrokerServer)
+    on ``endpoint`` (its KAFKA listener: PLAINTEXT, SSL or SASL_SSL)."""
+
+    def __init__(self, server: Any, endpoint: Any, frame_bytes_max: int, idle_ms: int) -> None:
         self.server = server
+        self.endpoint = endpoint
         self.frame_bytes_max = frame_bytes_max
         self.idle_s = idle_ms / 1000
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task] = set()
+        config = server.config
+        node_tls = config.tls if endpoint.tls else None
+        if endpoint.tls and node_tls is None:
+            raise RuntimeError(f"the KAFKA listener {endpoint} is SSL but the node has no TLS")
+        self._ssl = node_tls.server if node_tls is not None else None
+        self._mapper = node_tls.mapper if node_tls is not None else None
+        #: An SSL (not SASL) listener's clients must present a certificate.
+        self._certificate_required = node_tls is not None and not endpoint.sasl and (
+            config.settings.get("ssl.client.auth") == "required" or node_tls.sasl)
+        self.supported = {key: span for key, span in SUPPORTED.items()
+                          if endpoint.sasl or key not in SASL_APIS}
+        self._passwords = tls.PasswordVerifier(
+            lambda user: server.lifecycle.image.scram_credentials(user),
+            lambda: server.lifecycle.metadata_caught_up) if endpoint.sasl else None
+        self._pepper = scram.new_salt()
         self.handlers: dict[int, Callable] = {
             API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
             FETCH: self.fetch, LIST_OFFSETS: self.list_offsets,
@@ -152,21 +254,25 @@ class KafkaListener:
             OFFSET_COMMIT: self.offset_commit, OFFSET_FETCH: self.offset_fetch,
             JOIN_GROUP: self.join_group, SYNC_GROUP: self.sync_group,
             HEARTBEAT: self.heartbeat, LEAVE_GROUP: self.leave_group,
+            LIST_GROUPS: self.list_groups, DESCRIBE_GROUPS: self.describe_groups,
             CREATE_TOPICS: self.create_topics, DELETE_TOPICS: self.delete_topics,
             CREATE_PARTITIONS: self.create_partitions, DESCRIBE_CLUSTER: self.describe_cluster,
-            DESCRIBE_CONFIGS: self.describe_configs,
+            DESCRIBE_CONFIGS: self.describe_configs, ALTER_CONFIGS: self.alter_configs,
+            INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
             ADD_PARTITIONS_TO_TXN: self.add_partitions_to_txn,
             ADD_OFFSETS_TO_TXN: self.add_offsets_to_txn, END_TXN: self.end_txn,
-            TXN_OFFSET_COMMIT: self.txn_offset_commit}
+            TXN_OFFSET_COMMIT: self.txn_offset_commit,
+            SASL_HANDSHAKE: self.sasl_handshake, SASL_AUTHENTICATE: self.sasl_authenticate}
         #: The classic members this broker's coordinators serve: (group,
         #: member id) -> what the member was told (``_Classic``).
         self._classic: dict[tuple[str, str], _Classic] = {}
         self._ids_at: int | None = None
         self._names_by_id: dict[bytes, str] = {}
 
-    async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._connection, host, port,
-                                                  limit=2**16)
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._connection, self.endpoint.host, self.endpoint.port, limit=2**16,
+            ssl=self._ssl, ssl_handshake_timeout=self.idle_s if self._ssl else None)
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -177,26 +283,57 @@ class KafkaListener:
             await self._server.wait_closed()
 
     # -- connections --------------------------------------------------------------
+    def _caller(self, writer: asyncio.StreamWriter) -> Caller | None:
+        """Who a new connection's client is, or None to refuse it: an SSL
+        listener's client without a certificate where one is required, or
+        with one no ``ssl.principal.mapping.rules`` rule names (a SASL_SSL
+        client is named by its authentication, later)."""
+        peer = writer.get_extra_info("peername")
+        authorizer = self.server.authorizer
+        if self.endpoint.sasl:
+            return Caller(peer, None, authorizer)
+        if self._ssl is None:
+            return Caller(peer, tls.ANONYMOUS, authorizer)
+        cert = writer.get_extra_info("peercert")
+        if not cert:
+            if self._certificate_required:
+                logger.info("kafka listener: %s has no client certificate, which this "
+                            "listener requires (ssl.client.auth): closing", peer)
+                return None
+            return Caller(peer, tls.ANONYMOUS, authorizer)
+        subject = tls.subject_name(cert.get("subject", ()))
+        name = self._mapper.name(subject)
+        if name is None:
+            logger.info("kafka listener: no ssl.principal.mapping.rules rule matches %s's "
+                        "certificate subject %r: closing", peer, subject)
+            return None
+        return Caller(peer, "User:" + name, authorizer)
+
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self._connections.add(task)
-        peer = writer.get_extra_info("peername")
+        caller = self._caller(writer)
         try:
-            while True:
+            while caller is not None:
                 size_bytes = await asyncio.wait_for(reader.readexactly(4), self.idle_s)
                 (size,) = _SIZE.unpack(size_bytes)
-                if not FRAME_MIN <= size <= self.frame_bytes_max:
+                if not (0 if caller.bare_sasl else FRAME_MIN) <= size <= self.frame_bytes_max:
                     logger.debug("kafka listener: %s sent a frame of %d bytes: closing",
-                                 peer, size)
+                                 caller.peer, size)
+                    return
+                if caller.principal is None and size > FRAME_BYTES_MAX_NOT_PRODUCE:
+                    logger.debug("kafka listener: %s sent %d bytes before authenticating: "
+                                 "closing", caller.peer, size)
                     return
                 frame = await asyncio.wait_for(reader.readexactly(size), self.idle_s)
                 if size > FRAME_BYTES_MAX_NOT_PRODUCE and \
                         _HEADER.unpack_from(frame)[0] != PRODUCE:
                     logger.debug("kafka listener: %s sent a %d-byte request that is not a "
-                                 "produce: closing", peer, size)
+                                 "produce: closing", caller.peer, size)
                     return
-                answer = await self._answer(frame, peer)
+                answer = await (self._bare_sasl(frame, caller) if caller.bare_sasl
+                                else self._answer(frame, caller))
                 if answer is False:
                     return
                 if answer is not None:
@@ -205,17 +342,32 @@ class KafkaListener:
                     # A client that stops reading is cut off like an idle one
                     # (its answers would otherwise stay in memory).
                     await asyncio.wait_for(writer.drain(), self.idle_s)
+                if caller.close_after:
+                    return
         except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
             pass
         finally:
             self._connections.discard(task)
             writer.close()
 
-    async def _answer(self, frame: bytes, peer: Any) -> bytes | None | bool:
+    async def _bare_sasl(self, frame: bytes, caller: Caller) -> bytes | bool:
+        """After a v0 SaslHandshake: a frame is the client's SASL message,
+        answered with the server's bare (an empty frame once authenticated);
+        a failure closes the connection."""
+        try:
+            answer = await self._sasl_step(caller, frame)
+        except _SaslFailed:
+            return False
+        if caller.principal is not None:
+            caller.bare_sasl = False  # Kafka's requests from here on
+        return answer
+
+    async def _answer(self, frame: bytes, caller: Caller) -> bytes | None | bool:
         """The response frame (without its size), None for none (acks=0), or
         False to close the connection."""
+        peer = caller.peer
         api_key, version, correlation_id = _HEADER.unpack_from(frame)
-        span = SUPPORTED.get(api_key)
+        span = self.supported.get(api_key)
         if api_key == API_VERSIONS and (span is None or version > span[1]):
             # Kafka's rule: answer a too-new ApiVersions in v0 with the
             # versions, so the client retries with one it shares.
@@ -224,6 +376,11 @@ class KafkaListener:
         if span is None or not span[0] <= version <= span[1]:
             logger.debug("kafka listener: %s asked for API %d v%d, not spoken: closing",
                          peer, api_key, version)
+            return False
+        if caller.principal is None and api_key not in BEFORE_AUTHENTICATION:
+            # Kafka's answer too: the client did not authenticate first.
+            logger.info("kafka listener: %s sent API %d before authenticating (this "
+                        "listener is SASL_SSL): closing", peer, api_key)
             return False
         try:
             header, pos = codec.decode(
@@ -234,7 +391,8 @@ class KafkaListener:
                          version, exc)
             return False
         try:
-            body = await self.handlers[api_key](request, version, header)
+            caller.header = header
+            body = await self.handlers[api_key](request, version, caller)
             if body is None:
                 return None
             return self._respond(api_key, version, correlation_id, body)
@@ -254,14 +412,100 @@ class KafkaListener:
         return bytes(out)
 
     # -- ApiVersions ---------------------------------------------------------------------
-    @staticmethod
-    def _versions_body(error: int = 0) -> dict:
+    def _versions_body(self, error: int = 0) -> dict:
         return {"ErrorCode": error, "ApiKeys": [
             {"ApiKey": key, "MinVersion": low, "MaxVersion": high}
-            for key, (low, high) in sorted(SUPPORTED.items())]}
+            for key, (low, high) in sorted(self.supported.items())]}
 
-    async def api_versions(self, request: dict, version: int, header: dict) -> dict:
+    async def api_versions(self, request: dict, version: int, caller: "Caller") -> dict:
         return self._versions_body()
+
+    # -- SASL (a SASL_SSL listener's) ------------------------------------------------------
+    async def sasl_handshake(self, request: dict, version: int, caller: Caller) -> dict:
+        mechanism = request["Mechanism"]
+        answer = {"ErrorCode": 0, "Mechanisms": list(SASL_MECHANISMS)}
+        if caller.principal is not None or caller.mechanism is not None:
+            answer["ErrorCode"] = messages.ERRORS["ILLEGAL_SASL_STATE"]
+            caller.close_after = True
+        elif mechanism not in SASL_MECHANISMS:
+            answer["ErrorCode"] = messages.ERRORS["UNSUPPORTED_SASL_MECHANISM"]
+            caller.close_after = True
+        else:
+            caller.mechanism = mechanism
+            caller.bare_sasl = version == 0
+            if mechanism in scram.MECHANISMS:
+                caller.scram = scram.ScramServer(
+                    mechanism, lambda user: self._scram_credential(user, mechanism),
+                    self._pepper)
+        return answer
+
+    def _scram_credential(self, user: str, mechanism: str) -> scram.ScramCredential | None:
+        try:
+            scram.check_user_name(user)
+        except ValueError:
+            return None
+        value = (self.server.lifecycle.image.scram_credentials(user) or {}).get(mechanism)
+        return scram.decode(value) if value else None
+
+    async def _users_loaded(self) -> bool:
+        """Whether this broker's metadata (its users) has caught up, waiting
+        up to SASL_READY_WAIT_S for a starting broker's."""
+        deadline = time.monotonic() + SASL_READY_WAIT_S
+        while not self.server.lifecycle.metadata_caught_up:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    async def sasl_authenticate(self, request: dict, version: int, caller: Caller) -> dict:
+        """One step of the exchange SaslHandshake chose: PLAIN's one, or
+        SCRAM's two (client-first, then client-final with the proof). A
+        refusal answers SASL_AUTHENTICATION_FAILED and closes the
+        connection, as Kafka does."""
+        answer = {"ErrorCode": 0, "ErrorMessage": None, "AuthBytes": b"",
+                  "SessionLifetimeMs": 0}
+        if caller.mechanism is None or caller.principal is not None or caller.bare_sasl:
+            caller.close_after = True
+            answer.update(ErrorCode=messages.ERRORS["ILLEGAL_SASL_STATE"],
+                          ErrorMessage="SaslAuthenticate comes after a v1 SaslHandshake, once")
+            return answer
+        try:
+            answer["AuthBytes"] = await self._sasl_step(caller, request["AuthBytes"] or b"")
+        except _SaslFailed as exc:
+            caller.close_after = True
+            answer.update(ErrorCode=messages.ERRORS["SASL_AUTHENTICATION_FAILED"],
+                          ErrorMessage=str(exc))
+        return answer
+
+    async def _sasl_step(self, caller: Caller, data: bytes) -> bytes:
+        """The server's answer to one message of the client's, or
+        ``_SaslFailed`` saying why the client is refused."""
+        if not await self._users_loaded():
+            raise _SaslFailed("this broker is still loading the cluster's users: retry")
+        try:
+            if caller.scram is None:  # PLAIN: authzid NUL user NUL password
+                authzid, user, password = data.decode().split("\0")
+                if authzid not in ("", user):
+                    raise scram.ScramError("an authorization id other than the user's own "
+                                           "is not allowed")
+                if await self._passwords.check_password(user, password) is None:
+                    raise scram.ScramError("wrong user name or password")
+                caller.authenticated("User:" + user, self.server.authorizer)
+                return b""
+            if not caller.scram.started:
+                return caller.scram.first(data)
+            answer = caller.scram.final(data)
+            caller.authenticated("User:" + caller.scram.user, self.server.authorizer)
+            return answer
+        except (scram.ScramError, ValueError, UnicodeDecodeError) as exc:
+            logger.info("kafka listener: %s failed %s authentication: %s", caller.peer,
+                        caller.mechanism, exc)
+            raise _SaslFailed(
+                f"{caller.mechanism} authentication failed: {exc} (a kraftlog user made with "
+                "`kraftlog users create`, its password, and a mechanism it has credentials "
+                "for)") from None
+        except Exception as exc:  # noqa: BLE001  the broker's trouble: say so, and close
+            raise _SaslFailed(f"{exc}: retry") from None
 
     # -- Metadata ------------------------------------------------------------------------
     def _brokers(self, image) -> list[dict]:
@@ -270,24 +514,33 @@ class KafkaListener:
             address = broker.endpoints.get(KAFKA_LISTENER)
             if broker.fenced or not address:
                 continue
-            host, _, port = address.rpartition(":")
-            brokers.append({"NodeId": broker_id, "Host": host.strip("[]"), "Port": int(port),
+            host, port = _host_port(address)
+            brokers.append({"NodeId": broker_id, "Host": host, "Port": port,
                             "Rack": broker.rack})
         return brokers
 
-    async def metadata(self, request: dict, version: int, header: dict) -> dict:
+    async def metadata(self, request: dict, version: int, caller: "Caller") -> dict:
         data = self.server.data
         image = data.replicas.image
         requested = request.get("Topics")
         # v10+: a topic may be asked for by id (a KIP-848 assignment names
         # topics by id), its name null.
         by_id = self._topic_names()
-        wanted = [(name, None) for name in sorted(image.topics)] if requested is None else list(
+        everyone = not caller.auth.enabled  # no ACLs: every topic is visible
+        wanted = [(name, None) for name in sorted(image.topics)
+                  if everyone or caller.may(acl.DESCRIBE, acl.TOPIC, name)
+                  ] if requested is None else list(
             dict.fromkeys((t.get("Name") if t.get("Name") is not None
                            else by_id.get(t.get("TopicId")), t.get("TopicId"))
                           for t in requested))  # each topic answered once
         topics = []
         for name, asked_id in wanted:
+            if requested is not None and name is not None and not everyone:
+                refused = caller.refused(acl.DESCRIBE, acl.TOPIC, name)
+                if refused:  # whether or not it exists
+                    topics.append({"ErrorCode": refused, "Name": name,
+                                   "TopicId": asked_id or codec.ZERO_UUID, "Partitions": []})
+                    continue
             topic = image.topics.get(name) if name is not None else None
             if topic is None:
                 unknown_id = name is None and asked_id not in (None, codec.ZERO_UUID)
@@ -313,7 +566,7 @@ class KafkaListener:
                 "ControllerId": self.server.config.node_id, "Topics": topics}
 
     # -- Produce ---------------------------------------------------------------------------
-    async def produce(self, request: dict, version: int, header: dict) -> dict | None:
+    async def produce(self, request: dict, version: int, caller: "Caller") -> dict | None:
         data = self.server.data
         acks = request["Acks"]
         items: list[ProduceItem] = []
@@ -321,9 +574,6 @@ class KafkaListener:
         for topic in request["TopicData"] or ():
             for part in topic["PartitionData"] or ():
                 tp = TopicPartition(topic["Name"], part["Index"])
-                if tp.topic in data.internal_topics:
-                    refused[tp] = messages.ERRORS["INVALID_TOPIC_EXCEPTION"]
-                    continue
                 try:
                     records = kafka_to_native(part["Records"] or b"")
                 except RecordFormatError as exc:
@@ -331,6 +581,15 @@ class KafkaListener:
                     continue
                 items.append(ProduceItem(tp, None, records))
         tid = request.get("TransactionalId")
+        # The HTTP produce's rules: the internal topics are their
+        # coordinators', and with ACLs, WRITE on the transactional id, then
+        # on each topic.
+        try:
+            for tp, exc in data.refused_writes(caller.auth, tid, items).items():
+                refused[tp] = error_code(exc)
+        except Exception as exc:  # noqa: BLE001  the whole request refused
+            refused.update((item.tp, error_code(exc)) for item in items)
+        items = [item for item in items if item.tp not in refused]
         if tid is not None and items:
             # KIP-890: a transaction's first write to a partition led here is
             # checked with its coordinator, as the HTTP produce does.
@@ -366,11 +625,17 @@ class KafkaListener:
                               for name, parts in by_topic.items()], "ThrottleTimeMs": 0}
 
     # -- Fetch -------------------------------------------------------------------------------
-    async def fetch(self, request: dict, version: int, header: dict) -> dict:
+    async def fetch(self, request: dict, version: int, caller: "Caller") -> dict:
         data = self.server.data
         specs = []
+        refused: list[dict] = []
         for topic in request["Topics"] or ():
+            code = caller.refused(acl.READ, acl.TOPIC, topic["Topic"])
             for part in topic["Partitions"] or ():
+                if code:
+                    refused.append({"topic": topic["Topic"], "partition": part["Partition"],
+                                    "error": code})
+                    continue
                 epoch = part.get("CurrentLeaderEpoch", -1)
                 specs.append(FetchSpec(TopicPartition(topic["Topic"], part["Partition"]),
                                        part["FetchOffset"], max(1, part["PartitionMaxBytes"]),
@@ -381,7 +646,7 @@ class KafkaListener:
         fetch = FetchRequest(-1, specs, max(0, request["MaxWaitMs"]),
                              max(0, request["MinBytes"]), max(1, request.get("MaxBytes", 1)),
                              isolation)
-        answered = await data.replicas.fetch(fetch) if specs else []
+        answered = (await data.replicas.fetch(fetch) if specs else []) + refused
         by_topic: dict[str, list[dict]] = {}
         for result in answered:
             stored = result.get("records") or b""
@@ -407,16 +672,20 @@ class KafkaListener:
                               for name, parts in by_topic.items()]}
 
     # -- ListOffsets --------------------------------------------------------------------------
-    async def list_offsets(self, request: dict, version: int, header: dict) -> dict:
+    async def list_offsets(self, request: dict, version: int, caller: "Caller") -> dict:
         replicas = self.server.data.replicas
         isolation = READ_COMMITTED if request.get("IsolationLevel") == 1 else READ_UNCOMMITTED
         topics = []
         for topic in request["Topics"] or ():
             partitions = []
+            code = caller.refused(acl.DESCRIBE, acl.TOPIC, topic["Name"])
             for part in topic["Partitions"] or ():
-                answer = {"PartitionIndex": part["PartitionIndex"], "ErrorCode": 0,
+                answer = {"PartitionIndex": part["PartitionIndex"], "ErrorCode": code,
                           "Timestamp": -1, "Offset": -1, "LeaderEpoch": -1}
                 epoch = part.get("CurrentLeaderEpoch", -1)
+                if code:
+                    partitions.append(answer)
+                    continue
                 if part["Timestamp"] < EARLIEST:
                     answer["ErrorCode"] = messages.ERRORS["INVALID_REQUEST"]
                     partitions.append(answer)
@@ -439,10 +708,9 @@ class KafkaListener:
         address = broker.endpoints.get(KAFKA_LISTENER) if broker is not None else None
         if not address:
             return "", -1
-        host, _, port = address.rpartition(":")
-        return host.strip("[]"), int(port)
+        return _host_port(address)
 
-    async def _coordinator(self, key_type: int, key: str) -> dict:
+    async def _coordinator(self, key_type: int, key: str, caller: Caller) -> dict:
         service = self.server.groups if key_type == GROUP_KEY else self.server.transactions
         answer = {"Key": key, "NodeId": -1, "Host": "", "Port": -1, "ErrorCode": 0,
                   "ErrorMessage": None}
@@ -450,6 +718,12 @@ class KafkaListener:
             answer.update(ErrorCode=messages.ERRORS["INVALID_REQUEST"],
                           ErrorMessage=f"key type {key_type}: kraftlog has group (0) and "
                                        "transaction (1) coordinators")
+            return answer
+        refused = caller.refused(acl.DESCRIBE, acl.GROUP if key_type == GROUP_KEY
+                                 else acl.TRANSACTIONAL_ID, key)
+        if refused:
+            answer.update(ErrorCode=refused, ErrorMessage=f"{caller.principal} may not "
+                                                          f"DESCRIBE {key!r}")
             return answer
         try:
             found = await service.locate(key)
@@ -464,19 +738,27 @@ class KafkaListener:
         answer.update(NodeId=found["coordinator_id"], Host=host, Port=port)
         return answer
 
-    async def find_coordinator(self, request: dict, version: int, header: dict) -> dict:
+    async def find_coordinator(self, request: dict, version: int, caller: "Caller") -> dict:
         key_type = request.get("KeyType", GROUP_KEY)
         if version >= 4:
             return {"ThrottleTimeMs": 0, "Coordinators": [
-                await self._coordinator(key_type, key) for key in request["CoordinatorKeys"]]}
-        answer = await self._coordinator(key_type, request["Key"])
+                await self._coordinator(key_type, key, caller)
+                for key in request["CoordinatorKeys"]]}
+        answer = await self._coordinator(key_type, request["Key"], caller)
         answer.pop("Key")
         return {"ThrottleTimeMs": 0, **answer}
 
-    async def init_producer_id(self, request: dict, version: int, header: dict) -> dict:
+    async def init_producer_id(self, request: dict, version: int, caller: "Caller") -> dict:
         tid = request["TransactionalId"]
         answer = {"ThrottleTimeMs": 0, "ErrorCode": 0, "ProducerId": -1, "ProducerEpoch": -1}
         try:
+            if tid is not None:
+                caller.auth.require(acl.WRITE, acl.TRANSACTIONAL_ID, tid)
+            elif not (caller.may(acl.IDEMPOTENT_WRITE, acl.CLUSTER)
+                      or caller.auth.allowed_any(acl.WRITE, acl.TOPIC)):
+                # An idempotent producer (KIP-679): IDEMPOTENT_WRITE on the
+                # cluster, or WRITE on some topic.
+                raise caller.auth.refusal(acl.IDEMPOTENT_WRITE, acl.CLUSTER, acl.CLUSTER_NAME)
             if tid is None:  # an idempotent producer
                 answer["ProducerId"] = await self.server.producer_api.ids.next_id()
                 answer["ProducerEpoch"] = 0
@@ -502,7 +784,7 @@ class KafkaListener:
             self._ids_at = image.offset
         return self._names_by_id
 
-    async def consumer_group_heartbeat(self, request: dict, version: int, header: dict) -> dict:
+    async def consumer_group_heartbeat(self, request: dict, version: int, caller: "Caller") -> dict:
         from api.broker.groups.coordinator import HeartbeatRequest
 
         names = self._topic_names()
@@ -518,9 +800,17 @@ class KafkaListener:
             owned_partitions=None if owned is None else [
                 TopicPartition(names[t["TopicId"]], p) for t in owned
                 if t["TopicId"] in names for p in t["Partitions"]],
-            client_id=header.get("ClientId"))
+            client_id=caller.header.get("ClientId"))
         service = self.server.groups
         try:
+            # The HTTP heartbeat's checks: READ on the group, DESCRIBE on
+            # the topics named, the whole cluster's for a regex.
+            caller.auth.require(acl.READ, acl.GROUP, request["GroupId"])
+            for topic in heartbeat.subscribed_topic_names or ():
+                caller.auth.require(acl.DESCRIBE, acl.TOPIC, topic, "a subscription")
+            if heartbeat.subscribed_topic_regex is not None:
+                caller.auth.require(acl.DESCRIBE, acl.CLUSTER, acl.CLUSTER_NAME,
+                                    "a regex subscription, which may match any topic")
             response = await service.run(request["GroupId"], lambda core: core.heartbeat(
                 service.clock_ms(), request["GroupId"], heartbeat, service.topics()))
         except Exception as exc:  # noqa: BLE001  answered as its code
@@ -540,7 +830,7 @@ class KafkaListener:
                 "HeartbeatIntervalMs": response.heartbeat_interval_ms,
                 "Assignment": assignment}
 
-    async def offset_commit(self, request: dict, version: int, header: dict) -> dict:
+    async def offset_commit(self, request: dict, version: int, caller: "Caller") -> dict:
         group_id = request["GroupId"]
         offsets = {TopicPartition(t["Name"], p["PartitionIndex"]):
                    (p["CommittedOffset"], p.get("CommittedMetadata") or "")
@@ -554,19 +844,33 @@ class KafkaListener:
             # the coordinator knows the member's epoch, which heartbeats
             # may have moved on since without changing its partitions.
             epoch = classic.epoch
-        answer = await _commit_answer(offsets, service.run(
+        refused = _unreadable(caller, offsets)
+        group_refused = caller.refused(acl.READ, acl.GROUP, group_id)
+        if group_refused:
+            refused = dict.fromkeys(offsets, group_refused)
+        allowed = {tp: o for tp, o in offsets.items() if tp not in refused}
+        answer = await _commit_answer(allowed, service.run(
             group_id, lambda core: core.commit_offsets(service.clock_ms(), group_id, member_id,
-                                                       epoch, offsets)))
+                                                       epoch, allowed)), refused)
         if classic is not None or version < 9:  # a classic member: its words for it
             for topic in answer["Topics"]:
                 for partition in topic["Partitions"]:
                     partition["ErrorCode"] = _classic_number(partition["ErrorCode"])
         return answer
 
-    async def _committed(self, group_id: str, topics: list[dict] | None
+    async def _committed(self, group_id: str, topics: list[dict] | None, caller: Caller
                          ) -> tuple[int, list[dict]]:
+        """A group's committed offsets: of ``topics``' partitions (those of a
+        topic the caller may not DESCRIBE answered TOPIC_AUTHORIZATION_FAILED),
+        or of every partition (those left out)."""
+        refused = caller.refused(acl.DESCRIBE, acl.GROUP, group_id)
+        if refused:
+            return refused, []
         wanted = None if topics is None else [
             TopicPartition(t["Name"], p) for t in topics for p in t["PartitionIndexes"]]
+        hidden = {}
+        for topic in {tp.topic for tp in wanted or ()}:
+            hidden[topic] = caller.refused(acl.DESCRIBE, acl.TOPIC, topic)
         service = self.server.groups
         try:
             committed = await service.run(
@@ -575,22 +879,26 @@ class KafkaListener:
             return error_code(exc), []
         by_topic: dict[str, list[dict]] = {}
         for topic, partition in (wanted if wanted is not None else sorted(committed)):
-            found = committed.get((topic, partition))
+            code = hidden.get(topic) if wanted is not None \
+                else caller.refused(acl.DESCRIBE, acl.TOPIC, topic)
+            if code and wanted is None:
+                continue
+            found = None if code else committed.get((topic, partition))
             offset, metadata = found[:2] if found is not None else (-1, "")
             by_topic.setdefault(topic, []).append({
                 "PartitionIndex": partition, "CommittedOffset": offset,
-                "CommittedLeaderEpoch": -1, "Metadata": metadata, "ErrorCode": 0})
+                "CommittedLeaderEpoch": -1, "Metadata": metadata, "ErrorCode": code or 0})
         return 0, [{"Name": name, "Partitions": parts} for name, parts in by_topic.items()]
 
-    async def offset_fetch(self, request: dict, version: int, header: dict) -> dict:
+    async def offset_fetch(self, request: dict, version: int, caller: "Caller") -> dict:
         if version >= 8:
             groups = []
             for group in request["Groups"]:
-                code, topics = await self._committed(group["GroupId"], group["Topics"])
+                code, topics = await self._committed(group["GroupId"], group["Topics"], caller)
                 groups.append({"GroupId": group["GroupId"], "Topics": topics,
                                "ErrorCode": code})
             return {"ThrottleTimeMs": 0, "Groups": groups}
-        code, topics = await self._committed(request["GroupId"], request["Topics"])
+        code, topics = await self._committed(request["GroupId"], request["Topics"], caller)
         return {"ThrottleTimeMs": 0, "Topics": topics, "ErrorCode": code}
 
     # -- consumer groups: the classic protocol ---------------------------------------------
@@ -608,7 +916,7 @@ class KafkaListener:
         return await service.run(group_id, lambda core: core.heartbeat(
             service.clock_ms(), group_id, heartbeat, service.topics()))
 
-    async def join_group(self, request: dict, version: int, header: dict) -> dict:
+    async def join_group(self, request: dict, version: int, caller: "Caller") -> dict:
         import uuid
 
         from api.broker.groups.coordinator import HeartbeatRequest
@@ -618,6 +926,10 @@ class KafkaListener:
                   "ProtocolType": "consumer", "ProtocolName": None, "Leader": "",
                   "MemberId": request["MemberId"], "Members": []}
         protocols = request["Protocols"] or []
+        refused = caller.refused(acl.READ, acl.GROUP, group_id)
+        if refused:
+            answer["ErrorCode"] = refused
+            return answer
         if request["ProtocolType"] != "consumer" or not protocols:
             answer["ErrorCode"] = messages.ERRORS["INCONSISTENT_GROUP_PROTOCOL"]
             return answer
@@ -626,14 +938,14 @@ class KafkaListener:
         except codec.KafkaDecodeError:
             answer["ErrorCode"] = messages.ERRORS["INCONSISTENT_GROUP_PROTOCOL"]
             return answer
-        member_id = request["MemberId"] or f"{header.get('ClientId') or 'consumer'}-" \
+        member_id = request["MemberId"] or f"{caller.header.get('ClientId') or 'consumer'}-" \
                                            f"{uuid.uuid4()}"
         rebalance = request.get("RebalanceTimeoutMs", request["SessionTimeoutMs"])
         heartbeat = HeartbeatRequest(
             member_id=member_id, member_epoch=0, instance_id=request.get("GroupInstanceId"),
             rebalance_timeout_ms=max(0, rebalance),
             session_timeout_ms=request["SessionTimeoutMs"], subscribed_topic_names=topics,
-            owned_partitions=[], client_id=header.get("ClientId"))
+            owned_partitions=[], client_id=caller.header.get("ClientId"))
         try:
             response = await self._classic_beat(group_id, heartbeat)
         except Exception as exc:  # noqa: BLE001  answered as its code
@@ -657,11 +969,15 @@ class KafkaListener:
         self._classic = {key: member for key, member in self._classic.items()
                          if member.seen >= horizon}
 
-    async def sync_group(self, request: dict, version: int, header: dict) -> dict:
+    async def sync_group(self, request: dict, version: int, caller: "Caller") -> dict:
         group_id, member_id = request["GroupId"], request["MemberId"]
         answer = {"ThrottleTimeMs": 0, "ErrorCode": 0, "ProtocolType": "consumer",
                   "ProtocolName": None, "Assignment": b""}
         classic = self._classic.get((group_id, member_id))
+        refused = caller.refused(acl.READ, acl.GROUP, group_id)
+        if refused:
+            answer["ErrorCode"] = refused
+            return answer
         if classic is None:
             answer["ErrorCode"] = _unknown_here(member_id)
             return answer
@@ -699,10 +1015,13 @@ class KafkaListener:
                 classic.assigned = given
         return 0
 
-    async def heartbeat(self, request: dict, version: int, header: dict) -> dict:
+    async def heartbeat(self, request: dict, version: int, caller: "Caller") -> dict:
         group_id, member_id = request["GroupId"], request["MemberId"]
         classic = self._classic.get((group_id, member_id))
-        if classic is None:
+        refused = caller.refused(acl.READ, acl.GROUP, group_id)
+        if refused:
+            code = refused
+        elif classic is None:
             code = _unknown_here(member_id)
         elif request["GenerationId"] != classic.generation:
             code = messages.ERRORS["ILLEGAL_GENERATION"]
@@ -710,13 +1029,18 @@ class KafkaListener:
             code = await self._beat_classic(group_id, member_id, classic, keep=True)
         return {"ThrottleTimeMs": 0, "ErrorCode": code}
 
-    async def leave_group(self, request: dict, version: int, header: dict) -> dict:
+    async def leave_group(self, request: dict, version: int, caller: "Caller") -> dict:
         from api.broker.groups.coordinator import LEAVE_EPOCH, HeartbeatRequest
 
         group_id = request["GroupId"]
         leaving = ([{"MemberId": request["MemberId"], "GroupInstanceId": None}]
                    if version < 3 else request["Members"] or [])
         members = []
+        refused = caller.refused(acl.READ, acl.GROUP, group_id)
+        if refused:
+            return {"ThrottleTimeMs": 0, "ErrorCode": refused, "Members": [
+                {"MemberId": m["MemberId"], "GroupInstanceId": m.get("GroupInstanceId"),
+                 "ErrorCode": refused} for m in leaving]}
         for member in leaving:
             code = 0
             try:
@@ -732,6 +1056,64 @@ class KafkaListener:
         return {"ThrottleTimeMs": 0, "ErrorCode": top, "Members": members}
 
 
+    # -- groups: listing and describing -------------------------------------------------------
+    async def list_groups(self, request: dict, version: int, caller: Caller) -> dict:
+        """The groups this broker coordinates (Kafka's admin clients ask every
+        broker), those the caller may DESCRIBE, filtered by state (v4) and
+        type (v5: kraftlog's groups are all of the consumer type)."""
+        states = {s.lower() for s in request.get("StatesFilter") or ()}
+        types = {t.lower() for t in request.get("TypesFilter") or ()}
+        everything = not caller.auth.enabled or caller.may(acl.DESCRIBE, acl.CLUSTER)
+        groups = []
+        if not types or "consumer" in types:
+            for group in self.server.groups.list_local():
+                state = _group_state(group["state"])
+                if states and state.lower() not in states:
+                    continue
+                if everything or caller.may(acl.DESCRIBE, acl.GROUP, group["group_id"]):
+                    groups.append({"GroupId": group["group_id"], "ProtocolType": "consumer",
+                                   "GroupState": state, "GroupType": "consumer"})
+        return {"ThrottleTimeMs": 0, "ErrorCode": 0, "Groups": groups}
+
+    async def describe_groups(self, request: dict, version: int, caller: Caller) -> dict:
+        """Each group as its coordinator (this broker) knows it, members'
+        subscriptions and assignments in the consumer protocol's encoding."""
+        service = self.server.groups
+        described = []
+        for group_id in request["Groups"] or ():
+            answer = {"ErrorCode": 0, "GroupId": group_id, "GroupState": "Dead",
+                      "ProtocolType": "", "ProtocolData": "", "Members": [],
+                      "AuthorizedOperations": -2147483648}
+            described.append(answer)
+            refused = caller.refused(acl.DESCRIBE, acl.GROUP, group_id)
+            if refused:
+                answer["ErrorCode"] = refused
+                continue
+            try:
+                group = await service.run(group_id, lambda core, g=group_id: (
+                    core.describe(g, service.clock_ms()), []))
+            except Exception as exc:  # noqa: BLE001  answered as its code
+                answer["ErrorCode"] = error_code(exc)
+                continue
+            if group["state"] == "dead":
+                continue
+            members = []
+            for member in group["members"]:
+                classic = self._classic.get((group_id, member["member_id"]))
+                members.append({
+                    "MemberId": member["member_id"], "GroupInstanceId": member["instance_id"],
+                    "ClientId": member.get("client_id") or "",
+                    "ClientHost": member.get("client_host") or "",
+                    "MemberMetadata": _subscription_bytes(member["subscribed_topic_names"]),
+                    "MemberAssignment": _assignment(frozenset(
+                        map(tuple, member["assigned"])))})
+                if classic is not None and not answer["ProtocolData"]:
+                    answer["ProtocolData"] = classic.protocol
+            answer.update(GroupState=_group_state(group["state"]), ProtocolType="consumer",
+                          ProtocolData=answer["ProtocolData"] or group["assignor"] or "",
+                          Members=members)
+        return {"ThrottleTimeMs": 0, "Groups": described}
+
     # -- admin --------------------------------------------------------------------------------
     async def _admin(self, path: str, body: dict) -> tuple[dict | None, int, str | None]:
         """The controller's answer to an admin request (as the HTTP admin
@@ -746,8 +1128,22 @@ class KafkaListener:
         error = entry.get("error")
         return (0, None) if not error else (error_code(error), error.get("message"))
 
-    async def create_topics(self, request: dict, version: int, header: dict) -> dict:
+    @staticmethod
+    def _topic_refusals(caller: Caller, operation: str, names, cluster_too: bool = False
+                        ) -> dict[str, int]:
+        """name -> TOPIC_AUTHORIZATION_FAILED for each topic the caller may
+        not ``operation`` (for CreateTopics, CREATE on the cluster allows
+        every topic). Kafka answers them so and does the others."""
+        if not caller.auth.enabled or (cluster_too and caller.may(operation, acl.CLUSTER)):
+            return {}
+        return {name: code for name in dict.fromkeys(names)
+                if (code := caller.refused(operation, acl.TOPIC, name))}
+
+    async def create_topics(self, request: dict, version: int, caller: Caller) -> dict:
         topics = request["Topics"] or []
+        refused = self._topic_refusals(caller, acl.CREATE, (t["Name"] for t in topics),
+                                       cluster_too=True)
+        asked = [t for t in topics if t["Name"] not in refused]
         answer, code, message = await self._admin("/v1/controller/topics/create", {
             # Kafka's definition spells these two in lower camel case.
             "validate_only": bool(request.get("validateOnly")),
@@ -757,13 +1153,16 @@ class KafkaListener:
                         "configs": {c["Name"]: c["Value"] for c in t["Configs"] or ()},
                         **({"assignments": {a["PartitionIndex"]: a["BrokerIds"]
                                             for a in t["Assignments"]}}
-                           if t["Assignments"] else {})} for t in topics]})
+                           if t["Assignments"] else {})} for t in asked]}) if asked \
+            else ({}, 0, None)
         results = []
         by_name = {e["name"]: e for e in (answer or {}).get("topics") or ()}
         for t in topics:
             entry = by_name.get(t["Name"], {})
             entry_code, entry_message = (code, message) if answer is None \
                 else self._entry_error(entry)
+            if t["Name"] in refused:
+                entry_code, entry_message = refused[t["Name"]], "not authorized to CREATE it"
             results.append({
                 "Name": t["Name"], "TopicId": topic_uuid(entry.get("topic_id")),
                 "ErrorCode": entry_code, "ErrorMessage": entry_message,
@@ -775,13 +1174,15 @@ class KafkaListener:
                     for k, v in sorted((entry.get("configs") or {}).items())]})
         return {"ThrottleTimeMs": 0, "Topics": results}
 
-    async def delete_topics(self, request: dict, version: int, header: dict) -> dict:
+    async def delete_topics(self, request: dict, version: int, caller: Caller) -> dict:
         names = (request["TopicNames"] or []) if version < 6 else [
             t["Name"] if t["Name"] is not None else self._topic_names().get(t["TopicId"])
             for t in request["Topics"] or ()]
-        wanted = [n for n in names if n is not None]
+        refused = self._topic_refusals(caller, acl.DELETE, (n for n in names if n is not None))
+        wanted = [n for n in names if n is not None and n not in refused]
         answer, code, message = await self._admin("/v1/controller/topics/delete",
-                                                  {"topics": wanted})
+                                                  {"topics": wanted}) if wanted \
+            else ({}, 0, None)
         by_name = {e["name"]: e for e in (answer or {}).get("topics") or ()}
         results = []
         for name in names:
@@ -791,25 +1192,46 @@ class KafkaListener:
                 continue
             entry_code, entry_message = (code, message) if answer is None \
                 else self._entry_error(by_name.get(name, {}))
+            if name in refused:
+                entry_code, entry_message = refused[name], "not authorized to DELETE it"
             results.append({"Name": name, "ErrorCode": entry_code,
                             "ErrorMessage": entry_message})
         return {"ThrottleTimeMs": 0, "Responses": results}
 
-    async def create_partitions(self, request: dict, version: int, header: dict) -> dict:
+    async def create_partitions(self, request: dict, version: int, caller: Caller) -> dict:
         topics = request["Topics"] or []
+        refused = self._topic_refusals(caller, acl.ALTER, (t["Name"] for t in topics))
+        asked = [t for t in topics if t["Name"] not in refused]
         answer, code, message = await self._admin("/v1/controller/partitions/create", {
             "validate_only": bool(request.get("ValidateOnly")),
-            "topics": [{"name": t["Name"], "count": t["Count"]} for t in topics]})
+            "topics": [{"name": t["Name"], "count": t["Count"]} for t in asked]}) if asked \
+            else ({}, 0, None)
         by_name = {e["name"]: e for e in (answer or {}).get("topics") or ()}
         results = []
         for t in topics:
             entry_code, entry_message = (code, message) if answer is None \
                 else self._entry_error(by_name.get(t["Name"], {}))
+            if t["Name"] in refused:
+                entry_code, entry_message = refused[t["Name"]], "not authorized to ALTER it"
             results.append({"Name": t["Name"], "ErrorCode": entry_code,
                             "ErrorMessage": entry_message})
         return {"ThrottleTimeMs": 0, "Results": results}
 
-    async def describe_configs(self, request: dict, version: int, header: dict) -> dict:
+    @staticmethod
+    def _topic_resource(resource: dict, caller: Caller, operation: str) -> tuple[int, str]:
+        """(0, "") for a topic resource the caller may ``operation``, else
+        the code and message its result is answered with."""
+        kind, name = resource["ResourceType"], resource["ResourceName"]
+        if kind != TOPIC_RESOURCE:
+            return messages.ERRORS["INVALID_REQUEST"], (
+                f"resource type {kind}: kraftlog's Kafka listener handles topic configs (2); "
+                "a node's own are in its config file (`kraftlog node --print-config`)")
+        refused = caller.refused(operation, acl.TOPIC, name)
+        if refused:
+            return refused, f"not authorized to {operation} it"
+        return 0, ""
+
+    async def describe_configs(self, request: dict, version: int, caller: Caller) -> dict:
         """Topics' configs (resource type 2), with where each value comes
         from; a broker's (4) are refused, saying so: kraftlog's node configs
         are read with ``kraftlog node --print-config``."""
@@ -819,11 +1241,9 @@ class KafkaListener:
             result = {"ErrorCode": 0, "ErrorMessage": None, "ResourceType": kind,
                       "ResourceName": name, "Configs": []}
             results.append(result)
-            if kind != TOPIC_RESOURCE:
-                result.update(ErrorCode=messages.ERRORS["INVALID_REQUEST"],
-                              ErrorMessage=f"resource type {kind}: kraftlog describes topic "
-                                           "configs (2) here; a node's are shown by "
-                                           "`kraftlog node --print-config`")
+            code, message = self._topic_resource(resource, caller, acl.DESCRIBE_CONFIGS)
+            if code:
+                result.update(ErrorCode=code, ErrorMessage=message)
                 continue
             body: dict = {"type": "topic", "name": name}
             if resource["ConfigurationKeys"] is not None:
@@ -845,7 +1265,86 @@ class KafkaListener:
                     "ConfigSource": source, "IsSensitive": False, "Synonyms": []})
         return {"ThrottleTimeMs": 0, "Results": results}
 
-    async def describe_cluster(self, request: dict, version: int, header: dict) -> dict:
+    async def _alter_configs(self, resources: list[dict], validate_only: bool,
+                             caller: Caller, ops_of: Callable[[dict], list[dict]]) -> list[dict]:
+        """Each topic resource's changes (``ops_of``: kraftlog's set/delete
+        operations of one resource), sent to the controller one resource at
+        a time, as the HTTP admin API sends them; each answered for itself."""
+        results = []
+        for resource in resources:
+            kind, name = resource["ResourceType"], resource["ResourceName"]
+            result = {"ErrorCode": 0, "ErrorMessage": None, "ResourceType": kind,
+                      "ResourceName": name}
+            results.append(result)
+            code, message = self._topic_resource(resource, caller, acl.ALTER_CONFIGS)
+            if not code:
+                try:
+                    ops = ops_of(resource)
+                except ValueError as exc:
+                    code, message = messages.ERRORS["INVALID_REQUEST"], str(exc)
+            if not code:
+                answer, code, message = await self._admin("/v1/controller/configs/alter", {
+                    "resources": [{"type": "topic", "name": name, "ops": ops}],
+                    "validate_only": validate_only})
+                if answer is not None:
+                    code, message = self._entry_error(
+                        ((answer or {}).get("resources") or [{}])[0])
+            result.update(ErrorCode=code, ErrorMessage=message or None)
+        return results
+
+    async def alter_configs(self, request: dict, version: int, caller: Caller) -> dict:
+        """AlterConfigs: each resource's configs replaced by those given (a
+        config not named returns to its default), as Kafka's old API does."""
+        described: dict[str, set[str]] = {}
+        for resource in request["Resources"] or ():
+            if resource["ResourceType"] == TOPIC_RESOURCE and not self._topic_resource(
+                    resource, caller, acl.ALTER_CONFIGS)[0]:
+                described[resource["ResourceName"]] = await self._topic_overrides(
+                    resource["ResourceName"])
+
+        def ops_of(resource: dict) -> list[dict]:
+            given = {c["Name"]: c["Value"] for c in resource["Configs"] or ()}
+            ops = [{"name": k, "op": "delete"} if v is None else
+                   {"name": k, "op": "set", "value": v} for k, v in given.items()]
+            return ops + [{"name": k, "op": "delete"}
+                          for k in sorted(described.get(resource["ResourceName"], ()))
+                          if k not in given]
+        return {"ThrottleTimeMs": 0, "Responses": await self._alter_configs(
+            request["Resources"] or [], bool(request["ValidateOnly"]), caller, ops_of)}
+
+    async def _topic_overrides(self, topic: str) -> set[str]:
+        """The configs a topic sets itself (not its defaults)."""
+        answer, code, _message = await self._admin(
+            "/v1/controller/configs/describe", {"resources": [{"type": "topic",
+                                                                "name": topic}]})
+        entries = (answer or {}).get("resources") or [{}]
+        return {e["name"] for e in entries[0].get("configs") or ()
+                if e.get("source") == "TOPIC_CONFIG"}
+
+    async def incremental_alter_configs(self, request: dict, version: int,
+                                        caller: Caller) -> dict:
+        """IncrementalAlterConfigs: SET (0) and DELETE (1) each named config;
+        APPEND (2) and SUBTRACT (3), for list configs, are refused: no topic
+        config of kraftlog's is a list."""
+        def ops_of(resource: dict) -> list[dict]:
+            ops = []
+            for config in resource["Configs"] or ():
+                op = config["ConfigOperation"]
+                if op == 0:
+                    if config["Value"] is None:
+                        raise ValueError(f"SET {config['Name']} needs a value")
+                    ops.append({"name": config["Name"], "op": "set", "value": config["Value"]})
+                elif op == 1:
+                    ops.append({"name": config["Name"], "op": "delete"})
+                else:
+                    raise ValueError(f"{config['Name']}: operation {op} (APPEND or SUBTRACT) "
+                                     "is for list configs, and no topic config of kraftlog's "
+                                     "is a list: SET it")
+            return ops
+        return {"ThrottleTimeMs": 0, "Responses": await self._alter_configs(
+            request["Resources"] or [], bool(request["ValidateOnly"]), caller, ops_of)}
+
+    async def describe_cluster(self, request: dict, version: int, caller: "Caller") -> dict:
         image = self.server.data.replicas.image
         return {"ThrottleTimeMs": 0, "ErrorCode": 0, "ErrorMessage": None, "EndpointType": 1,
                 "ClusterId": self.server.data.cluster_id,
@@ -863,28 +1362,44 @@ class KafkaListener:
             return error_code(exc)
         return 0
 
-    async def add_partitions_to_txn(self, request: dict, version: int, header: dict) -> dict:
+    async def add_partitions_to_txn(self, request: dict, version: int, caller: "Caller") -> dict:
         tid = request["V3AndBelowTransactionalId"]
         pid, epoch = request["V3AndBelowProducerId"], request["V3AndBelowProducerEpoch"]
         topics = request["V3AndBelowTopics"] or []
         partitions = [TopicPartition(t["Name"], p) for t in topics for p in t["Partitions"]]
         service = self.server.transactions
-        try:
-            if any(tp.topic in self.server.data.internal_topics for tp in partitions):
-                raise InvalidTopicError("the internal topics take no producer's writes")
-            service.check_partitions(partitions)
-            code = await self._txn(tid, lambda core: core.add_partitions(
-                tid, pid, epoch, partitions, service.clock_ms()))
-        except Exception as exc:  # noqa: BLE001  answered as its code
-            code = error_code(exc)
+        # Kafka's checks: WRITE on the transactional id (else every
+        # partition refused), then on each topic (a refused one fails the
+        # request: the others are answered OPERATION_NOT_ATTEMPTED).
+        refused = {name: code for name, code in self._topic_refusals(
+            caller, acl.WRITE, (t["Name"] for t in topics)).items()}
+        code = caller.refused(acl.WRITE, acl.TRANSACTIONAL_ID, tid)
+        if not code and refused:
+            code = messages.ERRORS["OPERATION_NOT_ATTEMPTED"]
+        elif not code:
+            try:
+                if any(tp.topic in self.server.data.internal_topics for tp in partitions):
+                    raise InvalidTopicError("the internal topics take no producer's writes")
+                service.check_partitions(partitions)
+                code = await self._txn(tid, lambda core: core.add_partitions(
+                    tid, pid, epoch, partitions, service.clock_ms()))
+            except Exception as exc:  # noqa: BLE001  answered as its code
+                code = error_code(exc)
+        else:
+            refused = {}
         return {"ThrottleTimeMs": 0, "ResultsByTopicV3AndBelow": [
             {"Name": t["Name"], "ResultsByPartition": [
-                {"PartitionIndex": p, "PartitionErrorCode": code} for p in t["Partitions"]]}
+                {"PartitionIndex": p, "PartitionErrorCode": refused.get(t["Name"], code)}
+                for p in t["Partitions"]]}
             for t in topics]}
 
-    async def add_offsets_to_txn(self, request: dict, version: int, header: dict) -> dict:
+    async def add_offsets_to_txn(self, request: dict, version: int, caller: "Caller") -> dict:
         tid, group_id = request["TransactionalId"], request["GroupId"]
         service = self.server.transactions
+        refused = caller.refused(acl.WRITE, acl.TRANSACTIONAL_ID, tid) or caller.refused(
+            acl.READ, acl.GROUP, group_id)
+        if refused:
+            return {"ThrottleTimeMs": 0, "ErrorCode": refused}
         try:
             # The group's offsets partition joins the transaction (Kafka's
             # AddOffsetsToTxn); the offsets come with TxnOffsetCommit.
@@ -897,9 +1412,12 @@ class KafkaListener:
             code = error_code(exc)
         return {"ThrottleTimeMs": 0, "ErrorCode": code}
 
-    async def end_txn(self, request: dict, version: int, header: dict) -> dict:
+    async def end_txn(self, request: dict, version: int, caller: "Caller") -> dict:
         tid = request["TransactionalId"]
         service = self.server.transactions
+        refused = caller.refused(acl.WRITE, acl.TRANSACTIONAL_ID, tid)
+        if refused:
+            return {"ThrottleTimeMs": 0, "ErrorCode": refused}
         code = await self._txn(tid, lambda core: core.end_txn(
             tid, request["ProducerId"], request["ProducerEpoch"], request["Committed"],
             service.clock_ms()))
@@ -908,12 +1426,19 @@ class KafkaListener:
             await service.wait_markers(tid, END_WAIT_S)
         return {"ThrottleTimeMs": 0, "ErrorCode": code}
 
-    async def txn_offset_commit(self, request: dict, version: int, header: dict) -> dict:
+    async def txn_offset_commit(self, request: dict, version: int, caller: "Caller") -> dict:
         offsets = {TopicPartition(t["Name"], p["PartitionIndex"]):
                    (p["CommittedOffset"], p.get("CommittedMetadata") or "")
                    for t in request["Topics"] or () for p in t["Partitions"] or ()}
-        return await _commit_answer(offsets, self.server.groups.txn_commit(
-            request["GroupId"], request["ProducerId"], request["ProducerEpoch"], offsets))
+        tid, group_id = request["TransactionalId"], request["GroupId"]
+        refused = _unreadable(caller, offsets)
+        whole = caller.refused(acl.WRITE, acl.TRANSACTIONAL_ID, tid) or caller.refused(
+            acl.READ, acl.GROUP, group_id)
+        if whole:
+            refused = dict.fromkeys(offsets, whole)
+        allowed = {tp: o for tp, o in offsets.items() if tp not in refused}
+        return await _commit_answer(allowed, self.server.groups.txn_commit(
+            group_id, request["ProducerId"], request["ProducerEpoch"], allowed), refused)
 
 
 def _kafka_records(result: dict) -> dict:
@@ -938,20 +1463,37 @@ def _kafka_records(result: dict) -> dict:
         return {"Records": b"", "ErrorCode": messages.ERRORS["CORRUPT_MESSAGE"]}
 
 
-async def _commit_answer(offsets: dict, committing) -> dict:
+async def _commit_answer(offsets: dict, committing, refused: dict | None = None) -> dict:
     """OffsetCommit's (or TxnOffsetCommit's) answer: each partition's code
     from ``committing`` (a coroutine answering partition -> error code or
-    None), or its refusal of the whole request for every partition."""
-    try:
-        codes = {tp: error_code(None if code is None else {"code": code})
-                 for tp, code in (await committing).items()}
-    except Exception as exc:  # noqa: BLE001  the whole request answered as its code
-        codes = {tp: error_code(exc) for tp in offsets}
+    None), or its refusal of the whole request for every partition, and
+    ``refused``'s codes (partitions not asked for: not authorized)."""
+    codes = dict(refused or {})
+    if not offsets:  # nothing to commit: only refusals
+        if asyncio.iscoroutine(committing):
+            committing.close()
+    else:
+        try:
+            codes.update((tp, error_code(None if code is None else {"code": code}))
+                         for tp, code in (await committing).items())
+        except Exception as exc:  # noqa: BLE001  the whole request answered as its code
+            codes.update((tp, error_code(exc)) for tp in offsets)
     by_topic: dict[str, list[dict]] = {}
     for (topic, partition), code in sorted(codes.items()):
         by_topic.setdefault(topic, []).append({"PartitionIndex": partition, "ErrorCode": code})
     return {"ThrottleTimeMs": 0, "Topics": [{"Name": name, "Partitions": parts}
                                             for name, parts in by_topic.items()]}
+
+
+def _unreadable(caller: Caller, offsets: dict) -> dict:
+    """The partitions of ``offsets`` whose topic the caller may not READ
+    (their commits refused, as Kafka refuses them), with the code."""
+    codes: dict = {}
+    for tp in offsets:
+        code = caller.refused(acl.READ, acl.TOPIC, tp.topic)
+        if code:
+            codes[tp] = code
+    return codes
 
 
 #: The leader a classic member is told of: never itself, so no member
@@ -1006,6 +1548,19 @@ def _subscription(metadata: bytes) -> list[str]:
     version = max(0, min(version, schema["valid"][1]))
     decoded, _ = codec.decode(schema, version, metadata, 2)
     return [t for t in decoded["Topics"] or () if t]
+
+
+def _group_state(state: str) -> str:
+    """kraftlog's group state as Kafka names it (``Stable``, ``Empty``...)."""
+    return state.capitalize()
+
+
+def _subscription_bytes(topics: list[str] | None) -> bytes:
+    """ConsumerProtocolSubscription v0 of ``topics``."""
+    out = bytearray(struct.pack(">h", 0))
+    codec.encode(messages.ConsumerProtocolSubscription, 0,
+                 {"Topics": list(topics or ()), "UserData": None}, out)
+    return bytes(out)
 
 
 def _assignment(partitions: frozenset) -> bytes:

@@ -245,8 +245,8 @@ class BrokerServer:
         logger.info("broker %d listening on %s", self.config.node_id, endpoint.url)
         kafka = self.config.listeners.get(KAFKA_LISTENER)
         if kafka is not None:
-            self.kafka = KafkaListener(self, self.request_bytes_max, idle_ms)
-            await self.kafka.start(kafka.host, kafka.port)
+            self.kafka = KafkaListener(self, kafka, self.request_bytes_max, idle_ms)
+            await self.kafka.start()
             logger.info("broker %d speaks Kafka's protocol on %s", self.config.node_id, kafka)
 
     async def stop(self) -> None:

@@ -101,3 +101,72 @@ def test_an_unknown_user_is_retriable_until_the_users_are_loaded():
         asyncio.run(verifier.authenticate(basic("etl", "pw-123456")))
     loaded["yes"] = True
     assert asyncio.run(verifier.authenticate(basic("etl", "pw-123456"))) is None
+
+
+# -- the server's side of the exchange (the Kafka listener's SaslAuthenticate) ------------
+SERVER_NONCE = "%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0"
+CLIENT_FIRST = b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO"
+CLIENT_FINAL = (b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
+                b"p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=")
+
+
+def _pencil() -> scram.ScramCredential:
+    return scram.credential(scram.salted_password("pencil", SALT, 4096, "SCRAM-SHA-256"),
+                            SALT, 4096, "SCRAM-SHA-256")
+
+
+def _server(users: dict) -> scram.ScramServer:
+    return scram.ScramServer("SCRAM-SHA-256", users.get, b"pepper",
+                             nonce_suffix=SERVER_NONCE)
+
+
+def test_the_server_side_of_rfc_7677s_exchange_proves_the_user():
+    server = _server({"user": _pencil()})
+    assert server.first(CLIENT_FIRST) == (b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF"
+                                          b"$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096")
+    assert server.user is None  # not before the proof
+    assert server.final(CLIENT_FINAL) == b"v=" + base64.b64encode(SERVER_SIGNATURE)
+    assert server.user == "user"
+
+
+def test_a_wrong_password_and_an_unknown_user_fail_alike_at_the_proof():
+    wrong = scram.credential(scram.salted_password("pencil!", SALT, 4096, "SCRAM-SHA-256"),
+                             SALT, 4096, "SCRAM-SHA-256")
+    for users in ({"user": wrong}, {}):
+        server = _server(users)
+        first = server.first(CLIENT_FIRST)
+        assert first.startswith(b"r=rOprNGfwEbeRWgbNEkqO%hvYD") and b",i=" in first
+        with pytest.raises(scram.ScramError, match="wrong user name or password"):
+            server.final(CLIENT_FINAL)
+        assert server.user is None
+    # An unknown user's made-up salt is the same each time (it reveals nothing).
+    assert _server({}).first(CLIENT_FIRST) == _server({}).first(CLIENT_FIRST)
+
+
+@pytest.mark.parametrize("first, final, message", [
+    (b"p=tls-unique,,n=user,r=abc", None, "channel binding"),
+    (b"n,,r=abc,n=user", None, "name the user"),
+    (b"n,a=other,n=user,r=abc", None, "authorization id"),
+    (b"n,,n=us=er,r=abc", None, "=2C or =3D"),
+    (b"\xff", None, "UTF-8"),
+    (CLIENT_FIRST, b"c=biws,r=someone-elses-nonce,p=AAAA", "nonce"),
+    (CLIENT_FIRST, b"c=eSws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
+                   b"p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=", "channel binding"),
+    (CLIENT_FIRST, b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0",
+     "no proof"),
+    (CLIENT_FIRST, b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,p=!!",
+     "base64"),
+])
+def test_malformed_messages_are_refused_saying_why(first, final, message):
+    server = _server({"user": _pencil()})
+    with pytest.raises(scram.ScramError, match=message):
+        server.first(first)
+        server.final(final)
+    assert server.user is None
+
+
+def test_a_second_client_first_message_is_refused():
+    server = _server({"user": _pencil()})
+    server.first(CLIENT_FIRST)
+    with pytest.raises(scram.ScramError, match="second"):
+        server.first(CLIENT_FIRST)
