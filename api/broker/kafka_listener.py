@@ -50,8 +50,11 @@ from collections.abc import Callable
 from typing import Any
 
 from api.broker.data_api import PRODUCE_TIMEOUT_MS_MAX, offset_for
+from api.broker.quotas import OnLoopTime
 from kraft.authorizer import RequestAuth
 from protocol import acl, scram, tls
+from protocol.quotas import (CLIENT_ID_CHARS_MAX, CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE,
+                             REQUEST_PERCENTAGE)
 from api.broker.groups.service import OFFSETS_TOPIC
 from api.broker.transactions.service import END_WAIT_S
 from api.broker.replication import (READ_COMMITTED, READ_UNCOMMITTED, FetchRequest, FetchSpec,
@@ -158,7 +161,7 @@ def error_code(error: Any) -> int:
     return messages.ERRORS.get(name, messages.ERRORS["UNKNOWN_SERVER_ERROR"])
 
 
-def _host_port(address: str) -> tuple[str, int]:
+def host_port(address: str) -> tuple[str, int]:
     """A registered listener address (``host:port``, or an SSL listener's
     ``https://host:port``) as Kafka's host and port."""
     host, _, port = address.partition("://")[2].rpartition(":") if "://" in address \
@@ -201,6 +204,11 @@ class Caller:
         self.bare_sasl = False
         if principal is not None:
             self.authenticated(principal, authorizer)
+
+    @property
+    def client_host(self) -> str:
+        """The client's address as Kafka's group APIs show it: ``/<ip>``."""
+        return "/" + self.host
 
     def authenticated(self, principal: str, authorizer: Any) -> None:
         self.principal = principal
@@ -392,7 +400,12 @@ class KafkaListener:
             return False
         try:
             caller.header = header
-            body = await self.handlers[api_key](request, version, caller)
+            handling = self.handlers[api_key](request, version, caller)
+            quotas = self.server.quotas
+            if api_key in BEFORE_AUTHENTICATION or quotas is None:
+                body = await handling
+            else:
+                body = await self._within_quotas(quotas, api_key, len(frame), handling, caller)
             if body is None:
                 return None
             return self._respond(api_key, version, correlation_id, body)
@@ -402,6 +415,44 @@ class KafkaListener:
             # reconnects and retries), never the broker's other work.
             logger.exception("kafka listener: %s: API %d v%d failed", peer, api_key, version)
             return False
+
+    async def _within_quotas(self, quotas: Any, api_key: int, size: int, handling: Any,
+                             caller: Caller) -> dict | None:
+        """``handling`` (a request's handler, running) under the client's
+        quotas, as the HTTP API applies them: it waits out its (user, client
+        id)'s last throttle first; its time on the event loop counts against
+        ``request_percentage``, a produce's request bytes against
+        ``producer_byte_rate``, a fetch's records against
+        ``consumer_byte_rate``; the answer's ThrottleTimeMs says how long
+        the next request will wait (KIP-219: clients back off that long)."""
+        user = caller.principal or tls.ANONYMOUS
+        client_id = (caller.header.get("ClientId") or "")[:CLIENT_ID_CHARS_MAX]
+        byte_key = PRODUCER_BYTE_RATE if api_key == PRODUCE else \
+            CONSUMER_BYTE_RATE if api_key == FETCH else None
+        timed_key = quotas.resolve(REQUEST_PERCENTAGE, user, client_id) is not None
+        if not timed_key and (byte_key is None or quotas.resolve(byte_key, user, client_id)
+                              is None):
+            return await handling  # no quota: a cached lookup or two
+        wait_s = quotas.hold_for(REQUEST_PERCENTAGE, user, client_id)
+        if byte_key is not None:
+            wait_s = max(wait_s, quotas.hold_for(byte_key, user, client_id))
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
+        timed = OnLoopTime(handling)
+        try:
+            body = await timed
+        finally:
+            throttle_ms = quotas.record(REQUEST_PERCENTAGE, user, client_id,
+                                        timed.busy_s * 100) if timed_key else 0
+        if byte_key == PRODUCER_BYTE_RATE:
+            throttle_ms = max(throttle_ms, quotas.record(byte_key, user, client_id, size))
+        elif byte_key == CONSUMER_BYTE_RATE and body is not None:
+            sent = sum(len(p.get("Records") or b"") for t in body["Responses"]
+                       for p in t["Partitions"])
+            throttle_ms = max(throttle_ms, quotas.record(byte_key, user, client_id, sent))
+        if body is not None and throttle_ms:
+            body["ThrottleTimeMs"] = throttle_ms
+        return body
 
     @staticmethod
     def _respond(api_key: int, version: int, correlation_id: int, body: dict) -> bytes:
@@ -514,7 +565,7 @@ class KafkaListener:
             address = broker.endpoints.get(KAFKA_LISTENER)
             if broker.fenced or not address:
                 continue
-            host, port = _host_port(address)
+            host, port = host_port(address)
             brokers.append({"NodeId": broker_id, "Host": host, "Port": port,
                             "Rack": broker.rack})
         return brokers
@@ -708,7 +759,7 @@ class KafkaListener:
         address = broker.endpoints.get(KAFKA_LISTENER) if broker is not None else None
         if not address:
             return "", -1
-        return _host_port(address)
+        return host_port(address)
 
     async def _coordinator(self, key_type: int, key: str, caller: Caller) -> dict:
         service = self.server.groups if key_type == GROUP_KEY else self.server.transactions
@@ -800,7 +851,7 @@ class KafkaListener:
             owned_partitions=None if owned is None else [
                 TopicPartition(names[t["TopicId"]], p) for t in owned
                 if t["TopicId"] in names for p in t["Partitions"]],
-            client_id=caller.header.get("ClientId"))
+            client_id=caller.header.get("ClientId"), client_host=caller.client_host)
         service = self.server.groups
         try:
             # The HTTP heartbeat's checks: READ on the group, DESCRIBE on
@@ -945,7 +996,8 @@ class KafkaListener:
             member_id=member_id, member_epoch=0, instance_id=request.get("GroupInstanceId"),
             rebalance_timeout_ms=max(0, rebalance),
             session_timeout_ms=request["SessionTimeoutMs"], subscribed_topic_names=topics,
-            owned_partitions=[], client_id=caller.header.get("ClientId"))
+            owned_partitions=[], client_id=caller.header.get("ClientId"),
+            client_host=caller.client_host)
         try:
             response = await self._classic_beat(group_id, heartbeat)
         except Exception as exc:  # noqa: BLE001  answered as its code

@@ -401,6 +401,107 @@ def test_kafka_admin_clients_create_grow_describe_and_delete_topics(cluster):
     assert "adm-1" not in names and "adm-2" not in names
 
 
+def test_kafka_admin_clients_alter_topic_configs(cluster):
+    from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry,
+                                       ConfigResource)
+    from kafka.admin import ConfigResource as KPConfigResource
+    from kafka.admin import ConfigResourceType, KafkaAdminClient
+
+    create(cluster, "cfg-1", partitions=1, rf=2)
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+
+    def configs() -> dict:
+        with Admin(http_bootstrap(cluster)) as native:
+            found = native.describe_configs("cfg-1", ["retention.ms", "cleanup.policy",
+                                                      "min.insync.replicas"])
+        return {k: (v.value, v.source) for k, v in found.items()}
+    # IncrementalAlterConfigs: SET one, DELETE another (back to its default).
+    resource = ConfigResource("topic", "cfg-1", incremental_configs=[
+        ConfigEntry("retention.ms", "120000", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("min.insync.replicas", None,
+                    incremental_operation=AlterConfigOpType.DELETE)])
+    admin.incremental_alter_configs([resource])[resource].result(30)
+    after = configs()
+    assert after["retention.ms"] == ("120000", "TOPIC_CONFIG")
+    assert after["min.insync.replicas"][1] == "DEFAULT_CONFIG"
+    # An unknown config and APPEND (for list configs) are refused, each saying why.
+    bad = ConfigResource("topic", "cfg-1", incremental_configs=[
+        ConfigEntry("no.such.config", "1", incremental_operation=AlterConfigOpType.SET)])
+    with pytest.raises(Exception, match="no.such.config"):
+        admin.incremental_alter_configs([bad])[bad].result(30)
+    append = ConfigResource("topic", "cfg-1", incremental_configs=[
+        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.APPEND)])
+    with pytest.raises(Exception, match="SET it"):
+        admin.incremental_alter_configs([append])[append].result(30)
+    assert configs() == after
+    # AlterConfigs (kafka-python, told not to use the incremental API; it
+    # sends the topic's other configs along, to keep them).
+    kp = KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap)
+    try:
+        kp.alter_configs([KPConfigResource(ConfigResourceType.TOPIC, "cfg-1",
+                                           configs={"cleanup.policy": "compact"})],
+                         incremental=False)
+        described = kp.describe_configs([KPConfigResource(ConfigResourceType.TOPIC, "cfg-1")])
+    finally:
+        kp.close()
+    assert configs()["cleanup.policy"] == ("compact", "TOPIC_CONFIG")
+    assert configs()["retention.ms"] == ("120000", "TOPIC_CONFIG")
+    text = repr(described)
+    assert "cleanup.policy" in text and "compact" in text
+    # AlterConfigs as it is (confluent-kafka's): the configs given replace
+    # the topic's own; one not given returns to its default.
+    plain = ConfigResource("topic", "cfg-1", set_config={"cleanup.policy": "delete"})
+    admin.alter_configs([plain])[plain].result(30)
+    final = configs()
+    assert final["cleanup.policy"] == ("delete", "TOPIC_CONFIG")
+    assert final["retention.ms"][1] == "DEFAULT_CONFIG"
+
+
+def test_kafka_admin_clients_list_and_describe_groups(cluster):
+    from confluent_kafka import ConsumerGroupState
+    from confluent_kafka.admin import AdminClient
+    from kafka import KafkaConsumer
+    from kafka.admin import KafkaAdminClient
+
+    _fill(cluster, "listed", 2, 20)
+    member = KafkaConsumer("listed", bootstrap_servers=cluster.kafka_bootstrap,
+                           group_id="listed-g", client_id="lister",
+                           auto_offset_reset="earliest", heartbeat_interval_ms=500)
+    try:
+        deadline = time.monotonic() + 60
+        while len(member.assignment()) < 2 and time.monotonic() < deadline:
+            member.poll(timeout_ms=200)
+        assert len(member.assignment()) == 2
+        admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+        listed = admin.list_consumer_groups().result(30)
+        groups = {g.group_id: g for g in listed.valid}
+        assert groups["listed-g"].state == ConsumerGroupState.STABLE
+        assert listed.errors == []
+        described = admin.describe_consumer_groups(["listed-g"])["listed-g"].result(30)
+        assert described.state == ConsumerGroupState.STABLE
+        [one] = described.members
+        assert one.client_id == "lister"
+        assert sorted((tp.topic, tp.partition) for tp in one.assignment.topic_partitions) == [
+            ("listed", 0), ("listed", 1)]
+        kp = KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap)
+        try:
+            assert {"group_id": "listed-g", "protocol_type": "consumer",
+                    "group_state": "Stable", "group_type": "consumer"} in kp.list_groups()
+            info = kp.describe_groups(["listed-g"])["listed-g"]
+            assert (info["group_state"], info["protocol_type"], info["error"]) == (
+                "Stable", "consumer", None)
+            [kp_member] = info["members"]
+            assert kp_member["client_id"] == "lister"
+            assert kp_member["client_host"] == "/127.0.0.1"
+            assert kp_member["member_metadata"]["topics"] == ["listed"]
+            assert kp_member["member_assignment"]["assigned_partitions"] == [
+                {"topic": "listed", "partitions": [0, 1]}]
+        finally:
+            kp.close()
+    finally:
+        member.close()
+
+
 def test_librdkafka_transactions_commit_abort_and_copy_exactly_once(cluster):
     # A transactional producer commits one transaction and aborts another;
     # a consume-transform-produce loop copies a topic with its offsets in

@@ -296,3 +296,51 @@ def test_wrong_passwords_unknown_users_and_mechanisms_are_refused(cluster):
         assert struct.unpack_from(">h", answer, 4)[0] == 33
         assert b"SCRAM-SHA-512" in answer and b"PLAIN" in answer
         assert _answer(sock) == b""  # and closed
+
+
+def test_an_ssl_kafka_listener_names_clients_by_their_certificates(tmp_path):
+    # KAFKA:SSL, client certificates required: the administrator's
+    # certificate (a super user) writes and reads; a client without one is
+    # disconnected before its first request is answered.
+    from confluent_kafka import Consumer as KafkaConsumer
+    from confluent_kafka import KafkaException, Producer
+    from confluent_kafka.admin import AdminClient
+
+    with ProcessCluster(str(tmp_path), controllers=1, brokers=1, tls=True, acls=True,
+                        kafka=True, settings={**FAST_SETTINGS,
+                                              "ssl.client.auth": "required"}) as running:
+        running.start()
+        running.wait_for_active_controller(30)
+        running.wait_for_brokers_running(timeout_s=30)
+        with Admin([running.nodes[b].broker_url for b in running.broker_ids],
+                   **running.client_security) as admin:
+            admin.create_topics([NewTopic("mtls", 1, 1)])
+        tls_config = {"bootstrap.servers": running.kafka_bootstrap,
+                      "security.protocol": "SSL",
+                      "ssl.ca.location": running.certs["ca"].certfile}
+        with_cert = {**tls_config,
+                     "ssl.certificate.location": running.certs["client"].certfile,
+                     "ssl.key.location": running.certs["client"].keyfile}
+        producer = Producer(with_cert)
+        for i in range(10):
+            producer.produce("mtls", b"m-%d" % i, partition=0)
+        assert producer.flush(30) == 0
+        consumer = KafkaConsumer({**with_cert, "group.id": "mtls-g",
+                                  "auto.offset.reset": "earliest"})
+        try:
+            consumer.subscribe(["mtls"])
+            got = []
+            deadline = time.monotonic() + 30
+            while len(got) < 10 and time.monotonic() < deadline:
+                message = consumer.poll(1.0)
+                if message is not None and message.error() is None:
+                    got.append(message.value())
+            assert got == [b"m-%d" % i for i in range(10)]
+        finally:
+            consumer.close()
+        with pytest.raises(KafkaException):
+            AdminClient(tls_config).list_topics(timeout=3)
+        broker = running.nodes[running.broker_ids[0]]
+        with open(broker.log_path, encoding="utf-8") as log:
+            assert "has no client certificate, which this listener requires" in log.read()
+

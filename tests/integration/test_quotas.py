@@ -3,12 +3,16 @@ stored in the metadata, enforced by holding answers back (the node's
 ``kraftlog_client_quota_throttle_ms_total`` counts it) while every record is
 still written and read; a client whose requests take more than its
 request_percentage of the broker is held back, answers saying so; other
-clients go unthrottled; bad input refused with nothing stored."""
+clients go unthrottled; bad input refused with nothing stored. The same
+quotas hold Kafka clients back on the KAFKA listener (ThrottleTimeMs)."""
 
 from __future__ import annotations
 
+import socket
+import struct
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -24,12 +28,17 @@ VALUE = b"q" * 1024
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory):
+def cluster(tmp_path_factory):
     with ProcessCluster(str(tmp_path_factory.mktemp("quotas")), controllers=1, brokers=0,
-                        combined=True, settings=SETTINGS) as cluster:
-        cluster.start()
-        cluster.wait_for_brokers_running(timeout_s=30)
-        yield cluster.nodes[1].broker_url
+                        combined=True, settings=SETTINGS, kafka=True) as running:
+        running.start()
+        running.wait_for_brokers_running(timeout_s=30)
+        yield running
+
+
+@pytest.fixture(scope="module")
+def node(cluster):
+    return cluster.nodes[1].broker_url
 
 
 def throttled_ms(url: str) -> dict[tuple[str, str], float]:
@@ -116,6 +125,73 @@ def test_request_percentage_holds_a_busy_client_back_and_only_it(node):
         assert len(list(consumer)) == 50
     with Admin(node) as admin:
         admin.alter_client_quotas({"client-id": "busy"}, {"request_percentage": None})
+
+
+def test_kafka_clients_are_held_to_the_same_quotas(cluster, node):
+    # Over the KAFKA listener: producer and consumer byte rates and
+    # request_percentage, per client id, told to the client as ThrottleTimeMs.
+    import json
+
+    from confluent_kafka import Producer as KafkaProducer
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KafkaTopicPartition
+
+    with Admin(node) as admin:
+        admin.create_topics([NewTopic("kquoted", 1, 1)])
+        admin.alter_client_quotas({"client-id": "kafka-slow"}, {"producer_byte_rate": 100_000})
+        admin.alter_client_quotas({"client-id": "kafka-reader"},
+                                  {"consumer_byte_rate": 100_000})
+        admin.alter_client_quotas({"client-id": "kafka-busy"}, {"request_percentage": 0.5})
+    bootstrap = cluster.nodes[1].kafka_address
+    stats: list = []
+    producer = KafkaProducer({"bootstrap.servers": bootstrap, "client.id": "kafka-slow",
+                              "linger.ms": 5, "statistics.interval.ms": 200,
+                              "stats_cb": stats.append})
+    for i in range(400):  # ~400 KB at a 100 KB/s quota
+        producer.produce("kquoted", VALUE, b"%d" % i, partition=0)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    deadline = time.monotonic() + 10
+    seen_throttle = 0
+    while time.monotonic() < deadline and not seen_throttle:
+        producer.poll(0.2)
+        seen_throttle = max([b.get("throttle", {}).get("max", 0) for raw in stats
+                             for b in json.loads(raw)["brokers"].values()] or [0])
+    assert seen_throttle > 0  # the client was told ThrottleTimeMs
+    assert throttled_ms(node).get(("producer_byte_rate", "kafka-slow"), 0) > 0
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="kafka-reader",
+                             auto_offset_reset="earliest", consumer_timeout_ms=5000)
+    consumer.assign([KafkaTopicPartition("kquoted", 0)])
+    values = [record.value for record in consumer]
+    consumer.close()
+    assert len(values) == 400 and set(values) == {VALUE}
+    assert throttled_ms(node).get(("consumer_byte_rate", "kafka-reader"), 0) > 0
+
+    # Metadata v4 asked again and again by a client over 0.5 % of the broker.
+    host, port = bootstrap.rsplit(":", 1)
+    client = b"kafka-busy"
+    header = struct.pack(">hhih", 3, 4, 1, len(client)) + client
+    frame = header + struct.pack(">i?", -1, False)
+    throttles = []
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        reader = sock.makefile("rb")
+        for _ in range(3000):  # bounded: far more than the quota allows
+            sock.sendall(struct.pack(">i", len(frame)) + frame)
+            (size,) = struct.unpack(">i", reader.read(4))
+            answer = reader.read(size)
+            throttle = struct.unpack_from(">i", answer, 4)[0]  # after the correlation id
+            if throttle:
+                throttles.append(throttle)
+                if len(throttles) == 3:
+                    break
+    assert len(throttles) == 3 and all(0 < t <= 2000 for t in throttles), throttles
+    assert throttled_ms(node).get(("request_percentage", "kafka-busy"), 0) >= sum(throttles)
+    with Admin(node) as admin:
+        for client_id, key in (("kafka-slow", "producer_byte_rate"),
+                               ("kafka-reader", "consumer_byte_rate"),
+                               ("kafka-busy", "request_percentage")):
+            admin.alter_client_quotas({"client-id": client_id}, {key: None})
 
 
 @pytest.mark.parametrize("entity, quotas, message", [

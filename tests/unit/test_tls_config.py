@@ -217,19 +217,37 @@ def test_a_cluster_with_password_users_serves_no_anonymous_client_on_ssl(made, m
     assert CONTROLLER_LISTENER in config.listeners
 
 
+KAFKA_LISTENERS = COMBINED["listeners"] + ",KAFKA://127.0.0.1:9095"
+ACLS = {"authorizer.class.name": "kraftlog.StandardAuthorizer", "super.users": "User:admin"}
+
+
+@pytest.mark.parametrize("kafka, tls_on, sasl_on", [
+    ("SSL", True, False), ("SASL_SSL", True, True)])
+def test_the_kafka_listener_speaks_ssl_or_sasl_ssl_like_the_broker_listener(
+        made, kafka, tls_on, sasl_on):
+    config = node_config_from_settings(secure(made, **ACLS, **{
+        "listener.security.protocol.map": f"BROKER:SASL_SSL,CONTROLLER:SSL,KAFKA:{kafka}"},
+        listeners=KAFKA_LISTENERS))
+    endpoint = config.listeners["KAFKA"]
+    assert (endpoint.tls, endpoint.sasl) == (tls_on, sasl_on)
+    # Registered as its URL, which the listener reads back as Kafka's host and port.
+    from api.broker.kafka_listener import host_port
+    assert host_port(endpoint.registered) == ("127.0.0.1", 9095)
+    assert host_port("[::1]:9095") == ("::1", 9095)
+
+
 @pytest.mark.parametrize("change, message", [
-    ({"listener.security.protocol.map": "BROKER:SSL,CONTROLLER:SSL,KAFKA:PLAINTEXT"},
-     "door without a lock"),
-    ({"listener.security.protocol.map": "BROKER:SSL,CONTROLLER:SSL,KAFKA:SSL"},
-     "PLAINTEXT only"),
+    # With ACLs, a plain listener's callers are all User:ANONYMOUS.
+    ({"listener.security.protocol.map": "BROKER:SSL,CONTROLLER:SSL,KAFKA:PLAINTEXT", **ACLS},
+     "KAFKA are PLAINTEXT"),
+    # A cluster with password users has no plain door.
+    ({"listener.security.protocol.map": "BROKER:SASL_SSL,CONTROLLER:SSL,KAFKA:PLAINTEXT"},
+     "none as PLAINTEXT"),
 ])
-def test_the_kafka_listener_is_refused_on_a_secure_cluster(made, change, message):
-    # Until it authenticates its clients, a KAFKA listener on a cluster with
-    # TLS would let anyone past the lock on the other doors.
+def test_a_plain_kafka_listener_is_refused_where_a_plain_broker_listener_is(
+        made, change, message):
     with pytest.raises(InvalidConfigError, match=message):
-        node_config_from_settings(secure(made, **change, listeners=COMBINED["listeners"]
-                                         + ",KAFKA://127.0.0.1:9095"))
+        node_config_from_settings(secure(made, **change, listeners=KAFKA_LISTENERS))
     # On a plain cluster it is a broker's listener like the others.
-    plain = node_config_from_settings({**COMBINED, "listeners": COMBINED["listeners"]
-                                       + ",KAFKA://127.0.0.1:9095"})
+    plain = node_config_from_settings({**COMBINED, "listeners": KAFKA_LISTENERS})
     assert str(plain.listeners["KAFKA"]) == "127.0.0.1:9095"
