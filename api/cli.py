@@ -321,7 +321,9 @@ def _add_cluster_commands(commands: argparse._SubParsersAction) -> None:
                     "--brokers or --combined say otherwise. On a DIR that already holds a "
                     "cluster, nodes that are stopped start again on their data, ports and "
                     "configs; running nodes are left alone. Nodes run detached (they outlive "
-                    "this command); their output goes to DIR/node-<id>.log.",
+                    "this command); their output goes to DIR/node-<id>.log. Every broker "
+                    "also speaks Kafka's protocol on a KAFKA listener: the printed "
+                    "bootstrap.servers is for Kafka clients (kcat, confluent-kafka...).",
         epilog="examples:\n"
                "  kraftlog cluster up --dir /tmp/kl\n"
                "  kraftlog cluster up --dir /tmp/kl1 --combined 1\n"

@@ -118,6 +118,7 @@ class LocalNode:
     data_dir: str                 # log.dirs; the metadata log is inside it
     pid: int | None = None        # last started process; None once `down` stopped it
     tls: bool = False             # its listeners are SSL (`up --secure`): https:// URLs
+    kafka_port: int | None = None  # KAFKA listener (Kafka's protocol), a broker's
 
     @property
     def scheme(self) -> str:
@@ -134,6 +135,11 @@ class LocalNode:
                 else f"{self.scheme}://127.0.0.1:{self.controller_port}")
 
     @property
+    def kafka_address(self) -> str | None:
+        """``host:port`` of its KAFKA listener, as Kafka clients take it."""
+        return None if self.kafka_port is None else f"127.0.0.1:{self.kafka_port}"
+
+    @property
     def is_broker(self) -> bool:
         return self.broker_port is not None
 
@@ -143,7 +149,8 @@ class LocalNode:
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.node_id, "roles": list(self.roles), "broker_url": self.broker_url,
-                "controller_url": self.controller_url, "pid": self.pid,
+                "controller_url": self.controller_url, "kafka_address": self.kafka_address,
+                "pid": self.pid,
                 "config_path": self.config_path, "log_path": self.log_path,
                 "data_dir": self.data_dir}
 
@@ -156,7 +163,10 @@ class LocalNode:
                    config_path=str(entry["config_path"]), log_path=str(entry["log_path"]),
                    data_dir=str(entry["data_dir"]),
                    pid=None if entry.get("pid") is None else int(entry["pid"]),
-                   tls=any(urllib.parse.urlsplit(url).scheme == "https" for url in urls))
+                   tls=any(urllib.parse.urlsplit(url).scheme == "https" for url in urls),
+                   # A cluster.json written before KAFKA listeners has none.
+                   kafka_port=_port_of("//" + entry["kafka_address"])
+                   if entry.get("kafka_address") else None)
 
 
 def _port_of(url: str | None) -> int | None:
@@ -195,6 +205,13 @@ class LocalCluster:
         return self.nodes[self.broker_ids[0]].broker_url or ""
 
     @property
+    def kafka_bootstrap(self) -> str:
+        """The brokers' KAFKA listeners, as Kafka's bootstrap.servers ("" for
+        a cluster made before they existed)."""
+        return ",".join(self.nodes[i].kafka_address for i in self.broker_ids
+                        if self.nodes[i].kafka_address)
+
+    @property
     def layout_text(self) -> str:
         text = layout_text(self.controllers, self.brokers, self.combined)
         return text + (", TLS with client certificates" if self.secure else "")
@@ -228,6 +245,7 @@ class LocalCluster:
                 "secure": self.secure,
                 "settings": self.settings,
                 "bootstrap": self.bootstrap_url,
+                "kafka_bootstrap": self.kafka_bootstrap,
                 "nodes": [node.to_json() for _, node in sorted(self.nodes.items())]}
 
     def save(self) -> None:
@@ -282,7 +300,8 @@ class LocalCluster:
                 os.path.join(self.base_dir, RAFT_SECRET_FILE))
         files = self.certificates()
         if self.secure:
-            settings = {"listener.security.protocol.map": "BROKER:SSL,CONTROLLER:SSL",
+            kafka = ",KAFKA:SSL" if self.kafka_bootstrap else ""
+            settings = {"listener.security.protocol.map": f"BROKER:SSL,CONTROLLER:SSL{kafka}",
                         "ssl.cafile": files["ca"].certfile, "ssl.client.auth": "required",
                         **settings}
         for node in self.nodes.values():
@@ -296,7 +315,7 @@ class LocalCluster:
                                  **settings}
             write_node_config(node.config_path, node_config_values(
                 node.node_id, node.roles, voters, node.broker_port, node.controller_port,
-                node.data_dir, node_settings), header)
+                node.data_dir, node_settings, kafka_port=node.kafka_port), header)
 
 
 def layout_text(controllers: int, brokers: int, combined: bool) -> str:
@@ -398,7 +417,8 @@ def plan_cluster(base_dir: str, controllers: int, brokers: int, combined: bool,
             controller_port=pick_port(True) if "controller" in roles else None,
             config_path=os.path.join(base_dir, f"node-{node_id}.toml"),
             log_path=os.path.join(base_dir, f"node-{node_id}.log"),
-            data_dir=os.path.join(base_dir, f"node-{node_id}"), tls=secure)
+            data_dir=os.path.join(base_dir, f"node-{node_id}"), tls=secure,
+            kafka_port=pick_port(False) if "broker" in roles else None)
     return LocalCluster(base_dir, controllers, brokers if not combined else controllers,
                         combined, dict(settings), nodes, secure=secure)
 
@@ -790,6 +810,12 @@ def cluster_up(base_dir: str, *, controllers: int | None = None, brokers: int | 
         _say(out, f"          {exports}")
         _say(out, "          (every listener is TLS and requires a client certificate: "
                   "these give the CLI the cluster's CA and client certificate)")
+    if cluster.kafka_bootstrap:
+        files = cluster.certificates()
+        tls_text = (f" security.protocol=SSL ssl.ca.location={files['ca'].certfile} "
+                    f"ssl.certificate.location={files['client'].certfile} "
+                    f"ssl.key.location={files['client'].keyfile}") if cluster.secure else ""
+        _say(out, f"Kafka clients: bootstrap.servers={cluster.kafka_bootstrap}{tls_text}")
     _say(out, f"Inspect:  kraftlog cluster status --dir {base_dir}")
     _say(out, f"Stop it:  kraftlog cluster down --dir {base_dir}")
     return 0

@@ -82,6 +82,12 @@ def test_up_status_down_of_one_combined_node_with_production_settings(cluster_di
     assert state["bootstrap"] == node["broker_url"]
     assert f"export KRAFTLOG_BOOTSTRAP={node['broker_url']}" in up.stdout
     assert "running, active" in up.stdout
+    # Kafka's protocol beside the HTTP API: the printed bootstrap serves kcat.
+    assert state["kafka_bootstrap"] == node["kafka_address"]
+    assert f"Kafka clients: bootstrap.servers={node['kafka_address']}" in up.stdout
+    listed = subprocess.run(["kcat", "-b", node["kafka_address"], "-L", "-J", "-m", "10"],
+                            capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and '"brokers":[{"id":1' in listed.stdout, listed.stderr
     # The node outlives the CLI and runs the recorded config.
     assert node_config_of(node["pid"]) == os.path.realpath(node["config_path"])
     assert os.path.isdir(os.path.join(node["data_dir"], "__cluster_metadata"))
@@ -173,7 +179,16 @@ def test_up_secure_makes_a_tls_cluster_the_cli_reaches_with_the_printed_variable
     assert "running, active" in up.stdout  # up's probes got through TLS
     with open(node["config_path"]) as f:
         config = f.read()
-    assert '"listener.security.protocol.map" = "BROKER:SSL,CONTROLLER:SSL"' in config
+    assert '"listener.security.protocol.map" = "BROKER:SSL,CONTROLLER:SSL,KAFKA:SSL"' in config
+    # Kafka clients with the printed TLS settings (the client certificate).
+    kafka_line = next(line for line in up.stdout.splitlines()
+                      if line.startswith("Kafka clients:"))
+    kafka_settings = dict(pair.split("=", 1) for pair in kafka_line.split()[2:])
+    listed = subprocess.run(["kcat", "-L", "-J", "-m", "10", "-b",
+                             kafka_settings.pop("bootstrap.servers"),
+                             *(f"-X{key}={value}" for key, value in kafka_settings.items())],
+                            capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and '"brokers":[{"id":1' in listed.stdout, listed.stderr
     assert '"ssl.client.auth" = "required"' in config
     assert f'"ssl.certfile" = "{certs}/node-1.pem"' in config
 

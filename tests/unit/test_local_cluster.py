@@ -31,10 +31,13 @@ def test_dedicated_layout_numbers_controllers_first_and_gives_each_its_ports(tmp
     assert {i: n.roles for i, n in cluster.nodes.items()} == {
         1: ("controller",), 2: ("controller",), 3: ("controller",),
         4: ("broker",), 5: ("broker",)}
-    assert [(n.broker_port, n.controller_port) for n in cluster.nodes.values()] == [
-        (None, 20000), (None, 20002), (None, 20004), (20006, None), (20007, None)]
+    assert [(n.broker_port, n.controller_port, n.kafka_port)
+            for n in cluster.nodes.values()] == [
+        (None, 20000, None), (None, 20002, None), (None, 20004, None), (20006, None, 20007),
+        (20008, None, 20009)]
     assert cluster.broker_ids == [4, 5] and cluster.controller_ids == [1, 2, 3]
     assert cluster.bootstrap_url == "http://127.0.0.1:20006"
+    assert cluster.kafka_bootstrap == "127.0.0.1:20007,127.0.0.1:20009"
     node = cluster.nodes[4]
     assert (node.config_path, node.log_path, node.data_dir) == (
         str(tmp_path / "node-4.toml"), str(tmp_path / "node-4.log"), str(tmp_path / "node-4"))
@@ -50,9 +53,10 @@ def test_combined_layout_gives_every_node_both_roles_and_listeners(tmp_path):
 
 def test_real_free_ports_never_collide_and_leave_room_for_raft(tmp_path):
     cluster = plan_cluster(str(tmp_path), 3, 3, False, {})
-    ports = [p for n in cluster.nodes.values() for p in (n.broker_port, n.controller_port) if p]
+    ports = [p for n in cluster.nodes.values()
+             for p in (n.broker_port, n.controller_port, n.kafka_port) if p]
     ports += [n.controller_port + 1 for n in cluster.nodes.values() if n.controller_port]
-    assert len(ports) == len(set(ports)) == 9
+    assert len(ports) == len(set(ports)) == 12
 
 
 @pytest.mark.parametrize("flags, layout", [
@@ -127,7 +131,7 @@ def test_table_and_states(tmp_path):
         "ID  ROLES       PID  BROKER URL              CONTROLLER URL          STATE",
         "1   controller  101  -                       http://127.0.0.1:30000  active",
         "2   broker      102  http://127.0.0.1:30002  -                       running",
-        "3   broker      -    http://127.0.0.1:30003  -                       down",
+        "3   broker      -    http://127.0.0.1:30004  -                       down",
     ]
     assert progress_text(cluster, healths) == (
         "active controller: 1; brokers running: 1/2 (not yet: 3: no answer)")
