@@ -909,11 +909,13 @@ class KafkaListener:
                     partition["ErrorCode"] = _classic_number(partition["ErrorCode"])
         return answer
 
-    async def _committed(self, group_id: str, topics: list[dict] | None, caller: Caller
-                         ) -> tuple[int, list[dict]]:
+    async def _committed(self, group_id: str, topics: list[dict] | None, caller: Caller,
+                         require_stable: bool = False) -> tuple[int, list[dict]]:
         """A group's committed offsets: of ``topics``' partitions (those of a
         topic the caller may not DESCRIBE answered TOPIC_AUTHORIZATION_FAILED),
-        or of every partition (those left out)."""
+        or of every partition (those left out). With ``require_stable``
+        (KIP-447), a partition whose offsets wait on an open transaction is
+        answered UNSTABLE_OFFSET_COMMIT, which the client retries."""
         refused = caller.refused(acl.DESCRIBE, acl.GROUP, group_id)
         if refused:
             return refused, []
@@ -924,8 +926,10 @@ class KafkaListener:
             hidden[topic] = caller.refused(acl.DESCRIBE, acl.TOPIC, topic)
         service = self.server.groups
         try:
-            committed = await service.run(
-                group_id, lambda core: (core.fetch_offsets(group_id, wanted), []))
+            committed, unstable = await service.run(
+                group_id, lambda core: ((core.fetch_offsets(group_id, wanted),
+                                         core.unstable_offsets(group_id)
+                                         if require_stable else set()), []))
         except Exception as exc:  # noqa: BLE001  answered as its code
             return error_code(exc), []
         by_topic: dict[str, list[dict]] = {}
@@ -934,6 +938,8 @@ class KafkaListener:
                 else caller.refused(acl.DESCRIBE, acl.TOPIC, topic)
             if code and wanted is None:
                 continue
+            if not code and (topic, partition) in unstable:
+                code = messages.ERRORS["UNSTABLE_OFFSET_COMMIT"]
             found = None if code else committed.get((topic, partition))
             offset, metadata = found[:2] if found is not None else (-1, "")
             by_topic.setdefault(topic, []).append({
@@ -945,11 +951,13 @@ class KafkaListener:
         if version >= 8:
             groups = []
             for group in request["Groups"]:
-                code, topics = await self._committed(group["GroupId"], group["Topics"], caller)
+                code, topics = await self._committed(group["GroupId"], group["Topics"], caller,
+                                                     bool(request.get("RequireStable")))
                 groups.append({"GroupId": group["GroupId"], "Topics": topics,
                                "ErrorCode": code})
             return {"ThrottleTimeMs": 0, "Groups": groups}
-        code, topics = await self._committed(request["GroupId"], request["Topics"], caller)
+        code, topics = await self._committed(request["GroupId"], request["Topics"], caller,
+                                             bool(request.get("RequireStable")))
         return {"ThrottleTimeMs": 0, "Topics": topics, "ErrorCode": code}
 
     # -- consumer groups: the classic protocol ---------------------------------------------

@@ -608,6 +608,42 @@ async def test_aiokafka_produces_and_consumes_in_a_group(cluster):
     assert sum(v.offset for v in committed.values()) == 100
 
 
+def test_offsets_of_an_open_transaction_are_unstable_to_read_committed_readers(cluster):
+    # KIP-447: while a transaction holding a group's offsets is open, a
+    # read_committed consumer (RequireStable) is told to retry instead of
+    # reading the offset from before it; once committed, it reads the new one.
+    from confluent_kafka import Consumer as CKConsumer
+    from confluent_kafka import KafkaException, Producer as CKProducer
+    from confluent_kafka import TopicPartition as CKTP
+
+    create(cluster, "stable-in", partitions=1)
+    producer = CKProducer({"bootstrap.servers": cluster.kafka_bootstrap,
+                           "transactional.id": "stable-tx"})
+    producer.init_transactions(30)
+    group = CKConsumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": "stable-g",
+                        "enable.auto.commit": False})
+
+    def committed(isolation: str, timeout_s: float) -> int:
+        reader = CKConsumer({"bootstrap.servers": cluster.kafka_bootstrap,
+                             "group.id": "stable-g", "isolation.level": isolation,
+                             "enable.auto.commit": False})
+        try:
+            return reader.committed([CKTP("stable-in", 0)], timeout=timeout_s)[0].offset
+        finally:
+            reader.close()
+    try:
+        producer.begin_transaction()
+        producer.send_offsets_to_transaction([CKTP("stable-in", 0, 5)],
+                                             group.consumer_group_metadata(), 30)
+        assert committed("read_uncommitted", 30) < 0  # nothing committed yet
+        with pytest.raises(KafkaException, match="UNSTABLE_OFFSET_COMMIT|[Tt]imed out"):
+            committed("read_committed", 3)  # retried until the bound: never the old offset
+        producer.commit_transaction(30)
+        assert committed("read_committed", 30) == 5
+    finally:
+        group.close()
+
+
 def test_a_quixstreams_app_counts_words_exactly_once(cluster, tmp_path):
     # quixstreams (on librdkafka): a stateful app whose state lives in a
     # changelog topic it creates, writing exactly once through transactions.

@@ -870,6 +870,14 @@ class GroupCoordinatorCore:
             if committed:
                 self.replay(record)
 
+    def unstable_offsets(self, group_id: str) -> set[TopicPartition]:
+        """The group's partitions with a transactional offset commit whose
+        transaction has not ended (KIP-447: a reader asking for stable
+        offsets is told to retry)."""
+        return {TopicPartition(r.topic, r.partition)
+                for records in self.pending_txn_offsets.values() for r in records
+                if r.group_id == group_id}
+
     def fetch_offsets(self, group_id: str, partitions: Iterable[TopicPartition] | None = None
                       ) -> dict[TopicPartition, tuple[int, str, int]]:
         """Committed ``(offset, metadata, commit_ms)``; partitions without a
