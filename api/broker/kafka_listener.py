@@ -274,6 +274,10 @@ class KafkaListener:
         #: The classic members this broker's coordinators serve: (group,
         #: member id) -> what the member was told (``_Classic``).
         self._classic: dict[tuple[str, str], _Classic] = {}
+        #: Classic static members another process replaced (its instance id
+        #: joined again): (group, member id) -> when. They are answered
+        #: FENCED_INSTANCE_ID, as Kafka answers them, never let back in.
+        self._fenced: dict[tuple[str, str], float] = {}
         self._ids_at: int | None = None
         self._names_by_id: dict[bytes, str] = {}
 
@@ -978,7 +982,7 @@ class KafkaListener:
     async def join_group(self, request: dict, version: int, caller: "Caller") -> dict:
         import uuid
 
-        from api.broker.groups.coordinator import HeartbeatRequest
+        from api.broker.groups.coordinator import GroupError, HeartbeatRequest
 
         group_id = request["GroupId"]
         answer = {"ThrottleTimeMs": 0, "ErrorCode": 0, "GenerationId": -1,
@@ -988,6 +992,9 @@ class KafkaListener:
         refused = caller.refused(acl.READ, acl.GROUP, group_id)
         if refused:
             answer["ErrorCode"] = refused
+            return answer
+        if (group_id, request["MemberId"]) in self._fenced:
+            answer["ErrorCode"] = messages.ERRORS["FENCED_INSTANCE_ID"]
             return answer
         if request["ProtocolType"] != "consumer" or not protocols:
             answer["ErrorCode"] = messages.ERRORS["INCONSISTENT_GROUP_PROTOCOL"]
@@ -1006,11 +1013,31 @@ class KafkaListener:
             session_timeout_ms=request["SessionTimeoutMs"], subscribed_topic_names=topics,
             owned_partitions=[], client_id=caller.header.get("ClientId"),
             client_host=caller.client_host)
+        service = self.server.groups
+        instance_id = request.get("GroupInstanceId")
+
+        def join(core) -> tuple:
+            # A static member (group.instance.id) replaces the member that
+            # held its instance id, at once, as in Kafka's classic groups.
+            replaced, records = core.release_instance(
+                service.clock_ms(), group_id, instance_id, member_id) \
+                if instance_id else (None, [])
+            try:
+                response, more = core.heartbeat(service.clock_ms(), group_id, heartbeat,
+                                                service.topics())
+            except GroupError as exc:  # refused after the release: write that, then raise
+                return exc, records
+            return (response, replaced), records + more
         try:
-            response = await self._classic_beat(group_id, heartbeat)
+            response, replaced = await service.run(group_id, join)
         except Exception as exc:  # noqa: BLE001  answered as its code
             answer["ErrorCode"] = _classic_code(exc)
             return answer
+        if replaced is not None:
+            self._classic.pop((group_id, replaced), None)
+            if len(self._fenced) >= CLASSIC_MEMBERS_MAX:
+                self._fenced.clear()  # forgotten: such a member would be long gone
+            self._fenced[(group_id, replaced)] = time.monotonic()
         self._forget_silent_members()
         self._classic[(group_id, member_id)] = _Classic(
             response.member_epoch, response.member_epoch,
@@ -1018,6 +1045,16 @@ class KafkaListener:
         answer.update(GenerationId=response.member_epoch, ProtocolName=protocols[0]["Name"],
                       Leader=CLASSIC_LEADER, MemberId=member_id)
         return answer
+
+    def _unknown_here(self, group_id: str, member_id: str) -> int:
+        """A classic member this listener has not seen join: after a
+        coordinator moved or restarted, a member the group still knows.
+        Asked to rejoin keeping its id (REBALANCE_IN_PROGRESS), it takes back
+        its place rather than waiting out its old session as a stranger. One
+        a static member replaced is fenced."""
+        if (group_id, member_id) in self._fenced:
+            return messages.ERRORS["FENCED_INSTANCE_ID"]
+        return messages.ERRORS["REBALANCE_IN_PROGRESS" if member_id else "UNKNOWN_MEMBER_ID"]
 
     def _forget_silent_members(self) -> None:
         """Past CLASSIC_MEMBERS_MAX, forget the members silent for an hour
@@ -1039,7 +1076,7 @@ class KafkaListener:
             answer["ErrorCode"] = refused
             return answer
         if classic is None:
-            answer["ErrorCode"] = _unknown_here(member_id)
+            answer["ErrorCode"] = self._unknown_here(group_id, member_id)
             return answer
         if request["GenerationId"] != classic.generation:
             answer["ErrorCode"] = messages.ERRORS["ILLEGAL_GENERATION"]
@@ -1082,7 +1119,7 @@ class KafkaListener:
         if refused:
             code = refused
         elif classic is None:
-            code = _unknown_here(member_id)
+            code = self._unknown_here(group_id, member_id)
         elif request["GenerationId"] != classic.generation:
             code = messages.ERRORS["ILLEGAL_GENERATION"]
         else:
@@ -1575,14 +1612,6 @@ class _Classic:
         self.generation, self.epoch, self.assigned = generation, epoch, assigned
         self.protocol = protocol
         self.seen = time.monotonic()
-
-
-def _unknown_here(member_id: str) -> int:
-    """A classic member this listener has not seen join: after a coordinator
-    moved or restarted, a member the group still knows. Asked to rejoin
-    keeping its id (REBALANCE_IN_PROGRESS), it takes back its place rather
-    than waiting out its old session as a stranger."""
-    return messages.ERRORS["REBALANCE_IN_PROGRESS" if member_id else "UNKNOWN_MEMBER_ID"]
 
 
 def _classic_code(exc: Exception) -> int:

@@ -342,6 +342,72 @@ def test_a_classic_group_of_three_kafka_python_consumers_shares_rebalances_and_c
     assert sum(v.offset for v in committed.values()) == 600
 
 
+def test_a_restarted_static_member_takes_its_place_back_at_once(cluster):
+    # group.instance.id (KIP-345) through the classic protocol: a static
+    # member that restarts (kafka-python sends no LeaveGroup for one) gets
+    # its partitions back without waiting out its 60 s session; a process
+    # still running with the old member id is fenced, not let back in.
+    from kafka import KafkaConsumer
+    from kafka.admin import KafkaAdminClient
+    _fill(cluster, "static", 2, 20)
+
+    def member() -> KafkaConsumer:
+        return KafkaConsumer("static", bootstrap_servers=cluster.kafka_bootstrap,
+                             group_id="static-g", group_instance_id="static-1",
+                             auto_offset_reset="earliest", enable_auto_commit=False,
+                             heartbeat_interval_ms=500, session_timeout_ms=60_000)
+
+    def owns_both(consumer: KafkaConsumer, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            consumer.poll(timeout_ms=200)
+            if {tp.partition for tp in consumer.assignment()} == {0, 1}:
+                return True
+        return False
+    first = member()
+    assert owns_both(first, 30)
+    first.close()  # a restart: the session is left to run out
+    second = member()
+    third = None
+    try:
+        assert owns_both(second, 20)  # well within the 60 s session
+        third = member()  # the same instance id again, while the second runs
+        assert owns_both(third, 20)
+        # The second, still running, is fenced (its heartbeats stop): it
+        # does not take the place back, for as long as both keep polling.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            second.poll(timeout_ms=100)
+            third.poll(timeout_ms=100)
+        assert {tp.partition for tp in third.assignment()} == {0, 1}
+        kp = KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap)
+        try:
+            described = kp.describe_groups(["static-g"])["static-g"]
+        finally:
+            kp.close()
+        assert [(m["group_instance_id"], m["member_id"]) for m in described["members"]] == [
+            ("static-1", third._coordinator._generation.member_id)]
+        # What the second's heartbeat is answered: FENCED_INSTANCE_ID (82).
+        old_id = second._coordinator._generation.member_id.encode()
+        # (kafka-python names the coordinator's connection "coordinator-<node id>")
+        coordinator = cluster.nodes[int(str(second._coordinator.coordinator_id)
+                                        .rsplit("-", 1)[-1])]
+        body = b"".join((struct.pack(">h", 8), b"static-g", struct.pack(">i", 1),
+                         struct.pack(">h", len(old_id)), old_id,
+                         struct.pack(">h", 8), b"static-1"))
+        frame = struct.pack(">hhih", 12, 3, 9, 4) + b"test" + body  # Heartbeat v3
+        with socket.create_connection((coordinator.host, coordinator.kafka_port),
+                                      timeout=10) as sock:
+            sock.sendall(struct.pack(">i", len(frame)) + frame)
+            (size,) = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))
+            answer = sock.recv(size, socket.MSG_WAITALL)
+        assert struct.unpack_from(">ih", answer, 4)[1] == 82
+    finally:
+        second.close()
+        if third is not None:
+            third.close()
+
+
 def test_a_kafka_python_member_and_a_kraftlog_member_share_one_group(cluster):
     # One namespace: the same group through both doors, the partitions split
     # between a classic Kafka member and kraftlog's own client.

@@ -459,6 +459,19 @@ class GroupCoordinatorCore:
                                member_epoch=STATIC_LEAVE_EPOCH if static else LEAVE_EPOCH)
         return self.heartbeat(now_ms, group_id, req, topics or {})[1]
 
+    def release_instance(self, now_ms: int, group_id: str, instance_id: str,
+                         joining: str) -> tuple[str | None, list[Record]]:
+        """The classic protocol's static membership: a member joining with
+        an instance id another live member (not ``joining``) holds takes its
+        place at once, as Kafka's classic groups replace it. The holder
+        leaves for now (-2), so the join that follows takes over its slot;
+        returns the holder's member id (None: no such holder) and the records."""
+        group = self.groups.get(group_id)
+        holder = group.instance_holder(instance_id) if group is not None else None
+        if holder is None or holder.away or holder.member_id == joining:
+            return None, []
+        return holder.member_id, self.leave(now_ms, group_id, holder.member_id, static=True)
+
     def _check_request(self, group_id: str, req: HeartbeatRequest) -> None:
         """Shape checks that need no state (all before anything changes)."""
         def bad(why: str) -> GroupError:
