@@ -111,12 +111,14 @@ class ScramError(ValueError):
 
 
 def _attributes(message: str) -> list[tuple[str, str]]:
-    """``a=value`` pairs of a SCRAM message, in order (RFC 5802 section 7)."""
+    """``a=value`` pairs of a SCRAM message, in order (RFC 5802 section 7;
+    Kafka's extensions, such as ``tokenauth=true``, have longer names)."""
     pairs = []
     for part in message.split(","):
-        if len(part) < 2 or part[1] != "=" or not part[0].isalpha():
+        name, sep, value = part.partition("=")
+        if not sep or not name.isalpha() or not name.isascii():
             raise ScramError(f"not a SCRAM attribute: {part[:40]!r}")
-        pairs.append((part[0], part[2:]))
+        pairs.append((name, value))
     return pairs
 
 
@@ -136,8 +138,10 @@ class ScramServer:
 
     ``credential(user)`` gives the user's ``ScramCredential`` for this
     mechanism, or None. A user without one is answered as if it had one (a
-    salt made from ``pepper`` and its name, so it is the same every time)
-    and fails at the proof: the exchange does not tell who exists."""
+    salt made from ``pepper``, the mechanism and its name, so it is the same
+    every time; the same on every node when the nodes share ``pepper``) and
+    fails at the proof, after the same work as a wrong password: the
+    exchange does not tell who exists."""
 
     NONCE_BYTES = 24
 
@@ -181,18 +185,25 @@ class ScramServer:
             raise ScramError("the client-first message must name the user (n=) and then "
                              "its nonce (r=)")
         user = _sasl_name(attributes[0][1])
-        if authzid and _sasl_name(authzid.removeprefix("a=")) != user:
+        if authzid and (not authzid.startswith("a=") or _sasl_name(authzid[2:]) != user):
             raise ScramError("an authorization id other than the user's own is not allowed")
         client_nonce = attributes[1][1]
         if not client_nonce or not client_nonce.isprintable():
             raise ScramError("an empty or unprintable client nonce")
         self.extensions = dict(attributes[2:])
+        if self.extensions.get("tokenauth", "").lower() == "true":
+            raise ScramError("delegation tokens log in over kraftlog's HTTP API, not with SCRAM "
+                             "(tokenauth): log in with a user's password")
         self._client_first_bare = bare
         self._cred = self._credential(user)
         self._user = user
         if self._cred is None:  # answered alike, refused at the proof
-            decoy = hmac.new(self._pepper, user.encode(), hashlib.sha256).digest()
-            self._cred = ScramCredential(decoy, ITERATIONS_DEFAULT, b"", b"")
+            decoy = hmac.new(self._pepper, f"{self.mechanism}\0{user}".encode(),
+                             hashlib.sha256).digest()[:SALT_BYTES]
+            size = digest_size(self.mechanism)
+            # Keys nobody's proof matches: checked like any (no shortcut).
+            self._cred = ScramCredential(decoy, ITERATIONS_DEFAULT, os.urandom(size),
+                                         os.urandom(size))
         self._nonce = client_nonce + (self._suffix or base64.b64encode(
             os.urandom(self.NONCE_BYTES)).decode())
         self._server_first = (f"r={self._nonce},s={base64.b64encode(self._cred.salt).decode()},"
@@ -224,7 +235,7 @@ class ScramServer:
                                  without_proof)).encode()
         cred = self._cred
         signature = hmac.new(cred.stored_key, auth_message, self.digest).digest()
-        if len(proof) != len(signature) or not cred.stored_key:
+        if len(proof) != len(signature):
             raise ScramError("wrong user name or password")
         client_key = bytes(a ^ b for a, b in zip(proof, signature))
         if not hmac.compare_digest(hashlib.new(self.digest, client_key).digest(),

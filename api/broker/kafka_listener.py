@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import hmac
 import logging
 import struct
 import time
@@ -143,6 +145,8 @@ FRAME_MIN = _HEADER.size + 2
 #: Requests other than produce are small; a larger one is refused before it
 #: is decoded (a few bytes per element would otherwise become many objects).
 FRAME_BYTES_MAX_NOT_PRODUCE = 1024 * 1024
+#: Before a client has authenticated: ApiVersions and SASL messages only.
+FRAME_BYTES_MAX_BEFORE_AUTHENTICATION = 64 * 1024
 EARLIEST, LATEST = -2, -1
 
 
@@ -177,8 +181,24 @@ def topic_uuid(topic_id: str | None) -> bytes:
     return raw if len(raw) == 16 else codec.ZERO_UUID
 
 
+class _Refused(Exception):
+    """A resource of an admin request that cannot be done: its Kafka error
+    code and why."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class _SaslFailed(Exception):
     """A client refused by its SASL exchange (the message says why)."""
+
+
+class _SaslRetry(Exception):
+    """An exchange this broker cannot judge now (its users still loading,
+    too many password checks at once): the connection is closed without
+    an answer, so the client reconnects and tries again (an answered
+    SASL_AUTHENTICATION_FAILED would be final to it)."""
 
 
 class Caller:
@@ -215,14 +235,19 @@ class Caller:
         self.auth = RequestAuth(authorizer, principal, self.host)
 
     def may(self, operation: str, rtype: str, name: str = acl.CLUSTER_NAME) -> bool:
-        return self.auth.allowed(operation, rtype, name)
+        """Whether the caller may; not while this broker's ACLs are not
+        loaded yet (a starting broker's), unless it is a super user."""
+        try:
+            return self.auth.allowed(operation, rtype, name)
+        except Exception:  # noqa: BLE001  the authorizer's metadata is behind
+            return False
 
     def refused(self, operation: str, rtype: str, name: str = acl.CLUSTER_NAME) -> int:
         """0 if the caller may, else the resource type's
         AUTHORIZATION_FAILED (or the authorizer's own error: its metadata
         not loaded yet) as Kafka's number."""
         try:
-            return 0 if self.may(operation, rtype, name) else error_code(
+            return 0 if self.auth.allowed(operation, rtype, name) else error_code(
                 self.auth.refusal(operation, rtype, name))
         except Exception as exc:  # noqa: BLE001  answered as its code
             return error_code(exc)
@@ -253,7 +278,11 @@ class KafkaListener:
         self._passwords = tls.PasswordVerifier(
             lambda user: server.lifecycle.image.scram_credentials(user),
             lambda: server.lifecycle.metadata_caught_up) if endpoint.sasl else None
-        self._pepper = scram.new_salt()
+        # The unknown users' made-up SCRAM salts: the same on every broker
+        # of a cluster with a shared secret (delegation.token.secret.key.file).
+        self._pepper = hmac.new(config.token_secret, b"kraftlog scram decoy salts",
+                                hashlib.sha256).digest() if config.token_secret \
+            else scram.new_salt()
         self.handlers: dict[int, Callable] = {
             API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
             FETCH: self.fetch, LIST_OFFSETS: self.list_offsets,
@@ -325,8 +354,8 @@ class KafkaListener:
                           writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self._connections.add(task)
-        caller = self._caller(writer)
         try:
+            caller = self._caller(writer)
             while caller is not None:
                 size_bytes = await asyncio.wait_for(reader.readexactly(4), self.idle_s)
                 (size,) = _SIZE.unpack(size_bytes)
@@ -334,7 +363,7 @@ class KafkaListener:
                     logger.debug("kafka listener: %s sent a frame of %d bytes: closing",
                                  caller.peer, size)
                     return
-                if caller.principal is None and size > FRAME_BYTES_MAX_NOT_PRODUCE:
+                if caller.principal is None and size > FRAME_BYTES_MAX_BEFORE_AUTHENTICATION:
                     logger.debug("kafka listener: %s sent %d bytes before authenticating: "
                                  "closing", caller.peer, size)
                     return
@@ -356,8 +385,10 @@ class KafkaListener:
                     await asyncio.wait_for(writer.drain(), self.idle_s)
                 if caller.close_after:
                     return
-        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
-            pass
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError, OSError):
+            pass  # the client went, stalled, or broke TLS (ssl.SSLError is an OSError)
+        except Exception:  # noqa: BLE001  one connection's failure, never the listener's
+            logger.exception("kafka listener: a connection failed")
         finally:
             self._connections.discard(task)
             writer.close()
@@ -368,7 +399,7 @@ class KafkaListener:
         a failure closes the connection."""
         try:
             answer = await self._sasl_step(caller, frame)
-        except _SaslFailed:
+        except (_SaslFailed, _SaslRetry):
             return False
         if caller.principal is not None:
             caller.bare_sasl = False  # Kafka's requests from here on
@@ -404,14 +435,15 @@ class KafkaListener:
             return False
         try:
             caller.header = header
-            handling = self.handlers[api_key](request, version, caller)
             quotas = self.server.quotas
             if api_key in BEFORE_AUTHENTICATION or quotas is None:
-                body = await handling
+                body = await self.handlers[api_key](request, version, caller)
             else:
-                body = await self._within_quotas(quotas, api_key, len(frame), handling, caller)
-            if body is None:
-                return None
+                body = await self._within_quotas(
+                    quotas, api_key, len(frame),
+                    lambda: self.handlers[api_key](request, version, caller), caller)
+            if body is None or body is False:  # nothing to answer; or close
+                return body
             return self._respond(api_key, version, correlation_id, body)
         except Exception:  # noqa: BLE001  one request's failure, not the broker's
             # A request this listener could not make sense of, or its own
@@ -420,9 +452,9 @@ class KafkaListener:
             logger.exception("kafka listener: %s: API %d v%d failed", peer, api_key, version)
             return False
 
-    async def _within_quotas(self, quotas: Any, api_key: int, size: int, handling: Any,
-                             caller: Caller) -> dict | None:
-        """``handling`` (a request's handler, running) under the client's
+    async def _within_quotas(self, quotas: Any, api_key: int, size: int,
+                             handling: Callable[[], Any], caller: Caller) -> dict | None | bool:
+        """``handling()`` (a request's handler) under the client's
         quotas, as the HTTP API applies them: it waits out its (user, client
         id)'s last throttle first; its time on the event loop counts against
         ``request_percentage``, a produce's request bytes against
@@ -436,13 +468,13 @@ class KafkaListener:
         timed_key = quotas.resolve(REQUEST_PERCENTAGE, user, client_id) is not None
         if not timed_key and (byte_key is None or quotas.resolve(byte_key, user, client_id)
                               is None):
-            return await handling  # no quota: a cached lookup or two
+            return await handling()  # no quota: a cached lookup or two
         wait_s = quotas.hold_for(REQUEST_PERCENTAGE, user, client_id)
         if byte_key is not None:
             wait_s = max(wait_s, quotas.hold_for(byte_key, user, client_id))
         if wait_s > 0:
             await asyncio.sleep(wait_s)
-        timed = OnLoopTime(handling)
+        timed = OnLoopTime(handling())
         try:
             body = await timed
         finally:
@@ -450,11 +482,11 @@ class KafkaListener:
                                         timed.busy_s * 100) if timed_key else 0
         if byte_key == PRODUCER_BYTE_RATE:
             throttle_ms = max(throttle_ms, quotas.record(byte_key, user, client_id, size))
-        elif byte_key == CONSUMER_BYTE_RATE and body is not None:
+        elif byte_key == CONSUMER_BYTE_RATE and isinstance(body, dict):
             sent = sum(len(p.get("Records") or b"") for t in body["Responses"]
                        for p in t["Partitions"])
             throttle_ms = max(throttle_ms, quotas.record(byte_key, user, client_id, sent))
-        if body is not None and throttle_ms:
+        if isinstance(body, dict) and throttle_ms:
             body["ThrottleTimeMs"] = throttle_ms
         return body
 
@@ -512,7 +544,8 @@ class KafkaListener:
             await asyncio.sleep(0.05)
         return True
 
-    async def sasl_authenticate(self, request: dict, version: int, caller: Caller) -> dict:
+    async def sasl_authenticate(self, request: dict, version: int,
+                                caller: Caller) -> dict | bool:
         """One step of the exchange SaslHandshake chose: PLAIN's one, or
         SCRAM's two (client-first, then client-final with the proof). A
         refusal answers SASL_AUTHENTICATION_FAILED and closes the
@@ -526,6 +559,9 @@ class KafkaListener:
             return answer
         try:
             answer["AuthBytes"] = await self._sasl_step(caller, request["AuthBytes"] or b"")
+        except _SaslRetry as exc:
+            logger.info("kafka listener: %s: %s; closing so it retries", caller.peer, exc)
+            return False
         except _SaslFailed as exc:
             caller.close_after = True
             answer.update(ErrorCode=messages.ERRORS["SASL_AUTHENTICATION_FAILED"],
@@ -536,7 +572,7 @@ class KafkaListener:
         """The server's answer to one message of the client's, or
         ``_SaslFailed`` saying why the client is refused."""
         if not await self._users_loaded():
-            raise _SaslFailed("this broker is still loading the cluster's users: retry")
+            raise _SaslRetry("this broker is still loading the cluster's users")
         try:
             if caller.scram is None:  # PLAIN: authzid NUL user NUL password
                 authzid, user, password = data.decode().split("\0")
@@ -559,8 +595,8 @@ class KafkaListener:
                 f"{caller.mechanism} authentication failed: {exc} (a kraftlog user made with "
                 "`kraftlog users create`, its password, and a mechanism it has credentials "
                 "for)") from None
-        except Exception as exc:  # noqa: BLE001  the broker's trouble: say so, and close
-            raise _SaslFailed(f"{exc}: retry") from None
+        except Exception as exc:  # noqa: BLE001  the broker's trouble (BrokerNotAvailable)
+            raise _SaslRetry(str(exc)) from None
 
     # -- Metadata ------------------------------------------------------------------------
     def _brokers(self, image) -> list[dict]:
@@ -593,7 +629,10 @@ class KafkaListener:
             if requested is not None and name is not None and not everyone:
                 refused = caller.refused(acl.DESCRIBE, acl.TOPIC, name)
                 if refused:  # whether or not it exists
-                    topics.append({"ErrorCode": refused, "Name": name,
+                    # Asked by id, its name is not told (null, or "" before v12).
+                    by_name = asked_id in (None, codec.ZERO_UUID) or by_id.get(asked_id) != name
+                    topics.append({"ErrorCode": refused,
+                                   "Name": name if by_name else None if version >= 12 else "",
                                    "TopicId": asked_id or codec.ZERO_UUID, "Partitions": []})
                     continue
             topic = image.topics.get(name) if name is not None else None
@@ -1004,6 +1043,10 @@ class KafkaListener:
         except codec.KafkaDecodeError:
             answer["ErrorCode"] = messages.ERRORS["INCONSISTENT_GROUP_PROTOCOL"]
             return answer
+        if caller.auth.enabled:
+            # A topic the member may not see is not subscribed to, as a
+            # classic leader assigns only the topics its metadata shows.
+            topics = [t for t in topics if caller.may(acl.DESCRIBE, acl.TOPIC, t)]
         member_id = request["MemberId"] or f"{caller.header.get('ClientId') or 'consumer'}-" \
                                            f"{uuid.uuid4()}"
         rebalance = request.get("RebalanceTimeoutMs", request["SessionTimeoutMs"])
@@ -1195,15 +1238,26 @@ class KafkaListener:
             if group["state"] == "dead":
                 continue
             members = []
+            seen: dict[str, bool] = {}
+
+            def visible(topic: str) -> bool:
+                """A topic the caller may DESCRIBE (else left out, as the
+                HTTP API's description leaves it out)."""
+                if not caller.auth.enabled:
+                    return True
+                if topic not in seen:
+                    seen[topic] = caller.may(acl.DESCRIBE, acl.TOPIC, topic)
+                return seen[topic]
             for member in group["members"]:
                 classic = self._classic.get((group_id, member["member_id"]))
                 members.append({
                     "MemberId": member["member_id"], "GroupInstanceId": member["instance_id"],
                     "ClientId": member.get("client_id") or "",
                     "ClientHost": member.get("client_host") or "",
-                    "MemberMetadata": _subscription_bytes(member["subscribed_topic_names"]),
+                    "MemberMetadata": _subscription_bytes(
+                        [t for t in member["subscribed_topic_names"] or () if visible(t)]),
                     "MemberAssignment": _assignment(frozenset(
-                        map(tuple, member["assigned"])))})
+                        tuple(tp) for tp in member["assigned"] if visible(tp[0])))})
                 if classic is not None and not answer["ProtocolData"]:
                     answer["ProtocolData"] = classic.protocol
             answer.update(GroupState=_group_state(group["state"]), ProtocolType="consumer",
@@ -1260,39 +1314,55 @@ class KafkaListener:
                 else self._entry_error(entry)
             if t["Name"] in refused:
                 entry_code, entry_message = refused[t["Name"]], "not authorized to CREATE it"
+            # Its configs and shape are told only to a caller who may
+            # DESCRIBE_CONFIGS it (Kafka's rule).
+            configs_refused = 0 if entry_code else caller.refused(
+                acl.DESCRIBE_CONFIGS, acl.TOPIC, t["Name"])
+            shown = not entry_code and not configs_refused
             results.append({
                 "Name": t["Name"], "TopicId": topic_uuid(entry.get("topic_id")),
                 "ErrorCode": entry_code, "ErrorMessage": entry_message,
-                "NumPartitions": entry.get("num_partitions", -1),
-                "ReplicationFactor": entry.get("replication_factor", -1),
-                "Configs": None if entry_code else [
+                "TopicConfigErrorCode": configs_refused,
+                "NumPartitions": entry.get("num_partitions", -1) if shown else -1,
+                "ReplicationFactor": entry.get("replication_factor", -1) if shown else -1,
+                "Configs": None if not shown else [
                     {"Name": k, "Value": None if v is None else str(v), "ReadOnly": False,
                      "ConfigSource": 5, "IsSensitive": False}  # 5: the cluster's default
                     for k, v in sorted((entry.get("configs") or {}).items())]})
         return {"ThrottleTimeMs": 0, "Topics": results}
 
     async def delete_topics(self, request: dict, version: int, caller: Caller) -> dict:
-        names = (request["TopicNames"] or []) if version < 6 else [
-            t["Name"] if t["Name"] is not None else self._topic_names().get(t["TopicId"])
-            for t in request["Topics"] or ()]
-        refused = self._topic_refusals(caller, acl.DELETE, (n for n in names if n is not None))
-        wanted = [n for n in names if n is not None and n not in refused]
+        by_id = self._topic_names()
+        # (name, id asked for or None); v6 names a topic or gives its id.
+        asked = [(n, None) for n in request["TopicNames"] or []] if version < 6 else [
+            (t["Name"], None) if t["Name"] is not None
+            else (by_id.get(t["TopicId"]), t["TopicId"]) for t in request["Topics"] or ()]
+        names = [n for n, _ in asked if n is not None]
+        refused = self._topic_refusals(caller, acl.DELETE, names)
+        # Kafka's rule: a topic asked for by id whose name the caller may not
+        # DESCRIBE is answered without its name.
+        hidden = {n for n, topic_id in asked if topic_id is not None and n in refused
+                  and caller.refused(acl.DESCRIBE, acl.TOPIC, n)}
+        wanted = [n for n in dict.fromkeys(names) if n not in refused]
         answer, code, message = await self._admin("/v1/controller/topics/delete",
                                                   {"topics": wanted}) if wanted \
             else ({}, 0, None)
         by_name = {e["name"]: e for e in (answer or {}).get("topics") or ()}
+        ids = {name: topic_id for topic_id, name in by_id.items()}
         results = []
-        for name in names:
+        for name, topic_id in asked:
             if name is None:
-                results.append({"Name": None, "ErrorCode": messages.ERRORS["UNKNOWN_TOPIC_ID"],
+                results.append({"Name": None, "TopicId": topic_id,
+                                "ErrorCode": messages.ERRORS["UNKNOWN_TOPIC_ID"],
                                 "ErrorMessage": "no topic has that id"})
                 continue
             entry_code, entry_message = (code, message) if answer is None \
                 else self._entry_error(by_name.get(name, {}))
             if name in refused:
                 entry_code, entry_message = refused[name], "not authorized to DELETE it"
-            results.append({"Name": name, "ErrorCode": entry_code,
-                            "ErrorMessage": entry_message})
+            results.append({"Name": None if name in hidden else name,
+                            "TopicId": topic_id or ids.get(name, codec.ZERO_UUID),
+                            "ErrorCode": entry_code, "ErrorMessage": entry_message})
         return {"ThrottleTimeMs": 0, "Responses": results}
 
     async def create_partitions(self, request: dict, version: int, caller: Caller) -> dict:
@@ -1368,15 +1438,25 @@ class KafkaListener:
         operations of one resource), sent to the controller one resource at
         a time, as the HTTP admin API sends them; each answered for itself."""
         results = []
+        counts: dict[tuple, int] = {}
+        for resource in resources:
+            key = (resource["ResourceType"], resource["ResourceName"])
+            counts[key] = counts.get(key, 0) + 1
         for resource in resources:
             kind, name = resource["ResourceType"], resource["ResourceName"]
             result = {"ErrorCode": 0, "ErrorMessage": None, "ResourceType": kind,
                       "ResourceName": name}
             results.append(result)
+            if counts[(kind, name)] > 1:  # Kafka refuses a resource named twice
+                result.update(ErrorCode=messages.ERRORS["INVALID_REQUEST"],
+                              ErrorMessage="the resource is named more than once")
+                continue
             code, message = self._topic_resource(resource, caller, acl.ALTER_CONFIGS)
             if not code:
                 try:
                     ops = ops_of(resource)
+                except _Refused as exc:
+                    code, message = exc.code, str(exc)
                 except ValueError as exc:
                     code, message = messages.ERRORS["INVALID_REQUEST"], str(exc)
             if not code:
@@ -1392,7 +1472,7 @@ class KafkaListener:
     async def alter_configs(self, request: dict, version: int, caller: Caller) -> dict:
         """AlterConfigs: each resource's configs replaced by those given (a
         config not named returns to its default), as Kafka's old API does."""
-        described: dict[str, set[str]] = {}
+        described: dict[str, set[str] | _Refused] = {}
         for resource in request["Resources"] or ():
             if resource["ResourceType"] == TOPIC_RESOURCE and not self._topic_resource(
                     resource, caller, acl.ALTER_CONFIGS)[0]:
@@ -1400,21 +1480,28 @@ class KafkaListener:
                     resource["ResourceName"])
 
         def ops_of(resource: dict) -> list[dict]:
+            overrides = described.get(resource["ResourceName"], set())
+            if isinstance(overrides, _Refused):  # its current configs could not be read
+                raise overrides
             given = {c["Name"]: c["Value"] for c in resource["Configs"] or ()}
             ops = [{"name": k, "op": "delete"} if v is None else
                    {"name": k, "op": "set", "value": v} for k, v in given.items()]
-            return ops + [{"name": k, "op": "delete"}
-                          for k in sorted(described.get(resource["ResourceName"], ()))
+            return ops + [{"name": k, "op": "delete"} for k in sorted(overrides)
                           if k not in given]
         return {"ThrottleTimeMs": 0, "Responses": await self._alter_configs(
             request["Resources"] or [], bool(request["ValidateOnly"]), caller, ops_of)}
 
-    async def _topic_overrides(self, topic: str) -> set[str]:
-        """The configs a topic sets itself (not its defaults)."""
-        answer, code, _message = await self._admin(
+    async def _topic_overrides(self, topic: str) -> set[str] | _Refused:
+        """The configs a topic sets itself (not its defaults), or why they
+        could not be read."""
+        answer, code, message = await self._admin(
             "/v1/controller/configs/describe", {"resources": [{"type": "topic",
                                                                 "name": topic}]})
         entries = (answer or {}).get("resources") or [{}]
+        if answer is not None:
+            code, message = self._entry_error(entries[0])
+        if code:
+            return _Refused(code, message or "the topic's configs could not be read")
         return {e["name"] for e in entries[0].get("configs") or ()
                 if e.get("source") == "TOPIC_CONFIG"}
 

@@ -344,3 +344,96 @@ def test_an_ssl_kafka_listener_names_clients_by_their_certificates(tmp_path):
         with open(broker.log_path, encoding="utf-8") as log:
             assert "has no client certificate, which this listener requires" in log.read()
 
+
+
+class _Session:
+    """A raw Kafka connection logged in with PLAIN, speaking requests as
+    dicts through kraftlog's generated schemas (what is checked is what
+    the broker answers)."""
+
+    def __init__(self, cluster: ProcessCluster, user: str, node: int | None = None) -> None:
+        host, port = cluster.kafka_bootstrap.split(",")[node or 0].rsplit(":", 1)
+        context = ssl.create_default_context(cafile=cluster.certs["ca"].certfile)
+        self.sock = context.wrap_socket(socket.create_connection((host, int(port)), timeout=10),
+                                        server_hostname=host)
+        self.correlation = 0
+        assert self.call(17, 1, {"Mechanism": "PLAIN"})["ErrorCode"] == 0
+        token = b"\0" + user.encode() + b"\0" + PASSWORD.encode()
+        assert self.call(36, 0, {"AuthBytes": token})["ErrorCode"] == 0
+
+    def call(self, api_key: int, version: int, body: dict) -> dict:
+        from protocol.kafka import codec, messages
+        self.correlation += 1
+        out = bytearray()
+        codec.encode(messages.RequestHeader, codec.request_header_version(api_key, version),
+                     {"RequestApiKey": api_key, "RequestApiVersion": version,
+                      "CorrelationId": self.correlation, "ClientId": "raw-test"}, out)
+        codec.encode(messages.APIS[api_key][0], version, body, out)
+        self.sock.sendall(struct.pack(">i", len(out)) + out)
+        answer = _answer(self.sock)
+        assert answer, "the broker closed the connection"
+        _header, pos = codec.decode(messages.ResponseHeader,
+                                    codec.response_header_version(api_key, version), answer)
+        return codec.decode(messages.APIS[api_key][1], version, answer, pos)[0]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_hidden_topic_asked_for_by_id_keeps_its_name_secret(cluster):
+    from api.broker.kafka_listener import topic_uuid
+    with Admin([cluster.nodes[b].broker_url for b in cluster.broker_ids],
+               **cluster.client_security) as admin:
+        hidden_id = topic_uuid(admin.describe_topics([SECRET_TOPIC])[SECRET_TOPIC].topic_id)
+    session = _Session(cluster, WRITER)
+    try:
+        [topic] = session.call(3, 12, {"Topics": [{"TopicId": hidden_id, "Name": None}],
+                                       "AllowAutoTopicCreation": False,
+                                       "IncludeTopicAuthorizedOperations": False})["Topics"]
+        assert (topic["ErrorCode"], topic["Name"], topic["Partitions"]) == (29, None, [])
+        [deleted] = session.call(20, 6, {"Topics": [{"Name": None, "TopicId": hidden_id}],
+                                         "TimeoutMs": 10_000})["Responses"]
+        assert (deleted["ErrorCode"], deleted["Name"], deleted["TopicId"]) == (
+            29, None, hidden_id)
+    finally:
+        session.close()
+    with Admin([cluster.nodes[b].broker_url for b in cluster.broker_ids],
+               **cluster.client_security) as admin:
+        assert SECRET_TOPIC in admin.list_topics()
+
+
+def test_a_classic_member_is_not_given_nor_shown_a_topic_it_may_not_see(cluster):
+    import uuid
+
+    from protocol.kafka import codec, messages
+    # The reader may READ the group and TOPIC, nothing of SECRET_TOPIC.
+    sessions = [_Session(cluster, READER, node) for node in range(3)]
+    try:
+        node_id = sessions[0].call(10, 3, {"Key": GROUP, "KeyType": 0})["NodeId"]
+        session = sessions[sorted(cluster.broker_ids).index(node_id)]
+        subscription = struct.pack(">h", 0) + bytes(codec.encode(
+            messages.ConsumerProtocolSubscription, 0,
+            {"Topics": [TOPIC, SECRET_TOPIC], "UserData": None}))
+        member_id = f"raw-{uuid.uuid4()}"
+        joined = session.call(11, 5, {
+            "GroupId": GROUP, "SessionTimeoutMs": 30_000, "RebalanceTimeoutMs": 30_000,
+            "MemberId": member_id, "GroupInstanceId": None, "ProtocolType": "consumer",
+            "Protocols": [{"Name": "range", "Metadata": subscription}]})
+        assert joined["ErrorCode"] == 0, joined
+        synced = session.call(14, 3, {
+            "GroupId": GROUP, "GenerationId": joined["GenerationId"],
+            "MemberId": joined["MemberId"], "GroupInstanceId": None, "Assignments": []})
+        assert synced["ErrorCode"] == 0, synced
+        assignment, _ = codec.decode(messages.ConsumerProtocolAssignment, 0,
+                                     synced["Assignment"], 2)
+        assert {t["Topic"] for t in assignment["AssignedPartitions"]} <= {TOPIC}
+        [described] = session.call(15, 4, {"Groups": [GROUP],
+                                           "IncludeAuthorizedOperations": False})["Groups"]
+        for member in described["Members"]:
+            assert SECRET_TOPIC.encode() not in member["MemberMetadata"]
+            assert SECRET_TOPIC.encode() not in member["MemberAssignment"]
+        session.call(13, 3, {"GroupId": GROUP, "Members": [
+            {"MemberId": joined["MemberId"], "GroupInstanceId": None}]})
+    finally:
+        for s in sessions:
+            s.close()

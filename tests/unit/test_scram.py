@@ -170,3 +170,27 @@ def test_a_second_client_first_message_is_refused():
     server.first(CLIENT_FIRST)
     with pytest.raises(scram.ScramError, match="second"):
         server.first(CLIENT_FIRST)
+
+
+def test_an_unknown_users_salt_differs_per_mechanism_as_a_real_users_does():
+    first = CLIENT_FIRST
+    sha256 = scram.ScramServer("SCRAM-SHA-256", {}.get, b"pepper").first(first)
+    sha512 = scram.ScramServer("SCRAM-SHA-512", {}.get, b"pepper").first(first)
+    salt = [dict(p.split("=", 1) for p in m.decode().split(","))["s"] for m in (sha256, sha512)]
+    assert salt[0] != salt[1]
+    assert len(base64.b64decode(salt[0])) == scram.SALT_BYTES  # as long as a real one
+
+
+@pytest.mark.parametrize("first, message", [
+    (b"n,,n=user,r=abc,tokenauth=true", "delegation tokens"),
+    (b"n,user,n=user,r=abc", "authorization id"),  # an authzid without a=
+])
+def test_token_logins_and_bare_authorization_ids_are_refused(first, message):
+    with pytest.raises(scram.ScramError, match=message):
+        _server({"user": _pencil()}).first(first)
+
+
+def test_an_extension_is_kept_and_the_exchange_goes_on():
+    server = _server({"user": _pencil()})
+    server.first(CLIENT_FIRST + b",ext=1")
+    assert server.extensions == {"ext": "1"}
