@@ -134,8 +134,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 SASL_APIS = frozenset({SASL_HANDSHAKE, SASL_AUTHENTICATE})
 #: DescribeConfigs: Kafka's resource type of a topic, and its numbers for
 #: where a config value comes from.
-TOPIC_RESOURCE = 2
-CONFIG_SOURCES = {"TOPIC_CONFIG": 1, "DEFAULT_CONFIG": 5}
+TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
+CONFIG_SOURCES = {"TOPIC_CONFIG": 1, "STATIC_BROKER_CONFIG": 4, "DEFAULT_CONFIG": 5}
 #: FindCoordinator's key types.
 GROUP_KEY, TRANSACTION_KEY = 0, 1
 _SIZE = struct.Struct(">i")
@@ -1391,8 +1391,8 @@ class KafkaListener:
         kind, name = resource["ResourceType"], resource["ResourceName"]
         if kind != TOPIC_RESOURCE:
             return messages.ERRORS["INVALID_REQUEST"], (
-                f"resource type {kind}: kraftlog's Kafka listener handles topic configs (2); "
-                "a node's own are in its config file (`kraftlog node --print-config`)")
+                f"resource type {kind}: only topics' configs (2) change here; a broker's are "
+                "read only, set in its config file (`kraftlog node --print-config` shows them)")
         refused = caller.refused(operation, acl.TOPIC, name)
         if refused:
             return refused, f"not authorized to {operation} it"
@@ -1400,14 +1400,17 @@ class KafkaListener:
 
     async def describe_configs(self, request: dict, version: int, caller: Caller) -> dict:
         """Topics' configs (resource type 2), with where each value comes
-        from; a broker's (4) are refused, saying so: kraftlog's node configs
-        are read with ``kraftlog node --print-config``."""
+        from, and this broker's own (4: its config file's and defaults, read
+        only: kraftlog has no dynamic broker configs)."""
         results = []
         for resource in request["Resources"] or ():
             kind, name = resource["ResourceType"], resource["ResourceName"]
             result = {"ErrorCode": 0, "ErrorMessage": None, "ResourceType": kind,
                       "ResourceName": name, "Configs": []}
             results.append(result)
+            if kind == BROKER_RESOURCE:
+                result.update(self._broker_configs(name, resource["ConfigurationKeys"], caller))
+                continue
             code, message = self._topic_resource(resource, caller, acl.DESCRIBE_CONFIGS)
             if code:
                 result.update(ErrorCode=code, ErrorMessage=message)
@@ -1431,6 +1434,36 @@ class KafkaListener:
                     "ReadOnly": bool(entry.get("read_only")), "IsDefault": source == 5,
                     "ConfigSource": source, "IsSensitive": False, "Synonyms": []})
         return {"ThrottleTimeMs": 0, "Results": results}
+
+    def _broker_configs(self, name: str, keys: list[str] | None, caller: Caller) -> dict:
+        """DescribeConfigs of this broker (``name``: its id, or "" for the
+        defaults a broker has): every node config, where it comes from (the
+        node's config file, or the default), read only."""
+        from kraft.config_schema import SCHEMA, typed
+
+        config = self.server.config
+        if name not in ("", str(config.node_id)):
+            return {"ErrorCode": messages.ERRORS["INVALID_REQUEST"],
+                    "ErrorMessage": f"this is broker {config.node_id}: ask broker {name} for "
+                                    "its own configs"}
+        refused = caller.refused(acl.DESCRIBE_CONFIGS, acl.CLUSTER)
+        if refused:
+            return {"ErrorCode": refused, "ErrorMessage": "a broker's configs need "
+                                                          "DESCRIBE_CONFIGS on the cluster"}
+        wanted = None if keys is None else set(keys)
+        configs = []
+        for key in SCHEMA:
+            if wanted is not None and key.name not in wanted:
+                continue
+            value = config.settings.get(key.name)
+            default = typed(key, key.default) if key.default is not None else None
+            source = CONFIG_SOURCES["DEFAULT_CONFIG"] if value == default \
+                else CONFIG_SOURCES["STATIC_BROKER_CONFIG"]
+            configs.append({"Name": key.name, "Value": _config_text(value), "ReadOnly": True,
+                            "IsDefault": value == default, "ConfigSource": source,
+                            "IsSensitive": False, "Synonyms": [],
+                            "ConfigType": 0, "Documentation": key.doc})
+        return {"Configs": configs}
 
     async def _alter_configs(self, resources: list[dict], validate_only: bool,
                              caller: Caller, ops_of: Callable[[dict], list[dict]]) -> list[dict]:
@@ -1724,6 +1757,18 @@ def _subscription(metadata: bytes) -> list[str]:
     version = max(0, min(version, schema["valid"][1]))
     decoded, _ = codec.decode(schema, version, metadata, 2)
     return [t for t in decoded["Topics"] or () if t]
+
+
+def _config_text(value: Any) -> str | None:
+    """A config value as Kafka shows it: ``true``/``false``, lists
+    comma-separated, None as null."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
 
 
 def _group_state(state: str) -> str:

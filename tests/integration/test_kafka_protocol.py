@@ -523,6 +523,27 @@ def test_kafka_admin_clients_alter_topic_configs(cluster):
     assert final["retention.ms"][1] == "DEFAULT_CONFIG"
 
 
+def test_kafka_admin_clients_describe_a_brokers_configs(cluster):
+    from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource
+
+    broker = cluster.broker_ids[0]
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+    resource = ConfigResource("broker", str(broker))
+    configs = admin.describe_configs([resource])[resource].result(30)
+    assert configs["node.id"].value == str(broker)
+    # From its config file, or the default.
+    assert configs["node.id"].source == ConfigSource.STATIC_BROKER_CONFIG.value
+    assert configs["ssl.client.auth"].value == "none"
+    assert configs["ssl.client.auth"].is_default
+    assert configs["ssl.client.auth"].source == ConfigSource.DEFAULT_CONFIG.value
+    assert all(c.is_read_only for c in configs.values())
+    assert configs["connections.max.idle.ms"].value == str(IDLE_MS)
+    # Changing one is refused, saying a broker's configs are read only.
+    with pytest.raises(Exception, match="read only"):
+        changed = ConfigResource("broker", str(broker), set_config={"num.partitions": "9"})
+        admin.alter_configs([changed])[changed].result(30)
+
+
 def test_kafka_admin_clients_list_and_describe_groups(cluster):
     from confluent_kafka import ConsumerGroupState
     from confluent_kafka.admin import AdminClient
