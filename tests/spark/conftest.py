@@ -34,7 +34,7 @@ def spark(tmp_path_factory):
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
     with ProcessCluster(str(tmp_path_factory.mktemp("spark-cluster")), controllers=1,
-                        brokers=3, settings=SETTINGS) as cluster:
+                        brokers=3, settings=SETTINGS, kafka=True) as cluster:
         cluster.start()
         cluster.wait_for_brokers_running(timeout_s=30)
         yield cluster
