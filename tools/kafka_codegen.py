@@ -31,7 +31,7 @@ MESSAGES = (
     "ListGroups", "DescribeGroups", "CreateTopics", "DeleteTopics", "CreatePartitions",
     "DescribeConfigs", "DescribeCluster", "InitProducerId", "SaslHandshake",
     "SaslAuthenticate", "AddPartitionsToTxn", "AddOffsetsToTxn", "EndTxn", "TxnOffsetCommit",
-    "ConsumerGroupHeartbeat", "AlterConfigs", "IncrementalAlterConfigs",
+    "ConsumerGroupHeartbeat", "AlterConfigs", "IncrementalAlterConfigs", "OffsetForLeaderEpoch",
 )
 HEADERS = ("RequestHeader", "ResponseHeader")
 #: Data carried inside messages: the classic group protocol's member

@@ -81,6 +81,7 @@ CONSUMER_GROUP_HEARTBEAT = 68
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 33, 44
 LIST_GROUPS, DESCRIBE_GROUPS = 16, 15
+OFFSET_FOR_LEADER_EPOCH = 23
 #: What a client may ask before it has authenticated on a SASL_SSL listener.
 BEFORE_AUTHENTICATION = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 #: The SASL mechanisms a SASL_SSL listener offers: SCRAM's (the password
@@ -95,6 +96,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 9),        # 3: RecordBatch v2 and transactional ids
     FETCH: (4, 12),         # 4: RecordBatch v2 and isolation levels; 13+ name topics by id
     LIST_OFFSETS: (1, 6),   # 7 adds the max-timestamp query (-3, KIP-734): not answered
+    # KIP-320: a consumer checks its position after a leader change.
+    OFFSET_FOR_LEADER_EPOCH: (0, 4),
     METADATA: (1, 12),
     OFFSET_COMMIT: (2, 9),
     OFFSET_FETCH: (1, 9),
@@ -287,6 +290,7 @@ class KafkaListener:
             API_VERSIONS: self.api_versions, METADATA: self.metadata, PRODUCE: self.produce,
             FETCH: self.fetch, LIST_OFFSETS: self.list_offsets,
             FIND_COORDINATOR: self.find_coordinator, INIT_PRODUCER_ID: self.init_producer_id,
+            OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             CONSUMER_GROUP_HEARTBEAT: self.consumer_group_heartbeat,
             OFFSET_COMMIT: self.offset_commit, OFFSET_FETCH: self.offset_fetch,
             JOIN_GROUP: self.join_group, SYNC_GROUP: self.sync_group,
@@ -794,6 +798,36 @@ class KafkaListener:
                     answer["ErrorCode"] = error_code(exc)
                 partitions.append(answer)
             topics.append({"Name": topic["Name"], "Partitions": partitions})
+        return {"ThrottleTimeMs": 0, "Topics": topics}
+
+    # -- OffsetForLeaderEpoch (KIP-320) -------------------------------------------------
+    async def offset_for_leader_epoch(self, request: dict, version: int,
+                                      caller: Caller) -> dict:
+        """Where each asked-for leader epoch ends in the leader's log (its
+        epoch cache, as followers truncate by it): a consumer whose
+        position is past it lost records to a truncation; otherwise it goes
+        on after a leader change. Followers replicate over HTTP: this is
+        for consumers (DESCRIBE on the topic)."""
+        replicas = self.server.data.replicas
+        topics = []
+        for topic in request["Topics"] or ():
+            code = caller.refused(acl.DESCRIBE, acl.TOPIC, topic["Topic"])
+            partitions = []
+            for part in topic["Partitions"] or ():
+                answer = {"ErrorCode": code, "Partition": part["Partition"],
+                          "LeaderEpoch": -1, "EndOffset": -1}
+                partitions.append(answer)
+                if code:
+                    continue
+                current = part.get("CurrentLeaderEpoch", -1)
+                try:
+                    leader = replicas.leader_partition(topic["Topic"], part["Partition"],
+                                                       None if current < 0 else current)
+                    epoch, end = leader.log.end_offset_for_epoch(part["LeaderEpoch"])
+                    answer.update(LeaderEpoch=epoch, EndOffset=end)
+                except Exception as exc:  # noqa: BLE001  each partition answers for itself
+                    answer["ErrorCode"] = error_code(exc)
+            topics.append({"Topic": topic["Topic"], "Partitions": partitions})
         return {"ThrottleTimeMs": 0, "Topics": topics}
 
     # -- coordinators -----------------------------------------------------------------------

@@ -200,6 +200,73 @@ def test_confluent_kafka_produces_through_a_leader_kill_without_losing_an_ack(cl
     assert len(failed) + len(acked) == 400
 
 
+def test_idempotent_producers_and_a_consumer_of_both_clients_go_on_through_a_leader_kill(
+        cluster):
+    # Idempotence on, a leader killed mid-stream: each client's acknowledged
+    # records are in the log exactly once and in the order sent, and a
+    # kafka-python consumer reading all along reads exactly them, byte for byte.
+    from confluent_kafka import Producer as CKProducer
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import TopicPartition as KPTopicPartition
+    create(cluster, "idem-kill", partitions=1)
+    consumer = KafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap,
+                             auto_offset_reset="earliest", enable_auto_commit=False,
+                             metadata_max_age_ms=1000)
+    consumer.assign([KPTopicPartition("idem-kill", 0)])
+    read: list[tuple[int, bytes]] = []
+
+    def drain(ms: int = 200) -> None:
+        for records in consumer.poll(timeout_ms=ms).values():
+            read.extend((r.offset, r.value) for r in records)
+    ck_acked: list[bytes] = []
+    ck = CKProducer({"bootstrap.servers": cluster.kafka_bootstrap, "enable.idempotence": True,
+                     "linger.ms": 2, "message.timeout.ms": 60_000,
+                     "topic.metadata.refresh.interval.ms": 1000})
+
+    def delivered(error, message) -> None:
+        assert error is None, error
+        ck_acked.append(message.value())
+    kp = KafkaProducer(bootstrap_servers=cluster.kafka_bootstrap, enable_idempotence=True,
+                       acks="all", metadata_max_age_ms=1000, request_timeout_ms=30_000)
+    kp_futures = []
+    try:
+        for i in range(150):
+            ck.produce("idem-kill", value=b"ck-%d" % i, on_delivery=delivered)
+            kp_futures.append(kp.send("idem-kill", value=b"kp-%d" % i))
+        assert ck.flush(30) == 0
+        kp.flush(30)
+        drain()
+        with Admin(http_bootstrap(cluster)) as admin:
+            leader = admin.describe_topics(["idem-kill"])["idem-kill"].partitions[0].leader
+        cluster.kill(leader)
+        for i in range(150, 300):
+            ck.produce("idem-kill", value=b"ck-%d" % i, on_delivery=delivered)
+            ck.poll(0)
+            kp_futures.append(kp.send("idem-kill", value=b"kp-%d" % i))
+            if i % 50 == 0:
+                drain(50)
+        assert ck.flush(60) == 0
+        kp.flush(60)
+        kp_acked = [future.get(timeout=60).offset for future in kp_futures]
+    finally:
+        kp.close()
+    cluster.start([leader])
+    cluster.wait_for_brokers_running(timeout_s=30)
+    deadline = time.monotonic() + 60
+    try:
+        while len(read) < 600 and time.monotonic() < deadline:
+            drain()
+    finally:
+        consumer.close()
+    assert len(kp_acked) == 300 and sorted(ck_acked) == sorted(b"ck-%d" % i for i in range(300))
+    values = [value for _, value in read]
+    assert len(values) == 600 and len(set(values)) == 600, "a record read twice or missed"
+    assert [o for o, _ in read] == list(range(600))  # offsets in order, no gaps
+    for prefix in (b"ck-", b"kp-"):  # each producer's records in the order sent
+        assert [v for v in values if v.startswith(prefix)] == [b"%s%d" % (prefix, i)
+                                                               for i in range(300)]
+
+
 def test_idempotent_producers_of_both_clients_write_each_record_once(cluster):
     from confluent_kafka import Producer as CKProducer
     from kafka import KafkaProducer
