@@ -200,12 +200,16 @@ def test_confluent_kafka_produces_through_a_leader_kill_without_losing_an_ack(cl
     assert len(failed) + len(acked) == 400
 
 
-def test_idempotent_producers_and_a_consumer_of_both_clients_go_on_through_a_leader_kill(
+def test_idempotent_producers_and_consumers_of_both_clients_go_on_through_a_leader_kill(
         cluster):
     # Idempotence on, a leader killed mid-stream: each client's acknowledged
     # records are in the log exactly once and in the order sent, and a
-    # kafka-python consumer reading all along reads exactly them, byte for byte.
+    # consumer of each client reading all along (checking its position with
+    # OffsetForLeaderEpoch after the leader change, KIP-320) reads exactly
+    # them, byte for byte.
+    from confluent_kafka import Consumer as CKConsumer
     from confluent_kafka import Producer as CKProducer
+    from confluent_kafka import TopicPartition as CKTP
     from kafka import KafkaConsumer, KafkaProducer
     from kafka import TopicPartition as KPTopicPartition
     create(cluster, "idem-kill", partitions=1)
@@ -213,11 +217,19 @@ def test_idempotent_producers_and_a_consumer_of_both_clients_go_on_through_a_lea
                              auto_offset_reset="earliest", enable_auto_commit=False,
                              metadata_max_age_ms=1000)
     consumer.assign([KPTopicPartition("idem-kill", 0)])
+    ck_consumer = CKConsumer({"bootstrap.servers": cluster.kafka_bootstrap,
+                              "group.id": "unused", "enable.auto.commit": False,
+                              "topic.metadata.refresh.interval.ms": 1000})
+    ck_consumer.assign([CKTP("idem-kill", 0, 0)])
     read: list[tuple[int, bytes]] = []
+    ck_read: list[tuple[int, bytes]] = []
 
     def drain(ms: int = 200) -> None:
         for records in consumer.poll(timeout_ms=ms).values():
             read.extend((r.offset, r.value) for r in records)
+        for message in ck_consumer.consume(num_messages=1000, timeout=ms / 1000):
+            if message.error() is None:
+                ck_read.append((message.offset(), message.value()))
     ck_acked: list[bytes] = []
     ck = CKProducer({"bootstrap.servers": cluster.kafka_bootstrap, "enable.idempotence": True,
                      "linger.ms": 2, "message.timeout.ms": 60_000,
@@ -254,10 +266,12 @@ def test_idempotent_producers_and_a_consumer_of_both_clients_go_on_through_a_lea
     cluster.wait_for_brokers_running(timeout_s=30)
     deadline = time.monotonic() + 60
     try:
-        while len(read) < 600 and time.monotonic() < deadline:
+        while (len(read) < 600 or len(ck_read) < 600) and time.monotonic() < deadline:
             drain()
     finally:
         consumer.close()
+        ck_consumer.close()
+    assert ck_read == read  # both clients read the same log
     assert len(kp_acked) == 300 and sorted(ck_acked) == sorted(b"ck-%d" % i for i in range(300))
     values = [value for _, value in read]
     assert len(values) == 600 and len(set(values)) == 600, "a record read twice or missed"
