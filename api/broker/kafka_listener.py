@@ -12,12 +12,14 @@ converted between Kafka's RecordBatch v2 and kraftlog's batches at this
 listener (``protocol/kafka/records.py``).
 
 What is spoken (``SUPPORTED``): ApiVersions, Metadata, Produce, Fetch,
-ListOffsets, FindCoordinator, InitProducerId, the KIP-848 and the classic
-consumer group APIs, OffsetCommit/OffsetFetch, CreateTopics, DeleteTopics,
-CreatePartitions, DescribeCluster, and the transaction APIs
-(AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit); the API
-versions listed there (produce
-and fetch from the first that carries RecordBatch v2). ApiVersions lists
+ListOffsets, OffsetForLeaderEpoch, FindCoordinator, InitProducerId, the
+KIP-848 and the classic consumer group APIs (static members included),
+OffsetCommit/OffsetFetch, ListGroups/DescribeGroups, CreateTopics,
+DeleteTopics, CreatePartitions, DescribeConfigs, AlterConfigs,
+IncrementalAlterConfigs, DescribeCluster, the transaction APIs
+(AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit) and, on a
+SASL_SSL listener, SaslHandshake/SaslAuthenticate; the API versions listed
+there (produce and fetch from the first that carries RecordBatch v2). ApiVersions lists
 exactly these, so a client degrades cleanly. Fetch sessions (KIP-227) are
 answered with session id 0, Kafka's documented fallback: the client sends
 full fetch requests.

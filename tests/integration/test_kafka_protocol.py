@@ -6,7 +6,9 @@ beside its HTTP API.
   what they read is what was written, byte for byte (keys, values,
   headers, timestamps, offsets), and so is what kraftlog's own client
   reads over HTTP, and the other way round: one log, two doors.
-- Writes go on through a partition leader's kill -9.
+- Writes go on through a partition leader's kill -9; idempotent producers
+  and consumers of both clients go on through one, exactly once and in
+  order (the consumers checking their positions, KIP-320).
 - Idempotent producers of both clients (InitProducerId) write each record
   once; three kafka-python consumers in a classic group, and a kafka-python
   member with a kraftlog member in one group, share the partitions; three
@@ -19,7 +21,10 @@ beside its HTTP API.
 - aiokafka produces (idempotent) and consumes in a group, committing; a
   quixstreams app counts words with changelog-backed state, exactly once;
 - kcat lists, produces and consumes; the Kafka admin clients create, grow,
-  describe and delete topics.
+  describe and delete topics, alter topic configs, describe a broker's,
+  and list and describe groups; a static member replaces its old self at
+  once (the old one fenced); offsets of an open transaction are unstable
+  to read_committed readers (KIP-447).
 - Bad frames (a 2 GB size prefix, a short one, an unknown API, garbage, a
   client that stalls mid-frame) close that connection; other clients are
   served meanwhile and the broker lives on.
