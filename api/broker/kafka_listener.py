@@ -67,7 +67,7 @@ from protocol import TopicPartition
 from protocol.fields import Fields
 from protocol.kafka import codec, messages
 from protocol.kafka.records import kafka_to_native, native_to_kafka
-from protocol.errors import InvalidTopicError
+from protocol.errors import InvalidTopicError, KraftError
 from storage.batch import RecordFormatError, iter_batches
 
 logger = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     OFFSET_FOR_LEADER_EPOCH: (0, 4),
     METADATA: (1, 12),
     OFFSET_COMMIT: (2, 9),
-    OFFSET_FETCH: (1, 9),
+    OFFSET_FETCH: (2, 9),   # 2: a group's error has its own field
     FIND_COORDINATOR: (0, 4),
     API_VERSIONS: (0, 3),
     INIT_PRODUCER_ID: (0, 4),
@@ -141,6 +141,8 @@ SASL_APIS = frozenset({SASL_HANDSHAKE, SASL_AUTHENTICATE})
 #: where a config value comes from.
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
 CONFIG_SOURCES = {"TOPIC_CONFIG": 1, "STATIC_BROKER_CONFIG": 4, "DEFAULT_CONFIG": 5}
+#: Kafka's config types (DescribeConfigs v3+) of kraftlog's schema types.
+CONFIG_TYPES = {"bool": 1, "str": 2, "int": 5, "float": 6, "dirs": 7}
 #: FindCoordinator's key types.
 GROUP_KEY, TRANSACTION_KEY = 0, 1
 _SIZE = struct.Struct(">i")
@@ -309,10 +311,6 @@ class KafkaListener:
         #: The classic members this broker's coordinators serve: (group,
         #: member id) -> what the member was told (``_Classic``).
         self._classic: dict[tuple[str, str], _Classic] = {}
-        #: Classic static members another process replaced (its instance id
-        #: joined again): (group, member id) -> when. They are answered
-        #: FENCED_INSTANCE_ID, as Kafka answers them, never let back in.
-        self._fenced: dict[tuple[str, str], float] = {}
         self._ids_at: int | None = None
         self._names_by_id: dict[bytes, str] = {}
 
@@ -601,7 +599,10 @@ class KafkaListener:
                 f"{caller.mechanism} authentication failed: {exc} (a kraftlog user made with "
                 "`kraftlog users create`, its password, and a mechanism it has credentials "
                 "for)") from None
-        except Exception as exc:  # noqa: BLE001  the broker's trouble (BrokerNotAvailable)
+        except KraftError as exc:  # the broker's trouble (its users not loaded, too busy)
+            raise _SaslRetry(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001  a defect: logged whole, then retried
+            logger.exception("kafka listener: %s: SASL step failed", caller.peer)
             raise _SaslRetry(str(exc)) from None
 
     # -- Metadata ------------------------------------------------------------------------
@@ -825,7 +826,15 @@ class KafkaListener:
                 try:
                     leader = replicas.leader_partition(topic["Topic"], part["Partition"],
                                                        None if current < 0 else current)
-                    epoch, end = leader.log.end_offset_for_epoch(part["LeaderEpoch"])
+                    asked = part["LeaderEpoch"]
+                    epoch, end = leader.log.end_offset_for_epoch(asked)
+                    earliest = leader.log.epoch_cache.earliest_entry
+                    if epoch < 0 and asked >= 0 and earliest is not None \
+                            and asked < earliest[0]:
+                        # Older than every epoch kept (retention removed its
+                        # records): it ended where the earliest kept one
+                        # starts, Kafka's answer, so the consumer goes on.
+                        epoch, end = asked, earliest[1]
                     answer.update(LeaderEpoch=epoch, EndOffset=end)
                 except Exception as exc:  # noqa: BLE001  each partition answers for itself
                     answer["ErrorCode"] = error_code(exc)
@@ -983,9 +992,15 @@ class KafkaListener:
             group_id, lambda core: core.commit_offsets(service.clock_ms(), group_id, member_id,
                                                        epoch, allowed)), refused)
         if classic is not None or version < 9:  # a classic member: its words for it
+            unknown = messages.ERRORS["UNKNOWN_MEMBER_ID"]
+            fenced = any(p["ErrorCode"] == unknown for t in answer["Topics"]
+                         for p in t["Partitions"]) and await self._replaced(
+                group_id, member_id, request.get("GroupInstanceId"))
             for topic in answer["Topics"]:
                 for partition in topic["Partitions"]:
-                    partition["ErrorCode"] = _classic_number(partition["ErrorCode"])
+                    partition["ErrorCode"] = messages.ERRORS["FENCED_INSTANCE_ID"] \
+                        if fenced and partition["ErrorCode"] == unknown \
+                        else _classic_number(partition["ErrorCode"])
         return answer
 
     async def _committed(self, group_id: str, topics: list[dict] | None, caller: Caller,
@@ -1068,9 +1083,6 @@ class KafkaListener:
         if refused:
             answer["ErrorCode"] = refused
             return answer
-        if (group_id, request["MemberId"]) in self._fenced:
-            answer["ErrorCode"] = messages.ERRORS["FENCED_INSTANCE_ID"]
-            return answer
         if request["ProtocolType"] != "consumer" or not protocols:
             answer["ErrorCode"] = messages.ERRORS["INCONSISTENT_GROUP_PROTOCOL"]
             return answer
@@ -1096,11 +1108,18 @@ class KafkaListener:
         instance_id = request.get("GroupInstanceId")
 
         def join(core) -> tuple:
-            # A static member (group.instance.id) replaces the member that
-            # held its instance id, at once, as in Kafka's classic groups.
-            replaced, records = core.release_instance(
-                service.clock_ms(), group_id, instance_id, member_id) \
-                if instance_id else (None, [])
+            # Static membership (group.instance.id), Kafka's classic rules: a
+            # new member (no member id) replaces the one holding its
+            # instance id, at once; a known member id whose instance id
+            # another member now holds was replaced, and is fenced.
+            replaced, records = None, []
+            if instance_id:
+                holder = core.instance_member(group_id, instance_id)
+                if request["MemberId"] and holder not in (None, member_id):
+                    return _FENCED, []
+                if not request["MemberId"]:
+                    replaced, records = core.release_instance(service.clock_ms(), group_id,
+                                                              heartbeat)
             try:
                 response, more = core.heartbeat(service.clock_ms(), group_id, heartbeat,
                                                 service.topics())
@@ -1108,32 +1127,47 @@ class KafkaListener:
                 return exc, records
             return (response, replaced), records + more
         try:
-            response, replaced = await service.run(group_id, join)
+            joined = await service.run(group_id, join)
         except Exception as exc:  # noqa: BLE001  answered as its code
             answer["ErrorCode"] = _classic_code(exc)
             return answer
+        if joined is _FENCED:
+            answer["ErrorCode"] = messages.ERRORS["FENCED_INSTANCE_ID"]
+            return answer
+        response, replaced = joined
         if replaced is not None:
             self._classic.pop((group_id, replaced), None)
-            if len(self._fenced) >= CLASSIC_MEMBERS_MAX:
-                self._fenced.clear()  # forgotten: such a member would be long gone
-            self._fenced[(group_id, replaced)] = time.monotonic()
         self._forget_silent_members()
         self._classic[(group_id, member_id)] = _Classic(
             response.member_epoch, response.member_epoch,
-            frozenset(map(tuple, response.assignment or ())), protocols[0]["Name"])
+            frozenset(map(tuple, response.assignment or ())), protocols[0]["Name"],
+            instance_id)
         answer.update(GenerationId=response.member_epoch, ProtocolName=protocols[0]["Name"],
                       Leader=CLASSIC_LEADER, MemberId=member_id)
         return answer
 
-    def _unknown_here(self, group_id: str, member_id: str) -> int:
+    async def _unknown_here(self, group_id: str, member_id: str,
+                            instance_id: str | None) -> int:
         """A classic member this listener has not seen join: after a
         coordinator moved or restarted, a member the group still knows.
         Asked to rejoin keeping its id (REBALANCE_IN_PROGRESS), it takes back
-        its place rather than waiting out its old session as a stranger. One
-        a static member replaced is fenced."""
-        if (group_id, member_id) in self._fenced:
+        its place rather than waiting out its old session as a stranger. A
+        static member another process replaced is fenced."""
+        if await self._replaced(group_id, member_id, instance_id):
             return messages.ERRORS["FENCED_INSTANCE_ID"]
         return messages.ERRORS["REBALANCE_IN_PROGRESS" if member_id else "UNKNOWN_MEMBER_ID"]
+
+    async def _replaced(self, group_id: str, member_id: str, instance_id: str | None) -> bool:
+        """Whether another member now holds ``member_id``'s static instance
+        id (the group's coordinator says; it survives a failover)."""
+        if not instance_id or not member_id:
+            return False
+        try:
+            holder = await self.server.groups.run(
+                group_id, lambda core: (core.instance_member(group_id, instance_id), []))
+        except Exception:  # noqa: BLE001  not known: not fenced
+            return False
+        return holder is not None and holder != member_id
 
     def _forget_silent_members(self) -> None:
         """Past CLASSIC_MEMBERS_MAX, forget the members silent for an hour
@@ -1155,7 +1189,8 @@ class KafkaListener:
             answer["ErrorCode"] = refused
             return answer
         if classic is None:
-            answer["ErrorCode"] = self._unknown_here(group_id, member_id)
+            answer["ErrorCode"] = await self._unknown_here(group_id, member_id,
+                                                           request.get("GroupInstanceId"))
             return answer
         if request["GenerationId"] != classic.generation:
             answer["ErrorCode"] = messages.ERRORS["ILLEGAL_GENERATION"]
@@ -1181,6 +1216,8 @@ class KafkaListener:
             if error_code(exc) in (messages.ERRORS["UNKNOWN_MEMBER_ID"],
                                    messages.ERRORS["FENCED_MEMBER_EPOCH"]):
                 self._classic.pop((group_id, member_id), None)
+                if await self._replaced(group_id, member_id, classic.instance_id):
+                    return messages.ERRORS["FENCED_INSTANCE_ID"]
             return _classic_code(exc)
         classic.epoch = response.member_epoch
         if response.assignment is not None:
@@ -1198,7 +1235,7 @@ class KafkaListener:
         if refused:
             code = refused
         elif classic is None:
-            code = self._unknown_here(group_id, member_id)
+            code = await self._unknown_here(group_id, member_id, request.get("GroupInstanceId"))
         elif request["GenerationId"] != classic.generation:
             code = messages.ERRORS["ILLEGAL_GENERATION"]
         else:
@@ -1445,7 +1482,8 @@ class KafkaListener:
                       "ResourceName": name, "Configs": []}
             results.append(result)
             if kind == BROKER_RESOURCE:
-                result.update(self._broker_configs(name, resource["ConfigurationKeys"], caller))
+                result.update(self._broker_configs(name, resource["ConfigurationKeys"], caller,
+                                                   bool(request.get("IncludeDocumentation"))))
                 continue
             code, message = self._topic_resource(resource, caller, acl.DESCRIBE_CONFIGS)
             if code:
@@ -1471,34 +1509,35 @@ class KafkaListener:
                     "ConfigSource": source, "IsSensitive": False, "Synonyms": []})
         return {"ThrottleTimeMs": 0, "Results": results}
 
-    def _broker_configs(self, name: str, keys: list[str] | None, caller: Caller) -> dict:
+    def _broker_configs(self, name: str, keys: list[str] | None, caller: Caller,
+                        documentation: bool = False) -> dict:
         """DescribeConfigs of this broker (``name``: its id, or "" for the
         defaults a broker has): every node config, where it comes from (the
         node's config file, or the default), read only."""
-        from kraft.config_schema import SCHEMA, typed
+        from kraft.config_schema import SCHEMA
 
         config = self.server.config
-        if name not in ("", str(config.node_id)):
-            return {"ErrorCode": messages.ERRORS["INVALID_REQUEST"],
-                    "ErrorMessage": f"this is broker {config.node_id}: ask broker {name} for "
-                                    "its own configs"}
         refused = caller.refused(acl.DESCRIBE_CONFIGS, acl.CLUSTER)
         if refused:
             return {"ErrorCode": refused, "ErrorMessage": "a broker's configs need "
                                                           "DESCRIBE_CONFIGS on the cluster"}
+        if name not in ("", str(config.node_id)):
+            return {"ErrorCode": messages.ERRORS["INVALID_REQUEST"],
+                    "ErrorMessage": f"this is broker {config.node_id}: ask broker {name} for "
+                                    "its own configs"}
         wanted = None if keys is None else set(keys)
         configs = []
         for key in SCHEMA:
             if wanted is not None and key.name not in wanted:
                 continue
             value = config.settings.get(key.name)
-            default = typed(key, key.default) if key.default is not None else None
-            source = CONFIG_SOURCES["DEFAULT_CONFIG"] if value == default \
-                else CONFIG_SOURCES["STATIC_BROKER_CONFIG"]
+            is_default = config.sources.get(key.name, "default") == "default"
+            source = CONFIG_SOURCES["DEFAULT_CONFIG" if is_default else "STATIC_BROKER_CONFIG"]
             configs.append({"Name": key.name, "Value": _config_text(value), "ReadOnly": True,
-                            "IsDefault": value == default, "ConfigSource": source,
+                            "IsDefault": is_default, "ConfigSource": source,
                             "IsSensitive": False, "Synonyms": [],
-                            "ConfigType": 0, "Documentation": key.doc})
+                            "ConfigType": CONFIG_TYPES.get(key.type, 0),
+                            "Documentation": key.doc if documentation else None})
         return {"Configs": configs}
 
     async def _alter_configs(self, resources: list[dict], validate_only: bool,
@@ -1749,6 +1788,8 @@ def _unreadable(caller: Caller, offsets: dict) -> dict:
     return codes
 
 
+#: A classic join refused because another member holds its instance id.
+_FENCED = object()
 #: The leader a classic member is told of: never itself, so no member
 #: computes an assignment (the coordinator does).
 CLASSIC_LEADER = "kraftlog-coordinator"
@@ -1762,11 +1803,12 @@ class _Classic:
     epoch at its JoinGroup), the coordinator's epoch for it now, the
     partitions it was given, its protocol (assignor) name."""
 
-    __slots__ = ("generation", "epoch", "assigned", "protocol", "seen")
+    __slots__ = ("generation", "epoch", "assigned", "protocol", "instance_id", "seen")
 
-    def __init__(self, generation: int, epoch: int, assigned: frozenset, protocol: str):
+    def __init__(self, generation: int, epoch: int, assigned: frozenset, protocol: str,
+                 instance_id: str | None = None):
         self.generation, self.epoch, self.assigned = generation, epoch, assigned
-        self.protocol = protocol
+        self.protocol, self.instance_id = protocol, instance_id
         self.seen = time.monotonic()
 
 

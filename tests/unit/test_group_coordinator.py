@@ -490,6 +490,37 @@ def test_static_member_leaves_and_comes_back_to_the_same_assignment():
     h.check_replay()
 
 
+def test_a_classic_static_member_replaces_its_live_holder_and_a_failover_keeps_it():
+    # The Kafka listener's classic joins: a new process with host-a's
+    # instance id takes the place of the live m1 (release, then join, one
+    # operation); replayed from the records, the group still has the new one.
+    h = Harness({"t": 4})
+    a = h.client("g", ["t"], instance_id="host-a")
+    b = h.client("g", ["t"])
+    a.join()
+    b.join()
+    settle(h, [a, b])
+    kept = owned(a)
+    join = HeartbeatRequest(member_id="classic-2", member_epoch=0, instance_id="host-a",
+                            subscribed_topic_names=["t"], rebalance_timeout_ms=REBALANCE,
+                            session_timeout_ms=SESSION)
+    replaced, records = h.core.release_instance(h.now, "g", join)
+    h.wrote(records)
+    assert replaced == "m1"
+    resp = h.heartbeat("g", join)
+    assert (resp.member_id, set(resp.assignment)) == ("classic-2", set(kept))
+    assert h.core.instance_member("g", "host-a") == "classic-2"
+    assert h.replayed().instance_member("g", "host-a") == "classic-2"
+    h.check_replay()
+    # The holder itself joining again, or a join that would be refused,
+    # releases nobody.
+    assert h.core.release_instance(h.now, "g", join) == (None, [])
+    bad = HeartbeatRequest(member_id="classic-3", member_epoch=0, instance_id="host-a",
+                           subscribed_topic_names=["t"], rebalance_timeout_ms=-5)
+    refused("INVALID_REQUEST", h.core.release_instance, h.now, "g", bad)
+    assert h.core.instance_member("g", "host-a") == "classic-2"
+
+
 def test_static_member_that_stays_away_past_its_session_is_removed():
     h = Harness({"t": 4})
     a = h.client("g", ["t"], instance_id="host-a")

@@ -459,16 +459,26 @@ class GroupCoordinatorCore:
                                member_epoch=STATIC_LEAVE_EPOCH if static else LEAVE_EPOCH)
         return self.heartbeat(now_ms, group_id, req, topics or {})[1]
 
-    def release_instance(self, now_ms: int, group_id: str, instance_id: str,
-                         joining: str) -> tuple[str | None, list[Record]]:
-        """The classic protocol's static membership: a member joining with
-        an instance id another live member (not ``joining``) holds takes its
-        place at once, as Kafka's classic groups replace it. The holder
-        leaves for now (-2), so the join that follows takes over its slot;
-        returns the holder's member id (None: no such holder) and the records."""
+    def instance_member(self, group_id: str, instance_id: str) -> str | None:
+        """The member id holding static ``instance_id`` in the group, if any."""
         group = self.groups.get(group_id)
         holder = group.instance_holder(instance_id) if group is not None else None
-        if holder is None or holder.away or holder.member_id == joining:
+        return None if holder is None else holder.member_id
+
+    def release_instance(self, now_ms: int, group_id: str, req: HeartbeatRequest
+                         ) -> tuple[str | None, list[Record]]:
+        """The classic protocol's static membership: a new member (one that
+        named no member id) joining with ``req.instance_id`` takes the place
+        of the live member holding it, at once, as Kafka's classic groups
+        replace it. The holder leaves for now (-2), so the join ``req`` then
+        makes takes over its slot. ``req`` is checked first: a join that
+        would be refused releases nobody. Returns the holder's member id
+        (None: no such holder) and the records."""
+        self._check_request(group_id, req)
+        group = self.groups.get(group_id)
+        holder = group.instance_holder(req.instance_id) \
+            if group is not None and req.instance_id else None
+        if holder is None or holder.away or holder.member_id == req.member_id:
             return None, []
         return holder.member_id, self.leave(now_ms, group_id, holder.member_id, static=True)
 
