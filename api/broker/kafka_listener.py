@@ -1256,12 +1256,24 @@ class KafkaListener:
                  "ErrorCode": refused} for m in leaving]}
         for member in leaving:
             code = 0
+            member_id = member["MemberId"]
+            instance_id = member.get("GroupInstanceId")
             try:
+                if not member_id and instance_id:
+                    # An admin removing a static member names its instance id
+                    # (Kafka's removeMembersFromConsumerGroup).
+                    member_id = await self.server.groups.run(
+                        group_id, lambda core: (core.instance_member(group_id, instance_id),
+                                                [])) or ""
+                    if not member_id:
+                        raise _Refused(messages.ERRORS["UNKNOWN_MEMBER_ID"], "")
                 await self._classic_beat(group_id, HeartbeatRequest(
-                    member_id=member["MemberId"], member_epoch=LEAVE_EPOCH))
+                    member_id=member_id, member_epoch=LEAVE_EPOCH))
+            except _Refused as exc:
+                code = exc.code
             except Exception as exc:  # noqa: BLE001  answered as its code
                 code = _classic_code(exc)
-            self._classic.pop((group_id, member["MemberId"]), None)
+            self._classic.pop((group_id, member_id), None)
             members.append({"MemberId": member["MemberId"],
                             "GroupInstanceId": member.get("GroupInstanceId"),
                             "ErrorCode": code})
@@ -1620,6 +1632,9 @@ class KafkaListener:
         config of kraftlog's is a list."""
         def ops_of(resource: dict) -> list[dict]:
             ops = []
+            names = [config["Name"] for config in resource["Configs"] or ()]
+            if len(set(names)) != len(names):
+                raise ValueError("a config is named more than once")
             for config in resource["Configs"] or ():
                 op = config["ConfigOperation"]
                 if op == 0:

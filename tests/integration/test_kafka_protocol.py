@@ -434,7 +434,7 @@ def test_a_restarted_static_member_takes_its_place_back_at_once(cluster):
     # its partitions back without waiting out its 60 s session; a process
     # still running with the old member id is fenced, not let back in.
     from kafka import KafkaConsumer
-    from kafka.admin import KafkaAdminClient
+    from kafka.admin import KafkaAdminClient, MemberToRemove
     _fill(cluster, "static", 2, 20)
 
     def member() -> KafkaConsumer:
@@ -488,6 +488,16 @@ def test_a_restarted_static_member_takes_its_place_back_at_once(cluster):
             (size,) = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))
             answer = sock.recv(size, socket.MSG_WAITALL)
         assert struct.unpack_from(">ih", answer, 4)[1] == 82
+        # An administrator removes the static member by its instance id
+        # (LeaveGroup v3+ naming no member id): the group is empty.
+        kp = KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap)
+        try:
+            removed = kp.remove_group_members(
+                "static-g", [MemberToRemove(group_instance_id="static-1")])
+            assert [e.__name__ for e in removed.values()] == ["NoError"], removed
+            assert kp.describe_groups(["static-g"])["static-g"]["members"] == []
+        finally:
+            kp.close()
     finally:
         second.close()
         if third is not None:
