@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test bench-storage bench-controller spark-example clean kcat
+.PHONY: install run test bench-storage bench-controller spark-example clean debian-tools
 
 install: $(STAMP)
 
@@ -29,13 +29,16 @@ run: $(STAMP)
 spark-example: $(STAMP)
 	$(PY) -m spark_source.example $(ARGS)
 
-test: $(STAMP) kcat
+test: $(STAMP) debian-tools
 	$(PY) -m pytest -q --durations=15 tests
 
-# kcat, a Kafka client the Kafka listener's tests drive (Debian's package).
-kcat:
-	@command -v kcat >/dev/null || { apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat >/dev/null; }
+# Debian's packages the tests drive: kcat (a Kafka client, for the Kafka
+# listener's tests) and chromium (the web console's browser tests, through
+# Playwright), installed once.
+debian-tools:
+	@command -v kcat >/dev/null && command -v chromium >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends kcat chromium >/dev/null; }
 
 bench-storage: $(STAMP)
 	$(VENV)/bin/kraftlog bench storage

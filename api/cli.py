@@ -64,6 +64,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     console.add_commands(commands)
 
 
+    web = commands.add_parser(
+        "console", help="the web console's address (every broker serves it at /ui/)",
+        description="Print the address of the web console the broker at --bootstrap serves "
+                    "(http://BROKER/ui/: brokers, topics, messages, consumer groups), and "
+                    "with --open, open it in this machine's browser.")
+    web.add_argument("--open", action="store_true", help="open it in the default browser")
+    web.set_defaults(handler=_web_console)
+
     quorum = commands.add_parser(
         "quorum", help="inspect the controller quorum",
         description="Inspect the Raft quorum of controllers that owns cluster metadata.")
@@ -431,6 +439,16 @@ def _run_node(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"kraftlog node: cannot start: {exc}", file=sys.stderr)
         return 1
+
+
+def _web_console(args: argparse.Namespace) -> int:
+    url = args.bootstrap.split(",")[0].strip().rstrip("/") + "/ui/"
+    print(url)
+    if args.open:
+        import webbrowser
+        if not webbrowser.open(url):
+            raise CliError(f"no browser could be started here: open {url} yourself")
+    return 0
 
 
 def _quorum_status(args: argparse.Namespace) -> int:

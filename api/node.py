@@ -129,6 +129,7 @@ def startup_banner(config: NodeConfig) -> str:
     if config.is_broker:
         url = config.listeners[BROKER_LISTENER].url
         lines.append(f"  broker:     {url}")
+        lines.append(f"  console:    {url}/ui/ (in a browser)")
     if config.is_controller:
         lines.append(f"  controller: {config.listeners[CONTROLLER_LISTENER].url}")
     if KAFKA_LISTENER in config.listeners:

@@ -76,6 +76,10 @@ BROKER_ROUTE_RULES: dict[tuple[str, str], RouteRule] = {
     ("POST", "/v1/admin/tokens/renew"): _rule("RenewDelegationToken"),
     ("POST", "/v1/admin/tokens/expire"): _rule("ExpireDelegationToken"),
     ("POST", "/v1/admin/tokens/describe"): _rule("DescribeDelegationToken"),
+    # the web console's page, script and style (console.py): no data in them
+    ("GET", "/ui"): RouteRule("console", open=True),
+    ("GET", "/ui/"): RouteRule("console", open=True),
+    ("GET", "/ui/static/{name}"): RouteRule("console", open=True),
     # inspection (server.py)
     ("GET", "/healthz"): RouteRule("health", open=True),
     ("GET", "/metrics"): _rule("metrics", DESCRIBE),

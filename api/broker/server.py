@@ -37,6 +37,7 @@ from api.broker.lifecycle import BrokerLifecycle
 from api.broker.metrics import BrokerMetrics
 from api.broker.producers import ProducerApi, ProducerIdManager
 from api.broker.kafka_listener import KafkaListener
+from api.broker.console import Console
 from api.broker.quotas import QuotaManager, request_quota_middleware
 from api.broker.replica_manager import ReplicaManager
 from api.broker.replication import ReplicationSettings, broker_url
@@ -218,6 +219,7 @@ class BrokerServer:
         self.group_api.add_routes(app)
         self.producer_api.add_routes(app)
         self.transaction_api.add_routes(app)
+        Console().add_routes(app)
         for path in ADMIN_ROUTES:
             app.router.add_post(path, self.handle_admin)
         app.router.add_post("/v1/admin/topics/describe", self.handle_describe_topics)

@@ -1,0 +1,458 @@
+// kraftlog's web console: one page, no framework, no build step. Every view
+// reads the broker's JSON endpoints (the same the CLI uses), so what it shows
+// and may change is what the caller's credentials allow. Routes live in the
+// URL's hash, so every view is a link: #/, #/topics, #/topics/NAME,
+// #/topics/NAME/messages, #/groups, #/groups/ID.
+"use strict";
+
+const POLL_MS = 2000;
+const SAMPLES = 60;
+let timers = [];
+const history = { rates: [], lag: {} };
+
+// -- helpers -----------------------------------------------------------------------------
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (key === "on") for (const [ev, fn] of Object.entries(value)) node.addEventListener(ev, fn);
+    else if (value !== undefined && value !== null && value !== false) node.setAttribute(key, value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+class BrokerError extends Error {}
+
+async function api(path, { method = "GET", body, contentType = "application/json",
+                           accept = "application/json", raw = false } = {}) {
+  const options = { method, headers: { Accept: accept } };
+  if (body !== undefined) {
+    options.headers["Content-Type"] = contentType;
+    options.body = typeof body === "string" ? body : JSON.stringify(body);
+  }
+  let response;
+  try {
+    response = await fetch(path, options);
+  } catch (exc) {
+    throw new BrokerError(`the broker did not answer (${exc.message}): is it running?`);
+  }
+  const text = await response.text();
+  if (raw && response.ok) return text;
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch (exc) { data = null; }
+  if (!response.ok || (data && data.error && !Array.isArray(data))) {
+    const error = data && data.error;
+    if (error) throw new BrokerError(`${error.code}: ${error.message}`);
+    throw new BrokerError(`HTTP ${response.status}: ${text.slice(0, 300)}`);
+  }
+  return data;
+}
+
+function notice(message, ok = false) {
+  const box = document.getElementById("notice");
+  box.textContent = message;
+  box.className = ok ? "ok" : "";
+  box.hidden = !message;
+}
+
+function fmt(n) {
+  if (n === null || n === undefined) return "–";
+  return typeof n === "number" ? n.toLocaleString("en-US") : String(n);
+}
+
+function bytes(n) {
+  if (n === null || n === undefined) return "–";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
+}
+
+// A table whose columns sort on a click. columns: [label, numeric?]; rows: arrays
+// of cells (a cell is a value, or [sortValue, node]).
+function table(columns, rows, attrs = {}) {
+  let sortBy = -1, ascending = true;
+  const body = el("tbody");
+  const cellValue = (cell) => (Array.isArray(cell) ? cell[0] : cell);
+  const draw = () => {
+    const sorted = rows.slice();
+    if (sortBy >= 0) {
+      sorted.sort((a, b) => {
+        const x = cellValue(a[sortBy]), y = cellValue(b[sortBy]);
+        const order = typeof x === "number" && typeof y === "number" ? x - y
+          : String(x).localeCompare(String(y));
+        return ascending ? order : -order;
+      });
+    }
+    body.replaceChildren(...sorted.map((row) => el("tr", {}, row.map((cell, i) =>
+      el("td", { class: columns[i][1] ? "num" : null },
+         Array.isArray(cell) ? cell[1] : fmt(cell))))));
+  };
+  const head = el("tr", {}, columns.map(([label, numeric], i) => el("th", {
+    class: numeric ? "num" : null, title: "sort",
+    on: { click: () => { ascending = sortBy === i ? !ascending : true; sortBy = i; draw(); } },
+  }, label)));
+  draw();
+  return el("div", { class: "table-wrap" }, el("table", attrs, el("thead", {}, head), body));
+}
+
+// A line chart of the last values of each series: {name: [numbers]}.
+function chart(series, label) {
+  const canvas = el("canvas", { width: 900, height: 140, "aria-label": label });
+  const ctx = canvas.getContext("2d");
+  const all = Object.values(series).flat();
+  const top = Math.max(1, ...all);
+  const colours = ["#2563eb", "#15803d", "#b45309", "#b91c1c"];
+  ctx.font = "12px sans-serif";
+  ctx.fillStyle = "#6b7280";
+  ctx.fillText(`${label} (max ${fmt(Math.round(top))})`, 8, 14);
+  Object.entries(series).forEach(([name, values], s) => {
+    ctx.strokeStyle = colours[s % colours.length];
+    ctx.beginPath();
+    values.forEach((v, i) => {
+      const x = (i / Math.max(1, SAMPLES - 1)) * canvas.width;
+      const y = canvas.height - 4 - (v / top) * (canvas.height - 24);
+      i ? ctx.lineTo(x, y) : ctx.moveTo(x, y);
+    });
+    ctx.stroke();
+    ctx.fillStyle = colours[s % colours.length];
+    ctx.fillText(name, canvas.width - 160, 14 + 14 * s);
+  });
+  return canvas;
+}
+
+function every(ms, fn) {
+  const tick = async () => {
+    try { await fn(); } catch (exc) { notice(exc.message); }
+  };
+  tick();
+  timers.push(setInterval(tick, ms));
+}
+
+function link(href, text) { return el("a", { href }, text); }
+
+function parseConfigs(text) {
+  const configs = {};
+  for (const part of text.split(",").map((s) => s.trim()).filter(Boolean)) {
+    const at = part.indexOf("=");
+    if (at < 1) throw new BrokerError(`a config is NAME=VALUE, not ${JSON.stringify(part)}`);
+    configs[part.slice(0, at).trim()] = part.slice(at + 1).trim();
+  }
+  return configs;
+}
+
+// -- metrics (this broker's /metrics) -------------------------------------------------------
+function metricSum(text, name) {
+  let total = 0;
+  for (const line of text.split("\n")) {
+    if (line.startsWith(name + "{") || line.startsWith(name + " ")) {
+      total += Number(line.slice(line.lastIndexOf(" ") + 1)) || 0;
+    }
+  }
+  return total;
+}
+
+let lastCounters = null;
+async function throughput() {
+  const text = await api("/metrics", { accept: "text/plain", raw: true });
+  const now = Date.now() / 1000;
+  const counters = { in: metricSum(text, "kraftlog_messages_in_total"),
+                     out: metricSum(text, "kraftlog_messages_out_total"),
+                     bytesIn: metricSum(text, "kraftlog_bytes_in_total") };
+  let rates = { in: 0, out: 0, bytesIn: 0 };
+  if (lastCounters) {
+    const dt = Math.max(0.001, now - lastCounters.at);
+    rates = { in: (counters.in - lastCounters.in) / dt, out: (counters.out - lastCounters.out) / dt,
+              bytesIn: (counters.bytesIn - lastCounters.bytesIn) / dt };
+  }
+  lastCounters = { ...counters, at: now };
+  history.rates.push(rates);
+  if (history.rates.length > SAMPLES) history.rates.shift();
+  return { rates, underReplicated: metricSum(text, "kraftlog_under_replicated_partitions"),
+           offline: metricSum(text, "kraftlog_offline_partitions") };
+}
+
+// -- views ---------------------------------------------------------------------------------
+async function overview(main) {
+  main.replaceChildren(el("h1", {}, "Overview"), el("div", { id: "overview" }, "Loading…"));
+  every(POLL_MS, async () => {
+    const [cluster, topics, stats] = await Promise.all([
+      api("/v1/cluster"), api("/v1/topics"), throughput()]);
+    let quorum = null;
+    try { quorum = await api("/v1/quorum"); } catch (exc) { quorum = { error: exc.message }; }
+    document.getElementById("cluster-id").textContent = `cluster ${cluster.cluster_id}`;
+    const up = cluster.brokers.filter((b) => !b.fenced).length;
+    const cards = el("div", { class: "cards" },
+      card("Brokers up", `${up} / ${cluster.brokers.length}`, up < cluster.brokers.length),
+      card("Active controller", cluster.controller_id ?? "none", cluster.controller_id == null),
+      card("Topics", topics.topics.length),
+      card("Under-replicated (this broker)", stats.underReplicated, stats.underReplicated > 0),
+      card("Offline (this broker)", stats.offline, stats.offline > 0),
+      card("Records in /s", Math.round(stats.rates.in)),
+      card("Records out /s", Math.round(stats.rates.out)));
+    const brokers = table(
+      [["Broker", true], ["State"], ["Rack"], ["Partitions led", true], ["URL"]],
+      cluster.brokers.map((b) => [b.id,
+        [b.fenced ? "down" : "up", el("span", { class: b.fenced ? "state-down" : "state-up",
+                                                 "data-broker-state": b.id },
+                                      b.fenced ? "down (fenced)" : "up")],
+        b.rack ?? "–", b.leaders, b.url ?? "–"]), { id: "brokers" });
+    const voters = quorum && quorum.voters ? table(
+      [["Voter", true], ["Role"], ["Match index", true], ["Lag", true]],
+      Object.values(quorum.voters).map((v) => [v.node_id ?? v.id, v.state ?? v.role ?? "–",
+        v.match_index ?? "–", v.lag ?? "–"])) : null;
+    const quorumText = quorum.error ? quorum.error
+      : `leader ${fmt(quorum.leader_id)}, term ${fmt(quorum.term)}, commit index ${fmt(quorum.commit_index)}`;
+    document.getElementById("overview").replaceChildren(
+      cards, el("h2", {}, "Brokers"), brokers,
+      el("h2", {}, "Controller quorum"), el("p", { id: "quorum" }, quorumText), voters,
+      el("h2", {}, "Throughput (this broker)"),
+      chart({ "in /s": history.rates.map((r) => r.in), "out /s": history.rates.map((r) => r.out) },
+            "records per second"));
+  });
+}
+
+function card(title, value, bad = false) {
+  return el("div", { class: "card" }, el("div", { class: "muted" }, title),
+            el("div", { class: "value" + (bad ? " state-down" : "") }, fmt(value)));
+}
+
+async function topicsView(main) {
+  const search = el("input", { id: "topic-search", placeholder: "search topics", type: "search" });
+  const list = el("div", { id: "topic-list" }, "Loading…");
+  const name = el("input", { id: "new-topic-name", placeholder: "name", required: true });
+  const partitions = el("input", { id: "new-topic-partitions", type: "number", value: 3, min: 1 });
+  const rf = el("input", { id: "new-topic-rf", type: "number", value: 1, min: 1 });
+  const configs = el("input", { id: "new-topic-configs", placeholder: "retention.ms=86400000,…" });
+  const form = el("form", { class: "inline", id: "create-topic", on: { submit: async (ev) => {
+    ev.preventDefault();
+    try {
+      const answer = await api("/v1/admin/topics/create", { method: "POST", body: { topics: [{
+        name: name.value.trim(), num_partitions: Number(partitions.value),
+        replication_factor: Number(rf.value), configs: parseConfigs(configs.value) }] } });
+      const entry = (answer.topics || [])[0] || {};
+      if (entry.error) throw new BrokerError(`${entry.error.code}: ${entry.error.message}`);
+      notice(`created topic ${name.value.trim()}`, true);
+      name.value = "";
+      await draw();
+    } catch (exc) { notice(exc.message); }
+  } } }, el("label", {}, "Name", name), el("label", {}, "Partitions", partitions),
+    el("label", {}, "Replication factor", rf), el("label", {}, "Configs", configs),
+    el("button", { type: "submit" }, "Create topic"));
+  let topics = [];
+  const render = () => {
+    const wanted = search.value.trim().toLowerCase();
+    list.replaceChildren(table([["Topic"], ["Partitions", true], ["Replication", true], [""]],
+      topics.filter((t) => t.name.toLowerCase().includes(wanted)).map((t) => [
+        [t.name, link(`#/topics/${encodeURIComponent(t.name)}`, t.name)], t.partitions,
+        t.replication_factor,
+        ["", el("button", { class: "danger", "data-delete": t.name, on: { click: () => remove(t.name) } },
+                "Delete")]]), { id: "topics" }));
+  };
+  const draw = async () => { topics = (await api("/v1/topics")).topics; render(); };
+  const remove = async (topic) => {
+    if (!window.confirm(`Delete topic ${topic} and all its records?`)) return;
+    try {
+      const answer = await api("/v1/admin/topics/delete", { method: "POST", body: { topics: [topic] } });
+      const entry = (answer.topics || [])[0] || {};
+      if (entry.error) throw new BrokerError(`${entry.error.code}: ${entry.error.message}`);
+      notice(`deleted topic ${topic}`, true);
+      await draw();
+    } catch (exc) { notice(exc.message); }
+  };
+  search.addEventListener("input", render);
+  main.replaceChildren(el("h1", {}, "Topics"), form, search, list);
+  await draw();
+}
+
+async function topicView(main, topic) {
+  const described = await api(`/v1/topics/${encodeURIComponent(topic)}`);
+  const parts = described.partitions;
+  main.replaceChildren(
+    el("h1", {}, `Topic ${topic}`),
+    el("p", {}, link(`#/topics/${encodeURIComponent(topic)}/messages`, "Browse and produce messages")),
+    table([["Partition", true], ["Leader", true], ["Replicas"], ["ISR"], ["Log start", true],
+           ["High watermark", true], ["Last stable", true], ["Log end", true], ["Size"]],
+      parts.map((p) => [p.partition, p.leader, p.replicas.join(", "), p.isr.join(", "),
+        p.log_start_offset, p.high_watermark, p.last_stable_offset, p.log_end_offset,
+        [p.size_bytes ?? 0, bytes(p.size_bytes)]]), { id: "partitions" }));
+}
+
+function b64ToBytes(text) {
+  if (text === null || text === undefined) return null;
+  const raw = atob(text);
+  return Uint8Array.from(raw, (c) => c.charCodeAt(0));
+}
+
+function show(data, format) {
+  if (data === null) return "null";
+  if (format === "hex") return Array.from(data, (b) => b.toString(16).padStart(2, "0")).join(" ");
+  const text = new TextDecoder("utf-8", { fatal: false }).decode(data);
+  if (format === "json") {
+    try { return JSON.stringify(JSON.parse(text), null, 2); } catch (exc) { return text; }
+  }
+  return text;
+}
+
+async function messagesView(main, topic) {
+  const described = await api(`/v1/topics/${encodeURIComponent(topic)}`);
+  const partition = el("select", { id: "partition" },
+    described.partitions.map((p) => el("option", { value: p.partition }, `partition ${p.partition}`)));
+  const from = el("select", { id: "from" }, el("option", { value: "beginning" }, "from the beginning"),
+                  el("option", { value: "offset" }, "from an offset"),
+                  el("option", { value: "end" }, "the last 20"));
+  const offset = el("input", { id: "offset", type: "number", value: 0, min: 0 });
+  const format = el("select", { id: "format" }, ["json", "text", "hex"].map((f) => el("option", { value: f }, f)));
+  const keyFilter = el("input", { id: "key-filter", placeholder: "key contains" });
+  const tail = el("input", { id: "tail", type: "checkbox" });
+  const list = el("div", { id: "messages" });
+  let shown = [], next = 0;
+
+  const render = () => {
+    const wanted = keyFilter.value;
+    list.replaceChildren(table([["Offset", true], ["Timestamp"], ["Key"], ["Value"]],
+      shown.filter((r) => !wanted || show(r.key, "text").includes(wanted)).map((r) => {
+        const value = show(r.value, format.value);
+        const cut = value.length > 500;
+        const pre = el("pre", { class: "value" }, cut ? value.slice(0, 500) + "…" : value);
+        const more = cut ? el("button", { class: "secondary", on: { click: (ev) => {
+          pre.textContent = value; ev.target.remove(); } } }, "show all") : null;
+        return [r.offset, new Date(r.timestamp).toISOString(),
+                show(r.key, format.value === "hex" ? "hex" : "text"), ["", el("div", {}, pre, more)]];
+      }), { id: "records" }));
+  };
+  const read = async (start, waitMs = 0) => {
+    const p = partition.value;
+    const records = await api(`/topics/${encodeURIComponent(topic)}/partitions/${p}/records` +
+                              `?offset=${start}&max_bytes=1048576&timeout=${waitMs}`,
+                              { accept: "application/vnd.kafka.binary.v2+json" });
+    return records.map((r) => ({ ...r, key: b64ToBytes(r.key), value: b64ToBytes(r.value) }));
+  };
+  const load = async (clear = true) => {
+    try {
+      if (clear) notice("");
+      const part = (await api(`/v1/topics/${encodeURIComponent(topic)}`)).partitions
+        .find((x) => String(x.partition) === partition.value);
+      let start = from.value === "offset" ? Number(offset.value) : part.log_start_offset ?? 0;
+      if (from.value === "end") start = Math.max(part.log_start_offset ?? 0, (part.high_watermark ?? 0) - 20);
+      shown = (await read(start)).slice(0, 500);
+      next = shown.length ? shown[shown.length - 1].offset + 1 : start;
+      render();
+    } catch (exc) { notice(exc.message); }
+  };
+  every(POLL_MS, async () => {
+    if (!tail.checked) return;
+    const more = await read(next, 1000);
+    if (more.length) {
+      shown = shown.concat(more).slice(-500);
+      next = more[more.length - 1].offset + 1;
+      render();
+    }
+  });
+
+  const key = el("input", { id: "produce-key", placeholder: "key (text, optional)" });
+  const value = el("textarea", { id: "produce-value", placeholder: "value" });
+  const asJson = el("input", { id: "produce-json", type: "checkbox", checked: true });
+  const produce = el("form", { class: "inline", id: "produce", on: { submit: async (ev) => {
+    ev.preventDefault();
+    try {
+      let text = value.value;
+      if (asJson.checked) {
+        // Checked here, stored compact: the bytes a JSON reader expects.
+        try { text = JSON.stringify(JSON.parse(text)); } catch (exc) {
+          throw new BrokerError(`the value is not valid JSON (${exc.message}): fix it, or ` +
+                                "untick \"Value is JSON\" to send it as text");
+        }
+      }
+      const encode = (t) => btoa(String.fromCharCode(...new TextEncoder().encode(t)));
+      const answer = await api(`/topics/${encodeURIComponent(topic)}`, { method: "POST",
+        contentType: "application/vnd.kafka.binary.v2+json", body: { records: [{
+          key: key.value ? encode(key.value) : null, value: encode(text),
+          partition: Number(partition.value) }] } });
+      const result = (answer.offsets || [])[0] || {};
+      if (result.error) throw new BrokerError(`${result.error_code ?? ""} ${result.error}`);
+      notice(`produced at ${topic}-${result.partition} offset ${result.offset}`, true);
+      await load(false);
+    } catch (exc) { notice(exc.message); }
+  } } }, el("label", {}, "Key", key), el("label", {}, "Value", value),
+    el("label", {}, "Value is JSON", asJson), el("button", { type: "submit" }, "Produce"));
+
+  for (const control of [partition, from]) control.addEventListener("change", () => load());
+  format.addEventListener("change", render);
+  keyFilter.addEventListener("input", render);
+  main.replaceChildren(
+    el("h1", {}, "Messages of ", link(`#/topics/${encodeURIComponent(topic)}`, topic)),
+    el("form", { class: "inline", on: { submit: (ev) => { ev.preventDefault(); load(); } } },
+       el("label", {}, "Partition", partition), el("label", {}, "Read", from),
+       el("label", {}, "Offset", offset), el("label", {}, "Show as", format),
+       el("label", {}, "Filter", keyFilter), el("label", {}, "Live tail", tail),
+       el("button", { type: "submit", id: "read" }, "Read")),
+    el("h2", {}, "Produce"), produce, el("h2", {}, "Records"), list);
+  await load();
+}
+
+async function groupsView(main) {
+  main.replaceChildren(el("h1", {}, "Consumer groups"), el("div", { id: "groups" }, "Loading…"));
+  every(POLL_MS, async () => {
+    const answer = await api("/v1/groups");
+    document.getElementById("groups").replaceChildren(table(
+      [["Group"], ["State"], ["Members", true], ["Coordinator", true]],
+      answer.groups.map((g) => [[g.group_id, link(`#/groups/${encodeURIComponent(g.group_id)}`, g.group_id)],
+        g.state, g.members, g.coordinator_id]), { id: "group-list" }));
+  });
+}
+
+async function groupView(main, group) {
+  main.replaceChildren(el("h1", {}, `Group ${group}`), el("div", { id: "group" }, "Loading…"));
+  history.lag[group] = history.lag[group] || [];
+  every(POLL_MS, async () => {
+    const g = await api(`/v1/groups/${encodeURIComponent(group)}`);
+    const total = g.offsets.reduce((sum, o) => sum + (o.lag ?? 0), 0);
+    const lag = history.lag[group];
+    lag.push(total);
+    if (lag.length > SAMPLES) lag.shift();
+    document.getElementById("group").replaceChildren(
+      el("div", { class: "cards" }, card("State", g.state), card("Members", g.members.length),
+         el("div", { class: "card" }, el("div", { class: "muted" }, "Total lag"),
+            el("div", { class: "value", id: "total-lag" }, fmt(total)))),
+      el("h2", {}, "Members"),
+      table([["Member"], ["Client"], ["Host"], ["Assigned"]], g.members.map((m) => [
+        m.member_id, m.client_id ?? "–", m.client_host ?? "–",
+        (m.assigned || []).map(([t, p]) => `${t}-${p}`).join(", ") || "–"])),
+      el("h2", {}, "Offsets"),
+      table([["Topic"], ["Partition", true], ["Committed", true], ["Log end", true], ["Lag", true]],
+        g.offsets.map((o) => [o.topic, o.partition, o.offset, o.log_end_offset, o.lag]),
+        { id: "offsets" }),
+      el("h2", {}, "Lag over time"), chart({ lag }, "records behind"));
+  });
+}
+
+// -- routing -----------------------------------------------------------------------------
+async function route() {
+  for (const timer of timers) clearInterval(timer);
+  timers = [];
+  notice("");
+  const main = document.getElementById("main");
+  const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+  for (const a of document.querySelectorAll("header nav a")) {
+    a.classList.toggle("active", a.dataset.nav === (parts[0] || "overview"));
+  }
+  try {
+    if (!parts[0]) await overview(main);
+    else if (parts[0] === "topics" && parts.length === 1) await topicsView(main);
+    else if (parts[0] === "topics" && parts[2] === "messages") await messagesView(main, parts[1]);
+    else if (parts[0] === "topics") await topicView(main, parts[1]);
+    else if (parts[0] === "groups" && parts.length === 1) await groupsView(main);
+    else if (parts[0] === "groups") await groupView(main, parts[1]);
+    else main.replaceChildren(el("p", {}, "No such page. ", link("#/", "Overview")));
+  } catch (exc) {
+    main.replaceChildren(el("h1", {}, "Not shown"), el("p", {}, link("#/", "Back to the overview")));
+    notice(exc.message);
+  }
+}
+
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,199 @@
+"""The web console in a real browser (Debian's chromium, driven by
+Playwright) against a real cluster: one controller and three brokers.
+
+A user opens http://BROKER/ui/, sees the brokers up, creates a topic,
+produces a message and reads it back in the page, watches a consumer
+group's lag rise and fall, sees a killed broker marked down and its
+partitions' leaders move, deletes the topic; bad input (an invalid topic
+name, a value that is not JSON, an offset past the end) shows the broker's
+error. Screenshots of each page go to ``KRAFTLOG_SCREENSHOTS`` (a folder)
+if set, else the test's temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import pytest
+
+from api.client import Admin, Consumer, Producer, TopicPartition
+from chaos.cluster import FAST_SETTINGS, ProcessCluster
+
+CHROMIUM = "/usr/bin/chromium"
+#: Flags a headless chromium needs here: no sandbox as root, and no calls
+#: to the internet (this machine's network is closed).
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+WAIT_MS = 20_000
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with ProcessCluster(str(tmp_path_factory.mktemp("console")), controllers=1, brokers=3,
+                        settings=dict(FAST_SETTINGS)) as running:
+        running.start()
+        running.wait_for_active_controller(30)
+        running.wait_for_brokers_running(timeout_s=30)
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+    assert os.path.exists(CHROMIUM), "make test installs Debian's chromium"
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser, tmp_path):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    opened = context.new_page()
+    opened.set_default_timeout(WAIT_MS)
+    yield opened
+    context.close()
+
+
+def shoot(page, tmp_path, name: str) -> None:
+    folder = os.environ.get("KRAFTLOG_SCREENSHOTS") or str(tmp_path / "screenshots")
+    os.makedirs(folder, exist_ok=True)
+    page.screenshot(path=os.path.join(folder, f"{name}.png"), full_page=True)
+
+
+def test_a_user_creates_produces_reads_watches_and_deletes_in_the_browser(
+        cluster, page, tmp_path):
+    from playwright.sync_api import expect
+
+    entry = cluster.nodes[cluster.broker_ids[0]]
+    base = entry.broker_url
+    page.goto(base + "/ui")  # redirected to /ui/
+    assert page.url == base + "/ui/"
+    for broker in cluster.broker_ids:
+        expect(page.locator(f'[data-broker-state="{broker}"]')).to_have_text("up")
+    expect(page.locator("#quorum")).to_contain_text("leader")
+    shoot(page, tmp_path, "overview")
+
+    # Topics: an invalid name is refused with the broker's words; then created.
+    page.goto(base + "/ui/#/topics")
+    page.fill("#new-topic-name", "bad name!")
+    page.click("#create-topic button[type=submit]")
+    expect(page.locator("#notice")).to_contain_text("INVALID_TOPIC_EXCEPTION")
+    page.fill("#new-topic-name", "console-demo")
+    page.fill("#new-topic-partitions", "2")
+    page.fill("#new-topic-rf", "3")
+    page.fill("#new-topic-configs", "retention.ms=3600000")
+    page.click("#create-topic button[type=submit]")
+    expect(page.locator("#notice")).to_contain_text("created topic console-demo")
+    expect(page.locator("#topics")).to_contain_text("console-demo")
+    with Admin(base) as admin:
+        assert len(admin.describe_topics(["console-demo"])["console-demo"].partitions) == 2
+    shoot(page, tmp_path, "topics")
+
+    # Produce in the page, and see the record in it.
+    page.goto(base + "/ui/#/topics/console-demo/messages")
+    page.fill("#produce-key", "order-1")
+    page.fill("#produce-value", '{"item": "tea", "qty": 2}')
+    page.click("#produce button[type=submit]")
+    expect(page.locator("#notice")).to_contain_text("produced at console-demo-0 offset 0")
+    expect(page.locator("#records")).to_contain_text('"item": "tea"')
+    expect(page.locator("#records")).to_contain_text("order-1")
+    # Not JSON: refused, saying so, and nothing written.
+    page.fill("#produce-value", "{oops")
+    page.click("#produce button[type=submit]")
+    expect(page.locator("#notice")).to_contain_text("the value is not valid JSON")
+    # An offset past the end: the broker's error, not a blank page.
+    page.select_option("#from", "offset")
+    page.fill("#offset", "999")
+    page.click("#read")
+    expect(page.locator("#notice")).to_contain_text("OFFSET_OUT_OF_RANGE")
+    shoot(page, tmp_path, "messages")
+    # The page's record is what a client reads.
+    with Consumer(base, auto_offset_reset="earliest", consumer_timeout_ms=5000) as consumer:
+        consumer.assign([TopicPartition("console-demo", 0)])
+        assert [(r.key, r.value) for r in consumer] == [(b"order-1",
+                                                         b'{"item":"tea","qty":2}')]
+
+    # A consumer group's lag rises as records arrive and falls as it reads.
+    with Producer(base, acks="all") as producer:
+        for i in range(40):
+            producer.send("console-demo", b"v%d" % i, partition=1)
+        producer.flush(30_000)
+    with Consumer(base, group_id="console-g", auto_offset_reset="earliest",
+                  enable_auto_commit=False) as consumer:
+        consumer.subscribe(["console-demo"])
+        deadline = time.monotonic() + 30
+        while not consumer.assignment() and time.monotonic() < deadline:
+            consumer.poll(timeout_ms=200)
+        consumer.commit({TopicPartition("console-demo", 0): 0,
+                         TopicPartition("console-demo", 1): 0})
+        page.goto(base + "/ui/#/groups/console-g")
+        expect(page.locator("#total-lag")).to_have_text("41")
+        got = 0
+        deadline = time.monotonic() + 30
+        while got < 41 and time.monotonic() < deadline:
+            got += len(consumer.poll(timeout_ms=500))
+        consumer.commit()
+        expect(page.locator("#total-lag")).to_have_text("0")
+        shoot(page, tmp_path, "group")
+
+    # A killed broker is marked down, and its partitions' leaders move.
+    with Admin(base) as admin:
+        leaders = {p.leader for p in admin.describe_topics(["console-demo"])[
+            "console-demo"].partitions}
+    victim = next(b for b in cluster.broker_ids if b in leaders and b != entry.node_id) \
+        if leaders - {entry.node_id} else next(b for b in cluster.broker_ids
+                                               if b != entry.node_id)
+    page.goto(base + "/ui/#/")
+    cluster.kill(victim)
+    expect(page.locator(f'[data-broker-state="{victim}"]')).to_have_text("down (fenced)")
+    page.goto(base + "/ui/#/topics/console-demo")
+    leader_cells = page.locator("#partitions tbody tr td:nth-child(2)")
+    expect(leader_cells).to_have_count(2)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        page.reload()
+        leader_cells.first.wait_for()
+        shown = {int(t) for t in leader_cells.all_inner_texts() if re.fullmatch(r"-?\d+", t)}
+        if shown and victim not in shown and -1 not in shown:
+            break
+        page.wait_for_timeout(500)
+    assert victim not in shown and -1 not in shown, shown
+    cluster.start([victim])
+    cluster.wait_for_brokers_running(timeout_s=30)
+
+    # Deleted in the page, after a confirmation.
+    page.goto(base + "/ui/#/topics")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click('[data-delete="console-demo"]')
+    expect(page.locator("#notice")).to_contain_text("deleted topic console-demo")
+    expect(page.locator("#topics")).not_to_contain_text("console-demo")
+
+
+def test_the_console_serves_its_assets_and_nothing_else(cluster):
+    import subprocess
+    import sys
+    import urllib.error
+    import urllib.request
+
+    from chaos.cluster import REPO_ROOT
+
+    base = cluster.nodes[cluster.broker_ids[0]].broker_url
+    printed = subprocess.run([sys.executable, "-m", "api.cli", "--bootstrap", base, "console"],
+                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert printed.returncode == 0 and printed.stdout.strip() == base + "/ui/", printed
+    with urllib.request.urlopen(base + "/ui/static/console.js", timeout=10) as answer:
+        assert answer.headers["Content-Type"].startswith("text/javascript")
+        assert "default-src 'self'" in answer.headers["Content-Security-Policy"]
+        assert b"function route()" in answer.read()
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        urllib.request.urlopen(base + "/ui/static/..%2fserver.py", timeout=10)
+    assert missing.value.code == 404
+    for name in ("nope.js", "console.py"):
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(base + f"/ui/static/{name}", timeout=10)
+        assert missing.value.code == 404
