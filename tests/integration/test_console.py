@@ -94,6 +94,28 @@ def test_a_user_creates_produces_reads_watches_and_deletes_in_the_browser(
         assert len(admin.describe_topics(["console-demo"])["console-demo"].partitions) == 2
     shoot(page, tmp_path, "topics")
 
+    # The topic's page: its partitions and configs; grown and altered there.
+    page.goto(base + "/ui/#/topics/console-demo")
+    expect(page.locator("#configs")).to_contain_text("retention.ms")
+    page.fill("#config-name", "retention.ms")
+    page.fill("#config-value", "7200000")
+    page.click("#alter-config button[type=submit]")
+    expect(page.locator("#notice")).to_contain_text("retention.ms = 7200000")
+    expect(page.locator("#configs")).to_contain_text("7200000")
+    page.fill("#config-name", "no.such.config")
+    page.fill("#config-value", "1")
+    page.click("#alter-config button[type=submit]")
+    expect(page.locator("#notice")).to_contain_text("no.such.config")
+    page.fill("#partition-count", "3")
+    page.click("#add-partitions button[type=submit]")
+    expect(page.locator("#notice")).to_contain_text("console-demo has 3 partitions")
+    expect(page.locator("#partitions tbody tr")).to_have_count(3)
+    with Admin(base) as admin:
+        assert len(admin.describe_topics(["console-demo"])["console-demo"].partitions) == 3
+        assert admin.describe_configs("console-demo", ["retention.ms"])[
+            "retention.ms"].value == "7200000"
+    shoot(page, tmp_path, "topic")
+
     # Produce in the page, and see the record in it.
     page.goto(base + "/ui/#/topics/console-demo/messages")
     page.fill("#produce-key", "order-1")
@@ -129,8 +151,7 @@ def test_a_user_creates_produces_reads_watches_and_deletes_in_the_browser(
         deadline = time.monotonic() + 30
         while not consumer.assignment() and time.monotonic() < deadline:
             consumer.poll(timeout_ms=200)
-        consumer.commit({TopicPartition("console-demo", 0): 0,
-                         TopicPartition("console-demo", 1): 0})
+        consumer.commit({TopicPartition("console-demo", p): 0 for p in range(3)})
         page.goto(base + "/ui/#/groups/console-g")
         expect(page.locator("#total-lag")).to_have_text("41")
         got = 0
@@ -153,7 +174,7 @@ def test_a_user_creates_produces_reads_watches_and_deletes_in_the_browser(
     expect(page.locator(f'[data-broker-state="{victim}"]')).to_have_text("down (fenced)")
     page.goto(base + "/ui/#/topics/console-demo")
     leader_cells = page.locator("#partitions tbody tr td:nth-child(2)")
-    expect(leader_cells).to_have_count(2)
+    expect(leader_cells).to_have_count(3)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         page.reload()

@@ -269,8 +269,41 @@ async function topicsView(main) {
 }
 
 async function topicView(main, topic) {
-  const described = await api(`/v1/topics/${encodeURIComponent(topic)}`);
+  const path = `/v1/topics/${encodeURIComponent(topic)}`;
+  const described = await api(path);
   const parts = described.partitions;
+  const configs = described.configs;
+  const count = el("input", { id: "partition-count", type: "number", min: parts.length + 1,
+                              value: parts.length + 1 });
+  const grow = el("form", { class: "inline", id: "add-partitions", on: { submit: async (ev) => {
+    ev.preventDefault();
+    try {
+      const answer = await api("/v1/admin/partitions/create", { method: "POST", body: {
+        topics: [{ name: topic, count: Number(count.value) }] } });
+      const entry = (answer.topics || [])[0] || {};
+      if (entry.error) throw new BrokerError(`${entry.error.code}: ${entry.error.message}`);
+      await route();
+      notice(`${topic} has ${count.value} partitions`, true);
+    } catch (exc) { notice(exc.message); }
+  } } }, el("label", {}, "Partitions", count), el("button", { type: "submit" }, "Add partitions"));
+  const configName = el("input", { id: "config-name", placeholder: "retention.ms" });
+  const configValue = el("input", { id: "config-value", placeholder: "value (empty: default)" });
+  const alter = el("form", { class: "inline", id: "alter-config", on: { submit: async (ev) => {
+    ev.preventDefault();
+    const name = configName.value.trim();
+    try {
+      const op = configValue.value === "" ? { name, op: "delete" }
+        : { name, op: "set", value: configValue.value };
+      const answer = await api("/v1/admin/configs/alter", { method: "POST", body: {
+        resources: [{ type: "topic", name: topic, ops: [op] }] } });
+      const entry = (answer.resources || [])[0] || {};
+      if (entry.error) throw new BrokerError(`${entry.error.code}: ${entry.error.message}`);
+      await route();
+      notice(configValue.value === "" ? `${name} is back to its default`
+                                      : `${name} = ${configValue.value}`, true);
+    } catch (exc) { notice(exc.message); }
+  } } }, el("label", {}, "Config", configName), el("label", {}, "Value", configValue),
+    el("button", { type: "submit" }, "Set config"));
   main.replaceChildren(
     el("h1", {}, `Topic ${topic}`),
     el("p", {}, link(`#/topics/${encodeURIComponent(topic)}/messages`, "Browse and produce messages")),
@@ -278,7 +311,12 @@ async function topicView(main, topic) {
            ["High watermark", true], ["Last stable", true], ["Log end", true], ["Size"]],
       parts.map((p) => [p.partition, p.leader, p.replicas.join(", "), p.isr.join(", "),
         p.log_start_offset, p.high_watermark, p.last_stable_offset, p.log_end_offset,
-        [p.size_bytes ?? 0, bytes(p.size_bytes)]]), { id: "partitions" }));
+        [p.size_bytes ?? 0, bytes(p.size_bytes)]]), { id: "partitions" }),
+    grow,
+    el("h2", {}, "Configs set on this topic"),
+    configs === null ? el("p", { class: "muted" }, "Not shown: DESCRIBE_CONFIGS is not allowed.")
+      : table([["Config"], ["Value"]], Object.entries(configs).sort(), { id: "configs" }),
+    alter);
 }
 
 function b64ToBytes(text) {
