@@ -189,6 +189,10 @@ class CertificateReloader:
 
 #: The user of a request without a client certificate.
 ANONYMOUS = "User:ANONYMOUS"
+#: Paths served to anyone, authenticated or not: the web console's static
+#: assets (api/broker/console.py), which carry no data.
+PUBLIC_PATHS = frozenset({"/ui", "/ui/"})
+PUBLIC_PREFIX = "/ui/static/"
 #: Where ``authenticate_clients`` leaves a request's user, and how it was
 #: proven ("certificate", "password", "token"; absent: not at all).
 PRINCIPAL_KEY = "kraftlog.principal"
@@ -221,6 +225,11 @@ def authenticate_clients(app, mapper: "PrincipalMapper", require_certificate: bo
 
     @web.middleware
     async def authenticate(request, handler):
+        if request.path in PUBLIC_PATHS or request.path.startswith(PUBLIC_PREFIX):
+            # The web console's page, script and style: they hold no data,
+            # and the page must load to ask for the user's credentials.
+            request[PRINCIPAL_KEY] = ANONYMOUS
+            return await handler(request)
         transport = request.transport
         cert = transport.get_extra_info("peercert") if transport is not None else None
         header = request.headers.get("Authorization")

@@ -210,7 +210,7 @@ def test_the_console_serves_its_assets_and_nothing_else(cluster):
     with urllib.request.urlopen(base + "/ui/static/console.js", timeout=10) as answer:
         assert answer.headers["Content-Type"].startswith("text/javascript")
         assert "default-src 'self'" in answer.headers["Content-Security-Policy"]
-        assert b"function route()" in answer.read()
+        assert b"async function route(" in answer.read()
     with pytest.raises(urllib.error.HTTPError) as missing:
         urllib.request.urlopen(base + "/ui/static/..%2fserver.py", timeout=10)
     assert missing.value.code == 404
@@ -218,3 +218,45 @@ def test_the_console_serves_its_assets_and_nothing_else(cluster):
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(base + f"/ui/static/{name}", timeout=10)
         assert missing.value.code == 404
+
+
+def test_on_a_secure_cluster_the_console_logs_in_and_shows_what_acls_allow(
+        browser, tmp_path):
+    # SASL_SSL with ACLs: the page loads without credentials (it holds no
+    # data), asks for a user's, and then shows only what that user may see.
+    from playwright.sync_api import expect
+
+    from api.client import AclBinding, NewTopic
+    from protocol import acl
+
+    with ProcessCluster(str(tmp_path / "secure"), controllers=1, brokers=1, tls=True,
+                        acls=True, sasl=True, settings=dict(FAST_SETTINGS)) as secure:
+        secure.start()
+        secure.wait_for_active_controller(30)
+        secure.wait_for_brokers_running(timeout_s=30)
+        base = secure.nodes[secure.broker_ids[0]].broker_url
+        with Admin(base, **secure.client_security) as admin:
+            admin.create_topics([NewTopic("shown-topic", 1, 1), NewTopic("hidden-topic", 1, 1)])
+        secure.add_user("viewer", "viewer-password", [AclBinding(
+            acl.TOPIC, "shown-topic", acl.LITERAL, "User:viewer", acl.WILDCARD, acl.DESCRIBE,
+            acl.ALLOW)])
+        context = browser.new_context(ignore_https_errors=True)  # the cluster's own CA
+        page = context.new_page()
+        page.set_default_timeout(WAIT_MS)
+        try:
+            page.goto(base + "/ui/#/topics")
+            expect(page.locator("#notice")).to_contain_text("SASL_AUTHENTICATION_FAILED")
+            page.fill("#login-user", "viewer")
+            page.fill("#login-password", "wrong")
+            page.click("#login button[type=submit]")
+            expect(page.locator("#login")).to_be_visible()  # asked again
+            page.fill("#login-user", "viewer")
+            page.fill("#login-password", "viewer-password")
+            page.click("#login button[type=submit]")
+            expect(page.locator("#topics")).to_contain_text("shown-topic")
+            expect(page.locator("#topics")).not_to_contain_text("hidden-topic")
+            shoot(page, tmp_path, "secure-topics")
+            page.goto(base + "/ui/#/topics/hidden-topic")
+            expect(page.locator("#notice")).to_contain_text("TOPIC_AUTHORIZATION_FAILED")
+        finally:
+            context.close()

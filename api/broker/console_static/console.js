@@ -25,10 +25,32 @@ function el(tag, attrs = {}, ...children) {
 }
 
 class BrokerError extends Error {}
+class LoginNeeded extends BrokerError {}
+
+// A SASL_SSL cluster: the user's name and password, sent with each call
+// (HTTP Basic, inside TLS) and kept for this tab only.
+function loginView(main, why) {
+  const user = el("input", { id: "login-user", autocomplete: "username", required: true });
+  const password = el("input", { id: "login-password", type: "password",
+                                 autocomplete: "current-password", required: true });
+  main.replaceChildren(el("h1", {}, "Log in"),
+    el("p", { class: "muted" }, "This cluster asks who you are: a user made with " +
+       "`kraftlog users create`. What you see is what its ACLs allow."),
+    el("form", { class: "inline", id: "login", on: { submit: (ev) => {
+      ev.preventDefault();
+      const pair = new TextEncoder().encode(`${user.value}:${password.value}`);
+      sessionStorage.setItem("kraftlog-login", btoa(String.fromCharCode(...pair)));
+      route();
+    } } }, el("label", {}, "User", user), el("label", {}, "Password", password),
+      el("button", { type: "submit" }, "Log in")));
+  notice(why);
+}
 
 async function api(path, { method = "GET", body, contentType = "application/json",
                            accept = "application/json", raw = false } = {}) {
   const options = { method, headers: { Accept: accept } };
+  const login = sessionStorage.getItem("kraftlog-login");
+  if (login) options.headers.Authorization = `Basic ${login}`;
   if (body !== undefined) {
     options.headers["Content-Type"] = contentType;
     options.body = typeof body === "string" ? body : JSON.stringify(body);
@@ -45,6 +67,10 @@ async function api(path, { method = "GET", body, contentType = "application/json
   try { data = text ? JSON.parse(text) : null; } catch (exc) { data = null; }
   if (!response.ok || (data && data.error && !Array.isArray(data))) {
     const error = data && data.error;
+    if (error && (error.code === "SASL_AUTHENTICATION_FAILED"
+                  || error.code === "SSL_AUTHENTICATION_FAILED")) {
+      throw new LoginNeeded(`${error.code}: ${error.message}`);
+    }
     if (error) throw new BrokerError(`${error.code}: ${error.message}`);
     throw new BrokerError(`HTTP ${response.status}: ${text.slice(0, 300)}`);
   }
@@ -126,7 +152,10 @@ function chart(series, label) {
 
 function every(ms, fn) {
   const tick = async () => {
-    try { await fn(); } catch (exc) { notice(exc.message); }
+    try { await fn(); } catch (exc) {
+      if (exc instanceof LoginNeeded) route(exc);
+      else notice(exc.message);
+    }
   };
   tick();
   timers.push(setInterval(tick, ms));
@@ -179,8 +208,13 @@ async function throughput() {
 async function overview(main) {
   main.replaceChildren(el("h1", {}, "Overview"), el("div", { id: "overview" }, "Loading…"));
   every(POLL_MS, async () => {
-    const [cluster, topics, stats] = await Promise.all([
-      api("/v1/cluster"), api("/v1/topics"), throughput()]);
+    const [cluster, topics] = await Promise.all([api("/v1/cluster"), api("/v1/topics")]);
+    let stats;
+    try { stats = await throughput(); } catch (exc) {
+      if (exc instanceof LoginNeeded) throw exc;
+      // Metrics need DESCRIBE on the cluster: without it, not shown.
+      stats = { rates: { in: null, out: null }, underReplicated: null, offline: null };
+    }
     let quorum = null;
     try { quorum = await api("/v1/quorum"); } catch (exc) { quorum = { error: exc.message }; }
     document.getElementById("cluster-id").textContent = `cluster ${cluster.cluster_id}`;
@@ -191,8 +225,8 @@ async function overview(main) {
       card("Topics", topics.topics.length),
       card("Under-replicated (this broker)", stats.underReplicated, stats.underReplicated > 0),
       card("Offline (this broker)", stats.offline, stats.offline > 0),
-      card("Records in /s", Math.round(stats.rates.in)),
-      card("Records out /s", Math.round(stats.rates.out)));
+      card("Records in /s", stats.rates.in === null ? null : Math.round(stats.rates.in)),
+      card("Records out /s", stats.rates.out === null ? null : Math.round(stats.rates.out)));
     const brokers = table(
       [["Broker", true], ["State"], ["Rack"], ["Partitions led", true], ["URL"]],
       cluster.brokers.map((b) => [b.id,
@@ -469,11 +503,16 @@ async function groupView(main, group) {
 }
 
 // -- routing -----------------------------------------------------------------------------
-async function route() {
+async function route(loginError) {
   for (const timer of timers) clearInterval(timer);
   timers = [];
   notice("");
   const main = document.getElementById("main");
+  if (loginError instanceof LoginNeeded) {
+    sessionStorage.removeItem("kraftlog-login");
+    loginView(main, loginError.message);
+    return;
+  }
   const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
   for (const a of document.querySelectorAll("header nav a")) {
     a.classList.toggle("active", a.dataset.nav === (parts[0] || "overview"));
@@ -487,6 +526,13 @@ async function route() {
     else if (parts[0] === "groups") await groupView(main, parts[1]);
     else main.replaceChildren(el("p", {}, "No such page. ", link("#/", "Overview")));
   } catch (exc) {
+    if (exc instanceof LoginNeeded) {
+      for (const timer of timers) clearInterval(timer);
+      timers = [];
+      sessionStorage.removeItem("kraftlog-login");
+      loginView(main, exc.message);
+      return;
+    }
     main.replaceChildren(el("h1", {}, "Not shown"), el("p", {}, link("#/", "Back to the overview")));
     notice(exc.message);
   }
