@@ -189,10 +189,10 @@ class CertificateReloader:
 
 #: The user of a request without a client certificate.
 ANONYMOUS = "User:ANONYMOUS"
-#: Paths served to anyone, authenticated or not: the web console's static
-#: assets (api/broker/console.py), which carry no data.
-PUBLIC_PATHS = frozenset({"/ui", "/ui/"})
-PUBLIC_PREFIX = "/ui/static/"
+#: Routes served to anyone, authenticated or not: the web console's static
+#: assets (api/broker/console.py), which carry no data. Decided by the route
+#: the router matched, never by the path's text.
+PUBLIC_ROUTES = frozenset({"/ui", "/ui/", "/ui/static/{name}"})
 #: Where ``authenticate_clients`` leaves a request's user, and how it was
 #: proven ("certificate", "password", "token"; absent: not at all).
 PRINCIPAL_KEY = "kraftlog.principal"
@@ -225,7 +225,9 @@ def authenticate_clients(app, mapper: "PrincipalMapper", require_certificate: bo
 
     @web.middleware
     async def authenticate(request, handler):
-        if request.path in PUBLIC_PATHS or request.path.startswith(PUBLIC_PREFIX):
+        route = request.match_info.route
+        resource = route.resource if route is not None else None
+        if resource is not None and resource.canonical in PUBLIC_ROUTES:
             # The web console's page, script and style: they hold no data,
             # and the page must load to ask for the user's credentials.
             request[PRINCIPAL_KEY] = ANONYMOUS

@@ -34,7 +34,7 @@ from api.client import (AclBinding, AclBindingFilter, Admin, Consumer, KraftlogE
                         Producer, TopicAuthorizationFailedError, TopicPartition)
 from chaos.cluster import FAST_SETTINGS, REPO_ROOT, ProcessCluster, wait_until
 from kraft.server import CONTROLLER_ROUTE_RULES
-from protocol import acl
+from protocol import acl, tls
 from storage.batch import BatchBuilder
 
 PASSWORD = "correct horse battery"
@@ -199,6 +199,12 @@ OFFSETS = [{"topic": "acl-orders", "partition": 0, "offset": 1}]
 TXN = {"transactional_id": "acl-txn", "producer_id": 1, "producer_epoch": 0}
 TXN_PARTS = [{"topic": "acl-orders", "partition": 0}]
 
+def console_asset(status: int, body) -> None:
+    """A console asset: served (HTML, script or style; never data)."""
+    assert status == 200 and "text" in body, (status, body)
+    assert "AUTHORIZATION_FAILED" not in body["text"], body
+
+
 #: (method, path) -> (path as called, body, JSON?, what a user without ACLs gets)
 BROKER_CASES = {
     ("POST", "/v1/produce"): ("/v1/produce", PRODUCE, False, per_partition("partitions")),
@@ -298,6 +304,11 @@ BROKER_CASES = {
     ("POST", "/v1/admin/tokens/describe"): ("/v1/admin/tokens/describe", {}, False,
                                             own_tokens_only),
     ("GET", "/healthz"): ("/healthz", None, True, served),
+    # The web console's page, script and style: served to anyone, as they
+    # hold no data (the page asks for credentials and sends them itself).
+    ("GET", "/ui"): ("/ui", None, True, console_asset),
+    ("GET", "/ui/"): ("/ui/", None, True, console_asset),
+    ("GET", "/ui/static/{name}"): ("/ui/static/console.js", None, True, console_asset),
     ("GET", "/metrics"): ("/metrics", None, True, whole(CLUSTER_REFUSED)),
     ("GET", "/v1/cluster"): ("/v1/cluster", None, True, served),
     ("GET", "/v1/brokers"): ("/v1/brokers", None, True, served),
@@ -323,13 +334,18 @@ def no_authorization_failure(status: int, body) -> None:
 
 def test_every_broker_route_refuses_strangers_and_users_without_acls(cluster):
     failures = []
-    for (method, _), (path, body, as_json, check) in sorted(BROKER_CASES.items()):
+    for (method, route), (path, body, as_json, check) in sorted(BROKER_CASES.items()):
         for user, password, expected in ((None, PASSWORD, "SASL_AUTHENTICATION_FAILED"),
                                          ("mallory", "wrong password",
                                           "SASL_AUTHENTICATION_FAILED")):
             status, answer = call(cluster, method, path, body, user=user, password=password,
                                   as_json=as_json)
-            if status != 401 or answer.get("error", {}).get("code") != expected:
+            if route in tls.PUBLIC_ROUTES:  # the console's assets: no credentials needed
+                try:
+                    console_asset(status, answer)
+                except AssertionError:
+                    failures.append((method, path, user, status, answer))
+            elif status != 401 or answer.get("error", {}).get("code") != expected:
                 failures.append((method, path, user, status, answer))
         try:
             check(*call(cluster, method, path, body, user="mallory", as_json=as_json))

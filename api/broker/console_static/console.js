@@ -8,6 +8,9 @@
 const POLL_MS = 2000;
 const SAMPLES = 60;
 let timers = [];
+// Bumped on every navigation: a view or a tick of an older one stops
+// instead of drawing over the page now shown.
+let generation = 0;
 const history = { rates: [], lag: {} };
 
 // -- helpers -----------------------------------------------------------------------------
@@ -67,8 +70,7 @@ async function api(path, { method = "GET", body, contentType = "application/json
   try { data = text ? JSON.parse(text) : null; } catch (exc) { data = null; }
   if (!response.ok || (data && data.error && !Array.isArray(data))) {
     const error = data && data.error;
-    if (error && (error.code === "SASL_AUTHENTICATION_FAILED"
-                  || error.code === "SSL_AUTHENTICATION_FAILED")) {
+    if (error && error.code === "SASL_AUTHENTICATION_FAILED") {
       throw new LoginNeeded(`${error.code}: ${error.message}`);
     }
     if (error) throw new BrokerError(`${error.code}: ${error.message}`);
@@ -150,15 +152,40 @@ function chart(series, label) {
   return canvas;
 }
 
+// Run fn now and then every ms after it finished (never two at once), for
+// as long as the view that asked is shown.
 function every(ms, fn) {
+  const mine = generation;
   const tick = async () => {
+    if (mine !== generation) return;
     try { await fn(); } catch (exc) {
-      if (exc instanceof LoginNeeded) route(exc);
-      else notice(exc.message);
+      if (mine !== generation) return;
+      if (exc instanceof LoginNeeded) { route(exc); return; }
+      notice(exc.message);
     }
+    if (mine === generation) timers.push(setTimeout(tick, ms));
   };
   tick();
-  timers.push(setInterval(tick, ms));
+}
+
+// Replace the children of #id, if the view that owns it is still shown.
+function fill(id, mine, ...children) {
+  const node = document.getElementById(id);
+  if (node && mine === generation) node.replaceChildren(...children);
+}
+
+function encode64(text) {
+  const data = new TextEncoder().encode(text);
+  let out = "";
+  for (let i = 0; i < data.length; i += 0x8000) {  // in chunks: no argument-count limit
+    out += String.fromCharCode(...data.subarray(i, i + 0x8000));
+  }
+  return btoa(out);
+}
+
+function when(ms) {
+  const date = new Date(ms);
+  return Number.isNaN(date.getTime()) ? String(ms) : date.toISOString();
 }
 
 function link(href, text) { return el("a", { href }, text); }
@@ -194,8 +221,8 @@ async function throughput() {
   let rates = { in: 0, out: 0, bytesIn: 0 };
   if (lastCounters) {
     const dt = Math.max(0.001, now - lastCounters.at);
-    rates = { in: (counters.in - lastCounters.in) / dt, out: (counters.out - lastCounters.out) / dt,
-              bytesIn: (counters.bytesIn - lastCounters.bytesIn) / dt };
+    const rate = (key) => Math.max(0, (counters[key] - lastCounters[key]) / dt);  // restarts
+    rates = { in: rate("in"), out: rate("out"), bytesIn: rate("bytesIn") };
   }
   lastCounters = { ...counters, at: now };
   history.rates.push(rates);
@@ -206,6 +233,7 @@ async function throughput() {
 
 // -- views ---------------------------------------------------------------------------------
 async function overview(main) {
+  const mine = generation;
   main.replaceChildren(el("h1", {}, "Overview"), el("div", { id: "overview" }, "Loading…"));
   every(POLL_MS, async () => {
     const [cluster, topics] = await Promise.all([api("/v1/cluster"), api("/v1/topics")]);
@@ -235,12 +263,14 @@ async function overview(main) {
                                       b.fenced ? "down (fenced)" : "up")],
         b.rack ?? "–", b.leaders, b.url ?? "–"]), { id: "brokers" });
     const voters = quorum && quorum.voters ? table(
-      [["Voter", true], ["Role"], ["Match index", true], ["Lag", true]],
-      Object.values(quorum.voters).map((v) => [v.node_id ?? v.id, v.state ?? v.role ?? "–",
+      [["Voter", true], ["Role"], ["Connected"], ["Match index", true], ["Lag", true]],
+      Object.values(quorum.voters).map((v) => [v.id,
+        v.id === quorum.leader_id ? "leader" : "follower",
+        v.connected === undefined ? "–" : v.connected ? "yes" : "no",
         v.match_index ?? "–", v.lag ?? "–"])) : null;
     const quorumText = quorum.error ? quorum.error
       : `leader ${fmt(quorum.leader_id)}, term ${fmt(quorum.term)}, commit index ${fmt(quorum.commit_index)}`;
-    document.getElementById("overview").replaceChildren(
+    fill("overview", mine,
       cards, el("h2", {}, "Brokers"), brokers,
       el("h2", {}, "Controller quorum"), el("p", { id: "quorum" }, quorumText), voters,
       el("h2", {}, "Throughput (this broker)"),
@@ -303,8 +333,10 @@ async function topicsView(main) {
 }
 
 async function topicView(main, topic) {
+  const mine = generation;
   const path = `/v1/topics/${encodeURIComponent(topic)}`;
   const described = await api(path);
+  if (mine !== generation) return;
   const parts = described.partitions;
   const configs = described.configs;
   const count = el("input", { id: "partition-count", type: "number", min: parts.length + 1,
@@ -370,7 +402,9 @@ function show(data, format) {
 }
 
 async function messagesView(main, topic) {
+  const mine = generation;
   const described = await api(`/v1/topics/${encodeURIComponent(topic)}`);
+  if (mine !== generation) return;
   const partition = el("select", { id: "partition" },
     described.partitions.map((p) => el("option", { value: p.partition }, `partition ${p.partition}`)));
   const from = el("select", { id: "from" }, el("option", { value: "beginning" }, "from the beginning"),
@@ -381,7 +415,7 @@ async function messagesView(main, topic) {
   const keyFilter = el("input", { id: "key-filter", placeholder: "key contains" });
   const tail = el("input", { id: "tail", type: "checkbox" });
   const list = el("div", { id: "messages" });
-  let shown = [], next = 0;
+  let shown = [], next = 0, loads = 0;
 
   const render = () => {
     const wanted = keyFilter.value;
@@ -392,7 +426,7 @@ async function messagesView(main, topic) {
         const pre = el("pre", { class: "value" }, cut ? value.slice(0, 500) + "…" : value);
         const more = cut ? el("button", { class: "secondary", on: { click: (ev) => {
           pre.textContent = value; ev.target.remove(); } } }, "show all") : null;
-        return [r.offset, new Date(r.timestamp).toISOString(),
+        return [r.offset, when(r.timestamp),
                 show(r.key, format.value === "hex" ? "hex" : "text"), ["", el("div", {}, pre, more)]];
       }), { id: "records" }));
   };
@@ -404,20 +438,30 @@ async function messagesView(main, topic) {
     return records.map((r) => ({ ...r, key: b64ToBytes(r.key), value: b64ToBytes(r.value) }));
   };
   const load = async (clear = true) => {
+    const load = ++loads;  // a newer load, or tail read, wins over this one
     try {
       if (clear) notice("");
       const part = (await api(`/v1/topics/${encodeURIComponent(topic)}`)).partitions
         .find((x) => String(x.partition) === partition.value);
-      let start = from.value === "offset" ? Number(offset.value) : part.log_start_offset ?? 0;
-      if (from.value === "end") start = Math.max(part.log_start_offset ?? 0, (part.high_watermark ?? 0) - 20);
-      shown = (await read(start)).slice(0, 500);
+      if (!part) throw new BrokerError(`${topic} has no partition ${partition.value}`);
+      if (from.value !== "offset" && (part.log_start_offset === null || part.high_watermark === null)) {
+        throw new BrokerError(`the offsets of ${topic}-${part.partition} are not known right ` +
+                              "now (its leader did not answer): retry, or read from an offset");
+      }
+      let start = from.value === "offset" ? Number(offset.value) : part.log_start_offset;
+      if (from.value === "end") start = Math.max(part.log_start_offset, part.high_watermark - 20);
+      const records = (await read(start)).slice(0, 500);
+      if (load !== loads || mine !== generation) return;
+      shown = records;
       next = shown.length ? shown[shown.length - 1].offset + 1 : start;
       render();
-    } catch (exc) { notice(exc.message); }
+    } catch (exc) { if (mine === generation) notice(exc.message); }
   };
   every(POLL_MS, async () => {
     if (!tail.checked) return;
-    const more = await read(next, 1000);
+    const load = loads, from = next;
+    const more = await read(from, 1000);
+    if (load !== loads || from !== next || mine !== generation) return;  // a newer read won
     if (more.length) {
       shown = shown.concat(more).slice(-500);
       next = more[more.length - 1].offset + 1;
@@ -431,15 +475,15 @@ async function messagesView(main, topic) {
   const produce = el("form", { class: "inline", id: "produce", on: { submit: async (ev) => {
     ev.preventDefault();
     try {
-      let text = value.value;
+      const text = value.value;
       if (asJson.checked) {
-        // Checked here, stored compact: the bytes a JSON reader expects.
-        try { text = JSON.stringify(JSON.parse(text)); } catch (exc) {
+        // Checked here, stored as typed (re-encoding would round big numbers).
+        try { JSON.parse(text); } catch (exc) {
           throw new BrokerError(`the value is not valid JSON (${exc.message}): fix it, or ` +
                                 "untick \"Value is JSON\" to send it as text");
         }
       }
-      const encode = (t) => btoa(String.fromCharCode(...new TextEncoder().encode(t)));
+      const encode = encode64;
       const answer = await api(`/topics/${encodeURIComponent(topic)}`, { method: "POST",
         contentType: "application/vnd.kafka.binary.v2+json", body: { records: [{
           key: key.value ? encode(key.value) : null, value: encode(text),
@@ -467,10 +511,13 @@ async function messagesView(main, topic) {
 }
 
 async function groupsView(main) {
+  const mine = generation;
   main.replaceChildren(el("h1", {}, "Consumer groups"), el("div", { id: "groups" }, "Loading…"));
   every(POLL_MS, async () => {
     const answer = await api("/v1/groups");
-    document.getElementById("groups").replaceChildren(table(
+    const missing = (answer.unreachable_brokers || []).map((b) => b.broker_id);
+    fill("groups", mine, missing.length ? el("p", { class: "state-warn" },
+      `Brokers ${missing.join(", ")} did not answer: their groups are not listed.`) : null, table(
       [["Group"], ["State"], ["Members", true], ["Coordinator", true]],
       answer.groups.map((g) => [[g.group_id, link(`#/groups/${encodeURIComponent(g.group_id)}`, g.group_id)],
         g.state, g.members, g.coordinator_id]), { id: "group-list" }));
@@ -478,6 +525,7 @@ async function groupsView(main) {
 }
 
 async function groupView(main, group) {
+  const mine = generation;
   main.replaceChildren(el("h1", {}, `Group ${group}`), el("div", { id: "group" }, "Loading…"));
   history.lag[group] = history.lag[group] || [];
   every(POLL_MS, async () => {
@@ -486,7 +534,7 @@ async function groupView(main, group) {
     const lag = history.lag[group];
     lag.push(total);
     if (lag.length > SAMPLES) lag.shift();
-    document.getElementById("group").replaceChildren(
+    fill("group", mine,
       el("div", { class: "cards" }, card("State", g.state), card("Members", g.members.length),
          el("div", { class: "card" }, el("div", { class: "muted" }, "Total lag"),
             el("div", { class: "value", id: "total-lag" }, fmt(total)))),
@@ -504,7 +552,8 @@ async function groupView(main, group) {
 
 // -- routing -----------------------------------------------------------------------------
 async function route(loginError) {
-  for (const timer of timers) clearInterval(timer);
+  generation += 1;
+  for (const timer of timers) clearTimeout(timer);
   timers = [];
   notice("");
   const main = document.getElementById("main");
@@ -513,7 +562,12 @@ async function route(loginError) {
     loginView(main, loginError.message);
     return;
   }
-  const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+  let parts;
+  try {
+    parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+  } catch (exc) {
+    parts = ["not-a-page"];
+  }
   for (const a of document.querySelectorAll("header nav a")) {
     a.classList.toggle("active", a.dataset.nav === (parts[0] || "overview"));
   }
@@ -527,7 +581,8 @@ async function route(loginError) {
     else main.replaceChildren(el("p", {}, "No such page. ", link("#/", "Overview")));
   } catch (exc) {
     if (exc instanceof LoginNeeded) {
-      for (const timer of timers) clearInterval(timer);
+      generation += 1;
+      for (const timer of timers) clearTimeout(timer);
       timers = [];
       sessionStorage.removeItem("kraftlog-login");
       loginView(main, exc.message);
