@@ -218,6 +218,16 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "Print median records/s and each against plaintext (goal: at least 0.7).")
     bench_security.add_arguments(security_parser)
     security_parser.set_defaults(handler=bench_security.run)
+    from bench import console as bench_console
+
+    console_parser = bench_kinds.add_parser(
+        "console", help="produce throughput with and without a web console tab open",
+        description="Start one fresh node; alternate rounds: produce --records through "
+                    "kraftlog's Producer with no console open, and with a headless chromium "
+                    "showing the console's overview (it polls every 2 s). Print median "
+                    "records/s and the ratio (goal: at least 0.95).")
+    bench_console.add_arguments(console_parser)
+    console_parser.set_defaults(handler=bench_console.run)
     from bench import kafka as bench_kafka
 
     kafka_parser = bench_kinds.add_parser(
