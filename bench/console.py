@@ -24,6 +24,8 @@ from bench.data import _create_topic, _fill, _status
 from chaos.cluster import ProcessCluster
 
 GOAL = 0.95
+#: Debian's chromium, and the flags it needs here (and in the console's
+#: browser tests): no sandbox as root, no calls to the internet.
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",

@@ -262,19 +262,27 @@ def authenticate_clients(app, mapper: "PrincipalMapper", require_certificate: bo
                     "--ssl-keyfile), a certificate signed by a CA the node trusts")
             request[PRINCIPAL_KEY] = ANONYMOUS
         else:
-            subject = subject_name(cert.get("subject", ()))
-            name = mapper.name(subject)
-            if name is None:
-                raise SslAuthenticationError(
-                    f"no ssl.principal.mapping.rules rule matches the client certificate's "
-                    f"subject {subject!r}: the node refuses it")
-            request[PRINCIPAL_KEY] = "User:" + name
+            request[PRINCIPAL_KEY] = certificate_principal(cert, mapper)
             request[PROOF_KEY] = "certificate"
         return await handler(request)
 
     from protocol import wire
     app.middlewares.insert(app.middlewares.index(wire.error_middleware) + 1,
                            authenticate)  # its refusal is an error body
+
+
+def certificate_principal(cert: dict, mapper: "PrincipalMapper") -> str:
+    """The user a verified client certificate names: ``User:`` and what
+    ``mapper`` (``ssl.principal.mapping.rules``) makes of its subject.
+    Raises ``SslAuthenticationError`` when no rule matches (Kafka refuses
+    such a client)."""
+    subject = subject_name(cert.get("subject", ()))
+    name = mapper.name(subject)
+    if name is None:
+        raise SslAuthenticationError(
+            f"no ssl.principal.mapping.rules rule matches the client certificate's "
+            f"subject {subject!r}: the node refuses it")
+    return "User:" + name
 
 
 def require_node_or_plain(request, what: str) -> None:

@@ -67,7 +67,7 @@ from protocol import TopicPartition
 from protocol.fields import Fields
 from protocol.kafka import codec, messages
 from protocol.kafka.records import kafka_to_native, native_to_kafka
-from protocol.errors import InvalidTopicError, KraftError
+from protocol.errors import InvalidTopicError, KraftError, SslAuthenticationError
 from storage.batch import RecordFormatError, iter_batches
 
 logger = logging.getLogger(__name__)
@@ -346,13 +346,11 @@ class KafkaListener:
                             "listener requires (ssl.client.auth): closing", peer)
                 return None
             return Caller(peer, tls.ANONYMOUS, authorizer)
-        subject = tls.subject_name(cert.get("subject", ()))
-        name = self._mapper.name(subject)
-        if name is None:
-            logger.info("kafka listener: no ssl.principal.mapping.rules rule matches %s's "
-                        "certificate subject %r: closing", peer, subject)
+        try:
+            return Caller(peer, tls.certificate_principal(cert, self._mapper), authorizer)
+        except SslAuthenticationError as exc:
+            logger.info("kafka listener: %s: %s: closing", peer, exc)
             return None
-        return Caller(peer, "User:" + name, authorizer)
 
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:

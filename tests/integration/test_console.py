@@ -19,14 +19,9 @@ import time
 import pytest
 
 from api.client import Admin, Consumer, Producer, TopicPartition
+from bench.console import CHROMIUM, CHROMIUM_ARGS  # the browser, launched as the bench does
 from chaos.cluster import FAST_SETTINGS, ProcessCluster
 
-CHROMIUM = "/usr/bin/chromium"
-#: Flags a headless chromium needs here: no sandbox as root, and no calls
-#: to the internet (this machine's network is closed).
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
 WAIT_MS = 20_000
 
 
