@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test bench-storage bench-controller spark-example clean debian-tools
+.PHONY: install run test bench-storage bench-controller spark-example clean debian-tools console-screenshots
 
 install: $(STAMP)
 
@@ -39,6 +39,10 @@ debian-tools:
 	@command -v kcat >/dev/null && command -v chromium >/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	  apt-get install -y -qq --no-install-recommends kcat chromium >/dev/null; }
+
+# The web console's screenshots in docs/console/, taken by its browser tests.
+console-screenshots: $(STAMP) debian-tools
+	KRAFTLOG_SCREENSHOTS=docs/console $(PY) -m pytest -q tests/integration/test_console.py
 
 bench-storage: $(STAMP)
 	$(VENV)/bin/kraftlog bench storage

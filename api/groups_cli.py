@@ -86,7 +86,7 @@ def _list(args: argparse.Namespace) -> int:
 def _describe(args: argparse.Namespace) -> int:
     from api.cli_support import CliError
 
-    group = _get(args, "/v1/groups/" + urllib.parse.quote(args.group, safe=""))
+    group = _get(args, "/v1/groups?group_id=" + urllib.parse.quote(args.group, safe=""))
     if group["state"] == "dead" and not group["members"] and not group["offsets"]:
         raise CliError(f"GROUP_ID_NOT_FOUND: group {args.group!r} does not exist (kraftlog "
                        "groups list shows the groups there are)")
@@ -202,7 +202,7 @@ def _reset_targets(args: argparse.Namespace, consumer: Any, tps: list) -> dict:
 def _committed(args: argparse.Namespace, tps: list) -> dict:
     from api.client import TopicPartition
 
-    group = _get(args, "/v1/groups/" + urllib.parse.quote(args.group, safe=""))
+    group = _get(args, "/v1/groups?group_id=" + urllib.parse.quote(args.group, safe=""))
     wanted = set(tps)
     return {TopicPartition(o["topic"], o["partition"]): o["offset"] for o in group["offsets"]
             if TopicPartition(o["topic"], o["partition"]) in wanted}

@@ -1,7 +1,8 @@
 """REST conveniences for curl users, shaped like Confluent REST Proxy v2.
 
   POST /topics/{topic}                              produce JSON or base64 records
-  GET  /topics/{topic}/partitions/{p}/records       read records as JSON
+  GET  /topics/{topic}/partitions/{p}/records       read records as JSON, from
+                                                    ?offset= or ?timestamp= (ms)
 
 Any broker answers: records are built into batches here and sent to each
 partition's leader with the ordinary ``/v1/produce`` (and read with
@@ -13,6 +14,10 @@ powers. Embedded formats, chosen by ``Content-Type`` (produce) or
                                         stored as their compact JSON text
                                         (also plain application/json)
   application/vnd.kafka.binary.v2+json  keys and values are base64 strings
+
+Beyond REST Proxy v2, a record may carry ``headers``: a list of ``{"key":
+name, "value": ...}``, the value a base64 string in the binary format and a
+UTF-8 string in the JSON format (or null), on produce and on read.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from kraft.authorizer import auth_of
 from protocol import acl, validate_topic_name, wire
 from protocol.errors import (RETRIABLE_CODES, InvalidRequestError, KraftError,
                              LeaderNotAvailableError, UnknownTopicOrPartitionError)
-from protocol.fields import Fields
+from protocol.fields import Fields, printable
 from protocol.partitioner import partition_for_key
 from protocol.quotas import CLIENT_ID_HEADER
 from storage.batch import BatchBuilder, iter_batches, iter_records, without_aborted
@@ -54,6 +59,8 @@ JSON_V2 = "application/vnd.kafka.json.v2+json"
 BINARY_V2 = "application/vnd.kafka.binary.v2+json"
 RECORDS_PER_REQUEST_MAX = 10_000
 READ_BYTES_DEFAULT = 1024 * 1024
+HEADERS_PER_RECORD_MAX = 1000
+HEADER_KEY_CHARS_MAX = 32_767
 READ_WAIT_MS_MAX = 30_000
 FORWARD_TIMEOUT_S = 35.0
 
@@ -83,15 +90,16 @@ class RestProxy:
             raise InvalidRequestError("records must hold at least one record")
         count = self._partition_count(topic)
         sticky = random.randrange(count)
-        placed: dict[int, list[tuple[int, bytes | None, bytes | None]]] = {}
+        placed: dict[int, list[tuple[int, bytes | None, bytes | None, list]]] = {}
         for i, item in enumerate(items):
             fields = Fields(item, f"records[{i}]")
             key = _encode(fields.values.get("key"), binary, f"records[{i}].key")
             value = _encode(fields.values.get("value"), binary, f"records[{i}].value")
+            headers = _headers(fields, binary, f"records[{i}].headers")
             partition = fields.integer("partition", 0, count - 1, default=None)
             if partition is None:
                 partition = partition_for_key(key, count) if key is not None else sticky
-            placed.setdefault(partition, []).append((i, key, value))
+            placed.setdefault(partition, []).append((i, key, value, headers))
         offsets: list[dict] = [{}] * len(items)
         batch_bytes_max = self._batch_bytes_max(topic)
         for partition, records in sorted(placed.items()):
@@ -100,7 +108,7 @@ class RestProxy:
             except KraftError as exc:  # this partition's records fail, the others stand
                 outcome = {"error": wire.error_body(exc)["error"]}
             error = outcome.get("error")
-            for delta, (i, _, _) in enumerate(records):
+            for delta, (i, *_) in enumerate(records):
                 offsets[i] = {"partition": partition,
                               "offset": None if error else outcome["base_offset"] + delta,
                               "error_code": _proxy_error_code(error),
@@ -137,6 +145,9 @@ class RestProxy:
         auth_of(request).require(acl.READ, acl.TOPIC, topic)
         partition = _query_int(request.match_info["partition"], "partition", 0, 2**31 - 1)
         offset = _query_int(request.query.get("offset", "0"), "offset", 0, 2**63 - 1)
+        timestamp = request.query.get("timestamp")
+        if timestamp is not None and "offset" in request.query:
+            raise InvalidRequestError("read from an offset or from a timestamp, not both")
         max_bytes = _query_int(request.query.get("max_bytes", str(READ_BYTES_DEFAULT)),
                                "max_bytes", 1, 2**31 - 1)
         wait_ms = _query_int(request.query.get("timeout", "0"), "timeout", 0, READ_WAIT_MS_MAX)
@@ -146,6 +157,12 @@ class RestProxy:
                                       f"read_committed, not {isolation!r}")
         binary = BINARY_V2 in request.headers.get("Accept", "")
         self._partition_count(topic)
+        if timestamp is not None:
+            found = await self._offset_at(topic, partition, isolation, _query_int(
+                timestamp, "timestamp", 0, 2**63 - 1))
+            if found is None:  # no record at or after that time yet
+                return web.json_response([], content_type=BINARY_V2 if binary else JSON_V2)
+            offset = found
         answer = await self._call_leader(topic, partition, "/v1/fetch", {
             "max_wait_ms": wait_ms, "min_bytes": 1, "max_bytes": max_bytes,
             "isolation_level": isolation,
@@ -167,8 +184,22 @@ class RestProxy:
                 records.append({"topic": topic, "partition": partition,
                                 "offset": record.offset, "timestamp": record.timestamp,
                                 "key": _decode(record.key, binary),
-                                "value": _decode(record.value, binary)})
+                                "value": _decode(record.value, binary),
+                                "headers": [{"key": k, "value": _header_out(v, binary)}
+                                            for k, v in record.headers]})
         return web.json_response(records, content_type=BINARY_V2 if binary else JSON_V2)
+
+    async def _offset_at(self, topic: str, partition: int, isolation: str,
+                         timestamp: int) -> int | None:
+        """The first offset whose timestamp is at or after ``timestamp``
+        (Kafka's offsetsForTimes), asked of the leader; None if none is."""
+        answer = await self._call_leader(topic, partition, "/v1/offsets", {
+            "isolation_level": isolation,
+            "partitions": [{"topic": topic, "partition": partition, "timestamp": timestamp}]})
+        result = answer["partitions"][0]
+        if result.get("error"):
+            raise _Relayed(result["error"])
+        return result["offset"] if result["offset"] >= 0 else None
 
     # -- forwarding ----------------------------------------------------------------
     async def _call_leader(self, topic: str, partition: int, path: str, body: dict) -> dict:
@@ -197,16 +228,17 @@ class RestProxy:
         return answer
 
 
-def _batches(records: list[tuple[int, bytes | None, bytes | None]], limit_bytes: int) -> bytes:
+def _batches(records: list[tuple[int, bytes | None, bytes | None, list]],
+             limit_bytes: int) -> bytes:
     """The records as consecutive batches, each within ``limit_bytes`` (a
     single record larger than that is left for the leader to refuse)."""
     out = []
     builder = BatchBuilder()
-    for _, key, value in records:
-        if not builder.has_room_for(key, value, limit_bytes):
+    for _, key, value, headers in records:
+        if not builder.has_room_for(key, value, limit_bytes, headers):
             out.append(builder.build())
             builder = BatchBuilder()
-        builder.append(key, value)
+        builder.append(key, value, headers=headers)
     out.append(builder.build())
     return b"".join(out)
 
@@ -254,6 +286,36 @@ def _encode(value: Any, binary: bool, where: str) -> bytes | None:
         raise InvalidRequestError(f"{where} nests too deeply") from None
     except UnicodeEncodeError:
         raise InvalidRequestError(f"{where} holds a string that is not valid Unicode") from None
+
+
+def _headers(fields: Fields, binary: bool, where: str) -> list[tuple[str, bytes | None]]:
+    """A record's ``headers``: ``[{"key": name, "value": ...}]``, the value
+    base64 (binary format) or a string (JSON format), or null."""
+    out = []
+    for j, item in enumerate(fields.sequence("headers", HEADERS_PER_RECORD_MAX, default=None)
+                             or ()):
+        header = Fields(item, f"{where}[{j}]")
+        name = header.string("key", HEADER_KEY_CHARS_MAX, min_chars=0)
+        value = header.values.get("value")
+        if value is not None and not binary and not isinstance(value, str):
+            raise InvalidRequestError(f"{where}[{j}].value must be a string or null, "
+                                      f"got {printable(value)}")
+        try:
+            name.encode()
+            if value is not None:
+                value = _encode(value, True, f"{where}[{j}].value") if binary \
+                    else value.encode()
+        except UnicodeEncodeError:
+            raise InvalidRequestError(f"{where}[{j}] holds a string that is not valid "
+                                      "Unicode") from None
+        out.append((name, value))
+    return out
+
+
+def _header_out(value: bytes | None, binary: bool) -> str | None:
+    if value is None:
+        return None
+    return base64.b64encode(value).decode() if binary else value.decode("utf-8", "replace")
 
 
 def _decode(value: bytes | None, binary: bool) -> Any:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -22,10 +24,36 @@ from chaos.workload import read_history
 #: Seconds of faults per run; the whole run takes about 15 s more (start,
 #: heal, final read).
 DURATION_S = 12.0
+#: Runs at once. Each is a cluster of real processes that mostly waits on
+#: its faults' timers and a workload of 200 writes/s, so several share the
+#: two cores; the checker judges each on its own history all the same.
+PARALLEL_RUNS = 3
+#: However long the runs queued ahead of one take, it has a result by then.
+RUNS_DEADLINE_S = 900.0
+
+#: Every run of this module: name -> (scenario, RunConfig overrides), in the
+#: order the tests below read them (so the first waits least). Every
+#: scenario runs once on a secure cluster (`chaos run --secure`); the
+#: planted bug, the idempotent workload and one transactional run are in
+#: plaintext, so both kinds of listener are under faults.
+RUNS: dict[str, tuple[str, dict]] = {
+    **{f"secure-{scenario}": (scenario, {"secure": True}) for scenario in (
+        "kill-leader", "kill-random", "kill-controller", "restart-cluster", "pause",
+        "rolling-restart")},
+    "secure-mixed": ("mixed", {"secure": True}),
+    "secure-kill-two": ("kill-two", {"secure": True}),
+    "secure-partition": ("partition", {"secure": True}),
+    "planted-bug": ("pause-kill", {"unsafe_ack_before_replication": True}),
+    "secure-pause-kill": ("pause-kill", {"secure": True}),
+    "idempotent-kill-leader": ("kill-leader", {"workload": "idempotent"}),
+    "idempotent-pause": ("pause", {"workload": "idempotent"}),
+    "transactional-kill-leader": ("kill-leader", {"workload": "transactional"}),
+    "secure-transactional-kill-controller": ("kill-controller", {
+        "workload": "transactional", "secure": True}),
+}
 
 
-def chaos_run(tmp_path, scenario: str, **overrides) -> tuple[dict, list[dict]]:
-    out = str(tmp_path / scenario)
+def chaos_run(out: str, scenario: str, **overrides) -> tuple[dict, list[dict], str]:
     lines: list[str] = []
     config = runner.RunConfig(scenario=scenario, duration_s=DURATION_S, seed=11, out_dir=out,
                               rate=200.0, quiet_s=(1.0, 2.0), fault_s=(2.0, 4.0), **overrides)
@@ -35,7 +63,26 @@ def chaos_run(tmp_path, scenario: str, **overrides) -> tuple[dict, list[dict]]:
     assert os.path.getsize(os.path.join(out, "report.html")) > 1000
     events = read_history(os.path.join(out, "history.jsonl")) if results["verdict"] != \
         "not-run" else []
-    return results, events
+    return results, events, out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every run of ``RUNS``, started in the background as the module
+    begins, ``PARALLEL_RUNS`` at a time; ``runs(name)`` waits for one."""
+    base = tmp_path_factory.mktemp("chaos")
+    with ThreadPoolExecutor(PARALLEL_RUNS) as pool:
+        started = time.monotonic()
+        futures = {name: pool.submit(chaos_run, str(base / name), scenario, **overrides)
+                   for name, (scenario, overrides) in RUNS.items()}
+
+        def result(name: str) -> tuple[dict, list[dict], str]:
+            left = RUNS_DEADLINE_S - (time.monotonic() - started)
+            return futures[name].result(timeout=max(1.0, left))
+
+        yield result
+        for future in futures.values():
+            future.cancel()  # those not begun, if the module stopped early
 
 
 def assert_passed(results: dict, fault: str | None) -> None:
@@ -75,67 +122,63 @@ def assert_secure(results: dict, events: list[dict], out: str) -> None:
     assert os.path.exists(os.path.join(out, "cluster", "certs", "client.pem"))
 
 
-# Every scenario runs once in the suite on a secure cluster (`chaos run
-# --secure`); the planted bug, the idempotent workload and one transactional
-# run below are in plaintext, so both kinds of listener are under faults.
 @pytest.mark.parametrize("scenario", ["kill-leader", "kill-random", "kill-controller",
                                       "restart-cluster", "pause", "rolling-restart"])
-def test_scenario_loses_nothing_with_tls_sasl_and_acls(tmp_path, scenario):
-    results, events = chaos_run(tmp_path, scenario, secure=True)
+def test_scenario_loses_nothing_with_tls_sasl_and_acls(runs, scenario):
+    results, events, out = runs(f"secure-{scenario}")
     assert_passed(results, scenario)
-    assert_secure(results, events, str(tmp_path / scenario))
+    assert_secure(results, events, out)
 
 
-def test_mixed_faults_lose_nothing_with_tls_sasl_and_acls(tmp_path):
-    results, events = chaos_run(tmp_path, "mixed", secure=True)
+def test_mixed_faults_lose_nothing_with_tls_sasl_and_acls(runs):
+    results, events, out = runs("secure-mixed")
     assert_passed(results, None)
-    assert_secure(results, events, str(tmp_path / "mixed"))
+    assert_secure(results, events, out)
 
 
-def test_two_of_three_brokers_dead_refuses_writes_and_loses_nothing(tmp_path):
-    results, events = chaos_run(tmp_path, "kill-two", secure=True)
+def test_two_of_three_brokers_dead_refuses_writes_and_loses_nothing(runs):
+    results, events, out = runs("secure-kill-two")
     assert_passed(results, "kill-two")
-    assert_secure(results, events, str(tmp_path / "kill-two"))
+    assert_secure(results, events, out)
     # With one replica left, min.insync.replicas=2 refuses writes outright.
     assert write_errors(events)["NOT_ENOUGH_REPLICAS"] > 0, write_errors(events)
 
 
-def test_network_partitions_lose_nothing(tmp_path):
+def test_network_partitions_lose_nothing(runs):
     reason = netns.unavailable_reason()
-    results, events = chaos_run(tmp_path, "partition", secure=True)
+    results, events, out = runs("secure-partition")
     if reason is not None:
         # Not run, and saying so: never a silent pass.
         assert results["verdict"] == "not-run"
         assert reason in results["reason"]
         return
     assert_passed(results, results["faults"][0]["fault"])
-    assert_secure(results, events, str(tmp_path / "partition"))
+    assert_secure(results, events, out)
     assert {f["fault"] for f in results["faults"]} <= {
         "partition-leader", "partition-controller", "partition-halves"}
 
 
-def test_the_checker_catches_a_broker_that_acknowledges_before_replication(tmp_path):
+def test_the_checker_catches_a_broker_that_acknowledges_before_replication(runs):
     """The planted bug: acks=all answered by the leader alone, unclean election
-    on. The same faults that pass above must now show lost writes."""
-    results, _ = chaos_run(tmp_path, "pause-kill", unsafe_ack_before_replication=True)
+    on. The same faults that pass below must now show lost writes."""
+    results, _, _ = runs("planted-bug")
     assert results["verdict"] == "fail"
     assert results["anomalies"]["lost"]["count"] > 0, results["anomalies"]
 
 
-def test_the_same_faults_pass_on_a_correct_broker(tmp_path):
-    results, events = chaos_run(tmp_path, "pause-kill", secure=True)
+def test_the_same_faults_pass_on_a_correct_broker(runs):
+    results, events, out = runs("secure-pause-kill")
     assert_passed(results, "pause-kill")
-    assert_secure(results, events, str(tmp_path / "pause-kill"))
+    assert_secure(results, events, out)
     # The writes that reached only the stopped leader were not acknowledged.
     assert results["counts"]["unknown"] > 0
 
 
 @pytest.mark.parametrize("scenario", ["kill-leader", "pause"])
-def test_an_idempotent_producer_retrying_through_faults_writes_each_value_once(tmp_path,
-                                                                               scenario):
+def test_an_idempotent_producer_retrying_through_faults_writes_each_value_once(runs, scenario):
     # The client retries every failure itself; the checker fails the run on
     # a single duplicate as well as on a loss or a reorder.
-    results, events = chaos_run(tmp_path, scenario, workload="idempotent")
+    results, events, _ = runs(f"idempotent-{scenario}")
     assert "duplicated" in results["failing"]
     assert results["anomalies"]["duplicated"]["count"] == 0
     assert_passed(results, scenario)
@@ -143,15 +186,15 @@ def test_an_idempotent_producer_retrying_through_faults_writes_each_value_once(t
     assert workload["producer"]["enable_idempotence"] is True
 
 
-@pytest.mark.parametrize("scenario, secure", [("kill-leader", False),
-                                              ("kill-controller", True)])
-def test_transactions_through_faults_are_seen_whole_or_not_at_all(tmp_path, scenario,
-                                                                  secure):
+@pytest.mark.parametrize("name, scenario", [
+    ("transactional-kill-leader", "kill-leader"),
+    ("secure-transactional-kill-controller", "kill-controller")])
+def test_transactions_through_faults_are_seen_whole_or_not_at_all(runs, name, scenario):
     # Producers write transactions over every partition, committing most and
     # aborting some; read_committed consumers and the final read must never
     # show an aborted or partial transaction, or lose a committed one.
     # Secure: the copier's consume-transform-produce under its own ACLs too.
-    results, events = chaos_run(tmp_path, scenario, workload="transactional", secure=secure)
+    results, events, _ = runs(name)
     for kind in ("aborted_read", "partial_transaction", "duplicated"):
         assert kind in results["failing"] and results["anomalies"][kind]["count"] == 0
     assert_passed(results, scenario)

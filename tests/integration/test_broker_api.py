@@ -1203,6 +1203,52 @@ def test_rest_errors_are_per_record_when_one_partition_refuses(url):
     assert (log_end(url, topic, 0), log_end(url, topic, 1)) == (0, 2)
 
 
+def test_rest_headers_travel_both_ways_and_reads_start_from_a_time(url):
+    topic = "rest-headers"
+    create_topic(url, topic)
+    reply = rest_produce(url, topic, [
+        {"value": "a", "headers": [{"key": "trace", "value": "t-1"}, {"key": "empty",
+                                                                         "value": None}]},
+        {"value": "b"}])
+    assert reply.status == 200, reply.body
+    binary = rest_produce(url, topic, [{"value": base64.b64encode(b"c").decode(), "headers": [
+        {"key": "raw", "value": base64.b64encode(b"\x00\xff").decode()}]}],
+        content_type=BINARY_V2)
+    assert binary.status == 200, binary.body
+    rows = rest_read(url, topic, 0, 0).body
+    assert [r["headers"] for r in rows] == [  # json: values as UTF-8 text
+        [{"key": "trace", "value": "t-1"}, {"key": "empty", "value": None}], [],
+        [{"key": "raw", "value": "\x00\ufffd"}]]
+    assert rest_read(url, topic, 0, 2, binary=True).body[0]["headers"] == [
+        {"key": "raw", "value": base64.b64encode(b"\x00\xff").decode()}]
+    # What a consumer sees: the same headers, bytes as sent.
+    assert [r[4] for r in read_all(url, topic, 0)] == [
+        (("trace", b"t-1"), ("empty", None)), (), (("raw", b"\x00\xff"),)]
+
+    # From a time: the first record at or after it, as offsetsForTimes.
+    stamps = [r["timestamp"] for r in rows]
+    at = send(f"{url}/topics/{topic}/partitions/0/records?timestamp={stamps[2]}",
+              content_type=None, accept=JSON_V2)
+    assert at.status == 200 and at.body[0]["offset"] == \
+        min(i for i, stamp in enumerate(stamps) if stamp >= stamps[2]), at.body
+    later = send(f"{url}/topics/{topic}/partitions/0/records?timestamp={now_ms() + 3_600_000}",
+                 content_type=None, accept=JSON_V2)
+    assert later.status == 200 and later.body == []
+    for query in ("timestamp=-1", "timestamp=soon", "timestamp=1&offset=0"):
+        assert_error(send(f"{url}/topics/{topic}/partitions/0/records?{query}",
+                          content_type=None, accept=JSON_V2), 400, "INVALID_REQUEST")
+    # Bad headers: refused whole, nothing written.
+    for headers in ("h", [{"value": "x"}], [{"key": 5, "value": "x"}],
+                    [{"key": "k", "value": 5}], [{"key": "k", "value": {"a": 1}}],
+                    [{"key": "\ud800", "value": "x"}], [{"key": "k", "value": "\ud800"}]):
+        assert_error(rest_produce(url, topic, [{"value": 1, "headers": headers}]), 400,
+                     "INVALID_REQUEST")
+    assert_error(rest_produce(url, topic, [{"value": "Yw==", "headers": [
+        {"key": "k", "value": "not base64!"}]}], content_type=BINARY_V2), 400, "INVALID_REQUEST")
+    assert log_end(url, topic, 0) == 3
+    assert_serving(url)
+
+
 def test_rest_bad_base64_and_unknown_topics_are_refused(url):
     topic = "rest-bad"
     create_topic(url, topic)

@@ -21,6 +21,7 @@ import pytest
 from api.client import Admin, Consumer, Producer, TopicPartition
 from bench.console import CHROMIUM, CHROMIUM_ARGS  # the browser, launched as the bench does
 from chaos.cluster import FAST_SETTINGS, ProcessCluster
+from protocol.partitioner import partition_for_key
 
 WAIT_MS = 20_000
 
@@ -122,6 +123,34 @@ def test_a_user_creates_produces_reads_watches_and_deletes_in_the_browser(
     expect(page.locator("#notice")).to_contain_text("produced at console-demo-0 offset 0")
     expect(page.locator("#records")).to_contain_text('"item": "tea"')
     expect(page.locator("#records")).to_contain_text("order-1")
+    # Pretty, and the integer beyond 2^53 shown as it was written.
+    expect(page.locator("#records")).to_contain_text('"id": 9007199254740993')
+    # Read from a time: a record made after it, with headers, and not the one before.
+    with Consumer(base, auto_offset_reset="earliest", consumer_timeout_ms=5000) as consumer:
+        consumer.assign([TopicPartition("console-demo", 0)])
+        first_ms = next(iter(consumer)).timestamp
+    moment_s = first_ms // 1000 + 1
+    deadline = time.monotonic() + 5
+    while time.time() < moment_s + 0.05 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    page.fill("#produce-key", "order-2")
+    page.fill("#produce-value", '{"item": "cake"}')
+    page.fill("#produce-headers", "trace-id: abc-123\nsource: console")
+    page.click("#produce button[type=submit]")
+    expect(page.locator("#notice")).to_contain_text("produced at console-demo-0 offset 1")
+    page.select_option("#from", "timestamp")
+    page.fill("#timestamp", time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(moment_s)))
+    page.click("#read")
+    expect(page.locator("#records tbody tr")).to_have_count(1)
+    expect(page.locator("#records")).to_contain_text("order-2")
+    expect(page.locator("#records")).to_contain_text("trace-id: abc-123")
+    # Produced by key: where Kafka's partitioner puts it.
+    page.select_option("#produce-partition", "")
+    page.fill("#produce-key", "keyed")
+    page.fill("#produce-headers", "")
+    page.click("#produce button[type=submit]")
+    expect(page.locator("#notice")).to_contain_text(
+        f"produced at console-demo-{partition_for_key(b'keyed', 3)} offset")
     # Not JSON: refused, saying so, and nothing written.
     page.fill("#produce-value", "{oops")
     page.click("#produce button[type=submit]")
@@ -132,12 +161,13 @@ def test_a_user_creates_produces_reads_watches_and_deletes_in_the_browser(
     page.click("#read")
     expect(page.locator("#notice")).to_contain_text("OFFSET_OUT_OF_RANGE")
     shoot(page, tmp_path, "messages")
-    # The page's record is what a client reads.
+    # The page's records are what a client reads.
     with Consumer(base, auto_offset_reset="earliest", consumer_timeout_ms=5000) as consumer:
         consumer.assign([TopicPartition("console-demo", 0)])
         # Stored as typed: no number rounded by the page.
-        assert [(r.key, r.value) for r in consumer] == [
-            (b"order-1", b'{"item": "tea", "id": 9007199254740993}')]
+        assert [(r.key, r.value, list(r.headers)) for r in consumer][:2] == [
+            (b"order-1", b'{"item": "tea", "id": 9007199254740993}', []),
+            (b"order-2", b'{"item": "cake"}', [("trace-id", b"abc-123"), ("source", b"console")])]
 
     # A consumer group's lag rises as records arrive and falls as it reads.
     with Producer(base, acks="all") as producer:
@@ -153,17 +183,43 @@ def test_a_user_creates_produces_reads_watches_and_deletes_in_the_browser(
         assert len(consumer.assignment()) == 3
         consumer.commit({TopicPartition("console-demo", p): 0 for p in range(3)})
         page.goto(base + "/ui/#/groups/console-g")
-        expect(page.locator("#total-lag")).to_have_text("41")
+        expect(page.locator("#total-lag")).to_have_text("43")
         for p in range(3):  # from the committed offsets, whatever the polls above read
             consumer.seek(TopicPartition("console-demo", p), 0)
         got = 0
         deadline = time.monotonic() + 30
-        while got < 41 and time.monotonic() < deadline:
+        while got < 43 and time.monotonic() < deadline:
             got += len(consumer.poll(timeout_ms=500))
-        assert got == 41
+        assert got == 43
         consumer.commit()
         expect(page.locator("#total-lag")).to_have_text("0")
-        shoot(page, tmp_path, "group")
+        # Refused while the group has a member, with the coordinator's reason.
+        page.fill("#reset-topic", "console-demo")
+        page.select_option("#reset-to", "earliest")
+        page.click("#reset button[type=submit]")
+        expect(page.locator("#notice")).to_contain_text("NON_EMPTY_GROUP")
+    # Empty now: reset to the earliest from the page of a broker that is not
+    # the coordinator (it passes the call on).
+    other = next(entry_ for bid, entry_ in cluster.nodes.items()
+                 if bid in cluster.broker_ids and bid != coordinator_of(base, "console-g"))
+    page.goto(other.broker_url + "/ui/#/groups/console-g")
+    expect(page.locator("#total-lag")).to_have_text("0")
+    page.fill("#reset-topic", "console-demo")
+    page.select_option("#reset-to", "shift")
+    page.fill("#reset-value", "-5")
+    page.click("#reset-preview")
+    expect(page.locator("#reset-steps tbody tr")).to_have_count(3)
+    with Admin(base) as admin:  # a preview changes nothing
+        before = admin.list_consumer_group_offsets("console-g")
+    assert sum(om.offset for om in before.values()) == 43
+    page.select_option("#reset-to", "earliest")
+    page.click("#reset button[type=submit]")
+    expect(page.locator("#notice")).to_contain_text("reset 3 offsets of console-g")
+    with Admin(base) as admin:
+        after = admin.list_consumer_group_offsets("console-g")
+    assert {tp.partition: om.offset for tp, om in after.items()} == {0: 0, 1: 0, 2: 0}
+    expect(page.locator("#total-lag")).not_to_have_text("0")
+    shoot(page, tmp_path, "group")
 
     # A killed broker is marked down, and its partitions' leaders move.
     with Admin(base) as admin:
@@ -190,6 +246,17 @@ def test_a_user_creates_produces_reads_watches_and_deletes_in_the_browser(
     expect(page.locator("#topics")).not_to_contain_text("console-demo")
 
 
+def coordinator_of(base: str, group: str) -> int:
+    import json
+    import urllib.request
+
+    ask = urllib.request.Request(base + "/v1/groups/coordinator", method="POST",
+                                 data=json.dumps({"group_id": group}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(ask, timeout=10) as answer:
+        return json.load(answer)["coordinator_id"]
+
+
 def leaders_moved_away(page, base: str, victim: int) -> bool:
     """Whether the topic page shows every partition led, none by ``victim``
     (reloaded until so, within 20 s)."""
@@ -207,6 +274,40 @@ def leaders_moved_away(page, base: str, victim: int) -> bool:
             return True
         page.wait_for_timeout(500)
     return False
+
+
+def test_transactions_acls_and_quotas_pages(cluster, page, tmp_path):
+    from playwright.sync_api import expect
+
+    from api.client import NewTopic
+
+    base = cluster.nodes[cluster.broker_ids[0]].broker_url
+    with Admin(base) as admin:
+        admin.create_topics([NewTopic("console-txn-topic", 1, 3)])
+        admin.alter_client_quotas({"client-id": "console-client"},
+                                  {"producer_byte_rate": 1048576})
+    with Producer(base, transactional_id="console-txn", acks="all") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("console-txn-topic", b"in a transaction")
+        page.goto(base + "/ui/#/transactions")
+        expect(page.locator("#transaction-list")).to_contain_text("console-txn")
+        page.click("#transaction-list a")
+        expect(page.locator("#transaction")).to_contain_text("Ongoing")
+        expect(page.locator("#transaction-partitions")).to_contain_text("console-txn-topic")
+        shoot(page, tmp_path, "transaction")
+        producer.commit_transaction()
+    expect(page.locator("#transaction")).to_contain_text("CompleteCommit")
+    expect(page.locator("#transaction")).to_contain_text("Partitions of its last transaction")
+    shoot(page, tmp_path, "transactions")
+
+    page.goto(base + "/ui/#/quotas")
+    expect(page.locator("#quotas")).to_contain_text("client-id=console-client")
+    expect(page.locator("#quotas")).to_contain_text("producer_byte_rate")
+    shoot(page, tmp_path, "quotas")
+    # No authorizer on this cluster: the ACL page says so, in the broker's words.
+    page.goto(base + "/ui/#/acls")
+    expect(page.locator("#notice")).to_contain_text("SECURITY_DISABLED")
 
 
 def test_the_console_serves_its_assets_and_nothing_else(cluster):
@@ -254,6 +355,9 @@ def test_on_a_secure_cluster_the_console_logs_in_and_shows_what_acls_allow(
         secure.add_user("viewer", "viewer-password", [AclBinding(
             acl.TOPIC, "shown-topic", acl.LITERAL, "User:viewer", acl.WILDCARD, acl.DESCRIBE,
             acl.ALLOW)])
+        secure.add_user("operator", "operator-password", [AclBinding(
+            acl.CLUSTER, acl.CLUSTER_NAME, acl.LITERAL, "User:operator", acl.WILDCARD, op,
+            acl.ALLOW) for op in (acl.ALTER, acl.DESCRIBE)])
         context = browser.new_context(ignore_https_errors=True)  # the cluster's own CA
         page = context.new_page()
         page.set_default_timeout(WAIT_MS)
@@ -272,6 +376,38 @@ def test_on_a_secure_cluster_the_console_logs_in_and_shows_what_acls_allow(
             shoot(page, tmp_path, "secure-topics")
             page.goto(base + "/ui/#/topics/hidden-topic")
             expect(page.locator("#notice")).to_contain_text("TOPIC_AUTHORIZATION_FAILED")
+            page.goto(base + "/ui/#/acls")
+            expect(page.locator("#notice")).to_contain_text("CLUSTER_AUTHORIZATION_FAILED")
+            # Log out; an operator allowed to manage ACLs logs in and does.
+            page.click("#logout")
+            expect(page.locator("#login")).to_be_visible()
+            expect(page.locator("#logout")).to_be_hidden()
+            page.fill("#login-user", "operator")
+            page.fill("#login-password", "operator-password")
+            page.click("#login button[type=submit]")
+            expect(page.locator("#acls")).to_contain_text("User:viewer")
+            page.select_option("#acl-resource-type", "GROUP")
+            page.fill("#acl-resource-name", "viewers-")
+            page.select_option("#acl-pattern-type", "PREFIXED")
+            page.fill("#acl-principal", "User:viewer")
+            page.select_option("#acl-operation", "READ")
+            page.click("#create-acl button[type=submit]")
+            expect(page.locator("#notice")).to_contain_text("ACL created")
+            expect(page.locator("#acls")).to_contain_text("viewers-")
+            shoot(page, tmp_path, "acls")
+            made = acl.AclBinding(acl.GROUP, "viewers-", acl.PREFIXED, "User:viewer",
+                                  acl.WILDCARD, acl.READ, acl.ALLOW)
+            with Admin(base, **secure.client_security) as admin:
+                assert made in admin.describe_acls()
+            page.fill("#acl-principal", "nobody")  # not a principal: the broker says why
+            page.click("#create-acl button[type=submit]")
+            expect(page.locator("#notice")).to_contain_text("INVALID_REQUEST")
+            page.once("dialog", lambda dialog: dialog.accept())
+            page.click('[data-delete-acl="User:viewer READ GROUP:viewers-"]')
+            expect(page.locator("#notice")).to_contain_text("ACL deleted")
+            expect(page.locator("#acls")).not_to_contain_text("viewers-")
+            with Admin(base, **secure.client_security) as admin:
+                assert made not in admin.describe_acls()
         finally:
             context.close()
         # Only the console's own routes are open without credentials: a path

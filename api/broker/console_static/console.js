@@ -11,7 +11,7 @@ let timers = [];
 // Bumped on every navigation: a view or a tick of an older one stops
 // instead of drawing over the page now shown.
 let generation = 0;
-const history = { rates: [], lag: {} };
+const history = { rates: [], lag: {}, topics: {} };
 
 // -- helpers -----------------------------------------------------------------------------
 function el(tag, attrs = {}, ...children) {
@@ -190,6 +190,52 @@ function when(ms) {
 
 function link(href, text) { return el("a", { href }, text); }
 
+// A name as one URL path segment: "." and ".." too, which a browser would
+// otherwise resolve away (a group may be called that).
+function seg(name) {
+  const encoded = encodeURIComponent(name);
+  return encoded === "." || encoded === ".." ? encoded.replaceAll(".", "%2E") : encoded;
+}
+
+// A whole number typed in a form, or a clear error naming the field.
+function integer(text, what) {
+  const trimmed = String(text).trim();
+  if (!/^-?[0-9]+$/.test(trimmed) || !Number.isSafeInteger(Number(trimmed))) {
+    throw new BrokerError(`${what} must be a whole number, not ${JSON.stringify(trimmed)}`);
+  }
+  return Number(trimmed);
+}
+
+// JSON text laid out with indents, its numbers left exactly as written (a
+// parse and re-encode would round integers beyond 2^53); null if not JSON.
+function prettyJson(text) {
+  try { JSON.parse(text); } catch (exc) { return null; }
+  const space = " \t\n\r";
+  let out = "", depth = 0;
+  const newline = () => "\n" + "  ".repeat(depth);
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (c === '"') {
+      let j = i + 1;
+      while (text[j] !== '"') j += text[j] === "\\" ? 2 : 1;
+      out += text.slice(i, j + 1);
+      i = j;
+    } else if (c === "{" || c === "[") {
+      let j = i + 1;
+      while (space.includes(text[j])) j++;
+      if (text[j] === (c === "{" ? "}" : "]")) { out += c + text[j]; i = j; continue; }
+      depth++;
+      out += c + newline();
+    } else if (c === "}" || c === "]") {
+      depth--;
+      out += newline() + c;
+    } else if (c === ",") out += "," + newline();
+    else if (c === ":") out += ": ";
+    else if (!space.includes(c)) out += c;
+  }
+  return out;
+}
+
 function parseConfigs(text) {
   const configs = {};
   for (const part of text.split(",").map((s) => s.trim()).filter(Boolean)) {
@@ -311,7 +357,7 @@ async function topicsView(main) {
     const wanted = search.value.trim().toLowerCase();
     list.replaceChildren(table([["Topic"], ["Partitions", true], ["Replication", true], [""]],
       topics.filter((t) => t.name.toLowerCase().includes(wanted)).map((t) => [
-        [t.name, link(`#/topics/${encodeURIComponent(t.name)}`, t.name)], t.partitions,
+        [t.name, link(`#/topics/${seg(t.name)}`, t.name)], t.partitions,
         t.replication_factor,
         ["", el("button", { class: "danger", "data-delete": t.name, on: { click: () => remove(t.name) } },
                 "Delete")]]), { id: "topics" }));
@@ -334,11 +380,15 @@ async function topicsView(main) {
 
 async function topicView(main, topic) {
   const mine = generation;
-  const path = `/v1/topics/${encodeURIComponent(topic)}`;
+  const path = `/v1/topics/${seg(topic)}`;
   const described = await api(path);
   if (mine !== generation) return;
   const parts = described.partitions;
   const configs = described.configs;
+  every(POLL_MS, async () => {
+    const now = await api(path);
+    fill("topic-live", mine, partitionsTable(now.partitions), topicChart(topic, now.partitions));
+  });
   const count = el("input", { id: "partition-count", type: "number", min: parts.length + 1,
                               value: parts.length + 1 });
   const grow = el("form", { class: "inline", id: "add-partitions", on: { submit: async (ev) => {
@@ -372,17 +422,48 @@ async function topicView(main, topic) {
     el("button", { type: "submit" }, "Set config"));
   main.replaceChildren(
     el("h1", {}, `Topic ${topic}`),
-    el("p", {}, link(`#/topics/${encodeURIComponent(topic)}/messages`, "Browse and produce messages")),
-    table([["Partition", true], ["Leader", true], ["Replicas"], ["ISR"], ["Log start", true],
-           ["High watermark", true], ["Last stable", true], ["Log end", true], ["Size"]],
-      parts.map((p) => [p.partition, p.leader, p.replicas.join(", "), p.isr.join(", "),
-        p.log_start_offset, p.high_watermark, p.last_stable_offset, p.log_end_offset,
-        [p.size_bytes ?? 0, bytes(p.size_bytes)]]), { id: "partitions" }),
+    el("p", {}, link(`#/topics/${seg(topic)}/messages`, "Browse and produce messages")),
+    el("div", { id: "topic-live" }, partitionsTable(parts), topicChart(topic, parts)),
     grow,
     el("h2", {}, "Configs set on this topic"),
     configs === null ? el("p", { class: "muted" }, "Not shown: DESCRIBE_CONFIGS is not allowed.")
       : table([["Config"], ["Value"]], Object.entries(configs).sort(), { id: "configs" }),
     alter);
+}
+
+function partitionsTable(parts) {
+  return table([["Partition", true], ["Leader", true], ["Replicas"], ["ISR"], ["Log start", true],
+                ["High watermark", true], ["Last stable", true], ["Log end", true], ["Size"]],
+    parts.map((p) => [p.partition, p.leader ?? "none", p.replicas.join(", "), p.isr.join(", "),
+      p.log_start_offset, p.high_watermark, p.last_stable_offset, p.log_end_offset,
+      [p.size_bytes ?? 0, bytes(p.size_bytes)]]), { id: "partitions" });
+}
+
+// The topic's records and bytes in per second, from the growth of its
+// partitions' log end offsets and sizes between two polls.
+function topicChart(topic, parts) {
+  const now = Date.now() / 1000;
+  const total = (key) => parts.every((p) => p[key] !== null && p[key] !== undefined)
+    ? parts.reduce((sum, p) => sum + p[key], 0) : null;
+  const seen = history.topics[topic] || { samples: [] };
+  const ends = total("log_end_offset"), size = total("size_bytes");
+  const dt = now - (seen.at ?? 0);
+  if (dt >= 1) {  // a rate over less than a second says little
+    if (seen.at !== undefined && ends !== null && seen.ends !== null) {
+      seen.samples.push({ records: Math.max(0, (ends - seen.ends) / dt),
+                          bytes: size === null || seen.size === null ? 0
+                            : Math.max(0, (size - seen.size) / dt) });
+      if (seen.samples.length > SAMPLES) seen.samples.shift();
+    }
+    Object.assign(seen, { at: now, ends, size });
+  }
+  history.topics[topic] = seen;
+  const last = seen.samples[seen.samples.length - 1];
+  return el("div", {}, el("h2", {}, "Throughput in"),
+    el("p", { class: "muted", id: "topic-rate" }, last
+      ? `${fmt(Math.round(last.records))} records/s, ${bytes(last.bytes)}/s`
+      : "measured from the next refresh on"),
+    chart({ "records /s": seen.samples.map((x) => x.records) }, "records per second"));
 }
 
 function b64ToBytes(text) {
@@ -395,22 +476,37 @@ function show(data, format) {
   if (data === null) return "null";
   if (format === "hex") return Array.from(data, (b) => b.toString(16).padStart(2, "0")).join(" ");
   const text = new TextDecoder("utf-8", { fatal: false }).decode(data);
-  if (format === "json") {
-    try { return JSON.stringify(JSON.parse(text), null, 2); } catch (exc) { return text; }
-  }
+  if (format === "json") return prettyJson(text) ?? text;
   return text;
+}
+
+function headerLines(headers, format) {
+  return (headers || []).map((h) => `${h.key}: ${show(h.value, format === "hex" ? "hex" : "text")}`)
+    .join("\n");
+}
+
+// "name: value" per line, as the produce form takes headers.
+function parseHeaders(text) {
+  return text.split("\n").filter((line) => line.trim()).map((line) => {
+    const at = line.indexOf(":");
+    if (at < 1) throw new BrokerError(`a header is "name: value", not ${JSON.stringify(line)}`);
+    return { key: line.slice(0, at).trim(), value: encode64(line.slice(at + 1).trim()) };
+  });
 }
 
 async function messagesView(main, topic) {
   const mine = generation;
-  const described = await api(`/v1/topics/${encodeURIComponent(topic)}`);
+  const described = await api(`/v1/topics/${seg(topic)}`);
   if (mine !== generation) return;
-  const partition = el("select", { id: "partition" },
-    described.partitions.map((p) => el("option", { value: p.partition }, `partition ${p.partition}`)));
+  const partitionOptions = () => described.partitions.map((p) =>
+    el("option", { value: p.partition }, `partition ${p.partition}`));
+  const partition = el("select", { id: "partition" }, partitionOptions());
   const from = el("select", { id: "from" }, el("option", { value: "beginning" }, "from the beginning"),
                   el("option", { value: "offset" }, "from an offset"),
+                  el("option", { value: "timestamp" }, "from a time"),
                   el("option", { value: "end" }, "the last 20"));
   const offset = el("input", { id: "offset", type: "number", value: 0, min: 0 });
+  const moment = el("input", { id: "timestamp", type: "datetime-local", step: 1 });
   const format = el("select", { id: "format" }, ["json", "text", "hex"].map((f) => el("option", { value: f }, f)));
   const keyFilter = el("input", { id: "key-filter", placeholder: "key contains" });
   const tail = el("input", { id: "tail", type: "checkbox" });
@@ -419,41 +515,55 @@ async function messagesView(main, topic) {
 
   const render = () => {
     const wanted = keyFilter.value;
-    list.replaceChildren(table([["Offset", true], ["Timestamp"], ["Key"], ["Value"]],
+    list.replaceChildren(table([["Offset", true], ["Timestamp"], ["Key"], ["Headers"], ["Value"]],
       shown.filter((r) => !wanted || show(r.key, "text").includes(wanted)).map((r) => {
         const value = show(r.value, format.value);
         const cut = value.length > 500;
         const pre = el("pre", { class: "value" }, cut ? value.slice(0, 500) + "…" : value);
         const more = cut ? el("button", { class: "secondary", on: { click: (ev) => {
           pre.textContent = value; ev.target.remove(); } } }, "show all") : null;
-        return [r.offset, when(r.timestamp),
-                show(r.key, format.value === "hex" ? "hex" : "text"), ["", el("div", {}, pre, more)]];
+        return [r.offset, when(r.timestamp), show(r.key, format.value === "hex" ? "hex" : "text"),
+                ["", el("pre", { class: "value headers" }, headerLines(r.headers, format.value))],
+                ["", el("div", {}, pre, more)]];
       }), { id: "records" }));
   };
-  const read = async (start, waitMs = 0) => {
+  // Records from `where` (an offset, or {timestamp}) of the chosen partition.
+  const read = async (where, waitMs = 0) => {
     const p = partition.value;
-    const records = await api(`/topics/${encodeURIComponent(topic)}/partitions/${p}/records` +
-                              `?offset=${start}&max_bytes=1048576&timeout=${waitMs}`,
+    const at = typeof where === "number" ? `offset=${where}` : `timestamp=${where.timestamp}`;
+    const records = await api(`/topics/${seg(topic)}/partitions/${p}/records` +
+                              `?${at}&max_bytes=1048576&timeout=${waitMs}`,
                               { accept: "application/vnd.kafka.binary.v2+json" });
-    return records.map((r) => ({ ...r, key: b64ToBytes(r.key), value: b64ToBytes(r.value) }));
+    return records.map((r) => ({ ...r, key: b64ToBytes(r.key), value: b64ToBytes(r.value),
+      headers: (r.headers || []).map((h) => ({ key: h.key, value: b64ToBytes(h.value) })) }));
   };
   const load = async (clear = true) => {
     const load = ++loads;  // a newer load, or tail read, wins over this one
     try {
       if (clear) notice("");
-      const part = (await api(`/v1/topics/${encodeURIComponent(topic)}`)).partitions
+      const part = (await api(`/v1/topics/${seg(topic)}`)).partitions
         .find((x) => String(x.partition) === partition.value);
       if (!part) throw new BrokerError(`${topic} has no partition ${partition.value}`);
       if (from.value !== "offset" && (part.log_start_offset === null || part.high_watermark === null)) {
         throw new BrokerError(`the offsets of ${topic}-${part.partition} are not known right ` +
                               "now (its leader did not answer): retry, or read from an offset");
       }
-      let start = from.value === "offset" ? Number(offset.value) : part.log_start_offset;
+      let start = from.value === "offset" ? integer(offset.value, "the offset")
+        : part.log_start_offset;
       if (from.value === "end") start = Math.max(part.log_start_offset, part.high_watermark - 20);
-      const records = (await read(start)).slice(0, 500);
+      let where = start;
+      if (from.value === "timestamp") {
+        const ms = Date.parse(moment.value);
+        if (Number.isNaN(ms)) throw new BrokerError("choose a date and time to read from");
+        where = { timestamp: ms };
+        start = part.high_watermark;  // nothing at or after that time yet: tail from the end
+      }
+      const records = (await read(where)).slice(0, 500);
       if (load !== loads || mine !== generation) return;
       shown = records;
       next = shown.length ? shown[shown.length - 1].offset + 1 : start;
+      if (!shown.length) notice(`no records in ${topic}-${part.partition} from there yet` +
+                                (tail.checked ? ": new ones will show as they arrive" : ""), true);
       render();
     } catch (exc) { if (mine === generation) notice(exc.message); }
   };
@@ -471,6 +581,9 @@ async function messagesView(main, topic) {
 
   const key = el("input", { id: "produce-key", placeholder: "key (text, optional)" });
   const value = el("textarea", { id: "produce-value", placeholder: "value" });
+  const headers = el("textarea", { id: "produce-headers", placeholder: "name: value (one a line)" });
+  const target = el("select", { id: "produce-partition" },
+    el("option", { value: "" }, "by key (as Kafka's partitioner)"), partitionOptions());
   const asJson = el("input", { id: "produce-json", type: "checkbox", checked: true });
   const produce = el("form", { class: "inline", id: "produce", on: { submit: async (ev) => {
     ev.preventDefault();
@@ -483,27 +596,32 @@ async function messagesView(main, topic) {
                                 "untick \"Value is JSON\" to send it as text");
         }
       }
-      const encode = encode64;
-      const answer = await api(`/topics/${encodeURIComponent(topic)}`, { method: "POST",
-        contentType: "application/vnd.kafka.binary.v2+json", body: { records: [{
-          key: key.value ? encode(key.value) : null, value: encode(text),
-          partition: Number(partition.value) }] } });
+      const record = { key: key.value ? encode64(key.value) : null, value: encode64(text),
+                       headers: parseHeaders(headers.value) };
+      if (target.value !== "") record.partition = Number(target.value);
+      const answer = await api(`/topics/${seg(topic)}`, { method: "POST",
+        contentType: "application/vnd.kafka.binary.v2+json", body: { records: [record] } });
       const result = (answer.offsets || [])[0] || {};
       if (result.error) throw new BrokerError(`${result.error_code ?? ""} ${result.error}`);
       notice(`produced at ${topic}-${result.partition} offset ${result.offset}`, true);
-      await load(false);
+      if (String(result.partition) === partition.value) await load(false);
     } catch (exc) { notice(exc.message); }
   } } }, el("label", {}, "Key", key), el("label", {}, "Value", value),
+    el("label", {}, "Headers", headers), el("label", {}, "Partition", target),
     el("label", {}, "Value is JSON", asJson), el("button", { type: "submit" }, "Produce"));
 
+  // Produced where it is browsed, unless the user picks a partition or the key's.
+  target.value = partition.value;
+  partition.addEventListener("change", () => { target.value = partition.value; });
   for (const control of [partition, from]) control.addEventListener("change", () => load());
   format.addEventListener("change", render);
   keyFilter.addEventListener("input", render);
   main.replaceChildren(
-    el("h1", {}, "Messages of ", link(`#/topics/${encodeURIComponent(topic)}`, topic)),
+    el("h1", {}, "Messages of ", link(`#/topics/${seg(topic)}`, topic)),
     el("form", { class: "inline", on: { submit: (ev) => { ev.preventDefault(); load(); } } },
        el("label", {}, "Partition", partition), el("label", {}, "Read", from),
-       el("label", {}, "Offset", offset), el("label", {}, "Show as", format),
+       el("label", {}, "Offset", offset), el("label", {}, "Time (local)", moment),
+       el("label", {}, "Show as", format),
        el("label", {}, "Filter", keyFilter), el("label", {}, "Live tail", tail),
        el("button", { type: "submit", id: "read" }, "Read")),
     el("h2", {}, "Produce"), produce, el("h2", {}, "Records"), list);
@@ -519,17 +637,99 @@ async function groupsView(main) {
     fill("groups", mine, missing.length ? el("p", { class: "state-warn" },
       `Brokers ${missing.join(", ")} did not answer: their groups are not listed.`) : null, table(
       [["Group"], ["State"], ["Members", true], ["Coordinator", true]],
-      answer.groups.map((g) => [[g.group_id, link(`#/groups/${encodeURIComponent(g.group_id)}`, g.group_id)],
+      answer.groups.map((g) => [[g.group_id, link(`#/groups/${seg(g.group_id)}`, g.group_id)],
         g.state, g.members, g.coordinator_id]), { id: "group-list" }));
   });
 }
 
+// The new offsets of a reset, worked out as `kraftlog groups reset-offsets`
+// does: {partition, current, target}, clamped into the log.
+async function resetPlan(group, topic, partitionText, to, value) {
+  const described = await api(`/v1/topics/${seg(topic)}`);
+  let parts = described.partitions;
+  if (partitionText.trim() !== "") {
+    const wanted = integer(partitionText, "the partition");
+    parts = parts.filter((p) => p.partition === wanted);
+    if (!parts.length) {
+      throw new BrokerError(`${topic} has partitions 0 to ${described.partitions.length - 1}, ` +
+                            `not ${wanted}`);
+    }
+  }
+  const g = await api(`/v1/groups?group_id=${encodeURIComponent(group)}`);
+  const committed = new Map(g.offsets.filter((o) => o.topic === topic)
+    .map((o) => [o.partition, o.offset]));
+  const plan = [];
+  for (const p of parts) {
+    const start = p.log_start_offset, end = p.high_watermark;
+    if (start === null || end === null) {
+      throw new BrokerError(`the offsets of ${topic}-${p.partition} are not known right now ` +
+                            "(its leader did not answer): retry");
+    }
+    let target;
+    if (to === "earliest") target = start;
+    else if (to === "latest") target = end;
+    else if (to === "offset") {
+      target = integer(value, "the offset");
+      if (target < 0) throw new BrokerError("the offset must be 0 or more (earliest: the log start)");
+    } else if (to === "datetime") {
+      const ms = Date.parse(value);
+      if (Number.isNaN(ms)) throw new BrokerError(`${JSON.stringify(value)} is not a date and time`);
+      const found = await api(`/topics/${seg(topic)}/partitions/${p.partition}/records` +
+                              `?timestamp=${ms}&max_bytes=1`,
+                              { accept: "application/vnd.kafka.binary.v2+json" });
+      target = found.length ? found[0].offset : end;
+    } else target = (committed.get(p.partition) ?? start) + integer(value, "the shift");
+    plan.push({ partition: p.partition, current: committed.get(p.partition) ?? null,
+                target: Math.min(Math.max(target, start), end) });
+  }
+  return plan;
+}
+
+function resetForm(group) {
+  const topic = el("input", { id: "reset-topic", placeholder: "topic", required: true });
+  const partition = el("input", { id: "reset-partition", placeholder: "all", size: 6 });
+  const to = el("select", { id: "reset-to" }, [["earliest", "to the earliest"],
+    ["latest", "to the latest"], ["offset", "to an offset"], ["datetime", "to a time (local)"],
+    ["shift", "shift by N"]].map(([v, label]) => el("option", { value: v }, label)));
+  const value = el("input", { id: "reset-value", placeholder: "offset, time or N" });
+  const plan = el("div", { id: "reset-plan" });
+  const run = async (execute) => {
+    try {
+      notice("");
+      const steps = await resetPlan(group, topic.value.trim(), partition.value, to.value,
+                                    value.value.trim());
+      if (execute) {
+        await api("/v1/admin/groups/offsets/reset", { method: "POST", body: {
+          group_id: group, offsets: steps.map((x) => ({ topic: topic.value.trim(),
+            partition: x.partition, offset: x.target })) } });
+        notice(`reset ${steps.length} offsets of ${group}`, true);
+      }
+      plan.replaceChildren(el("p", { class: "muted" }, execute ? "Applied:"
+        : "The plan (nothing changed yet):"),
+        table([["Partition", true], ["Committed", true], ["New", true]],
+              steps.map((x) => [x.partition, x.current, x.target]), { id: "reset-steps" }));
+    } catch (exc) { notice(exc.message); }
+  };
+  return el("div", {},
+    el("h2", {}, "Reset offsets"),
+    el("p", { class: "muted" }, "Only while the group has no members: stop its consumers " +
+       "first (a member would overwrite the offsets with its next commit)."),
+    el("form", { class: "inline", id: "reset", on: { submit: (ev) => { ev.preventDefault(); run(true); } } },
+       el("label", {}, "Topic", topic), el("label", {}, "Partition", partition),
+       el("label", {}, "Move", to), el("label", {}, "Value", value),
+       el("button", { type: "button", class: "secondary", id: "reset-preview",
+                      on: { click: () => run(false) } }, "Preview"),
+       el("button", { type: "submit", class: "danger" }, "Reset offsets")),
+    plan);
+}
+
 async function groupView(main, group) {
   const mine = generation;
-  main.replaceChildren(el("h1", {}, `Group ${group}`), el("div", { id: "group" }, "Loading…"));
+  main.replaceChildren(el("h1", {}, `Group ${group}`), el("div", { id: "group" }, "Loading…"),
+                       resetForm(group));
   history.lag[group] = history.lag[group] || [];
   every(POLL_MS, async () => {
-    const g = await api(`/v1/groups/${encodeURIComponent(group)}`);
+    const g = await api(`/v1/groups?group_id=${encodeURIComponent(group)}`);
     const total = g.offsets.reduce((sum, o) => sum + (o.lag ?? 0), 0);
     const lag = history.lag[group];
     lag.push(total);
@@ -550,6 +750,108 @@ async function groupView(main, group) {
   });
 }
 
+async function transactionsView(main) {
+  const mine = generation;
+  main.replaceChildren(el("h1", {}, "Transactions"), el("div", { id: "transactions" }, "Loading…"));
+  every(POLL_MS, async () => {
+    const found = (await api("/v1/transactions")).transactions;
+    fill("transactions", mine, found.length ? table(
+      [["Transactional id"], ["Producer id", true], ["State"], ["Coordinator", true]],
+      found.map((t) => [[t.transactional_id, link(`#/transactions/${seg(t.transactional_id)}`,
+                                                   t.transactional_id)],
+        t.producer_id, t.state, t.coordinator_id ?? "–"]), { id: "transaction-list" })
+      : el("p", { class: "muted" }, "No transactional ids: a producer with a transactional_id " +
+           "makes one when it calls init_transactions()."));
+  });
+}
+
+async function transactionView(main, id) {
+  const mine = generation;
+  main.replaceChildren(el("h1", {}, `Transaction ${id}`), el("div", { id: "transaction" }, "Loading…"));
+  every(POLL_MS, async () => {
+    const t = await api(`/v1/transactions/${seg(id)}`);
+    const running = t.txn_start_ms >= 0 && t.state === "Ongoing"
+      ? `${((Date.now() - t.txn_start_ms) / 1000).toFixed(1)} s` : "–";
+    fill("transaction", mine,
+      el("div", { class: "cards" }, card("State", t.state), card("Producer id", t.producer_id),
+         card("Epoch", t.producer_epoch), card("Coordinator", t.coordinator_id),
+         card("Timeout", `${fmt(t.timeout_ms)} ms`), card("Running for", running)),
+      el("h2", {}, ["Ongoing", "PrepareCommit", "PrepareAbort"].includes(t.state)
+        ? "Partitions in the transaction" : "Partitions of its last transaction"),
+      t.partitions.length ? table([["Topic"], ["Partition", true]],
+        t.partitions.map((p) => [[p.topic, link(`#/topics/${seg(p.topic)}`, p.topic)], p.partition]),
+        { id: "transaction-partitions" }) : el("p", { class: "muted" }, "None."));
+  });
+}
+
+const ACL_FIELDS = ["resource_type", "resource_name", "pattern_type", "principal", "host",
+                    "operation", "permission_type"];
+
+async function aclsView(main) {
+  const choice = (id, values) => el("select", { id }, values.map((v) => el("option", { value: v }, v)));
+  const fields = {
+    resource_type: choice("acl-resource-type", ["TOPIC", "GROUP", "CLUSTER", "TRANSACTIONAL_ID"]),
+    resource_name: el("input", { id: "acl-resource-name", placeholder: "name, or *", required: true }),
+    pattern_type: choice("acl-pattern-type", ["LITERAL", "PREFIXED"]),
+    principal: el("input", { id: "acl-principal", placeholder: "User:alice", required: true }),
+    host: el("input", { id: "acl-host", value: "*", size: 8 }),
+    operation: choice("acl-operation", ["READ", "WRITE", "CREATE", "DELETE", "ALTER", "DESCRIBE",
+      "CLUSTER_ACTION", "DESCRIBE_CONFIGS", "ALTER_CONFIGS", "IDEMPOTENT_WRITE", "ALL"]),
+    permission_type: choice("acl-permission", ["ALLOW", "DENY"]),
+  };
+  const list = el("div", { id: "acl-list" }, "Loading…");
+  const results = (answer, key) => {
+    for (const entry of answer[key] || []) {
+      if (entry.error) throw new BrokerError(`${entry.error.code}: ${entry.error.message}`);
+    }
+  };
+  const draw = async () => {
+    const acls = (await api("/v1/admin/acls/describe", { method: "POST", body: { filter: {} } })).acls;
+    list.replaceChildren(acls.length ? table(
+      [["Resource"], ["Name"], ["Pattern"], ["Principal"], ["Host"], ["Operation"], ["Permission"], [""]],
+      acls.map((b) => [...ACL_FIELDS.map((f) => b[f]), ["", el("button", { class: "danger",
+        "data-delete-acl": `${b.principal} ${b.operation} ${b.resource_type}:${b.resource_name}`,
+        on: { click: () => remove(b) } }, "Delete")]]), { id: "acls" })
+      : el("p", { class: "muted" }, "No ACLs: only super users may do anything."));
+  };
+  const remove = async (binding) => {
+    if (!window.confirm(`Delete the ACL ${binding.permission_type} ${binding.principal} ` +
+                        `${binding.operation} on ${binding.resource_type} ${binding.resource_name}?`)) return;
+    try {
+      results(await api("/v1/admin/acls/delete", { method: "POST", body: { filters: [binding] } }),
+              "filter_results");
+      notice("ACL deleted", true);
+      await draw();
+    } catch (exc) { notice(exc.message); }
+  };
+  const form = el("form", { class: "inline", id: "create-acl", on: { submit: async (ev) => {
+    ev.preventDefault();
+    try {
+      const binding = Object.fromEntries(ACL_FIELDS.map((f) => [f, fields[f].value.trim()]));
+      results(await api("/v1/admin/acls/create", { method: "POST", body: { creations: [binding] } }),
+              "results");
+      notice(`ACL created: ${binding.permission_type} ${binding.principal} ${binding.operation}`, true);
+      await draw();
+    } catch (exc) { notice(exc.message); }
+  } } }, ...ACL_FIELDS.map((f) => el("label", {}, f.replace("_type", "").replace("_", " "), fields[f])),
+    el("button", { type: "submit" }, "Create ACL"));
+  main.replaceChildren(el("h1", {}, "ACLs"), form, list);
+  await draw();
+}
+
+async function quotasView(main) {
+  const answer = await api("/v1/admin/quotas/describe", { method: "POST", body: {} });
+  const entries = answer.entries || [];
+  const entity = (e) => Object.entries(e).map(([k, v]) => `${k}=${v ?? "<default>"}`).join(", ");
+  main.replaceChildren(el("h1", {}, "Quotas"),
+    el("p", { class: "muted" }, "Set with `kraftlog quotas alter` (an administrator with a " +
+       "client certificate on a secure cluster)."),
+    entries.length ? table([["Entity"], ["Quota"], ["Value", true]],
+      entries.flatMap((e) => Object.entries(e.quotas).map(([name, value]) =>
+        [entity(e.entity), name, value])), { id: "quotas" })
+      : el("p", { class: "muted" }, "No quotas: clients are not throttled."));
+}
+
 // -- routing -----------------------------------------------------------------------------
 async function route(loginError) {
   generation += 1;
@@ -557,8 +859,9 @@ async function route(loginError) {
   timers = [];
   notice("");
   const main = document.getElementById("main");
+  if (loginError instanceof LoginNeeded) sessionStorage.removeItem("kraftlog-login");
+  document.getElementById("logout").hidden = !sessionStorage.getItem("kraftlog-login");
   if (loginError instanceof LoginNeeded) {
-    sessionStorage.removeItem("kraftlog-login");
     loginView(main, loginError.message);
     return;
   }
@@ -578,6 +881,10 @@ async function route(loginError) {
     else if (parts[0] === "topics") await topicView(main, parts[1]);
     else if (parts[0] === "groups" && parts.length === 1) await groupsView(main);
     else if (parts[0] === "groups") await groupView(main, parts[1]);
+    else if (parts[0] === "transactions" && parts.length === 1) await transactionsView(main);
+    else if (parts[0] === "transactions") await transactionView(main, parts[1]);
+    else if (parts[0] === "acls") await aclsView(main);
+    else if (parts[0] === "quotas") await quotasView(main);
     else main.replaceChildren(el("p", {}, "No such page. ", link("#/", "Overview")));
   } catch (exc) {
     if (exc instanceof LoginNeeded) {
@@ -585,6 +892,7 @@ async function route(loginError) {
       for (const timer of timers) clearTimeout(timer);
       timers = [];
       sessionStorage.removeItem("kraftlog-login");
+      document.getElementById("logout").hidden = true;
       loginView(main, exc.message);
       return;
     }
@@ -593,5 +901,9 @@ async function route(loginError) {
   }
 }
 
+document.getElementById("logout").addEventListener("click", () => {
+  sessionStorage.removeItem("kraftlog-login");
+  route(new LoginNeeded("logged out"));
+});
 window.addEventListener("hashchange", route);
 route();

@@ -13,6 +13,9 @@ one gets ``INVALID_REQUEST`` naming the field.
 ``POST /v1/admin/groups/offsets/reset`` set offsets of an empty group
 ``GET /v1/groups``                      every group on every live broker
 ``GET /v1/groups/{group}``              one group, from its coordinator
+``GET /v1/groups?group_id={group}``     the same (for ids like "." and "..",
+                                        which browsers and URL libraries
+                                        drop from a path)
 =====================================  =========================================
 
 ``GET`` with ``?local=true`` answers from this broker alone.
@@ -21,7 +24,6 @@ one gets ``INVALID_REQUEST`` naming the field.
 from __future__ import annotations
 
 import asyncio
-import urllib.parse
 from typing import Any
 
 import aiohttp
@@ -172,6 +174,11 @@ class GroupApi:
         auth = auth_of(request)
         auth.require(acl.READ, acl.GROUP, group_id)
         require_topics(auth, acl.READ, sorted({t for t, _ in offsets}), "an offsets reset")
+        # The console calls any broker: passed on to the coordinator (checked here).
+        forwarded = await self._at_coordinator(request, group_id, "POST",
+                                               "/v1/admin/groups/offsets/reset", body.values)
+        if forwarded is not None:
+            return wire.respond(request, *forwarded)
         service = self.service
         await service.run(group_id, lambda core: (None, core.reset_offsets(
             service.clock_ms(), group_id, offsets)))
@@ -181,6 +188,8 @@ class GroupApi:
 
     # -- inspection ------------------------------------------------------------------
     async def handle_list(self, request: web.Request) -> web.Response:
+        if "group_id" in request.query:
+            return await self._describe(request, request.query["group_id"])
         auth = auth_of(request)
         if auth.enabled and not auth.allowed(acl.DESCRIBE, acl.CLUSTER, acl.CLUSTER_NAME):
             def visible(group: dict) -> bool:
@@ -210,31 +219,22 @@ class GroupApi:
         """The group as its coordinator knows it, with each committed
         partition's log end offset and lag. Any broker answers: it asks the
         coordinator (``?local=true``) when that is another broker."""
-        group_id = request.match_info["group"]
+        return await self._describe(request, request.match_info["group"])
+
+    async def _describe(self, request: web.Request, group_id: str) -> web.Response:
         if not group_id or len(group_id) > GROUP_ID_CHARS_MAX:
             raise InvalidRequestError("group id must be 1-255 characters")
         auth = auth_of(request)
         auth.require(acl.DESCRIBE, acl.GROUP, group_id)
         visible = topic_filter(auth)
         service = self.service
-        if request.query.get("local") != "true":
-            where = await service.find_coordinator(group_id)
-            if where["coordinator_id"] != service.broker_id:
-                url = (f"{where['coordinator_url']}/v1/groups/"
-                       f"{urllib.parse.quote(group_id, safe='')}")
-                try:
-                    async with tls.session(self.service.peer_ssl) as session, session.get(
-                            url, params={"local": "true"},
-                            headers={"Accept": "application/json"},
-                            timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as answer:
-                        described = await answer.json()
-                        if answer.status == 200 and auth.enabled:
-                            _visible_group(described, visible)
-                        return wire.respond(request, described, answer.status)
-                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-                    raise CoordinatorNotAvailableError(
-                        f"the coordinator of {group_id!r} (broker {where['coordinator_id']}) "
-                        f"did not answer: {type(exc).__name__}; retry") from None
+        forwarded = await self._at_coordinator(request, group_id, "GET", "/v1/groups",
+                                               params={"group_id": group_id})
+        if forwarded is not None:
+            described, status = forwarded
+            if status == 200 and auth.enabled:
+                _visible_group(described, visible)
+            return wire.respond(request, described, status)
         described = _jsonable(await service.run(
             group_id, lambda core: (core.describe(group_id, service.clock_ms()), [])))
         if auth.enabled:
@@ -246,6 +246,32 @@ class GroupApi:
             entry["log_end_offset"] = end
             entry["lag"] = None if end is None else max(0, end - entry["offset"])
         return wire.respond(request, described)
+
+    async def _at_coordinator(self, request: web.Request, group_id: str, method: str,
+                              path: str, body: Any = None, params: dict | None = None
+                              ) -> tuple[Any, int] | None:
+        """The answer of ``group_id``'s coordinator to the same call, made
+        with ``?local=true`` (JSON), when that is another broker; None when
+        this broker is the coordinator or the caller asked for ``local``.
+        The caller's rights are checked here, before the call."""
+        if request.query.get("local") == "true":
+            return None
+        service = self.service
+        where = await service.find_coordinator(group_id)
+        if where["coordinator_id"] == service.broker_id:
+            return None
+        try:
+            async with tls.session(service.peer_ssl) as session, session.request(
+                    method, where["coordinator_url"] + path,
+                    params={**(params or {}), "local": "true"},
+                    json=body, headers={"Accept": "application/json"},
+                    timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as answer:
+                return await answer.json(), answer.status
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            raise CoordinatorNotAvailableError(
+                f"the coordinator of {group_id!r} (broker {where['coordinator_id']}) "
+                f"did not answer: {type(exc).__name__}; retry") from None
+
 
 def _visible_group(described: dict, visible) -> None:
     """Leave out of a described group every trace of a topic the caller may
