@@ -408,6 +408,31 @@ def test_on_a_secure_cluster_the_console_logs_in_and_shows_what_acls_allow(
             expect(page.locator("#acls")).not_to_contain_text("viewers-")
             with Admin(base, **secure.client_security) as admin:
                 assert made not in admin.describe_acls()
+            # A delegation token logs in as its owner; a wrong one is asked again.
+            with Admin(base, **secure.user_security("viewer", "viewer-password")) as viewer:
+                token = viewer.create_delegation_token()
+            page.click("#logout")
+            page.fill("#login-token", token.value + "x")
+            page.click("#login-with-token button[type=submit]")
+            expect(page.locator("#notice")).to_contain_text("SASL_AUTHENTICATION_FAILED")
+            page.fill("#login-token", token.value)
+            page.click("#login-with-token button[type=submit]")
+            page.goto(base + "/ui/#/topics")
+            expect(page.locator("#topics")).to_contain_text("shown-topic")
+            expect(page.locator("#topics")).not_to_contain_text("hidden-topic")
+        finally:
+            context.close()
+        # A browser holding the administrator's client certificate needs no
+        # login: the TLS handshake names it, and it sees every topic.
+        context = browser.new_context(ignore_https_errors=True, client_certificates=[{
+            "origin": base, "certPath": secure.certs["client"].certfile,
+            "keyPath": secure.certs["client"].keyfile}])
+        page = context.new_page()
+        page.set_default_timeout(WAIT_MS)
+        try:
+            page.goto(base + "/ui/#/topics")
+            expect(page.locator("#topics")).to_contain_text("hidden-topic")
+            expect(page.locator("#login")).to_have_count(0)
         finally:
             context.close()
         # Only the console's own routes are open without credentials: a path

@@ -30,30 +30,47 @@ function el(tag, attrs = {}, ...children) {
 class BrokerError extends Error {}
 class LoginNeeded extends BrokerError {}
 
-// A SASL_SSL cluster: the user's name and password, sent with each call
-// (HTTP Basic, inside TLS) and kept for this tab only.
+// A SASL_SSL cluster: a user's name and password (HTTP Basic, inside TLS)
+// or a delegation token (Bearer), sent with each call and kept for this tab
+// only. A browser holding a client certificate the cluster trusts needs
+// neither: the TLS handshake names it.
+const LOGIN_KEY = "kraftlog-login";
+
 function loginView(main, why) {
   const user = el("input", { id: "login-user", autocomplete: "username", required: true });
   const password = el("input", { id: "login-password", type: "password",
                                  autocomplete: "current-password", required: true });
+  const token = el("input", { id: "login-token", type: "password", required: true,
+                              placeholder: "id.hmac, as kraftlog tokens create prints it" });
+  const done = (header) => { sessionStorage.setItem(LOGIN_KEY, header); route(); };
   main.replaceChildren(el("h1", {}, "Log in"),
     el("p", { class: "muted" }, "This cluster asks who you are: a user made with " +
        "`kraftlog users create`. What you see is what its ACLs allow."),
     el("form", { class: "inline", id: "login", on: { submit: (ev) => {
       ev.preventDefault();
       const pair = new TextEncoder().encode(`${user.value}:${password.value}`);
-      sessionStorage.setItem("kraftlog-login", btoa(String.fromCharCode(...pair)));
-      route();
+      done(`Basic ${btoa(String.fromCharCode(...pair))}`);
     } } }, el("label", {}, "User", user), el("label", {}, "Password", password),
-      el("button", { type: "submit" }, "Log in")));
+      el("button", { type: "submit" }, "Log in")),
+    el("p", { class: "muted" }, "Or with a delegation token, as its owner:"),
+    el("form", { class: "inline", id: "login-with-token", on: { submit: (ev) => {
+      ev.preventDefault();
+      const text = token.value.trim();
+      if (!/^[\x21-\x7e]+$/.test(text)) {
+        notice("a token is its id and HMAC as `kraftlog tokens create` prints them: " +
+               "letters, digits and punctuation, no spaces");
+        return;
+      }
+      done(`Bearer ${text}`);
+    } } }, el("label", {}, "Token", token), el("button", { type: "submit" }, "Log in")));
   notice(why);
 }
 
 async function api(path, { method = "GET", body, contentType = "application/json",
                            accept = "application/json", raw = false } = {}) {
   const options = { method, headers: { Accept: accept } };
-  const login = sessionStorage.getItem("kraftlog-login");
-  if (login) options.headers.Authorization = `Basic ${login}`;
+  const login = sessionStorage.getItem(LOGIN_KEY);
+  if (login) options.headers.Authorization = login;
   if (body !== undefined) {
     options.headers["Content-Type"] = contentType;
     options.body = typeof body === "string" ? body : JSON.stringify(body);
@@ -859,8 +876,8 @@ async function route(loginError) {
   timers = [];
   notice("");
   const main = document.getElementById("main");
-  if (loginError instanceof LoginNeeded) sessionStorage.removeItem("kraftlog-login");
-  document.getElementById("logout").hidden = !sessionStorage.getItem("kraftlog-login");
+  if (loginError instanceof LoginNeeded) sessionStorage.removeItem(LOGIN_KEY);
+  document.getElementById("logout").hidden = !sessionStorage.getItem(LOGIN_KEY);
   if (loginError instanceof LoginNeeded) {
     loginView(main, loginError.message);
     return;
@@ -891,7 +908,7 @@ async function route(loginError) {
       generation += 1;
       for (const timer of timers) clearTimeout(timer);
       timers = [];
-      sessionStorage.removeItem("kraftlog-login");
+      sessionStorage.removeItem(LOGIN_KEY);
       document.getElementById("logout").hidden = true;
       loginView(main, exc.message);
       return;
@@ -902,7 +919,7 @@ async function route(loginError) {
 }
 
 document.getElementById("logout").addEventListener("click", () => {
-  sessionStorage.removeItem("kraftlog-login");
+  sessionStorage.removeItem(LOGIN_KEY);
   route(new LoginNeeded("logged out"));
 });
 window.addEventListener("hashchange", route);
