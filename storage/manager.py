@@ -264,6 +264,29 @@ class LogManager:
         shutil.rmtree(doomed, ignore_errors=True)
         return True
 
+    def describe_dirs(self) -> list[dict]:
+        """Each log directory as Kafka's DescribeLogDirs tells it: its path,
+        the file system's total and usable bytes (KIP-827), and every
+        partition's log in it with its size."""
+        out = []
+        for directory in self.config.log_dirs:
+            entry: dict = {"path": directory, "error": None, "total_bytes": None,
+                           "usable_bytes": None, "size_bytes": 0, "logs": []}
+            try:
+                fs = os.statvfs(directory)
+                entry["total_bytes"] = fs.f_blocks * fs.f_frsize
+                entry["usable_bytes"] = fs.f_bavail * fs.f_frsize
+            except OSError as exc:
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+            out.append(entry)
+        where = {entry["path"]: entry for entry in out}
+        for tp, part_log in sorted(self._logs.items()):
+            entry = where[self._dir_of[tp]]
+            size = part_log.size_bytes
+            entry["size_bytes"] += size
+            entry["logs"].append((tp, size))
+        return out
+
     # -- periodic work ---------------------------------------------------
     def checkpoint(self) -> None:
         """Write every log dir's recovery-point and log-start checkpoints."""

@@ -88,6 +88,7 @@ BROKER_ROUTE_RULES: dict[tuple[str, str], RouteRule] = {
     ("GET", "/v1/topics"): _rule("Metadata"),
     ("GET", "/v1/topics/{topic}"): _rule("Metadata + DescribeConfigs"),
     ("GET", "/v1/quorum"): _rule("DescribeQuorum", DESCRIBE),
+    ("GET", "/v1/log-dirs"): _rule("DescribeLogDirs", DESCRIBE),
 }
 
 

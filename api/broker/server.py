@@ -230,6 +230,7 @@ class BrokerServer:
         app.router.add_get("/v1/topics", self.handle_topics)
         app.router.add_get("/v1/topics/{topic}", self.handle_topic)
         app.router.add_get("/v1/quorum", self.handle_quorum)
+        app.router.add_get("/v1/log-dirs", self.handle_log_dirs)
         app.router.add_post("/v1/admin/acls/describe", self.handle_describe_acls)
         for path in TOKEN_ROUTES:
             app.router.add_post(path, self.handle_tokens)
@@ -581,6 +582,60 @@ class BrokerServer:
         image = self.lifecycle.image
         return {broker: url for broker in sorted(image.live_broker_ids())
                 if (url := broker_url(image, broker)) is not None}
+
+    async def handle_log_dirs(self, request: web.Request) -> web.Response:
+        """Kafka's DescribeLogDirs: each live broker's log directories, their
+        disk and what is in them (``?local=true``: this broker's alone;
+        ``?partitions=true``: with every replica's size and offsets)."""
+        replicas = request.query.get("partitions") in ("1", "true")
+        if request.query.get("local") in ("1", "true"):
+            return wire.respond(request, self._log_dirs(replicas))
+        answers: list[dict] = [self._log_dirs(replicas)]
+        errors: list[dict] = []
+        peers = {b: url for b, url in self._live_broker_urls().items()
+                 if b != self.config.node_id}
+
+        async def ask(url: str) -> dict:
+            if self._session is None:
+                raise ConnectionError("this broker is shutting down")
+            async with self._session.get(
+                    f"{url}/v1/log-dirs", params={"local": "true",
+                                                  "partitions": str(replicas).lower()},
+                    headers={"Accept": wire.JSON},
+                    timeout=aiohttp.ClientTimeout(total=PEER_CALL_TIMEOUT_S)) as response:
+                answer = await response.json()
+                if response.status != 200:
+                    raise ConnectionError(str(answer.get("error")))
+                return answer
+
+        found = await asyncio.gather(*(ask(url) for url in peers.values()),
+                                     return_exceptions=True)
+        for broker, answer in zip(peers, found):
+            if isinstance(answer, BaseException):
+                errors.append({"broker_id": broker, "error": f"{type(answer).__name__}: "
+                                                            f"{answer}"})
+            else:
+                answers.append(answer)
+        return wire.respond(request, {
+            "brokers": sorted(answers, key=lambda a: a["broker_id"]),
+            "unreachable_brokers": errors})
+
+    def _log_dirs(self, replicas: bool) -> dict:
+        dirs = []
+        for entry in self.log_manager.describe_dirs():
+            logs = entry.pop("logs")
+            entry["partitions"] = len(logs)
+            if replicas:
+                entry["replicas"] = []
+                for tp, size in logs:
+                    part = self.replicas.partitions.get(tp)
+                    entry["replicas"].append({
+                        "topic": tp.topic, "partition": tp.partition, "size_bytes": size,
+                        "leader": bool(part is not None and part.is_leader),
+                        "log_start_offset": part.log_start_offset if part else None,
+                        "log_end_offset": part.log_end_offset if part else None})
+            dirs.append(entry)
+        return {"broker_id": self.config.node_id, "log_dirs": dirs}
 
     async def handle_brokers(self, request: web.Request) -> web.Response:
         return wire.respond(request, {"brokers": self._brokers()})

@@ -315,6 +315,7 @@ BROKER_CASES = {
     ("GET", "/v1/topics"): ("/v1/topics", None, True, empty("topics")),
     ("GET", "/v1/topics/{topic}"): ("/v1/topics/acl-orders", None, True, whole(TOPIC_REFUSED)),
     ("GET", "/v1/quorum"): ("/v1/quorum", None, True, whole(CLUSTER_REFUSED)),
+    ("GET", "/v1/log-dirs"): ("/v1/log-dirs", None, True, whole(CLUSTER_REFUSED)),
 }
 
 

@@ -1343,6 +1343,35 @@ def test_every_broker_reports_the_same_cluster(multi):
                                for b in (2, 3)]
 
 
+def test_log_dirs_of_every_broker_from_any_broker(multi):
+    # Kafka's DescribeLogDirs: each live broker's directories, their disk,
+    # and (asked for) every replica in them with its size and offsets.
+    b2, b3 = (multi.nodes[b].broker_url for b in (2, 3))
+    topic = "log-dirs-shown"
+    create_topic(b2, topic, partitions=1, assignments={0: [2, 3]}, replication_factor=-1)
+    wait_for_topic(b3, topic)
+    builder = BatchBuilder()
+    for _ in range(5):
+        builder.append(b"k", b"v" * 100)
+    produce_ok(b2, topic, 0, builder.build())
+    reply = send(f"{b3}/v1/log-dirs?partitions=true", accept=JSON)
+    assert reply.status == 200, reply.body
+    assert reply.body["unreachable_brokers"] == []
+    by_broker = {b["broker_id"]: b for b in reply.body["brokers"]}
+    assert {2, 3} <= set(by_broker)
+    for broker, leader in ((2, True), (3, False)):
+        (directory,) = by_broker[broker]["log_dirs"]
+        assert directory["error"] is None
+        assert directory["total_bytes"] > directory["usable_bytes"] > 0
+        (replica,) = [r for r in directory["replicas"] if r["topic"] == topic]
+        assert replica["leader"] is leader and replica["log_start_offset"] == 0
+        assert replica["size_bytes"] > 500
+        assert directory["size_bytes"] >= replica["size_bytes"]
+        assert directory["partitions"] == len(directory["replicas"])
+    local = send(f"{b2}/v1/log-dirs?local=true", accept=JSON).body
+    assert local["broker_id"] == 2 and "replicas" not in local["log_dirs"][0]
+
+
 def test_the_rest_proxy_forwards_from_a_broker_that_leads_nothing(multi):
     b2, b3 = (multi.nodes[b].broker_url for b in (2, 3))
     topic = "rest-forwarded"

@@ -75,6 +75,10 @@ def test_a_user_creates_produces_reads_watches_and_deletes_in_the_browser(
     for broker in cluster.broker_ids:
         expect(page.locator(f'[data-broker-state="{broker}"]')).to_have_text("up")
     expect(page.locator("#quorum")).to_have_text(re.compile(r"leader \d+, term \d+"))
+    # Each broker's disk used, from its log directories (/v1/log-dirs).
+    expect(page.locator("#brokers tbody tr td:nth-child(5)")).to_have_text(
+        [re.compile(r"^\d+(\.\d)? (B|KB|MB)$")] * 3)
+    expect(page.locator("#under-replicated")).to_have_text("0")
     shoot(page, tmp_path, "overview")
 
     # Topics: an invalid name is refused with the broker's words; then created.
@@ -109,6 +113,9 @@ def test_a_user_creates_produces_reads_watches_and_deletes_in_the_browser(
     page.click("#add-partitions button[type=submit]")
     expect(page.locator("#notice")).to_contain_text("console-demo has 3 partitions")
     expect(page.locator("#partitions tbody tr")).to_have_count(3)
+    # Each follower's lag behind the leader, as the leader sees its fetches.
+    expect(page.locator("#partitions tbody tr td:nth-child(10)").first).to_have_text(
+        re.compile(r"^\d+: (\d+|not fetching), \d+: (\d+|not fetching)$"))
     with Admin(base) as admin:
         assert len(admin.describe_topics(["console-demo"])["console-demo"].partitions) == 3
         assert admin.describe_configs("console-demo", ["retention.ms"])[
@@ -151,6 +158,10 @@ def test_a_user_creates_produces_reads_watches_and_deletes_in_the_browser(
     page.click("#produce button[type=submit]")
     expect(page.locator("#notice")).to_contain_text(
         f"produced at console-demo-{partition_for_key(b'keyed', 3)} offset")
+    # The topic list counts them, from the leaders' logs.
+    page.goto(base + "/ui/#/topics")
+    expect(page.locator('#topics tr:has-text("console-demo") td:nth-child(4)')).to_have_text("3")
+    page.goto(base + "/ui/#/topics/console-demo/messages")
     # Not JSON: refused, saying so, and nothing written.
     page.fill("#produce-value", "{oops")
     page.click("#produce button[type=submit]")
@@ -232,6 +243,8 @@ def test_a_user_creates_produces_reads_watches_and_deletes_in_the_browser(
     cluster.kill(victim)
     try:
         expect(page.locator(f'[data-broker-state="{victim}"]')).to_have_text("down (fenced)")
+        # Its replicas leave the ISRs: under-replicated, cluster-wide.
+        expect(page.locator("#under-replicated")).not_to_have_text("0", timeout=25_000)
         moved = leaders_moved_away(page, base, victim)
     finally:
         cluster.start([victim])

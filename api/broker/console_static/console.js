@@ -290,21 +290,54 @@ async function throughput() {
   lastCounters = { ...counters, at: now };
   history.rates.push(rates);
   if (history.rates.length > SAMPLES) history.rates.shift();
-  return { rates, underReplicated: metricSum(text, "kraftlog_under_replicated_partitions"),
-           offline: metricSum(text, "kraftlog_offline_partitions") };
+  return { rates };
 }
 
 // -- views ---------------------------------------------------------------------------------
+// Every log directory of every live broker (/v1/log-dirs, Kafka's
+// DescribeLogDirs), or null where the caller may not DESCRIBE the cluster.
+async function logDirs(partitions = false) {
+  try {
+    return await api(`/v1/log-dirs${partitions ? "?partitions=true" : ""}`);
+  } catch (exc) {
+    if (exc instanceof LoginNeeded) throw exc;
+    return null;
+  }
+}
+
+// Partitions the caller may see with fewer in-sync replicas than replicas,
+// and with no leader, over the whole cluster (from its metadata).
+function partitionHealth(metadata) {
+  let under = 0, offline = 0;
+  for (const topic of metadata.topics) {
+    for (const p of topic.partitions) {
+      if (p.leader === null || p.leader < 0) offline++;
+      if (p.isr.length < p.replicas.length) under++;
+    }
+  }
+  return { under, offline };
+}
+
 async function overview(main) {
   const mine = generation;
   main.replaceChildren(el("h1", {}, "Overview"), el("div", { id: "overview" }, "Loading…"));
+  let ticks = 0, slow = null;  // the heavier reads, every fifth tick
   every(POLL_MS, async () => {
-    const [cluster, topics] = await Promise.all([api("/v1/cluster"), api("/v1/topics")]);
+    if (ticks++ % 5 === 0 || slow === null) {
+      const [metadata, dirs] = await Promise.all([api("/v1/metadata"), logDirs()]);
+      slow = { metadata, health: partitionHealth(metadata), dirs };
+    }
+    const cluster = await api("/v1/cluster");
+    const topics = { topics: slow.metadata.topics };
+    const disk = {};
+    for (const b of (slow.dirs && slow.dirs.brokers) || []) {
+      disk[b.broker_id] = b.log_dirs.reduce((sum, d) => sum + d.size_bytes, 0);
+    }
     let stats;
     try { stats = await throughput(); } catch (exc) {
       if (exc instanceof LoginNeeded) throw exc;
       // Metrics need DESCRIBE on the cluster: without it, not shown.
-      stats = { rates: { in: null, out: null }, underReplicated: null, offline: null };
+      stats = { rates: { in: null, out: null } };
     }
     let quorum = null;
     try { quorum = await api("/v1/quorum"); } catch (exc) { quorum = { error: exc.message }; }
@@ -314,17 +347,21 @@ async function overview(main) {
       card("Brokers up", `${up} / ${cluster.brokers.length}`, up < cluster.brokers.length),
       card("Active controller", cluster.controller_id ?? "none", cluster.controller_id == null),
       card("Topics", topics.topics.length),
-      card("Under-replicated (this broker)", stats.underReplicated, stats.underReplicated > 0),
-      card("Offline (this broker)", stats.offline, stats.offline > 0),
+      card("Under-replicated partitions", slow.health.under, slow.health.under > 0,
+           "under-replicated"),
+      card("Offline partitions", slow.health.offline, slow.health.offline > 0, "offline"),
       card("Records in /s", stats.rates.in === null ? null : Math.round(stats.rates.in)),
       card("Records out /s", stats.rates.out === null ? null : Math.round(stats.rates.out)));
     const brokers = table(
-      [["Broker", true], ["State"], ["Rack"], ["Partitions led", true], ["URL"]],
+      [["Broker", true], ["State"], ["Rack"], ["Partitions led", true], ["Disk used", true],
+       ["URL"]],
       cluster.brokers.map((b) => [b.id,
         [b.fenced ? "down" : "up", el("span", { class: b.fenced ? "state-down" : "state-up",
                                                  "data-broker-state": b.id },
                                       b.fenced ? "down (fenced)" : "up")],
-        b.rack ?? "–", b.leaders, b.url ?? "–"]), { id: "brokers" });
+        b.rack ?? "–", b.leaders,
+        [disk[b.id] ?? -1, b.id in disk ? bytes(disk[b.id]) : "–"], b.url ?? "–"]),
+      { id: "brokers" });
     const voters = quorum && quorum.voters ? table(
       [["Voter", true], ["Role"], ["Connected"], ["Match index", true], ["Lag", true]],
       Object.values(quorum.voters).map((v) => [v.id,
@@ -342,9 +379,9 @@ async function overview(main) {
   });
 }
 
-function card(title, value, bad = false) {
+function card(title, value, bad = false, id = undefined) {
   return el("div", { class: "card" }, el("div", { class: "muted" }, title),
-            el("div", { class: "value" + (bad ? " state-down" : "") }, fmt(value)));
+            el("div", { class: "value" + (bad ? " state-down" : ""), id }, fmt(value)));
 }
 
 async function topicsView(main) {
@@ -369,17 +406,51 @@ async function topicsView(main) {
   } } }, el("label", {}, "Name", name), el("label", {}, "Partitions", partitions),
     el("label", {}, "Replication factor", rf), el("label", {}, "Configs", configs),
     el("button", { type: "submit" }, "Create topic"));
-  let topics = [];
+  let topics = [], figures = null, last = null;
   const render = () => {
     const wanted = search.value.trim().toLowerCase();
-    list.replaceChildren(table([["Topic"], ["Partitions", true], ["Replication", true], [""]],
+    const of = (t, key) => (figures && figures[t.name] ? figures[t.name][key] : null);
+    list.replaceChildren(table([["Topic"], ["Partitions", true], ["Replication", true],
+                                ["Messages", true], ["Size", true], ["In /s", true], [""]],
       topics.filter((t) => t.name.toLowerCase().includes(wanted)).map((t) => [
         [t.name, link(`#/topics/${seg(t.name)}`, t.name)], t.partitions,
-        t.replication_factor,
+        t.replication_factor, of(t, "messages"),
+        [of(t, "size") ?? -1, of(t, "size") === null ? "–" : bytes(of(t, "size"))],
+        of(t, "rate") === null ? null : Math.round(of(t, "rate")),
         ["", el("button", { class: "danger", "data-delete": t.name, on: { click: () => remove(t.name) } },
                 "Delete")]]), { id: "topics" }));
   };
-  const draw = async () => { topics = (await api("/v1/topics")).topics; render(); };
+  // Messages and size from each partition's leader replica (log end minus log
+  // start), and records in per second between two reads: the brokers' log
+  // directories, when the caller may DESCRIBE the cluster.
+  const measure = async () => {
+    const dirs = await logDirs(true);
+    if (!dirs) return;
+    const now = Date.now() / 1000, found = {};
+    for (const b of dirs.brokers) {
+      for (const d of b.log_dirs) {
+        for (const r of d.replicas || []) {
+          if (!r.leader) continue;
+          const t = found[r.topic] || (found[r.topic] = { messages: 0, size: 0, ends: 0, rate: null });
+          t.messages += r.log_end_offset - r.log_start_offset;
+          t.size += r.size_bytes;
+          t.ends += r.log_end_offset;
+        }
+      }
+    }
+    if (last) {
+      for (const [name, t] of Object.entries(found)) {
+        if (last.found[name]) t.rate = Math.max(0, (t.ends - last.found[name].ends) / (now - last.at));
+      }
+    }
+    last = { at: now, found };
+    figures = found;
+  };
+  const draw = async () => {
+    const [listed] = await Promise.all([api("/v1/topics"), measure()]);
+    topics = listed.topics;
+    render();
+  };
   const remove = async (topic) => {
     if (!window.confirm(`Delete topic ${topic} and all its records?`)) return;
     try {
@@ -393,6 +464,8 @@ async function topicsView(main) {
   search.addEventListener("input", render);
   main.replaceChildren(el("h1", {}, "Topics"), form, search, list);
   await draw();
+  const mine = generation;
+  every(5 * POLL_MS, async () => { await measure(); if (mine === generation) render(); });
 }
 
 async function topicView(main, topic) {
@@ -448,12 +521,19 @@ async function topicView(main, topic) {
     alter);
 }
 
+// Each follower's records behind its leader, as the leader last saw its fetch.
+function followersBehind(p) {
+  return (p.replica_states || []).filter((r) => r.broker !== p.leader)
+    .map((r) => `${r.broker}: ${r.lag === null ? "not fetching" : fmt(r.lag)}`).join(", ");
+}
+
 function partitionsTable(parts) {
   return table([["Partition", true], ["Leader", true], ["Replicas"], ["ISR"], ["Log start", true],
-                ["High watermark", true], ["Last stable", true], ["Log end", true], ["Size"]],
+                ["High watermark", true], ["Last stable", true], ["Log end", true], ["Size"],
+                ["Followers behind"]],
     parts.map((p) => [p.partition, p.leader ?? "none", p.replicas.join(", "), p.isr.join(", "),
       p.log_start_offset, p.high_watermark, p.last_stable_offset, p.log_end_offset,
-      [p.size_bytes ?? 0, bytes(p.size_bytes)]]), { id: "partitions" });
+      [p.size_bytes ?? 0, bytes(p.size_bytes)], followersBehind(p) || "–"]), { id: "partitions" });
 }
 
 // The topic's records and bytes in per second, from the growth of its
@@ -475,12 +555,28 @@ function topicChart(topic, parts) {
     Object.assign(seen, { at: now, ends, size });
   }
   history.topics[topic] = seen;
+  // Replication lag: records each broker's follower replicas are behind, summed.
+  const behind = {};
+  for (const p of parts) {
+    for (const r of p.replica_states || []) {
+      if (r.broker !== p.leader && r.lag !== null) behind[r.broker] = (behind[r.broker] || 0) + r.lag;
+    }
+  }
+  seen.lag = seen.lag || {};
+  for (const broker of new Set([...Object.keys(behind), ...Object.keys(seen.lag)])) {
+    const series = seen.lag[broker] || (seen.lag[broker] = []);
+    series.push(behind[broker] || 0);
+    if (series.length > SAMPLES) series.shift();
+  }
   const last = seen.samples[seen.samples.length - 1];
   return el("div", {}, el("h2", {}, "Throughput in"),
     el("p", { class: "muted", id: "topic-rate" }, last
       ? `${fmt(Math.round(last.records))} records/s, ${bytes(last.bytes)}/s`
       : "measured from the next refresh on"),
-    chart({ "records /s": seen.samples.map((x) => x.records) }, "records per second"));
+    chart({ "records /s": seen.samples.map((x) => x.records) }, "records per second"),
+    el("h2", {}, "Replication lag"),
+    chart(Object.fromEntries(Object.entries(seen.lag).map(([b, v]) => [`broker ${b}`, v])),
+          "records followers are behind their leaders"));
 }
 
 function b64ToBytes(text) {
@@ -857,7 +953,9 @@ async function aclsView(main) {
 }
 
 async function quotasView(main) {
+  const mine = generation;
   const answer = await api("/v1/admin/quotas/describe", { method: "POST", body: {} });
+  if (mine !== generation) return;
   const entries = answer.entries || [];
   const entity = (e) => Object.entries(e).map(([k, v]) => `${k}=${v ?? "<default>"}`).join(", ");
   main.replaceChildren(el("h1", {}, "Quotas"),
@@ -871,7 +969,7 @@ async function quotasView(main) {
 
 // -- routing -----------------------------------------------------------------------------
 async function route(loginError) {
-  generation += 1;
+  const mine = ++generation;
   for (const timer of timers) clearTimeout(timer);
   timers = [];
   notice("");
@@ -904,6 +1002,7 @@ async function route(loginError) {
     else if (parts[0] === "quotas") await quotasView(main);
     else main.replaceChildren(el("p", {}, "No such page. ", link("#/", "Overview")));
   } catch (exc) {
+    if (mine !== generation) return;  // a newer page is shown: this one's error is moot
     if (exc instanceof LoginNeeded) {
       generation += 1;
       for (const timer of timers) clearTimeout(timer);
