@@ -1,10 +1,11 @@
 """The web console in a real browser (Debian's chromium, driven by
-Playwright) against a real cluster: one controller and three brokers.
+Playwright) against a real cluster: three controllers and three brokers.
 
 A user opens http://BROKER/ui/, sees the brokers up, creates a topic,
 produces a message and reads it back in the page, watches a consumer
 group's lag rise and fall, sees a killed broker marked down and its
-partitions' leaders move, deletes the topic; bad input (an invalid topic
+partitions' leaders move, and a killed controller disconnected from the
+quorum, deletes the topic; bad input (an invalid topic
 name, a value that is not JSON, an offset past the end) shows the broker's
 error. Screenshots of each page go to ``KRAFTLOG_SCREENSHOTS`` (a folder)
 if set, else the test's temporary folder.
@@ -28,7 +29,7 @@ WAIT_MS = 20_000
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with ProcessCluster(str(tmp_path_factory.mktemp("console")), controllers=1, brokers=3,
+    with ProcessCluster(str(tmp_path_factory.mktemp("console")), controllers=3, brokers=3,
                         settings=dict(FAST_SETTINGS)) as running:
         running.start()
         running.wait_for_active_controller(30)
@@ -251,12 +252,32 @@ def test_a_user_creates_produces_reads_watches_and_deletes_in_the_browser(
         cluster.wait_for_brokers_running(timeout_s=30)
     assert moved, f"broker {victim} still leads console-demo's partitions in the page"
 
+    # A controller going down shows in the quorum's table, and coming back.
+    leader = quorum_leader(base)
+    follower = next(c for c in cluster.controller_ids if c != leader)
+    page.goto(base + "/ui/#/")
+    expect(page.locator(f'[data-voter="{follower}"]')).to_have_text("yes")
+    cluster.kill(follower)
+    try:
+        expect(page.locator(f'[data-voter="{follower}"]')).to_have_text("no", timeout=WAIT_MS)
+    finally:
+        cluster.start([follower])
+    expect(page.locator(f'[data-voter="{follower}"]')).to_have_text("yes", timeout=WAIT_MS)
+
     # Deleted in the page, after a confirmation.
     page.goto(base + "/ui/#/topics")
     page.once("dialog", lambda dialog: dialog.accept())
     page.click('[data-delete="console-demo"]')
     expect(page.locator("#notice")).to_contain_text("deleted topic console-demo")
     expect(page.locator("#topics")).not_to_contain_text("console-demo")
+
+
+def quorum_leader(base: str) -> int:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(base + "/v1/quorum", timeout=10) as answer:
+        return json.load(answer)["leader_id"]
 
 
 def coordinator_of(base: str, group: str) -> int:

@@ -366,7 +366,9 @@ async function overview(main) {
       [["Voter", true], ["Role"], ["Connected"], ["Match index", true], ["Lag", true]],
       Object.values(quorum.voters).map((v) => [v.id,
         v.id === quorum.leader_id ? "leader" : "follower",
-        v.connected === undefined ? "–" : v.connected ? "yes" : "no",
+        v.connected === undefined ? "–" : [String(v.connected), el("span", {
+          class: v.connected ? "state-up" : "state-down", "data-voter": v.id },
+          v.connected ? "yes" : "no")],
         v.match_index ?? "–", v.lag ?? "–"])) : null;
     const quorumText = quorum.error ? quorum.error
       : `leader ${fmt(quorum.leader_id)}, term ${fmt(quorum.term)}, commit index ${fmt(quorum.commit_index)}`;
