@@ -59,7 +59,8 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    txn = _get(args, "/v1/transactions/" + urllib.parse.quote(args.transactional_id, safe=""))
+    txn = _get(args, "/v1/transactions?transactional_id=" +
+               urllib.parse.quote(args.transactional_id, safe=""))
     started = txn["txn_start_ms"]
     running = (f"{max(0, int(time.time() * 1000) - started) / 1000:.1f} s"
                if started >= 0 and txn["state"] == "Ongoing" else "-")

@@ -33,6 +33,7 @@ BROKER_ROUTE_RULES: dict[tuple[str, str], RouteRule] = {
     # REST proxy (rest_proxy.py): checked at the broker the client called
     ("POST", "/topics/{topic}"): _rule("Produce"),
     ("GET", "/topics/{topic}/partitions/{partition}/records"): _rule("Fetch"),
+    ("GET", "/topics/{topic}/partitions/{partition}/offsets"): _rule("ListOffsets"),
     # consumer groups (groups/api.py)
     ("POST", "/v1/groups/coordinator"): _rule("FindCoordinator"),
     ("POST", "/v1/groups/heartbeat"): _rule("ConsumerGroupHeartbeat"),

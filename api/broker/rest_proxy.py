@@ -3,6 +3,9 @@
   POST /topics/{topic}                              produce JSON or base64 records
   GET  /topics/{topic}/partitions/{p}/records       read records as JSON, from
                                                     ?offset= or ?timestamp= (ms)
+  GET  /topics/{topic}/partitions/{p}/offsets       beginning and end offsets, or
+                                                    with ?timestamp= the first
+                                                    offset at or after it
 
 Any broker answers: records are built into batches here and sent to each
 partition's leader with the ordinary ``/v1/produce`` (and read with
@@ -72,6 +75,7 @@ class RestProxy:
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/topics/{topic}", self.handle_produce)
         app.router.add_get("/topics/{topic}/partitions/{partition}/records", self.handle_read)
+        app.router.add_get("/topics/{topic}/partitions/{partition}/offsets", self.handle_offsets)
 
     # -- produce -----------------------------------------------------------------
     async def handle_produce(self, request: web.Request) -> web.Response:
@@ -151,10 +155,7 @@ class RestProxy:
         max_bytes = _query_int(request.query.get("max_bytes", str(READ_BYTES_DEFAULT)),
                                "max_bytes", 1, 2**31 - 1)
         wait_ms = _query_int(request.query.get("timeout", "0"), "timeout", 0, READ_WAIT_MS_MAX)
-        isolation = request.query.get("isolation_level", "read_uncommitted")
-        if isolation not in ("read_uncommitted", "read_committed"):
-            raise InvalidRequestError(f"isolation_level must be read_uncommitted or "
-                                      f"read_committed, not {isolation!r}")
+        isolation = _isolation(request)
         binary = BINARY_V2 in request.headers.get("Accept", "")
         self._partition_count(topic)
         if timestamp is not None:
@@ -188,6 +189,30 @@ class RestProxy:
                                 "headers": [{"key": k, "value": _header_out(v, binary)}
                                             for k, v in record.headers]})
         return web.json_response(records, content_type=BINARY_V2 if binary else JSON_V2)
+
+    async def handle_offsets(self, request: web.Request) -> web.Response:
+        """REST Proxy v2's beginning and end offsets of a partition; with
+        ``?timestamp=MS`` (an extension), Kafka's offsetsForTimes: the first
+        offset whose record is at or after that time, or null."""
+        topic = request.match_info["topic"]
+        auth_of(request).require(acl.DESCRIBE, acl.TOPIC, topic)
+        partition = _query_int(request.match_info["partition"], "partition", 0, 2**31 - 1)
+        isolation = _isolation(request)
+        self._partition_count(topic)
+        if "timestamp" in request.query:
+            at = _query_int(request.query["timestamp"], "timestamp", 0, 2**63 - 1)
+            return web.json_response({"offset": await self._offset_at(
+                topic, partition, isolation, at)})
+        answer = await self._call_leader(topic, partition, "/v1/offsets", {
+            "isolation_level": isolation, "partitions": [
+                {"topic": topic, "partition": partition, "timestamp": -2},
+                {"topic": topic, "partition": partition, "timestamp": -1}]})
+        first, last = answer["partitions"]
+        for result in (first, last):
+            if result.get("error"):
+                raise _Relayed(result["error"])
+        return web.json_response({"beginning_offset": first["offset"],
+                                  "end_offset": last["offset"]})
 
     async def _offset_at(self, topic: str, partition: int, isolation: str,
                          timestamp: int) -> int | None:
@@ -274,7 +299,8 @@ def _encode(value: Any, binary: bool, where: str) -> bytes | None:
         return None
     if binary:
         if not isinstance(value, str):
-            raise InvalidRequestError(f"{where} must be a base64 string, got {value!r}")
+            raise InvalidRequestError(f"{where} must be a base64 string, got "
+                                      f"{printable(value)}")
         try:
             return base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError):
@@ -327,6 +353,14 @@ def _decode(value: bytes | None, binary: bool) -> Any:
         return json.loads(value, parse_constant=_refuse_constant)
     except (ValueError, RecursionError):
         return value.decode("utf-8", errors="replace")
+
+
+def _isolation(request: web.Request) -> str:
+    isolation = request.query.get("isolation_level", "read_uncommitted")
+    if isolation not in ("read_uncommitted", "read_committed"):
+        raise InvalidRequestError(f"isolation_level must be read_uncommitted or "
+                                  f"read_committed, not {isolation[:100]!r}")
+    return isolation
 
 
 def _query_int(text: str, name: str, minimum: int, maximum: int) -> int:

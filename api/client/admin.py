@@ -513,7 +513,8 @@ class AsyncAdmin:
         from urllib.parse import quote
         try:
             return await self._txn_call(
-                "/v1/transactions/" + quote(transactional_id, safe=""), method="GET")
+                "/v1/transactions?transactional_id=" + quote(transactional_id, safe=""),
+                method="GET")
         except KraftlogError as exc:
             if exc.code == "TRANSACTIONAL_ID_NOT_FOUND":
                 return None

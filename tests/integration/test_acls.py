@@ -223,6 +223,8 @@ BROKER_CASES = {
                                   whole(TOPIC_REFUSED)),
     ("GET", "/topics/{topic}/partitions/{partition}/records"): (
         "/topics/acl-orders/partitions/0/records", None, True, whole(TOPIC_REFUSED)),
+    ("GET", "/topics/{topic}/partitions/{partition}/offsets"): (
+        "/topics/acl-orders/partitions/0/offsets", None, True, whole(TOPIC_REFUSED)),
     ("POST", "/v1/groups/coordinator"): ("/v1/groups/coordinator", {"group_id": "acl-group"},
                                          False, whole(GROUP_REFUSED)),
     ("POST", "/v1/groups/heartbeat"): ("/v1/groups/heartbeat", {
@@ -319,6 +321,17 @@ BROKER_CASES = {
 }
 
 
+#: The same checks reached another way: one group's or transactional id's
+#: description through the listing routes' ``?group_id=`` and
+#: ``?transactional_id=`` (how the console asks, for ids like "..").
+QUERY_CASES = {
+    ("GET", "/v1/groups?group_id="): ("/v1/groups?group_id=acl-group", None, False,
+                                      whole(GROUP_REFUSED)),
+    ("GET", "/v1/transactions?transactional_id="): (
+        "/v1/transactions?transactional_id=acl-txn", None, False, whole(TXN_REFUSED)),
+}
+
+
 def test_every_broker_route_has_a_matrix_case():
     # The nodes refuse to start with a route that has no rule
     # (check_routes_complete); a rule without a case here fails this test.
@@ -335,7 +348,8 @@ def no_authorization_failure(status: int, body) -> None:
 
 def test_every_broker_route_refuses_strangers_and_users_without_acls(cluster):
     failures = []
-    for (method, route), (path, body, as_json, check) in sorted(BROKER_CASES.items()):
+    for (method, route), (path, body, as_json, check) in sorted(
+            {**BROKER_CASES, **QUERY_CASES}.items()):
         for user, password, expected in ((None, PASSWORD, "SASL_AUTHENTICATION_FAILED"),
                                          ("mallory", "wrong password",
                                           "SASL_AUTHENTICATION_FAILED")):
@@ -358,7 +372,8 @@ def test_every_broker_route_refuses_strangers_and_users_without_acls(cluster):
 def test_every_broker_route_serves_a_user_with_the_acls(cluster):
     grant(cluster, ALICE_GRANTS)
     failures = []
-    for (method, _), (path, body, as_json, _check) in sorted(BROKER_CASES.items()):
+    for (method, _), (path, body, as_json, _check) in sorted(
+            {**BROKER_CASES, **QUERY_CASES}.items()):
         status, answer = call(cluster, method, path, body, user="alice", as_json=as_json)
         try:
             no_authorization_failure(status, answer)

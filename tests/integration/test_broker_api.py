@@ -1211,6 +1211,9 @@ def test_rest_headers_travel_both_ways_and_reads_start_from_a_time(url):
                                                                          "value": None}]},
         {"value": "b"}])
     assert reply.status == 200, reply.body
+    later_ms = now_ms() + 5  # the next record's timestamp is strictly later
+    while now_ms() < later_ms:
+        time.sleep(0.001)
     binary = rest_produce(url, topic, [{"value": base64.b64encode(b"c").decode(), "headers": [
         {"key": "raw", "value": base64.b64encode(b"\x00\xff").decode()}]}],
         content_type=BINARY_V2)
@@ -1227,16 +1230,29 @@ def test_rest_headers_travel_both_ways_and_reads_start_from_a_time(url):
 
     # From a time: the first record at or after it, as offsetsForTimes.
     stamps = [r["timestamp"] for r in rows]
+    assert stamps[2] > stamps[1], stamps
     at = send(f"{url}/topics/{topic}/partitions/0/records?timestamp={stamps[2]}",
               content_type=None, accept=JSON_V2)
-    assert at.status == 200 and at.body[0]["offset"] == \
-        min(i for i, stamp in enumerate(stamps) if stamp >= stamps[2]), at.body
+    assert at.status == 200 and [r["offset"] for r in at.body] == [2], at.body
+    found = send(f"{url}/topics/{topic}/partitions/0/offsets?timestamp={stamps[1] + 1}",
+                 content_type=None, accept=JSON_V2)
+    assert found.status == 200 and found.body == {"offset": 2}, found.body
+    ends = send(f"{url}/topics/{topic}/partitions/0/offsets", content_type=None, accept=JSON_V2)
+    assert ends.body == {"beginning_offset": 0, "end_offset": 3}, ends.body
+    none = send(f"{url}/topics/{topic}/partitions/0/offsets?timestamp={now_ms() + 3_600_000}",
+                content_type=None, accept=JSON_V2)
+    assert none.body == {"offset": None}, none.body
     later = send(f"{url}/topics/{topic}/partitions/0/records?timestamp={now_ms() + 3_600_000}",
                  content_type=None, accept=JSON_V2)
     assert later.status == 200 and later.body == []
     for query in ("timestamp=-1", "timestamp=soon", "timestamp=1&offset=0"):
         assert_error(send(f"{url}/topics/{topic}/partitions/0/records?{query}",
                           content_type=None, accept=JSON_V2), 400, "INVALID_REQUEST")
+    for query in ("timestamp=-1", "timestamp=soon", "isolation_level=dirty"):
+        assert_error(send(f"{url}/topics/{topic}/partitions/0/offsets?{query}",
+                          content_type=None, accept=JSON_V2), 400, "INVALID_REQUEST")
+    assert_error(send(f"{url}/topics/{topic}/partitions/7/offsets", content_type=None,
+                      accept=JSON_V2), 404, "UNKNOWN_TOPIC_OR_PARTITION")
     # Bad headers: refused whole, nothing written.
     for headers in ("h", [{"value": "x"}], [{"key": 5, "value": "x"}],
                     [{"key": "k", "value": 5}], [{"key": "k", "value": {"a": 1}}],

@@ -13,9 +13,11 @@ if set, else the test's temporary folder.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import time
+import zoneinfo
 
 import pytest
 
@@ -25,6 +27,7 @@ from chaos.cluster import FAST_SETTINGS, ProcessCluster
 from protocol.partitioner import partition_for_key
 
 WAIT_MS = 20_000
+BROWSER_ZONE = "Asia/Kolkata"
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,10 @@ def browser():
 
 @pytest.fixture
 def page(browser, tmp_path):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    # Not the machine's zone (UTC): times typed in the page are the browser's
+    # local time, and the test must know which.
+    context = browser.new_context(viewport={"width": 1280, "height": 900},
+                                  timezone_id=BROWSER_ZONE)
     opened = context.new_page()
     opened.set_default_timeout(WAIT_MS)
     errors: list[str] = []
@@ -147,7 +153,8 @@ def test_a_user_creates_produces_reads_watches_and_deletes_in_the_browser(
     page.click("#produce button[type=submit]")
     expect(page.locator("#notice")).to_contain_text("produced at console-demo-0 offset 1")
     page.select_option("#from", "timestamp")
-    page.fill("#timestamp", time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(moment_s)))
+    page.fill("#timestamp", datetime.datetime.fromtimestamp(
+        moment_s, zoneinfo.ZoneInfo(BROWSER_ZONE)).strftime("%Y-%m-%dT%H:%M:%S"))
     page.click("#read")
     expect(page.locator("#records tbody tr")).to_have_count(1)
     expect(page.locator("#records")).to_contain_text("order-2")
@@ -220,10 +227,18 @@ def test_a_user_creates_produces_reads_watches_and_deletes_in_the_browser(
     page.select_option("#reset-to", "shift")
     page.fill("#reset-value", "-5")
     page.click("#reset-preview")
-    expect(page.locator("#reset-steps tbody tr")).to_have_count(3)
     with Admin(base) as admin:  # a preview changes nothing
         before = admin.list_consumer_group_offsets("console-g")
     assert sum(om.offset for om in before.values()) == 43
+    # Each committed offset minus 5, clamped at the log start (0).
+    expect(page.locator("#reset-steps tbody tr")).to_have_text([
+        re.compile(rf"^\s*{tp.partition}\s*{om.offset}\s*{max(0, om.offset - 5)}\s*$")
+        for tp, om in sorted(before.items())])
+    # A time that is not ISO 8601 is refused before anything is asked.
+    page.select_option("#reset-to", "datetime")
+    page.fill("#reset-value", "5")
+    page.click("#reset-preview")
+    expect(page.locator("#notice")).to_contain_text("is not an ISO 8601 time")
     page.select_option("#reset-to", "earliest")
     page.click("#reset button[type=submit]")
     expect(page.locator("#notice")).to_contain_text("reset 3 offsets of console-g")

@@ -248,6 +248,23 @@ def test_the_cli_lists_describes_and_aborts_a_hanging_transaction(url):
     producer.close(timeout_ms=1000)
 
 
+def test_transactional_ids_a_url_path_cannot_hold_are_described_by_query(url):
+    # "." and ".." are dropped from a URL's path by browsers and by aiohttp's
+    # client (the Admin's, the brokers' forwarding): ?transactional_id= works.
+    from api.client import Admin, Producer
+    create_topic(url, "txn-dots")
+    for tid in (".", ".."):
+        with Producer(url, transactional_id=tid) as producer:
+            producer.init_transactions()
+            producer.begin_transaction()
+            producer.send("txn-dots", b"x").result(10)
+            with Admin(url) as admin:
+                described = admin.describe_transaction(tid)
+            assert described["transactional_id"] == tid and described["state"] == "Ongoing"
+            assert "Ongoing" in kraftlog(url, "transactions", "describe", tid)
+            producer.commit_transaction()
+
+
 def test_consumed_offsets_commit_with_the_transaction_and_only_with_it(single):
     import signal
     from api.client import Producer

@@ -207,11 +207,12 @@ function when(ms) {
 
 function link(href, text) { return el("a", { href }, text); }
 
-// A name as one URL path segment: "." and ".." too, which a browser would
-// otherwise resolve away (a group may be called that).
+// A name as one URL path segment. Browsers drop "." and ".." segments even
+// percent-encoded, so ids that may be called that (groups, transactional
+// ids) are asked for with a query (?group_id=, ?transactional_id=) instead;
+// topic names cannot be.
 function seg(name) {
-  const encoded = encodeURIComponent(name);
-  return encoded === "." || encoded === ".." ? encoded.replaceAll(".", "%2E") : encoded;
+  return encodeURIComponent(name);
 }
 
 // A whole number typed in a form, or a clear error naming the field.
@@ -224,7 +225,9 @@ function integer(text, what) {
 }
 
 // JSON text laid out with indents, its numbers left exactly as written (a
-// parse and re-encode would round integers beyond 2^53); null if not JSON.
+// parse and re-encode would round integers beyond 2^53); null if not JSON,
+// or nested deeper than PRETTY_DEPTH_MAX (its indents would outgrow it).
+const PRETTY_DEPTH_MAX = 32;
 function prettyJson(text) {
   try { JSON.parse(text); } catch (exc) { return null; }
   const space = " \t\n\r";
@@ -241,7 +244,7 @@ function prettyJson(text) {
       let j = i + 1;
       while (space.includes(text[j])) j++;
       if (text[j] === (c === "{" ? "}" : "]")) { out += c + text[j]; i = j; continue; }
-      depth++;
+      if (++depth > PRETTY_DEPTH_MAX) return null;
       out += c + newline();
     } else if (c === "}" || c === "]") {
       depth--;
@@ -387,6 +390,7 @@ function card(title, value, bad = false, id = undefined) {
 }
 
 async function topicsView(main) {
+  const mine = generation;
   const search = el("input", { id: "topic-search", placeholder: "search topics", type: "search" });
   const list = el("div", { id: "topic-list" }, "Loading…");
   const name = el("input", { id: "new-topic-name", placeholder: "name", required: true });
@@ -426,9 +430,11 @@ async function topicsView(main) {
   // start), and records in per second between two reads: the brokers' log
   // directories, when the caller may DESCRIBE the cluster.
   const measure = async () => {
+    const now = Date.now() / 1000;
+    if (last && now - last.at < 1) return;  // a rate over less than a second says little
     const dirs = await logDirs(true);
     if (!dirs) return;
-    const now = Date.now() / 1000, found = {};
+    const found = {};
     for (const b of dirs.brokers) {
       for (const d of b.log_dirs) {
         for (const r of d.replicas || []) {
@@ -466,7 +472,7 @@ async function topicsView(main) {
   search.addEventListener("input", render);
   main.replaceChildren(el("h1", {}, "Topics"), form, search, list);
   await draw();
-  const mine = generation;
+  if (mine !== generation) return;
   every(5 * POLL_MS, async () => { await measure(); if (mine === generation) render(); });
 }
 
@@ -591,7 +597,9 @@ function show(data, format) {
   if (data === null) return "null";
   if (format === "hex") return Array.from(data, (b) => b.toString(16).padStart(2, "0")).join(" ");
   const text = new TextDecoder("utf-8", { fatal: false }).decode(data);
-  if (format === "json") return prettyJson(text) ?? text;
+  if (format === "json") {
+    try { return prettyJson(text) ?? text; } catch (exc) { return text; }
+  }
   return text;
 }
 
@@ -757,6 +765,19 @@ async function groupsView(main) {
   });
 }
 
+// An ISO 8601 time as `kraftlog groups reset-offsets --to-datetime` takes it
+// (UTC unless it names a zone), in milliseconds since the epoch.
+function isoMillis(text) {
+  const match = /^(\d{4}-\d{2}-\d{2})(?:[T ](\d{2}:\d{2}(?::\d{2}(?:\.\d{1,3})?)?))?(Z|[+-]\d{2}:\d{2})?$/
+    .exec(text.trim());
+  const ms = match ? Date.parse(`${match[1]}T${match[2] ?? "00:00"}${match[3] ?? "Z"}`) : NaN;
+  if (Number.isNaN(ms)) {
+    throw new BrokerError(`${JSON.stringify(text)} is not an ISO 8601 time such as ` +
+                          "2026-11-21T10:00:00Z (UTC unless a zone is given)");
+  }
+  return ms;
+}
+
 // The new offsets of a reset, worked out as `kraftlog groups reset-offsets`
 // does: {partition, current, target}, clamped into the log.
 async function resetPlan(group, topic, partitionText, to, value) {
@@ -787,12 +808,9 @@ async function resetPlan(group, topic, partitionText, to, value) {
       target = integer(value, "the offset");
       if (target < 0) throw new BrokerError("the offset must be 0 or more (earliest: the log start)");
     } else if (to === "datetime") {
-      const ms = Date.parse(value);
-      if (Number.isNaN(ms)) throw new BrokerError(`${JSON.stringify(value)} is not a date and time`);
-      const found = await api(`/topics/${seg(topic)}/partitions/${p.partition}/records` +
-                              `?timestamp=${ms}&max_bytes=1`,
-                              { accept: "application/vnd.kafka.binary.v2+json" });
-      target = found.length ? found[0].offset : end;
+      const found = await api(`/topics/${seg(topic)}/partitions/${p.partition}/offsets` +
+                              `?timestamp=${isoMillis(value)}`);
+      target = found.offset ?? end;  // nothing at or after it: the end, as the CLI
     } else target = (committed.get(p.partition) ?? start) + integer(value, "the shift");
     plan.push({ partition: p.partition, current: committed.get(p.partition) ?? null,
                 target: Math.min(Math.max(target, start), end) });
@@ -804,9 +822,10 @@ function resetForm(group) {
   const topic = el("input", { id: "reset-topic", placeholder: "topic", required: true });
   const partition = el("input", { id: "reset-partition", placeholder: "all", size: 6 });
   const to = el("select", { id: "reset-to" }, [["earliest", "to the earliest"],
-    ["latest", "to the latest"], ["offset", "to an offset"], ["datetime", "to a time (local)"],
+    ["latest", "to the latest"], ["offset", "to an offset"], ["datetime", "to a time (ISO 8601)"],
     ["shift", "shift by N"]].map(([v, label]) => el("option", { value: v }, label)));
-  const value = el("input", { id: "reset-value", placeholder: "offset, time or N" });
+  const value = el("input", { id: "reset-value",
+                              placeholder: "offset, N, or a time: 2026-11-21T10:00:00Z" });
   const plan = el("div", { id: "reset-plan" });
   const run = async (execute) => {
     try {
@@ -819,8 +838,10 @@ function resetForm(group) {
             partition: x.partition, offset: x.target })) } });
         notice(`reset ${steps.length} offsets of ${group}`, true);
       }
-      plan.replaceChildren(el("p", { class: "muted" }, execute ? "Applied:"
-        : "The plan (nothing changed yet):"),
+      const since = to.value === "datetime"
+        ? ` (from ${new Date(isoMillis(value.value)).toISOString()})` : "";
+      plan.replaceChildren(el("p", { class: "muted" }, (execute ? "Applied" : "The plan " +
+        "(nothing changed yet)") + since + ":"),
         table([["Partition", true], ["Committed", true], ["New", true]],
               steps.map((x) => [x.partition, x.current, x.target]), { id: "reset-steps" }));
     } catch (exc) { notice(exc.message); }
@@ -884,7 +905,7 @@ async function transactionView(main, id) {
   const mine = generation;
   main.replaceChildren(el("h1", {}, `Transaction ${id}`), el("div", { id: "transaction" }, "Loading…"));
   every(POLL_MS, async () => {
-    const t = await api(`/v1/transactions/${seg(id)}`);
+    const t = await api(`/v1/transactions?transactional_id=${encodeURIComponent(id)}`);
     const running = t.txn_start_ms >= 0 && t.state === "Ongoing"
       ? `${((Date.now() - t.txn_start_ms) / 1000).toFixed(1)} s` : "–";
     fill("transaction", mine,

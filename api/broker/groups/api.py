@@ -175,8 +175,11 @@ class GroupApi:
         auth.require(acl.READ, acl.GROUP, group_id)
         require_topics(auth, acl.READ, sorted({t for t, _ in offsets}), "an offsets reset")
         # The console calls any broker: passed on to the coordinator (checked here).
-        forwarded = await self._at_coordinator(request, group_id, "POST",
-                                               "/v1/admin/groups/offsets/reset", body.values)
+        forwarded = await self._at_coordinator(
+            request, group_id, "POST", "/v1/admin/groups/offsets/reset", {
+                "group_id": group_id, "offsets": [
+                    {"topic": t, "partition": p, "offset": o, "metadata": m}
+                    for (t, p), (o, m) in sorted(offsets.items())]})
         if forwarded is not None:
             return wire.respond(request, *forwarded)
         service = self.service
@@ -232,6 +235,12 @@ class GroupApi:
                                                params={"group_id": group_id})
         if forwarded is not None:
             described, status = forwarded
+            if status == 200 and (not isinstance(described, dict)
+                                  or described.get("group_id") != group_id):
+                # Never pass on anything but the group asked for (an older
+                # coordinator would answer ?group_id= with its whole list).
+                raise CoordinatorNotAvailableError(
+                    f"the coordinator of {group_id!r} answered for something else; retry")
             if status == 200 and auth.enabled:
                 _visible_group(described, visible)
             return wire.respond(request, described, status)
@@ -266,8 +275,14 @@ class GroupApi:
                     params={**(params or {}), "local": "true"},
                     json=body, headers={"Accept": "application/json"},
                     timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as answer:
-                return await answer.json(), answer.status
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                status = answer.status
+                try:
+                    return await answer.json(), status
+                except (aiohttp.ContentTypeError, ValueError):
+                    raise CoordinatorNotAvailableError(
+                        f"the coordinator of {group_id!r} (broker {where['coordinator_id']}) "
+                        f"answered HTTP {status} without JSON; retry") from None
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise CoordinatorNotAvailableError(
                 f"the coordinator of {group_id!r} (broker {where['coordinator_id']}) "
                 f"did not answer: {type(exc).__name__}; retry") from None

@@ -383,12 +383,15 @@ class TransactionApi:
 
     async def handle_describe(self, request: web.Request) -> web.Response:
         """One transactional id, on any broker (asked of its coordinator)."""
-        tid = request.match_info["transactional_id"]
+        return await self._describe(request, request.match_info["transactional_id"])
+
+    async def _describe(self, request: web.Request, tid: str) -> web.Response:
         auth = auth_of(request)
         auth.require(acl.DESCRIBE, acl.TRANSACTIONAL_ID, tid)
         if not self._coordinates(tid):
             return wire.respond(request, _visible_topics(auth, await self._forward(
-                "GET", tid, f"/v1/transactions/{quote(tid, safe='')}", None)))
+                "GET", tid, f"/v1/transactions?transactional_id={quote(tid, safe='')}",
+                None)))
         shard = self.service.shard_for(tid)
         described = shard.core.describe(tid)
         if described is None:
@@ -400,7 +403,11 @@ class TransactionApi:
 
     async def handle_list(self, request: web.Request) -> web.Response:
         """Every broker's transactional ids (``?local=true``: this one's),
-        those the caller may DESCRIBE."""
+        those the caller may DESCRIBE; ``?transactional_id=ID``: that one,
+        as ``GET /v1/transactions/{ID}`` (for ids like "." and "..", which
+        browsers and URL libraries drop from a path)."""
+        if "transactional_id" in request.query:
+            return await self._describe(request, request.query["transactional_id"])
         auth = auth_of(request)
 
         def visible(found: list[dict]) -> list[dict]:
