@@ -256,6 +256,39 @@ def write_task(options: SinkOptions, batches: Iterator, task: int, prefix: str |
         producer.close()
 
 
+#: Spark hands a task Arrow batches of spark.sql.execution.arrow.maxRecordsPerBatch
+#: rows (10,000: about 1 MB of 100-byte values), which spread over a topic's
+#: partitions would make batches of a fraction of batch.size. They are joined
+#: until they hold this many batch.size worth of bytes, so that each partition
+#: gets full batches (fewer, larger appends on the broker).
+COALESCE_BATCHES = 8
+
+
+def _coalesced(batches: Iterator, min_bytes: int) -> Iterator:
+    """``batches`` (Arrow record batches of one schema) joined into batches
+    of at least ``min_bytes`` (the last may be smaller), rows in order."""
+    import pyarrow as pa
+
+    held: list = []
+    size = 0
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        held.append(batch)
+        size += batch.nbytes
+        if size >= min_bytes:
+            yield _joined(pa, held)
+            held, size = [], 0
+    if held:
+        yield _joined(pa, held)
+
+
+def _joined(pa: Any, batches: list) -> Any:
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+
+
 def _send_rows(producer: Any, batches: Iterator, topic_option: str | None,
                on_delivery: Any, batch_size: int) -> int:
     """Every row of ``batches`` (Arrow record batches) sent; the count."""
@@ -264,7 +297,7 @@ def _send_rows(producer: Any, batches: Iterator, topic_option: str | None,
     send = producer.send
     checked: dict[str, int] = {}
     rows = 0
-    for batch in batches:
+    for batch in _coalesced(batches, COALESCE_BATCHES * batch_size):
         count = batch.num_rows
         if not count:
             continue

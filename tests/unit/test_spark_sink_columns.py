@@ -123,3 +123,24 @@ def test_a_sliced_arrow_batch_sends_only_its_rows():
     sent = send(whole.slice(1, 2))
     assert sorted(v for _, _, pairs in sent for _, v in pairs) == [b"2", b"3"]
     assert {k for _, _, pairs in sent for k, _ in pairs} == {None, b"c"}
+
+
+def test_spark_batches_are_joined_in_order_until_they_hold_enough_bytes():
+    from spark_source.sink import _coalesced
+
+    def batch(start: int, count: int) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pydict({
+            "key": [b"k%d" % i for i in range(start, start + count)],
+            "value": [b"v" * 100 for _ in range(count)]})
+
+    given = [batch(0, 10), batch(10, 0), batch(10, 30), batch(40, 5), batch(45, 50),
+             batch(95, 1)]
+    wanted = 40 * given[0].nbytes // 10  # about 40 rows' worth
+    joined = list(_coalesced(iter(given), wanted))
+    rows = [k for b in joined for k in b.column(0).to_pylist()]
+    assert rows == [b"k%d" % i for i in range(96)]  # every row, in order, once
+    assert [b.num_rows for b in joined] == [40, 55, 1]  # the last holds what is left
+    assert all(b.nbytes >= wanted for b in joined[:-1])
+    assert joined[0].schema == given[0].schema
+    (alone,) = _coalesced(iter([given[3]]), wanted)
+    assert alone is given[3]  # a lone batch goes as it is, not copied
