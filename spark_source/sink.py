@@ -341,7 +341,7 @@ def _send_columns(producer: Any, batch: Any, index: dict[str, int], topic_option
                   batch_size: int) -> None:
     """One Arrow batch without headers sent as whole encoded batches: rows
     to partitions (the ``partition`` column, else murmur2 of the key, else
-    one sticky partition per Arrow batch; ``topics``: the batch's topics),
+    one sticky partition per (joined) Arrow batch; ``topics``: the batch's topics),
     grouped by partition, cut into batches of at most ``batch_size`` bytes.
     Keys are placed by the
     partition count the task saw first (``partition_counts``): partitions
