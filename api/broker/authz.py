@@ -90,6 +90,7 @@ BROKER_ROUTE_RULES: dict[tuple[str, str], RouteRule] = {
     ("GET", "/v1/topics/{topic}"): _rule("Metadata + DescribeConfigs"),
     ("GET", "/v1/quorum"): _rule("DescribeQuorum", DESCRIBE),
     ("GET", "/v1/log-dirs"): _rule("DescribeLogDirs", DESCRIBE),
+    ("GET", "/v1/metrics/topics"): _rule("Metrics (per topic)", DESCRIBE),
 }
 
 

@@ -147,6 +147,19 @@ class BrokerMetrics:
         if read_replication is not None:
             self._add_replication(r, read_replication)
 
+    def topic_counters(self) -> dict[str, dict[str, float]]:
+        """Per topic: records and bytes appended by produce and returned by
+        fetch since this broker started (the ``*_in_total`` and
+        ``*_out_total`` counters)."""
+        out: dict[str, dict[str, float]] = {}
+        for key, counter in (("messages_in", self.messages_in),
+                             ("messages_out", self.messages_out),
+                             ("bytes_in", self.bytes_in), ("bytes_out", self.bytes_out)):
+            for (topic,), value in counter.values.items():
+                out.setdefault(topic, {"messages_in": 0, "messages_out": 0, "bytes_in": 0,
+                                       "bytes_out": 0})[key] = value
+        return out
+
     def add_cleaner_gauges(self, read: Callable[[], dict[str, float]]) -> None:
         """The log cleaner (compacted topics), read at scrape time."""
         r = self.registry

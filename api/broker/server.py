@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
@@ -231,6 +232,7 @@ class BrokerServer:
         app.router.add_get("/v1/topics/{topic}", self.handle_topic)
         app.router.add_get("/v1/quorum", self.handle_quorum)
         app.router.add_get("/v1/log-dirs", self.handle_log_dirs)
+        app.router.add_get("/v1/metrics/topics", self.handle_topic_counters)
         app.router.add_post("/v1/admin/acls/describe", self.handle_describe_acls)
         for path in TOKEN_ROUTES:
             app.router.add_post(path, self.handle_tokens)
@@ -588,9 +590,24 @@ class BrokerServer:
         disk and what is in them (``?local=true``: this broker's alone;
         ``?partitions=true``: with every replica's size and offsets)."""
         replicas = request.query.get("partitions") in ("1", "true")
+        return await self._every_broker(request, "/v1/log-dirs", lambda: self._log_dirs(
+            replicas), {"partitions": str(replicas).lower()})
+
+    async def handle_topic_counters(self, request: web.Request) -> web.Response:
+        """Each live broker's per-topic counters (records and bytes in by
+        produce, out by fetch, since it started; ``?local=true``: this
+        broker's): a console turns two readings into cluster-wide rates."""
+        return await self._every_broker(request, "/v1/metrics/topics", lambda: {
+            "broker_id": self.config.node_id, "topics": self.metrics.topic_counters()})
+
+    async def _every_broker(self, request: web.Request, path: str, local: Callable[[], dict],
+                            params: dict | None = None) -> web.Response:
+        """``local()`` for this broker (alone with ``?local=true``), and the
+        same ``path`` asked of every other live broker: ``{"brokers": [...],
+        "unreachable_brokers": [...]}``."""
         if request.query.get("local") in ("1", "true"):
-            return wire.respond(request, self._log_dirs(replicas))
-        answers: list[dict] = [self._log_dirs(replicas)]
+            return wire.respond(request, local())
+        answers: list[dict] = [local()]
         errors: list[dict] = []
         peers = {b: url for b, url in self._live_broker_urls().items()
                  if b != self.config.node_id}
@@ -599,8 +616,7 @@ class BrokerServer:
             if self._session is None:
                 raise ConnectionError("this broker is shutting down")
             async with self._session.get(
-                    f"{url}/v1/log-dirs", params={"local": "true",
-                                                  "partitions": str(replicas).lower()},
+                    f"{url}{path}", params={**(params or {}), "local": "true"},
                     headers={"Accept": wire.JSON},
                     timeout=aiohttp.ClientTimeout(total=PEER_CALL_TIMEOUT_S)) as response:
                 answer = await response.json()

@@ -318,6 +318,8 @@ BROKER_CASES = {
     ("GET", "/v1/topics/{topic}"): ("/v1/topics/acl-orders", None, True, whole(TOPIC_REFUSED)),
     ("GET", "/v1/quorum"): ("/v1/quorum", None, True, whole(CLUSTER_REFUSED)),
     ("GET", "/v1/log-dirs"): ("/v1/log-dirs", None, True, whole(CLUSTER_REFUSED)),
+    ("GET", "/v1/metrics/topics"): ("/v1/metrics/topics", None, True,
+                                    whole(CLUSTER_REFUSED)),
 }
 
 

@@ -325,6 +325,50 @@ def leaders_moved_away(page, base: str, victim: int) -> bool:
     return False
 
 
+def test_throughput_in_and_out_is_the_whole_clusters(cluster, page, tmp_path):
+    # Records produced and fetched through every broker, counted by each and
+    # summed by the page: the overview's rates and the topic list's.
+    import threading
+
+    from playwright.sync_api import expect
+
+    from api.client import NewTopic
+
+    base = cluster.nodes[cluster.broker_ids[0]].broker_url
+    with Admin(base) as admin:
+        admin.create_topics([NewTopic("console-busy", 3, 1)])
+    stop = threading.Event()
+
+    def load() -> None:  # bounded: stops when the test is done, or after 60 s
+        deadline = time.monotonic() + 60
+        with Producer(base, acks=1) as producer, Consumer(
+                base, auto_offset_reset="earliest", consumer_timeout_ms=100) as consumer:
+            consumer.assign([TopicPartition("console-busy", p) for p in range(3)])
+            while not stop.is_set() and time.monotonic() < deadline:
+                for i in range(20):
+                    producer.send("console-busy", b"x", partition=i % 3)
+                producer.flush(10_000)
+                consumer.poll(timeout_ms=50)
+                time.sleep(0.05)
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    try:
+        page.goto(base + "/ui/#/")
+        busy = re.compile(r"^[1-9][\d,]*$")
+        expect(page.locator("#rate-in")).to_have_text(busy, timeout=WAIT_MS)
+        expect(page.locator("#rate-out")).to_have_text(busy, timeout=WAIT_MS)
+        page.goto(base + "/ui/#/topics")
+        row = page.locator('#topics tr:has-text("console-busy")')
+        expect(row.locator("td:nth-child(6)")).to_have_text(busy, timeout=30_000)
+        expect(row.locator("td:nth-child(7)")).to_have_text(busy, timeout=30_000)
+        shoot(page, tmp_path, "topics-busy")
+    finally:
+        stop.set()
+        worker.join(30)
+    assert not worker.is_alive()
+
+
 def test_transactions_acls_and_quotas_pages(cluster, page, tmp_path):
     from playwright.sync_api import expect
 

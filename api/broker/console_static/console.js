@@ -266,34 +266,45 @@ function parseConfigs(text) {
   return configs;
 }
 
-// -- metrics (this broker's /metrics) -------------------------------------------------------
-function metricSum(text, name) {
-  let total = 0;
-  for (const line of text.split("\n")) {
-    if (line.startsWith(name + "{") || line.startsWith(name + " ")) {
-      total += Number(line.slice(line.lastIndexOf(" ") + 1)) || 0;
+// -- throughput (every broker's per-topic counters) ----------------------------------
+// Records and bytes in (produce) and out (fetch) per second, cluster-wide and
+// per topic, from two readings of /v1/metrics/topics; null without DESCRIBE
+// on the cluster. A broker is counted from its second reading on (a restart
+// starts its counters again from zero).
+const counterReadings = {};  // by caller: {at, brokers: {id: {topic: counters}}}
+
+async function clusterRates(caller) {
+  let answer;
+  try {
+    answer = await api("/v1/metrics/topics");
+  } catch (exc) {
+    if (exc instanceof LoginNeeded) throw exc;
+    return null;
+  }
+  const now = Date.now() / 1000;
+  const last = counterReadings[caller];
+  const brokers = {};
+  for (const b of answer.brokers) brokers[b.broker_id] = b.topics;
+  counterReadings[caller] = { at: now, brokers };
+  const total = { in: 0, out: 0, bytesIn: 0, bytesOut: 0 }, topics = {};
+  if (!last) return { total: null, topics };
+  const dt = Math.max(0.001, now - last.at);
+  for (const [id, counters] of Object.entries(brokers)) {
+    const before = last.brokers[id];
+    if (!before) continue;
+    for (const [topic, c] of Object.entries(counters)) {
+      const b = before[topic] || { messages_in: 0, messages_out: 0, bytes_in: 0, bytes_out: 0 };
+      const rate = (key) => Math.max(0, (c[key] - b[key]) / dt);
+      const t = topics[topic] || (topics[topic] = { in: 0, out: 0 });
+      t.in += rate("messages_in");
+      t.out += rate("messages_out");
+      total.in += rate("messages_in");
+      total.out += rate("messages_out");
+      total.bytesIn += rate("bytes_in");
+      total.bytesOut += rate("bytes_out");
     }
   }
-  return total;
-}
-
-let lastCounters = null;
-async function throughput() {
-  const text = await api("/metrics", { accept: "text/plain", raw: true });
-  const now = Date.now() / 1000;
-  const counters = { in: metricSum(text, "kraftlog_messages_in_total"),
-                     out: metricSum(text, "kraftlog_messages_out_total"),
-                     bytesIn: metricSum(text, "kraftlog_bytes_in_total") };
-  let rates = { in: 0, out: 0, bytesIn: 0 };
-  if (lastCounters) {
-    const dt = Math.max(0.001, now - lastCounters.at);
-    const rate = (key) => Math.max(0, (counters[key] - lastCounters[key]) / dt);  // restarts
-    rates = { in: rate("in"), out: rate("out"), bytesIn: rate("bytesIn") };
-  }
-  lastCounters = { ...counters, at: now };
-  history.rates.push(rates);
-  if (history.rates.length > SAMPLES) history.rates.shift();
-  return { rates };
+  return { total, topics };
 }
 
 // -- views ---------------------------------------------------------------------------------
@@ -330,17 +341,16 @@ async function overview(main) {
       const [metadata, dirs] = await Promise.all([api("/v1/metadata"), logDirs()]);
       slow = { metadata, health: partitionHealth(metadata), dirs };
     }
-    const cluster = await api("/v1/cluster");
+    const [cluster, rates] = await Promise.all([api("/v1/cluster"), clusterRates("overview")]);
+    if (rates && rates.total) {
+      history.rates.push(rates.total);
+      if (history.rates.length > SAMPLES) history.rates.shift();
+    }
+    const now = rates && rates.total;
     const topics = { topics: slow.metadata.topics };
     const disk = {};
     for (const b of (slow.dirs && slow.dirs.brokers) || []) {
       disk[b.broker_id] = b.log_dirs.reduce((sum, d) => sum + d.size_bytes, 0);
-    }
-    let stats;
-    try { stats = await throughput(); } catch (exc) {
-      if (exc instanceof LoginNeeded) throw exc;
-      // Metrics need DESCRIBE on the cluster: without it, not shown.
-      stats = { rates: { in: null, out: null } };
     }
     let quorum = null;
     try { quorum = await api("/v1/quorum"); } catch (exc) { quorum = { error: exc.message }; }
@@ -353,8 +363,8 @@ async function overview(main) {
       card("Under-replicated partitions", slow.health.under, slow.health.under > 0,
            "under-replicated"),
       card("Offline partitions", slow.health.offline, slow.health.offline > 0, "offline"),
-      card("Records in /s", stats.rates.in === null ? null : Math.round(stats.rates.in)),
-      card("Records out /s", stats.rates.out === null ? null : Math.round(stats.rates.out)));
+      card("Records in /s", now ? Math.round(now.in) : null, false, "rate-in"),
+      card("Records out /s", now ? Math.round(now.out) : null, false, "rate-out"));
     const brokers = table(
       [["Broker", true], ["State"], ["Rack"], ["Partitions led", true], ["Disk used", true],
        ["URL"]],
@@ -378,7 +388,7 @@ async function overview(main) {
     fill("overview", mine,
       cards, el("h2", {}, "Brokers"), brokers,
       el("h2", {}, "Controller quorum"), el("p", { id: "quorum" }, quorumText), voters,
-      el("h2", {}, "Throughput (this broker)"),
+      el("h2", {}, "Throughput (every broker, produce in and fetch out)"),
       chart({ "in /s": history.rates.map((r) => r.in), "out /s": history.rates.map((r) => r.out) },
             "records per second"));
   });
@@ -391,6 +401,7 @@ function card(title, value, bad = false, id = undefined) {
 
 async function topicsView(main) {
   const mine = generation;
+  delete counterReadings.topics;  // rates from this visit's readings only
   const search = el("input", { id: "topic-search", placeholder: "search topics", type: "search" });
   const list = el("div", { id: "topic-list" }, "Loading…");
   const name = el("input", { id: "new-topic-name", placeholder: "name", required: true });
@@ -412,46 +423,45 @@ async function topicsView(main) {
   } } }, el("label", {}, "Name", name), el("label", {}, "Partitions", partitions),
     el("label", {}, "Replication factor", rf), el("label", {}, "Configs", configs),
     el("button", { type: "submit" }, "Create topic"));
-  let topics = [], figures = null, last = null;
+  let topics = [], figures = null, rates = null, last = null;
   const render = () => {
     const wanted = search.value.trim().toLowerCase();
     const of = (t, key) => (figures && figures[t.name] ? figures[t.name][key] : null);
+    const rate = (t, key) => (rates && rates.total ? Math.round((rates.topics[t.name] || {})[key] ?? 0)
+      : null);
     list.replaceChildren(table([["Topic"], ["Partitions", true], ["Replication", true],
-                                ["Messages", true], ["Size", true], ["In /s", true], [""]],
+                                ["Messages", true], ["Size", true], ["In /s", true],
+                                ["Out /s", true], [""]],
       topics.filter((t) => t.name.toLowerCase().includes(wanted)).map((t) => [
         [t.name, link(`#/topics/${seg(t.name)}`, t.name)], t.partitions,
         t.replication_factor, of(t, "messages"),
         [of(t, "size") ?? -1, of(t, "size") === null ? "–" : bytes(of(t, "size"))],
-        of(t, "rate") === null ? null : Math.round(of(t, "rate")),
+        rate(t, "in"), rate(t, "out"),
         ["", el("button", { class: "danger", "data-delete": t.name, on: { click: () => remove(t.name) } },
                 "Delete")]]), { id: "topics" }));
   };
   // Messages and size from each partition's leader replica (log end minus log
-  // start), and records in per second between two reads: the brokers' log
-  // directories, when the caller may DESCRIBE the cluster.
+  // start; the brokers' log directories), records in and out per second
+  // between two reads of the brokers' counters: when the caller may DESCRIBE
+  // the cluster.
   const measure = async () => {
     const now = Date.now() / 1000;
     if (last && now - last.at < 1) return;  // a rate over less than a second says little
-    const dirs = await logDirs(true);
+    last = { at: now };
+    const [dirs, measured] = await Promise.all([logDirs(true), clusterRates("topics")]);
+    rates = measured;
     if (!dirs) return;
     const found = {};
     for (const b of dirs.brokers) {
       for (const d of b.log_dirs) {
         for (const r of d.replicas || []) {
           if (!r.leader) continue;
-          const t = found[r.topic] || (found[r.topic] = { messages: 0, size: 0, ends: 0, rate: null });
+          const t = found[r.topic] || (found[r.topic] = { messages: 0, size: 0 });
           t.messages += r.log_end_offset - r.log_start_offset;
           t.size += r.size_bytes;
-          t.ends += r.log_end_offset;
         }
       }
     }
-    if (last) {
-      for (const [name, t] of Object.entries(found)) {
-        if (last.found[name]) t.rate = Math.max(0, (t.ends - last.found[name].ends) / (now - last.at));
-      }
-    }
-    last = { at: now, found };
     figures = found;
   };
   const draw = async () => {
