@@ -369,6 +369,32 @@ def test_throughput_in_and_out_is_the_whole_clusters(cluster, page, tmp_path):
     assert not worker.is_alive()
 
 
+def test_every_page_fits_a_phone_screen(cluster, page, tmp_path):
+    # 390 px wide: the page never scrolls sideways (wide tables scroll in
+    # their own box), the navigation wraps.
+    from playwright.sync_api import expect
+
+    from api.client import NewTopic
+
+    base = cluster.nodes[cluster.broker_ids[0]].broker_url
+    with Admin(base) as admin:
+        admin.create_topics([NewTopic("console-narrow-with-a-long-name", 2, 3)])
+    with Producer(base, acks="all") as producer:
+        producer.send("console-narrow-with-a-long-name", b'{"a": "' + b"x" * 300 + b'"}',
+                      key=b"k", partition=0)
+        producer.flush(10_000)
+    page.set_viewport_size({"width": 390, "height": 844})
+    for route, shown in (("#/", "#brokers"), ("#/topics", "#topics"),
+                         ("#/topics/console-narrow-with-a-long-name", "#partitions"),
+                         ("#/topics/console-narrow-with-a-long-name/messages", "#records"),
+                         ("#/groups", "#group-list"), ("#/quotas", "main h1")):
+        page.goto(f"{base}/ui/{route}")
+        expect(page.locator(shown)).to_be_visible()
+        width = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+        assert width[0] <= width[1], (route, width)
+    shoot(page, tmp_path, "overview-narrow")
+
+
 def test_transactions_acls_and_quotas_pages(cluster, page, tmp_path):
     from playwright.sync_api import expect
 
