@@ -23,11 +23,13 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -48,28 +50,54 @@ FAST_SETTINGS: dict[str, Any] = {
 }
 
 
+#: Ports handed out by :func:`free_port` in this process (any thread).
+_HANDED_OUT: set[int] = set()
+_PORTS_LOCK = threading.Lock()
+#: Its own generator: a test seeding ``random`` must not make processes pick alike.
+_PORT_RANDOM = random.Random()
+
+
+def _listen_port_range() -> tuple[int, int]:
+    """Where :func:`free_port` picks: the 16,384 ports just below the kernel's
+    ephemeral range. A port picked from inside that range can be taken by any
+    outgoing connection (another node's, a client's) between the pick and the
+    node's bind, and a Raft port taken so stops the controller from starting."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return max(1024, low - 16384), low
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(pair: bool = False, taken: set[int] | None = None) -> int:
     """A port free now on 127.0.0.1 (and, with ``pair``, the next one too),
-    not in ``taken``; the port(s) are added to ``taken``."""
+    outside the ephemeral range, not in ``taken`` and never handed out before
+    by this process (until most of the range has been); the port(s) are added
+    to ``taken``."""
     taken = set() if taken is None else taken
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port in taken or (pair and port + 1 in taken):
-            continue
-        if not pair:
-            taken.add(port)
-            return port
-        if port < 65535:
-            try:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port + 1))
-                taken.update((port, port + 1))
-                return port
-            except OSError:
+    low, high = _listen_port_range()
+    with _PORTS_LOCK:
+        if len(_HANDED_OUT) > (high - low) // 2:
+            _HANDED_OUT.clear()
+        for _ in range(1000):
+            port = _PORT_RANDOM.randrange(low, high - 1)
+            ports = (port, port + 1) if pair else (port,)
+            if any(p in taken or p in _HANDED_OUT or not _bindable(p) for p in ports):
                 continue
-    raise RuntimeError("no free port pair found")
+            taken.update(ports)
+            _HANDED_OUT.update(ports)
+            return port
+    raise RuntimeError(f"no free port found in {low}-{high - 1}")
 
 
 def wait_until(condition: Callable[[], Any], timeout_s: float, what: str,

@@ -45,14 +45,16 @@ import enum
 import itertools
 import logging
 import os
+import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 import pysyncobj.pickle as _pysyncobj_pickle
-from pysyncobj import FAIL_REASON, SyncObjConf, replicated
+from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjException, replicated
 from pysyncobj.journal import FileJournal
 
 from kraft import records as metadata_records
@@ -212,6 +214,38 @@ def _fsync_path(path: str) -> None:
         os.close(fd)
 
 
+#: How long a starting controller waits for its Raft port to be free (a
+#: process it replaces may still be closing it) before it gives up.
+RAFT_BIND_WAIT_S = 10.0
+
+
+def _wait_bindable(address: str, wait_s: float) -> None:
+    """Return once ``address`` ("host:port") can be listened on, or raise
+    OSError saying which address is taken. pysyncobj, left to itself, retries
+    the bind forever without a word."""
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + wait_s
+    warned = False
+    while True:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host.strip("[]"), int(port)))
+                return
+            except OSError as exc:
+                error = exc
+        if time.monotonic() >= deadline:
+            raise OSError(error.errno, f"cannot listen on the Raft address {address}: "
+                          f"{error.strerror}; is another process using the port? "
+                          "Stop it, or change controller.quorum.voters or "
+                          "controller.quorum.raft.port.offset") from None
+        if not warned:
+            logger.warning("the Raft address %s is taken (%s); waiting up to %.0f s",
+                           address, error.strerror, wait_s)
+            warned = True
+        time.sleep(0.2)
+
+
 class MetadataQuorum(GuardedSyncObj):
     """One controller's Raft replica of the metadata log.
 
@@ -262,10 +296,18 @@ class MetadataQuorum(GuardedSyncObj):
             onStateChanged=self._on_state_changed,
             dynamicMembershipChange=False,
             password=settings.secret,
+            # pysyncobj's own retries spin on a CPU in its constructor:
+            # _wait_bindable has waited already, so few and then an error.
+            maxBindRetries=3,
         )
         self_address = raft_addresses[node_id]
         others = [address for nid, address in sorted(raft_addresses.items()) if nid != node_id]
-        super().__init__(self_address, others, conf)
+        _wait_bindable(self_address, RAFT_BIND_WAIT_S)
+        try:
+            super().__init__(self_address, others, conf)
+        except SyncObjException as exc:
+            raise OSError(f"controller {node_id}: cannot listen on its Raft address "
+                          f"{self_address} ({exc})") from None
         # autoTick is off, so nothing has touched the journal since __init__
         # opened it: swap in the durable one and line it up with the snapshot.
         self._SyncObj__raftLog._destroy()

@@ -245,3 +245,32 @@ async def test_a_crash_between_snapshot_and_journal_cut_loses_nothing(tmp_path, 
         assert restored == expected and len(restored) == 15
     finally:
         quorum.stop()
+
+
+def test_a_taken_raft_port_is_an_error_naming_it_not_a_silent_hang(tmp_path, monkeypatch):
+    """pysyncobj alone retries a failed bind forever, spinning a CPU, and the
+    node never says why it is not in the quorum."""
+    import socket
+
+    import kraft.quorum as quorum_module
+
+    monkeypatch.setattr(quorum_module, "RAFT_BIND_WAIT_S", 0.5)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen(1)
+        address = f"127.0.0.1:{squatter.getsockname()[1]}"
+        with pytest.raises(OSError, match=f"cannot listen on the Raft address {address}"):
+            MetadataQuorum(1, {1: address}, str(tmp_path / "c1"), FAST)
+    # Free again: the same address starts.
+    (quorum,) = make_quorums(tmp_path, {1: address})
+    quorum.stop()
+
+
+def test_free_ports_are_outside_the_ephemeral_range():
+    """Outgoing connections take ports from the ephemeral range; a node told
+    to listen on one of those can find it taken."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    ports = [free_port(pair=True) for _ in range(50)]
+    assert all(1024 <= p and p + 1 < low for p in ports)
+    assert len({*ports, *(p + 1 for p in ports)}) == 100
