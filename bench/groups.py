@@ -44,6 +44,9 @@ RECORD_VALUE = bytes(100)
 #: Bounds of the waits.
 READ_ALL_S = 300.0
 STABLE_WAIT_S = 60.0
+#: Issue 25: a 1-member group reads at least this fraction of a consumer
+#: with no group (assigned every partition), same topic, same run.
+GROUP_GOAL = 0.8
 #: Members poll this often while a rebalance is timed.
 POLL_MS = 20
 #: The target: stable within the heartbeat interval plus this.
@@ -85,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
             for i in range(args.records):
                 producer.send(TOPIC, RECORD_VALUE, key=b"%d" % i)
             producer.flush()
-        throughput = {members: _read_all(urls, members, args.records)
-                      for members in (1, 3)}
+        throughput = {members: _read_all(urls, members, args.records, args.partitions)
+                      for members in (0, 1, 3)}
         joins, leaves = _rebalances(urls, args.trials)
     summary = {
         "records": args.records, "partitions": args.partitions,
@@ -108,22 +111,28 @@ def _fast() -> dict[str, Any]:
     return dict(FAST_SETTINGS)
 
 
-def _read_all(urls: list[str], members: int, records: int) -> float:
+def _read_all(urls: list[str], members: int, records: int, partitions: int) -> float:
     """Records/s for a stable group of ``members`` reading the whole topic:
     the group forms first (at the log end), then every member seeks to the
-    beginning of its partitions and the clock starts."""
-    from api.client import Consumer
+    beginning of its partitions and the clock starts. ``members`` 0: one
+    consumer with no group, assigned every partition (the reference), read
+    the same way."""
+    from api.client import Consumer, TopicPartition
 
     group = f"bench-read-{members}"
-    consumers = [Consumer(urls, group_id=group, auto_offset_reset="latest",
-                          enable_auto_commit=False) for _ in range(members)]
-    for consumer in consumers:
-        consumer.subscribe([TOPIC])
-    counts = [0] * members
+    consumers = [Consumer(urls, group_id=group if members else None, auto_offset_reset="latest",
+                          enable_auto_commit=False) for _ in range(max(1, members))]
+    if members:
+        for consumer in consumers:
+            consumer.subscribe([TOPIC])
+    else:
+        consumers[0].assign([TopicPartition(TOPIC, p) for p in range(partitions)])
+    counts = [0] * len(consumers)
     stop = threading.Event()
     threads: list[threading.Thread] = []
     try:
-        _wait_stable(urls[0], group, consumers)
+        if members:
+            _wait_stable(urls[0], group, consumers)
         for consumer in consumers:
             consumer.seek_to_beginning(consumer.assignment())
 
@@ -132,8 +141,9 @@ def _read_all(urls: list[str], members: int, records: int) -> float:
                 counts[index] += len(consumers[index].poll(200))
 
         threads.extend(threading.Thread(target=read, args=(i,), daemon=True)
-                       for i in range(members))
-        status(f"reading with {members} member(s) ...")
+                       for i in range(len(consumers)))
+        status(f"reading with {members} member(s) ..." if members
+               else "reading with no group (assign) ...")
         started = time.monotonic()
         for thread in threads:
             thread.start()
@@ -206,11 +216,14 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 
 def _report(summary: dict) -> str:
-    rows = [(f"{members} member(s)", f"{rate:,.0f}")
-            for members, rate in summary["records_per_s"].items()]
+    rates = summary["records_per_s"]
+    rows = [("no group (assign)" if not members else f"{members} member(s)", f"{rate:,.0f}",
+             f"{rate / rates[0]:.2f}") for members, rate in rates.items()]
     lines = [f"{summary['records']:,} records of 100 bytes, {summary['partitions']} "
              f"partitions, heartbeat interval {summary['heartbeat_interval_ms']} ms",
-             format_table(("GROUP", "RECORDS/S"), rows)]
+             format_table(("CONSUMER", "RECORDS/S", "/ NO GROUP"), rows),
+             f"target: 1 member >= {GROUP_GOAL} of no group: "
+             f"{'met' if rates[1] >= GROUP_GOAL * rates[0] else 'NOT met'}"]
     rows = [(what, f"{s['p50']:.0f}", f"{s['max']:.0f}", str(s["trials"]))
             for what, s in (("join", summary["join_ms"]), ("leave", summary["leave_ms"]))]
     lines.append(format_table(("REBALANCE", "P50 MS", "MAX MS", "TRIALS"), rows))

@@ -278,6 +278,7 @@ class AsyncConsumer:
             self._buffer.discard(tp)
         self._iter_records = deque(r for r in self._iter_records
                                    if TopicPartition(r.topic, r.partition) not in moved)
+        self._fetch.abandon(moved)
         self._wakeup.set()
 
     def seek_to_beginning(self, tps: Iterable[Any] | None = None) -> None:

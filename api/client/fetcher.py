@@ -336,6 +336,8 @@ class Fetcher:
         self.reset_positions = reset_positions
         self.refresh_metadata = refresh_metadata
         self.in_flight: dict[str, asyncio.Task] = {}
+        # The partitions each in-flight fetch asks for, by leader URL.
+        self.in_flight_tps: dict[str, frozenset[TopicPartition]] = {}
         self.refresh_task: asyncio.Task | None = None
         self.last_refresh_ms = -(2**62)
         self.closed = False
@@ -393,9 +395,22 @@ class Fetcher:
             if url not in self.in_flight:
                 by_url.setdefault(url, []).append(state)
         for url, states in by_url.items():
+            self.in_flight_tps[url] = frozenset(state.tp for state in states)
             self.in_flight[url] = asyncio.get_running_loop().create_task(
                 self._fetch(url, states))
         return next_ms
+
+    def abandon(self, tps: set[TopicPartition]) -> None:
+        """Cancel the fetches in flight that ask for any of ``tps`` (just
+        moved by a seek). Their answers would be dropped anyway, and one
+        waiting at the old position (a long poll at the log end, up to
+        ``fetch_max_wait_ms``) would hold back the fetch from the new one:
+        one fetch at a time goes to each leader. The other partitions in it
+        are asked for again from the same positions."""
+        for url, asked in list(self.in_flight_tps.items()):
+            task = self.in_flight.get(url)
+            if task is not None and not asked.isdisjoint(tps):
+                task.cancel()
 
     def _maybe_refresh(self, now_ms: int) -> int | None:
         if (not self.states or self.refresh_task is not None
@@ -459,6 +474,7 @@ class Fetcher:
                     self.data.set()
         finally:
             del self.in_flight[url]
+            del self.in_flight_tps[url]
             self.wakeup.set()
 
     def _take_fetch_answer(self, url: str, asked: dict, answer: dict) -> None:

@@ -141,6 +141,26 @@ def test_seek_position_and_seek_to_end(url, admin):
         assert listed.topic_id == admin.describe_topics(["seeking"])["seeking"].topic_id
 
 
+def test_a_seek_does_not_wait_out_a_long_poll_at_the_old_position(url, admin):
+    """A caught-up consumer has a fetch waiting at the log end (up to
+    fetch_max_wait_ms for new records); one fetch at a time goes to a leader.
+    After a seek the records at the new position come at once, not when that
+    wait ends (a group that forms and then rewinds paid 500 ms per seek)."""
+    (tp,) = create(admin, "rewinding")
+    with Producer(url) as producer:
+        for i in range(10):
+            producer.send("rewinding", b"%d" % i)
+    with Consumer(url, auto_offset_reset="latest", fetch_max_wait_ms=30_000) as consumer:
+        consumer.assign([tp])
+        assert consumer.poll(timeout_ms=300) == []  # caught up: a 30 s long poll is out
+        consumer.seek_to_beginning()
+        records = consumer.poll(timeout_ms=10_000)  # would be [] while the long poll waits
+        assert [r.value for r in records] == [b"%d" % i for i in range(10)]
+        consumer.seek(tp, 4)
+        assert [r.value for r in consumer.poll(timeout_ms=10_000)] == [
+            b"%d" % i for i in range(4, 10)]
+
+
 def test_auto_offset_reset_none_raises_until_the_application_seeks(url, admin):
     (tp,) = create(admin, "no-reset")
     with Producer(url) as producer:
