@@ -79,6 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
                                  "%(default)s)")
     parser.add_argument("--dir", help="where the fresh node keeps its data "
                                       "(default: a temporary directory, removed after)")
+    if kind == "produce":
+        parser.add_argument("--send-batch", type=int, default=0, metavar="N",
+                            help="send through Producer.send_batch, N records per call (the "
+                                 "bulk path), instead of one send() per record")
     if kind in ("produce", "replication", "idempotence"):
         parser.add_argument("--producers", type=int, default=1,
                             help="producer processes sending in parallel, each with its share "
@@ -95,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"--record-size must be at least {STAMP.size} for e2e", file=sys.stderr)
         return 2
     problem = _replication_flags_problem(args)
+    if getattr(args, "send_batch", 0) < 0:
+        problem = "--send-batch must be at least 1 (or 0: send one record a call)"
     if problem:
         print(problem, file=sys.stderr)
         return 2
@@ -254,12 +260,48 @@ def _fill(producer, topic: str, count: int, size: int, label: str | None,
             "mb_s": count * size / elapsed / 1e6, **_percentiles(latencies_ms)}
 
 
+def _fill_bulk(producer, topic: str, count: int, size: int, per_call: int, label: str | None,
+               latencies_ms: list[float] | None = None) -> dict:
+    """``_fill`` through ``Producer.send_batch``, ``per_call`` records a
+    call (one list, made before the clock starts, as a caller holding its
+    records has them); latency sampled on every batch written."""
+    value = os.urandom(size)
+    values = [value] * per_call
+    latencies_ms = [] if latencies_ms is None else latencies_ms
+    perf = time.perf_counter
+    progress = _Progress(label, count) if label is not None else _NoProgress()
+    started = perf()
+    sent = 0
+    while sent < count:
+        n = min(per_call, count - sent)
+        called = perf()
+        producer.send_batch(topic, values if n == per_call else values[:n],
+                            on_delivery=lambda err, md, called=called: latencies_ms.append(
+                                (perf() - called) * 1000) if err is None else None)
+        sent += n
+        progress.update(sent)
+    producer.flush()
+    elapsed = perf() - started
+    progress.done(count)
+    return {"records": count, "seconds": elapsed, "records_s": count / elapsed,
+            "mb_s": count * size / elapsed / 1e6, **_percentiles(latencies_ms)}
+
+
+def _send_all(producer, topic: str, count: int, args: argparse.Namespace, label: str | None,
+              latencies_ms: list[float] | None = None) -> dict:
+    per_call = getattr(args, "send_batch", 0)
+    if per_call:
+        return _fill_bulk(producer, topic, count, args.record_size, per_call, label,
+                          latencies_ms)
+    return _fill(producer, topic, count, args.record_size, label, latencies_ms)
+
+
 def bench_produce(bootstrap: list[str], topic: str, args: argparse.Namespace,
                   label: str = "produce") -> dict:
     if args.producers == 1:
         with _producer(bootstrap, args) as producer:
             cpu_started_s = time.process_time()  # this process, every thread
-            figures = _fill(producer, topic, args.records, args.record_size, label)
+            figures = _send_all(producer, topic, args.records, args, label)
             return {**figures, "client_cpu_s": time.process_time() - cpu_started_s}
     # Several producer processes (as several producer-perf-test runs would
     # be): each sends its share once all are ready; the figure is the total
@@ -297,7 +339,7 @@ def _produce_child(bootstrap: list[str], topic: str, args: argparse.Namespace, c
         go.wait(60)
         latencies: list[float] = []
         cpu_started_s = time.process_time()
-        _fill(producer, topic, count, args.record_size, None, latencies)
+        _send_all(producer, topic, count, args, None, latencies)
         out.put((time.time(), {"latencies": latencies,
                                "cpu_s": time.process_time() - cpu_started_s}))
 
@@ -595,6 +637,8 @@ def _print_summary(kind: str, args: argparse.Namespace, summary: dict) -> None:
             ("replication", f"RF={args.replication_factor}, min.insync.replicas="
                             f"{args.min_insync_replicas}"),
             ("acks / batch / linger", f"{args.acks} / {args.batch_size} B / {args.linger_ms} ms"),
+            ("sending", f"send_batch, {args.send_batch:,} records a call"
+                        if getattr(args, "send_batch", 0) else "send, one call a record"),
             ("records/s", f"{summary['records_s']:,.0f}")]
     if summary.get("producers"):
         rows.append(("producer processes", str(summary["producers"])))
@@ -618,7 +662,7 @@ def _print_summary(kind: str, args: argparse.Namespace, summary: dict) -> None:
 
 def vars_subset(args: argparse.Namespace) -> dict:
     keys = ("records", "record_size", "partitions", "acks", "batch_size", "linger_ms", "rate",
-            "producers", "brokers", "replication_factor", "min_insync_replicas")
+            "producers", "brokers", "replication_factor", "min_insync_replicas", "send_batch")
     return {key: getattr(args, key) for key in keys if hasattr(args, key)}
 
 

@@ -24,6 +24,7 @@ Nothing here imports numpy or pyarrow: buffers in, bytes out.
 
 from __future__ import annotations
 
+import itertools
 from array import array
 from typing import Any, NamedTuple
 
@@ -82,6 +83,77 @@ class BinaryColumn(NamedTuple):
     data: Any
     validity: Any
     bit_offset: int = 0
+
+
+#: The most bytes one column may hold: its offsets are int32.
+COLUMN_BYTES_MAX = 2**31 - 1
+
+
+def binary_column(items: Any) -> BinaryColumn:
+    """``items`` as a ``BinaryColumn``: a sequence of bytes-like objects
+    (``str`` is taken as UTF-8, ``None`` as null), or an Arrow array of
+    binary or string type (pyarrow's ``Array``/``ChunkedArray``; its buffers
+    are used as they are, no copy, except a cast from string or large
+    types). TypeError for anything else; ValueError past 2 GiB."""
+    if hasattr(items, "buffers") or hasattr(items, "combine_chunks"):
+        return _arrow_column(items)
+    if isinstance(items, (bytes, bytearray, memoryview, str)):
+        raise TypeError("a column is a sequence of values, not one bytes or str value")
+    if not hasattr(items, "__len__"):
+        items = list(items)  # measured after joining: an iterator would be spent
+    try:  # bytes-like values only: joined and measured in C
+        data = b"".join(items)
+        validity = None
+    except TypeError:
+        items, validity = _normalised(items)
+        data = b"".join(items)
+    if len(data) > COLUMN_BYTES_MAX:
+        raise ValueError(f"a column holds at most {COLUMN_BYTES_MAX} bytes, not {len(data)}")
+    offsets = array("i", itertools.accumulate(map(len, items), initial=0))
+    return BinaryColumn(offsets, data, validity, 0)
+
+
+def null_column(count: int) -> BinaryColumn:
+    """``count`` nulls (no keys)."""
+    return BinaryColumn(bytes(4 * (count + 1)), b"", bytes((count + 7) // 8), 0)
+
+
+def column_length(column: BinaryColumn) -> int:
+    return len(memoryview(column.offsets).cast("B")) // 4 - 1
+
+
+def _normalised(items: Any) -> tuple[list, bytes | None]:
+    """Values with str encoded and None as empty, and the validity bitmap
+    (None when nothing is null)."""
+    out, nulls = [], []
+    for i, item in enumerate(items):
+        if item is None:
+            nulls.append(i)
+            out.append(b"")
+        elif isinstance(item, str):
+            out.append(item.encode())
+        elif isinstance(item, (bytes, bytearray, memoryview)):
+            out.append(item)
+        else:
+            raise TypeError(f"value {i} is {type(item).__name__}: give bytes, str or None")
+    return out, _bitmap(nulls, len(out))
+
+
+def _arrow_column(column: Any) -> BinaryColumn:
+    import pyarrow as pa  # given an Arrow array, pyarrow is there
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if not (pa.types.is_binary(column.type) or pa.types.is_string(column.type)
+            or pa.types.is_large_binary(column.type) or pa.types.is_large_string(column.type)):
+        raise TypeError(f"an Arrow column of {column.type}: give binary or string values")
+    if not pa.types.is_binary(column.type):
+        column = column.cast(pa.binary())
+    validity, offsets, data = column.buffers()
+    at = column.offset
+    offsets = memoryview(offsets).cast("B").cast("i")[at:at + len(column) + 1]
+    return BinaryColumn(offsets, data if data is not None else b"",
+                        validity if column.null_count else None, at)
 
 
 #: No limit on a section's offset deltas (``decode``).
@@ -158,7 +230,7 @@ def _py_encode(keys: BinaryColumn, values: BinaryColumn, rows) -> bytes:
         raise ValueError("key and value columns differ in length")
     if any(not 0 <= row < count for row in memoryview(rows).cast("B").cast("q")):
         raise IndexError("row number out of range")
-    key_at, value_at = _reader(keys), _reader(values)
+    key_at, value_at = row_reader(keys), row_reader(values)
     packer = msgpack.Packer(use_bin_type=True, autoreset=False)
     for j, row in enumerate(memoryview(rows).cast("B").cast("q")):
         packer.pack((0, j, key_at(row), value_at(row), []))
@@ -173,7 +245,7 @@ def murmur2(keys: BinaryColumn) -> bytes:
 
 
 def _py_murmur2(keys: BinaryColumn) -> bytes:
-    key_at = _reader(keys)
+    key_at = row_reader(keys)
     rows = len(memoryview(keys.offsets).cast("B")) // 4 - 1
     out = array("i", (-1 if (key := key_at(i)) is None else _murmur2_one(key) & 0x7FFFFFFF
                       for i in range(rows)))
@@ -254,7 +326,7 @@ def _bitmap(nulls: list[int], count: int) -> bytes | None:
     return bytes(bits)
 
 
-def _reader(column: BinaryColumn):
+def row_reader(column: BinaryColumn):
     """row -> the row's bytes or None, from Arrow-layout buffers."""
     offsets = memoryview(column.offsets).cast("B").cast("i")
     data = bytes(memoryview(column.data).cast("B"))

@@ -331,11 +331,6 @@ def _send_rows(producer: Any, batches: Iterator, topic_option: str | None,
     return rows
 
 
-#: msgpack framing of one record beyond its key and value, at most (what
-#: ``protocol.columns.encode`` adds): array, two ints, two bin headers, headers.
-_RECORD_FRAMING = 1 + 1 + 5 + 5 + 5 + 1
-
-
 def _send_columns(producer: Any, batch: Any, index: dict[str, int], topic_option: str | None,
                   topics: set[str], partition_counts: dict[str, int], on_delivery: Any,
                   batch_size: int) -> None:
@@ -351,14 +346,15 @@ def _send_columns(producer: Any, batch: Any, index: dict[str, int], topic_option
     import numpy as np
     import pyarrow.compute as pc
 
+    from api.client.bulk import RECORD_FRAMING
     from protocol import columns
 
     count = batch.num_rows
     room = max(batch_size - columns.BATCH_HEADER_BYTES, 1)  # section bytes per batch
-    values = _binary_column(batch.column(index["value"]))
-    keys = _binary_column(batch.column(index["key"])) if "key" in index else None
-    key_column = keys or _null_column(count)
-    sizes = np.diff(np.frombuffer(values.offsets, np.int32)).astype(np.int64) + _RECORD_FRAMING
+    values = columns.binary_column(batch.column(index["value"]))
+    keys = columns.binary_column(batch.column(index["key"])) if "key" in index else None
+    key_column = keys or columns.null_column(count)
+    sizes = np.diff(np.frombuffer(values.offsets, np.int32)).astype(np.int64) + RECORD_FRAMING
     if keys is not None:
         sizes += np.diff(np.frombuffer(keys.offsets, np.int32))
         hashes = np.frombuffer(columns.murmur2(keys), np.int32)
@@ -409,28 +405,6 @@ def _send_columns(producer: Any, batch: Any, index: dict[str, int], topic_option
                                       len(piece), None, on_delivery, header_room=True)
                 used = int(filled[last - 1])
                 first = last
-
-
-def _binary_column(column: Any) -> Any:  # -> protocol.columns.BinaryColumn
-    """An Arrow string or binary column as ``BinaryColumn`` buffers, no copy
-    (strings are cast to binary, large types down to 32-bit offsets)."""
-    import numpy as np
-    import pyarrow as pa
-
-    from protocol.columns import BinaryColumn
-
-    if not pa.types.is_binary(column.type):
-        column = column.cast(pa.binary())
-    validity, offsets, data = column.buffers()
-    at = column.offset
-    offsets = np.frombuffer(offsets, np.int32)[at:at + len(column) + 1]
-    return BinaryColumn(offsets, data if data is not None else b"",
-                        validity if column.null_count else None, at)
-
-
-def _null_column(count: int) -> Any:
-    from protocol.columns import BinaryColumn
-    return BinaryColumn(bytes(4 * (count + 1)), b"", bytes((count + 7) // 8), 0)
 
 
 def _bytes(column: Any) -> list:

@@ -14,9 +14,10 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from api.client import bulk
 from api.client._transport import monotonic_ms
 from api.client._types import RecordMetadata
 from api.client.errors import (BufferExhaustedError, ClientClosedError, KraftlogError,
@@ -472,6 +473,26 @@ class RecordAccumulator:
             return False
         batch.room_bytes = self.batch_size - batch.builder.size_bytes
         return True
+
+    def has_pending(self, topic: str) -> bool:
+        """Whether records of ``topic`` wait for its metadata."""
+        return topic in self._pending
+
+    def bulk_batches(self, topic: str, records: bulk.BulkRecords, count: int,
+                     partition: int | None) -> Iterator[tuple[int, bytearray, int]]:
+        """``bulk.plan`` with this producer's batch size and partitioners:
+        keyless batches each to the sticky partition, which moves on after
+        each (a whole batch closed), as ``append`` would have placed them."""
+        custom = self._custom_partitioner
+
+        def keyless_partition() -> int:
+            with self.lock:
+                chosen = self._sticky.partition_for(topic, None, count)
+                self._sticky.on_batch_closed(topic, chosen, count)
+            return chosen
+
+        return bulk.plan(records, count, partition, self.batch_size, keyless_partition,
+                         None if custom is None else lambda key, n: custom(topic, key, n))
 
     def _choose_partition(self, topic: str, key: bytes | None, count: int) -> int:
         if self._custom_partitioner is not None:

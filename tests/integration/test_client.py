@@ -161,6 +161,60 @@ def test_a_seek_does_not_wait_out_a_long_poll_at_the_old_position(url, admin):
             b"%d" % i for i in range(4, 10)]
 
 
+def test_send_batch_writes_each_record_once_where_send_would_in_order(url, admin):
+    """The bulk path: keyed records land on the partition ``send`` picks for
+    their key, keyless and explicit-partition ones in order, after what
+    ``send`` queued before; idempotent (acks=all, the default) and in a
+    transaction; handles give each batch's first offset."""
+    tps = create(admin, "bulk", partitions=3)
+    keys = [b"key-%d" % (i % 17) for i in range(5000)]
+    delivered = []
+    with Producer(url, batch_size=16384) as producer:
+        expected = {k: producer.send("bulk", b"probe", key=k) for k in set(keys)}
+        producer.flush()
+        placed = {k: h.result(10).partition for k, h in expected.items()}
+        handles = producer.send_batch("bulk", [b"v%d" % i for i in range(5000)], keys,
+                                      on_delivery=lambda err, md: delivered.append(err))
+        producer.send_batch("bulk", ["tail-%d" % i for i in range(300)], partition=1)
+        producer.send("bulk", b"last", partition=1)
+        producer.flush()
+        assert len(handles) == len(delivered) > 1 and set(delivered) == {None}
+        assert all(h.result(0).offset >= 0 for h in handles)
+    records = consume_all(url, tps, 17 + 5000 + 301)
+    bulk = [r for r in records if r.value.startswith(b"v")]
+    assert sorted(int(r.value[1:]) for r in bulk) == list(range(5000))  # each once
+    for r in bulk:
+        assert r.partition == placed[r.key] and r.key == keys[int(r.value[1:])]
+    for p in range(3):  # per partition, in the order given
+        mine = [int(r.value[1:]) for r in bulk if r.partition == p]
+        assert mine == sorted(mine)
+    on_one = [r.value for r in records if r.partition == 1 and not r.value[:1] in (b"v", b"p")]
+    assert on_one == [b"tail-%d" % i for i in range(300)] + [b"last"]
+    with Producer(url, transactional_id="bulk-txn") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send_batch("bulk", [b"txn-%d" % i for i in range(100)], partition=0)
+        producer.commit_transaction()
+    committed = consume_all(url, tps, 17 + 5000 + 301 + 100, isolation_level="read_committed")
+    assert [r.value for r in committed if r.value.startswith(b"txn-")] == [
+        b"txn-%d" % i for i in range(100)]
+
+
+def test_send_batch_refuses_what_it_cannot_write(url, admin):
+    create(admin, "bulk-bad", partitions=2)
+    with Producer(url, max_block_ms=2000) as producer:
+        with pytest.raises(KraftlogError) as caught:
+            producer.send_batch("bulk-bad", [b"x"], partition=2)
+        assert caught.value.code == "UNKNOWN_TOPIC_OR_PARTITION" and "0 to 1" in str(caught.value)
+        with pytest.raises(ValueError, match="2 keys for 1 values"):
+            producer.send_batch("bulk-bad", [b"x"], [b"a", b"b"])
+        with pytest.raises(TypeError, match="give bytes, str or None"):
+            producer.send_batch("bulk-bad", [b"x", 1.5])
+        with pytest.raises(KraftlogError) as caught:
+            producer.send_batch("no-such-topic-here", [b"x"])
+        assert caught.value.code == "UNKNOWN_TOPIC_OR_PARTITION"
+
+
 def test_auto_offset_reset_none_raises_until_the_application_seeks(url, admin):
     (tp,) = create(admin, "no-reset")
     with Producer(url) as producer:
@@ -260,14 +314,20 @@ async def test_the_asyncio_clients_round_trip(url):
         await admin.create_topics([NewTopic("async-t", 2, 1)])
     async with AsyncProducer(url) as producer:
         handles = [await producer.send("async-t", f"v{i}", key=f"k{i}") for i in range(50)]
+        bulk = await producer.send_batch("async-t", [f"b{i}" for i in range(20)],
+                                         [f"k{i}" for i in range(20)])
         metadata = await producer.send_and_wait("async-t", "last", partition=0)
         await producer.flush()
-    assert all(isinstance(m, RecordMetadata) for m in [await h for h in handles])
+    assert all(isinstance(m, RecordMetadata) for m in [await h for h in handles + bulk])
     async with AsyncConsumer(url, auto_offset_reset="earliest",
                              consumer_timeout_ms=1000) as consumer:
         consumer.assign([("async-t", 0), ("async-t", 1)])
         records = [r async for r in consumer]
-    assert len(records) == 51
+    assert len(records) == 71
+    by_key = {}
+    for r in records:  # the bulk path placed each key where send placed it
+        by_key.setdefault(r.key, set()).add(r.partition)
+    assert all(len(partitions) == 1 for partitions in by_key.values())
     last = [r for r in records if r.partition == 0][-1]
     assert (last.value, last.offset) == (b"last", metadata.offset)
 
