@@ -2,10 +2,10 @@
 leader is killed.
 
 One fresh cluster of real processes on loopback (chaos/cluster.py): a
-dedicated controller and three brokers, ``broker.session.timeout.ms`` from
-``--session-timeout-ms`` with a heartbeat six times as often
-(``cluster_settings``), every other setting the shipped default. One topic:
-one partition, replication factor 3, ``min.insync.replicas`` 2.
+dedicated controller and three brokers, the shipped defaults (or, with
+``--session-timeout-ms``, that session timeout with a heartbeat six times as
+often: ``cluster_settings``). One topic: one partition, replication factor
+3, ``min.insync.replicas`` 2.
 
 An ``AcksAllWriter`` thread sends one acks=all record at a time to the broker
 its metadata names as the partition leader. Each trial:
@@ -20,9 +20,12 @@ its metadata names as the partition leader. Each trial:
   4. restarts the killed broker and waits until it is back in the ISR (timed
      too: the time to full redundancy again).
 
-The window is bounded below by the session timeout: the controller moves
-leadership away from a broker only when its lease lapses (a kill -9 sends no
-goodbye). The target is the session timeout + 1 s.
+A killed broker's kernel closes its connections, among them the presence
+stream it holds open to the active controller, which then fences it after
+a 500 ms grace (``ControllerServer.handle_presence``) instead of waiting for
+its lease to lapse (the session timeout stays the backstop for a broker
+that is paused or cut off). The target (issue 25): window p50 <= 2 s and
+p99 <= 3 s with the shipped defaults, over 20 kills.
 
 Why not the ``Producer``: it waits ``retry_backoff_ms`` (100 ms by default)
 between retries and does not say which broker answered. The writer here
@@ -56,8 +59,9 @@ TOPIC = "bench-failover"
 BROKERS = 3
 REPLICATION_FACTOR = 3
 MIN_INSYNC_REPLICAS = 2
-#: The target: writes acknowledged again within the session timeout + this.
-TARGET_MARGIN_MS = 1000
+#: The targets: writes acknowledged again within these (p50, p99).
+TARGET_P50_MS = 2000
+TARGET_P99_MS = 3000
 #: The writer's pause after a failed write or an unanswered metadata request.
 RETRY_BACKOFF_MS = 10
 #: How long the leader may hold one acks=all write waiting for the ISR.
@@ -71,15 +75,25 @@ RECORD_VALUE = b"failover-probe-" + bytes(85)  # 100 bytes, as the other data be
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trials", type=int, default=5,
+    parser.add_argument("--trials", type=int, default=20,
                         help="leader kills to time (default %(default)s)")
-    parser.add_argument("--session-timeout-ms", type=int, default=3000,
-                        help="broker.session.timeout.ms of the bench cluster; the window "
-                             "cannot be shorter (default %(default)s; the shipped default is "
-                             "9000)")
+    parser.add_argument("--session-timeout-ms", type=int, default=None,
+                        help="broker.session.timeout.ms of the bench cluster, with a "
+                             "heartbeat six times as often (default: the shipped defaults, "
+                             f"{SESSION_TIMEOUT_MS_DEFAULT} and "
+                             f"{HEARTBEAT_INTERVAL_MS_DEFAULT} ms)")
     parser.add_argument("--dir", default=None,
                         help="work directory (default: a temporary one, removed after)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def _shipped(name: str) -> int:
+    from kraft.config_schema import SCHEMA
+    return next(key.default for key in SCHEMA if key.name == name)
+
+
+SESSION_TIMEOUT_MS_DEFAULT = _shipped("broker.session.timeout.ms")
+HEARTBEAT_INTERVAL_MS_DEFAULT = _shipped("broker.heartbeat.interval.ms")
 
 
 def cluster_settings(session_timeout_ms: int) -> dict[str, Any]:
@@ -95,13 +109,15 @@ def run(args: argparse.Namespace) -> int:
     if args.trials < 1:
         print("--trials must be at least 1", file=sys.stderr)
         return 2
-    if args.session_timeout_ms < 300:
+    if args.session_timeout_ms is not None and args.session_timeout_ms < 300:
         print("--session-timeout-ms must be at least 300", file=sys.stderr)
         return 2
-    settings = cluster_settings(args.session_timeout_ms)
-    status(f"session timeout {args.session_timeout_ms} ms, heartbeat "
-           f"{settings['broker.heartbeat.interval.ms']} ms; target: window <= "
-           f"{args.session_timeout_ms + TARGET_MARGIN_MS} ms")
+    settings = ({} if args.session_timeout_ms is None
+                else cluster_settings(args.session_timeout_ms))
+    session_ms = settings.get("broker.session.timeout.ms", SESSION_TIMEOUT_MS_DEFAULT)
+    status(f"session timeout {session_ms} ms, heartbeat "
+           f"{settings.get('broker.heartbeat.interval.ms', HEARTBEAT_INTERVAL_MS_DEFAULT)} ms; "
+           f"target: window p50 <= {TARGET_P50_MS} ms, p99 <= {TARGET_P99_MS} ms")
     with tempfile.TemporaryDirectory(prefix="kraftlog-bench-", dir=args.dir) as work:
         with ProcessCluster(work, controllers=1, brokers=BROKERS, settings=settings) as cluster:
             status(f"starting 1 controller + {BROKERS} brokers in {work} ...")
@@ -111,8 +127,7 @@ def run(args: argparse.Namespace) -> int:
             writer = AcksAllWriter(cluster, TOPIC)
             writer.start()
             try:
-                trials = [one_trial(cluster, writer, number, args.trials,
-                                    args.session_timeout_ms)
+                trials = [one_trial(cluster, writer, number, args.trials, session_ms)
                           for number in range(1, args.trials + 1)]
                 steady_ms = writer.latencies_ms(since_s=0.0)
             finally:
@@ -322,21 +337,25 @@ def one_trial(cluster: ProcessCluster, writer: AcksAllWriter, number: int, trial
 
 # -- the report -------------------------------------------------------------------
 def summarize(trials: list[dict], settings: dict, steady_ms: list[float]) -> dict:
-    windows = [t["window_ms"] for t in trials]
-    session_ms = settings["broker.session.timeout.ms"]
-    target_ms = session_ms + TARGET_MARGIN_MS
+    windows = sorted(t["window_ms"] for t in trials)
     steady = sorted(steady_ms)
+    p50 = statistics.median(windows)
+    p99 = windows[min(len(windows) - 1, int(0.99 * len(windows)))]  # the max below 100
     return {
         "brokers": BROKERS, "replication_factor": REPLICATION_FACTOR,
         "min_insync_replicas": MIN_INSYNC_REPLICAS,
-        "session_timeout_ms": session_ms,
-        "heartbeat_interval_ms": settings["broker.heartbeat.interval.ms"],
+        "session_timeout_ms": settings.get("broker.session.timeout.ms",
+                                           SESSION_TIMEOUT_MS_DEFAULT),
+        "heartbeat_interval_ms": settings.get("broker.heartbeat.interval.ms",
+                                              HEARTBEAT_INTERVAL_MS_DEFAULT),
+        "shipped_defaults": not settings,
         "trials": trials,
-        "window_ms_p50": round(statistics.median(windows), 1),
+        "window_ms_p50": round(p50, 1),
+        "window_ms_p99": p99,
         "window_ms_max": max(windows),
         "window_ms_min": min(windows),
-        "target_ms": target_ms,
-        "target_met": max(windows) <= target_ms,
+        "target_p50_ms": TARGET_P50_MS, "target_p99_ms": TARGET_P99_MS,
+        "target_met": p50 <= TARGET_P50_MS and p99 <= TARGET_P99_MS,
         "rejoin_ms_p50": round(statistics.median(t["rejoin_ms"] for t in trials), 1),
         "write_latency_ms_p50": round(steady[len(steady) // 2], 2) if steady else None,
         "writes_acknowledged": len(steady),
@@ -351,7 +370,8 @@ def format_report(summary: dict) -> str:
     return "\n".join([
         "kraftlog bench failover",
         f"  cluster  1 controller + {summary['brokers']} brokers; broker.session.timeout.ms "
-        f"{summary['session_timeout_ms']}, heartbeat {summary['heartbeat_interval_ms']} ms",
+        f"{summary['session_timeout_ms']}, heartbeat {summary['heartbeat_interval_ms']} ms"
+        + (" (the shipped defaults)" if summary["shipped_defaults"] else ""),
         f"  topic    1 partition, RF={summary['replication_factor']}, min.insync.replicas="
         f"{summary['min_insync_replicas']}; one acks=all write at a time (p50 "
         f"{summary['write_latency_ms_p50']} ms when healthy)",
@@ -359,7 +379,7 @@ def format_report(summary: dict) -> str:
         format_table(("trial", "killed leader", "new leader", "window ms", "failed writes",
                       "back in ISR ms"), rows),
         "",
-        f"window p50 {summary['window_ms_p50']:,.0f} ms, max {summary['window_ms_max']:,.0f} ms;"
-        f" target <= {summary['target_ms']:,} ms (session timeout + "
-        f"{TARGET_MARGIN_MS} ms): {verdict}",
+        f"window p50 {summary['window_ms_p50']:,.0f} ms, p99 {summary['window_ms_p99']:,.0f} ms, "
+        f"max {summary['window_ms_max']:,.0f} ms over {len(summary['trials'])} kills; target "
+        f"p50 <= {TARGET_P50_MS:,} ms and p99 <= {TARGET_P99_MS:,} ms: {verdict}",
     ])

@@ -161,6 +161,49 @@ class ControllerClient:
                     message=f"unexpected {response.content_type} answer: {raw[:200]!r}")
             return msgpack.unpackb(raw, raw=False, strict_map_key=False)
 
+    async def hold(self, path: str, body: Mapping[str, Any], *, quiet_s: float) -> None:
+        """POST ``body`` to ``path`` on the active controller and keep the
+        answer's stream open (``brokers/presence``), returning when it ends:
+        the controller closed it, or sent nothing for ``quiet_s`` (a dead or
+        unreachable controller). Raises what a refusal says (a
+        ``ControllerError``, following a not-the-leader hint first) or
+        ``ControllerUnavailableError``. No total timeout: cancelling the
+        caller's task closes the connection."""
+        payload = msgpack.packb(dict(body), use_bin_type=True)
+        last_error: Exception | None = None
+        for node_id in self._candidates():
+            session = self._session_or_new()
+            try:
+                async with session.post(
+                        self.voter_urls[node_id] + path, data=payload,
+                        timeout=aiohttp.ClientTimeout(total=None, sock_connect=quiet_s,
+                                                      sock_read=quiet_s),
+                        headers={"Content-Type": "application/msgpack",
+                                 "Accept": "application/msgpack"}) as response:
+                    if response.content_type == "application/msgpack":  # refused
+                        answer = msgpack.unpackb(await response.read(), raw=False)
+                        error = answer.get("error") if isinstance(answer, dict) else None
+                        error = error if isinstance(error, dict) else {}
+                        last_error = ControllerError(error.get("code", "UNKNOWN_SERVER_ERROR"),
+                                                     error.get("message", ""), error)
+                        if last_error.code not in RETRIABLE_CODES:
+                            raise last_error
+                        hint = error.get("leader_id")
+                        if isinstance(hint, int) and hint in self.voter_urls:
+                            self.leader_id = hint
+                        continue
+                    self.leader_id = node_id
+                    while await response.content.read(4096):
+                        pass
+                    return
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+                last_error = exc
+                self._failed_at[node_id] = time.monotonic()
+                if self.leader_id == node_id:
+                    self.leader_id = None
+        raise ControllerUnavailableError(f"no active controller kept {path} open; last "
+                                         f"error: {last_error}")
+
     async def get_json(self, node_id: int, path: str, timeout_s: float = 5.0) -> Any:
         """GET a JSON inspection endpoint of one controller."""
         session = self._session_or_new()

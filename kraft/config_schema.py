@@ -88,7 +88,10 @@ SCHEMA: tuple[Key, ...] = (
     _k("broker.rack", "str", None, "This broker's rack, for rack-aware replica placement.",
        _CONFIG),
     _k("broker.session.timeout.ms", "int", 9000,
-       "A broker not heard from for this long is fenced and loses its leaderships.",
+       "A broker not heard from for this long is fenced and loses its leaderships. "
+       "One whose process is gone (its connection to the active controller closed "
+       "and not reopened within 500 ms) is fenced at once; this timeout is for one "
+       "that is hung or cut off.",
        _CONFIG, 1, INT32_MAX),
     _k("broker.heartbeat.interval.ms", "int", 2000,
        "How often a broker heartbeats (below the session timeout).", _CONFIG, 1, INT32_MAX),

@@ -278,6 +278,21 @@ class Controller:
         start_ms = self._lease_start_ms.setdefault(broker_id, now_ms)
         return now_ms - start_ms < self.settings.session_timeout_ms
 
+    def end_lease(self, image: MetadataImage, broker_id: int, broker_epoch: int) -> bool:
+        """Certain evidence that broker ``broker_id``'s process of
+        ``broker_epoch`` is gone: the connection it holds open to the active
+        controller closed and was not reopened (a process that dies has its
+        sockets closed by its kernel; a paused or partitioned one does not).
+        Its lease ends now, so the next ``tick`` fences it exactly as if the
+        lease had lapsed, without waiting out ``session_timeout_ms``. False
+        (nothing changes) for a fenced or unknown broker or another epoch:
+        a registration's later process, or one already gone."""
+        broker = image.brokers.get(broker_id)
+        if broker is None or broker.fenced or broker.broker_epoch != broker_epoch:
+            return False
+        self._lease_start_ms[broker_id] = -(2**62)
+        return True
+
     def _holds_session(self, broker: BrokerRegistration, now_ms: int) -> bool:
         """Whether a registration still belongs to a live process: an
         unfenced broker until its lease lapses; a fenced one only while it

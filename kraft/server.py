@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import dataclasses
 import logging
 import os
@@ -62,13 +63,15 @@ from aiohttp import web
 from kraft.authorizer import (AllowAll, Authorizer, RouteRule, authorization_middleware,
                               check_routes_complete)
 from kraft.config import NodeConfig
-from kraft.controller import Controller, ControllerResult, ControllerSettings
+from kraft.controller import (INT32_MAX, INT64_MAX, Controller, ControllerResult,
+                              ControllerSettings)
 from kraft.image import MetadataImage
 from kraft.quorum import ApplyStatus, MetadataQuorum, RaftSettings
 from kraft.records import NoOpRecord, decode
 from protocol import acl, wire
 from protocol.errors import (InvalidRequestError, KraftError, NotControllerError,
-                             RequestTimedOutError, UnknownServerError)
+                             RequestTimedOutError, StaleBrokerEpochError, UnknownServerError)
+from protocol.fields import Fields
 
 
 #: How each controller route is authorized (kraft/authorizer.py). Brokers
@@ -76,9 +79,9 @@ from protocol.errors import (InvalidRequestError, KraftError, NotControllerError
 #: CLUSTER_ACTION (a forwarded admin request is an Envelope, checked at the
 #: broker the client called, whose certificate then calls here).
 _CLUSTER_ACTION_PATHS = (
-    "brokers/register", "brokers/heartbeat", "metadata", "topics/create", "topics/delete",
-    "partitions/create", "configs/alter", "quotas/alter", "quotas/describe", "users/alter",
-    "users/describe", "acls/create", "acls/delete", "tokens/create", "tokens/renew",
+    "brokers/register", "brokers/heartbeat", "brokers/presence", "metadata", "topics/create",
+    "topics/delete", "partitions/create", "configs/alter", "quotas/alter", "quotas/describe",
+    "users/alter", "users/describe", "acls/create", "acls/delete", "tokens/create", "tokens/renew",
     "tokens/expire", "partitions/alter", "leaders/elect",
     "partitions/reassign", "producer_ids/allocate", "configs/describe",
     "partitions/reassignments")
@@ -100,6 +103,15 @@ ACTIVATION_WAIT_MS = 3000
 WRITE_ATTEMPTS = 3
 #: Longest long-poll a broker may ask for.
 METADATA_WAIT_MS_MAX = 30_000
+#: A broker's presence stream (``brokers/presence``): how often the active
+#: controller looks whether the broker's connection closed, and writes a
+#: byte so the broker can tell a dead controller from a quiet one.
+PRESENCE_CHECK_S = 0.05
+PRESENCE_KEEPALIVE_S = 1.0
+#: How long a closed presence stream may stay closed before the broker is
+#: taken for dead and fenced: a live broker whose connection broke reopens
+#: it at once; a killed one never does.
+PRESENCE_GRACE_S = 0.5
 #: Request bodies the controller accepts (bytes).
 CONTROLLER_REQUEST_BYTES_MAX = 8 * 1024 * 1024
 #: How long stopping waits for the controller's tasks to end, and how often
@@ -176,6 +188,10 @@ class ControllerServer:
         self._stopping = False
         self._runner: web.AppRunner | None = None
         self.tick_interval_ms = max(10, min(100, config.session_timeout_ms // 10))
+        # Presence streams open now, by broker id; departures waiting out
+        # their grace (see handle_presence).
+        self._presence: collections.Counter[int] = collections.Counter()
+        self._departures: dict[int, asyncio.TimerHandle] = {}
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
@@ -223,6 +239,7 @@ class ControllerServer:
         post = {
             "brokers/register": self.handle_register,
             "brokers/heartbeat": self.handle_heartbeat,
+            "brokers/presence": self.handle_presence,
             "metadata": self.handle_metadata,
             "topics/create": self._writer(lambda c: c.create_topics),
             "topics/delete": self._writer(lambda c: c.delete_topics),
@@ -385,20 +402,90 @@ class ControllerServer:
         return wire.respond(request, await self.write(
             lambda image: self.core.heartbeat(image, body, now_ms)))
 
+    async def handle_presence(self, request: web.Request) -> web.StreamResponse:
+        """A broker's presence stream: the registered broker (``broker_id``,
+        ``broker_epoch``) keeps this request open to the active controller,
+        which answers with a byte now and then and never finishes. When the
+        broker's connection closes and no new stream of the same epoch opens
+        within ``PRESENCE_GRACE_S``, the broker is taken for dead and its
+        lease ends (``Controller.end_lease``): a killed process has its
+        connections closed by its kernel, so its partitions get new leaders
+        in well under a second instead of after ``broker.session.timeout.ms``.
+        A paused or partitioned broker keeps its connection (nothing closes
+        it) and is left to the session timeout, as before."""
+        body = Fields(await wire.read_body(request), "")
+        broker_id = body.integer("broker_id", 0, INT32_MAX)
+        broker_epoch = body.integer("broker_epoch", 0, INT64_MAX)
+        await self._await_active()
+        term = self._active_term
+        with self.quorum.image_lock:
+            broker = self.quorum.image.brokers.get(broker_id)
+        if broker is None or broker.broker_epoch != broker_epoch:
+            raise StaleBrokerEpochError(
+                f"broker {broker_id} is not registered with epoch {broker_epoch}")
+        pending = self._departures.pop(broker_id, None)
+        if pending is not None:
+            pending.cancel()  # back within its grace: alive after all
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        self._presence[broker_id] += 1
+        gone = False
+        try:
+            await response.prepare(request)
+            await response.write(b"\x00")
+            loop = asyncio.get_running_loop()
+            next_byte = loop.time() + PRESENCE_KEEPALIVE_S
+            while not self._stopping and self.is_active and self._active_term == term:
+                transport = request.transport
+                if transport is None or transport.is_closing():
+                    gone = True
+                    break
+                if loop.time() >= next_byte:
+                    await response.write(b"\x00")
+                    next_byte = loop.time() + PRESENCE_KEEPALIVE_S
+                await asyncio.sleep(PRESENCE_CHECK_S)
+        except (ConnectionError, asyncio.CancelledError):
+            gone = True
+            raise
+        finally:
+            self._presence[broker_id] -= 1
+            if (gone and not self._presence[broker_id] and not self._stopping
+                    and self.is_active and self._active_term == term):
+                self._departures[broker_id] = asyncio.get_running_loop().call_later(
+                    PRESENCE_GRACE_S, self._departed, broker_id, broker_epoch)
+        return response
+
+    def _departed(self, broker_id: int, broker_epoch: int) -> None:
+        self._departures.pop(broker_id, None)
+        if self._presence[broker_id] or not self.is_active:
+            return
+        with self.quorum.image_lock:
+            ended = self.core.end_lease(self.quorum.image, broker_id, broker_epoch)
+        if ended:
+            logger.warning("controller %d: broker %d's connection closed and was not reopened "
+                           "within %d ms: its process is gone; fencing it now",
+                           self.config.node_id, broker_id, PRESENCE_GRACE_S * 1000)
+            self._tasks.append(asyncio.create_task(self._tick_once(),
+                                                   name=f"fence-departed-{broker_id}"))
+
     async def _tick_loop(self) -> None:
         while not self._stopping:
             await asyncio.sleep(self.tick_interval_ms / 1000)
-            if not self.is_active:
-                continue
-            try:
-                now_ms, wall_ms = self.clock_ms(), wall_clock_ms()
-                await self.write(lambda image: ControllerResult(
-                    self.core.tick(image, now_ms)
-                    + self.core.expired_delegation_tokens(image, wall_ms), {}))
-            except KraftError as exc:
-                logger.info("controller %d: periodic work failed: %s", self.config.node_id, exc)
-            except Exception:
-                logger.exception("controller %d: periodic work failed", self.config.node_id)
+            if self.is_active:
+                await self._tick_once()
+            self._tasks = [t for t in self._tasks if not t.done()]
+
+    async def _tick_once(self) -> None:
+        """The core's periodic work (fencing lapsed leases, preferred
+        leaders, expired tokens), committed."""
+        try:
+            now_ms, wall_ms = self.clock_ms(), wall_clock_ms()
+            await self.write(lambda image: ControllerResult(
+                self.core.tick(image, now_ms)
+                + self.core.expired_delegation_tokens(image, wall_ms), {}))
+        except KraftError as exc:
+            logger.info("controller %d: periodic work failed: %s", self.config.node_id, exc)
+        except Exception:
+            logger.exception("controller %d: periodic work failed", self.config.node_id)
 
     # -- reading ----------------------------------------------------------
     def _reader(self, pick: Callable[[Controller], Callable[[MetadataImage, dict], dict]]):

@@ -34,6 +34,11 @@ __all__ = ["BrokerLifecycle", "BrokerState", "RE_REGISTER_CODES", "RETRY_BACKOFF
 
 #: Longest wait of one metadata long-poll.
 METADATA_POLL_MS = 5000
+#: The presence stream (``brokers/presence``): a controller silent this long
+#: is taken for gone (it writes a byte every second); the pause before the
+#: stream is opened again, well inside the controller's grace.
+PRESENCE_QUIET_S = 3.0
+PRESENCE_RETRY_S = 0.1
 
 
 def monotonic_ms() -> int:
@@ -88,7 +93,8 @@ class BrokerLifecycle:
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
         self._tasks = [asyncio.create_task(self._control_loop(), name="broker-heartbeat"),
-                       asyncio.create_task(self._metadata_loop(), name="broker-metadata")]
+                       asyncio.create_task(self._metadata_loop(), name="broker-metadata"),
+                       asyncio.create_task(self._presence_loop(), name="broker-presence")]
 
     async def stop(self) -> None:
         self._stopping = True
@@ -151,6 +157,27 @@ class BrokerLifecycle:
                 await asyncio.wait_for(self._wake.wait(), timeout_s)
             except asyncio.TimeoutError:
                 pass
+
+    # -- presence ---------------------------------------------------------
+    async def _presence_loop(self) -> None:
+        """Keep a connection open to the active controller while registered
+        (``ControllerServer.handle_presence``). If this process dies, its
+        kernel closes the connection and the controller fences the broker
+        at once instead of after the session timeout; heartbeats remain
+        what keeps the session."""
+        while not self._stopping:
+            epoch = self.core.broker_epoch
+            if epoch is not None:
+                try:
+                    await self.client.hold(
+                        "/v1/controller/brokers/presence",
+                        {"broker_id": self.broker_id, "broker_epoch": epoch},
+                        quiet_s=PRESENCE_QUIET_S)
+                except KraftError as exc:
+                    logger.debug("broker %d: presence stream: %s", self.broker_id, exc)
+                except Exception:
+                    logger.exception("broker %d: presence stream failed", self.broker_id)
+            await asyncio.sleep(PRESENCE_RETRY_S)
 
     # -- metadata ---------------------------------------------------------
     async def _metadata_loop(self) -> None:

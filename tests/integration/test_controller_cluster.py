@@ -13,7 +13,7 @@ import urllib.request
 import msgpack
 import pytest
 
-from chaos.cluster import ProcessCluster, http_json, wait_until
+from chaos.cluster import FAST_SETTINGS, ProcessCluster, http_json, wait_until
 
 SESSION_TIMEOUT_S = 1.5  # chaos.cluster.FAST_SETTINGS
 
@@ -101,36 +101,74 @@ def test_a_lone_controller_cut_off_from_the_others_cannot_change_metadata(cluste
     assert create_topic(cluster, "healed", partitions=1)["error"] is None
 
 
-def test_a_killed_broker_is_fenced_after_its_session_and_loses_its_leaderships(cluster):
-    create_topic(cluster, "orders", partitions=6, replication_factor=3)
+def test_a_killed_broker_is_fenced_at_once_and_loses_its_leaderships(tmp_path):
+    """kill -9 closes the broker's connections, among them its presence
+    stream to the active controller: it is fenced within a second or two,
+    not after its session (20 s here) lapses."""
+    settings = {**FAST_SETTINGS, "broker.session.timeout.ms": 20_000,
+                "broker.heartbeat.interval.ms": 1000}
+    with ProcessCluster(str(tmp_path / "cluster"), controllers=3, brokers=3,
+                        settings=settings) as cluster:
+        cluster.start()
+        cluster.wait_for_active_controller(20)
+        cluster.wait_for_brokers_running(timeout_s=20)
+        create_topic(cluster, "orders", partitions=6, replication_factor=3)
+        active = cluster.wait_for_active_controller()
+        before = {p["partition"]: p for p in partitions_of(cluster, active, "orders")}
+        victim = before[0]["leader"]
+        led = [p for p, reg in before.items() if reg["leader"] == victim]
+        cluster.kill(victim)
+
+        def moved():
+            now = {p["partition"]: p for p in partitions_of(cluster, active, "orders")}
+            return all(now[p]["leader"] not in (victim, -1) for p in led) and now
+
+        # Well inside the 20 s session: the closed connection is the evidence.
+        after = wait_until(moved, 5, "leaderships to move off the victim")
+        for p in led:
+            assert after[p]["leader"] in before[p]["isr"]  # clean: from the ISR
+            assert after[p]["leader_epoch"] == before[p]["leader_epoch"] + 1
+        for p, reg in after.items():
+            assert victim not in reg["isr"]  # fenced replicas leave every ISR
+        brokers = {b["broker_id"]: b for b in cluster.metadata(active)["brokers"]}
+        assert brokers[victim]["fenced"]
+        assert "its process is gone; fencing it now" in cluster.log_tail(active, 200)
+
+        # Restarted, it registers anew (new incarnation, new epoch) and is unfenced.
+        old_epoch = brokers[victim]["broker_epoch"]
+        cluster.start([victim])
+        cluster.wait_for_brokers_running([victim], timeout_s=20)
+        brokers = {b["broker_id"]: b for b in cluster.metadata(active)["brokers"]}
+        assert not brokers[victim]["fenced"] and brokers[victim]["broker_epoch"] > old_epoch
+
+
+def test_a_paused_broker_keeps_its_leaderships_until_its_session_lapses(cluster):
+    """SIGSTOP closes nothing: a broker paused for less than its session
+    keeps everything, and one paused longer is fenced when its lease lapses
+    (the backstop for a process that is hung or cut off, not gone)."""
+    create_topic(cluster, "paused", partitions=6, replication_factor=3)
     active = cluster.wait_for_active_controller()
-    before = {p["partition"]: p for p in partitions_of(cluster, active, "orders")}
-    victim = before[0]["leader"]
-    led = [p for p, reg in before.items() if reg["leader"] == victim]
-    cluster.kill(victim)
-    killed_at = time.monotonic()
+    victim = partitions_of(cluster, active, "paused")[0]["leader"]
+    since = cluster.quorum(active)["metadata_offset"]
+    cluster.pause(victim)
+    time.sleep(SESSION_TIMEOUT_S / 2)  # the pause itself: shorter than a session
+    cluster.resume(victim)
+    status, body = http_json(cluster.nodes[active].controller_url + "/v1/controller/metadata",
+                             {"after_offset": since, "max_wait_ms": 0})
+    assert status == 200, body
+    assert not [r for r in body.get("records", []) if r["type"] == "fence_broker"]
+    assert partitions_of(cluster, active, "paused")[0]["leader"] == victim
 
-    def moved():
-        now = {p["partition"]: p for p in partitions_of(cluster, active, "orders")}
-        return all(now[p]["leader"] not in (victim, -1) for p in led) and now
-
-    after = wait_until(moved, SESSION_TIMEOUT_S + 5, "leaderships to move off the victim")
-    elapsed = time.monotonic() - killed_at
-    assert elapsed > SESSION_TIMEOUT_S * 0.8, "fenced before its session could lapse"
-    for p in led:
-        assert after[p]["leader"] in before[p]["isr"]  # clean: from the ISR
-        assert after[p]["leader_epoch"] == before[p]["leader_epoch"] + 1
-    for p, reg in after.items():
-        assert victim not in reg["isr"]  # fenced replicas leave every ISR
-    brokers = {b["broker_id"]: b for b in cluster.metadata(active)["brokers"]}
-    assert brokers[victim]["fenced"]
-
-    # Restarted, it registers anew (new incarnation, new epoch) and is unfenced.
-    old_epoch = brokers[victim]["broker_epoch"]
-    cluster.start([victim])
-    cluster.wait_for_brokers_running([victim], timeout_s=20)
-    brokers = {b["broker_id"]: b for b in cluster.metadata(active)["brokers"]}
-    assert not brokers[victim]["fenced"] and brokers[victim]["broker_epoch"] > old_epoch
+    time.sleep(SESSION_TIMEOUT_S)  # heartbeats again: a fresh lease
+    cluster.pause(victim)
+    paused_at = time.monotonic()
+    try:
+        wait_until(lambda: {b["broker_id"]: b for b in cluster.metadata(active)["brokers"]}
+                   [victim]["fenced"], SESSION_TIMEOUT_S + 5, "the paused broker fenced")
+        assert time.monotonic() - paused_at > SESSION_TIMEOUT_S * 0.8, "fenced too early"
+    finally:
+        cluster.resume(victim)
+    assert "its process is gone" not in cluster.log_tail(active, 200)
 
 
 def test_sigterm_moves_a_brokers_leaderships_before_it_exits(cluster):

@@ -334,6 +334,23 @@ def test_tick_fences_exactly_the_lapsed_brokers_at_the_session_boundary():
     assert cluster.tick() == []  # a fenced broker needs no further fencing
 
 
+def test_a_broker_whose_process_is_gone_is_fenced_on_the_next_tick_not_the_session():
+    cluster = Cluster(default_replication_factor=3)
+    cluster.start(1, 2, 3)
+    cluster.create("t", num_partitions=3)
+    epoch = cluster.image.brokers[2].broker_epoch
+    cluster.now_ms = 100  # long before the session could lapse
+    assert not cluster.controller.end_lease(cluster.image, 2, epoch + 1)  # a later process
+    assert not cluster.controller.end_lease(cluster.image, 9, 0)  # unknown
+    assert cluster.tick() == []
+    assert cluster.controller.end_lease(cluster.image, 2, epoch)
+    assert cluster.tick()[0] == rec.FenceBrokerRecord(2, epoch)
+    assert cluster.image.unfenced_broker_ids() == {1, 3}
+    assert all(2 not in cluster.partition("t", p).isr for p in range(3))
+    assert not cluster.controller.end_lease(cluster.image, 2, epoch)  # fenced already
+    assert cluster.tick() == []
+
+
 def test_brokers_lapsing_together_are_fenced_in_one_ordered_batch():
     cluster = Cluster(default_replication_factor=2)
     cluster.start(1, 2, 3)
