@@ -27,6 +27,7 @@ Endpoints (controller listener; msgpack or JSON bodies, see protocol/wire.py):
 
   POST /v1/controller/brokers/register     broker registration
   POST /v1/controller/brokers/heartbeat    lease renewal, fence/unfence, shutdown
+  POST /v1/controller/brokers/presence     held open by a live broker (see handle_presence)
   POST /v1/controller/metadata             long-poll for records after an offset
   POST /v1/controller/topics/create        create topics
   POST /v1/controller/topics/delete        delete topics
