@@ -53,21 +53,28 @@ FAST_SETTINGS: dict[str, Any] = {
 #: Ports handed out by :func:`free_port` in this process (any thread).
 _HANDED_OUT: set[int] = set()
 _PORTS_LOCK = threading.Lock()
-#: Its own generator: a test seeding ``random`` must not make processes pick alike.
+#: Its own generator: a test seeding ``random`` must not make processes pick
+#: alike, nor may forked children.
 _PORT_RANDOM = random.Random()
+os.register_at_fork(after_in_child=_PORT_RANDOM.seed)
 
 
 def _listen_port_range() -> tuple[int, int]:
     """Where :func:`free_port` picks: the 16,384 ports just below the kernel's
-    ephemeral range. A port picked from inside that range can be taken by any
-    outgoing connection (another node's, a client's) between the pick and the
-    node's bind, and a Raft port taken so stops the controller from starting."""
+    ephemeral range, or those above it when there is no room below. A port
+    picked from inside that range can be taken by any outgoing connection
+    (another node's, a client's) between the pick and the node's bind, and a
+    Raft port taken so stops the controller from starting."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    return max(1024, low - 16384), low
+            low, high = (int(v) for v in f.read().split()[:2])
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    if low - 1024 >= 4096:
+        return max(1024, low - 16384), low
+    if 65535 - high >= 4096:
+        return high + 1, 65536
+    return 1024, 65536  # no room outside it: anywhere, checked by binding
 
 
 def _bindable(port: int) -> bool:

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -161,48 +161,59 @@ class ControllerClient:
                     message=f"unexpected {response.content_type} answer: {raw[:200]!r}")
             return msgpack.unpackb(raw, raw=False, strict_map_key=False)
 
-    async def hold(self, path: str, body: Mapping[str, Any], *, quiet_s: float) -> None:
+    async def hold(self, path: str, body: Mapping[str, Any], *,
+                   release: Callable[[int], bool], connect_s: float = 1.0) -> None:
         """POST ``body`` to ``path`` on the active controller and keep the
-        answer's stream open (``brokers/presence``), returning when it ends:
-        the controller closed it, or sent nothing for ``quiet_s`` (a dead or
-        unreachable controller). Raises what a refusal says (a
-        ``ControllerError``, following a not-the-leader hint first) or
-        ``ControllerUnavailableError``. No total timeout: cancelling the
-        caller's task closes the connection."""
+        answer's stream open (``brokers/presence``) until the controller ends
+        it (or its connection breaks) or ``release(node_id)`` says to let go,
+        asked twice a second and after each byte. Silence alone never closes
+        it: a closed stream is what tells the controller this process died.
+        Tries the believed leader first and follows a not-the-leader hint at
+        once; raises ``ControllerError`` for a refusal that retrying will
+        not change, ``ControllerUnavailableError`` when no voter held it."""
         payload = msgpack.packb(dict(body), use_bin_type=True)
+        tried: set[int] = set()
         last_error: Exception | None = None
-        for node_id in self._candidates():
-            session = self._session_or_new()
+        while True:
+            node_id = next((n for n in self._candidates() if n not in tried), None)
+            if node_id is None:
+                raise ControllerUnavailableError(f"no active controller held {path} open; "
+                                                 f"last error: {last_error}")
+            tried.add(node_id)
+            opened = False
             try:
-                async with session.post(
+                async with self._session_or_new().post(
                         self.voter_urls[node_id] + path, data=payload,
-                        timeout=aiohttp.ClientTimeout(total=None, sock_connect=quiet_s,
-                                                      sock_read=quiet_s),
+                        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_s),
                         headers={"Content-Type": "application/msgpack",
                                  "Accept": "application/msgpack"}) as response:
-                    if response.content_type == "application/msgpack":  # refused
-                        answer = msgpack.unpackb(await response.read(), raw=False)
-                        error = answer.get("error") if isinstance(answer, dict) else None
-                        error = error if isinstance(error, dict) else {}
-                        last_error = ControllerError(error.get("code", "UNKNOWN_SERVER_ERROR"),
-                                                     error.get("message", ""), error)
+                    if (response.status != 200
+                            or response.content_type != "application/octet-stream"):
+                        last_error = _refusal(response.status, response.content_type,
+                                              await response.read())
                         if last_error.code not in RETRIABLE_CODES:
                             raise last_error
-                        hint = error.get("leader_id")
+                        hint = last_error.body.get("leader_id")
                         if isinstance(hint, int) and hint in self.voter_urls:
                             self.leader_id = hint
                         continue
-                    self.leader_id = node_id
-                    while await response.content.read(4096):
-                        pass
+                    opened = True
+                    self._failed_at.pop(node_id, None)
+                    while not release(node_id):
+                        try:
+                            chunk = await asyncio.wait_for(response.content.read(4096), 0.5)
+                        except asyncio.TimeoutError:
+                            continue
+                        if not chunk:
+                            return  # the controller ended it: no longer active
                     return
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+                if opened:
+                    return  # it broke: the caller opens it again at once
                 last_error = exc
                 self._failed_at[node_id] = time.monotonic()
                 if self.leader_id == node_id:
                     self.leader_id = None
-        raise ControllerUnavailableError(f"no active controller kept {path} open; last "
-                                         f"error: {last_error}")
 
     async def get_json(self, node_id: int, path: str, timeout_s: float = 5.0) -> Any:
         """GET a JSON inspection endpoint of one controller."""
@@ -210,3 +221,19 @@ class ControllerClient:
         async with session.get(self.voter_urls[node_id] + path,
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
             return await response.json()
+
+
+def _refusal(status: int, content_type: str, raw: bytes) -> ControllerError:
+    """The error in a controller's answer that is not the stream asked for."""
+    error: Any = None
+    if content_type == "application/msgpack":
+        try:
+            answer = msgpack.unpackb(raw, raw=False)
+            error = answer.get("error") if isinstance(answer, dict) else None
+        except ValueError:
+            error = None
+    if not isinstance(error, dict):
+        error = {"code": "UNKNOWN_SERVER_ERROR",
+                 "message": f"HTTP {status} ({content_type}): {raw[:200]!r}"}
+    return ControllerError(error.get("code", "UNKNOWN_SERVER_ERROR"), error.get("message", ""),
+                           error)

@@ -278,7 +278,8 @@ class Controller:
         start_ms = self._lease_start_ms.setdefault(broker_id, now_ms)
         return now_ms - start_ms < self.settings.session_timeout_ms
 
-    def end_lease(self, image: MetadataImage, broker_id: int, broker_epoch: int) -> bool:
+    def end_lease(self, image: MetadataImage, broker_id: int, broker_epoch: int,
+                  closed_ms: int | None = None) -> bool:
         """Certain evidence that broker ``broker_id``'s process of
         ``broker_epoch`` is gone: the connection it holds open to the active
         controller closed and was not reopened (a process that dies has its
@@ -286,9 +287,13 @@ class Controller:
         Its lease ends now, so the next ``tick`` fences it exactly as if the
         lease had lapsed, without waiting out ``session_timeout_ms``. False
         (nothing changes) for a fenced or unknown broker or another epoch:
-        a registration's later process, or one already gone."""
+        a registration's later process, or one already gone; and for a
+        broker that heartbeated after ``closed_ms``, when the connection
+        closed: it is alive, whatever its connection did."""
         broker = image.brokers.get(broker_id)
         if broker is None or broker.fenced or broker.broker_epoch != broker_epoch:
+            return False
+        if closed_ms is not None and self._lease_start_ms.get(broker_id, closed_ms) > closed_ms:
             return False
         self._lease_start_ms[broker_id] = -(2**62)
         return True

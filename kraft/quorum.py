@@ -299,6 +299,9 @@ class MetadataQuorum(GuardedSyncObj):
             # pysyncobj's own retries spin on a CPU in its constructor:
             # _wait_bindable has waited already, so few and then an error.
             maxBindRetries=3,
+            # Its own address only, as the controller's HTTP listener: by
+            # default pysyncobj listens on every interface (0.0.0.0).
+            bindAddress=raft_addresses[node_id],
         )
         self_address = raft_addresses[node_id]
         others = [address for nid, address in sorted(raft_addresses.items()) if nid != node_id]

@@ -226,6 +226,7 @@ class ControllerServer:
 
     async def stop(self) -> None:
         self._stopping = True  # no new activation, no more ticks
+        self._forget_departures()
         tasks = self._tasks + ([self._activation] if self._activation else [])
         left = await cancel_until_done(tasks, STOP_TASKS_TIMEOUT_S)
         if left:
@@ -284,8 +285,10 @@ class ControllerServer:
             if self._active_term is not None:
                 logger.info("controller %d is no longer active", self.config.node_id)
             self._active_term = None
+            self._forget_departures()
         elif self._active_term != term and self._activation is None:
             self._active_term = None
+            self._forget_departures()
             self._activation = asyncio.create_task(self._activate(term))
 
     async def _activate(self, term: int) -> None:
@@ -429,10 +432,11 @@ class ControllerServer:
             pending.cancel()  # back within its grace: alive after all
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         self._presence[broker_id] += 1
-        gone = False
+        opened = gone = False
         try:
             await response.prepare(request)
             await response.write(b"\x00")
+            opened = True  # from here on, a closed connection is the broker's doing
             loop = asyncio.get_running_loop()
             next_byte = loop.time() + PRESENCE_KEEPALIVE_S
             while not self._stopping and self.is_active and self._active_term == term:
@@ -444,29 +448,37 @@ class ControllerServer:
                     await response.write(b"\x00")
                     next_byte = loop.time() + PRESENCE_KEEPALIVE_S
                 await asyncio.sleep(PRESENCE_CHECK_S)
-        except (ConnectionError, asyncio.CancelledError):
-            gone = True
-            raise
+        except ConnectionError:
+            gone = opened
         finally:
             self._presence[broker_id] -= 1
             if (gone and not self._presence[broker_id] and not self._stopping
                     and self.is_active and self._active_term == term):
                 self._departures[broker_id] = asyncio.get_running_loop().call_later(
-                    PRESENCE_GRACE_S, self._departed, broker_id, broker_epoch)
+                    PRESENCE_GRACE_S, self._departed, broker_id, broker_epoch, term,
+                    self.clock_ms())
         return response
 
-    def _departed(self, broker_id: int, broker_epoch: int) -> None:
+    def _departed(self, broker_id: int, broker_epoch: int, term: int, closed_ms: int) -> None:
         self._departures.pop(broker_id, None)
-        if self._presence[broker_id] or not self.is_active:
+        if (self._presence[broker_id] or self._stopping or not self.is_active
+                or self._active_term != term):
             return
         with self.quorum.image_lock:
-            ended = self.core.end_lease(self.quorum.image, broker_id, broker_epoch)
+            ended = self.core.end_lease(self.quorum.image, broker_id, broker_epoch, closed_ms)
         if ended:
             logger.warning("controller %d: broker %d's connection closed and was not reopened "
                            "within %d ms: its process is gone; fencing it now",
                            self.config.node_id, broker_id, PRESENCE_GRACE_S * 1000)
             self._tasks.append(asyncio.create_task(self._tick_once(),
                                                    name=f"fence-departed-{broker_id}"))
+
+    def _forget_departures(self) -> None:
+        """No longer active (or stopping): departures seen in that term are
+        not this controller's to act on."""
+        for pending in self._departures.values():
+            pending.cancel()
+        self._departures.clear()
 
     async def _tick_loop(self) -> None:
         while not self._stopping:

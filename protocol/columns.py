@@ -104,6 +104,8 @@ def binary_column(items: Any) -> BinaryColumn:
     try:  # bytes-like values only: joined and measured in C
         data = b"".join(items)
         validity = None
+        if len(data) != sum(map(len, items)):  # a buffer of wider items (array("i"))
+            raise TypeError
     except TypeError:
         items, validity = _normalised(items)
         data = b"".join(items)
@@ -132,9 +134,14 @@ def _normalised(items: Any) -> tuple[list, bytes | None]:
             out.append(b"")
         elif isinstance(item, str):
             out.append(item.encode())
-        elif isinstance(item, (bytes, bytearray, memoryview)):
+        elif isinstance(item, (bytes, bytearray)):
             out.append(item)
         else:
+            try:  # any other buffer: its bytes
+                out.append(memoryview(item).cast("B").tobytes())
+                continue
+            except TypeError:
+                pass
             raise TypeError(f"value {i} is {type(item).__name__}: give bytes, str or None")
     return out, _bitmap(nulls, len(out))
 
@@ -149,6 +156,8 @@ def _arrow_column(column: Any) -> BinaryColumn:
         raise TypeError(f"an Arrow column of {column.type}: give binary or string values")
     if not pa.types.is_binary(column.type):
         column = column.cast(pa.binary())
+    if len(column) == 0:
+        return BinaryColumn(array("i", [0]), b"", None, 0)
     validity, offsets, data = column.buffers()
     at = column.offset
     offsets = memoryview(offsets).cast("B").cast("i")[at:at + len(column) + 1]

@@ -34,10 +34,8 @@ __all__ = ["BrokerLifecycle", "BrokerState", "RE_REGISTER_CODES", "RETRY_BACKOFF
 
 #: Longest wait of one metadata long-poll.
 METADATA_POLL_MS = 5000
-#: The presence stream (``brokers/presence``): a controller silent this long
-#: is taken for gone (it writes a byte every second); the pause before the
-#: stream is opened again, well inside the controller's grace.
-PRESENCE_QUIET_S = 3.0
+#: The pause before the presence stream (``brokers/presence``) is asked for
+#: again after a refusal or a failure to connect.
 PRESENCE_RETRY_S = 0.1
 
 
@@ -164,19 +162,31 @@ class BrokerLifecycle:
         (``ControllerServer.handle_presence``). If this process dies, its
         kernel closes the connection and the controller fences the broker
         at once instead of after the session timeout; heartbeats remain
-        what keeps the session."""
+        what keeps the session. Nothing else closes it but a new active
+        controller or a new registration (silence does not: a broker cut
+        off for a while must not look dead when the network heals)."""
         while not self._stopping:
             epoch = self.core.broker_epoch
-            if epoch is not None:
-                try:
-                    await self.client.hold(
-                        "/v1/controller/brokers/presence",
-                        {"broker_id": self.broker_id, "broker_epoch": epoch},
-                        quiet_s=PRESENCE_QUIET_S)
-                except KraftError as exc:
-                    logger.debug("broker %d: presence stream: %s", self.broker_id, exc)
-                except Exception:
-                    logger.exception("broker %d: presence stream failed", self.broker_id)
+            if epoch is None:
+                await asyncio.sleep(PRESENCE_RETRY_S)
+                continue
+
+            def release(node_id: int, epoch: int = epoch) -> bool:
+                leader = self.client.leader_id
+                return (self._stopping or self.core.broker_epoch != epoch
+                        or (leader is not None and leader != node_id))
+
+            started = time.monotonic()
+            try:
+                await self.client.hold(
+                    "/v1/controller/brokers/presence",
+                    {"broker_id": self.broker_id, "broker_epoch": epoch}, release=release)
+                if time.monotonic() - started > PRESENCE_RETRY_S:
+                    continue  # held, then ended or let go: open it again at once
+            except KraftError as exc:
+                logger.debug("broker %d: presence stream: %s", self.broker_id, exc)
+            except Exception:
+                logger.exception("broker %d: presence stream failed", self.broker_id)
             await asyncio.sleep(PRESENCE_RETRY_S)
 
     # -- metadata ---------------------------------------------------------

@@ -22,6 +22,8 @@ from typing import Any
 
 from protocol import columns
 
+#: Keyed rows are placed this many at a time.
+CHUNK_ROWS = 65_536
 #: msgpack framing of one record beyond its key and value, at most (what
 #: ``protocol.columns.encode`` adds): array, two ints, two bin headers, headers.
 RECORD_FRAMING = 1 + 1 + 5 + 5 + 5 + 1
@@ -50,8 +52,10 @@ def plan(records: BulkRecords, partitions: int, partition: int | None, batch_siz
          ) -> Iterator[tuple[int, bytearray, int]]:
     """(partition, encoded section with room for the batch header, record
     count) of every batch to queue, in order. ``keyless_partition()``: the
-    partition for the next batch of keyless records (called once per
-    batch); ``partitioner(key, partitions)``: a custom one, per record."""
+    partition for the next batch of keyless records (called once per batch
+    of them, and once per call for the null keys among keyed records, which
+    then go there in order with the rest); ``partitioner(key, partitions)``:
+    a custom one, per record."""
     count = records.count
     if count == 0:
         return
@@ -64,26 +68,35 @@ def plan(records: BulkRecords, partitions: int, partition: int | None, batch_siz
     if keys is None and partitioner is None:
         yield from _contiguous(records, room, keyless_partition)
         return
-    # Keyed (or a custom partitioner): each row to its partition, in order.
-    buckets: list[list[int]] = [[] for _ in range(partitions)]
-    if partitioner is None:
-        hashes = memoryview(columns.murmur2(keys)).cast("i")
-        keyless: list[int] = []
-        for row, hashed in enumerate(hashes):
-            (buckets[hashed % partitions] if hashed >= 0 else keyless).append(row)
-    else:
-        key_at = columns.row_reader(keys) if keys is not None else (lambda row: None)
-        keyless = []
-        for row in range(count):
-            chosen = partitioner(key_at(row), partitions)
-            if not isinstance(chosen, int) or not 0 <= chosen < partitions:
-                raise ValueError(f"partitioner chose {chosen!r} of {partitions} partitions")
-            buckets[chosen].append(row)
-    key_column = keys if keys is not None else columns.null_column(count)
-    for target, rows in enumerate(buckets):
-        yield from _scattered(key_column, values, rows, room, lambda target=target: target)
-    if keyless:
-        yield from _scattered(key_column, values, keyless, room, keyless_partition)
+    # Keyed (or a custom partitioner): each row to its partition, in order,
+    # a chunk of rows at a time (encoding checks the columns it is given:
+    # whole columns for every batch would cost rows x batches).
+    vo = memoryview(values.offsets).cast("B").cast("i")
+    ko = None if keys is None else memoryview(keys.offsets).cast("B").cast("i")
+    null_target: int | None = None  # every keyless row of the call: one partition
+    for first in range(0, count, CHUNK_ROWS):
+        end = min(count, first + CHUNK_ROWS)
+        chunk_values = _slice(values, vo, first, end)
+        chunk_keys = (columns.null_column(end - first) if keys is None
+                      else _slice(keys, ko, first, end))
+        buckets: list[list[int]] = [[] for _ in range(partitions)]
+        if partitioner is None:
+            for row, hashed in enumerate(memoryview(columns.murmur2(chunk_keys)).cast("i")):
+                if hashed < 0:
+                    if null_target is None:
+                        null_target = keyless_partition()
+                    buckets[null_target].append(row)
+                else:
+                    buckets[hashed % partitions].append(row)
+        else:
+            key_at = columns.row_reader(chunk_keys)
+            for row in range(end - first):
+                chosen = partitioner(key_at(row), partitions)
+                if not isinstance(chosen, int) or not 0 <= chosen < partitions:
+                    raise ValueError(f"partitioner chose {chosen!r} of {partitions} partitions")
+                buckets[chosen].append(row)
+        for target, rows in enumerate(buckets):
+            yield from _scattered(chunk_keys, chunk_values, rows, room, target)
 
 
 def _contiguous(records: BulkRecords, room: int, partition_for: Callable[[], int]
@@ -128,8 +141,7 @@ def _slice(column: columns.BinaryColumn, offsets: memoryview, first: int, end: i
 
 
 def _scattered(keys: columns.BinaryColumn, values: columns.BinaryColumn, rows: list[int],
-               room: int, partition_for: Callable[[], int]
-               ) -> Iterator[tuple[int, bytearray, int]]:
+               room: int, target: int) -> Iterator[tuple[int, bytearray, int]]:
     """Rows ``rows`` (in this order), cut where a batch is full."""
     if not rows:
         return
@@ -142,7 +154,7 @@ def _scattered(keys: columns.BinaryColumn, values: columns.BinaryColumn, rows: l
         end = max(bisect.bisect_right(filled, used + room), first + 1)
         section = columns.encode(keys, values, array("q", rows[first:end]),
                                  columns.BATCH_HEADER_BYTES)
-        yield partition_for(), section, end - first
+        yield target, section, end - first
         used = filled[end - 1]
         first = end
 

@@ -396,8 +396,9 @@ class Fetcher:
                 by_url.setdefault(url, []).append(state)
         for url, states in by_url.items():
             self.in_flight_tps[url] = frozenset(state.tp for state in states)
-            self.in_flight[url] = asyncio.get_running_loop().create_task(
-                self._fetch(url, states))
+            task = asyncio.get_running_loop().create_task(self._fetch(url, states))
+            task.add_done_callback(lambda done, url=url: self._fetch_done(url, done))
+            self.in_flight[url] = task
         return next_ms
 
     def abandon(self, tps: set[TopicPartition]) -> None:
@@ -406,7 +407,8 @@ class Fetcher:
         waiting at the old position (a long poll at the log end, up to
         ``fetch_max_wait_ms``) would hold back the fetch from the new one:
         one fetch at a time goes to each leader. The other partitions in it
-        are asked for again from the same positions."""
+        are asked for again from the same positions. (Each cancelled fetch
+        costs its connection: aiohttp closes a request it abandons.)"""
         for url, asked in list(self.in_flight_tps.items()):
             task = self.in_flight.get(url)
             if task is not None and not asked.isdisjoint(tps):
@@ -472,10 +474,15 @@ class Fetcher:
                 else:
                     state.error = exc
                     self.data.set()
-        finally:
+
+    def _fetch_done(self, url: str, task: asyncio.Task) -> None:
+        """A fetch ended (answered, failed or cancelled, even before it
+        started: a coroutine's own ``finally`` would not run then): the
+        leader may be fetched from again."""
+        if self.in_flight.get(url) is task:
             del self.in_flight[url]
             del self.in_flight_tps[url]
-            self.wakeup.set()
+        self.wakeup.set()
 
     def _take_fetch_answer(self, url: str, asked: dict, answer: dict) -> None:
         now = monotonic_ms()

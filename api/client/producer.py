@@ -217,13 +217,20 @@ class AsyncProducer:
         one call, all records at ``timestamp_ms`` (default now), no headers.
         Returns one handle per batch, in order: its first record's (the
         batch's records follow its offset in order); ``on_delivery`` runs
-        once per batch, with that record's metadata."""
+        once per batch, with that record's metadata. If it raises partway
+        (say ``BufferExhaustedError`` after ``max_block_ms``), the batches
+        queued before stay queued and may be written: calling it again with
+        the same records can write those twice."""
         if self._loop is None:
             await self.start()
         records = BulkRecords(values, keys)
         count = len(await self.partitions_for(topic))
         _check_partition(topic, partition, count)
+        deadline = time.monotonic() + self.config.max_block_ms / 1000
         while self._acc.has_pending(topic):  # earlier sends waiting for metadata
+            if time.monotonic() > deadline:
+                raise BufferExhaustedError(f"earlier records of {topic} waited for its "
+                                           "metadata for max_block_ms")
             await asyncio.sleep(0.001)
         handles = []
         for target, section, records_in in self._acc.bulk_batches(topic, records, count,
@@ -231,6 +238,7 @@ class AsyncProducer:
             handles.append(await self.send_encoded(topic, target, section, records_in,
                                                    timestamp_ms, on_delivery,
                                                    header_room=True))
+            await asyncio.sleep(0)  # the sender may start on what is queued
         return handles
 
     async def _send_when_room(self, *record: Any) -> RecordHandle:
@@ -496,7 +504,7 @@ class Producer:
         while acc.has_pending(topic):  # earlier sends waiting for metadata
             if time.monotonic() > deadline:
                 raise BufferExhaustedError(f"earlier records of {topic} waited for its "
-                                           f"metadata for max_block_ms")
+                                           "metadata for max_block_ms")
             time.sleep(0.001)
         return [acc.append_encoded(topic, target, section, records_in, timestamp_ms,
                                    on_delivery, True)

@@ -270,7 +270,23 @@ def test_free_ports_are_outside_the_ephemeral_range():
     """Outgoing connections take ports from the ephemeral range; a node told
     to listen on one of those can find it taken."""
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-        low = int(f.read().split()[0])
+        low, high = (int(v) for v in f.read().split()[:2])
     ports = [free_port(pair=True) for _ in range(50)]
-    assert all(1024 <= p and p + 1 < low for p in ports)
+    assert all(1024 <= p and (p + 1 < low or p > high) for p in ports)
     assert len({*ports, *(p + 1 for p in ports)}) == 100
+
+
+def test_the_raft_port_listens_on_its_own_address_only(tmp_path):
+    """pysyncobj alone listens on 0.0.0.0; a controller configured on
+    127.0.0.1 must not be reachable on another address of the machine."""
+    import socket
+
+    address = f"127.0.0.1:{free_port()}"
+    (quorum,) = make_quorums(tmp_path, {1: address})
+    try:
+        port = int(address.rsplit(":", 1)[1])
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.2", port), timeout=5).close()
+    finally:
+        quorum.stop()

@@ -349,6 +349,12 @@ def test_a_broker_whose_process_is_gone_is_fenced_on_the_next_tick_not_the_sessi
     assert all(2 not in cluster.partition("t", p).isr for p in range(3))
     assert not cluster.controller.end_lease(cluster.image, 2, epoch)  # fenced already
     assert cluster.tick() == []
+    # A broker that heartbeated after its connection closed is alive.
+    cluster.now_ms = 200
+    cluster.keep_alive(3)
+    epoch3 = cluster.image.brokers[3].broker_epoch
+    assert not cluster.controller.end_lease(cluster.image, 3, epoch3, closed_ms=150)
+    assert cluster.controller.end_lease(cluster.image, 3, epoch3, closed_ms=250)
 
 
 def test_brokers_lapsing_together_are_fenced_in_one_ordered_batch():

@@ -65,14 +65,38 @@ def test_an_explicit_partition_takes_everything_and_a_huge_record_goes_alone():
 
 
 def test_nulls_and_str_and_arrow_arrays():
-    planned = batches(["é", None, b"x"], [None, "k", None], partitions=3)
+    planned = batches(["é", None, b"x"], [None, "k", None], partitions=8)
     rows = {v: (t, k) for t, rs in planned for k, v in rs}
     assert rows["é".encode()] == (KEYLESS, None) and rows[b"x"] == (KEYLESS, None)
-    assert rows[None] == (partition_for_key(b"k", 3), b"k")
+    assert rows[None] == (partition_for_key(b"k", 8), b"k")
     arrow = pa.array([b"p", None, b"q", b"r"]).slice(1)  # an offset into the buffers
-    planned = batches(arrow, pa.chunked_array([["x", "y"], [None]]), partitions=2)
+    planned = batches(arrow, pa.chunked_array([["x", "y"], [None]]), partitions=8)
     got = sorted((v or b"", k or b"") for _, rs in planned for k, v in rs)
     assert got == [(b"", b"x"), (b"q", b"y"), (b"r", b"")]
+
+
+def test_null_keys_among_keyed_ones_keep_their_place_in_the_partition():
+    target = partition_for_key(b"k", 8)
+    planned = []
+    for where, section, count in plan(BulkRecords([b"v0", b"v1", b"v2", b"v3"],
+                                                  [None, b"k", None, b"k"]),
+                                      8, None, 1 << 20, lambda: target):
+        built = bytes(EncodedBatchBuilder(section, count, 1000, header_room=True).build())
+        planned += [(where, r.value) for r in iter_records(built)]
+    assert planned == [(target, b"v0"), (target, b"v1"), (target, b"v2"), (target, b"v3")]
+
+
+def test_many_keyed_rows_are_placed_a_chunk_at_a_time_in_order(monkeypatch):
+    import api.client.bulk as bulk
+
+    monkeypatch.setattr(bulk, "CHUNK_ROWS", 7)
+    keys = [b"k%d" % (i % 5) for i in range(100)]
+    values = [b"v%d" % i for i in range(100)]
+    planned = batches(values, keys, partitions=3)
+    assert sorted(v for _, rows in planned for _, v in rows) == sorted(values)
+    for target in range(3):
+        mine = [v for t, rows in planned if t == target for _, v in rows]
+        assert mine == [v for k, v in zip(keys, values) if partition_for_key(k, 3) == target]
 
 
 def test_a_custom_partitioner_is_asked_per_record():
@@ -96,3 +120,12 @@ def test_bad_columns_are_refused_with_what_to_give(values, keys, message):
 
 def test_nothing_to_send_plans_nothing():
     assert batches([]) == []
+    assert batches(pa.array([], pa.binary())) == []
+    assert batches(pa.array([], pa.string()), pa.array([], pa.string())) == []
+
+
+def test_any_buffer_is_its_bytes_whatever_its_item_size():
+    from array import array
+
+    planned = batches([array("i", [1, 2]), memoryview(b"ab")], partition=0)
+    assert [v for _, rows in planned for _, v in rows] == [array("i", [1, 2]).tobytes(), b"ab"]
