@@ -21,11 +21,11 @@ import uuid
 from collections.abc import Callable
 
 from api.broker.lifecycle_core import (RE_REGISTER_CODES, RETRY_BACKOFF_MS, BrokerState,
-                                       LifecycleCore, LifecycleSettings)
+                                       LifecycleCore, LifecycleSettings, note_change)
 from kraft.client import ControllerClient
 from kraft.config import NodeConfig
 from kraft.image import MetadataImage
-from kraft.records import decode
+from kraft.records import RemoveTopicRecord, decode
 from protocol.errors import KraftError, MetadataApplyError
 
 logger = logging.getLogger(__name__)
@@ -57,6 +57,11 @@ class BrokerLifecycle:
             session_timeout_ms=config.session_timeout_ms), monotonic_ms())
         self.image = MetadataImage()
         self._listeners: list[Callable[[MetadataImage], None]] = []
+        #: What the records behind the latest notification of the listeners
+        #: changed: topic -> its changed partitions (None: all of them), or
+        #: None for everything (a snapshot, a cluster-wide config). Listeners
+        #: use it to revisit only those partitions.
+        self.changed_topics: dict[str, set[int] | None] | None = None
         self._tasks: list[asyncio.Task] = []
         # Set when the core may have a request due sooner than it said.
         self._wake = asyncio.Event()
@@ -218,14 +223,21 @@ class BrokerLifecycle:
         self.core.metadata_reset()
 
     def _apply(self, answer: dict) -> None:
+        changed: dict[str, set[int] | None] | None = {}
         if "snapshot" in answer:
             self.image = MetadataImage.from_snapshot(answer["snapshot"])
+            changed = None
         else:
             try:
                 for offset, raw in answer.get("records", ()):
                     if offset <= self.image.offset:
                         continue  # already applied (a retried fetch)
-                    self.image.apply(decode(raw), offset)
+                    record = decode(raw)
+                    removed = (self.image.topic_names_by_id.get(record.topic_id)
+                               if isinstance(record, RemoveTopicRecord) else None)
+                    self.image.apply(record, offset)
+                    if changed is not None:
+                        changed = note_change(changed, record, self.image, removed)
             except (MetadataApplyError, KraftError) as exc:
                 # Our copy disagrees with the log: start over from a snapshot.
                 logger.critical("broker %d: metadata record refused (%s); reloading",
@@ -238,8 +250,10 @@ class BrokerLifecycle:
         if not self.core.metadata_applied(self.image.offset, controller_offset, monotonic_ms()):
             return  # nothing new to act on (catching up is news: replication may start)
         self._wake.set()  # a heartbeat may be due at once (to be unfenced)
+        self.changed_topics = changed
         for listener in self._listeners:
             try:
                 listener(self.image)
             except Exception:
                 logger.exception("broker %d: metadata listener failed", self.broker_id)
+

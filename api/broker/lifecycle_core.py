@@ -33,6 +33,10 @@ import dataclasses
 import enum
 import logging
 
+from kraft.image import MetadataImage
+from kraft.records import (ConfigRecord, PartitionChangeRecord, PartitionRecord, Record,
+                           RemoveTopicRecord, TopicRecord)
+
 logger = logging.getLogger(__name__)
 
 #: Pause after a failed registration or heartbeat (capped by the interval).
@@ -256,3 +260,23 @@ class LifecycleCore:
         logger.info("broker %d: %s -> %s", self.settings.broker_id, self.state.value,
                     state.value)
         self.state = state
+
+
+def note_change(changed: dict[str, set[int] | None], record: Record, image: MetadataImage,
+                 removed: str | None) -> dict[str, set[int] | None] | None:
+    """``changed`` with what ``record`` (just applied to ``image``) changed
+    for the partitions a broker hosts; None when that is everything."""
+    if isinstance(record, (PartitionRecord, PartitionChangeRecord)):
+        name = image.topic_names_by_id.get(record.topic_id)
+        if name is not None and changed.get(name, set()) is not None:
+            changed.setdefault(name, set()).add(record.partition)
+    elif isinstance(record, TopicRecord):
+        changed[record.name] = None
+    elif isinstance(record, RemoveTopicRecord):
+        if removed is not None:
+            changed[removed] = None
+    elif isinstance(record, ConfigRecord):
+        if record.resource_type != "topic":
+            return None  # a broker or cluster default: any topic may use it
+        changed[record.resource_name] = None
+    return changed

@@ -233,8 +233,10 @@ class ReplicaManager:
         return self.core.leader_partition(topic, partition, current_leader_epoch)
 
     # -- events in -------------------------------------------------------------------
-    def apply_image(self, image: MetadataImage) -> None:
-        self.core.apply_image(image, self.clock_ms())
+    def apply_image(self, image: MetadataImage,
+                    changed: Mapping[str, set[int] | None] | None = None) -> None:
+        """``ReplicationCore.apply_image``: ``changed`` as it says."""
+        self.core.apply_image(image, self.clock_ms(), changed)
         self._carry_out()
 
     async def produce(self, items: list[ProduceItem], acks: int, timeout_ms: int

@@ -290,6 +290,16 @@ class ReplicationCore:
         # The simulator plants known bugs through a Partition subclass.
         self.partition_factory = partition_factory
         self.partitions: dict[TopicPartition, Partition] = {}
+        # The hosted partitions by topic, and the follower session each
+        # followed partition is in: a metadata change looks only at what it
+        # changed (apply_image).
+        self._by_topic: dict[str, set[TopicPartition]] = {}
+        self._session_key_of: dict[TopicPartition, tuple[int, int]] = {}
+        # (metadata caught up, fetch ready) at the last walk of every topic.
+        self._walked: tuple[bool, bool] | None = None
+        # Assigned partitions whose log did not open: looked at again on the
+        # next metadata change, whatever it changed.
+        self._unopened: dict[str, set[int]] = {}
         self.image = MetadataImage()
         # ISR changes this broker made as leader (metrics).
         self.isr_shrinks = 0
@@ -417,56 +427,118 @@ class ReplicationCore:
                     del self._waiting_on[tp]
 
     # -- following the metadata ------------------------------------------------------
-    def apply_image(self, image: MetadataImage, now_ms: int) -> None:
+    def apply_image(self, image: MetadataImage, now_ms: int,
+                    changed: Mapping[str, set[int] | None] | None = None) -> None:
         """Host what ``image`` gives this broker; once the metadata has caught
         up (``lifecycle.metadata_caught_up``) also take roles from it and
-        drop what it no longer gives."""
+        drop what it no longer gives. ``changed``: the topics (and, where
+        known, partitions) the records since the last image touched; only
+        those are looked at again, so a change costs what it changed, not
+        the cluster's partition count. None looks at everything (a snapshot,
+        a cluster-wide config, the first image caught up)."""
         self.image = image
         caught_up = self.lifecycle.metadata_caught_up
-        # Assigned by the image, whether or not its log opens: a log that
-        # fails to open now is retried on the next change, never deleted.
-        assigned: set[TopicPartition] = set()
-        for name, topic in image.topics.items():
-            configs = image.topic_configs(name)
-            overrides = {key: value for key, value in configs.items() if key in TOPIC_KEYS}
-            min_isr = _as_int(configs.get(MIN_INSYNC_REPLICAS,
-                                          self.topic_defaults.get(MIN_INSYNC_REPLICAS)), 1)
-            for number, reg in topic.partitions.items():
-                if self.broker_id not in reg.replicas:
-                    continue
-                tp = TopicPartition(name, number)
-                assigned.add(tp)
-                try:
-                    part = self._hosted(tp, topic.topic_id, overrides, caught_up)
-                except Exception:
-                    logger.exception("broker %d: cannot open the log of %s", self.broker_id, tp)
-                    continue
-                if part is None:
-                    continue
-                part.min_insync_replicas = min_isr
-                if not caught_up:
-                    # A replayed past: the log is opened, but no role is taken
-                    # from it (no epoch written, no high watermark moved, no
-                    # ISR proposed). The caught-up image that follows decides.
-                    continue
-                before = (part.role, part.leader_epoch, part.high_watermark)
-                recovery = reg.leader_recovery_state
-                if part.update(reg.leader, reg.leader_epoch, reg.partition_epoch,
-                               reg.replicas, reg.isr, now_ms, recovery):
-                    self._log_new_leadership(part, recovery)
-                if (part.role, part.leader_epoch, part.high_watermark) != before:
-                    self._touch(tp)  # waiting requests answer with the new role or data
-        if caught_up:
-            doomed = {tp for tp in self.partitions if tp not in assigned}
-            doomed |= {tp for tp in self.logs.hosted() if tp not in assigned}
-            for tp in sorted(doomed):
-                try:
-                    self._remove(tp, "its topic was deleted or it moved to other brokers")
-                except Exception:
-                    logger.exception("broker %d: cannot delete the log of %s",
-                                     self.broker_id, tp)
-        self._sync_sessions(now_ms)
+        fetch_ready = self.lifecycle.fetch_ready
+        if changed is not None and self._unopened:  # logs that failed to open: again
+            merged = dict(changed)
+            for name, numbers in self._unopened.items():
+                if name in merged and merged[name] is not None:
+                    merged[name] = merged[name] | numbers
+                elif name not in merged:
+                    merged[name] = set(numbers)
+            changed = merged
+        self._unopened = {}
+        try:
+            self._apply_image(image, now_ms, changed, caught_up, fetch_ready)
+        except BaseException:
+            self._walked = None  # the next image is looked at whole
+            raise
         self._after_event(now_ms)
+
+    def _apply_image(self, image: MetadataImage, now_ms: int,
+                     changed: Mapping[str, set[int] | None] | None, caught_up: bool,
+                     fetch_ready: bool) -> None:
+        if changed is None or not caught_up or (caught_up, fetch_ready) != self._walked:
+            self._walked = (caught_up, fetch_ready)
+            assigned = self._apply_topics(image, dict.fromkeys(image.topics), caught_up, now_ms)
+            if caught_up:
+                doomed = {tp for tp in self.partitions if tp not in assigned}
+                doomed |= {tp for tp in self.logs.hosted() if tp not in assigned}
+                self._drop(doomed)
+            self._sync_sessions(None)
+        else:
+            wanted: set[TopicPartition] = set()  # hosted before, among the changed
+            for name, numbers in changed.items():
+                hosted = self._by_topic.get(name, set())
+                wanted |= (hosted if numbers is None
+                           else {tp for tp in hosted if tp.partition in numbers})
+            assigned = self._apply_topics(image, changed, caught_up, now_ms)
+            self._drop({tp for tp in wanted if tp not in assigned})
+            self._sync_sessions(wanted | assigned)
+
+    def _assigned_in(self, image: MetadataImage, changed: Mapping[str, set[int] | None] | None):
+        """(tp, registration) of this broker's replicas among ``changed``
+        (every topic for None)."""
+        names = image.topics if changed is None else changed
+        for name in names:
+            topic = image.topics.get(name)
+            if topic is None:
+                continue
+            numbers = None if changed is None else changed[name]
+            items = (topic.partitions.items() if numbers is None
+                     else ((n, topic.partitions[n]) for n in sorted(numbers)
+                           if n in topic.partitions))
+            for number, reg in items:
+                if self.broker_id in reg.replicas:
+                    yield TopicPartition(name, number), reg
+
+    def _apply_topics(self, image: MetadataImage, changed: Mapping[str, set[int] | None],
+                      caught_up: bool, now_ms: int) -> set[TopicPartition]:
+        """Open, configure and update this broker's replicas among
+        ``changed``; returns them (assigned, whether or not a log opened)."""
+        assigned: set[TopicPartition] = set()
+        configs_of: dict[str, tuple[dict, int]] = {}
+        for tp, reg in self._assigned_in(image, changed):
+            assigned.add(tp)
+            if tp.topic not in configs_of:
+                configs = image.topic_configs(tp.topic)
+                configs_of[tp.topic] = (
+                    {key: value for key, value in configs.items() if key in TOPIC_KEYS},
+                    _as_int(configs.get(MIN_INSYNC_REPLICAS,
+                                        self.topic_defaults.get(MIN_INSYNC_REPLICAS)), 1))
+            overrides, min_isr = configs_of[tp.topic]
+            # Assigned by the image, whether or not its log opens: a log that
+            # fails to open now is retried on the next change, never deleted.
+            try:
+                part = self._hosted(tp, image.topics[tp.topic].topic_id, overrides, caught_up)
+            except Exception:
+                logger.exception("broker %d: cannot open the log of %s", self.broker_id, tp)
+                part = None
+            if part is None:
+                if caught_up:  # tried again with the next change, whatever it is
+                    self._unopened.setdefault(tp.topic, set()).add(tp.partition)
+                continue
+            part.min_insync_replicas = min_isr
+            if not caught_up:
+                # A replayed past: the log is opened, but no role is taken
+                # from it (no epoch written, no high watermark moved, no
+                # ISR proposed). The caught-up image that follows decides.
+                continue
+            before = (part.role, part.leader_epoch, part.high_watermark)
+            recovery = reg.leader_recovery_state
+            if part.update(reg.leader, reg.leader_epoch, reg.partition_epoch,
+                           reg.replicas, reg.isr, now_ms, recovery):
+                self._log_new_leadership(part, recovery)
+            if (part.role, part.leader_epoch, part.high_watermark) != before:
+                self._touch(tp)  # waiting requests answer with the new role or data
+        return assigned
+
+    def _drop(self, doomed: set[TopicPartition]) -> None:
+        for tp in sorted(doomed):
+            try:
+                self._remove(tp, "its topic was deleted or it moved to other brokers")
+            except Exception:
+                logger.exception("broker %d: cannot delete the log of %s", self.broker_id, tp)
 
     def _hosted(self, tp: TopicPartition, topic_id: str, overrides: dict,
                 caught_up: bool) -> Partition | None:
@@ -486,11 +558,17 @@ class ReplicationCore:
         part = self.partition_factory(tp, log, self.broker_id, topic_id,
                                       high_watermark=high_watermark)
         self.partitions[tp] = part
+        self._by_topic.setdefault(tp.topic, set()).add(tp)
         return part
 
     def _remove(self, tp: TopicPartition, reason: str) -> None:
         logger.info("broker %d: deleting the log of %s (%s)", self.broker_id, tp, reason)
         self.partitions.pop(tp, None)
+        hosted = self._by_topic.get(tp.topic)
+        if hosted is not None:
+            hosted.discard(tp)
+            if not hosted:
+                del self._by_topic[tp.topic]
         self.logs.delete(tp)
         self._touch(tp)
 
@@ -827,30 +905,64 @@ class ReplicationCore:
         index = zlib.crc32(f"{tp.topic}\0{tp.partition}".encode()) % count if count > 1 else 0
         return leader_id, index
 
-    def _sync_sessions(self, now_ms: int) -> None:
+    def _sync_sessions(self, only: set[TopicPartition] | None) -> None:
         """Give each followed partition to the session of its leader; start
         sessions for new leaders, drop those left with nothing. A session
-        whose partitions changed drops its fetch in flight."""
-        wanted: dict[tuple[int, int], dict[TopicPartition, int]] = {}
-        if self.lifecycle.fetch_ready:
-            for tp, part in self.partitions.items():
-                if not part.is_leader and part.leader_id >= 0:
-                    key = self._session_key(part.leader_id, tp)
-                    wanted.setdefault(key, {})[tp] = part.leader_epoch
-        for key in [k for k in self._sessions if k not in wanted]:
-            self._cancel_fetch(self._sessions.pop(key))
-        for key, epochs in wanted.items():
-            session = self._sessions.get(key)
-            if session is None:
-                session = self._sessions[key] = _FollowerSession(key)
-            if epochs == session.partitions:
+        whose partitions changed drops its fetch in flight. ``only``: the
+        partitions that may have changed (None: every one)."""
+        if only is None:
+            self._session_key_of = {}
+            wanted: dict[tuple[int, int], dict[TopicPartition, int]] = {}
+            if self.lifecycle.fetch_ready:
+                for tp, part in self.partitions.items():
+                    if not part.is_leader and part.leader_id >= 0:
+                        key = self._session_key(part.leader_id, tp)
+                        wanted.setdefault(key, {})[tp] = part.leader_epoch
+                        self._session_key_of[tp] = key
+            for key in [k for k in self._sessions if k not in wanted]:
+                self._cancel_fetch(self._sessions.pop(key))
+            for key, epochs in wanted.items():
+                self._set_session(key, epochs)
+            return
+        ready = self.lifecycle.fetch_ready
+        touched: dict[tuple[int, int], dict[TopicPartition, int]] = {}
+        for tp in only:
+            part = self.partitions.get(tp)
+            want = None
+            if ready and part is not None and not part.is_leader and part.leader_id >= 0:
+                want = (self._session_key(part.leader_id, tp), part.leader_epoch)
+            old_key = self._session_key_of.get(tp)
+            old = None if old_key is None else (old_key, self._sessions[old_key].partitions[tp])
+            if want == old:
                 continue
-            session.partitions = dict(epochs)
-            session.resting = {tp: t for tp, t in session.resting.items() if tp in epochs}
-            kept = [tp for tp in session.order if tp in epochs]
-            session.order = kept + sorted(set(epochs) - set(kept))
-            session.backoff_until_ms = 0
-            self._cancel_fetch(session)
+            if old_key is not None:
+                epochs = touched.setdefault(old_key, dict(self._sessions[old_key].partitions))
+                del epochs[tp]
+                del self._session_key_of[tp]
+            if want is not None:
+                key, epoch = want
+                session = self._sessions.get(key)
+                epochs = touched.setdefault(key, dict(session.partitions) if session else {})
+                epochs[tp] = epoch
+                self._session_key_of[tp] = key
+        for key, epochs in touched.items():
+            if epochs:
+                self._set_session(key, epochs)
+            elif key in self._sessions:
+                self._cancel_fetch(self._sessions.pop(key))
+
+    def _set_session(self, key: tuple[int, int], epochs: dict[TopicPartition, int]) -> None:
+        session = self._sessions.get(key)
+        if session is None:
+            session = self._sessions[key] = _FollowerSession(key)
+        if epochs == session.partitions:
+            return
+        session.partitions = dict(epochs)
+        session.resting = {tp: t for tp, t in session.resting.items() if tp in epochs}
+        kept = [tp for tp in session.order if tp in epochs]
+        session.order = kept + sorted(set(epochs) - set(kept))
+        session.backoff_until_ms = 0
+        self._cancel_fetch(session)
 
     def _cancel_fetch(self, session: _FollowerSession) -> None:
         if session.in_flight is not None:

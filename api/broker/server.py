@@ -300,7 +300,7 @@ class BrokerServer:
     # -- metadata ----------------------------------------------------------------
     def _on_metadata(self, image: MetadataImage) -> None:
         try:
-            self.replicas.apply_image(image)
+            self.replicas.apply_image(image, self.lifecycle.changed_topics)
             self.groups.on_metadata()
             self.transactions.on_metadata()
         finally:

@@ -153,7 +153,8 @@ import tempfile
 from collections.abc import Callable
 
 from api.broker.data_api import decode_fetch, render_results
-from api.broker.lifecycle_core import BrokerState, LifecycleCore, LifecycleSettings
+from api.broker.lifecycle_core import (BrokerState, LifecycleCore, LifecycleSettings,
+                                       note_change)
 from api.broker.partition import Partition, Role
 from api.broker.replica_manager import DiskLogs
 from api.broker.replication import (CancelRequest, ProduceItem, ReplicationCore,
@@ -865,16 +866,21 @@ class Simulation:
         self._on_metadata(b, msg.body)
 
     def _on_metadata(self, b: SimBroker, body: dict) -> None:
+        changed: dict | None = {}
         for offset, record in body["records"]:
             if offset <= b.image.offset:
                 continue  # already applied
             assert offset == b.image.offset + 1, (offset, b.image.offset)
+            removed = (b.image.topic_names_by_id.get(record.topic_id)
+                       if isinstance(record, rec.RemoveTopicRecord) else None)
             b.image.apply(record, offset)
+            if changed is not None:  # what BrokerLifecycle._apply tells the core
+                changed = note_change(changed, record, b.image, removed)
         if not b.lifecycle.metadata_applied(b.image.offset, body["offset"], self.now_ms):
             return
         part = b.part
         before = (part.role, part.leader_epoch, part.partition_epoch) if part else None
-        b.core.apply_image(b.image, self.now_ms)
+        b.core.apply_image(b.image, self.now_ms, changed)
         self._carry_out(b)
         part = b.part
         if part is not None and (part.role, part.leader_epoch, part.partition_epoch) != before:
