@@ -233,7 +233,8 @@ class Log:
                 cls._drop_segments(directory, bases[i + 1:], interval,
                                    f"corrupt data in segment {base}")
                 break
-        if not segments:
+        created = not segments
+        if created:
             segments.append(Segment.create(directory, log_start_offset or 0, interval,
                                            gaps_below=gaps_below))
         if rebuild_epochs:
@@ -257,6 +258,8 @@ class Log:
                         "restarting it empty there", directory, log_end_offset,
                         log_start_offset)
             instance.truncate_fully_and_start_at(log_start_offset)
+        if created:  # its files' names reach the disk with the first flush
+            instance._dir_dirty = True
         instance.cleaner_state.truncated(instance.log_end_offset)
         instance.aborted_txns.load(instance._bases, instance.log_end_offset)
         instance._load_producer_state()
@@ -808,6 +811,12 @@ class Log:
             return False
         now_ms = self.clock() if now_ms is None else now_ms
         return now_ms - self._first_unflushed_ms >= self.config.flush_ms
+
+    def sync_later(self, path: str) -> None:
+        """A file just written in this log's directory (without an fsync):
+        it and its name become durable with the next flush."""
+        self._unsynced_snapshots.append(path)
+        self._dir_dirty = True
 
     def begin_flush(self) -> FlushTicket:
         """Owner thread: write pending index entries and name what to fsync."""

@@ -17,6 +17,7 @@ except the fsyncs, which ``flush_due_logs_async`` sends to an executor.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import dataclasses
 import fcntl
@@ -143,6 +144,9 @@ class LogManager:
         self.clock = clock
         self._logs: dict[TopicPartition, Log] = {}
         self._dir_of: dict[TopicPartition, str] = {}
+        self._logs_in_dir: collections.Counter[str] = collections.Counter()
+        # Log dirs with new partition directories whose names are not fsynced.
+        self._unsynced_dirs: set[str] = set()
         self._lock_fds: list[int] = []
         self._tasks: list[asyncio.Task] = []
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -203,6 +207,7 @@ class LogManager:
                 path, self.default_log_config, recovery_point=recovery_points.get(key, 0),
                 log_start_offset=log_starts.get(key), clean_shutdown=clean, clock=self.clock)
             self._dir_of[tp] = directory
+            self._logs_in_dir[directory] += 1
 
     @staticmethod
     def _read_checkpoint(directory: str, name: str) -> dict[tuple[str, int], int]:
@@ -222,11 +227,15 @@ class LogManager:
         return self._logs.get(tp)
 
     def get_or_create_log(self, tp: TopicPartition,
-                          overrides: Mapping[str, Any] | None = None) -> Log:
+                          overrides: Mapping[str, Any] | None = None, *,
+                          sync: bool = True) -> Log:
         """The partition's log, created (in the least-loaded log dir) if new.
         ``overrides`` are topic-level configs (``{"retention.ms": ...}``);
         given for an existing log they replace its overrides, omitted they
-        leave its config alone."""
+        leave its config alone. ``sync`` False: the new directory's name is
+        fsynced by the next flush tick, off the caller's thread (a broker
+        given thousands of partitions at once must not fsync for each on its
+        event loop); its files' names by the log's first flush."""
         existing = self._logs.get(tp)
         if existing is not None and overrides is None:
             return existing
@@ -239,12 +248,15 @@ class LogManager:
         validate_topic_name(tp.topic)
         if tp.partition < 0:
             raise InvalidTopicError(f"partition {tp.partition} is negative")
-        directory = min(self.config.log_dirs,
-                        key=lambda d: sum(1 for v in self._dir_of.values() if v == d))
+        directory = min(self.config.log_dirs, key=lambda d: self._logs_in_dir[d])
         new_log = Log.open(os.path.join(directory, str(tp)), config, clock=self.clock)
-        fsync_directory(directory)
+        if sync:
+            fsync_directory(directory)
+        else:
+            self._unsynced_dirs.add(directory)
         self._logs[tp] = new_log
         self._dir_of[tp] = directory
+        self._logs_in_dir[directory] += 1
         return new_log
 
     def delete_log(self, tp: TopicPartition) -> bool:
@@ -259,6 +271,7 @@ class LogManager:
         doomed = os.path.join(directory, f".{uuid.uuid4().hex}{DELETE_SUFFIX}")
         os.rename(existing.directory, doomed)  # open files follow the rename
         del self._logs[tp], self._dir_of[tp]  # forgotten only once moved away
+        self._logs_in_dir[directory] -= 1
         existing.abandon()
         fsync_directory(directory)
         shutil.rmtree(doomed, ignore_errors=True)
@@ -371,6 +384,11 @@ class LogManager:
         self.run_retention(upper_bounds=bounds() if bounds is not None else None)
 
     async def _flush_tick(self) -> None:
+        if self._unsynced_dirs:
+            dirs, self._unsynced_dirs = self._unsynced_dirs, set()
+            loop = asyncio.get_running_loop()
+            for directory in sorted(dirs):
+                await loop.run_in_executor(self._flush_executor(), fsync_directory, directory)
         await self.flush_logs_async(self.logs_due_for_flush())
 
     def expire_producers(self, now_ms: int | None = None) -> int:

@@ -35,7 +35,7 @@ from api.broker.replication import (Action, CancelRequest, FetchRequest, MarkerI
                                     ProduceItem, ReplicationCore, ReplicationSettings,
                                     Respond, SendAlterPartition, SendFetch)
 from kraft.image import MetadataImage
-from storage.checkpoint import CheckpointFormatError, OffsetCheckpoint, write_atomically
+from storage.checkpoint import CheckpointFormatError, OffsetCheckpoint
 from storage.log import AppendInfo, Log
 from storage.manager import LogManager, TopicPartition
 
@@ -86,11 +86,16 @@ class DiskLogs:
                 logger.warning("broker %d: %s on disk belongs to topic id %s, not %s; "
                                "deleting it", self.broker_id, tp, recorded, topic_id)
                 self.log_manager.delete_log(tp)
-        log = self.log_manager.get_or_create_log(tp, overrides)
+        # No fsync here, on the event loop, for each of perhaps thousands of
+        # new logs: their names and this file reach the disk with the next
+        # flush (a file lost to a crash before it is written again).
+        log = self.log_manager.get_or_create_log(tp, overrides, sync=False)
         recorded = read_topic_id(log.directory)
         if recorded is None:
-            write_atomically(os.path.join(log.directory, PARTITION_METADATA_FILE),
-                             f"version: 0\ntopic_id: {topic_id}\n".encode())
+            path = os.path.join(log.directory, PARTITION_METADATA_FILE)
+            with open(path, "wb") as f:
+                f.write(f"version: 0\ntopic_id: {topic_id}\n".encode())
+            log.sync_later(path)
         elif recorded != topic_id:
             raise RuntimeError(f"{tp}: the log at {log.directory} belongs to topic id "
                                f"{recorded}, not {topic_id}; refusing to serve it")

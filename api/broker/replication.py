@@ -76,6 +76,9 @@ ALTER_PARTITION_TIMEOUT_MS = 5000
 FETCH_TIMEOUT_SLACK_MS = 10_000
 #: Longest long-poll of a fetch, whatever the request asks.
 FETCH_WAIT_MS_MAX = 30_000
+#: Logs opened (created or read from disk) per pass over a metadata change;
+#: the rest wait for the next pass, right after the event loop's other work.
+NEW_LOGS_PER_PASS = 16
 #: Refusals the controller makes before writing anything, and which a retry
 #: of an already applied request cannot produce (the partition epoch is
 #: checked first): the proposal certainly did not take effect.
@@ -300,6 +303,9 @@ class ReplicationCore:
         # Assigned partitions whose log did not open: looked at again on the
         # next metadata change, whatever it changed.
         self._unopened: dict[str, set[int]] = {}
+        # Assigned partitions whose log waits its turn to be opened (at most
+        # NEW_LOGS_PER_PASS per pass): opened by the "open" timer.
+        self._deferred: dict[str, set[int]] = {}
         self.image = MetadataImage()
         # ISR changes this broker made as leader (metrics).
         self.isr_shrinks = 0
@@ -357,6 +363,8 @@ class ReplicationCore:
         if kind == "alter":
             alter = self._alters.get(key)
             return alter is not None and alter.deadline_ms == deadline_ms
+        if kind == "open":
+            return bool(self._deferred)
         return key in self._sessions  # a session's: at worst an early tick
 
     def tick(self, now_ms: int) -> None:
@@ -374,7 +382,9 @@ class ReplicationCore:
         self._after_event(now_ms)
 
     def _expire(self, kind: str, key, now_ms: int) -> None:
-        if kind == "fetch":
+        if kind == "open":
+            self.apply_image(self.image, now_ms, {})
+        elif kind == "fetch":
             self._answer_fetch(self._parked_fetches[key], final=True)
         elif kind == "produce":
             self._time_out_produce(self._parked_produces[key])
@@ -439,20 +449,23 @@ class ReplicationCore:
         self.image = image
         caught_up = self.lifecycle.metadata_caught_up
         fetch_ready = self.lifecycle.fetch_ready
-        if changed is not None and self._unopened:  # logs that failed to open: again
-            merged = dict(changed)
-            for name, numbers in self._unopened.items():
-                if name in merged and merged[name] is not None:
-                    merged[name] = merged[name] | numbers
-                elif name not in merged:
-                    merged[name] = set(numbers)
+        if changed is not None and (self._unopened or self._deferred):
+            merged = dict(changed)  # logs that failed to open, or wait their turn: again
+            for pending in (self._unopened, self._deferred):
+                for name, numbers in pending.items():
+                    if name in merged and merged[name] is not None:
+                        merged[name] = merged[name] | numbers
+                    elif name not in merged:
+                        merged[name] = set(numbers)
             changed = merged
-        self._unopened = {}
+        self._unopened, self._deferred = {}, {}
         try:
             self._apply_image(image, now_ms, changed, caught_up, fetch_ready)
         except BaseException:
             self._walked = None  # the next image is looked at whole
             raise
+        if self._deferred:  # the next logs at once, once the loop had its turn
+            self._at(now_ms + 1, "open", None)
         self._after_event(now_ms)
 
     def _apply_image(self, image: MetadataImage, now_ms: int,
@@ -498,8 +511,16 @@ class ReplicationCore:
         ``changed``; returns them (assigned, whether or not a log opened)."""
         assigned: set[TopicPartition] = set()
         configs_of: dict[str, tuple[dict, int]] = {}
+        opened = 0
         for tp, reg in self._assigned_in(image, changed):
             assigned.add(tp)
+            if tp not in self.partitions:
+                # Opening a log creates or reads files: a few at a time, so
+                # thousands given at once do not stall everything else.
+                if opened >= NEW_LOGS_PER_PASS:
+                    self._deferred.setdefault(tp.topic, set()).add(tp.partition)
+                    continue
+                opened += 1
             if tp.topic not in configs_of:
                 configs = image.topic_configs(tp.topic)
                 configs_of[tp.topic] = (

@@ -8,10 +8,15 @@ partition succeed again; restarted, it is back in every ISR."""
 import time
 
 from api.client import Admin, Consumer, NewTopic, Producer, TopicPartition
-from chaos.cluster import ProcessCluster, wait_until
+from chaos.cluster import FAST_SETTINGS, ProcessCluster, wait_until
 
 TOPICS = {"wide-a": 1000, "wide-b": 500, "wide-c": 300, "wide-d": 200}  # 2,000 partitions
 RECORDS_PER_PARTITION = 10
+#: The shipped session (9 s, heartbeat 2 s): the test settings' 1.5 s
+#: session is for failover tests, and a broker given 700 partitions at once
+#: spends seconds creating their files.
+SETTINGS = {**FAST_SETTINGS, "broker.session.timeout.ms": 9000,
+            "broker.heartbeat.interval.ms": 2000}
 
 
 def leaders(cluster, active):
@@ -52,7 +57,8 @@ def read_everything(urls, expected_rounds):
 
 
 def test_two_thousand_partitions_lose_nothing_and_fail_over(tmp_path):
-    with ProcessCluster(str(tmp_path / "wide"), controllers=1, brokers=3) as cluster:
+    with ProcessCluster(str(tmp_path / "wide"), controllers=1, brokers=3,
+                        settings=SETTINGS) as cluster:
         cluster.start()
         cluster.wait_for_brokers_running(timeout_s=60)
         urls = [cluster.nodes[b].broker_url for b in cluster.broker_ids]
