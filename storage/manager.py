@@ -387,8 +387,15 @@ class LogManager:
         if self._unsynced_dirs:
             dirs, self._unsynced_dirs = self._unsynced_dirs, set()
             loop = asyncio.get_running_loop()
-            for directory in sorted(dirs):
-                await loop.run_in_executor(self._flush_executor(), fsync_directory, directory)
+            pending = sorted(dirs)
+            while pending:
+                try:
+                    await loop.run_in_executor(self._flush_executor(), fsync_directory,
+                                               pending[0])
+                except BaseException:
+                    self._unsynced_dirs.update(pending)  # again with the next tick
+                    raise
+                pending.pop(0)
         await self.flush_logs_async(self.logs_due_for_flush())
 
     def expire_producers(self, now_ms: int | None = None) -> int:

@@ -33,7 +33,7 @@ import dataclasses
 import enum
 import logging
 
-from kraft.image import MetadataImage
+from kraft.image import BROKER_RESOURCE, TOPIC_RESOURCE, MetadataImage
 from kraft.records import (ConfigRecord, PartitionChangeRecord, PartitionRecord, Record,
                            RemoveTopicRecord, TopicRecord)
 
@@ -276,7 +276,9 @@ def note_change(changed: dict[str, set[int] | None], record: Record, image: Meta
         if removed is not None:
             changed[removed] = None
     elif isinstance(record, ConfigRecord):
-        if record.resource_type != "topic":
+        if record.resource_type == TOPIC_RESOURCE:
+            changed[record.resource_name] = None
+        elif record.resource_type == BROKER_RESOURCE:
             return None  # a broker or cluster default: any topic may use it
-        changed[record.resource_name] = None
+        # (client quotas and SCRAM credentials: no partition's concern)
     return changed

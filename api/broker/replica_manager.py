@@ -210,6 +210,9 @@ class ReplicaManager:
         # Set by the server: where follower fetches and ISR changes go.
         self.fetch_sender: FetchSender | None = None
         self.alter_sender: AlterSender | None = None
+        # Set by the server: called after a pass of the core's "open" timer
+        # (logs opened later than the metadata change that assigned them).
+        self.on_logs_opened: Callable[[], None] | None = None
         self._waiting: dict[int, asyncio.Future] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at_ms: int | None = None
@@ -292,8 +295,15 @@ class ReplicaManager:
 
     def _tick(self) -> None:
         self._timer, self._timer_at_ms = None, None
-        self.core.tick(self.clock_ms())
-        self._carry_out()
+        passes = self.core.passes
+        try:
+            self.core.tick(self.clock_ms())
+        finally:
+            self._carry_out()
+        if self.core.passes != passes and self.on_logs_opened is not None:
+            # Logs opened by the core's "open" timer took roles after the
+            # metadata listeners ran: the coordinators look again.
+            self.on_logs_opened()
 
     def stop(self) -> None:
         self._stopped = True

@@ -306,6 +306,9 @@ class ReplicationCore:
         # Assigned partitions whose log waits its turn to be opened (at most
         # NEW_LOGS_PER_PASS per pass): opened by the "open" timer.
         self._deferred: dict[str, set[int]] = {}
+        #: Passes over metadata (changes and the "open" timer's): the shell
+        #: tells the group and transaction coordinators when one ran.
+        self.passes = 0
         self.image = MetadataImage()
         # ISR changes this broker made as leader (metrics).
         self.isr_shrinks = 0
@@ -383,7 +386,7 @@ class ReplicationCore:
 
     def _expire(self, kind: str, key, now_ms: int) -> None:
         if kind == "open":
-            self.apply_image(self.image, now_ms, {})
+            self._open_pass(now_ms, {}, retry_failed=False)
         elif kind == "fetch":
             self._answer_fetch(self._parked_fetches[key], final=True)
         elif kind == "produce":
@@ -446,32 +449,54 @@ class ReplicationCore:
         those are looked at again, so a change costs what it changed, not
         the cluster's partition count. None looks at everything (a snapshot,
         a cluster-wide config, the first image caught up)."""
+        if image is not self.image:
+            changed = None  # a new image object (rebuilt): nothing can be assumed
         self.image = image
+        self._open_pass(now_ms, changed, retry_failed=True)
+
+    def _open_pass(self, now_ms: int, changed: Mapping[str, set[int] | None] | None, *,
+                   retry_failed: bool) -> None:
+        """``apply_image``'s work on ``self.image``. Logs waiting their turn
+        (``_deferred``) join every pass; logs that failed to open
+        (``_unopened``) join only passes for a metadata change
+        (``retry_failed``), not the "open" timer's, so a log that keeps
+        failing cannot hold the others back or keep the timer busy."""
         caught_up = self.lifecycle.metadata_caught_up
         fetch_ready = self.lifecycle.fetch_ready
-        if changed is not None and (self._unopened or self._deferred):
-            merged = dict(changed)  # logs that failed to open, or wait their turn: again
-            for pending in (self._unopened, self._deferred):
+        deferred, unopened = self._deferred, self._unopened
+        joining = (deferred, unopened) if retry_failed else (deferred,)
+        if changed is not None and any(joining):
+            merged = dict(changed)
+            for pending in joining:
                 for name, numbers in pending.items():
                     if name in merged and merged[name] is not None:
                         merged[name] = merged[name] | numbers
                     elif name not in merged:
                         merged[name] = set(numbers)
             changed = merged
-        self._unopened, self._deferred = {}, {}
+        self._deferred = {}
+        if retry_failed or changed is None:
+            self._unopened = {}
         try:
-            self._apply_image(image, now_ms, changed, caught_up, fetch_ready)
+            self._apply_image(self.image, now_ms, changed, caught_up, fetch_ready,
+                              opening_only=not retry_failed)
         except BaseException:
             self._walked = None  # the next image is looked at whole
+            for pending in joining:  # nothing waiting is forgotten
+                for name, numbers in pending.items():
+                    self._deferred.setdefault(name, set()).update(numbers)
             raise
-        if self._deferred:  # the next logs at once, once the loop had its turn
-            self._at(now_ms + 1, "open", None)
+        finally:
+            if self._deferred:  # the next logs at once, once the loop had its turn
+                self._at(now_ms + 1, "open", None)
+            self.passes += 1
         self._after_event(now_ms)
 
     def _apply_image(self, image: MetadataImage, now_ms: int,
                      changed: Mapping[str, set[int] | None] | None, caught_up: bool,
-                     fetch_ready: bool) -> None:
-        if changed is None or not caught_up or (caught_up, fetch_ready) != self._walked:
+                     fetch_ready: bool, *, opening_only: bool = False) -> None:
+        if (changed is None or (not caught_up and not opening_only)
+                or (caught_up, fetch_ready) != self._walked):
             self._walked = (caught_up, fetch_ready)
             assigned = self._apply_topics(image, dict.fromkeys(image.topics), caught_up, now_ms)
             if caught_up:

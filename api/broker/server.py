@@ -193,6 +193,7 @@ class BrokerServer:
         # Replaced by a fresh event after every metadata change.
         self._metadata_changed = asyncio.Event()
         lifecycle.add_listener(self._on_metadata)
+        self.replicas.on_logs_opened = self._on_logs_opened
 
     # -- start and stop --------------------------------------------------------
     async def start(self) -> None:
@@ -301,11 +302,16 @@ class BrokerServer:
     def _on_metadata(self, image: MetadataImage) -> None:
         try:
             self.replicas.apply_image(image, self.lifecycle.changed_topics)
-            self.groups.on_metadata()
-            self.transactions.on_metadata()
+            self._on_logs_opened()
         finally:
             changed, self._metadata_changed = self._metadata_changed, asyncio.Event()
             changed.set()
+
+    def _on_logs_opened(self) -> None:
+        """The coordinators load or unload their shards for the partitions
+        this broker now leads or no longer leads."""
+        self.groups.on_metadata()
+        self.transactions.on_metadata()
 
     async def wait_for_metadata(self, offset: int, timeout_ms: int) -> bool:
         """Wait until this broker's image has reached ``offset``."""

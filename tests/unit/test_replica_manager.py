@@ -343,3 +343,38 @@ def test_an_unclean_leader_says_loudly_which_offsets_may_be_lost(tmp_path, caplo
     assert part.is_leader
     (line,) = [r.getMessage() for r in caplog.records if "UNCLEAN" in r.getMessage()]
     assert "at or above offset 7 are LOST" in line and "t-0" in line
+
+
+def test_many_new_logs_open_in_passes_and_a_failing_one_holds_none_back(tmp_path, monkeypatch):
+    """At most NEW_LOGS_PER_PASS logs open per pass (a broker given thousands
+    at once keeps serving meanwhile); the "open" timer opens the rest, each
+    pass counted for the coordinators; a log that cannot open waits for the
+    next metadata change and never takes the others' turn."""
+    import api.broker.replication as replication
+
+    cluster = Cluster()
+    cluster.topic("wide", "id-w", [ME] * 40)
+    rm = make_manager(tmp_path)
+    real_open = rm.disk.open
+
+    def open_but_three(tp, *args):
+        if tp.partition in (0, 1, 2):
+            raise OSError("simulated: this log cannot open")
+        return real_open(tp, *args)
+
+    monkeypatch.setattr(rm.disk, "open", open_but_three)
+    rm.apply_image(cluster.image, caught_up=True)
+    assert len(rm.partitions) == replication.NEW_LOGS_PER_PASS - 3
+    passes, now = rm.core.passes, 0
+    while rm.core.next_wake_ms() <= now + 1 and len(rm.partitions) < 37:
+        now += 1
+        rm.core.tick(now)
+    assert len(rm.partitions) == 37  # all but the three, in passes of the timer
+    assert rm.core.passes > passes
+    assert all(rm.leader_partition("wide", p).is_leader for p in range(3, 40))
+    monkeypatch.setattr(rm.disk, "open", real_open)
+    rm.core.tick(now + 1)  # the timer does not retry a failed log...
+    assert len(rm.partitions) == 37
+    cluster.add(ConfigRecord("topic", "wide", "retention.ms", "1000"))  # ...a change does
+    rm.core.apply_image(cluster.image, now + 2, {"wide": None})
+    assert len(rm.partitions) == 40
