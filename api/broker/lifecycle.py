@@ -21,11 +21,11 @@ import uuid
 from collections.abc import Callable
 
 from api.broker.lifecycle_core import (RE_REGISTER_CODES, RETRY_BACKOFF_MS, BrokerState,
-                                       LifecycleCore, LifecycleSettings, note_change)
+                                       LifecycleCore, LifecycleSettings, apply_noting)
 from kraft.client import ControllerClient
 from kraft.config import NodeConfig
 from kraft.image import MetadataImage
-from kraft.records import RemoveTopicRecord, decode
+from kraft.records import decode
 from protocol.errors import KraftError, MetadataApplyError
 
 logger = logging.getLogger(__name__)
@@ -232,12 +232,7 @@ class BrokerLifecycle:
                 for offset, raw in answer.get("records", ()):
                     if offset <= self.image.offset:
                         continue  # already applied (a retried fetch)
-                    record = decode(raw)
-                    removed = (self.image.topic_names_by_id.get(record.topic_id)
-                               if isinstance(record, RemoveTopicRecord) else None)
-                    self.image.apply(record, offset)
-                    if changed is not None:
-                        changed = note_change(changed, record, self.image, removed)
+                    changed = apply_noting(self.image, decode(raw), offset, changed)
             except (MetadataApplyError, KraftError) as exc:
                 # Our copy disagrees with the log: start over from a snapshot.
                 logger.critical("broker %d: metadata record refused (%s); reloading",

@@ -262,7 +262,20 @@ class LifecycleCore:
         self.state = state
 
 
-def note_change(changed: dict[str, set[int] | None], record: Record, image: MetadataImage,
+def apply_noting(image: MetadataImage, record: Record, offset: int,
+                 changed: dict[str, set[int] | None] | None
+                 ) -> dict[str, set[int] | None] | None:
+    """Apply ``record`` at ``offset`` to the broker's ``image`` and return
+    ``changed`` with what it changed for the partitions a broker hosts
+    (topic -> partitions, None for all of a topic's; None overall for
+    everything): what the replication core revisits (``apply_image``)."""
+    removed = (image.topic_names_by_id.get(record.topic_id)
+               if isinstance(record, RemoveTopicRecord) else None)  # gone once applied
+    image.apply(record, offset)
+    return None if changed is None else _note_change(changed, record, image, removed)
+
+
+def _note_change(changed: dict[str, set[int] | None], record: Record, image: MetadataImage,
                  removed: str | None) -> dict[str, set[int] | None] | None:
     """``changed`` with what ``record`` (just applied to ``image``) changed
     for the partitions a broker hosts; None when that is everything."""

@@ -154,7 +154,7 @@ from collections.abc import Callable
 
 from api.broker.data_api import decode_fetch, render_results
 from api.broker.lifecycle_core import (BrokerState, LifecycleCore, LifecycleSettings,
-                                       note_change)
+                                       apply_noting)
 from api.broker.partition import Partition, Role
 from api.broker.replica_manager import DiskLogs
 from api.broker.replication import (CancelRequest, ProduceItem, ReplicationCore,
@@ -871,11 +871,7 @@ class Simulation:
             if offset <= b.image.offset:
                 continue  # already applied
             assert offset == b.image.offset + 1, (offset, b.image.offset)
-            removed = (b.image.topic_names_by_id.get(record.topic_id)
-                       if isinstance(record, rec.RemoveTopicRecord) else None)
-            b.image.apply(record, offset)
-            if changed is not None:  # what BrokerLifecycle._apply tells the core
-                changed = note_change(changed, record, b.image, removed)
+            changed = apply_noting(b.image, record, offset, changed)  # as BrokerLifecycle
         if not b.lifecycle.metadata_applied(b.image.offset, body["offset"], self.now_ms):
             return
         part = b.part
