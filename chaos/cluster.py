@@ -539,8 +539,11 @@ class ProcessCluster:
     def wait_for_brokers_running(self, broker_ids: list[int] | None = None,
                                  timeout_s: float = 20.0) -> None:
         ids = broker_ids if broker_ids is not None else self.broker_ids
-        wait_until(lambda: all((self.broker_health(b) or {}).get("state") == "running"
-                               for b in ids), timeout_s, f"brokers {ids} running")
+        # Running, and watched: the active controller holds its presence
+        # stream, so a kill from here on is noticed at once.
+        wait_until(lambda: all((health := self.broker_health(b) or {}).get("state") == "running"
+                               and health.get("presence") for b in ids),
+                   timeout_s, f"brokers {ids} running")
 
 
 def _toml_value(value: Any) -> str:

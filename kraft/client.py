@@ -162,12 +162,14 @@ class ControllerClient:
             return msgpack.unpackb(raw, raw=False, strict_map_key=False)
 
     async def hold(self, path: str, body: Mapping[str, Any], *,
-                   release: Callable[[int], bool], connect_s: float = 1.0) -> None:
+                   release: Callable[[int], bool], opened: Callable[[int], None] | None = None,
+                   connect_s: float = 1.0) -> None:
         """POST ``body`` to ``path`` on the active controller and keep the
         answer's stream open (``brokers/presence``) until the controller ends
         it (or its connection breaks) or ``release(node_id)`` says to let go,
         asked twice a second and after each byte. Silence alone never closes
         it: a closed stream is what tells the controller this process died.
+        ``opened(node_id)`` is called once the controller has taken it.
         Tries the believed leader first and follows a not-the-leader hint at
         once; raises ``ControllerError`` for a refusal that retrying will
         not change, ``ControllerUnavailableError`` when no voter held it."""
@@ -180,7 +182,7 @@ class ControllerClient:
                 raise ControllerUnavailableError(f"no active controller held {path} open; "
                                                  f"last error: {last_error}")
             tried.add(node_id)
-            opened = False
+            held = False
             try:
                 async with self._session_or_new().post(
                         self.voter_urls[node_id] + path, data=payload,
@@ -197,8 +199,10 @@ class ControllerClient:
                         if isinstance(hint, int) and hint in self.voter_urls:
                             self.leader_id = hint
                         continue
-                    opened = True
+                    held = True
                     self._failed_at.pop(node_id, None)
+                    if opened is not None:
+                        opened(node_id)
                     while not release(node_id):
                         try:
                             chunk = await asyncio.wait_for(response.content.read(4096), 0.5)
@@ -208,7 +212,7 @@ class ControllerClient:
                             return  # the controller ended it: no longer active
                     return
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
-                if opened:
+                if held:
                     return  # it broke: the caller opens it again at once
                 last_error = exc
                 self._failed_at[node_id] = time.monotonic()

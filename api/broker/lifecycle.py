@@ -68,6 +68,10 @@ class BrokerLifecycle:
         # Set by stop(): the loops end even if a cancellation is lost (in
         # Python 3.11, wait_for swallows one that races its own result).
         self._stopping = False
+        #: Whether the active controller holds this broker's presence stream
+        #: now (``/healthz`` reports it): until it does, a kill -9 of this
+        #: process is noticed only when its session lapses.
+        self.presence_held = False
 
     # -- the core's state, for the rest of the broker ---------------------------
     @property
@@ -181,17 +185,23 @@ class BrokerLifecycle:
                 return (self._stopping or self.core.broker_epoch != epoch
                         or (leader is not None and leader != node_id))
 
+            def opened(node_id: int) -> None:
+                self.presence_held = True
+
             started = time.monotonic()
             try:
                 await self.client.hold(
                     "/v1/controller/brokers/presence",
-                    {"broker_id": self.broker_id, "broker_epoch": epoch}, release=release)
+                    {"broker_id": self.broker_id, "broker_epoch": epoch},
+                    release=release, opened=opened)
                 if time.monotonic() - started > PRESENCE_RETRY_S:
                     continue  # held, then ended or let go: open it again at once
             except KraftError as exc:
                 logger.debug("broker %d: presence stream: %s", self.broker_id, exc)
             except Exception:
                 logger.exception("broker %d: presence stream failed", self.broker_id)
+            finally:
+                self.presence_held = False
             await asyncio.sleep(PRESENCE_RETRY_S)
 
     # -- metadata ---------------------------------------------------------

@@ -560,7 +560,7 @@ class BrokerServer:
         return wire.respond(request, {
             "status": "ok", "node_id": self.config.node_id, "role": "broker",
             "state": lifecycle.state.value, "broker_epoch": lifecycle.broker_epoch,
-            "metadata_offset": lifecycle.image.offset,
+            "presence": lifecycle.presence_held, "metadata_offset": lifecycle.image.offset,
             "partitions": len(self.replicas.partitions)})
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
