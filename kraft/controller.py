@@ -62,7 +62,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kraft.config import NodeConfig
-from kraft.image import TOPIC_RESOURCE, BrokerRegistration, MetadataImage, PartitionRegistration
+from kraft.image import (TOPIC_RESOURCE, BrokerRegistration, MetadataImage, PartitionRegistration,
+                         collision_key)
 from kraft.placement import (BrokerInfo, elect_leader, isr_after_fencing, place_replicas,
                              preferred_leader_election)
 from kraft.records import (LEADER_RECOVERED, LEADER_RECOVERING, NO_LEADER,
@@ -1112,11 +1113,10 @@ class _Draft:
     the image the shell gave, with those records applied at the offsets they
     will get. The shell's image is never touched.
 
-    The copy is shallow where the image never mutates in place: it has its
-    own broker registrations (fencing flips flags on them) and its own
-    partition maps, but shares PartitionRegistration objects, which
-    ``MetadataImage.apply`` replaces rather than changes. A test checks that
-    no controller call changes the image it was given."""
+    The copy (``MetadataImage.copy``) has its own broker registrations and
+    shares topics and configs copy-on-write, so it costs a few dict copies
+    whatever the number of partitions. A test checks that no controller
+    call changes the image it was given."""
 
     def __init__(self, image: MetadataImage) -> None:
         self.image = image.copy()
@@ -1324,12 +1324,11 @@ class _TopicCreation:
         self.draft = draft
         self.settings = settings
         self.validate_only = validate_only
-        self.replica_counts: collections.Counter[int] = collections.Counter()
-        self.leader_counts: collections.Counter[int] = collections.Counter()
-        self.collision_keys: dict[str, str] = {}
-        for name, topic in draft.image.topics.items():
-            self.collision_keys[_collision_key(name)] = name
-            self._count(topic.partitions[p].replicas for p in topic.partitions)
+        # The image's counts as of now (it keeps them: nothing here walks
+        # every partition); topics this request creates are added as it goes.
+        self.replica_counts = draft.image.replica_counts.copy()
+        self.leader_counts = draft.image.preferred_leader_counts.copy()
+        self.collision_keys: dict[str, str] = {}  # this request's topics
         self.partitions_left = PARTITIONS_PER_REQUEST_MAX
 
     def _count(self, assignment: Iterable[list[int]]) -> None:
@@ -1341,7 +1340,8 @@ class _TopicCreation:
     def check_collision(self, name: str) -> None:
         """Kafka's rule: '.' and '_' collide in metric names, so two topics
         may not differ only by them."""
-        other = self.collision_keys.get(_collision_key(name))
+        key = collision_key(name)
+        other = self.collision_keys.get(key) or self.draft.image.topics_by_collision_key.get(key)
         if other is not None:
             raise InvalidTopicError(
                 f"topic {name!r} collides with existing topic {other!r}: topic names may not "
@@ -1381,12 +1381,8 @@ class _TopicCreation:
                          "attempts")
 
     def created(self, name: str, assignment: list[list[int]]) -> None:
-        self.collision_keys[_collision_key(name)] = name
+        self.collision_keys[collision_key(name)] = name
         self._count(assignment)
-
-
-def _collision_key(name: str) -> str:
-    return name.replace(".", "_")
 
 
 # -- checks of request semantics (per item) --------------------------------------

@@ -22,6 +22,7 @@ Invariants (``check_invariants``):
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any
 
@@ -104,6 +105,12 @@ class TopicImage:
     partitions: dict[int, PartitionRegistration] = dataclasses.field(default_factory=dict)
 
 
+def collision_key(topic: str) -> str:
+    """Kafka's rule: '.' and '_' collide in metric names, so two topics may
+    not differ only by them; topics with the same key collide."""
+    return topic.replace(".", "_")
+
+
 class MetadataImage:
     """Brokers, topics, partitions and configs as of ``offset``."""
 
@@ -127,6 +134,21 @@ class MetadataImage:
         # ``acls`` (a cluster may hold many; most batches change none).
         self.delegation_tokens: dict[str, TokenInfo] = {}
         self._tokens_shared = False
+        # Copy on write for topics and configs too: a copy shares every
+        # TopicImage and config dict; the names below are the ones this
+        # image made its own since (it may change those in place). Anything
+        # not named may be shared, with the copy or with what it was copied
+        # from, and is copied before its first change. So ``copy`` costs a
+        # dict copy, not a copy of every partition map.
+        self._owned_topics: set[str] = set()
+        self._owned_configs: set[tuple[str, str]] = set()
+        # Kept up to date by ``apply``, so placing a new topic costs nothing
+        # per existing partition: replicas and preferred leaderships (first
+        # replicas) per broker id, and each topic's name by its
+        # ``collision_key``.
+        self.replica_counts: collections.Counter[int] = collections.Counter()
+        self.preferred_leader_counts: collections.Counter[int] = collections.Counter()
+        self.topics_by_collision_key: dict[str, str] = {}
         # Bumped on every token change: a key for caches, not state.
         self.token_version = 0
 
@@ -178,6 +200,8 @@ class MetadataImage:
         if r.topic_id in self.topic_names_by_id:
             raise MetadataApplyError(f"topic id {r.topic_id} already in use")
         self.topics[r.name] = TopicImage(r.name, r.topic_id)
+        self._owned_topics.add(r.name)
+        self.topics_by_collision_key[collision_key(r.name)] = r.name
         self.topic_names_by_id[r.topic_id] = r.name
 
     def _topic_by_id(self, topic_id: str) -> TopicImage:
@@ -185,6 +209,28 @@ class MetadataImage:
         if name is None:
             raise MetadataApplyError(f"unknown topic id {topic_id}")
         return self.topics[name]
+
+    def _count_replicas(self, replicas: list[int], sign: int) -> None:
+        for broker_id in replicas:
+            self.replica_counts[broker_id] += sign
+        if replicas:
+            self.preferred_leader_counts[replicas[0]] += sign
+
+    def _own_topic(self, topic: TopicImage) -> TopicImage:
+        """``topic``, this image's own to change (copied first if it may be shared)."""
+        if topic.name not in self._owned_topics:
+            topic = TopicImage(topic.name, topic.topic_id, dict(topic.partitions))
+            self.topics[topic.name] = topic
+            self._owned_topics.add(topic.name)
+        return topic
+
+    def _own_config(self, key: tuple[str, str]) -> dict[str, str]:
+        """The configs of ``key``, this image's own to change (created if none)."""
+        values = self.configs.get(key)
+        if values is None or key not in self._owned_configs:
+            values = self.configs[key] = dict(values or {})
+            self._owned_configs.add(key)
+        return values
 
     @staticmethod
     def _check_assignment(replicas: list[int], isr: list[int], leader: int, where: str) -> None:
@@ -201,7 +247,8 @@ class MetadataImage:
         if r.partition < 0 or r.partition in topic.partitions:
             raise MetadataApplyError(f"{where}: partition exists or is negative")
         self._check_assignment(r.replicas, r.isr, r.leader, where)
-        topic.partitions[r.partition] = PartitionRegistration(
+        self._count_replicas(r.replicas, 1)
+        self._own_topic(topic).partitions[r.partition] = PartitionRegistration(
             list(r.replicas), list(r.isr), r.leader, r.leader_epoch, r.partition_epoch)
 
     @staticmethod
@@ -238,15 +285,24 @@ class MetadataImage:
         self._check_assignment(replicas, isr, leader, where)
         self._check_reassignment(replicas, adding, removing, recovery_state, where)
         leader_epoch = current.leader_epoch + (1 if leader != current.leader else 0)
-        topic.partitions[r.partition] = PartitionRegistration(
+        if replicas != current.replicas:
+            self._count_replicas(current.replicas, -1)
+            self._count_replicas(replicas, 1)
+        self._own_topic(topic).partitions[r.partition] = PartitionRegistration(
             replicas, isr, leader, leader_epoch, current.partition_epoch + 1,
             adding, removing, recovery_state)
 
     def _remove_topic(self, r: RemoveTopicRecord, offset: int) -> None:
         topic = self._topic_by_id(r.topic_id)
+        for registration in topic.partitions.values():
+            self._count_replicas(registration.replicas, -1)
         del self.topics[topic.name]
+        self._owned_topics.discard(topic.name)
+        if self.topics_by_collision_key.get(collision_key(topic.name)) == topic.name:
+            del self.topics_by_collision_key[collision_key(topic.name)]
         del self.topic_names_by_id[r.topic_id]
         self.configs.pop((TOPIC_RESOURCE, topic.name), None)
+        self._owned_configs.discard((TOPIC_RESOURCE, topic.name))
 
     def _config(self, r: ConfigRecord, offset: int) -> None:
         if r.resource_type == TOPIC_RESOURCE:
@@ -257,11 +313,15 @@ class MetadataImage:
             raise MetadataApplyError(f"unknown config resource type {r.resource_type!r}")
         key = (r.resource_type, r.resource_name)
         if r.value is None:
-            self.configs.get(key, {}).pop(r.name, None)
-            if key in self.configs and not self.configs[key]:
+            if r.name not in self.configs.get(key, ()):
+                return
+            values = self._own_config(key)
+            del values[r.name]
+            if not values:
                 del self.configs[key]
+                self._owned_configs.discard(key)
         else:
-            self.configs.setdefault(key, {})[r.name] = r.value
+            self._own_config(key)[r.name] = r.value
 
     def _producer_ids(self, r: ProducerIdsRecord, offset: int) -> None:
         self._broker(r.broker_id, r.broker_epoch)
@@ -348,18 +408,23 @@ class MetadataImage:
     }
 
     def copy(self) -> "MetadataImage":
-        """An independent image equal to this one, cheaply: containers are
-        copied, ``PartitionRegistration`` objects are shared because ``apply``
+        """An independent image equal to this one, cheaply: the top-level
+        containers are copied; topics, their partition maps and config dicts
+        are shared and copied by whichever image changes one first;
+        ``PartitionRegistration`` objects are shared because ``apply``
         replaces them and never changes one in place (brokers, which it does
         change, are copied). Used to apply or draft a batch all or nothing."""
         copy = MetadataImage()
         copy.offset = self.offset
         copy.brokers = {broker_id: dataclasses.replace(broker, endpoints=dict(broker.endpoints))
                         for broker_id, broker in self.brokers.items()}
-        copy.topics = {name: TopicImage(topic.name, topic.topic_id, dict(topic.partitions))
-                       for name, topic in self.topics.items()}
+        copy.topics = dict(self.topics)  # TopicImages shared: copied on write
         copy.topic_names_by_id = dict(self.topic_names_by_id)
-        copy.configs = {key: dict(values) for key, values in self.configs.items()}
+        copy.configs = dict(self.configs)  # config dicts shared: copied on write
+        self._owned_topics, self._owned_configs = set(), set()  # all shared now
+        copy.replica_counts = self.replica_counts.copy()
+        copy.preferred_leader_counts = self.preferred_leader_counts.copy()
+        copy.topics_by_collision_key = dict(self.topics_by_collision_key)
         copy.next_producer_id = self.next_producer_id
         copy.acls = self.acls  # copied by whichever changes it first
         copy._acls_shared = self._acls_shared = True
@@ -409,6 +474,17 @@ class MetadataImage:
 
     def check_invariants(self) -> None:
         assert set(self.topic_names_by_id.values()) == set(self.topics)
+        replicas: collections.Counter[int] = collections.Counter()
+        preferred: collections.Counter[int] = collections.Counter()
+        for topic in self.topics.values():
+            for reg in topic.partitions.values():
+                replicas.update(reg.replicas)
+                preferred.update(reg.replicas[:1])
+        assert +self.replica_counts == replicas, (self.replica_counts, replicas)
+        assert +self.preferred_leader_counts == preferred
+        assert set(self.topics_by_collision_key.values()) <= set(self.topics)
+        assert {collision_key(name) for name in self.topics} == set(
+            self.topics_by_collision_key)
         for topic_id, name in self.topic_names_by_id.items():
             assert self.topics[name].topic_id == topic_id
         for topic in self.topics.values():
@@ -447,6 +523,9 @@ class MetadataImage:
                 int(p): PartitionRegistration(**reg) for p, reg in t["partitions"].items()})
             image.topics[topic.name] = topic
             image.topic_names_by_id[topic.topic_id] = topic.name
+            image.topics_by_collision_key[collision_key(topic.name)] = topic.name
+            for registration in topic.partitions.values():
+                image._count_replicas(registration.replicas, 1)
         image.configs = {(rtype, rname): dict(values) for rtype, rname, values in raw["configs"]}
         image.next_producer_id = raw["next_producer_id"]
         # Snapshots written before ACLs existed have none.

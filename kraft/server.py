@@ -13,10 +13,15 @@ below ``broker.session.timeout.ms``, so such a renewal never outlives a
 session. A leader that is not active yet (barrier in flight) holds
 the request until it is, for at most ``ACTIVATION_WAIT_MS``.
 
-Writes. Every request that may write runs under one asyncio lock: the core
-computes records against the image, the quorum commits them as one batch
-tagged with that image's offset, and only then does the next request see the
-image. A batch that meets a different image (leadership moved meanwhile) is
+Writes. Requests that may write queue up for one committer task (group
+commit): it takes every request waiting, up to ``GROUP_WRITES_MAX``, lets
+the core compute each one's records in turn, each on the image the earlier
+ones leave (a scratch copy), and has the quorum commit all of them as one
+batch tagged with the committed image's offset; then it answers them all.
+While one group is being committed the next one gathers, so N concurrent
+clients share one Raft round trip instead of taking N in turn. Requests in
+one group are decided in arrival order exactly as if committed one by one.
+A batch that meets a different image (leadership moved meanwhile) is
 rejected by every replica and recomputed, at most ``WRITE_ATTEMPTS`` times.
 
 Time. ``clock_ms`` (monotonic) is a parameter; lease expiry and periodic
@@ -102,6 +107,8 @@ COMMIT_TIMEOUT_MS = 5000
 ACTIVATION_WAIT_MS = 3000
 #: Recomputations of a batch that met a different image.
 WRITE_ATTEMPTS = 3
+#: Most write requests committed together as one batch (see ``write``).
+GROUP_WRITES_MAX = 64
 #: Longest long-poll a broker may ask for.
 METADATA_WAIT_MS_MAX = 30_000
 #: A broker's presence stream (``brokers/presence``): how often the active
@@ -148,6 +155,17 @@ async def cancel_until_done(tasks: list[asyncio.Task], timeout_s: float) -> list
     return list(pending)
 
 
+def _settle(future: asyncio.Future, *, result: Any = None,
+            error: BaseException | None = None) -> None:
+    """Answer a waiting write, unless it is answered already."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
 def raft_secret(config: NodeConfig) -> bytes | None:
     """The secret this controller's Raft traffic is authenticated with: the
     configured one; for a lone voter without one, a random one (no peer has
@@ -161,6 +179,15 @@ def raft_secret(config: NodeConfig) -> bytes | None:
                    "controller.quorum.secret.file): anything on this machine that can "
                    "connect to it can run code in this process", config.node_id)
     return None
+
+
+@dataclasses.dataclass(eq=False)
+class _Write:
+    """One write request waiting for the committer (``ControllerServer.write``)."""
+    compute: Callable[[MetadataImage], ControllerResult]
+    future: asyncio.Future
+    taken: bool = False     # in a group being committed: it will be answered
+    dropped: bool = False   # its caller gave up before it was taken: skip it
 
 
 class ControllerServer:
@@ -180,6 +207,15 @@ class ControllerServer:
         self.core = Controller(ControllerSettings.from_node(config))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._write_lock = asyncio.Lock()
+        # Write requests waiting for the committer task, in arrival order.
+        self._writes: collections.deque[_Write] = collections.deque()
+        self._writes_waiting = asyncio.Event()
+        self._committer: asyncio.Task | None = None
+        # Since start: writes that committed records, and the Raft batches
+        # that carried them (``/v1/quorum`` reports both: their ratio is the
+        # group commit's average group).
+        self._writes_committed = 0
+        self._write_batches = 0
         # Raft term in which this node became active; None while not active.
         self._active_term: int | None = None
         self._activation: asyncio.Task | None = None
@@ -227,8 +263,9 @@ class ControllerServer:
     async def stop(self) -> None:
         self._stopping = True  # no new activation, no more ticks
         self._forget_departures()
-        tasks = self._tasks + ([self._activation] if self._activation else [])
+        tasks = self._tasks + [t for t in (self._activation, self._committer) if t is not None]
         left = await cancel_until_done(tasks, STOP_TASKS_TIMEOUT_S)
+        self._fail_writes(lambda: self.not_controller("stopping"))
         if left:
             logger.warning("controller %d: tasks still running after %.0f s of stopping: %s",
                            self.config.node_id, STOP_TASKS_TIMEOUT_S,
@@ -341,41 +378,139 @@ class ControllerServer:
 
     # -- writing ----------------------------------------------------------
     async def write(self, compute: Callable[[MetadataImage], ControllerResult]) -> dict:
-        """Compute records on the current image and commit them atomically."""
+        """Compute records on the current image and commit them atomically;
+        the request's answer, with ``metadata_offset``: the offset of its
+        last record (or of the image it saw, if it wrote none), which
+        brokers wait for before answering an admin call. Committed in a
+        group with whatever other writes are waiting (see the module doc)."""
         await self._await_active()
+        if self._stopping:
+            raise self.not_controller("stopping")
+        entry = _Write(compute, asyncio.get_running_loop().create_future())
+        self._writes.append(entry)
+        self._writes_waiting.set()
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit_loop(), name="controller-commit")
         try:
-            await asyncio.wait_for(self._write_lock.acquire(), COMMIT_TIMEOUT_MS / 1000)
+            return await asyncio.wait_for(asyncio.shield(entry.future), COMMIT_TIMEOUT_MS / 1000)
         except asyncio.TimeoutError:
-            raise RequestTimedOutError(
-                f"the controller is busy: no turn to write within {COMMIT_TIMEOUT_MS} ms; "
-                "retry") from None
-        try:
-            for _ in range(WRITE_ATTEMPTS):
-                if not self.is_active:
-                    raise self.not_controller("lost leadership")
-                with self.quorum.image_lock:
-                    image = self.quorum.image
-                    expected_offset = image.offset
-                    result = compute(image)
-                if not result.records:
-                    if isinstance(result.response, dict):
-                        result.response["metadata_offset"] = expected_offset
-                    return result.response
-                outcome = await self.quorum.propose(result.records, expected_offset,
+            if not entry.taken:
+                entry.dropped = True
+                raise RequestTimedOutError(
+                    f"the controller is busy: no turn to write within {COMMIT_TIMEOUT_MS} ms; "
+                    "retry") from None
+            try:  # being committed: the quorum's own timeouts bound it, this is a backstop
+                return await asyncio.wait_for(asyncio.shield(entry.future),
+                                              WRITE_ATTEMPTS * COMMIT_TIMEOUT_MS / 1000)
+            except asyncio.TimeoutError:
+                raise RequestTimedOutError(
+                    "the controller quorum did not commit in time; the change may still be "
+                    "applied: check before retrying") from None
+        except asyncio.CancelledError:
+            entry.dropped = not entry.taken  # the caller left: never write it
+            raise
+
+    async def _commit_loop(self) -> None:
+        """The committer: takes the waiting writes, a group at a time."""
+        while not self._stopping:
+            if not self._writes:
+                self._writes_waiting.clear()
+                await self._writes_waiting.wait()
+                continue
+            group: list[_Write] = []
+            while self._writes and len(group) < GROUP_WRITES_MAX:
+                entry = self._writes.popleft()
+                if not entry.dropped and not entry.future.done():
+                    entry.taken = True
+                    group.append(entry)
+            if not group:
+                continue
+            try:
+                async with self._write_lock:  # the activation barrier takes it too
+                    await self._commit_group(group)
+            except KraftError as exc:
+                for entry in group:
+                    _settle(entry.future, error=exc)
+            except asyncio.CancelledError:
+                for entry in group:
+                    _settle(entry.future, error=self.not_controller("stopping"))
+                raise
+            except Exception as exc:
+                logger.exception("controller %d: committing %d writes failed",
+                                 self.config.node_id, len(group))
+                for entry in group:
+                    _settle(entry.future, error=UnknownServerError(
+                        f"the controller failed to commit: {exc}"))
+
+    async def _commit_group(self, group: list[_Write]) -> None:
+        """Compute each write's records on the image the previous ones leave,
+        commit them all as one batch, and answer each write."""
+        for _ in range(WRITE_ATTEMPTS):
+            group = [entry for entry in group if not entry.future.done()]
+            if not group:
+                return
+            if not self.is_active:
+                raise self.not_controller("lost leadership")
+            planned, records, expected_offset = self._compute_group(group)
+            if planned is None:
+                continue  # a write's records did not apply: compute the rest afresh
+            if records:
+                outcome = await self.quorum.propose(records, expected_offset,
                                                     COMMIT_TIMEOUT_MS / 1000)
-                if outcome.status is ApplyStatus.APPLIED:
-                    if isinstance(result.response, dict):
-                        # Brokers wait for their metadata to reach this
-                        # offset before answering an admin call.
-                        result.response["metadata_offset"] = outcome.last_offset
-                    return result.response
                 if outcome.status is ApplyStatus.INVALID:
                     raise UnknownServerError(f"metadata batch refused: {outcome.detail}")
-                logger.info("controller %d: recomputing a batch (%s)",
-                            self.config.node_id, outcome.detail)
-            raise self.not_controller("metadata kept changing underneath")
-        finally:
-            self._write_lock.release()
+                if outcome.status is not ApplyStatus.APPLIED:
+                    logger.info("controller %d: recomputing a batch (%s)",
+                                self.config.node_id, outcome.detail)
+                    continue
+                self._write_batches += 1
+                self._writes_committed += sum(1 for *_, wrote in planned if wrote)
+            for entry, response, offset, _ in planned:
+                if isinstance(response, dict):
+                    response["metadata_offset"] = offset
+                _settle(entry.future, result=response)
+            return
+        raise self.not_controller("metadata kept changing underneath")
+
+    def _compute_group(self, group: list[_Write]
+                       ) -> tuple[list[tuple[_Write, Any, int, bool]] | None, list, int]:
+        """Each write's answer, the offset it reaches and whether it wrote
+        anything (None if a write's
+        records failed to apply: a bug, answered as such, the scratch image
+        then being spoilt), the group's records, and the offset they follow.
+        A write the core refuses is answered here and adds nothing."""
+        planned: list[tuple[_Write, Any, int, bool]] = []
+        records: list = []
+        with self.quorum.image_lock:
+            base = image = self.quorum.image
+            scratch: MetadataImage | None = None
+            for entry in group:
+                try:
+                    result = entry.compute(image)
+                except KraftError as exc:
+                    _settle(entry.future, error=exc)
+                    continue
+                except Exception as exc:
+                    logger.exception("controller %d: computing a write failed",
+                                     self.config.node_id)
+                    _settle(entry.future, error=UnknownServerError(
+                        f"the controller failed to compute the change: {exc}"))
+                    continue
+                if result.records:
+                    if scratch is None:
+                        scratch = image = base.copy()
+                    try:
+                        for record in result.records:  # as every replica will
+                            scratch.apply(record, scratch.offset + 1)
+                    except Exception as exc:
+                        logger.exception("controller %d: a computed batch does not apply",
+                                         self.config.node_id)
+                        _settle(entry.future, error=UnknownServerError(
+                            f"metadata batch refused: {exc}"))
+                        return None, [], base.offset
+                    records.extend(result.records)
+                planned.append((entry, result.response, image.offset, bool(result.records)))
+            return planned, records, base.offset
 
     def _writer(self, pick: Callable[[Controller], Callable[[MetadataImage, dict], Any]]):
         async def handle(request: web.Request) -> web.Response:
@@ -473,6 +608,11 @@ class ControllerServer:
             self._tasks.append(asyncio.create_task(self._tick_once(),
                                                    name=f"fence-departed-{broker_id}"))
 
+    def _fail_writes(self, error: Callable[[], KraftError]) -> None:
+        """Answer every write still waiting for the committer with ``error()``."""
+        while self._writes:
+            _settle(self._writes.popleft().future, error=error())
+
     def _forget_departures(self) -> None:
         """No longer active (or stopping): departures seen in that term are
         not this controller's to act on."""
@@ -562,6 +702,8 @@ class ControllerServer:
     async def handle_quorum(self, request: web.Request) -> web.Response:
         status = self.quorum.status()
         status["active"] = self.is_active
+        status["writes"] = {"committed": self._writes_committed,
+                            "batches": self._write_batches}
         leader_id = status["leader_id"]
         status["leader_url"] = self.config.voters[leader_id].url \
             if leader_id in self.config.voters else None

@@ -31,18 +31,24 @@ def fsync_directory(path: str) -> None:
         os.close(fd)
 
 
-def write_atomically(path: str, data: bytes) -> None:
+def write_atomically(path: str, data: bytes, *, sync: bool = True) -> None:
+    """Replace ``path`` with ``data`` (old or new after a crash, never a
+    mix). ``sync=False`` skips both fsyncs: the caller makes the file and
+    its name durable later (fsync the file, then its directory) and copes
+    with finding the old content, or none, after a crash meanwhile."""
     tmp_path = path + ".tmp"
     fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp_path, path)
-    fsync_directory(os.path.dirname(os.path.abspath(path)))
+    if sync:
+        fsync_directory(os.path.dirname(os.path.abspath(path)))
 
 
 class CheckpointFormatError(ValueError):
@@ -112,8 +118,8 @@ class LeaderEpochCheckpoint:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def write(self, entries: list[tuple[int, int]]) -> None:
-        write_atomically(self.path, _format(entries))
+    def write(self, entries: list[tuple[int, int]], *, sync: bool = True) -> None:
+        write_atomically(self.path, _format(entries), sync=sync)
 
     def read(self) -> list[tuple[int, int]]:
         if not os.path.exists(self.path):

@@ -143,6 +143,9 @@ class Log:
         #: Aborted transactions, for read_committed fetches (storage.txn_index).
         self.aborted_txns = AbortedTxns(directory)
         self._unsynced_snapshots: list[str] = []
+        # A new leader epoch's checkpoint is fsynced by the next flush,
+        # before the recovery point passes it (see LeaderEpochCache).
+        epoch_cache.defer_sync(self.sync_later)
         self._writing = False
         self._snapshot_due = False
         #: Changes whenever segments are removed or replaced (truncation,

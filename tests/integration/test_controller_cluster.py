@@ -101,6 +101,47 @@ def test_a_lone_controller_cut_off_from_the_others_cannot_change_metadata(cluste
     assert create_topic(cluster, "healed", partitions=1)["error"] is None
 
 
+def test_concurrent_writes_commit_together_and_are_decided_as_if_one_by_one(cluster):
+    """Writes that arrive together are committed in shared Raft batches
+    (group commit), each decided on the image the earlier ones leave: of two
+    creations of one name exactly one succeeds, a name colliding with one
+    created in the same batch is refused, and every answer's
+    metadata_offset is the offset its own records reached."""
+    import concurrent.futures
+
+    active = cluster.wait_for_active_controller()
+    before = cluster.quorum(active)["writes"]
+    names = [f"group-{i}" for i in range(30)]
+    requests = names + names[:5] + ["dotted.name", "dotted_name"]
+
+    def create(name):
+        status, body = cluster.controller_call("/v1/controller/topics/create", {
+            "topics": [{"name": name, "num_partitions": 2, "replication_factor": 3}]})
+        assert status == 200, body
+        return body["topics"][0], body["metadata_offset"]
+
+    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+        results = list(pool.map(create, requests))
+    outcomes = {}
+    for name, (result, _) in zip(requests, results):
+        outcomes.setdefault(name, []).append(result["error"] and result["error"]["code"])
+    # Each creation wrote three records; each answer names where its own end.
+    offsets = [offset for result, offset in results if result["error"] is None]
+    assert len(set(offsets)) == len(offsets) == 31
+    for name in names[:5]:
+        assert set(outcomes[name]) == {None, "TOPIC_ALREADY_EXISTS"}, outcomes[name]
+    assert all(outcomes[name] == [None] for name in names[5:])
+    assert {outcomes["dotted.name"][0], outcomes["dotted_name"][0]} == {
+        None, "INVALID_TOPIC_EXCEPTION"}
+    created = {p for name in names for p, _ in topics_of(cluster.metadata(active))[name]}
+    assert created == {0, 1}
+    after = cluster.quorum(active)["writes"]
+    writes = after["committed"] - before["committed"]
+    batches = after["batches"] - before["batches"]
+    assert writes >= 31  # 30 names and one of the colliding pair (plus any heartbeats)
+    assert batches < writes, f"{writes} writes in {batches} batches: nothing was grouped"
+
+
 def test_a_killed_broker_is_fenced_at_once_and_loses_its_leaderships(tmp_path):
     """kill -9 closes the broker's connections, among them its presence
     stream to the active controller: it is fenced within a second or two,
@@ -253,10 +294,15 @@ def post_raw(url, data, content_type="application/msgpack"):
 def test_followers_answer_not_controller_with_the_leaders_address(shared):
     active = shared.wait_for_active_controller()
     for follower in (c for c in shared.controller_ids if c != active):
-        status, body = http_json(shared.nodes[follower].controller_url
-                                 + "/v1/controller/topics/create", {"topics": []})
-        assert status == 421
-        assert body["error"]["code"] == "NOT_CONTROLLER"
+        def refusal(follower=follower):
+            status, body = http_json(shared.nodes[follower].controller_url
+                                     + "/v1/controller/topics/create", {"topics": []})
+            assert status == 421
+            assert body["error"]["code"] == "NOT_CONTROLLER"
+            # A follower not yet reached by the new leader knows no leader.
+            return body if body["error"].get("leader_id") is not None else None
+
+        body = wait_until(refusal, 10, f"controller {follower} to know the leader")
         assert body["error"]["leader_id"] == active
         assert body["error"]["leader_url"] == shared.nodes[active].controller_url
 

@@ -456,6 +456,30 @@ def test_epoch_cache_survives_restart_and_follows_recovery(log_dir):
     assert reopened.epoch_cache.entries == [(1, 0)]
 
 
+def test_a_new_epochs_checkpoint_is_fsynced_by_the_next_flush_and_relearned_if_lost(log_dir):
+    """Becoming leader writes the epoch checkpoint without an fsync: the
+    next flush syncs it before the recovery point passes the epoch, and an
+    entry a crash loses is learned again from the batches recovery re-reads."""
+    log = open_log(log_dir)
+    checkpoint = os.path.join(log_dir, "leader-epoch-checkpoint")
+    fill(log, 5, epoch=1)
+    log.flush()
+    flushed = log.recovery_point
+    with open(checkpoint, "rb") as f:
+        durable = f.read()  # what a crash from here on leaves, at worst
+    fill(log, 5, epoch=2)
+    ticket = log.begin_flush()
+    assert checkpoint in ticket.files and ticket.directory == log_dir
+    log.end_flush(ticket)  # (not synced: only what it would sync is checked)
+    fill(log, 5, epoch=3)
+    log.abandon()
+    with open(checkpoint, "wb") as f:
+        f.write(durable)  # the crash lost both unsynced entries
+    reopened = open_log(log_dir, recovery_point=flushed)
+    assert reopened.epoch_cache.entries == [(1, 0), (2, 15), (3, 30)]
+    assert reopened.end_offset_for_epoch(2) == (2, 30)
+
+
 def test_unreadable_epoch_checkpoint_is_rebuilt_from_the_log(log_dir):
     log = open_log(log_dir)
     fill(log, 3, epoch=1)

@@ -282,3 +282,37 @@ def test_apply_is_deterministic_and_refusals_change_nothing(records):
         first.check_invariants()
     assert first == second
     assert MetadataImage.from_snapshot(first.to_snapshot()) == first
+
+
+def _apply_valid(image: MetadataImage, records, start: int) -> list:
+    """Apply what ``image`` accepts; the records it accepted."""
+    accepted = []
+    for offset, record in enumerate(records, start):
+        try:
+            image.apply(record, offset)
+        except MetadataApplyError:
+            continue
+        accepted.append((offset, record))
+    return accepted
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(record_strategy, max_size=25), st.lists(record_strategy, max_size=25),
+       st.lists(record_strategy, max_size=25))
+def test_a_copy_and_its_original_change_independently(common, for_original, for_copy):
+    """``copy`` shares topics and configs copy-on-write: whatever either
+    image applies afterwards, the other never sees it, and both keep their
+    derived counts exact (check_invariants recomputes them)."""
+    original = MetadataImage()
+    _apply_valid(original, common, 0)
+    copied = original.copy()
+    start = len(common)
+    original_log = _apply_valid(original, for_original, start)
+    copy_log = _apply_valid(copied, for_copy, start)
+    for image, log in ((original, original_log), (copied, copy_log)):
+        image.check_invariants()
+        expected = MetadataImage()
+        _apply_valid(expected, common, 0)
+        for offset, record in log:
+            expected.apply(record, offset)
+        assert image == expected
