@@ -44,25 +44,41 @@ class SparseIndex:
     never closed while it is being synced.
     """
 
-    def __init__(self, path: str, entry: struct.Struct) -> None:
+    def __init__(self, path: str, entry: struct.Struct, *, lazy: bool = False) -> None:
         self.path = path
         self._entry = entry
         self._keys = array.array("q")
         self._values = array.array("q")
         # Entries [0, persisted_count) are in the file (maybe not yet fsynced).
         self._persisted_count = 0
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self.lock = threading.Lock()
+        # The file's descriptor; None while not opened yet (``lazy``: the
+        # file is created when the first entry is written, so a segment
+        # that never gets one, as most of a quiet partition's do not, costs
+        # one file and one descriptor instead of three); -1 once closed.
+        self._fd: int | None = None
+        if not lazy:
+            self._opened()
+
+    def _opened(self) -> int:
+        """The descriptor, opening (creating) the file if it is not yet."""
+        if self._fd is None:
+            with self.lock:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        return self._fd
 
     # -- loading ---------------------------------------------------------
     def load(self) -> None:
         """Read the file into memory. Raises ``IndexCorruptError`` when the
         file is not a whole number of entries or not sorted."""
-        size = os.fstat(self._fd).st_size
+        if self._fd is None and not os.path.exists(self.path):
+            return  # never written: no entries (a lost one is rebuilt alike)
+        fd = self._opened()
+        size = os.fstat(fd).st_size
         if size % self._entry.size:
             raise IndexCorruptError(
                 f"{self.path}: size {size} is not a multiple of {self._entry.size}")
-        data = os.pread(self._fd, size, 0)
+        data = os.pread(fd, size, 0)
         keys, values = array.array("q"), array.array("q")
         for key, value in self._entry.iter_unpack(data):
             if keys and (key <= keys[-1] or value < values[-1]):
@@ -110,11 +126,17 @@ class SparseIndex:
         del self._values[count:]
         if self._persisted_count > count:
             self._persisted_count = count
-            os.ftruncate(self._fd, count * self._entry.size)
+            os.ftruncate(self._opened(), count * self._entry.size)
 
     def clear(self) -> None:
         self.truncate_entries(0)
-        os.ftruncate(self._fd, 0)
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            return
+        try:  # not opened: empty a leftover file of this name, if any
+            os.truncate(self.path, 0)
+        except FileNotFoundError:
+            pass
 
     def write_pending(self) -> None:
         """Write entries not yet in the file (to the page cache; ``sync``
@@ -125,19 +147,19 @@ class SparseIndex:
             return
         pack = self._entry.pack
         data = b"".join(pack(self._keys[i], self._values[i]) for i in range(start, end))
-        os.pwrite(self._fd, data, start * self._entry.size)
+        os.pwrite(self._opened(), data, start * self._entry.size)
         self._persisted_count = end
 
     def sync(self) -> None:
         with self.lock:
-            if self._fd >= 0:
+            if self._fd is not None and self._fd >= 0:
                 os.fsync(self._fd)
 
     def close(self) -> None:
         with self.lock:
-            if self._fd >= 0:
+            if self._fd is not None and self._fd >= 0:
                 os.close(self._fd)
-                self._fd = -1
+            self._fd = -1
 
     def check_invariants(self) -> None:
         assert len(self._keys) == len(self._values)

@@ -73,8 +73,11 @@ class Segment:
         self.log_path = stem + LOG_SUFFIX + suffix
         self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
         self._lock = threading.Lock()  # guards _fd against close during sync
-        self.offset_index = SparseIndex(stem + INDEX_SUFFIX + suffix, OFFSET_ENTRY)
-        self.time_index = SparseIndex(stem + TIME_INDEX_SUFFIX + suffix, TIME_ENTRY)
+        # A live segment's index files appear with their first entry; the
+        # cleaner's output (``suffix``) has them at once, for its swap.
+        lazy = not suffix
+        self.offset_index = SparseIndex(stem + INDEX_SUFFIX + suffix, OFFSET_ENTRY, lazy=lazy)
+        self.time_index = SparseIndex(stem + TIME_INDEX_SUFFIX + suffix, TIME_ENTRY, lazy=lazy)
         self.size_bytes = 0
         # Offset after the last batch. Invariant: base_offset <= next_offset.
         self.next_offset = base_offset

@@ -545,3 +545,25 @@ def test_failed_write_leaves_offsets_and_epochs_unchanged(log_dir, monkeypatch):
         log.append(make_batch(3), leader_epoch=2)
     assert log.log_end_offset == 6
     assert log.epoch_cache.entries == [(1, 0)]
+
+
+def test_index_files_appear_with_their_first_entry_and_a_lost_one_is_rebuilt(log_dir):
+    """A new log is one file (its .log): a partition that is never written
+    to holds one descriptor, not three. The index files are created when a
+    flush first writes an entry, and a log whose index file a crash lost
+    (created but its name not yet durable) reads exactly as before."""
+    log = open_log(log_dir)
+    files = {name for name in os.listdir(log_dir) if name.startswith("0000")}
+    assert files == {"00000000000000000000.log"}
+    fill(log, 4, epoch=1)  # past index_interval_bytes: entries in memory
+    log.flush()
+    files = {name for name in os.listdir(log_dir) if name.startswith("0000")}
+    assert "00000000000000000000.index" in files and "00000000000000000000.timeindex" in files
+    expected = read_all(log)
+    log.abandon()
+    os.unlink(os.path.join(log_dir, "00000000000000000000.index"))
+    os.unlink(os.path.join(log_dir, "00000000000000000000.timeindex"))
+    reopened = open_log(log_dir, recovery_point=log.recovery_point)
+    assert read_all(reopened) == expected
+    assert reopened.offset_for_timestamp(0) is not None
+    reopened.check_invariants()
