@@ -239,25 +239,55 @@ class LogManager:
         existing = self._logs.get(tp)
         if existing is not None and overrides is None:
             return existing
-        config = LogConfig.from_mapping(overrides or {}, base=self.default_log_config)
         if existing is not None:
+            config = LogConfig.from_mapping(overrides or {}, base=self.default_log_config)
             existing.config = config
             if config.compact:
                 self.wake_cleaner()  # perhaps compact only from now on
             return existing
+        directory, config = self.reserve_new_log(tp, overrides)
+        try:
+            new_log = self.open_new_log(tp, directory, config)
+        except BaseException:
+            self.release_new_log(directory)
+            raise
+        self.adopt_new_log(tp, directory, new_log, sync=sync)
+        return new_log
+
+    # A new log in three steps, for a caller that creates its files on
+    # another thread: ``reserve_new_log`` and ``adopt_new_log`` (or
+    # ``release_new_log``) on the owner thread, ``open_new_log`` on any.
+    def reserve_new_log(self, tp: TopicPartition, overrides: Mapping[str, Any] | None = None
+                        ) -> tuple[str, LogConfig]:
+        """Check the name, choose the least-loaded log dir and count the log
+        in it; the dir and the log's config. Owner thread."""
+        assert tp not in self._logs, tp
+        config = LogConfig.from_mapping(overrides or {}, base=self.default_log_config)
         validate_topic_name(tp.topic)
         if tp.partition < 0:
             raise InvalidTopicError(f"partition {tp.partition} is negative")
         directory = min(self.config.log_dirs, key=lambda d: self._logs_in_dir[d])
-        new_log = Log.open(os.path.join(directory, str(tp)), config, clock=self.clock)
+        self._logs_in_dir[directory] += 1
+        return directory, config
+
+    def open_new_log(self, tp: TopicPartition, directory: str, config: LogConfig) -> Log:
+        """Create (or open what is there of) the log's files. Any thread: it
+        touches only that directory."""
+        return Log.open(os.path.join(directory, str(tp)), config, clock=self.clock)
+
+    def adopt_new_log(self, tp: TopicPartition, directory: str, new_log: Log, *,
+                      sync: bool = False) -> None:
+        """Host a log ``open_new_log`` made. Owner thread."""
         if sync:
             fsync_directory(directory)
         else:
             self._unsynced_dirs.add(directory)
         self._logs[tp] = new_log
         self._dir_of[tp] = directory
-        self._logs_in_dir[directory] += 1
-        return new_log
+
+    def release_new_log(self, directory: str) -> None:
+        """Undo ``reserve_new_log`` for a log that was not made. Owner thread."""
+        self._logs_in_dir[directory] -= 1
 
     def delete_log(self, tp: TopicPartition) -> bool:
         """Remove a partition's data: rename its directory out of the way

@@ -23,6 +23,7 @@ next deadline. It decides nothing itself.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import time
@@ -31,7 +32,7 @@ from typing import Protocol
 
 from api.broker.lifecycle_core import LifecycleCore
 from api.broker.partition import Partition
-from api.broker.replication import (Action, CancelRequest, FetchRequest, MarkerItem,
+from api.broker.replication import (LOG_PENDING, Action, CancelRequest, FetchRequest, MarkerItem,
                                     ProduceItem, ReplicationCore, ReplicationSettings,
                                     Respond, SendAlterPartition, SendFetch)
 from kraft.image import MetadataImage
@@ -62,11 +63,31 @@ def read_topic_id(directory: str) -> str | None:
     return None
 
 
+def _write_topic_id(log: Log, topic_id: str) -> None:
+    """Write the log's ``partition.metadata``; no fsync here (on the event
+    loop, for each of perhaps thousands of new logs): the file and its name
+    reach the disk with the log's next flush."""
+    path = os.path.join(log.directory, PARTITION_METADATA_FILE)
+    with open(path, "wb") as f:
+        f.write(f"version: 0\ntopic_id: {topic_id}\n".encode())
+    log.sync_later(path)
+
+
 class DiskLogs:
     """``HostedLogs`` over a ``LogManager``: partition logs on disk, their
-    topic ids and high-watermark checkpoints."""
+    topic ids and high-watermark checkpoints.
 
-    def __init__(self, broker_id: int, log_manager: LogManager) -> None:
+    Given ``create_on`` (an executor) and ``created`` (called on the owner
+    thread), a new log's files are made on that executor: ``open`` answers
+    ``LOG_PENDING`` and ``created([tp])`` follows once the log is hosted.
+    Making a partition's directory and files takes milliseconds of system
+    calls; a broker given thousands at once keeps its event loop for
+    requests and heartbeats this way. Without them (the simulator, unit
+    tests), everything happens inside ``open``."""
+
+    def __init__(self, broker_id: int, log_manager: LogManager, *,
+                 create_on: concurrent.futures.Executor | None = None,
+                 created: Callable[[list[TopicPartition]], None] | None = None) -> None:
         self.broker_id = broker_id
         self.log_manager = log_manager
         # Storage overrides each hosted log was opened with.
@@ -74,10 +95,29 @@ class DiskLogs:
         # High watermarks read from the checkpoints, for partitions not yet
         # hosted (loaded on first use, after the log manager started).
         self._checkpointed: dict[TopicPartition, int] | None = None
+        self._create_on = create_on
+        self._created = created
+        # New logs whose files are being made on ``create_on``; and the
+        # error of one that failed, raised by the next ``open`` of it.
+        self._creating: set[TopicPartition] = set()
+        self._create_failed: dict[TopicPartition, BaseException] = {}
+        self._stopped = False
+
+    def stop(self) -> None:
+        """Creations still running are closed, not hosted, when they end."""
+        self._stopped = True
 
     def open(self, tp: TopicPartition, topic_id: str, overrides: dict,
-             caught_up: bool) -> tuple[Log, int | None] | None:
+             caught_up: bool) -> tuple[Log, int | None] | None | str:
+        if tp in self._creating:
+            return LOG_PENDING
+        failed = self._create_failed.pop(tp, None)
+        if failed is not None:
+            raise failed
         existing = self.log_manager.get_log(tp)
+        if existing is None and self._create_on is not None:
+            self._create(tp, topic_id, overrides)
+            return LOG_PENDING
         if existing is not None:
             recorded = read_topic_id(existing.directory)
             if recorded is not None and recorded != topic_id:
@@ -92,15 +132,56 @@ class DiskLogs:
         log = self.log_manager.get_or_create_log(tp, overrides, sync=False)
         recorded = read_topic_id(log.directory)
         if recorded is None:
-            path = os.path.join(log.directory, PARTITION_METADATA_FILE)
-            with open(path, "wb") as f:
-                f.write(f"version: 0\ntopic_id: {topic_id}\n".encode())
-            log.sync_later(path)
+            _write_topic_id(log, topic_id)
         elif recorded != topic_id:
             raise RuntimeError(f"{tp}: the log at {log.directory} belongs to topic id "
                                f"{recorded}, not {topic_id}; refusing to serve it")
         self._overrides[tp] = overrides
         return log, self._load_checkpoints().get(tp)
+
+    def _create(self, tp: TopicPartition, topic_id: str, overrides: dict) -> None:
+        """Make a new log's files on ``create_on`` (see the class doc)."""
+        directory, config = self.log_manager.reserve_new_log(tp, overrides)
+        loop = asyncio.get_running_loop()
+
+        def make() -> Log:  # on the executor: only this partition's directory
+            log = self.log_manager.open_new_log(tp, directory, config)
+            if read_topic_id(log.directory) is None:
+                _write_topic_id(log, topic_id)
+            return log
+
+        def done(future: concurrent.futures.Future) -> None:  # on the loop
+            self._creating.discard(tp)
+            if future.cancelled():
+                self.log_manager.release_new_log(directory)
+                return
+            error = future.exception()
+            if error is not None or self._stopped:
+                self.log_manager.release_new_log(directory)
+                if error is None:
+                    future.result().abandon()
+                else:
+                    self._create_failed[tp] = error
+            else:
+                self.log_manager.adopt_new_log(tp, directory, future.result())
+                self._overrides[tp] = overrides
+            if self._created is not None and not self._stopped:
+                self._created([tp])
+
+        self._creating.add(tp)
+        try:
+            future = self._create_on.submit(make)
+        except BaseException:
+            self._creating.discard(tp)
+            self.log_manager.release_new_log(directory)
+            raise
+        def hand_back(f: concurrent.futures.Future) -> None:  # on the executor
+            try:
+                loop.call_soon_threadsafe(done, f)
+            except RuntimeError:
+                pass  # the loop is closed: the broker stopped, nothing to host it
+
+        future.add_done_callback(hand_back)
 
     def reconfigure(self, tp: TopicPartition, overrides: dict) -> None:
         if overrides != self._overrides.get(tp):
@@ -203,7 +284,11 @@ class ReplicaManager:
                  clock_ms: Callable[[], int] = monotonic_ms) -> None:
         self.broker_id = broker_id
         self.log_manager = log_manager
-        self.disk = DiskLogs(broker_id, log_manager)
+        # New logs' files are made here, off the event loop (DiskLogs).
+        self._creator = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix=f"broker-{broker_id}-new-logs")
+        self.disk = DiskLogs(broker_id, log_manager, create_on=self._creator,
+                             created=self._logs_created)
         self.core = ReplicationCore(broker_id, self.disk, lifecycle, settings,
                                     topic_defaults=topic_defaults)
         self.clock_ms = clock_ms
@@ -227,6 +312,10 @@ class ReplicaManager:
     @property
     def image(self) -> MetadataImage:
         return self.core.image
+
+    @property
+    def opening(self) -> bool:
+        return self.core.opening
 
     @property
     def isr_shrinks(self) -> int:
@@ -305,8 +394,16 @@ class ReplicaManager:
             # metadata listeners ran: the coordinators look again.
             self.on_logs_opened()
 
+    def _logs_created(self, created: list[TopicPartition]) -> None:
+        if self._stopped:
+            return
+        self.core.logs_created(created, self.clock_ms())
+        self._carry_out()
+
     def stop(self) -> None:
         self._stopped = True
+        self.disk.stop()
+        self._creator.shutdown(wait=False, cancel_futures=True)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

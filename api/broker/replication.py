@@ -44,7 +44,7 @@ import heapq
 import itertools
 import logging
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from api.broker.lifecycle_core import LifecycleCore
@@ -102,15 +102,22 @@ def _as_int(value, default: int) -> int:
 
 
 # -- what the core is given -----------------------------------------------------------
+#: What ``HostedLogs.open`` answers for a new log whose files are being
+#: created on another thread: the core waits for ``logs_created``.
+LOG_PENDING = "pending"
+
+
 class HostedLogs(Protocol):
     """The disk side of hosting partitions (``replica_manager.DiskLogs`` in
     the broker; the simulator passes the same class over its own dirs)."""
 
     def open(self, tp: TopicPartition, topic_id: str, overrides: dict,
-             caught_up: bool) -> tuple[Log, int | None] | None:
+             caught_up: bool) -> tuple[Log, int | None] | None | str:
         """The partition's log, opened or created, with its checkpointed
         high watermark; None when the log on disk belongs to another
-        incarnation of the topic and the image is too old to say which."""
+        incarnation of the topic and the image is too old to say which;
+        ``LOG_PENDING`` when a new log's files are being made elsewhere
+        (the core is then told by ``ReplicationCore.logs_created``)."""
 
     def reconfigure(self, tp: TopicPartition, overrides: dict) -> None:
         """Apply changed topic config overrides to an open log."""
@@ -248,6 +255,7 @@ class _AlterInFlight:
     part: Partition
     proposal: IsrProposal
     deadline_ms: int
+    isr_before: list[int]  # the ISR the proposal changes
 
 
 @dataclasses.dataclass
@@ -306,6 +314,9 @@ class ReplicationCore:
         # Assigned partitions whose log waits its turn to be opened (at most
         # NEW_LOGS_PER_PASS per pass): opened by the "open" timer.
         self._deferred: dict[str, set[int]] = {}
+        # Assigned partitions whose new log's files are being created off
+        # the event loop (LOG_PENDING): opened once ``logs_created`` says so.
+        self._creating: set[TopicPartition] = set()
         #: Passes over metadata (changes and the "open" timer's): the shell
         #: tells the group and transaction coordinators when one ran.
         self.passes = 0
@@ -454,6 +465,34 @@ class ReplicationCore:
         self.image = image
         self._open_pass(now_ms, changed, retry_failed=True)
 
+    @property
+    def opening(self) -> bool:
+        """Whether logs the image gives this broker are still being opened
+        (waiting their turn or their files being made); not those that
+        failed to open, which wait for the next metadata change."""
+        return bool(self._deferred or self._creating)
+
+    def logs_created(self, created: Iterable[TopicPartition], now_ms: int) -> None:
+        """New logs whose files ``HostedLogs.open`` had made elsewhere
+        (``LOG_PENDING``) are ready: opened by the next "open" pass if the
+        image still gives them to this broker, deleted if it no longer does
+        (no later walk would, as they were never hosted)."""
+        for tp in created:
+            self._creating.discard(tp)
+            topic = self.image.topics.get(tp.topic)
+            reg = topic.partitions.get(tp.partition) if topic is not None else None
+            if reg is not None and self.broker_id in reg.replicas:
+                self._deferred.setdefault(tp.topic, set()).add(tp.partition)
+            elif tp not in self.partitions:
+                try:
+                    self._remove(tp, "it was unassigned while its log was being created")
+                except Exception:
+                    logger.exception("broker %d: cannot delete the log of %s",
+                                     self.broker_id, tp)
+        if self._deferred:
+            self._at(now_ms, "open", None)
+        self._after_event(now_ms)
+
     def _open_pass(self, now_ms: int, changed: Mapping[str, set[int] | None] | None, *,
                    retry_failed: bool) -> None:
         """``apply_image``'s work on ``self.image``. Logs waiting their turn
@@ -561,7 +600,8 @@ class ReplicationCore:
                 logger.exception("broker %d: cannot open the log of %s", self.broker_id, tp)
                 part = None
             if part is None:
-                if caught_up:  # tried again with the next change, whatever it is
+                if caught_up and tp not in self._creating:
+                    # Tried again with the next change, whatever it is.
                     self._unopened.setdefault(tp.topic, set()).add(tp.partition)
                 continue
             part.min_insync_replicas = min_isr
@@ -600,6 +640,10 @@ class ReplicationCore:
         opened = self.logs.open(tp, topic_id, overrides, caught_up)
         if opened is None:
             return None
+        if opened == LOG_PENDING:
+            self._creating.add(tp)
+            return None
+        self._creating.discard(tp)
         log, high_watermark = opened
         part = self.partition_factory(tp, log, self.broker_id, topic_id,
                                       high_watermark=high_watermark)
@@ -669,6 +713,12 @@ class ReplicationCore:
             return LeaderNotAvailableError(
                 f"{topic}-{partition} has no leader: all its replicas {reg.replicas} "
                 "are unavailable", leader_epoch=reg.leader_epoch)
+        if reg.leader == self.broker_id:
+            # Assigned here, its log not open yet (a new partition's files
+            # are being made, or thousands wait their turn): soon, not elsewhere.
+            return LeaderNotAvailableError(
+                f"broker {self.broker_id} leads {topic}-{partition} but is still opening "
+                "its log; retry shortly", leader_epoch=reg.leader_epoch)
         return NotLeaderOrFollowerError(
             f"broker {self.broker_id} is not the leader of {topic}-{partition}; "
             f"broker {reg.leader} is", leader_id=reg.leader,
@@ -1162,7 +1212,8 @@ class ReplicationCore:
             return
         request_id = self.new_request_id()
         self._alters[request_id] = _AlterInFlight(part, proposal,
-                                                  now_ms + ALTER_PARTITION_TIMEOUT_MS)
+                                                  now_ms + ALTER_PARTITION_TIMEOUT_MS,
+                                                  list(part.isr))
         self._at(now_ms + ALTER_PARTITION_TIMEOUT_MS, "alter", request_id)
         self._actions.append(SendAlterPartition(request_id, {
             "broker_id": self.broker_id, "broker_epoch": broker_epoch,
@@ -1190,18 +1241,27 @@ class ReplicationCore:
                       refused: bool) -> None:
         part, proposal = alter.part, alter.proposal
         before = list(part.isr)
-        if not part.isr_change_done(proposal, answer, refused):
+        done = part.isr_change_done(proposal, answer, refused)
+        # The controller took exactly this change, whether its answer or the
+        # image showing it came first (the metrics count it either way).
+        accepted = (answer is not None and not refused
+                    and answer.get("isr") == proposal.new_isr)
+        if accepted:
+            before, after = alter.isr_before, proposal.new_isr
+        elif done:
+            after = part.isr
+        else:
             return
-        shrunk = [r for r in before if r not in part.isr]
-        grown = [r for r in part.isr if r not in before]
+        shrunk = [r for r in before if r not in after]
+        grown = [r for r in after if r not in before]
         if shrunk:
             self.isr_shrinks += 1
             logger.warning("broker %d: ISR of %s shrank from %s to %s (%s)", self.broker_id,
-                           part.tp, before, part.isr, proposal.reason)
+                           part.tp, before, after, proposal.reason)
         if grown:
             self.isr_expands += 1
             logger.info("broker %d: ISR of %s grew from %s to %s (%s)", self.broker_id,
-                        part.tp, before, part.isr, proposal.reason)
+                        part.tp, before, after, proposal.reason)
         self._touch(part.tp)  # the high watermark or acks=all outcomes may move
 
     # -- inspection --------------------------------------------------------------------------

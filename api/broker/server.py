@@ -304,20 +304,28 @@ class BrokerServer:
             self.replicas.apply_image(image, self.lifecycle.changed_topics)
             self._on_logs_opened()
         finally:
-            changed, self._metadata_changed = self._metadata_changed, asyncio.Event()
-            changed.set()
+            self._wake_metadata_waiters()
+
+    def _wake_metadata_waiters(self) -> None:
+        changed, self._metadata_changed = self._metadata_changed, asyncio.Event()
+        changed.set()
 
     def _on_logs_opened(self) -> None:
         """The coordinators load or unload their shards for the partitions
         this broker now leads or no longer leads."""
-        self.groups.on_metadata()
-        self.transactions.on_metadata()
+        try:
+            self.groups.on_metadata()
+            self.transactions.on_metadata()
+        finally:
+            self._wake_metadata_waiters()
 
-    async def wait_for_metadata(self, offset: int, timeout_ms: int) -> bool:
-        """Wait until this broker's image has reached ``offset``."""
+    async def wait_for_metadata(self, offset: int, timeout_ms: int, *,
+                                opened: bool = False) -> bool:
+        """Wait until this broker's image has reached ``offset`` (and, with
+        ``opened``, every log it gives this broker is open)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
-        while self.lifecycle.image.offset < offset:
+        while self.lifecycle.image.offset < offset or (opened and self.replicas.opening):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
@@ -403,7 +411,9 @@ class BrokerServer:
             request_timeout_ms=min(timeout_ms, ADMIN_ATTEMPT_TIMEOUT_MS))
         offset = answer.get("metadata_offset") if isinstance(answer, dict) else None
         if isinstance(offset, int):
-            await self.wait_for_metadata(offset, ADMIN_METADATA_WAIT_MS)
+            # Also until its new logs are open: a produce to this broker
+            # right after creating a topic through it finds its partitions.
+            await self.wait_for_metadata(offset, ADMIN_METADATA_WAIT_MS, opened=True)
         return answer
 
     async def handle_admin(self, request: web.Request) -> web.Response:

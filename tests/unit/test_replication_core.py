@@ -191,3 +191,54 @@ def test_an_unanswered_proposal_is_given_up_at_its_deadline_and_made_afresh(pair
     leader.alter_partition_answered(proposal.request_id, {"isr": [LEADER]}, None, 0)
     assert leader.partitions[TP].isr == [LEADER, FOLLOWER], "a void answer changes nothing"
     leader.check_invariants()
+
+
+async def test_new_logs_made_off_the_loop_are_opened_when_ready_or_deleted_if_unassigned(
+        tmp_path):
+    """With an executor, a new log's files are made there: until they are
+    the partition answers LEADER_NOT_AVAILABLE (retriable, "still opening"),
+    not NOT_LEADER naming this very broker; once ``logs_created`` comes it
+    leads. A partition unassigned meanwhile is deleted when its files are
+    ready, as no later walk would find it."""
+    import asyncio
+    import concurrent.futures
+
+    from protocol.errors import LeaderNotAvailableError
+
+    logs = LogManager(LogManagerConfig((str(tmp_path / "b1"),)), LogConfig())
+    logs.startup()
+    lifecycle = LifecycleCore(LifecycleSettings(LEADER, "inc", {}, None, 1000, 3000), 0)
+    lifecycle.broker_epoch = LEADER
+    lifecycle.state = BrokerState.RUNNING
+    lifecycle.metadata_caught_up = True
+    ready: asyncio.Queue = asyncio.Queue()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        disk = DiskLogs(LEADER, logs, create_on=pool, created=ready.put_nowait)
+        core = ReplicationCore(LEADER, disk, lifecycle, ReplicationSettings())
+        image = image_with(LEADER, [LEADER, FOLLOWER])
+        core.apply_image(image, 0)
+        assert core.opening and TP not in core.partitions
+        with pytest.raises(LeaderNotAvailableError, match="still opening"):
+            core.leader_partition("t", 0)
+        created = await asyncio.wait_for(ready.get(), 10)
+        assert created == [TP] and logs.get_log(TP) is not None
+        core.logs_created(created, 1)
+        core.tick(1)
+        assert not core.opening and core.leader_partition("t", 0).is_leader
+        assert core.partitions[TP].leader_epoch == 0
+
+        # A second topic, unassigned while its files are being made.
+        image.apply(TopicRecord("u", "id-2"), image.offset + 1)
+        image.apply(PartitionRecord("id-2", 0, [LEADER], [LEADER], LEADER, 0, 0),
+                    image.offset + 1)
+        core.apply_image(image, 2, {"u": {0}})
+        gone = image.copy()
+        gone.apply(PartitionChangeRecord("id-2", 0, replicas=[FOLLOWER], isr=[FOLLOWER],
+                                         leader=FOLLOWER), gone.offset + 1)
+        core.apply_image(gone, 3)
+        created = await asyncio.wait_for(ready.get(), 10)
+        assert created == [TopicPartition("u", 0)]
+        core.logs_created(created, 4)
+        core.tick(4)
+        assert logs.get_log(TopicPartition("u", 0)) is None
+        assert not core.opening and TopicPartition("u", 0) not in core.partitions
