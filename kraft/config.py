@@ -214,6 +214,24 @@ def load_node_config(path: str, overrides: Iterable[str] = ()) -> NodeConfig:
     return node_config_from_settings(settings, sources)
 
 
+def parse_connection_overrides(text: str) -> dict[str, int]:
+    """``max.connections.per.ip.overrides``: ``"address:count,..."`` as a
+    dict (api/broker/connections.py applies it)."""
+    overrides: dict[str, int] = {}
+    for item in (part.strip() for part in (text or "").split(",")):
+        if not item:
+            continue
+        host, sep, count = item.rpartition(":")
+        host = host.strip().strip("[]")
+        value = int(count) if count.strip().isascii() and count.strip().isdigit() else -1
+        if not sep or not host or value < 0:
+            raise InvalidConfigError(
+                f"max.connections.per.ip.overrides: {item!r} is not '<address>:<count>' "
+                "with a count of 0 or more (for example '10.0.0.5:500,127.0.0.1:2000')")
+        overrides[host] = value
+    return overrides
+
+
 def node_config_from_settings(settings: Mapping[str, Any],
                               sources: Mapping[str, str] | None = None) -> NodeConfig:
     """A ``NodeConfig`` from raw ``settings`` (as TOML gives them)."""
@@ -234,6 +252,7 @@ def node_config_from_settings(settings: Mapping[str, Any],
     if node_id is None:
         raise InvalidConfigError("node.id must be set to a non-negative integer")
     roles = parse_roles(values["process.roles"])
+    parse_connection_overrides(values["max.connections.per.ip.overrides"])  # refused early
     listeners = parse_listeners(values["listeners"] or "")
     voters = parse_voters(values["controller.quorum.voters"] or "")
     protocols = parse_protocol_map(values["listener.security.protocol.map"], listeners)

@@ -67,6 +67,7 @@ _BROKER = "api/broker/server.py"
 _GROUPS = "api/broker/groups/service.py"
 _TXNS = "api/broker/transactions/service.py"
 _CLEANER = "storage/cleaner.py"
+_CONNECTIONS = "api/broker/connections.py"
 
 SCHEMA: tuple[Key, ...] = (
     # -- identity and the control plane ---------------------------------------------------
@@ -253,6 +254,16 @@ SCHEMA: tuple[Key, ...] = (
     _k("connections.max.idle.ms", "int", 600_000,
        "Close a connection idle this long, and give up on a request whose body stalls "
        "this long.", _BROKER, 100, INT32_MAX),
+    _k("max.connections", "int", INT32_MAX,
+       "Most connections the broker holds at once, over its listeners; one more is closed "
+       "on arrival (the client retries). Leave room for the other brokers' follower "
+       "fetchers.", _CONNECTIONS, 0, INT32_MAX),
+    _k("max.connections.per.ip", "int", INT32_MAX,
+       "Most connections the broker holds from one client address; one more is closed on "
+       "arrival.", _CONNECTIONS, 0, INT32_MAX),
+    _k("max.connections.per.ip.overrides", "str", "",
+       "Other per-address limits, as 'address:count,address:count' (IP addresses as the "
+       "broker sees them).", _CONNECTIONS),
     _k("socket.request.max.bytes", "int", 100 * 1024 * 1024,
        "Largest request body a broker reads.", _BROKER, 1024, INT32_MAX),
     _k("replica.lag.time.max.ms", "int", 30_000,

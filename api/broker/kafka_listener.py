@@ -356,6 +356,11 @@ class KafkaListener:
                           writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self._connections.add(task)
+        limiter = self.server.connections
+        if not limiter.admit(task, writer.get_extra_info("peername")):
+            self._connections.discard(task)
+            writer.close()  # max.connections or max.connections.per.ip reached
+            return
         try:
             caller = self._caller(writer)
             while caller is not None:
@@ -392,6 +397,7 @@ class KafkaListener:
         except Exception:  # noqa: BLE001  one connection's failure, never the listener's
             logger.exception("kafka listener: a connection failed")
         finally:
+            limiter.release(task)
             self._connections.discard(task)
             writer.close()
 

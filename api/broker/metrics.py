@@ -194,6 +194,19 @@ class BrokerMetrics:
             "(producer_byte_rate, consumer_byte_rate or request_percentage), per client id.",
             throttled, ("quota", "client_id")))
 
+    def add_connection_gauges(self, read: Callable[[], dict[str, float]]) -> None:
+        """Connections held and closed by the limits (api/broker/connections.py)."""
+        r = self.registry
+        one = functools.partial(_one, read)
+        r.add(Gauge("kraftlog_connections", "Connections this broker holds now, over all its "
+                    "listeners.", one("total")))
+        r.add(Gauge("kraftlog_connections_refused_total",
+                    "Connections closed on arrival because max.connections or "
+                    "max.connections.per.ip was reached.", one("refused")))
+        r.add(Gauge("kraftlog_connections_idle_closed_total",
+                    "Connections closed for sending no request within "
+                    "connections.max.idle.ms.", one("idle_closed")))
+
     def add_group_gauges(self, members: Callable[[], dict[tuple, float]],
                          lags: Callable[[], dict[tuple, float]]) -> None:
         """Consumer groups coordinated by this broker (refreshed every few

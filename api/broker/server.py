@@ -29,6 +29,7 @@ from aiohttp import web
 
 from api.broker.authz import (BROKER_ROUTE_RULES, require_cluster_or_topics, require_topics,
                               topic_filter)
+from api.broker.connections import ConnectionLimiter
 from api.broker.data_api import INT64_MAX, DataApi
 from api.broker.fetcher import FollowerFetchSender
 from api.broker.groups.api import GroupApi
@@ -159,6 +160,10 @@ class BrokerServer:
             time.monotonic)
         self.data.quotas = self.quotas
         self.metrics.add_quota_gauges(lambda: dict(self.quotas.throttled.ms_total))
+        self.connections = ConnectionLimiter(config.settings)
+        self.metrics.add_connection_gauges(lambda: {
+            "total": self.connections.total, "refused": self.connections.refused,
+            "idle_closed": self.connections.idle_closed})
         self.rest = RestProxy(self)
         self.groups = GroupService(
             config.node_id, self.replicas, self.data,
@@ -245,6 +250,9 @@ class BrokerServer:
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
                                      keepalive_timeout=idle_ms / 1000)
         await self._runner.setup()
+        # Counted over both listeners; a request begun is aiohttp's to time.
+        self.connections.guard_aiohttp(
+            self._runner.server, lambda handler: getattr(handler, "_request_count", 1) > 0)
         endpoint = self.config.listeners[BROKER_LISTENER]
         await web.TCPSite(self._runner, endpoint.host, endpoint.port,
                           ssl_context=self.config.tls.server if endpoint.tls else None).start()

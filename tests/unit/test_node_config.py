@@ -63,6 +63,10 @@ def test_the_deliberately_broken_broker_is_only_ever_asked_for():
     ({"unclean.leader.election.enable": "maybe"}, "true or false"),
     ({"unsafe.ack.before.replication": 1}, "true or false"),
     ({"log.dirs": None}, "metadata needs a directory"),
+    ({"max.connections.per.ip.overrides": "10.0.0.5"}, "not '<address>:<count>'"),
+    ({"max.connections.per.ip.overrides": "10.0.0.5:-1"}, "a count of 0 or more"),
+    ({"max.connections.per.ip.overrides": "10.0.0.5:5,:7"}, "':7' is not"),
+    ({"max.connections": -1}, r"max.connections = -1 is outside \[0, "),
     ({"controller.quorum.voters": "1@127.0.0.1:65535", "listeners":
       "BROKER://127.0.0.1:9092,CONTROLLER://127.0.0.1:65535"}, "above 65535"),
 ])
@@ -142,3 +146,10 @@ def test_loopback_voters_may_go_without_a_secret_and_brokers_never_need_one():
     broker = node_config_from_settings({**BASE, **PUBLIC_VOTERS, "process.roles": "broker",
                                         "listeners": "BROKER://10.1.2.9:9092", "node.id": 9})
     assert broker.raft_secret is None
+
+
+def test_per_address_connection_limits_parse_as_kafka_writes_them():
+    from kraft.config import parse_connection_overrides
+    assert parse_connection_overrides(" 10.0.0.5:500, [::1]:3 ,127.0.0.1:0,") == {
+        "10.0.0.5": 500, "::1": 3, "127.0.0.1": 0}
+    assert parse_connection_overrides("") == {}
