@@ -264,6 +264,21 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "p99 <= 3 s with the shipped defaults.")
     bench_failover.add_arguments(failover_parser)
     failover_parser.set_defaults(handler=bench_failover.run)
+    from bench import clients as bench_clients
+
+    clients_parser = bench_kinds.add_parser(
+        "clients", help="one broker with 10 and with 1,000 clients: produce latency, fds, "
+                        "memory",
+        description="Start a fresh cluster (1 controller + 1 broker), create a topic, and "
+                    "run two rounds of the same load (--rate records/s of 100 bytes, acks=1) "
+                    "with --reference-clients and with --clients clients, half async "
+                    "producers and half long-polling async consumers, over --processes "
+                    "worker processes. Print per round the broker's connections, file "
+                    "descriptors, memory and CPU, records produced and consumed per second, "
+                    "and produce latency p50/p99/max (target: p99 <= 50 ms with 1,000 "
+                    "clients).")
+    bench_clients.add_arguments(clients_parser)
+    clients_parser.set_defaults(handler=bench_clients.run)
     from bench import groups as bench_groups
 
     groups_parser = bench_kinds.add_parser(
