@@ -298,8 +298,15 @@ class MetadataImage:
             self._count_replicas(registration.replicas, -1)
         del self.topics[topic.name]
         self._owned_topics.discard(topic.name)
-        if self.topics_by_collision_key.get(collision_key(topic.name)) == topic.name:
-            del self.topics_by_collision_key[collision_key(topic.name)]
+        key = collision_key(topic.name)
+        if self.topics_by_collision_key.get(key) == topic.name:
+            # Another topic may share the key (records from before the rule,
+            # or written by hand): it is then the one the key names.
+            other = next((name for name in self.topics if collision_key(name) == key), None)
+            if other is None:
+                del self.topics_by_collision_key[key]
+            else:
+                self.topics_by_collision_key[key] = other
         del self.topic_names_by_id[r.topic_id]
         self.configs.pop((TOPIC_RESOURCE, topic.name), None)
         self._owned_configs.discard((TOPIC_RESOURCE, topic.name))
@@ -480,11 +487,14 @@ class MetadataImage:
             for reg in topic.partitions.values():
                 replicas.update(reg.replicas)
                 preferred.update(reg.replicas[:1])
+        for counts in (self.replica_counts, self.preferred_leader_counts):
+            assert min(counts.values(), default=0) >= 0, counts
         assert +self.replica_counts == replicas, (self.replica_counts, replicas)
         assert +self.preferred_leader_counts == preferred
-        assert set(self.topics_by_collision_key.values()) <= set(self.topics)
         assert {collision_key(name) for name in self.topics} == set(
             self.topics_by_collision_key)
+        for key, name in self.topics_by_collision_key.items():
+            assert name in self.topics and collision_key(name) == key, (key, name)
         for topic_id, name in self.topic_names_by_id.items():
             assert self.topics[name].topic_id == topic_id
         for topic in self.topics.values():

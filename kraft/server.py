@@ -107,8 +107,11 @@ COMMIT_TIMEOUT_MS = 5000
 ACTIVATION_WAIT_MS = 3000
 #: Recomputations of a batch that met a different image.
 WRITE_ATTEMPTS = 3
-#: Most write requests committed together as one batch (see ``write``).
+#: Most write requests committed together as one batch (see ``write``), and
+#: the records a group stops taking more writes at (one Raft entry, applied
+#: under the image lock on every controller, must stay small).
 GROUP_WRITES_MAX = 64
+GROUP_RECORDS_MAX = 20_000
 #: Longest long-poll a broker may ask for.
 METADATA_WAIT_MS_MAX = 30_000
 #: A broker's presence stream (``brokers/presence``): how often the active
@@ -179,6 +182,16 @@ def raft_secret(config: NodeConfig) -> bytes | None:
                    "controller.quorum.secret.file): anything on this machine that can "
                    "connect to it can run code in this process", config.node_id)
     return None
+
+
+@dataclasses.dataclass
+class _Outcome:
+    """What a write in a group is answered once the group commits."""
+    entry: "_Write"
+    response: Any
+    offset: int          # the image offset its records (or the ones before it) reach
+    wrote: bool          # it added records
+    error: BaseException | None = None  # a refusal decided on uncommitted records
 
 
 @dataclasses.dataclass(eq=False)
@@ -429,16 +442,18 @@ class ControllerServer:
                 async with self._write_lock:  # the activation barrier takes it too
                     await self._commit_group(group)
             except KraftError as exc:
-                for entry in group:
+                for entry in (e for e in group if e.taken):  # not those put back
                     _settle(entry.future, error=exc)
             except asyncio.CancelledError:
-                for entry in group:
-                    _settle(entry.future, error=self.not_controller("stopping"))
+                for entry in (e for e in group if e.taken):  # may be in flight: may commit
+                    _settle(entry.future, error=RequestTimedOutError(
+                        "the controller stopped while committing; the change may still be "
+                        "applied: check before retrying"))
                 raise
             except Exception as exc:
                 logger.exception("controller %d: committing %d writes failed",
                                  self.config.node_id, len(group))
-                for entry in group:
+                for entry in (e for e in group if e.taken):
                     _settle(entry.future, error=UnknownServerError(
                         f"the controller failed to commit: {exc}"))
 
@@ -446,7 +461,8 @@ class ControllerServer:
         """Compute each write's records on the image the previous ones leave,
         commit them all as one batch, and answer each write."""
         for _ in range(WRITE_ATTEMPTS):
-            group = [entry for entry in group if not entry.future.done()]
+            # (Not those answered already, nor those put back for the next group.)
+            group[:] = [entry for entry in group if entry.taken and not entry.future.done()]
             if not group:
                 return
             if not self.is_active:
@@ -464,52 +480,74 @@ class ControllerServer:
                                 self.config.node_id, outcome.detail)
                     continue
                 self._write_batches += 1
-                self._writes_committed += sum(1 for *_, wrote in planned if wrote)
-            for entry, response, offset, _ in planned:
-                if isinstance(response, dict):
-                    response["metadata_offset"] = offset
-                _settle(entry.future, result=response)
+                self._writes_committed += sum(1 for outcome in planned if outcome.wrote)
+            for outcome in planned:
+                if outcome.error is not None:
+                    _settle(outcome.entry.future, error=outcome.error)
+                    continue
+                if isinstance(outcome.response, dict):
+                    outcome.response["metadata_offset"] = outcome.offset
+                _settle(outcome.entry.future, result=outcome.response)
             return
         raise self.not_controller("metadata kept changing underneath")
 
     def _compute_group(self, group: list[_Write]
-                       ) -> tuple[list[tuple[_Write, Any, int, bool]] | None, list, int]:
-        """Each write's answer, the offset it reaches and whether it wrote
-        anything (None if a write's
-        records failed to apply: a bug, answered as such, the scratch image
-        then being spoilt), the group's records, and the offset they follow.
-        A write the core refuses is answered here and adds nothing."""
-        planned: list[tuple[_Write, Any, int, bool]] = []
+                       ) -> tuple[list[_Outcome] | None, list, int]:
+        """The outcome of each write to answer once the group's records are
+        committed, those records, and the offset they follow. A write
+        decided on the committed image alone (none before it in the group
+        wrote anything) and writing nothing is answered here and now,
+        refusals too: it depends on nothing uncommitted. One decided on the
+        scratch image waits for the commit, refused or not (it is decided
+        again if the batch is recomputed). None instead of the outcomes if
+        a write's records did not apply: a bug, answered as such; the
+        scratch image is then spoilt and the rest is computed afresh. Writes
+        beyond ``GROUP_RECORDS_MAX`` records go back to the queue's front."""
+        planned: list[_Outcome] = []
         records: list = []
         with self.quorum.image_lock:
             base = image = self.quorum.image
             scratch: MetadataImage | None = None
-            for entry in group:
+            for index, entry in enumerate(group):
+                if len(records) >= GROUP_RECORDS_MAX:
+                    for later in reversed(group[index:]):  # the next group's, first
+                        later.taken = False
+                        self._writes.appendleft(later)
+                    break
                 try:
                     result = entry.compute(image)
-                except KraftError as exc:
-                    _settle(entry.future, error=exc)
-                    continue
                 except Exception as exc:
-                    logger.exception("controller %d: computing a write failed",
+                    error = exc if isinstance(exc, KraftError) else UnknownServerError(
+                        f"the controller failed to compute the change: {exc}")
+                    if not isinstance(exc, KraftError):
+                        logger.exception("controller %d: computing a write failed",
+                                         self.config.node_id)
+                    if scratch is None:
+                        _settle(entry.future, error=error)
+                    else:
+                        planned.append(_Outcome(entry, None, image.offset, False, error))
+                    continue
+                if not result.records:
+                    if scratch is None:
+                        if isinstance(result.response, dict):
+                            result.response["metadata_offset"] = image.offset
+                        _settle(entry.future, result=result.response)
+                    else:
+                        planned.append(_Outcome(entry, result.response, image.offset, False))
+                    continue
+                if scratch is None:
+                    scratch = image = base.copy()
+                try:
+                    for record in result.records:  # as every replica will
+                        scratch.apply(record, scratch.offset + 1)
+                except Exception as exc:
+                    logger.exception("controller %d: a computed batch does not apply",
                                      self.config.node_id)
                     _settle(entry.future, error=UnknownServerError(
-                        f"the controller failed to compute the change: {exc}"))
-                    continue
-                if result.records:
-                    if scratch is None:
-                        scratch = image = base.copy()
-                    try:
-                        for record in result.records:  # as every replica will
-                            scratch.apply(record, scratch.offset + 1)
-                    except Exception as exc:
-                        logger.exception("controller %d: a computed batch does not apply",
-                                         self.config.node_id)
-                        _settle(entry.future, error=UnknownServerError(
-                            f"metadata batch refused: {exc}"))
-                        return None, [], base.offset
-                    records.extend(result.records)
-                planned.append((entry, result.response, image.offset, bool(result.records)))
+                        f"metadata batch refused: {exc}"))
+                    return None, [], base.offset
+                records.extend(result.records)
+                planned.append(_Outcome(entry, result.response, image.offset, True))
             return planned, records, base.offset
 
     def _writer(self, pick: Callable[[Controller], Callable[[MetadataImage, dict], Any]]):

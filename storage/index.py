@@ -138,17 +138,25 @@ class SparseIndex:
         except FileNotFoundError:
             pass
 
-    def write_pending(self) -> None:
+    def write_pending(self) -> bool:
         """Write entries not yet in the file (to the page cache; ``sync``
-        makes them durable)."""
+        makes them durable). True if that created the file: its name is
+        durable only once its directory is fsynced."""
         start = self._persisted_count
         end = len(self._keys)
         if start == end:
-            return
+            return False
+        created = self._fd is None
         pack = self._entry.pack
         data = b"".join(pack(self._keys[i], self._values[i]) for i in range(start, end))
         os.pwrite(self._opened(), data, start * self._entry.size)
         self._persisted_count = end
+        return created
+
+    @property
+    def on_disk(self) -> bool:
+        """Whether the file exists (opened, or found by ``load``)."""
+        return self._fd is not None
 
     def sync(self) -> None:
         with self.lock:

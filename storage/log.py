@@ -827,7 +827,8 @@ class Log:
         todo = [s for s in self._segments if s.next_offset > self.recovery_point or
                 s is self.active_segment]
         for segment in todo:
-            segment.write_index_entries()
+            if segment.write_index_entries():
+                self._dir_dirty = True  # a new index file's name
         directory = self.directory if self._dir_dirty else None
         self._dir_dirty = False
         self._unflushed_messages = 0

@@ -56,6 +56,10 @@ class BatchMeta(NamedTuple):
     size_bytes: int
 
 
+class IndexMissingError(IndexCorruptError):
+    """A segment big enough to have index entries has no index file."""
+
+
 class Segment:
     """A ``.log`` file with its offset and time indexes."""
 
@@ -113,7 +117,10 @@ class Segment:
             segment._load_indexes()
             segment._restore_prefix_state(os.fstat(segment._fd).st_size)
         except (IndexCorruptError, CorruptRecordError) as exc:
-            log.warning("rebuilding indexes of %s: %s", segment.log_path, exc)
+            # A missing index is ordinary (a segment too small for an entry
+            # has none, a crash may lose a new one's name): no warning.
+            (log.debug if isinstance(exc, IndexMissingError) else log.warning)(
+                "rebuilding indexes of %s: %s", segment.log_path, exc)
             segment.recover(0)
         return segment
 
@@ -142,6 +149,12 @@ class Segment:
     def _load_indexes(self) -> None:
         self.offset_index.load()
         self.time_index.load()
+        size = os.fstat(self._fd).st_size
+        if size > self.index_interval_bytes and not (self.offset_index.on_disk
+                                                     and self.time_index.on_disk):
+            # Index files appear with their first entry (lazy), and a crash
+            # may lose a new one's name: a segment this big had entries.
+            raise IndexMissingError(f"{self.log_path}: an index file is missing")
 
     def _trusted_position(self, offset: int) -> int:
         """File position where the batch starting at ``offset`` begins (or the
@@ -466,10 +479,11 @@ class Segment:
         return removed
 
     # -- durability and lifecycle ---------------------------------------
-    def write_index_entries(self) -> None:
-        """Write pending index entries to their files (page cache)."""
-        self.offset_index.write_pending()
-        self.time_index.write_pending()
+    def write_index_entries(self) -> bool:
+        """Write pending index entries to their files (page cache). True if
+        that created an index file (its directory wants an fsync)."""
+        created = self.offset_index.write_pending()
+        return self.time_index.write_pending() or created
 
     def sync(self) -> None:
         """fsync the log and both index files. Safe from a worker thread."""

@@ -53,6 +53,8 @@ class ConnectionLimiter:
         self.refused = 0
         self.idle_closed = 0
         self._holders: dict[object, str] = {}
+        # The idle check of each HTTP connection, cancelled when it closes.
+        self._idle_checks: dict[object, asyncio.TimerHandle] = {}
 
     def admit(self, holder: object, peer: Any) -> bool:
         """Count ``holder``'s connection from ``peer`` (a peername tuple);
@@ -71,6 +73,9 @@ class ConnectionLimiter:
         return True
 
     def release(self, holder: object) -> None:
+        check = self._idle_checks.pop(holder, None)
+        if check is not None:
+            check.cancel()
         ip = self._holders.pop(holder, None)
         if ip is None:
             return
@@ -92,7 +97,8 @@ class ConnectionLimiter:
             if not self.admit(handler, transport.get_extra_info("peername")):
                 transport.close()
                 return
-            loop.call_later(self.idle_s, self._close_if_silent, handler, transport, started)
+            self._idle_checks[handler] = loop.call_later(
+                self.idle_s, self._close_if_silent, handler, transport, started)
 
         def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
             self.release(handler)
@@ -103,6 +109,7 @@ class ConnectionLimiter:
 
     def _close_if_silent(self, handler: Any, transport: asyncio.Transport,
                          started: Callable[[Any], bool]) -> None:
+        self._idle_checks.pop(handler, None)
         if handler in self._holders and not transport.is_closing() and not started(handler):
             self.idle_closed += 1
             logger.info("closing a connection from %s: no request within %s = %d ms",

@@ -27,7 +27,7 @@ import concurrent.futures
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from api.broker.lifecycle_core import LifecycleCore
@@ -100,7 +100,7 @@ class DiskLogs:
         # New logs whose files are being made on ``create_on``; and the
         # error of one that failed, raised by the next ``open`` of it.
         self._creating: set[TopicPartition] = set()
-        self._create_failed: dict[TopicPartition, BaseException] = {}
+        self._create_failed: dict[TopicPartition, tuple[str, BaseException]] = {}
         self._stopped = False
 
     def stop(self) -> None:
@@ -112,8 +112,8 @@ class DiskLogs:
         if tp in self._creating:
             return LOG_PENDING
         failed = self._create_failed.pop(tp, None)
-        if failed is not None:
-            raise failed
+        if failed is not None and failed[0] == topic_id:  # (not a later topic's)
+            raise failed[1]
         existing = self.log_manager.get_log(tp)
         if existing is None and self._create_on is not None:
             self._create(tp, topic_id, overrides)
@@ -161,7 +161,7 @@ class DiskLogs:
                 if error is None:
                     future.result().abandon()
                 else:
-                    self._create_failed[tp] = error
+                    self._create_failed[tp] = (topic_id, error)
             else:
                 self.log_manager.adopt_new_log(tp, directory, future.result())
                 self._overrides[tp] = overrides
@@ -190,6 +190,7 @@ class DiskLogs:
 
     def delete(self, tp: TopicPartition) -> None:
         self._overrides.pop(tp, None)
+        self._create_failed.pop(tp, None)
         self.log_manager.delete_log(tp)
 
     def hosted(self) -> set[TopicPartition]:
@@ -313,9 +314,8 @@ class ReplicaManager:
     def image(self) -> MetadataImage:
         return self.core.image
 
-    @property
-    def opening(self) -> bool:
-        return self.core.opening
+    def opening(self, topics: Iterable[str]) -> bool:
+        return self.core.opening(topics)
 
     @property
     def isr_shrinks(self) -> int:
@@ -394,16 +394,23 @@ class ReplicaManager:
             # metadata listeners ran: the coordinators look again.
             self.on_logs_opened()
 
+    def wait_for_creations(self) -> None:
+        """Block until a log creation under way ends (after ``stop``; any
+        thread): none may write in a log dir the log manager has shut down."""
+        self._creator.shutdown(wait=True)
+
     def _logs_created(self, created: list[TopicPartition]) -> None:
         if self._stopped:
             return
         self.core.logs_created(created, self.clock_ms())
         self._carry_out()
+        if self.on_logs_opened is not None:
+            self.on_logs_opened()  # (also when a log was deleted instead: waiters look again)
 
     def stop(self) -> None:
         self._stopped = True
         self.disk.stop()
-        self._creator.shutdown(wait=False, cancel_futures=True)
+        self._creator.shutdown(wait=False, cancel_futures=True)  # none started from here
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

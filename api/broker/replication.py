@@ -465,12 +465,12 @@ class ReplicationCore:
         self.image = image
         self._open_pass(now_ms, changed, retry_failed=True)
 
-    @property
-    def opening(self) -> bool:
-        """Whether logs the image gives this broker are still being opened
-        (waiting their turn or their files being made); not those that
-        failed to open, which wait for the next metadata change."""
-        return bool(self._deferred or self._creating)
+    def opening(self, topics: Iterable[str]) -> bool:
+        """Whether logs of ``topics`` the image gives this broker are still
+        being opened (waiting their turn or their files being made); not
+        those that failed to open, which wait for the next metadata change."""
+        return any(name in self._deferred or any(tp.topic == name for tp in self._creating)
+                   for name in topics)
 
     def logs_created(self, created: Iterable[TopicPartition], now_ms: int) -> None:
         """New logs whose files ``HostedLogs.open`` had made elsewhere

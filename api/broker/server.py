@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import aiohttp
 from aiohttp import web
@@ -118,6 +118,16 @@ def replication_settings(config: NodeConfig) -> ReplicationSettings:
         fetch_response_bytes_max=settings["replica.fetch.response.max.bytes"],
         num_fetchers=settings["num.replica.fetchers"],
         ack_before_replication=config.unsafe_ack_before_replication)
+
+
+def _topics_named(body: dict) -> list[str]:
+    """The topic names an admin request's ``topics`` list names (creations
+    and partition additions name them so; other requests name none)."""
+    topics = body.get("topics")
+    if not isinstance(topics, list):
+        return []
+    return [item["name"] for item in topics
+            if isinstance(item, dict) and isinstance(item.get("name"), str)]
 
 
 class BrokerServer:
@@ -282,6 +292,8 @@ class BrokerServer:
                 self._hw_task.cancel()
             await asyncio.gather(self._hw_task, return_exceptions=True)
             self._hw_task = None
+        # A log being created on the replica manager's thread ends first.
+        await asyncio.get_running_loop().run_in_executor(None, self.replicas.wait_for_creations)
         await self.log_manager.stop_background_tasks()
         if self.log_manager.started:
             try:
@@ -328,12 +340,13 @@ class BrokerServer:
             self._wake_metadata_waiters()
 
     async def wait_for_metadata(self, offset: int, timeout_ms: int, *,
-                                opened: bool = False) -> bool:
-        """Wait until this broker's image has reached ``offset`` (and, with
-        ``opened``, every log it gives this broker is open)."""
+                                opened: Iterable[str] = ()) -> bool:
+        """Wait until this broker's image has reached ``offset`` and every
+        log of the topics ``opened`` that it gives this broker is open."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
-        while self.lifecycle.image.offset < offset or (opened and self.replicas.opening):
+        opened = list(opened)
+        while self.lifecycle.image.offset < offset or self.replicas.opening(opened):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
@@ -419,9 +432,11 @@ class BrokerServer:
             request_timeout_ms=min(timeout_ms, ADMIN_ATTEMPT_TIMEOUT_MS))
         offset = answer.get("metadata_offset") if isinstance(answer, dict) else None
         if isinstance(offset, int):
-            # Also until its new logs are open: a produce to this broker
-            # right after creating a topic through it finds its partitions.
-            await self.wait_for_metadata(offset, ADMIN_METADATA_WAIT_MS, opened=True)
+            # A topic created (or grown) through this broker: also until
+            # its new logs here are open, so a produce to this broker right
+            # after finds its partitions.
+            await self.wait_for_metadata(offset, ADMIN_METADATA_WAIT_MS,
+                                         opened=_topics_named(body))
         return answer
 
     async def handle_admin(self, request: web.Request) -> web.Response:

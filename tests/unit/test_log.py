@@ -563,7 +563,23 @@ def test_index_files_appear_with_their_first_entry_and_a_lost_one_is_rebuilt(log
     log.abandon()
     os.unlink(os.path.join(log_dir, "00000000000000000000.index"))
     os.unlink(os.path.join(log_dir, "00000000000000000000.timeindex"))
+    entries = len(log.segments[0].offset_index)
+    assert entries > 0
     reopened = open_log(log_dir, recovery_point=log.recovery_point)
     assert read_all(reopened) == expected
+    assert len(reopened.segments[0].offset_index) == entries  # rebuilt, not left empty
     assert reopened.offset_for_timestamp(0) is not None
     reopened.check_invariants()
+
+
+def test_a_flush_that_creates_an_index_file_fsyncs_its_directory(log_dir):
+    log = open_log(log_dir)
+    fill(log, 1, epoch=1)
+    log.flush()  # one small batch: no index entry, no index file yet
+    assert not os.path.exists(log.segments[0].offset_index.path)
+    fill(log, 3, epoch=1)
+    ticket = log.begin_flush()
+    assert os.path.exists(log.segments[0].offset_index.path)
+    assert ticket.directory == log_dir  # the new file's name made durable
+    ticket.sync()
+    log.end_flush(ticket)

@@ -217,14 +217,14 @@ async def test_new_logs_made_off_the_loop_are_opened_when_ready_or_deleted_if_un
         core = ReplicationCore(LEADER, disk, lifecycle, ReplicationSettings())
         image = image_with(LEADER, [LEADER, FOLLOWER])
         core.apply_image(image, 0)
-        assert core.opening and TP not in core.partitions
+        assert core.opening(["t"]) and TP not in core.partitions
         with pytest.raises(LeaderNotAvailableError, match="still opening"):
             core.leader_partition("t", 0)
         created = await asyncio.wait_for(ready.get(), 10)
         assert created == [TP] and logs.get_log(TP) is not None
         core.logs_created(created, 1)
         core.tick(1)
-        assert not core.opening and core.leader_partition("t", 0).is_leader
+        assert not core.opening(["t"]) and core.leader_partition("t", 0).is_leader
         assert core.partitions[TP].leader_epoch == 0
 
         # A second topic, unassigned while its files are being made.
@@ -241,4 +241,4 @@ async def test_new_logs_made_off_the_loop_are_opened_when_ready_or_deleted_if_un
         core.logs_created(created, 4)
         core.tick(4)
         assert logs.get_log(TopicPartition("u", 0)) is None
-        assert not core.opening and TopicPartition("u", 0) not in core.partitions
+        assert not core.opening(["u"]) and TopicPartition("u", 0) not in core.partitions
