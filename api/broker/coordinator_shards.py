@@ -335,6 +335,12 @@ class ShardedCoordinator(abc.ABC):
             image = self.image()
             reg = image.partition(self.TOPIC, partition)
             leader = reg.leader if reg is not None and reg.leader >= 0 else None
+            if leader == self.broker_id:
+                # Its partition is given to this broker, whose log is not
+                # open yet (new logs are made off the event loop): soon here.
+                raise CoordinatorLoadInProgressError(
+                    f"broker {self.broker_id} coordinates {self.WHAT} {key!r} but is still "
+                    f"opening {self.TOPIC}-{partition}; retry shortly")
             raise NotCoordinatorError(
                 f"broker {self.broker_id} is not the coordinator of {self.WHAT} {key!r}"
                 + (f"; broker {leader} is" if leader is not None else

@@ -55,6 +55,8 @@ RUNS: dict[str, tuple[str, dict]] = {
     "planted-bug": ("pause-kill", {"unsafe_ack_before_replication": True}),
     "secure-pause-kill": ("pause-kill", {"secure": True}),
     "idempotent-kill-leader": ("kill-leader", {"workload": "idempotent"}),
+    # Scale (issue 25): a killed broker leads about a third of 300 partitions.
+    "many-partitions-kill-leader": ("kill-leader", {"partitions": 300}),
     "idempotent-pause": ("pause", {"workload": "idempotent"}),
 }
 
@@ -82,6 +84,7 @@ RUN_OF_TEST = {
     "test_two_of_three_brokers_dead_refuses_writes_and_loses_nothing":
         lambda: "secure-kill-two",
     "test_network_partitions_lose_nothing": lambda: "secure-partition",
+    "test_killing_leaders_of_300_partitions_loses_nothing": lambda: "many-partitions-kill-leader",
     "test_the_checker_catches_a_broker_that_acknowledges_before_replication":
         lambda: "planted-bug",
     "test_the_same_faults_pass_on_a_correct_broker": lambda: "secure-pause-kill",
@@ -202,6 +205,16 @@ def test_the_same_faults_pass_on_a_correct_broker(runs):
     assert_secure(results, events, out)
     # The writes that reached only the stopped leader were not acknowledged.
     assert results["counts"]["unknown"] > 0
+
+
+def test_killing_leaders_of_300_partitions_loses_nothing(runs):
+    """The kill-leader scenario on a topic of 300 partitions (replication
+    factor 3): each kill moves about a hundred leaderships at once, and no
+    acknowledged write is lost, duplicated or reordered."""
+    results, events, _ = runs("many-partitions-kill-leader")
+    assert_passed(results, "kill-leader")
+    run = next(e for e in events if e["type"] == "run")
+    assert run["partitions"] == 300, run
 
 
 @pytest.mark.parametrize("scenario", ["kill-leader", "pause"])
