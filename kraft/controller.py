@@ -338,6 +338,17 @@ class Controller:
                     _change_partition(draft, topic, partition, leader=leader)
         return draft.records if draft else []
 
+    def own_state(self) -> tuple:
+        """The core's own state (leases, the preferred-leader timer), to put
+        back with ``restore_own_state`` when records computed since were
+        never committed and are computed again: a registration's fresh
+        lease must not make its own retry look like a live duplicate."""
+        return dict(self._lease_start_ms), self._last_preferred_check_ms
+
+    def restore_own_state(self, state: tuple) -> None:
+        leases, self._last_preferred_check_ms = state
+        self._lease_start_ms = dict(leases)
+
     def _preferred_check_due(self, now_ms: int) -> bool:
         if not self.settings.auto_leader_rebalance_enable:
             return False

@@ -467,8 +467,14 @@ class ControllerServer:
                 return
             if not self.is_active:
                 raise self.not_controller("lost leadership")
+            # Computing may change the core's own state (leases): put back
+            # if the records are computed again. (Writes answered meanwhile,
+            # heartbeats changing nothing, lose their renewal: the next one
+            # renews it.)
+            own_state = self.core.own_state()
             planned, records, expected_offset = self._compute_group(group)
             if planned is None:
+                self.core.restore_own_state(own_state)
                 continue  # a write's records did not apply: compute the rest afresh
             if records:
                 outcome = await self.quorum.propose(records, expected_offset,
@@ -478,6 +484,7 @@ class ControllerServer:
                 if outcome.status is not ApplyStatus.APPLIED:
                     logger.info("controller %d: recomputing a batch (%s)",
                                 self.config.node_id, outcome.detail)
+                    self.core.restore_own_state(own_state)
                     continue
                 self._write_batches += 1
                 self._writes_committed += sum(1 for outcome in planned if outcome.wrote)

@@ -188,6 +188,24 @@ def test_another_incarnation_is_refused_while_the_old_lease_is_live():
     assert cluster.image.brokers[1].incarnation_id == "inc-1"
 
 
+def test_a_registration_computed_again_is_not_refused_as_its_own_duplicate():
+    """The shell computes a batch again when it was not committed (another
+    image met it): with the core's own state put back, the new incarnation's
+    registration is computed as the first time, not refused because the
+    first computation gave it a lease."""
+    cluster = Cluster()
+    cluster.start(1)
+    cluster.now_ms = SESSION_MS + 1  # the old lease lapsed
+    request = {"broker_id": 1, "incarnation_id": "inc-1b", "endpoints": {"BROKER": "h:1"}}
+    saved = cluster.controller.own_state()
+    first = cluster.controller.register_broker(cluster.image, request, cluster.now_ms)
+    with pytest.raises(DuplicateBrokerRegistrationError):  # what it was before the fix
+        cluster.controller.register_broker(cluster.image, request, cluster.now_ms)
+    cluster.controller.restore_own_state(saved)
+    again = cluster.controller.register_broker(cluster.image, request, cluster.now_ms)
+    assert again.records == first.records and again.response == first.response
+
+
 def test_restart_after_lease_lapse_fences_the_old_registration_first():
     cluster = Cluster(default_replication_factor=2)
     cluster.start(1, 2)
