@@ -1370,8 +1370,15 @@ def test_log_dirs_of_every_broker_from_any_broker(multi):
     for _ in range(5):
         builder.append(b"k", b"v" * 100)
     produce_ok(b2, topic, 0, builder.build())
-    reply = send(f"{b3}/v1/log-dirs?partitions=true", accept=JSON)
-    assert reply.status == 200, reply.body
+
+    def replicated():  # the follower copies the batch in its own time (acks=1)
+        reply = send(f"{b3}/v1/log-dirs?partitions=true", accept=JSON)
+        assert reply.status == 200, reply.body
+        sizes = [r["size_bytes"] for b in reply.body["brokers"] for d in b["log_dirs"]
+                 for r in d.get("replicas") or () if r["topic"] == topic]
+        return reply if len(sizes) == 2 and min(sizes) > 500 else None
+
+    reply = wait_until(replicated, 20, "both replicas holding the batch")
     assert reply.body["unreachable_brokers"] == []
     by_broker = {b["broker_id"]: b for b in reply.body["brokers"]}
     assert {2, 3} <= set(by_broker)
