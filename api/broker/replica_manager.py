@@ -43,6 +43,9 @@ from storage.manager import LogManager, TopicPartition
 logger = logging.getLogger(__name__)
 
 PARTITION_METADATA_FILE = "partition.metadata"
+#: How long a produce waits for a partition of this broker whose log is
+#: still being opened, at most (and never beyond its own timeout).
+OPENING_WAIT_MS = 5000
 HIGH_WATERMARK_FILE = "replication-offset-checkpoint"
 
 
@@ -300,6 +303,8 @@ class ReplicaManager:
         # (logs opened later than the metadata change that assigned them).
         self.on_logs_opened: Callable[[], None] | None = None
         self._waiting: dict[int, asyncio.Future] = {}
+        # Replaced (after being set) on every pass over the metadata.
+        self._passed = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at_ms: int | None = None
         self._stopped = False
@@ -335,9 +340,15 @@ class ReplicaManager:
         """``ReplicationCore.apply_image``: ``changed`` as it says."""
         self.core.apply_image(image, self.clock_ms(), changed)
         self._carry_out()
+        self._note_pass()
 
     async def produce(self, items: list[ProduceItem], acks: int, timeout_ms: int
                       ) -> tuple[list[dict], list[tuple[str, AppendInfo]]]:
+        # A partition given to this broker whose log is still being opened
+        # (a topic created a moment ago): wait for it, within the request's
+        # time, rather than answer LEADER_NOT_AVAILABLE at once.
+        await self._until_open([item.tp for item in items],
+                               min(timeout_ms, OPENING_WAIT_MS))
         request_id, future = self._new_request()
         appended = self.core.produce(request_id, items, acks, timeout_ms, self.clock_ms())
         self._carry_out()
@@ -389,10 +400,29 @@ class ReplicaManager:
             self.core.tick(self.clock_ms())
         finally:
             self._carry_out()
-        if self.core.passes != passes and self.on_logs_opened is not None:
-            # Logs opened by the core's "open" timer took roles after the
-            # metadata listeners ran: the coordinators look again.
-            self.on_logs_opened()
+        if self.core.passes != passes:
+            self._note_pass()
+            if self.on_logs_opened is not None:
+                # Logs opened by the core's "open" timer took roles after the
+                # metadata listeners ran: the coordinators look again.
+                self.on_logs_opened()
+
+    async def _until_open(self, tps: list[TopicPartition], timeout_ms: int) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        while self.core.opening_any(tps) and not self._stopped:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return  # the core answers for them as they are
+            try:
+                await asyncio.wait_for(self._passed.wait(), remaining)
+            except asyncio.TimeoutError:
+                return
+
+    def _note_pass(self) -> None:
+        """Wake what waits for logs to open (``_until_open``)."""
+        passed, self._passed = self._passed, asyncio.Event()
+        passed.set()
 
     def wait_for_creations(self) -> None:
         """Block until a log creation under way ends (after ``stop``; any
@@ -404,6 +434,7 @@ class ReplicaManager:
             return
         self.core.logs_created(created, self.clock_ms())
         self._carry_out()
+        self._note_pass()
         if self.on_logs_opened is not None:
             self.on_logs_opened()  # (also when a log was deleted instead: waiters look again)
 

@@ -472,6 +472,14 @@ class ReplicationCore:
         return any(name in self._deferred or any(tp.topic == name for tp in self._creating)
                    for name in topics)
 
+    def opening_any(self, tps: Iterable[TopicPartition]) -> bool:
+        """Whether any of ``tps`` is given to this broker but its log is not
+        open yet (waiting its turn or its files being made)."""
+        if not (self._deferred or self._creating):
+            return False
+        return any(tp in self._creating or tp.partition in self._deferred.get(tp.topic, ())
+                   for tp in tps)
+
     def logs_created(self, created: Iterable[TopicPartition], now_ms: int) -> None:
         """New logs whose files ``HostedLogs.open`` had made elsewhere
         (``LOG_PENDING``) are ready: opened by the next "open" pass if the

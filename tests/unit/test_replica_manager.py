@@ -378,3 +378,34 @@ def test_many_new_logs_open_in_passes_and_a_failing_one_holds_none_back(tmp_path
     cluster.add(ConfigRecord("topic", "wide", "retention.ms", "1000"))  # ...a change does
     rm.core.apply_image(cluster.image, now + 2, {"wide": None})
     assert len(rm.partitions) == 40
+
+
+async def test_a_produce_right_after_a_partition_is_given_here_waits_for_its_log(tmp_path):
+    """The broker's shell makes new logs' files on a thread; a produce that
+    arrives meanwhile waits for the log (within its timeout) and is written,
+    instead of being answered LEADER_NOT_AVAILABLE at once."""
+    import asyncio
+
+    from api.broker.replica_manager import ReplicaManager
+
+    log_manager = LogManager(LogManagerConfig((str(tmp_path / "d"),)), LogConfig())
+    log_manager.startup()
+    lifecycle = LifecycleCore(LifecycleSettings(ME, "inc", {}, None, 1000, 3000), 0)
+    lifecycle.broker_epoch = 0
+    lifecycle.state = BrokerState.RUNNING
+    lifecycle.metadata_caught_up = True
+    manager = ReplicaManager(ME, log_manager, lifecycle)
+    try:
+        cluster = Cluster()
+        cluster.topic("fresh", "id-fresh", [ME])
+        tp = TopicPartition("fresh", 0)
+        manager.apply_image(cluster.image)
+        assert manager.core.opening_any([tp])  # its files are being made
+        results, _ = await asyncio.wait_for(manager.produce(
+            [ProduceItem(tp, None, build_batch([(None, b"v")] * 2))], 1, 10_000), 15)
+        assert results[0]["error"] is None and results[0]["base_offset"] == 0, results
+        assert not manager.core.opening_any([tp])
+    finally:
+        manager.stop()
+        manager.wait_for_creations()
+        log_manager.shutdown()
