@@ -34,6 +34,7 @@ import asyncio
 import json
 import os
 import random
+import select
 import statistics
 import subprocess
 import sys
@@ -50,6 +51,8 @@ RECORD_VALUE = bytes(100)
 TARGET_P99_MS = 50.0
 #: Bounds of the waits.
 READY_WAIT_S = 180.0
+#: How long after its schedule a round may take to report (late clients).
+RESULTS_WAIT_S = 600.0
 CONSUMER_FETCH_MIN_BYTES = 64 * 1024
 CONSUMER_FETCH_MAX_WAIT_MS = 500
 
@@ -126,8 +129,8 @@ def _round(broker, clients: int, args: argparse.Namespace) -> dict:
     try:
         deadline = time.monotonic() + READY_WAIT_S
         for worker in workers:  # each prints "ready" once all its clients were answered
-            line = worker.stdout.readline()
-            if line.strip() != "ready" or time.monotonic() > deadline:
+            line = _read_line(worker, deadline)
+            if line.strip() != "ready":
                 raise RuntimeError(f"a worker did not get ready: {line!r}")
         pid = broker.process.pid
         cpu_before = _cpu_seconds(pid)
@@ -140,7 +143,8 @@ def _round(broker, clients: int, args: argparse.Namespace) -> dict:
         held = _metric(broker.broker_url, "kraftlog_connections")
         fds = len(os.listdir(f"/proc/{pid}/fd"))
         rss_mib = _rss_kib(pid) / 1024
-        outputs = [json.loads(worker.stdout.readline()) for worker in workers]
+        deadline = time.monotonic() + args.seconds + RESULTS_WAIT_S
+        outputs = [json.loads(_read_line(worker, deadline)) for worker in workers]
         elapsed = time.monotonic() - started  # the schedule's length, or longer if late
         cpu = _cpu_seconds(pid) - cpu_before
         workers_cpu = sum(_cpu_seconds(w.pid) for w in workers) - workers_cpu_before
@@ -200,6 +204,16 @@ def format_report(result: dict) -> str:
 def _per(main: dict, reference: dict, key: str) -> float:
     extra = main["connections"] - reference["connections"]
     return (main[key] - reference[key]) / extra if extra > 0 else 0.0
+
+
+def _read_line(worker: subprocess.Popen, deadline: float) -> str:
+    """The worker's next line, or an error once ``deadline`` passed (a
+    worker prints one line at a time and then waits, so nothing is left in
+    its pipe's buffer that ``select`` would miss)."""
+    ready, _, _ = select.select([worker.stdout], [], [], max(0.0, deadline - time.monotonic()))
+    if not ready:
+        raise RuntimeError(f"worker {worker.pid} said nothing in time")
+    return worker.stdout.readline()
 
 
 # -- the broker, measured from outside ----------------------------------------------

@@ -149,6 +149,9 @@ class MetadataImage:
         self.replica_counts: collections.Counter[int] = collections.Counter()
         self.preferred_leader_counts: collections.Counter[int] = collections.Counter()
         self.topics_by_collision_key: dict[str, str] = {}
+        # How many topics have each key (more than one only in records from
+        # before the rule): a deletion rescans only then.
+        self._collision_key_topics: collections.Counter[str] = collections.Counter()
         # Bumped on every token change: a key for caches, not state.
         self.token_version = 0
 
@@ -202,6 +205,7 @@ class MetadataImage:
         self.topics[r.name] = TopicImage(r.name, r.topic_id)
         self._owned_topics.add(r.name)
         self.topics_by_collision_key[collision_key(r.name)] = r.name
+        self._collision_key_topics[collision_key(r.name)] += 1
         self.topic_names_by_id[r.topic_id] = r.name
 
     def _topic_by_id(self, topic_id: str) -> TopicImage:
@@ -299,14 +303,14 @@ class MetadataImage:
         del self.topics[topic.name]
         self._owned_topics.discard(topic.name)
         key = collision_key(topic.name)
-        if self.topics_by_collision_key.get(key) == topic.name:
-            # Another topic may share the key (records from before the rule,
-            # or written by hand): it is then the one the key names.
-            other = next((name for name in self.topics if collision_key(name) == key), None)
-            if other is None:
-                del self.topics_by_collision_key[key]
-            else:
-                self.topics_by_collision_key[key] = other
+        self._collision_key_topics[key] -= 1
+        if not self._collision_key_topics[key]:
+            del self._collision_key_topics[key], self.topics_by_collision_key[key]
+        elif self.topics_by_collision_key[key] == topic.name:
+            # Another topic shares the key (records from before the rule, or
+            # written by hand): it is now the one the key names.
+            self.topics_by_collision_key[key] = next(
+                name for name in self.topics if collision_key(name) == key)
         del self.topic_names_by_id[r.topic_id]
         self.configs.pop((TOPIC_RESOURCE, topic.name), None)
         self._owned_configs.discard((TOPIC_RESOURCE, topic.name))
@@ -432,6 +436,7 @@ class MetadataImage:
         copy.replica_counts = self.replica_counts.copy()
         copy.preferred_leader_counts = self.preferred_leader_counts.copy()
         copy.topics_by_collision_key = dict(self.topics_by_collision_key)
+        copy._collision_key_topics = self._collision_key_topics.copy()
         copy.next_producer_id = self.next_producer_id
         copy.acls = self.acls  # copied by whichever changes it first
         copy._acls_shared = self._acls_shared = True
@@ -495,6 +500,8 @@ class MetadataImage:
             self.topics_by_collision_key)
         for key, name in self.topics_by_collision_key.items():
             assert name in self.topics and collision_key(name) == key, (key, name)
+        assert self._collision_key_topics == collections.Counter(
+            collision_key(name) for name in self.topics)
         for topic_id, name in self.topic_names_by_id.items():
             assert self.topics[name].topic_id == topic_id
         for topic in self.topics.values():
@@ -534,6 +541,7 @@ class MetadataImage:
             image.topics[topic.name] = topic
             image.topic_names_by_id[topic.topic_id] = topic.name
             image.topics_by_collision_key[collision_key(topic.name)] = topic.name
+            image._collision_key_topics[collision_key(topic.name)] += 1
             for registration in topic.partitions.values():
                 image._count_replicas(registration.replicas, 1)
         image.configs = {(rtype, rname): dict(values) for rtype, rname, values in raw["configs"]}

@@ -469,8 +469,9 @@ class ReplicationCore:
         """Whether logs of ``topics`` the image gives this broker are still
         being opened (waiting their turn or their files being made); not
         those that failed to open, which wait for the next metadata change."""
-        return any(name in self._deferred or any(tp.topic == name for tp in self._creating)
-                   for name in topics)
+        return self.opening_any(TopicPartition(name, number) for name in topics
+                                for number in getattr(self.image.topics.get(name),
+                                                      "partitions", ()))
 
     def opening_any(self, tps: Iterable[TopicPartition]) -> bool:
         """Whether any of ``tps`` is given to this broker but its log is not
