@@ -228,6 +228,22 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "records/s and the ratio (goal: at least 0.95).")
     bench_console.add_arguments(console_parser)
     console_parser.set_defaults(handler=bench_console.run)
+    from bench import scale as bench_scale
+
+    scale_parser = bench_kinds.add_parser(
+        "scale", help="costs at 12 partitions against 10,000: creation, metadata, "
+                      "throughput, memory, restart, failover",
+        description="Start a fresh cluster (1 controller + 3 brokers, shipped defaults). "
+                    "With one topic of 12 partitions, then with --partitions more (topics "
+                    "of 1 to 1,000 partitions, replication factor 3), measure: creating "
+                    "them, a metadata change reaching every broker (p50/p99), produce and "
+                    "consume of --records records spread over them, broker memory per "
+                    "partition, a broker's restart after a clean stop and after kill -9, "
+                    "and kill -9 of the broker leading the most partitions until every one "
+                    "is writable again. Print both sizes side by side with the ratios and "
+                    "issue 25's targets.")
+    bench_scale.add_arguments(scale_parser)
+    scale_parser.set_defaults(handler=bench_scale.run)
     from bench import kafka as bench_kafka
 
     kafka_parser = bench_kinds.add_parser(

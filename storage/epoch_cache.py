@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import threading
 
 from collections.abc import Callable
 
@@ -30,20 +31,31 @@ class LeaderEpochCache:
     """In-memory list of ``(epoch, start_offset)``, written through to a
     checkpoint file on every change.
 
-    A new epoch (``assign``) is written without an fsync once the owning log
-    calls ``defer_sync``: the log fsyncs the file with its next flush,
-    before its recovery point moves past the epoch's start. That is enough,
-    because an epoch whose entry a crash loses starts at or above the
-    recovery point, where recovery re-reads every batch and learns the
-    epochs from their headers (``learn_from_recovery``); a corrupt file is
-    rebuilt from the log. So becoming leader of a new partition costs no
-    fsync, where it cost two, on the broker's event loop (Kafka made the
-    same change, KAFKA-15046). Truncations are written durably at once."""
+    A new epoch (``assign``) is not written at once once the owning log
+    calls ``defer_writes``: the log's next flush takes the entries
+    (``take_pending_write``, on the owner thread) and writes and fsyncs the
+    file (on its flush thread), before its recovery point moves past the
+    epoch's start. That is enough, because an epoch whose entry a crash
+    loses starts at or above the recovery point, where recovery re-reads
+    every batch and learns the epochs from their headers
+    (``learn_from_recovery``); a corrupt file is rebuilt from the log. So
+    becoming leader or follower of a partition creates no file and fsyncs
+    nothing on the broker's event loop: a broker taking over 3,000
+    leaderships at once wrote 3,000 files there (Kafka stopped fsyncing
+    this file on the append path in KAFKA-15046). Truncations are written
+    durably at once; a write taken before one and done after it is
+    skipped (each change has a version, and an older one never overwrites
+    a newer)."""
 
     def __init__(self, checkpoint: LeaderEpochCheckpoint | None) -> None:
         self._checkpoint = checkpoint
-        # The log's "fsync this file with your next flush" (see defer_sync).
-        self._sync_later: Callable[[str], None] | None = None
+        # Whether assign leaves the write to the log's flush (defer_writes).
+        self._deferred = False
+        # Changes made (_version) and the newest written durably, under
+        # _write_lock (a flush thread and the owner thread both write).
+        self._version = 0
+        self._written_version = 0
+        self._write_lock = threading.Lock()
         self._entries: list[tuple[int, int]] = checkpoint.read() if checkpoint else []
         self._epochs = [epoch for epoch, _ in self._entries]
         for (e1, s1), (e2, s2) in zip(self._entries, self._entries[1:]):
@@ -113,18 +125,40 @@ class LeaderEpochCache:
             self._epochs.pop()
         self._entries.append((epoch, start_offset))
         self._epochs.append(epoch)
-        if self._checkpoint is not None and self._sync_later is not None:
-            self._checkpoint.write(self._entries, sync=False)
-            self._sync_later(self._checkpoint.path)
+        if self._deferred:
+            self._version += 1
         else:
             self._persist()
         return True
 
-    def defer_sync(self, sync_later: Callable[[str], None]) -> None:
-        """From now on ``assign`` leaves the fsync of the checkpoint to
-        ``sync_later(path)``, which must make the file and its name durable
-        before the log's recovery point passes the new epoch's start."""
-        self._sync_later = sync_later
+    def defer_writes(self) -> None:
+        """From now on ``assign`` leaves the checkpoint to the owner's
+        flush: ``take_pending_write`` before its recovery point may pass the
+        new epoch's start."""
+        self._deferred = True
+
+    def take_pending_write(self) -> Callable[[], None] | None:
+        """Owner thread: None if the file holds every change; else a call
+        (for any thread) that writes the entries as they are now, durably,
+        unless a newer change was written first. A partition directory
+        gone meanwhile (deleted) is no error: there is nothing to keep."""
+        if self._checkpoint is None or self._written_version == self._version:
+            return None
+        version, entries = self._version, list(self._entries)
+
+        def write() -> None:
+            try:
+                self._write_version(version, entries)
+            except FileNotFoundError:
+                pass
+        return write
+
+    def _write_version(self, version: int, entries: list[tuple[int, int]]) -> None:
+        with self._write_lock:
+            if version <= self._written_version:
+                return
+            self._checkpoint.write(entries)
+            self._written_version = version
 
     def learn_from_recovery(self, header) -> None:
         """Recovery re-reads unflushed batches whose epochs the checkpoint
@@ -171,5 +205,6 @@ class LeaderEpochCache:
         assert self._epochs == [e for e, _ in self._entries]
 
     def _persist(self) -> None:
+        self._version += 1
         if self._checkpoint is not None:
-            self._checkpoint.write(self._entries)
+            self._write_version(self._version, list(self._entries))

@@ -96,8 +96,12 @@ class FlushTicket:
     directory: str | None  # fsync it too when segment files were created
     truncations: int  # the log's truncation count when the ticket was taken
     files: list[str] = dataclasses.field(default_factory=list)  # producer snapshots
+    #: Writes the leader-epoch checkpoint durably (LeaderEpochCache.take_pending_write).
+    epoch_write: Callable[[], None] | None = None
 
     def sync(self) -> None:
+        if self.epoch_write is not None:
+            self.epoch_write()
         for segment in self.segments:
             segment.sync()
         for path in self.files:
@@ -143,9 +147,9 @@ class Log:
         #: Aborted transactions, for read_committed fetches (storage.txn_index).
         self.aborted_txns = AbortedTxns(directory)
         self._unsynced_snapshots: list[str] = []
-        # A new leader epoch's checkpoint is fsynced by the next flush,
+        # A new leader epoch's checkpoint is written by the next flush,
         # before the recovery point passes it (see LeaderEpochCache).
-        epoch_cache.defer_sync(self.sync_later)
+        epoch_cache.defer_writes()
         self._writing = False
         self._snapshot_due = False
         #: Changes whenever segments are removed or replaced (truncation,
@@ -834,7 +838,8 @@ class Log:
         self._unflushed_messages = 0
         self._first_unflushed_ms = None
         files, self._unsynced_snapshots = self._unsynced_snapshots, []
-        return FlushTicket(todo, target, directory, self._truncations, files)
+        return FlushTicket(todo, target, directory, self._truncations, files,
+                           self.epoch_cache.take_pending_write())
 
     def end_flush(self, ticket: FlushTicket) -> None:
         """Owner thread: the ticket's data is durable; advance the recovery

@@ -456,10 +456,11 @@ def test_epoch_cache_survives_restart_and_follows_recovery(log_dir):
     assert reopened.epoch_cache.entries == [(1, 0)]
 
 
-def test_a_new_epochs_checkpoint_is_fsynced_by_the_next_flush_and_relearned_if_lost(log_dir):
-    """Becoming leader writes the epoch checkpoint without an fsync: the
-    next flush syncs it before the recovery point passes the epoch, and an
-    entry a crash loses is learned again from the batches recovery re-reads."""
+def test_a_new_epochs_checkpoint_is_written_by_the_next_flush_and_relearned_if_lost(log_dir):
+    """Becoming leader writes no file: the next flush writes the epoch
+    checkpoint durably (on its thread) before the recovery point passes the
+    epoch, and an entry a crash loses is learned again from the batches
+    recovery re-reads."""
     log = open_log(log_dir)
     checkpoint = os.path.join(log_dir, "leader-epoch-checkpoint")
     fill(log, 5, epoch=1)
@@ -467,17 +468,39 @@ def test_a_new_epochs_checkpoint_is_fsynced_by_the_next_flush_and_relearned_if_l
     flushed = log.recovery_point
     with open(checkpoint, "rb") as f:
         durable = f.read()  # what a crash from here on leaves, at worst
+    assert durable.split(b"\n")[2:] == [b"1 0", b""]
     fill(log, 5, epoch=2)
+    with open(checkpoint, "rb") as f:
+        assert f.read() == durable  # nothing written on the append path
     ticket = log.begin_flush()
-    assert checkpoint in ticket.files and ticket.directory == log_dir
-    log.end_flush(ticket)  # (not synced: only what it would sync is checked)
+    assert ticket.epoch_write is not None
+    log.end_flush(ticket)  # (not synced: a crash before the sync loses epoch 2's entry)
     fill(log, 5, epoch=3)
     log.abandon()
-    with open(checkpoint, "wb") as f:
-        f.write(durable)  # the crash lost both unsynced entries
     reopened = open_log(log_dir, recovery_point=flushed)
     assert reopened.epoch_cache.entries == [(1, 0), (2, 15), (3, 30)]
     assert reopened.end_offset_for_epoch(2) == (2, 30)
+
+
+def test_the_flush_writes_the_epoch_checkpoint_and_never_over_a_newer_truncation(log_dir):
+    log = open_log(log_dir)
+    checkpoint = os.path.join(log_dir, "leader-epoch-checkpoint")
+    fill(log, 5, epoch=1)
+    fill(log, 5, epoch=2)
+    ticket = log.begin_flush()
+    ticket.sync()
+    log.end_flush(ticket)
+    with open(checkpoint, "rb") as f:
+        assert f.read().split(b"\n")[2:] == [b"1 0", b"2 15", b""]
+    assert log.begin_flush().epoch_write is None  # nothing new to write
+    fill(log, 5, epoch=3)
+    stale = log.begin_flush()  # holds [(1, 0), (2, 15), (3, 30)]
+    log.truncate_to(20)  # written at once: [(1, 0), (2, 15)]
+    stale.sync()  # taken before the truncation: must not bring epoch 3 back
+    with open(checkpoint, "rb") as f:
+        assert f.read().split(b"\n")[2:] == [b"1 0", b"2 15", b""]
+    log.close()
+    assert open_log(log_dir, clean_shutdown=True).epoch_cache.entries == [(1, 0), (2, 15)]
 
 
 def test_unreadable_epoch_checkpoint_is_rebuilt_from_the_log(log_dir):

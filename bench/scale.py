@@ -1,0 +1,495 @@
+"""``kraftlog bench scale``: how kraftlog's costs grow with the number of
+partitions (issue 25).
+
+One fresh cluster of real processes on loopback (chaos/cluster.py): a
+dedicated controller and three brokers on the shipped defaults. Every
+figure is taken twice in the same run, first with one topic of 12
+partitions (the reference) and then with ``--partitions`` more (10,000 by
+default, over topics of 1 to 1,000 partitions, replication factor 3, so
+every broker holds a replica of each), and the report gives the ratio:
+
+- **creation**: the admin calls for the whole layout, then until every
+  broker holds all its replicas (``/healthz`` ``partitions``);
+- **metadata**: a change (a one-partition topic created at the active
+  controller) from its commit to every broker's image (``/healthz``
+  ``metadata_offset``), p50/p99 over ``--probes`` changes;
+- **produce / consume**: the same ``--records`` records of 100 B spread
+  evenly over the partitions (``Producer.send_batch``, one call per
+  partition, acks=all), then read back by one consumer assigned them all;
+- **memory**: each broker's resident set (``/proc``), and its growth per
+  partition replica once they are created and again after the load;
+- **restart**: a broker stopped cleanly (SIGTERM) and started again: until
+  it serves (``/healthz`` running) and until it is back in every ISR; and
+  the same after kill -9 (recovery reads only what was not flushed);
+- **failover**: leaderships moved back to the preferred replicas (the
+  restarts took the restarted broker's), then kill -9 of the broker that
+  leads the most partitions (about a third), until every partition it led
+  has acknowledged an acks=all write from its new leader.
+
+Targets (issue 25): metadata p99 <= 1 s; throughput over the many >= 0.7x
+of the 12; clean restart <= 10 s; failover of 3,000 leaderships <= 5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import msgpack
+
+from api.table import format_table
+from chaos.cluster import ProcessCluster, http_json, wait_until
+from storage.batch import BatchBuilder
+
+BROKERS = 3
+REPLICATION_FACTOR = 3
+REFERENCE_PARTITIONS = 12
+REFERENCE_TOPIC = "scale-12"
+#: The layout's topics: (partitions each, share of the total in such topics);
+#: what is left over goes to one-partition topics.
+LAYOUT_SHARES = ((1000, 0.5), (300, 0.3), (100, 0.1), (30, 0.06), (10, 0.03), (3, 0.009))
+#: Partitions per create_topics call while building the layout.
+CREATE_CALL_PARTITIONS = 1000
+RECORD_VALUE = b"s" * 100
+#: Targets (issue 25).
+TARGET_METADATA_P99_MS = 1000
+TARGET_THROUGHPUT_RATIO = 0.7
+TARGET_CLEAN_RESTART_S = 10.0
+TARGET_FAILOVER_S = 5.0
+#: Bounds of the waits (seconds).
+CREATE_WAIT_S = 600.0
+RESTART_WAIT_S = 300.0
+FAILOVER_WAIT_S = 120.0
+PROBE_WAIT_S = 30.0
+PRODUCE_TIMEOUT_MS = 2000
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--partitions", type=int, default=10_000,
+                        help="partitions of the big layout (default %(default)s), over "
+                             "topics of 1 to 1,000 partitions, replication factor 3")
+    parser.add_argument("--records", type=int, default=1_000_000,
+                        help="records of 100 B produced and consumed at each size "
+                             "(default %(default)s)")
+    parser.add_argument("--probes", type=int, default=30,
+                        help="metadata changes timed at each size (default %(default)s)")
+    parser.add_argument("--dir", default=None,
+                        help="work directory (default: a temporary one, removed after)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.partitions < REFERENCE_PARTITIONS or args.records < 1 or args.probes < 1:
+        print(f"--partitions must be at least {REFERENCE_PARTITIONS}, --records and --probes "
+              "at least 1", file=sys.stderr)
+        return 2
+    layout = layout_topics(args.partitions)
+    with tempfile.TemporaryDirectory(prefix="kraftlog-bench-", dir=args.dir) as work:
+        with ProcessCluster(work, controllers=1, brokers=BROKERS, settings={}) as cluster:
+            status(f"starting 1 controller + {BROKERS} brokers (shipped defaults) in {work} ...")
+            cluster.start()
+            cluster.wait_for_brokers_running(timeout_s=60)
+            idle_rss = broker_rss(cluster)
+            small = {REFERENCE_TOPIC: REFERENCE_PARTITIONS}
+            reference = measure(cluster, "12", small, {}, args, idle_rss)
+            big = measure(cluster, f"{args.partitions:,}", layout, small, args, idle_rss)
+    summary = summarize(reference, big, layout, args)
+    if args.json:
+        print(json.dumps({"bench": "scale", **summary}, indent=2))
+    else:
+        print(format_report(summary))
+    return 0
+
+
+def status(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def layout_topics(total: int) -> dict[str, int]:
+    """Topic name -> partitions, summing to ``total``: half in topics of
+    1,000, then smaller ones, the rest in one-partition topics."""
+    topics: dict[str, int] = {}
+    left = total
+    for size, share in LAYOUT_SHARES:
+        for i in range(int(total * share) // size):
+            if size <= left:
+                topics[f"scale-{size}-{i}"] = size
+                left -= size
+    for i in range(left):
+        topics[f"scale-1-{i}"] = 1
+    return topics
+
+
+# -- one size ---------------------------------------------------------------------
+def measure(cluster: ProcessCluster, label: str, topics: dict[str, int],
+            existing: dict[str, int], args: argparse.Namespace, idle_rss: dict[int, int]
+            ) -> dict[str, Any]:
+    """Every figure with ``topics`` created (on top of ``existing``)."""
+    partitions = sum(topics.values())
+    status(f"[{label}] creating {len(topics):,} topics, {partitions:,} partitions ...")
+    figures: dict[str, Any] = {"partitions": partitions, "topics": len(topics)}
+    figures.update(create_layout(cluster, topics, sum(existing.values())))
+    held = partitions + sum(existing.values())
+    rss = broker_rss(cluster)
+    figures["rss_created_bytes"] = rss
+    figures["rss_created_per_replica"] = {b: (rss[b] - idle_rss[b]) / held for b in rss}
+    figures["metadata_ms"] = metadata_propagation(cluster, label, args.probes)
+    status(f"[{label}] metadata p99 {percentile(figures['metadata_ms'], 99):,.0f} ms; "
+           f"producing {args.records:,} records ...")
+    figures["produce_rps"] = produce_spread(cluster, topics, args.records)
+    status(f"[{label}] produce {figures['produce_rps']:,.0f} records/s; consuming ...")
+    figures["consume_rps"] = consume_all(cluster, topics, args.records)
+    status(f"[{label}] consume {figures['consume_rps']:,.0f} records/s")
+    rss = broker_rss(cluster)
+    figures["rss_bytes"] = rss
+    figures["rss_growth_per_replica"] = {b: (rss[b] - idle_rss[b]) / held for b in rss}
+    every = {**existing, **topics}
+    victim = cluster.broker_ids[-1]
+    figures["clean_restart"] = restart(cluster, victim, signal.SIGTERM, every, label)
+    figures["crash_restart"] = restart(cluster, victim, signal.SIGKILL, every, label)
+    figures["failover"] = failover(cluster, every, label)
+    return figures
+
+
+def elect_preferred(cluster: ProcessCluster, topics: dict[str, int]) -> None:
+    """Leaderships back to their preferred replicas (a restarted broker got
+    none back), as Kafka's automatic rebalance would in time: so each broker
+    leads about a third of the partitions again."""
+    from api.client import Admin
+
+    with Admin(live_urls(cluster), request_timeout_ms=120_000) as admin:
+        admin.elect_leaders()
+
+    def balanced() -> bool:
+        state = partition_states(cluster, topics)
+        return all(p["leader"] == p["replicas"][0] for p in state.values())
+    wait_until(balanced, RESTART_WAIT_S, "every partition led by its preferred replica",
+               interval_s=0.2)
+
+
+def create_layout(cluster: ProcessCluster, topics: dict[str, int], existing: int
+                  ) -> dict[str, float]:
+    from api.client import Admin, NewTopic
+
+    urls = live_urls(cluster)
+    started = time.monotonic()
+    calls: list[list[NewTopic]] = [[]]
+    in_call = 0
+    for name, count in topics.items():
+        if in_call + count > CREATE_CALL_PARTITIONS and calls[-1]:
+            calls.append([])
+            in_call = 0
+        calls[-1].append(NewTopic(name, count, REPLICATION_FACTOR))
+        in_call += count
+    with Admin(urls, request_timeout_ms=120_000) as admin:
+        for call in calls:
+            admin.create_topics(call)
+    answered_s = time.monotonic() - started
+    replicas_each = existing + sum(topics.values())  # RF 3 on 3 brokers: every broker
+    wait_until(lambda: all((cluster.broker_health(b) or {}).get("partitions", 0)
+                           >= replicas_each for b in cluster.broker_ids),
+               CREATE_WAIT_S, f"every broker holding its {replicas_each:,} replicas",
+               interval_s=0.1)
+    return {"create_answered_s": answered_s, "create_held_s": time.monotonic() - started}
+
+
+def metadata_propagation(cluster: ProcessCluster, label: str, probes: int) -> list[float]:
+    """Commit -> every broker's image, per change, in ms."""
+    times = []
+    for i in range(probes):
+        name = f"scale-probe-{label.replace(',', '')}-{i}"
+        code, answer = cluster.controller_call("/v1/controller/topics/create", {"topics": [
+            {"name": name, "num_partitions": 1, "replication_factor": REPLICATION_FACTOR,
+             "configs": {}}]})
+        committed_s = time.monotonic()
+        assert code == 200 and not answer["topics"][0].get("error"), answer
+        offset = answer["metadata_offset"]
+        wait_until(lambda: all((cluster.broker_health(b) or {}).get("metadata_offset", -1)
+                               >= offset for b in cluster.broker_ids),
+                   PROBE_WAIT_S, f"metadata offset {offset} on every broker", interval_s=0.002)
+        times.append((time.monotonic() - committed_s) * 1000)
+    return times
+
+
+def produce_spread(cluster: ProcessCluster, topics: dict[str, int], records: int) -> float:
+    from api.client import Producer
+
+    partitions = [(t, p) for t, count in topics.items() for p in range(count)]
+    each, extra = divmod(records, len(partitions))
+    values = [RECORD_VALUE] * (each + 1)
+    with Producer(live_urls(cluster), acks="all", linger_ms=5,
+                  delivery_timeout_ms=300_000) as producer:
+        for topic in topics:  # metadata first: not timed
+            producer.partitions_for(topic)
+        started = time.monotonic()
+        for i, (topic, p) in enumerate(partitions):
+            n = each + (1 if i < extra else 0)
+            if n:
+                producer.send_batch(topic, values[:n], partition=p)
+        producer.flush(timeout_ms=300_000)
+        return records / (time.monotonic() - started)
+
+
+def consume_all(cluster: ProcessCluster, topics: dict[str, int], records: int) -> float:
+    from api.client import Consumer, TopicPartition
+
+    tps = [TopicPartition(t, p) for t, count in topics.items() for p in range(count)]
+    with Consumer(live_urls(cluster), auto_offset_reset="earliest") as consumer:
+        consumer.assign(tps)
+        started = time.monotonic()
+        deadline = started + 600
+        read = 0
+        while read < records:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"read {read:,} of {records:,} records in 600 s")
+            read += len(consumer.poll(timeout_ms=1000, max_records=100_000))
+        return records / (time.monotonic() - started)
+
+
+# -- restart and failover ----------------------------------------------------------
+def restart(cluster: ProcessCluster, victim: int, sig: int, topics: dict[str, int],
+            label: str) -> dict[str, float]:
+    how = "clean stop (SIGTERM)" if sig == signal.SIGTERM else "kill -9"
+    status(f"[{label}] {how} of broker {victim}, then start it ...")
+    stop_started = time.monotonic()
+    cluster.kill(victim, sig, timeout_s=RESTART_WAIT_S)
+    stopped_s = time.monotonic() - stop_started
+    started = time.monotonic()
+    cluster.start([victim])
+    wait_until(lambda: (cluster.broker_health(victim) or {}).get("state") == "running",
+               RESTART_WAIT_S, f"broker {victim} running", interval_s=0.05)
+    serving_s = time.monotonic() - started
+    wait_for_full_isr(cluster, topics, RESTART_WAIT_S)
+    in_isr_s = time.monotonic() - started
+    status(f"[{label}] broker {victim}: serving after {serving_s:.1f} s, in every ISR after "
+           f"{in_isr_s:.1f} s")
+    return {"stop_s": stopped_s, "serving_s": serving_s, "in_isr_s": in_isr_s}
+
+
+def failover(cluster: ProcessCluster, topics: dict[str, int], label: str) -> dict[str, Any]:
+    elect_preferred(cluster, topics)
+    state = partition_states(cluster, topics)
+    led: dict[int, list[tuple[str, int]]] = {}
+    for tp, p in state.items():
+        led.setdefault(p["leader"], []).append(tp)
+    victim = max(led, key=lambda b: len(led[b]))
+    pending = set(led[victim])
+    status(f"[{label}] kill -9 of broker {victim}, leader of {len(pending):,} partitions ...")
+    killed = time.monotonic()
+    cluster.kill(victim)
+    writable_at: list[float] = []
+    rounds = 0
+    while pending:
+        if time.monotonic() - killed > FAILOVER_WAIT_S:
+            raise RuntimeError(f"{len(pending):,} partitions not writable "
+                               f"{FAILOVER_WAIT_S:.0f} s after the kill")
+        rounds += 1
+        for tp in probe_writes(cluster, pending, victim):
+            pending.discard(tp)
+            writable_at.append(time.monotonic() - killed)
+    window = max(writable_at)
+    status(f"[{label}] every one of the {len(writable_at):,} partitions writable after "
+           f"{window:.2f} s")
+    cluster.start([victim])
+    cluster.wait_for_brokers_running([victim], timeout_s=RESTART_WAIT_S)
+    wait_for_full_isr(cluster, topics, RESTART_WAIT_S)
+    return {"broker": victim, "leaderships": len(writable_at), "all_writable_s": window,
+            "half_writable_s": statistics.median(writable_at), "rounds": rounds}
+
+
+def probe_writes(cluster: ProcessCluster, pending: set[tuple[str, int]], victim: int
+                 ) -> list[tuple[str, int]]:
+    """One acks=all record to each pending partition, at the leader the
+    metadata names (one request per leader); the partitions acknowledged."""
+    topics = sorted({t for t, _ in pending})
+    body = metadata(cluster, topics)
+    if body is None:
+        time.sleep(0.01)
+        return []
+    urls = {b["id"]: b["url"] for b in body["brokers"]}
+    by_leader: dict[int, list[dict]] = {}
+    batch = BatchBuilder()
+    batch.append(None, RECORD_VALUE)
+    records = batch.build()
+    for topic in body["topics"]:
+        for p in topic.get("partitions") or ():
+            tp = (topic["name"], p["partition"])
+            if tp in pending and p["leader"] != victim and p["leader"] in urls:
+                by_leader.setdefault(p["leader"], []).append(
+                    {"topic": tp[0], "partition": tp[1],
+                     "current_leader_epoch": p["leader_epoch"], "records": records})
+    done = []
+    for leader, parts in by_leader.items():
+        request = urllib.request.Request(
+            urls[leader] + "/v1/produce",
+            data=msgpack.packb({"acks": -1, "timeout_ms": PRODUCE_TIMEOUT_MS,
+                                "partitions": parts}, use_bin_type=True),
+            headers={"Content-Type": "application/msgpack", "Accept": "application/msgpack"})
+        try:
+            with urllib.request.urlopen(request, timeout=PRODUCE_TIMEOUT_MS / 1000 + 5) as r:
+                answer = msgpack.unpackb(r.read(), raw=False)
+        except (OSError, ValueError, urllib.error.HTTPError):
+            continue
+        done += [(r["topic"], r["partition"]) for r in answer.get("partitions") or ()
+                 if r.get("error") is None]
+    if not done:
+        time.sleep(0.01)
+    return done
+
+
+# -- the cluster ------------------------------------------------------------------
+def live_urls(cluster: ProcessCluster) -> list[str]:
+    return [cluster.nodes[b].broker_url for b in cluster.broker_ids
+            if cluster.nodes[b].running]
+
+
+def metadata(cluster: ProcessCluster, topics: list[str] | None = None) -> dict | None:
+    """The clients' view (GET /v1/metadata) from the first live broker that answers."""
+    query = "" if topics is None else "?topics=" + ",".join(topics)
+    for url in live_urls(cluster):
+        try:
+            code, body = http_json(f"{url}/v1/metadata{query}", timeout_s=30.0)
+        except (OSError, ValueError):
+            continue
+        if code == 200:
+            return body
+    return None
+
+
+def partition_states(cluster: ProcessCluster, topics: dict[str, int]
+                     ) -> dict[tuple[str, int], dict]:
+    body = metadata(cluster) or {"topics": []}
+    return {(t["name"], p["partition"]): p for t in body["topics"] if t["name"] in topics
+            for p in t.get("partitions") or ()}
+
+
+def wait_for_full_isr(cluster: ProcessCluster, topics: dict[str, int], timeout_s: float
+                      ) -> None:
+    want = sum(topics.values())
+
+    def full() -> bool:
+        state = partition_states(cluster, topics)
+        return len(state) == want and all(len(p["isr"]) == REPLICATION_FACTOR
+                                          for p in state.values())
+    wait_until(full, timeout_s, f"every one of {want:,} partitions' ISR full", interval_s=0.2)
+
+
+def broker_rss(cluster: ProcessCluster) -> dict[int, int]:
+    """Each running broker's resident set, in bytes."""
+    sizes = {}
+    for b in cluster.broker_ids:
+        node = cluster.nodes[b]
+        if not node.running:
+            continue
+        with open(f"/proc/{node.process.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    sizes[b] = int(line.split()[1]) * 1024
+    return sizes
+
+
+# -- the report -------------------------------------------------------------------
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+def summarize(reference: dict, big: dict, layout: dict[str, int],
+              args: argparse.Namespace) -> dict[str, Any]:
+    def sizes(figures: dict) -> dict[str, Any]:
+        rss = figures["rss_bytes"]
+        growth = figures["rss_growth_per_replica"]
+        return {
+            "partitions": figures["partitions"], "topics": figures["topics"],
+            "create_answered_s": round(figures["create_answered_s"], 2),
+            "create_held_s": round(figures["create_held_s"], 2),
+            "metadata_ms_p50": round(statistics.median(figures["metadata_ms"]), 1),
+            "metadata_ms_p99": round(percentile(figures["metadata_ms"], 99), 1),
+            "produce_rps": round(figures["produce_rps"]),
+            "consume_rps": round(figures["consume_rps"]),
+            "broker_rss_mib": round(statistics.mean(rss.values()) / 2**20, 1),
+            "created_kib_per_replica": round(
+                statistics.mean(figures["rss_created_per_replica"].values()) / 1024, 2),
+            "rss_growth_kib_per_replica": round(statistics.mean(growth.values()) / 1024, 2),
+            "clean_restart": {k: round(v, 2) for k, v in figures["clean_restart"].items()},
+            "crash_restart": {k: round(v, 2) for k, v in figures["crash_restart"].items()},
+            "failover": {k: round(v, 2) if isinstance(v, float) else v
+                         for k, v in figures["failover"].items()},
+        }
+    small, many = sizes(reference), sizes(big)
+    targets = {
+        "metadata_p99": many["metadata_ms_p99"] <= TARGET_METADATA_P99_MS,
+        "produce_ratio": many["produce_rps"] / small["produce_rps"] >= TARGET_THROUGHPUT_RATIO,
+        "consume_ratio": many["consume_rps"] / small["consume_rps"] >= TARGET_THROUGHPUT_RATIO,
+        "clean_restart": many["clean_restart"]["serving_s"] <= TARGET_CLEAN_RESTART_S,
+        "failover": many["failover"]["all_writable_s"] <= TARGET_FAILOVER_S,
+    }
+    return {"brokers": BROKERS, "replication_factor": REPLICATION_FACTOR,
+            "records": args.records, "probes": args.probes,
+            "layout_topic_sizes": sorted(set(layout.values()), reverse=True),
+            "reference": small, "many": many, "targets_met": targets}
+
+
+def format_report(summary: dict) -> str:
+    small, many = summary["reference"], summary["many"]
+
+    def row(what: str, a: float, b: float, fmt: str, target: str = "") -> tuple:
+        ratio = f"{b / a:.2f}" if a else "-"
+        return (what, format(a, fmt), format(b, fmt), ratio, target)
+
+    t = summary["targets_met"]
+
+    def verdict(key: str, text: str) -> str:
+        return f"{text}: {'met' if t[key] else 'NOT met'}"
+    rows = [
+        row("create: admin calls answered (s)", small["create_answered_s"],
+            many["create_answered_s"], ",.2f"),
+        row("create: every replica held (s)", small["create_held_s"], many["create_held_s"],
+            ",.2f"),
+        row("metadata change to every broker p50 (ms)", small["metadata_ms_p50"],
+            many["metadata_ms_p50"], ",.1f"),
+        row("metadata change to every broker p99 (ms)", small["metadata_ms_p99"],
+            many["metadata_ms_p99"], ",.1f", verdict("metadata_p99", "<= 1,000 ms")),
+        row("produce, acks=all (records/s)", small["produce_rps"], many["produce_rps"], ",.0f",
+            verdict("produce_ratio", ">= 0.7x")),
+        row("consume (records/s)", small["consume_rps"], many["consume_rps"], ",.0f",
+            verdict("consume_ratio", ">= 0.7x")),
+        row("broker resident set (MiB)", small["broker_rss_mib"], many["broker_rss_mib"],
+            ",.1f"),
+        ("memory per partition replica, created (KiB)", "",
+         f"{many['created_kib_per_replica']:,.2f}", "", "report"),
+        ("memory per partition replica, after the load (KiB)", "",
+         f"{many['rss_growth_kib_per_replica']:,.2f}", "", "report"),
+        row("clean restart: serving (s)", small["clean_restart"]["serving_s"],
+            many["clean_restart"]["serving_s"], ",.2f", verdict("clean_restart", "<= 10 s")),
+        row("clean restart: in every ISR (s)", small["clean_restart"]["in_isr_s"],
+            many["clean_restart"]["in_isr_s"], ",.2f"),
+        row("kill -9 restart: serving (s)", small["crash_restart"]["serving_s"],
+            many["crash_restart"]["serving_s"], ",.2f"),
+        row("kill -9 restart: in every ISR (s)", small["crash_restart"]["in_isr_s"],
+            many["crash_restart"]["in_isr_s"], ",.2f"),
+        row("failover: leaderships moved", small["failover"]["leaderships"],
+            many["failover"]["leaderships"], ",.0f"),
+        row("failover: every one writable (s)", small["failover"]["all_writable_s"],
+            many["failover"]["all_writable_s"], ",.2f", verdict("failover", "<= 5 s")),
+    ]
+    return "\n".join([
+        "kraftlog bench scale",
+        f"  cluster  1 controller + {summary['brokers']} brokers, shipped defaults; "
+        f"replication factor {summary['replication_factor']}",
+        f"  load     {summary['records']:,} records of 100 B per size; "
+        f"{summary['probes']} metadata changes per size; layout topics of "
+        + ", ".join(str(s) for s in summary["layout_topic_sizes"]) + " partitions",
+        "",
+        format_table(("", f"{small['partitions']:,} partitions",
+                      f"{many['partitions']:,} partitions", "ratio", "target"), rows),
+    ])
