@@ -9,7 +9,9 @@ default, over topics of 1 to 1,000 partitions, replication factor 3, so
 every broker holds a replica of each), and the report gives the ratio:
 
 - **creation**: the admin calls for the whole layout, then until every
-  broker holds all its replicas (``/healthz`` ``partitions``);
+  broker holds all its replicas (``/healthz`` ``partitions``); against the
+  same number of directories and files made by one plain process (the
+  disk's reference: file creation is most of a new replica's cost);
 - **metadata**: a change (a one-partition topic created at the active
   controller) from its commit to every broker's image (``/healthz``
   ``metadata_offset``), p50/p99 over ``--probes`` changes;
@@ -34,6 +36,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import signal
 import statistics
 import sys
@@ -137,6 +141,7 @@ def measure(cluster: ProcessCluster, label: str, topics: dict[str, int],
     status(f"[{label}] creating {len(topics):,} topics, {partitions:,} partitions ...")
     figures: dict[str, Any] = {"partitions": partitions, "topics": len(topics)}
     figures.update(create_layout(cluster, topics, sum(existing.values())))
+    figures["raw_create_s"] = raw_creation(cluster.base_dir, partitions * REPLICATION_FACTOR)
     held = partitions + sum(existing.values())
     rss = broker_rss(cluster)
     figures["rss_created_bytes"] = rss
@@ -199,6 +204,22 @@ def create_layout(cluster: ProcessCluster, topics: dict[str, int], existing: int
                CREATE_WAIT_S, f"every broker holding its {replicas_each:,} replicas",
                interval_s=0.1)
     return {"create_answered_s": answered_s, "create_held_s": time.monotonic() - started}
+
+
+def raw_creation(base_dir: str, replicas: int) -> float:
+    """The reference for creation: what the brokers' file system work costs
+    on this disk without kraftlog, one process making a directory and two
+    files (the segment and the topic id) per replica, as the brokers do."""
+    scratch = tempfile.mkdtemp(prefix="raw-create-", dir=base_dir)
+    started = time.monotonic()
+    for i in range(replicas):
+        directory = os.path.join(scratch, f"p-{i}")
+        os.mkdir(directory)
+        for name in ("00000000000000000000.log", "partition.metadata"):
+            os.close(os.open(os.path.join(directory, name), os.O_WRONLY | os.O_CREAT, 0o644))
+    elapsed = time.monotonic() - started
+    shutil.rmtree(scratch, ignore_errors=True)
+    return elapsed
 
 
 def metadata_propagation(cluster: ProcessCluster, label: str, probes: int) -> list[float]:
@@ -411,6 +432,7 @@ def summarize(reference: dict, big: dict, layout: dict[str, int],
             "partitions": figures["partitions"], "topics": figures["topics"],
             "create_answered_s": round(figures["create_answered_s"], 2),
             "create_held_s": round(figures["create_held_s"], 2),
+            "raw_create_s": round(figures["raw_create_s"], 2),
             "metadata_ms_p50": round(statistics.median(figures["metadata_ms"]), 1),
             "metadata_ms_p99": round(percentile(figures["metadata_ms"], 99), 1),
             "produce_rps": round(figures["produce_rps"]),
@@ -454,6 +476,8 @@ def format_report(summary: dict) -> str:
             many["create_answered_s"], ",.2f"),
         row("create: every replica held (s)", small["create_held_s"], many["create_held_s"],
             ",.2f"),
+        row("  raw: mkdir + 2 files per replica (s)", small["raw_create_s"],
+            many["raw_create_s"], ",.2f", "the disk's reference"),
         row("metadata change to every broker p50 (ms)", small["metadata_ms_p50"],
             many["metadata_ms_p50"], ",.1f"),
         row("metadata change to every broker p99 (ms)", small["metadata_ms_p99"],
