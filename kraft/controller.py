@@ -1025,6 +1025,43 @@ class Controller:
             "leader_epoch": after.leader_epoch, "partition_epoch": after.partition_epoch,
             "isr": list(after.isr), "leader_recovery_state": after.leader_recovery_state})
 
+    def alter_partitions(self, image: MetadataImage, request: Any) -> ControllerResult:
+        """Many AlterPartitions from one leader in one request, as Kafka's
+        AlterPartitionManager sends them: ``{"broker_id", "broker_epoch",
+        "partitions": [the fields of alter_partition but those two]}``. An
+        unregistered sender or a stale broker epoch refuses the whole
+        request; any other refusal is its item's ``error``, and the other
+        items are written. A broker rejoining the ISRs of thousands of
+        partitions sends one request per batch, not one per partition."""
+        body = Fields(request, "")
+        broker_id = body.integer("broker_id", 0, INT32_MAX)
+        broker_epoch = body.integer("broker_epoch", 0, INT64_MAX)
+        items = body.sequence("partitions", PARTITIONS_PER_REQUEST_MAX)
+        _registered_broker(image, broker_id, broker_epoch)
+        records: list[Record] = []
+        results = []
+        seen: set[tuple[str, int]] = set()
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                results.append({"topic": None, "partition": None, "error": _error(
+                    InvalidRequestError(f"partitions[{i}] must be a map"))})
+                continue
+            try:
+                one = self.alter_partition(image, {**item, "broker_id": broker_id,
+                                                   "broker_epoch": broker_epoch})
+                key = (one.response["topic"], one.response["partition"])
+                if key in seen:
+                    raise InvalidRequestError(f"{key[0]}-{key[1]} appears more than once "
+                                              "in the request")
+            except KraftError as exc:
+                results.append({"topic": item.get("topic"), "partition": item.get("partition"),
+                                "error": _error(exc)})
+                continue
+            seen.add(key)
+            records.extend(one.records)
+            results.append({**one.response, "error": None})
+        return ControllerResult(records, {"partitions": results})
+
     def elect_leaders(self, image: MetadataImage, request: Any) -> ControllerResult:
         """ElectLeaders (preferred): move each named partition's leadership to
         its first replica if that one is live and in the ISR. ``partitions``

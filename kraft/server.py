@@ -44,6 +44,7 @@ Endpoints (controller listener; msgpack or JSON bodies, see protocol/wire.py):
   POST /v1/controller/users/alter          add, replace or delete SCRAM credentials
   POST /v1/controller/users/describe       users and their SCRAM mechanisms
   POST /v1/controller/partitions/alter     AlterPartition (ISR, leader recovery) from leaders
+  POST /v1/controller/partitions/alter-many  many AlterPartitions of one leader at once
   POST /v1/controller/leaders/elect        preferred leader election
   POST /v1/controller/partitions/reassign  start or cancel partition reassignments
   POST /v1/controller/partitions/reassignments  list reassignments in progress (read only)
@@ -88,7 +89,7 @@ _CLUSTER_ACTION_PATHS = (
     "brokers/register", "brokers/heartbeat", "brokers/presence", "metadata", "topics/create",
     "topics/delete", "partitions/create", "configs/alter", "quotas/alter", "quotas/describe",
     "users/alter", "users/describe", "acls/create", "acls/delete", "tokens/create", "tokens/renew",
-    "tokens/expire", "partitions/alter", "leaders/elect",
+    "tokens/expire", "partitions/alter", "partitions/alter-many", "leaders/elect",
     "partitions/reassign", "producer_ids/allocate", "configs/describe",
     "partitions/reassignments")
 CONTROLLER_ROUTE_RULES: dict[tuple[str, str], RouteRule] = {
@@ -307,6 +308,7 @@ class ControllerServer:
             "tokens/renew": self._timed_writer(lambda c: c.renew_delegation_token),
             "tokens/expire": self._timed_writer(lambda c: c.expire_delegation_token),
             "partitions/alter": self._writer(lambda c: c.alter_partition),
+            "partitions/alter-many": self._writer(lambda c: c.alter_partitions),
             "leaders/elect": self._writer(lambda c: c.elect_leaders),
             "partitions/reassign": self._writer(lambda c: c.alter_partition_reassignments),
             "producer_ids/allocate": self._writer(lambda c: c.allocate_producer_ids),

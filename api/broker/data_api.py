@@ -26,8 +26,8 @@ from api.broker.metrics import BrokerMetrics
 from api.broker.partition import Partition
 from api.broker.quotas import QuotaManager, client_id_of, exempt_from_request_quota
 from api.broker.replica_manager import ReplicaManager
-from api.broker.replication import (READ_COMMITTED, READ_UNCOMMITTED, FetchRequest, FetchSpec,
-                                    MarkerItem, ProduceItem, broker_url,
+from api.broker.replication import (NO_SESSION, READ_COMMITTED, READ_UNCOMMITTED, FetchRequest,
+                                    FetchSpec, MarkerItem, ProduceItem, broker_url,
                                     empty_fetch_result)
 from api.broker.authz import topic_filter
 from kraft.authorizer import RequestAuth, auth_of
@@ -96,7 +96,18 @@ def decode_fetch(values: dict) -> FetchRequest:
             fields.integer("max_bytes", 1, INT32_MAX, default=PARTITION_FETCH_BYTES_DEFAULT),
             _leader_epoch(fields),
             fields.integer("last_fetched_epoch", -1, INT32_MAX, default=-1)))
-    return FetchRequest(replica_id, specs, max_wait_ms, min_bytes, max_bytes, isolation)
+    session_id = body.integer("session_id", 0, INT32_MAX, default=0)
+    session_epoch = body.integer("session_epoch", NO_SESSION, INT32_MAX, default=NO_SESSION)
+    forgotten = []
+    for i, item in enumerate(body.sequence("forgotten", PARTITIONS_PER_REQUEST_MAX,
+                                           default=[])):
+        fields = Fields(item, f"forgotten[{i}]")
+        forgotten.append(TopicPartition(fields.string("topic", TOPIC_NAME_MAX_CHARS),
+                                        fields.integer("partition", 0, INT32_MAX)))
+    if session_epoch != NO_SESSION and replica_id < 0:
+        raise InvalidRequestError("fetch sessions are for followers (replica_id >= 0)")
+    return FetchRequest(replica_id, specs, max_wait_ms, min_bytes, max_bytes, isolation,
+                        session_id, session_epoch, forgotten)
 
 
 ISOLATION_LEVELS = {"read_uncommitted": READ_UNCOMMITTED, "read_committed": READ_COMMITTED,
@@ -335,7 +346,11 @@ class DataApi:
             require_node_or_plain(request, "a follower's fetch (replica_id >= 0)")
         if replica_id >= 0:
             exempt_from_request_quota(request)
-        answered = await self.replicas.fetch(fetch) if fetch.specs or not refused else []
+        fields: dict = {}
+        if fetch.session_epoch != NO_SESSION:  # a follower's session: answered whatever
+            answered, fields = await self.replicas.fetch_in_session(fetch)
+        else:
+            answered = await self.replicas.fetch(fetch) if fetch.specs or not refused else []
         results = self._render("fetch", answered + refused)
         fetched = 0
         for result in results if replica_id < 0 else ():
@@ -348,7 +363,8 @@ class DataApi:
                     result["topic"])
         # Followers replicate unthrottled: client quotas are for clients.
         throttle_ms = self.throttle(request, CONSUMER_BYTE_RATE, fetched)
-        return wire.respond(request, {"partitions": results, "throttle_time_ms": throttle_ms})
+        return wire.respond(request, {"partitions": results, "throttle_time_ms": throttle_ms,
+                                      **fields})
 
     # -- list offsets ------------------------------------------------------------
     async def handle_list_offsets(self, request: web.Request) -> web.Response:

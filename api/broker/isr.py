@@ -4,8 +4,9 @@
 (``replication.ReplicationCore``) when (after a follower fetch, and every
 ``replica.lag.time.max.ms / 2``), keeps at most one proposal per partition in
 flight, gives up on one after ``ALTER_PARTITION_TIMEOUT_MS`` and applies the
-answer. This module only sends the AlterPartition to the active controller
-and hands the answer, or the refusal's code, back to the ``ReplicaManager``.
+answer. This module only sends the AlterPartitions to the active controller, many
+in one request, and hands each answer, or its refusal's code, back to the
+``ReplicaManager``.
 """
 
 from __future__ import annotations
@@ -21,34 +22,93 @@ from protocol.errors import KraftError
 logger = logging.getLogger(__name__)
 
 
+#: Items per AlterPartition request, at most (the controller takes 10,000).
+ALTER_BATCH_MAX = 1000
+#: The fields every item of one request shares (sent once, not per item).
+_SHARED = ("broker_id", "broker_epoch")
+
+
 class AlterPartitionSender:
+    """Sends the ISR changes the core asks for within one pass of the event
+    loop as one request (``partitions/alter-many``), as Kafka's
+    AlterPartitionManager batches them: a broker rejoining thousands of
+    ISRs, or a leader shrinking them after a follower died, costs the
+    controller a request per ``ALTER_BATCH_MAX`` partitions, not one each.
+    Every item is answered (or refused) on its own."""
+
     def __init__(self, replicas: ReplicaManager, client: ControllerClient) -> None:
         self.replicas = replicas
         self.client = client
-        self._requests = RequestTasks()
+        self._batches = RequestTasks()
+        self._next_batch = 0
+        # Waiting for the end of this loop pass, by the core's request id.
+        self._queued: dict[int, SendAlterPartition] = {}
+        # Sent and not answered yet (cancelled ones are dropped from here).
+        self._in_flight: set[int] = set()
+        self._flush_scheduled = False
 
     def send(self, action: SendAlterPartition) -> None:
-        self._requests.start(action.request_id, self._send(action),
-                             f"alter-partition-{action.request_id}")
+        self._queued[action.request_id] = action
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
     def cancel(self, request_id: int) -> None:
-        self._requests.cancel(request_id)
+        """The core gave up on it: never sent, or its answer dropped."""
+        if self._queued.pop(request_id, None) is None:
+            self._in_flight.discard(request_id)
 
-    async def _send(self, action: SendAlterPartition) -> None:
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        groups: dict[tuple, list[SendAlterPartition]] = {}
+        for action in self._queued.values():
+            groups.setdefault(tuple(action.body[k] for k in _SHARED), []).append(action)
+        self._queued.clear()
+        for shared, actions in groups.items():
+            for start in range(0, len(actions), ALTER_BATCH_MAX):
+                batch = actions[start:start + ALTER_BATCH_MAX]
+                self._in_flight.update(a.request_id for a in batch)
+                self._next_batch += 1
+                self._batches.start(self._next_batch, self._send(dict(zip(_SHARED, shared)),
+                                                                 batch),
+                                    f"alter-partitions-{self._next_batch}")
+
+    async def _send(self, shared: dict, batch: list[SendAlterPartition]) -> None:
+        body = {**shared, "partitions": [
+            {k: v for k, v in action.body.items() if k not in _SHARED} for action in batch]}
         try:
-            answer = await self.client.call("/v1/controller/partitions/alter", action.body,
-                                            timeout_ms=action.timeout_ms)
+            answer = await self.client.call("/v1/controller/partitions/alter-many", body,
+                                            timeout_ms=max(a.timeout_ms for a in batch))
+            results = answer["partitions"]
+            if not isinstance(results, list) or len(results) != len(batch):
+                raise ValueError(f"{len(batch)} ISR changes sent, answered "
+                                 f"{len(results) if isinstance(results, list) else results!r}")
         except asyncio.CancelledError:
             raise
         except KraftError as exc:
-            self.replicas.alter_partition_answered(action.request_id, None,
-                                                   getattr(exc, "code", None) or "UNKNOWN")
+            code = getattr(exc, "code", None) or "UNKNOWN"
+            for action in batch:
+                self._answer(action, None, code)
             return
-        except Exception:  # a bug must not leave the proposal pending forever
+        except Exception:  # a bug must not leave the proposals pending forever
             logger.exception("broker %d: AlterPartition failed", self.replicas.broker_id)
-            self.replicas.alter_partition_answered(action.request_id, None, "UNKNOWN")
+            for action in batch:
+                self._answer(action, None, "UNKNOWN")
             return
-        self.replicas.alter_partition_answered(action.request_id, answer, None)
+        offset = answer.get("metadata_offset")
+        for action, result in zip(batch, results):
+            error = result.get("error") if isinstance(result, dict) else {"code": "UNKNOWN"}
+            if error:
+                self._answer(action, None, error.get("code") or "UNKNOWN")
+            else:
+                self._answer(action, {**result, "metadata_offset": offset}, None)
+
+    def _answer(self, action: SendAlterPartition, answer: dict | None,
+                code: str | None) -> None:
+        if action.request_id in self._in_flight:
+            self._in_flight.discard(action.request_id)
+            self.replicas.alter_partition_answered(action.request_id, answer, code)
 
     async def stop(self) -> None:
-        await self._requests.stop()
+        self._queued.clear()
+        await self._batches.stop()

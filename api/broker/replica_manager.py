@@ -303,6 +303,8 @@ class ReplicaManager:
         # (logs opened later than the metadata change that assigned them).
         self.on_logs_opened: Callable[[], None] | None = None
         self._waiting: dict[int, asyncio.Future] = {}
+        # Requests whose future gets the whole Respond (fetch_in_session).
+        self._whole_answers: set[int] = set()
         # Replaced (after being set) on every pass over the metadata.
         self._passed = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
@@ -365,6 +367,19 @@ class ReplicaManager:
         self.core.fetch(request_id, request, self.clock_ms())
         self._carry_out()
         return await future
+
+    async def fetch_in_session(self, request: FetchRequest) -> tuple[list[dict], dict]:
+        """A follower's fetch in a fetch session: the results and the
+        answer's other fields (``session_id``, or the session's ``error``)."""
+        request_id, future = self._new_request()
+        self._whole_answers.add(request_id)
+        try:
+            self.core.fetch(request_id, request, self.clock_ms())
+            self._carry_out()
+            answer = await future
+        finally:
+            self._whole_answers.discard(request_id)
+        return answer.results, answer.fields
 
     async def append_committed(self, part: Partition, records: bytes, timeout_ms: int,
                                coordinator: bool = False) -> tuple[dict, AppendInfo]:
@@ -462,7 +477,8 @@ class ReplicaManager:
         if isinstance(action, Respond):
             future = self._waiting.pop(action.request_id, None)
             if future is not None and not future.done():
-                future.set_result(action.results)
+                future.set_result(action if action.request_id in self._whole_answers
+                                  else action.results)
         elif self._stopped:
             return  # stopping: nothing new goes out (the senders are closing)
         elif isinstance(action, SendFetch):

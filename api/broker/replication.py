@@ -185,9 +185,27 @@ class FetchRequest:
     max_bytes: int
     #: READ_UNCOMMITTED (0) or READ_COMMITTED (1), Kafka's numbers.
     isolation_level: int = 0
+    #: A follower's incremental fetch session (Kafka's KIP-227): epoch
+    #: NO_SESSION (-1) fetches ``specs`` alone; 0 opens a session of
+    #: ``specs`` (closing ``session_id``'s, if given); from 1 on, the
+    #: session's next fetch, whose ``specs`` are only the partitions whose
+    #: position changed and ``forgotten`` those it drops.
+    session_id: int = 0
+    session_epoch: int = -1
+    forgotten: list[TopicPartition] = dataclasses.field(default_factory=list)
 
 
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
+#: Fetch session epochs: none, and the one that opens a session.
+NO_SESSION, OPEN_SESSION = -1, 0
+#: Fetch sessions a leader keeps per follower broker (the oldest is closed),
+#: and how long one may go unused before it is closed.
+FETCH_SESSIONS_PER_REPLICA_MAX = 8
+FETCH_SESSION_IDLE_MS = 120_000
+#: A follower's fetch session the leader does not know, or out of step:
+#: the follower opens a new one at once.
+FETCH_SESSION_ERRORS = frozenset({"FETCH_SESSION_ID_NOT_FOUND", "INVALID_FETCH_SESSION_EPOCH"})
+
 
 
 # -- actions ---------------------------------------------------------------------------
@@ -195,6 +213,9 @@ READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 class Respond:
     request_id: int
     results: list[dict]
+    #: Top-level fields of the answer besides the results (a fetch
+    #: session's ``session_id``, or its ``error``).
+    fields: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,6 +269,30 @@ class _ParkedFetch:
     answered: dict[int, dict]  # decided on arrival, by position
     to_read: list[FetchSpec]
     deadline_ms: int
+    #: A follower's fetch session: its other partitions answer too, those
+    #: with something new (records, high watermark, log start, an error).
+    session: "_LeaderFetchSession | None" = None
+
+
+class _LeaderFetchSession:
+    """A follower's fetch session on its leader: where the follower's log
+    ends in each partition (as it last said), what it was last told of each,
+    and which partitions changed since (``dirty``: touched, so read again at
+    its next fetch). An incremental fetch names only the partitions whose
+    position changed, and is answered with only those and the dirty ones
+    with news: a follower of 10,000 quiet partitions costs its leader
+    nothing per fetch for them."""
+
+    def __init__(self, session_id: int, replica_id: int) -> None:
+        self.session_id = session_id
+        self.replica_id = replica_id
+        self.next_epoch = 1
+        self.specs: dict[TopicPartition, FetchSpec] = {}
+        # (high watermark, log start offset) last sent, per partition.
+        self.told: dict[TopicPartition, tuple[int, int]] = {}
+        self.dirty: set[TopicPartition] = set()
+        self.parked: int | None = None  # its fetch waiting for records
+        self.last_fetch_ms = 0
 
 
 @dataclasses.dataclass
@@ -285,6 +330,21 @@ class _FollowerSession:
         self.in_flight: _FetchInFlight | None = None
         # After a failure to reach the leader, no fetch before this time.
         self.backoff_until_ms = 0
+        # The leader's fetch session (0: none yet; the next fetch opens one)
+        # and the epoch of its next fetch.
+        self.fetch_session_id = 0
+        self.fetch_session_epoch = OPEN_SESSION
+        # Per partition, what the leader's session holds of it: the
+        # Partition, its leader epoch, log end and last fetched epoch when
+        # last sent. A partition whose state still matches is left out of
+        # an incremental fetch; an answer applies only while it matches.
+        self.told: dict[TopicPartition, tuple[Partition, int, int, int]] = {}
+
+    def reset_fetch_session(self) -> None:
+        """Forget the leader's session (a fetch failed, was cancelled or
+        refused): the next fetch opens a new one with every partition."""
+        self.fetch_session_epoch = OPEN_SESSION
+        self.told = {}
 
 
 class ReplicationCore:
@@ -331,11 +391,16 @@ class ReplicationCore:
         self._touched: set[TopicPartition] = set()
         self._parked_fetches: dict[int, _ParkedFetch] = {}
         self._parked_produces: dict[int, _ParkedProduce] = {}
+        # Followers' fetch sessions on this leader, and by partition.
+        self._fetch_sessions: dict[int, _LeaderFetchSession] = {}
+        self._fetch_sessions_of: dict[TopicPartition, set[int]] = {}
+        self._next_fetch_session_id = 0
         # Waiting requests by partition (ids into the two maps above).
         self._waiting_on: dict[TopicPartition, set[int]] = {}
         self._alters: dict[int, _AlterInFlight] = {}
         self._sessions: dict[tuple[int, int], _FollowerSession] = {}
         self._next_isr_check_ms = 0
+        self._live_brokers: set[int] = set()
         # Deadlines, as a heap of (time, tie-breaker, kind, key): a parked
         # fetch's or produce's, an AlterPartition's, a session's (its fetch
         # in flight, its back-off, a resting partition). Entries whose
@@ -390,6 +455,7 @@ class ReplicationCore:
                 self._expire(entry[2], entry[3], now_ms)
         if now_ms >= self._next_isr_check_ms:
             self._next_isr_check_ms = now_ms + self.settings.isr_check_interval_ms
+            self._refresh_fetch_sessions(now_ms)
             for part in list(self.partitions.values()):
                 if part.is_leader:
                     self._maybe_propose(part, now_ms)
@@ -427,6 +493,11 @@ class ReplicationCore:
             ids: set[int] = set()
             for tp in touched:
                 ids |= self._waiting_on.get(tp, set())
+                for session_id in self._fetch_sessions_of.get(tp, ()):
+                    session = self._fetch_sessions[session_id]
+                    session.dirty.add(tp)
+                    if session.parked is not None:
+                        ids.add(session.parked)
             for request_id in sorted(ids):
                 if request_id in self._parked_produces:
                     self._check_produce(self._parked_produces[request_id])
@@ -463,6 +534,13 @@ class ReplicationCore:
         if image is not self.image:
             changed = None  # a new image object (rebuilt): nothing can be assumed
         self.image = image
+        live = image.live_broker_ids()
+        if live - self._live_brokers:
+            # A broker may join ISRs now: its fetches name only partitions
+            # whose position changed (fetch sessions), so a follower that
+            # caught up while it was fenced is not named again; look now.
+            self._next_isr_check_ms = now_ms
+        self._live_brokers = live
         self._open_pass(now_ms, changed, retry_failed=True)
 
     def opening(self, topics: Iterable[str]) -> bool:
@@ -901,31 +979,151 @@ class ReplicationCore:
         its log ends; it reads up to the log end, consumers up to the high
         watermark."""
         answered = {}
+        session = None
+        if request.replica_id >= 0 and request.session_epoch != NO_SESSION:
+            session = self._fetch_session(request_id, request, now_ms)
+            if session is None:
+                self._after_event(now_ms)
+                return  # refused: the follower opens a new session
         if request.replica_id >= 0:
             answered = self._follower_arrival(request.replica_id, request.specs, now_ms)
+            if session is not None:
+                # Refused or diverged: not a position this leader vouches
+                # for; the follower names the partition again once it moves.
+                for i in answered:
+                    self._forget_in_session(session, request.specs[i].tp)
         to_read = [spec for i, spec in enumerate(request.specs) if i not in answered]
         wait_ms = min(request.max_wait_ms, FETCH_WAIT_MS_MAX)
-        parked = _ParkedFetch(request_id, request, answered, to_read, now_ms + wait_ms)
+        parked = _ParkedFetch(request_id, request, answered, to_read, now_ms + wait_ms,
+                              session)
         if not self._answer_fetch(parked, final=wait_ms <= 0):
             self._parked_fetches[request_id] = parked
             self._at(parked.deadline_ms, "fetch", request_id)
             self._wait_on(request_id, {spec.tp for spec in to_read})
+            if session is not None:
+                session.parked = request_id
         self._after_event(now_ms)
+
+    def _fetch_session(self, request_id: int, request: FetchRequest, now_ms: int
+                       ) -> _LeaderFetchSession | None:
+        """The follower's fetch session brought up to date with ``request``
+        (opened, for epoch 0); None, with the refusal answered, if the
+        session is unknown or the epoch out of step."""
+        replica_id = request.replica_id
+        if request.session_epoch == OPEN_SESSION:
+            old = self._fetch_sessions.get(request.session_id)
+            if old is not None and old.replica_id == replica_id:
+                self._close_fetch_session(old)
+            mine = [s for s in self._fetch_sessions.values() if s.replica_id == replica_id]
+            while len(mine) >= FETCH_SESSIONS_PER_REPLICA_MAX:
+                self._close_fetch_session(mine.pop(0))  # the oldest
+            self._next_fetch_session_id += 1
+            session = _LeaderFetchSession(self._next_fetch_session_id, replica_id)
+            self._fetch_sessions[session.session_id] = session
+        else:
+            session = self._fetch_sessions.get(request.session_id)
+            if session is None or session.replica_id != replica_id:
+                code, message = "FETCH_SESSION_ID_NOT_FOUND", (
+                    f"no fetch session {request.session_id} of broker {replica_id} here")
+            elif request.session_epoch != session.next_epoch:
+                code, message = "INVALID_FETCH_SESSION_EPOCH", (
+                    f"fetch session {request.session_id} expects epoch {session.next_epoch}, "
+                    f"not {request.session_epoch}")
+            else:
+                code = None
+            if code is not None:
+                self._actions.append(Respond(request_id, [], {
+                    "session_id": 0, "error": {"code": code, "message": message}}))
+                return None
+            if session.parked is not None:  # a fetch given up on by the follower
+                self._answer_fetch(self._parked_fetches[session.parked], final=True)
+            for tp in request.forgotten:
+                self._forget_in_session(session, tp)
+        session.next_epoch += request.session_epoch != OPEN_SESSION
+        session.last_fetch_ms = now_ms
+        for spec in request.specs:
+            if spec.tp not in session.specs:
+                self._fetch_sessions_of.setdefault(spec.tp, set()).add(session.session_id)
+            session.specs[spec.tp] = spec
+        return session
+
+    def _forget_in_session(self, session: _LeaderFetchSession, tp: TopicPartition) -> None:
+        if session.specs.pop(tp, None) is not None:
+            ids = self._fetch_sessions_of[tp]
+            ids.discard(session.session_id)
+            if not ids:
+                del self._fetch_sessions_of[tp]
+        session.told.pop(tp, None)
+        session.dirty.discard(tp)
+
+    def _close_fetch_session(self, session: _LeaderFetchSession) -> None:
+        for tp in list(session.specs):
+            self._forget_in_session(session, tp)
+        self._fetch_sessions.pop(session.session_id, None)
+        if session.parked is not None and session.parked in self._parked_fetches:
+            self._answer_fetch(self._parked_fetches[session.parked], final=True)
+
+    def _refresh_fetch_sessions(self, now_ms: int) -> None:
+        """Before the ISR check: a follower whose session fetched lately and
+        whose log ends at this leader's, in a partition its fetches no
+        longer name (nothing changed), is as caught up as at that fetch.
+        Sessions unused for FETCH_SESSION_IDLE_MS are closed."""
+        for session in list(self._fetch_sessions.values()):
+            if now_ms - session.last_fetch_ms > FETCH_SESSION_IDLE_MS:
+                self._close_fetch_session(session)
+                continue
+            for tp, spec in session.specs.items():
+                part = self.partitions.get(tp)
+                if (part is not None and part.is_leader
+                        and spec.current_leader_epoch == part.leader_epoch
+                        and spec.offset == part.log_end_offset
+                        and part.record_follower_fetch(session.replica_id, spec.offset,
+                                                       session.last_fetch_ms)):
+                    self._touch(tp)
 
     def _answer_fetch(self, parked: _ParkedFetch, final: bool) -> bool:
         """Read; answer if there is enough (or ``final``). True if answered."""
         request = parked.request
+        session = parked.session
+        # A session's other partitions touched since its last answer are
+        # read first: those the byte budget left behind last time lead.
+        others: list[FetchSpec] = []
+        if session is not None and session.dirty:
+            named = {spec.tp for spec in request.specs}
+            others = [session.specs[tp] for tp in session.dirty
+                      if tp not in named and tp in session.specs]
+        to_read = others + parked.to_read
         read, total_bytes, any_error = self._read_all(
-            parked.to_read, request.max_bytes, follower=request.replica_id >= 0,
+            to_read, request.max_bytes, follower=request.replica_id >= 0,
             committed=request.isolation_level == READ_COMMITTED)
         if not (final or total_bytes >= request.min_bytes or any_error or parked.answered):
             return False
-        unread = iter(read)
+        unread = iter(read[len(others):])
         results = [parked.answered[i] if i in parked.answered else next(unread)
                    for i in range(len(request.specs))]
+        fields = {}
+        if session is not None:
+            # Records left behind by the response's byte budget: read again
+            # at the next fetch (the follower does not know they are there).
+            session.dirty = {spec.tp for spec, result in zip(to_read, read)
+                             if not result["records"] and result["error"] is None
+                             and result["log_end_offset"] > spec.offset}
+            for result in results:
+                tp = TopicPartition(result["topic"], result["partition"])
+                session.told[tp] = (result["high_watermark"], result["log_start_offset"])
+            for result in read[:len(others)]:  # the others: those with news
+                tp = TopicPartition(result["topic"], result["partition"])
+                told = (result["high_watermark"], result["log_start_offset"])
+                if result["records"] or result["error"] is not None or \
+                        session.told.get(tp) != told:
+                    session.told[tp] = told
+                    results.append(result)
+            if session.parked == parked.request_id:
+                session.parked = None
+            fields = {"session_id": session.session_id}
         if self._parked_fetches.pop(parked.request_id, None) is not None:
             self._stop_waiting(parked.request_id, {spec.tp for spec in parked.to_read})
-        self._actions.append(Respond(parked.request_id, results))
+        self._actions.append(Respond(parked.request_id, results, fields))
         return True
 
     def _follower_arrival(self, replica_id: int, specs: list[FetchSpec],
@@ -1070,9 +1268,12 @@ class ReplicationCore:
         self._cancel_fetch(session)
 
     def _cancel_fetch(self, session: _FollowerSession) -> None:
+        """Drop the fetch out, if any, and the leader's session with it (it
+        may have sent what this broker will never apply)."""
         if session.in_flight is not None:
             self._actions.append(CancelRequest(session.in_flight.request_id))
             session.in_flight = None
+        session.reset_fetch_session()
 
     def _followed(self, session: _FollowerSession, tp: TopicPartition) -> Partition | None:
         part = self.partitions.get(tp)
@@ -1088,9 +1289,18 @@ class ReplicationCore:
             return
         s = self.settings
         items, sent = [], {}
+        if session.fetch_session_epoch == OPEN_SESSION:
+            session.told = {}
+        told = session.told
+        # Partitions the session drops (resting after an error); a change of
+        # the session's partitions cancels the fetch out and opens a new
+        # session (_set_session), so no other partition is left behind.
+        forgotten = []
         for tp in session.order:
             part = self._followed(session, tp)
             if part is None or session.resting.get(tp, 0) > now_ms:
+                if told.pop(tp, None) is not None:
+                    forgotten.append(tp)
                 continue
             if part.last_fetched_epoch > part.leader_epoch:
                 # Our log is newer than the leader we were told of: wait for
@@ -1100,21 +1310,29 @@ class ReplicationCore:
                                part.last_fetched_epoch, session.leader_id, part.leader_epoch)
                 self._rest(session, tp, now_ms + PARTITION_BACKOFF_MS * 10)
                 continue
+            state = (part, part.leader_epoch, part.log_end_offset, part.last_fetched_epoch)
+            if told.get(tp) == state:
+                continue  # the leader's session has it as it is
+            told[tp] = state
             items.append({"topic": tp.topic, "partition": tp.partition,
                           "offset": part.log_end_offset,
                           "current_leader_epoch": part.leader_epoch,
                           "last_fetched_epoch": part.last_fetched_epoch,
                           "max_bytes": s.fetch_partition_bytes_max})
-            sent[tp] = (part, part.leader_epoch, part.log_end_offset)
-        if not items:
-            return
+            sent[tp] = state[:3]
+        if not told:
+            return  # nothing to fetch
         request_id = self.new_request_id()
         timeout_ms = s.fetch_wait_max_ms + FETCH_TIMEOUT_SLACK_MS
         session.in_flight = _FetchInFlight(request_id, sent, now_ms + timeout_ms)
         self._at(now_ms + timeout_ms, "session", session.key)
         self._actions.append(SendFetch(request_id, session.leader_id, {
             "replica_id": self.broker_id, "max_wait_ms": s.fetch_wait_max_ms, "min_bytes": 1,
-            "max_bytes": s.fetch_response_bytes_max, "partitions": items}, timeout_ms))
+            "max_bytes": s.fetch_response_bytes_max, "partitions": items,
+            "session_id": session.fetch_session_id,
+            "session_epoch": session.fetch_session_epoch,
+            "forgotten": [{"topic": tp.topic, "partition": tp.partition} for tp in forgotten]},
+            timeout_ms))
 
     def _session_of(self, request_id: int) -> _FollowerSession | None:
         for session in self._sessions.values():
@@ -1136,6 +1354,7 @@ class ReplicationCore:
 
     def _fetch_failed(self, session: _FollowerSession, now_ms: int) -> None:
         session.in_flight = None
+        session.reset_fetch_session()
         session.backoff_until_ms = now_ms + CONNECT_BACKOFF_MS
         self._at(session.backoff_until_ms, "session", session.key)
 
@@ -1147,25 +1366,46 @@ class ReplicationCore:
             return  # cancelled or timed out: nothing of it applies
         sent = session.in_flight.sent
         session.in_flight = None
+        error = answer.get("error")
+        if isinstance(error, dict) and error.get("code") in FETCH_SESSION_ERRORS:
+            logger.info("broker %d: leader %d: %s; opening a new fetch session",
+                        self.broker_id, session.leader_id, error.get("message"))
+            session.reset_fetch_session()
+            self._after_event(now_ms)
+            return
         if "error" in answer and "partitions" not in answer:
             error = answer.get("error") or {}
             logger.info("broker %d: leader %d refused the fetch: %s", self.broker_id,
                         session.leader_id, error.get("message", error))
+            session.reset_fetch_session()
             for tp in sent:
                 self._rest(session, tp, now_ms + PARTITION_BACKOFF_MS)
             self._after_event(now_ms)
             return
+        session_id = answer.get("session_id")
+        in_session = isinstance(session_id, int) and not isinstance(session_id, bool) \
+            and session_id > 0
+        if in_session:
+            session.fetch_session_id = session_id
+            session.fetch_session_epoch += 1
+            told = session.told
+        else:  # a leader that keeps no session: every fetch names every partition
+            told = dict(sent)
+            session.reset_fetch_session()
         served = []
         for result in answer.get("partitions", ()):
             tp = TopicPartition(result.get("topic"), result.get("partition"))
             if result.get("records"):
                 served.append(tp)
-            expected = sent.get(tp)
+            expected = told.get(tp)
             part = self._followed(session, tp)
-            if expected is None or part is not expected[0]:
+            if expected is None or part is not expected[0] or \
+                    (part.leader_epoch, part.log_end_offset) != expected[1:3]:
+                # The partition moved on while the fetch was out (or is no
+                # longer fetched): the leader's session is told again where
+                # it is by the next fetch.
+                told.pop(tp, None)
                 continue
-            if (part.leader_epoch, part.log_end_offset) != expected[1:]:
-                continue  # the partition moved on while the fetch was out
             try:
                 self._apply_fetched(session, part, result, now_ms)
             except Exception:

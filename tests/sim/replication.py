@@ -914,7 +914,7 @@ class Simulation:
     def _on_respond(self, b: SimBroker, action: Respond) -> None:
         fetch = b.fetches_in.pop(action.request_id, None)
         if fetch is not None:
-            answer = {"partitions": render_results("fetch", action.results)}
+            answer = {"partitions": render_results("fetch", action.results), **action.fields}
             self._reply(fetch, "fetch_answer", answer)
             return
         produce = b.produces.pop(action.request_id, None)

@@ -1004,6 +1004,38 @@ def test_alter_partition_shrinks_and_expands_the_isr():
     assert cluster.partition("t", 0).isr == [1, 3, 2]
 
 
+def test_alter_partitions_answers_each_item_and_writes_the_accepted_ones():
+    """Many AlterPartitions in one request (a broker rejoining thousands of
+    ISRs sends a batch): each item is checked as alone, refused on its own,
+    and the accepted ones written; a stale broker epoch refuses them all."""
+    cluster = alter_partition_cluster()
+    cluster.create("u", assignments={0: [1, 2, 3]})
+    u = cluster.partition("u", 0)
+    item = {k: v for k, v in isr_request(new_isr=[1]).items()
+            if k not in ("broker_id", "broker_epoch")}
+    u_item = {"topic": "u", "partition": 0, "leader_epoch": u.leader_epoch,
+              "partition_epoch": u.partition_epoch, "new_isr": [1, 2]}
+    request = {"broker_id": 1, "broker_epoch": 0, "partitions": [
+        {**item, "leader_epoch": 1},  # fenced
+        u_item,
+        {**item, "topic": "nope"},
+        "not a map",
+        item,
+        item,  # the same partition twice
+    ]}
+    offset = cluster.image.offset
+    response = cluster.call("alter_partitions", request)
+    assert errors_of(response["partitions"]) == [
+        "FENCED_LEADER_EPOCH", None, "UNKNOWN_TOPIC_OR_PARTITION", "INVALID_REQUEST", None,
+        "INVALID_REQUEST"]
+    assert response["partitions"][1]["isr"] == [1, 2]
+    assert response["partitions"][4]["isr"] == [1]
+    assert cluster.partition("t", 0).isr == [1] and cluster.partition("u", 0).isr == [1, 2]
+    assert cluster.image.offset > offset
+    with pytest.raises(StaleBrokerEpochError):
+        cluster.call("alter_partitions", {**request, "broker_epoch": 5})
+
+
 def test_alter_partition_with_the_same_isr_writes_nothing():
     cluster = alter_partition_cluster()
     result = cluster.controller.alter_partition(cluster.image, isr_request(new_isr=[1, 2]))

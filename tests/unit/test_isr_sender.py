@@ -1,0 +1,96 @@
+"""The broker's AlterPartition transport (api/broker/isr.py): the ISR changes
+the replication core asks for in one pass of the event loop go to the
+controller as one request, and each comes back to the core on its own."""
+
+import asyncio
+
+from api.broker.isr import ALTER_BATCH_MAX, AlterPartitionSender
+from api.broker.replication import SendAlterPartition
+from protocol.errors import StaleBrokerEpochError
+
+
+class Answers:
+    """Stands for the ReplicaManager: records what the sender hands back."""
+
+    broker_id = 1
+
+    def __init__(self) -> None:
+        self.answered: dict[int, tuple] = {}
+
+    def alter_partition_answered(self, request_id, answer, error_code) -> None:
+        assert request_id not in self.answered, f"request {request_id} answered twice"
+        self.answered[request_id] = (answer, error_code)
+
+
+class Controller:
+    """Stands for the controller's client: answers each item of
+    ``partitions/alter-many`` (an ISR of [] is refused), or fails the whole
+    call with ``fail``."""
+
+    def __init__(self, fail: Exception | None = None) -> None:
+        self.calls: list[tuple[str, dict]] = []
+        self.fail = fail
+        self.release = asyncio.Event()
+        self.release.set()
+
+    async def call(self, path, body, timeout_ms):
+        self.calls.append((path, body))
+        await self.release.wait()
+        if self.fail is not None:
+            raise self.fail
+        return {"metadata_offset": 77, "partitions": [
+            {"topic": item["topic"], "partition": item["partition"], "isr": item["new_isr"],
+             "error": None} if item["new_isr"] else
+            {"topic": item["topic"], "partition": item["partition"],
+             "error": {"code": "INVALID_REQUEST", "message": "empty"}}
+            for item in body["partitions"]]}
+
+
+def action(request_id: int, partition: int, isr: list[int], broker_epoch: int = 5):
+    return SendAlterPartition(request_id, {
+        "broker_id": 1, "broker_epoch": broker_epoch, "topic": "t", "partition": partition,
+        "leader_epoch": 0, "partition_epoch": 0, "new_isr": isr}, 1000)
+
+
+async def settle(sender: AlterPartitionSender) -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+    await asyncio.gather(*sender._batches._tasks.values())
+
+
+async def test_one_pass_of_isr_changes_is_one_request_and_each_is_answered():
+    answers, controller = Answers(), Controller()
+    sender = AlterPartitionSender(answers, controller)
+    count = ALTER_BATCH_MAX + 2
+    for i in range(count):
+        sender.send(action(i, i, [1, 2] if i != 3 else []))
+    await settle(sender)
+    assert [len(body["partitions"]) for _, body in controller.calls] == [ALTER_BATCH_MAX, 2]
+    path, body = controller.calls[0]
+    assert path == "/v1/controller/partitions/alter-many"
+    assert (body["broker_id"], body["broker_epoch"]) == (1, 5)
+    assert "broker_epoch" not in body["partitions"][0]
+    assert len(answers.answered) == count
+    assert answers.answered[0] == ({"topic": "t", "partition": 0, "isr": [1, 2], "error": None,
+                                    "metadata_offset": 77}, None)
+    assert answers.answered[3] == (None, "INVALID_REQUEST")
+
+
+async def test_a_refused_request_refuses_every_item_and_a_cancelled_one_is_not_answered():
+    answers = Answers()
+    controller = Controller(fail=StaleBrokerEpochError("stale"))
+    controller.release.clear()
+    sender = AlterPartitionSender(answers, controller)
+    sender.send(action(1, 0, [1]))
+    sender.send(action(2, 1, [1]))
+    sender.send(action(3, 2, [1], broker_epoch=6))  # another epoch: another request
+    sender.send(action(4, 3, [1]))
+    sender.cancel(4)  # never sent
+    for _ in range(3):
+        await asyncio.sleep(0)
+    sender.cancel(2)  # sent: its answer is dropped
+    controller.release.set()
+    await settle(sender)
+    assert sorted(len(body["partitions"]) for _, body in controller.calls) == [1, 2]
+    assert answers.answered == {1: (None, "STALE_BROKER_EPOCH"),
+                                3: (None, "STALE_BROKER_EPOCH")}
