@@ -1,0 +1,193 @@
+"""Follower fetch sessions (KIP-227) between two ReplicationCores on real
+logs: after the fetch that opens a session, a fetch names only the
+partitions whose position changed and is answered with only those and the
+ones with news, and nothing is lost or stuck on the way."""
+
+from __future__ import annotations
+
+import pytest
+
+from api.broker.data_api import decode_fetch, render_results
+from api.broker.replication import ProduceItem, Respond, SendAlterPartition, SendFetch
+from kraft.image import MetadataImage
+from kraft.records import ConfigRecord, PartitionRecord, RegisterBrokerRecord, TopicRecord
+from storage.batch import build_batch
+from storage.manager import TopicPartition
+from tests.unit.test_replication_core import FOLLOWER, LAG_MS, LEADER, broker, of
+
+PARTITIONS = 5
+TPS = [TopicPartition("t", p) for p in range(PARTITIONS)]
+
+
+def image() -> MetadataImage:
+    image = MetadataImage()
+    for b in (LEADER, FOLLOWER):
+        image.apply(RegisterBrokerRecord(b, f"inc-{b}", {"BROKER": f"127.0.0.1:{9000 + b}"},
+                                         None), image.offset + 1)
+    image.apply(TopicRecord("t", "id-1"), image.offset + 1)
+    for p in range(PARTITIONS):
+        image.apply(PartitionRecord("id-1", p, [LEADER, FOLLOWER], [LEADER, FOLLOWER], LEADER,
+                                    0, 0), image.offset + 1)
+    image.apply(ConfigRecord("topic", "t", "min.insync.replicas", "2"), image.offset + 1)
+    return image
+
+
+@pytest.fixture
+def pair(tmp_path):
+    meta = image()
+    leader, follower = broker(tmp_path, LEADER, meta), broker(tmp_path, FOLLOWER, meta)
+    leader.ready()
+    return leader, follower
+
+
+class Link:
+    """Carries the follower's fetches to the leader and the answers back, as
+    the shell does (the answer's top-level fields included)."""
+
+    def __init__(self, leader, follower) -> None:
+        self.leader, self.follower = leader, follower
+        self.parked: dict[int, tuple[SendFetch, int]] = {}  # leader's id -> fetch
+        self.other: list[Respond] = []  # the leader's other answers (writes)
+        self.proposals: list[SendAlterPartition] = []  # the leader's ISR changes
+
+    def send(self, now_ms: int) -> SendFetch | None:
+        """The follower's next fetch, delivered; None if it sent none."""
+        fetches = of(self.follower.ready(), SendFetch)
+        if not fetches:
+            return None
+        (fetch,) = fetches
+        request_id = self.leader.new_request_id()
+        self.parked[request_id] = (fetch, request_id)
+        self.leader.fetch(request_id, decode_fetch(fetch.body), now_ms)
+        return fetch
+
+    def answer(self, now_ms: int) -> dict | None:
+        """Carry the leader's answers back; the last one carried."""
+        carried = None
+        actions = self.leader.ready()
+        self.proposals += of(actions, SendAlterPartition)
+        for respond in of(actions, Respond):
+            if respond.request_id not in self.parked:
+                self.other.append(respond)
+                continue
+            fetch, _ = self.parked.pop(respond.request_id)
+            carried = {"partitions": render_results("fetch", respond.results), **respond.fields}
+            self.follower.fetch_answered(fetch.request_id, carried, now_ms)
+        return carried
+
+
+def produce(core, tp: TopicPartition, count: int, now_ms: int, acks: int = 1) -> int:
+    request_id = core.new_request_id()
+    core.produce(request_id, [ProduceItem(tp, None, build_batch([(None, b"v")] * count))],
+                 acks, 30_000, now_ms)
+    return request_id
+
+
+def names(items) -> list[int]:
+    return sorted(item["partition"] for item in items)
+
+
+def test_after_the_opening_fetch_only_what_changed_is_named_and_answered(pair):
+    leader, follower = pair
+    link = Link(leader, follower)
+    opening = link.send(1)
+    assert opening.body["session_epoch"] == 0 and names(opening.body["partitions"]) == [
+        0, 1, 2, 3, 4]
+    answer = link.answer(1)  # nothing to read yet: the opening fetch parks ...
+    assert answer is None
+    produce(leader, TPS[2], 3, 2)
+    answer = link.answer(2)  # ... and the append answers it, every partition named
+    assert answer["session_id"] > 0 and names(answer["partitions"]) == [0, 1, 2, 3, 4]
+    assert follower.partitions[TPS[2]].log_end_offset == 3
+    fetch = link.send(3)  # only partition 2 moved
+    assert fetch.body["session_epoch"] == 1 and names(fetch.body["partitions"]) == [2]
+    assert link.answer(3) is None  # parked: nothing new
+    produce(leader, TPS[4], 2, 4)
+    answer = link.answer(4)
+    # 2 (named; its high watermark moved) and 4 (records); the quiet ones not at all
+    assert names(answer["partitions"]) == [2, 4]
+    assert follower.partitions[TPS[4]].log_end_offset == 2
+    assert follower.partitions[TPS[2]].high_watermark == 3
+    fetch = link.send(5)
+    assert fetch.body["session_epoch"] == 2 and names(fetch.body["partitions"]) == [4]
+
+
+def test_acks_all_completes_through_an_incremental_fetch(pair):
+    leader, follower = pair
+    link = Link(leader, follower)
+    link.send(1)
+    produce(leader, TPS[0], 1, 1)
+    link.answer(1)  # the session is open
+    link.send(2)
+    request_id = produce(leader, TPS[3], 4, 3, acks=-1)
+    link.answer(3)  # records for 3, which the fetch did not name
+    assert follower.partitions[TPS[3]].log_end_offset == 4
+    assert not [r for r in link.other if r.request_id == request_id]
+    link.send(4)  # names 3 at its new log end: the leader's high watermark moves
+    link.answer(4)
+    done = [r for r in link.other if r.request_id == request_id]
+    assert done and done[0].results[0]["error"] is None
+    assert leader.partitions[TPS[3]].high_watermark == 4
+
+
+def test_an_unknown_session_is_refused_and_the_follower_opens_a_new_one(pair, tmp_path):
+    leader, follower = pair
+    link = Link(leader, follower)
+    link.send(1)
+    produce(leader, TPS[1], 1, 1)
+    link.answer(1)
+    # The leader restarts: its sessions are gone.
+    restarted = broker(tmp_path / "again", LEADER, image())
+    restarted.ready()
+    link.leader = restarted
+    fetch = link.send(2)
+    assert fetch.body["session_epoch"] == 1
+    answer = link.answer(2)
+    assert answer["error"]["code"] == "FETCH_SESSION_ID_NOT_FOUND"
+    reopened = link.send(3)
+    assert reopened.body["session_epoch"] == 0
+    assert names(reopened.body["partitions"]) == [0, 1, 2, 3, 4]
+
+
+def test_records_the_byte_budget_left_behind_come_with_the_next_fetch(tmp_path):
+    meta = image()
+    leader = broker(tmp_path, LEADER, meta)
+    follower = broker(tmp_path, FOLLOWER, meta)
+    follower.settings = type(follower.settings)(lag_time_max_ms=LAG_MS,
+                                                fetch_response_bytes_max=1)
+    leader.ready()
+    link = Link(leader, follower)
+    link.send(1)
+    produce(leader, TPS[0], 1, 1)
+    link.answer(1)  # open
+    link.send(2)
+    for tp in TPS[1:]:
+        produce(leader, tp, 2, 3)
+    answer = link.answer(3)
+    # One batch fits the budget (the first comes whole); the others wait.
+    assert sum(1 for r in answer["partitions"] if r["records"]) == 1
+    for now in range(4, 12):
+        if link.send(now):
+            link.answer(now)
+    assert [follower.partitions[tp].log_end_offset for tp in TPS] == [1, 2, 2, 2, 2]
+
+
+def test_a_quiet_caught_up_follower_stays_in_the_isr(pair):
+    """Its fetches stop naming the quiet partitions; the leader's ISR check
+    counts it caught up as of its session's last fetch, not as lagging."""
+    leader, follower = pair
+    link = Link(leader, follower)
+    link.send(1)
+    for tp in TPS:
+        produce(leader, tp, 1, 1)
+    link.answer(1)
+    now = 2
+    while now < 3 * LAG_MS:  # quiet: each long-poll times out and comes back
+        link.send(now)
+        leader.tick(now + 500)
+        link.answer(now + 500)
+        now += 1000
+        leader.tick(now)
+        link.answer(now)
+    assert link.proposals == []  # no shrink proposed
+    assert all(leader.partitions[tp].isr == [LEADER, FOLLOWER] for tp in TPS)
