@@ -8,8 +8,9 @@ partitions (the reference) and then with ``--partitions`` more (10,000 by
 default, over topics of 1 to 1,000 partitions, replication factor 3, so
 every broker holds a replica of each), and the report gives the ratio:
 
-- **creation**: the admin calls for the whole layout, then until every
-  broker holds all its replicas (``/healthz`` ``partitions``); against the
+- **creation**: the admin calls for the whole layout (at most 1,000
+  partitions each, the next once every broker holds the replicas of the
+  last: ``/healthz`` ``partitions``), their time and the whole; against the
   same number of directories and files made by one plain process (the
   disk's reference: file creation is most of a new replica's cost);
 - **metadata**: a change (a one-partition topic created at the active
@@ -194,15 +195,21 @@ def create_layout(cluster: ProcessCluster, topics: dict[str, int], existing: int
             in_call = 0
         calls[-1].append(NewTopic(name, count, REPLICATION_FACTOR))
         in_call += count
+    held = existing  # RF 3 on 3 brokers: every broker holds a replica of each
+    answered_s = 0.0
     with Admin(urls, request_timeout_ms=120_000) as admin:
         for call in calls:
+            call_started = time.monotonic()
             admin.create_topics(call)
-    answered_s = time.monotonic() - started
-    replicas_each = existing + sum(topics.values())  # RF 3 on 3 brokers: every broker
-    wait_until(lambda: all((cluster.broker_health(b) or {}).get("partitions", 0)
-                           >= replicas_each for b in cluster.broker_ids),
-               CREATE_WAIT_S, f"every broker holding its {replicas_each:,} replicas",
-               interval_s=0.1)
+            answered_s += time.monotonic() - call_started
+            # The next call once the brokers hold this one's replicas, as a
+            # careful operator would: on this machine a broker making
+            # thousands of files at once falls behind its followers' fetches.
+            held += sum(t.num_partitions for t in call)
+            wait_until(lambda: all((cluster.broker_health(b) or {}).get("partitions", 0)
+                                   >= held for b in cluster.broker_ids),
+                       CREATE_WAIT_S, f"every broker holding its {held:,} replicas",
+                       interval_s=0.1)
     return {"create_answered_s": answered_s, "create_held_s": time.monotonic() - started}
 
 
@@ -472,9 +479,9 @@ def format_report(summary: dict) -> str:
     def verdict(key: str, text: str) -> str:
         return f"{text}: {'met' if t[key] else 'NOT met'}"
     rows = [
-        row("create: admin calls answered (s)", small["create_answered_s"],
+        row("create: in admin calls (s)", small["create_answered_s"],
             many["create_answered_s"], ",.2f"),
-        row("create: every replica held (s)", small["create_held_s"], many["create_held_s"],
+        row("create: until every replica held (s)", small["create_held_s"], many["create_held_s"],
             ",.2f"),
         row("  raw: mkdir + 2 files per replica (s)", small["raw_create_s"],
             many["raw_create_s"], ",.2f", "the disk's reference"),

@@ -170,8 +170,10 @@ class ShardedCoordinator(abc.ABC):
             shard = self.shards[number]
             if part is None or not part.is_leader or part.leader_epoch != shard.leader_epoch:
                 self._drop(shard, "it no longer leads the partition")
-        for tp, part in self.replicas.partitions.items():
-            if tp.topic != self.TOPIC or not part.is_leader:
+        partitions = self.replicas.partitions
+        for tp in self.replicas.hosted_in(self.TOPIC):  # not every partition hosted
+            part = partitions.get(tp)
+            if part is None or not part.is_leader:
                 continue
             if tp.partition not in self.shards:
                 self._load(tp.partition, part.leader_epoch)

@@ -317,6 +317,9 @@ class ReplicaManager:
     def partitions(self) -> dict[TopicPartition, Partition]:
         return self.core.partitions
 
+    def hosted_in(self, topic: str) -> list[TopicPartition]:
+        return self.core.hosted_in(topic)
+
     @property
     def image(self) -> MetadataImage:
         return self.core.image

@@ -339,12 +339,18 @@ class _FollowerSession:
         # last sent. A partition whose state still matches is left out of
         # an incremental fetch; an answer applies only while it matches.
         self.told: dict[TopicPartition, tuple[Partition, int, int, int]] = {}
+        # Partitions whose state may differ from ``told``: answered, put to
+        # rest or back from it. An incremental fetch looks at these alone
+        # (a partition's log end moves only by this session's answers; any
+        # other change of the session's partitions opens a new session).
+        self.changed: set[TopicPartition] = set()
 
     def reset_fetch_session(self) -> None:
         """Forget the leader's session (a fetch failed, was cancelled or
         refused): the next fetch opens a new one with every partition."""
         self.fetch_session_epoch = OPEN_SESSION
         self.told = {}
+        self.changed = set()
 
 
 class ReplicationCore:
@@ -479,10 +485,14 @@ class ReplicationCore:
                 self._fetch_failed(session, now_ms)
             if session.backoff_until_ms <= now_ms:
                 session.backoff_until_ms = 0
-            session.resting = {tp: t for tp, t in session.resting.items() if t > now_ms}
+            rested = [tp for tp, t in session.resting.items() if t <= now_ms]
+            for tp in rested:
+                del session.resting[tp]
+            session.changed.update(rested)
 
     def _rest(self, session: _FollowerSession, tp: TopicPartition, until_ms: int) -> None:
         session.resting[tp] = until_ms
+        session.changed.add(tp)
         self._at(until_ms, "session", session.key)
 
     def _after_event(self, now_ms: int) -> None:
@@ -542,6 +552,11 @@ class ReplicationCore:
             self._next_isr_check_ms = now_ms
         self._live_brokers = live
         self._open_pass(now_ms, changed, retry_failed=True)
+
+    def hosted_in(self, topic: str) -> list[TopicPartition]:
+        """The partitions of ``topic`` hosted here (without walking the
+        others: the coordinators ask at every metadata change)."""
+        return list(self._by_topic.get(topic, ()))
 
     def opening(self, topics: Iterable[str]) -> bool:
         """Whether logs of ``topics`` the image gives this broker are still
@@ -1035,8 +1050,9 @@ class ReplicationCore:
                 self._actions.append(Respond(request_id, [], {
                     "session_id": 0, "error": {"code": code, "message": message}}))
                 return None
-            if session.parked is not None:  # a fetch given up on by the follower
-                self._answer_fetch(self._parked_fetches[session.parked], final=True)
+            stale = self._parked_fetches.get(session.parked) if session.parked else None
+            if stale is not None:  # a fetch the follower gave up on
+                self._answer_fetch(stale, final=True)
             for tp in request.forgotten:
                 self._forget_in_session(session, tp)
         session.next_epoch += request.session_epoch != OPEN_SESSION
@@ -1291,12 +1307,17 @@ class ReplicationCore:
         items, sent = [], {}
         if session.fetch_session_epoch == OPEN_SESSION:
             session.told = {}
+            looked_at = session.order
+        else:  # in the session's order when many changed (the byte budget's fairness)
+            looked_at = [tp for tp in session.order if tp in session.changed] \
+                if len(session.changed) * 8 > len(session.order) else session.changed
+        session.changed = set()
         told = session.told
         # Partitions the session drops (resting after an error); a change of
         # the session's partitions cancels the fetch out and opens a new
         # session (_set_session), so no other partition is left behind.
         forgotten = []
-        for tp in session.order:
+        for tp in looked_at:
             part = self._followed(session, tp)
             if part is None or session.resting.get(tp, 0) > now_ms:
                 if told.pop(tp, None) is not None:
@@ -1395,6 +1416,7 @@ class ReplicationCore:
         served = []
         for result in answer.get("partitions", ()):
             tp = TopicPartition(result.get("topic"), result.get("partition"))
+            session.changed.add(tp)
             if result.get("records"):
                 served.append(tp)
             expected = told.get(tp)

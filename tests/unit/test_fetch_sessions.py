@@ -191,3 +191,19 @@ def test_a_quiet_caught_up_follower_stays_in_the_isr(pair):
         link.answer(now)
     assert link.proposals == []  # no shrink proposed
     assert all(leader.partitions[tp].isr == [LEADER, FOLLOWER] for tp in TPS)
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"partitions": [], "session_epoch": 0}, "fetch sessions are for followers"),
+    ({"replica_id": 2, "partitions": [], "session_epoch": -2}, "session_epoch"),
+    ({"replica_id": 2, "partitions": [], "session_id": -1, "session_epoch": 1}, "session_id"),
+    ({"replica_id": 2, "partitions": [], "session_id": "x", "session_epoch": 1}, "session_id"),
+    ({"replica_id": 2, "partitions": [], "session_epoch": 1, "forgotten": [{"topic": "t"}]},
+     "forgotten[0].partition"),
+    ({"replica_id": 2, "partitions": [], "session_epoch": 1, "forgotten": "t"}, "forgotten"),
+])
+def test_bad_session_fields_are_refused_naming_the_field(body, field):
+    from protocol.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        decode_fetch(body)
