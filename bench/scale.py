@@ -51,6 +51,7 @@ from typing import Any
 import msgpack
 
 from api.table import format_table
+from bench.failover import live_urls
 from chaos.cluster import ProcessCluster, http_json, wait_until
 from storage.batch import BatchBuilder
 
@@ -374,11 +375,6 @@ def probe_writes(cluster: ProcessCluster, pending: set[tuple[str, int]], victim:
 
 
 # -- the cluster ------------------------------------------------------------------
-def live_urls(cluster: ProcessCluster) -> list[str]:
-    return [cluster.nodes[b].broker_url for b in cluster.broker_ids
-            if cluster.nodes[b].running]
-
-
 def metadata(cluster: ProcessCluster, topics: list[str] | None = None) -> dict | None:
     """The clients' view (GET /v1/metadata) from the first live broker that answers."""
     query = "" if topics is None else "?topics=" + ",".join(topics)
