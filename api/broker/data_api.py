@@ -26,9 +26,9 @@ from api.broker.metrics import BrokerMetrics
 from api.broker.partition import Partition
 from api.broker.quotas import QuotaManager, client_id_of, exempt_from_request_quota
 from api.broker.replica_manager import ReplicaManager
-from api.broker.replication import (NO_SESSION, READ_COMMITTED, READ_UNCOMMITTED, FetchRequest,
-                                    FetchSpec, MarkerItem, ProduceItem, broker_url,
-                                    empty_fetch_result)
+from api.broker.replication import (NO_SESSION, PARTITIONS_PER_REQUEST_MAX, READ_COMMITTED,
+                                    READ_UNCOMMITTED, FetchRequest, FetchSpec, MarkerItem,
+                                    ProduceItem, broker_url, empty_fetch_result)
 from api.broker.authz import topic_filter
 from kraft.authorizer import RequestAuth, auth_of
 from protocol import acl, wire
@@ -46,7 +46,6 @@ logger = logging.getLogger(__name__)
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 INT16_MAX = 2**15 - 1
-PARTITIONS_PER_REQUEST_MAX = 10_000
 PRODUCE_TIMEOUT_MS_MAX = 300_000
 FETCH_MAX_BYTES_DEFAULT = 50 * 1024 * 1024
 PARTITION_FETCH_BYTES_DEFAULT = 1024 * 1024

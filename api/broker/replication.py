@@ -196,6 +196,9 @@ class FetchRequest:
 
 
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
+#: Partitions one data request may name (the broker refuses more): a
+#: follower's fetch names at most this many, the rest in its next ones.
+PARTITIONS_PER_REQUEST_MAX = 10_000
 #: Fetch session epochs: none, and the one that opens a session.
 NO_SESSION, OPEN_SESSION = -1, 0
 #: Fetch sessions a leader keeps per follower broker (the oldest is closed),
@@ -1334,6 +1337,9 @@ class ReplicationCore:
             state = (part, part.leader_epoch, part.log_end_offset, part.last_fetched_epoch)
             if told.get(tp) == state:
                 continue  # the leader's session has it as it is
+            if len(items) >= PARTITIONS_PER_REQUEST_MAX:
+                session.changed.add(tp)  # named by the next fetch (of this session)
+                continue
             told[tp] = state
             items.append({"topic": tp.topic, "partition": tp.partition,
                           "offset": part.log_end_offset,

@@ -207,3 +207,26 @@ def test_bad_session_fields_are_refused_naming_the_field(body, field):
 
     with pytest.raises(InvalidRequestError, match=field.replace("[", r"\[").replace("]", r"\]")):
         decode_fetch(body)
+
+
+def test_a_follower_of_more_partitions_than_a_request_may_name_fetches_them_all(
+        tmp_path, monkeypatch):
+    """The broker refuses a fetch naming more than PARTITIONS_PER_REQUEST_MAX
+    partitions: a follower of more names the rest in its next fetches."""
+    import api.broker.replication as replication
+
+    monkeypatch.setattr(replication, "PARTITIONS_PER_REQUEST_MAX", 3)
+    meta = image()
+    leader, follower = broker(tmp_path, LEADER, meta), broker(tmp_path, FOLLOWER, meta)
+    leader.ready()
+    link = Link(leader, follower)
+    for tp in TPS:
+        produce(leader, tp, 1, 1)
+    opening = link.send(1)
+    assert len(opening.body["partitions"]) == 3
+    link.answer(1)
+    left_out = {0, 1, 2, 3, 4} - set(names(opening.body["partitions"]))
+    rest = link.send(2)  # those left out come first (the answered ones moved back)
+    assert set(names(rest.body["partitions"])) >= left_out
+    link.answer(2)
+    assert [follower.partitions[tp].log_end_offset for tp in TPS] == [1] * PARTITIONS
