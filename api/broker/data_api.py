@@ -103,10 +103,11 @@ def decode_fetch(values: dict) -> FetchRequest:
         fields = Fields(item, f"forgotten[{i}]")
         forgotten.append(TopicPartition(fields.string("topic", TOPIC_NAME_MAX_CHARS),
                                         fields.integer("partition", 0, INT32_MAX)))
+    fetcher = body.integer("fetcher", 0, INT32_MAX, default=0)
     if session_epoch != NO_SESSION and replica_id < 0:
         raise InvalidRequestError("fetch sessions are for followers (replica_id >= 0)")
     return FetchRequest(replica_id, specs, max_wait_ms, min_bytes, max_bytes, isolation,
-                        session_id, session_epoch, forgotten)
+                        session_id, session_epoch, forgotten, fetcher)
 
 
 ISOLATION_LEVELS = {"read_uncommitted": READ_UNCOMMITTED, "read_committed": READ_COMMITTED,

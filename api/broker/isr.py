@@ -46,6 +46,7 @@ class AlterPartitionSender:
         # Sent and not answered yet (cancelled ones are dropped from here).
         self._in_flight: set[int] = set()
         self._flush_scheduled = False
+        self._stopped = False
 
     def send(self, action: SendAlterPartition) -> None:
         self._queued[action.request_id] = action
@@ -60,6 +61,8 @@ class AlterPartitionSender:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self._stopped:
+            return
         groups: dict[tuple, list[SendAlterPartition]] = {}
         for action in self._queued.values():
             groups.setdefault(tuple(action.body[k] for k in _SHARED), []).append(action)
@@ -110,5 +113,6 @@ class AlterPartitionSender:
             self.replicas.alter_partition_answered(action.request_id, answer, code)
 
     async def stop(self) -> None:
+        self._stopped = True
         self._queued.clear()
         await self._batches.stop()

@@ -193,6 +193,8 @@ class FetchRequest:
     session_id: int = 0
     session_epoch: int = -1
     forgotten: list[TopicPartition] = dataclasses.field(default_factory=list)
+    #: Which of the follower's fetchers sends it (a session is its alone).
+    fetcher: int = 0
 
 
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
@@ -201,10 +203,13 @@ READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 PARTITIONS_PER_REQUEST_MAX = 10_000
 #: Fetch session epochs: none, and the one that opens a session.
 NO_SESSION, OPEN_SESSION = -1, 0
-#: Fetch sessions a leader keeps per follower broker (the oldest is closed),
-#: and how long one may go unused before it is closed.
-FETCH_SESSIONS_PER_REPLICA_MAX = 8
+#: Fetch sessions a leader keeps per follower broker (the oldest is closed;
+#: a follower has one per fetcher, ``num.replica.fetchers`` <= 64), and how
+#: long one may go unused before it is closed.
+FETCH_SESSIONS_PER_REPLICA_MAX = 64
 FETCH_SESSION_IDLE_MS = 120_000
+#: The largest session epoch; the next one is 1 again (as Kafka wraps).
+FETCH_SESSION_EPOCH_MAX = 2**31 - 1
 #: A follower's fetch session the leader does not know, or out of step:
 #: the follower opens a new one at once.
 FETCH_SESSION_ERRORS = frozenset({"FETCH_SESSION_ID_NOT_FOUND", "INVALID_FETCH_SESSION_EPOCH"})
@@ -286,9 +291,10 @@ class _LeaderFetchSession:
     with news: a follower of 10,000 quiet partitions costs its leader
     nothing per fetch for them."""
 
-    def __init__(self, session_id: int, replica_id: int) -> None:
+    def __init__(self, session_id: int, replica_id: int, fetcher: int) -> None:
         self.session_id = session_id
         self.replica_id = replica_id
+        self.fetcher = fetcher  # which of the follower's fetchers holds it
         self.next_epoch = 1
         self.specs: dict[TopicPartition, FetchSpec] = {}
         # (high watermark, log start offset) last sent, per partition.
@@ -1029,18 +1035,22 @@ class ReplicationCore:
         session is unknown or the epoch out of step."""
         replica_id = request.replica_id
         if request.session_epoch == OPEN_SESSION:
-            old = self._fetch_sessions.get(request.session_id)
-            if old is not None and old.replica_id == replica_id:
+            # A fetcher has one session: its others are a restarted
+            # follower's, or ones whose opening answer it never got.
+            for old in [s for s in self._fetch_sessions.values()
+                        if (s.replica_id, s.fetcher) == (replica_id, request.fetcher)]:
                 self._close_fetch_session(old)
             mine = [s for s in self._fetch_sessions.values() if s.replica_id == replica_id]
             while len(mine) >= FETCH_SESSIONS_PER_REPLICA_MAX:
                 self._close_fetch_session(mine.pop(0))  # the oldest
             self._next_fetch_session_id += 1
-            session = _LeaderFetchSession(self._next_fetch_session_id, replica_id)
+            session = _LeaderFetchSession(self._next_fetch_session_id, replica_id,
+                                          request.fetcher)
             self._fetch_sessions[session.session_id] = session
         else:
             session = self._fetch_sessions.get(request.session_id)
-            if session is None or session.replica_id != replica_id:
+            if session is None or (session.replica_id, session.fetcher) != (
+                    replica_id, request.fetcher):
                 code, message = "FETCH_SESSION_ID_NOT_FOUND", (
                     f"no fetch session {request.session_id} of broker {replica_id} here")
             elif request.session_epoch != session.next_epoch:
@@ -1058,10 +1068,18 @@ class ReplicationCore:
                 self._answer_fetch(stale, final=True)
             for tp in request.forgotten:
                 self._forget_in_session(session, tp)
-        session.next_epoch += request.session_epoch != OPEN_SESSION
+        if request.session_epoch != OPEN_SESSION:
+            session.next_epoch = next_fetch_session_epoch(session.next_epoch)
         session.last_fetch_ms = now_ms
         for spec in request.specs:
             if spec.tp not in session.specs:
+                holders = self._fetch_sessions_of.setdefault(spec.tp, set())
+                # A partition is fetched by one session of a follower: an
+                # older one (a restarted follower's, another fetcher's
+                # before a move) no longer speaks for it.
+                for other in [self._fetch_sessions[i] for i in holders]:
+                    if other.replica_id == replica_id:
+                        self._forget_in_session(other, spec.tp)
                 self._fetch_sessions_of.setdefault(spec.tp, set()).add(session.session_id)
             session.specs[spec.tp] = spec
         return session
@@ -1086,19 +1104,23 @@ class ReplicationCore:
         """Before the ISR check: a follower whose session fetched lately and
         whose log ends at this leader's, in a partition its fetches no
         longer name (nothing changed), is as caught up as at that fetch.
-        Sessions unused for FETCH_SESSION_IDLE_MS are closed."""
+        (A leader's record of a follower is reset when the partition
+        changes; the follower, whose position did not, does not name it
+        again.) Only a follower's live sessions speak for it: opening one
+        closes that fetcher's others, and a partition named by one is
+        forgotten by the follower's others. Sessions unused for
+        FETCH_SESSION_IDLE_MS are closed."""
         for session in list(self._fetch_sessions.values()):
             if now_ms - session.last_fetch_ms > FETCH_SESSION_IDLE_MS:
                 self._close_fetch_session(session)
                 continue
             for tp, spec in session.specs.items():
                 part = self.partitions.get(tp)
-                if (part is not None and part.is_leader
-                        and spec.current_leader_epoch == part.leader_epoch
-                        and spec.offset == part.log_end_offset
-                        and part.record_follower_fetch(session.replica_id, spec.offset,
-                                                       session.last_fetch_ms)):
-                    self._touch(tp)
+                if (part is not None and spec.current_leader_epoch == part.leader_epoch
+                        and spec.offset == part.log_end_offset):
+                    if part.is_leader and part.record_follower_fetch(
+                            session.replica_id, spec.offset, session.last_fetch_ms):
+                        self._touch(tp)
 
     def _answer_fetch(self, parked: _ParkedFetch, final: bool) -> bool:
         """Read; answer if there is enough (or ``final``). True if answered."""
@@ -1323,7 +1345,11 @@ class ReplicationCore:
         for tp in looked_at:
             part = self._followed(session, tp)
             if part is None or session.resting.get(tp, 0) > now_ms:
-                if told.pop(tp, None) is not None:
+                if tp in told:
+                    if len(forgotten) >= PARTITIONS_PER_REQUEST_MAX:
+                        session.changed.add(tp)  # forgotten by the next fetch
+                        continue
+                    del told[tp]
                     forgotten.append(tp)
                 continue
             if part.last_fetched_epoch > part.leader_epoch:
@@ -1347,7 +1373,7 @@ class ReplicationCore:
                           "last_fetched_epoch": part.last_fetched_epoch,
                           "max_bytes": s.fetch_partition_bytes_max})
             sent[tp] = state[:3]
-        if not told:
+        if not told and not forgotten:
             return  # nothing to fetch
         request_id = self.new_request_id()
         timeout_ms = s.fetch_wait_max_ms + FETCH_TIMEOUT_SLACK_MS
@@ -1357,7 +1383,7 @@ class ReplicationCore:
             "replica_id": self.broker_id, "max_wait_ms": s.fetch_wait_max_ms, "min_bytes": 1,
             "max_bytes": s.fetch_response_bytes_max, "partitions": items,
             "session_id": session.fetch_session_id,
-            "session_epoch": session.fetch_session_epoch,
+            "session_epoch": session.fetch_session_epoch, "fetcher": session.key[1],
             "forgotten": [{"topic": tp.topic, "partition": tp.partition} for tp in forgotten]},
             timeout_ms))
 
@@ -1414,7 +1440,7 @@ class ReplicationCore:
             and session_id > 0
         if in_session:
             session.fetch_session_id = session_id
-            session.fetch_session_epoch += 1
+            session.fetch_session_epoch = next_fetch_session_epoch(session.fetch_session_epoch)
             told = session.told
         else:  # a leader that keeps no session: every fetch names every partition
             told = dict(sent)
@@ -1552,6 +1578,11 @@ class ReplicationCore:
             assert parked.waiting, f"produce {request_id} parked with nothing to wait for"
         for session in self._sessions.values():
             assert set(session.order) == set(session.partitions), session.leader_id
+
+
+def next_fetch_session_epoch(epoch: int) -> int:
+    """The epoch after ``epoch`` (wrapping to 1 after FETCH_SESSION_EPOCH_MAX)."""
+    return 1 if epoch >= FETCH_SESSION_EPOCH_MAX else epoch + 1
 
 
 def empty_fetch_result(spec: FetchSpec) -> dict:

@@ -230,3 +230,26 @@ def test_a_follower_of_more_partitions_than_a_request_may_name_fetches_them_all(
     assert set(names(rest.body["partitions"])) >= left_out
     link.answer(2)
     assert [follower.partitions[tp].log_end_offset for tp in TPS] == [1] * PARTITIONS
+
+
+def test_a_restarted_followers_old_session_never_speaks_for_it(pair, tmp_path):
+    """A follower restarts with less than it had (its unflushed tail lost)
+    and opens a new session; its old session, still on the leader, must not
+    put it back where it was: not its log end, not the high watermark, not
+    the ISR."""
+    leader, follower = pair
+    link = Link(leader, follower)
+    link.send(1)
+    produce(leader, TPS[0], 5, 1)
+    link.answer(1)
+    link.send(2)  # the old session has it at 5, caught up
+    assert leader.partitions[TPS[0]].replica_states[FOLLOWER].log_end_offset == 5
+    restarted = broker(tmp_path / "restarted", FOLLOWER, image())  # an empty log
+    link.follower = restarted
+    opening = link.send(3)
+    assert opening.body["session_epoch"] == 0
+    assert leader.partitions[TPS[0]].replica_states[FOLLOWER].log_end_offset == 0
+    leader.tick(3 * LAG_MS)  # the ISR check and its refresh of the sessions
+    state = leader.partitions[TPS[0]].replica_states[FOLLOWER]
+    assert state.log_end_offset == 0
+    assert leader.partitions[TPS[0]].high_watermark == 5  # committed before; not moved by it
