@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from api.broker.replica_manager import ReplicaManager, RequestTasks
 from api.broker.replication import SendAlterPartition
@@ -26,6 +27,10 @@ logger = logging.getLogger(__name__)
 ALTER_BATCH_MAX = 1000
 #: The fields every item of one request shares (sent once, not per item).
 _SHARED = ("broker_id", "broker_epoch")
+#: After a controller answered that it has no ``partitions/alter-many`` (an
+#: older version, during a rolling upgrade), ISR changes go one per request
+#: for this long before the batched call is tried again.
+SINGLES_AFTER_NOT_FOUND_S = 60.0
 
 
 class AlterPartitionSender:
@@ -47,6 +52,7 @@ class AlterPartitionSender:
         self._in_flight: set[int] = set()
         self._flush_scheduled = False
         self._stopped = False
+        self._singles_until = 0.0  # time.monotonic(): one change per request until then
 
     def send(self, action: SendAlterPartition) -> None:
         self._queued[action.request_id] = action
@@ -67,7 +73,15 @@ class AlterPartitionSender:
         for action in self._queued.values():
             groups.setdefault(tuple(action.body[k] for k in _SHARED), []).append(action)
         self._queued.clear()
+        singles = time.monotonic() < self._singles_until
         for shared, actions in groups.items():
+            if singles:
+                for action in actions:
+                    self._in_flight.add(action.request_id)
+                    self._next_batch += 1
+                    self._batches.start(self._next_batch, self._send_one(action),
+                                        f"alter-partition-{action.request_id}")
+                continue
             for start in range(0, len(actions), ALTER_BATCH_MAX):
                 batch = actions[start:start + ALTER_BATCH_MAX]
                 self._in_flight.update(a.request_id for a in batch)
@@ -90,6 +104,12 @@ class AlterPartitionSender:
             raise
         except KraftError as exc:
             code = getattr(exc, "code", None) or "UNKNOWN"
+            if code == "NOT_FOUND":  # a controller without the batched call
+                logger.info("broker %d: the controller has no partitions/alter-many; sending "
+                            "ISR changes one at a time", self.replicas.broker_id)
+                self._singles_until = time.monotonic() + SINGLES_AFTER_NOT_FOUND_S
+                await asyncio.gather(*(self._send_one(action) for action in batch))
+                return
             for action in batch:
                 self._answer(action, None, code)
             return
@@ -105,6 +125,22 @@ class AlterPartitionSender:
                 self._answer(action, None, error.get("code") or "UNKNOWN")
             else:
                 self._answer(action, {**result, "metadata_offset": offset}, None)
+
+    async def _send_one(self, action: SendAlterPartition) -> None:
+        """One ISR change alone (``partitions/alter``)."""
+        try:
+            answer = await self.client.call("/v1/controller/partitions/alter", action.body,
+                                            timeout_ms=action.timeout_ms)
+        except asyncio.CancelledError:
+            raise
+        except KraftError as exc:
+            self._answer(action, None, getattr(exc, "code", None) or "UNKNOWN")
+            return
+        except Exception:  # a bug must not leave the proposal pending forever
+            logger.exception("broker %d: AlterPartition failed", self.replicas.broker_id)
+            self._answer(action, None, "UNKNOWN")
+            return
+        self._answer(action, answer, None)
 
     def _answer(self, action: SendAlterPartition, answer: dict | None,
                 code: str | None) -> None:

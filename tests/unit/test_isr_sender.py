@@ -6,6 +6,7 @@ import asyncio
 
 from api.broker.isr import ALTER_BATCH_MAX, AlterPartitionSender
 from api.broker.replication import SendAlterPartition
+from kraft.client import ControllerError
 from protocol.errors import StaleBrokerEpochError
 
 
@@ -94,3 +95,31 @@ async def test_a_refused_request_refuses_every_item_and_a_cancelled_one_is_not_a
     assert sorted(len(body["partitions"]) for _, body in controller.calls) == [1, 2]
     assert answers.answered == {1: (None, "STALE_BROKER_EPOCH"),
                                 3: (None, "STALE_BROKER_EPOCH")}
+
+
+async def test_a_controller_without_the_batched_call_gets_the_changes_one_at_a_time():
+    """A rolling upgrade: the controller answers NOT_FOUND for
+    partitions/alter-many; the changes go one per partitions/alter."""
+
+    class OlderController(Controller):
+        async def call(self, path, body, timeout_ms):
+            self.calls.append((path, body))
+            if path.endswith("alter-many"):
+                raise ControllerError("NOT_FOUND", "no endpoint")
+            return {"topic": body["topic"], "partition": body["partition"],
+                    "isr": body["new_isr"], "metadata_offset": 9}
+
+    answers, controller = Answers(), OlderController()
+    sender = AlterPartitionSender(answers, controller)
+    sender.send(action(1, 0, [1, 2]))
+    sender.send(action(2, 1, [1]))
+    await settle(sender)
+    await settle(sender)
+    assert [path for path, _ in controller.calls] == [
+        "/v1/controller/partitions/alter-many", "/v1/controller/partitions/alter",
+        "/v1/controller/partitions/alter"]
+    assert controller.calls[1][1]["broker_epoch"] == 5  # the whole single body
+    assert answers.answered[1][0]["isr"] == [1, 2] and answers.answered[2][1] is None
+    sender.send(action(3, 2, [1]))  # and the next ones too, for a while
+    await settle(sender)
+    assert controller.calls[-1][0] == "/v1/controller/partitions/alter"
