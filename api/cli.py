@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+from typing import Any
 
 from api.cli_support import (DEFAULT_BOOTSTRAP, CliError, ExamplesFormatter,
                              add_security_arguments, configure_security, get_json)
@@ -544,6 +546,10 @@ def main(argv: list[str] | None = None) -> int:
         args.bootstrap, "https" if args.security_protocol in ("SSL", "SASL_SSL") else "http")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "bench":
+        # A benchmark stopped with kill (SIGTERM) unwinds as from Ctrl-C,
+        # so the cluster it started is stopped, not left running.
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         configure_security(args)
         from api.console import resolve_topic_arguments
@@ -556,6 +562,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -233,3 +233,46 @@ def test_bench_compaction_measures_the_cleaner_and_produce_while_it_runs(tmp_pat
     assert cleaner["records"] > 0 and 0 < cleaner["kept_percent"] < 100
     assert produce["cleaner_passes"] >= 1 and produce["cleaning_records_s"] > 0
     assert list(tmp_path.iterdir()) == []  # it cleans up after itself
+
+
+def _processes_under(directory: str) -> list[int]:
+    """Pids of processes whose command line names ``directory``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if directory.encode() in f.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_benchmark_killed_with_sigterm_stops_the_cluster_it_started(tmp_path):
+    """`kill` of a running benchmark must not leave its nodes running (they
+    would take the machine's CPU from whatever runs next)."""
+    import signal
+    import time
+
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "api.cli", "bench", "failover", "--trials", "1",
+         "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    try:
+        deadline = time.monotonic() + 60
+        while len([p for p in _processes_under(str(tmp_path)) if p != bench.pid]) < 4:
+            assert time.monotonic() < deadline, "the benchmark's cluster never started"
+            assert bench.poll() is None, "the benchmark ended early"
+            time.sleep(0.1)
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=60) != 0
+        deadline = time.monotonic() + 30
+        while _processes_under(str(tmp_path)):
+            assert time.monotonic() < deadline, "nodes left running after the benchmark"
+            time.sleep(0.1)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
