@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from api.broker.replica_manager import ReplicaManager, RequestTasks
 from api.broker.replication import SendAlterPartition
@@ -90,33 +91,38 @@ class AlterPartitionSender:
                                                                  batch),
                                     f"alter-partitions-{self._next_batch}")
 
-    async def _send(self, shared: dict, batch: list[SendAlterPartition]) -> None:
-        body = {**shared, "partitions": [
-            {k: v for k, v in action.body.items() if k not in _SHARED} for action in batch]}
+    async def _call(self, path: str, body: dict, timeout_ms: int) -> tuple[Any, str | None]:
+        """The controller's answer, or None and the refusal's code (UNKNOWN
+        for anything else: a bug must not leave a proposal pending)."""
         try:
-            answer = await self.client.call("/v1/controller/partitions/alter-many", body,
-                                            timeout_ms=max(a.timeout_ms for a in batch))
-            results = answer["partitions"]
-            if not isinstance(results, list) or len(results) != len(batch):
-                raise ValueError(f"{len(batch)} ISR changes sent, answered "
-                                 f"{len(results) if isinstance(results, list) else results!r}")
+            return await self.client.call(path, body, timeout_ms=timeout_ms), None
         except asyncio.CancelledError:
             raise
         except KraftError as exc:
-            code = getattr(exc, "code", None) or "UNKNOWN"
-            if code == "NOT_FOUND":  # a controller without the batched call
-                logger.info("broker %d: the controller has no partitions/alter-many; sending "
-                            "ISR changes one at a time", self.replicas.broker_id)
-                self._singles_until = time.monotonic() + SINGLES_AFTER_NOT_FOUND_S
-                await asyncio.gather(*(self._send_one(action) for action in batch))
-                return
+            return None, getattr(exc, "code", None) or "UNKNOWN"
+        except Exception:
+            logger.exception("broker %d: AlterPartition failed", self.replicas.broker_id)
+            return None, "UNKNOWN"
+
+    async def _send(self, shared: dict, batch: list[SendAlterPartition]) -> None:
+        body = {**shared, "partitions": [
+            {k: v for k, v in action.body.items() if k not in _SHARED} for action in batch]}
+        answer, code = await self._call("/v1/controller/partitions/alter-many", body,
+                                        max(a.timeout_ms for a in batch))
+        if code == "NOT_FOUND":  # a controller without the batched call
+            logger.info("broker %d: the controller has no partitions/alter-many; sending "
+                        "ISR changes one at a time", self.replicas.broker_id)
+            self._singles_until = time.monotonic() + SINGLES_AFTER_NOT_FOUND_S
+            await asyncio.gather(*(self._send_one(action) for action in batch))
+            return
+        results = answer.get("partitions") if isinstance(answer, dict) else None
+        if code is None and (not isinstance(results, list) or len(results) != len(batch)):
+            logger.error("broker %d: %d ISR changes sent, answered %r", self.replicas.broker_id,
+                         len(batch), results)
+            code = "UNKNOWN"
+        if code is not None:
             for action in batch:
                 self._answer(action, None, code)
-            return
-        except Exception:  # a bug must not leave the proposals pending forever
-            logger.exception("broker %d: AlterPartition failed", self.replicas.broker_id)
-            for action in batch:
-                self._answer(action, None, "UNKNOWN")
             return
         offset = answer.get("metadata_offset")
         for action, result in zip(batch, results):
@@ -128,19 +134,9 @@ class AlterPartitionSender:
 
     async def _send_one(self, action: SendAlterPartition) -> None:
         """One ISR change alone (``partitions/alter``)."""
-        try:
-            answer = await self.client.call("/v1/controller/partitions/alter", action.body,
-                                            timeout_ms=action.timeout_ms)
-        except asyncio.CancelledError:
-            raise
-        except KraftError as exc:
-            self._answer(action, None, getattr(exc, "code", None) or "UNKNOWN")
-            return
-        except Exception:  # a bug must not leave the proposal pending forever
-            logger.exception("broker %d: AlterPartition failed", self.replicas.broker_id)
-            self._answer(action, None, "UNKNOWN")
-            return
-        self._answer(action, answer, None)
+        answer, code = await self._call("/v1/controller/partitions/alter", action.body,
+                                        action.timeout_ms)
+        self._answer(action, answer, code)
 
     def _answer(self, action: SendAlterPartition, answer: dict | None,
                 code: str | None) -> None:
