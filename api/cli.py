@@ -307,6 +307,19 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "stable again (p50, max; target: under 1 s plus the heartbeat interval).")
     bench_groups.add_arguments(groups_parser)
     groups_parser.set_defaults(handler=bench_groups.run)
+    from bench import rebalance as bench_rebalance
+
+    rebalance_parser = bench_kinds.add_parser(
+        "rebalance", help="rebalance time of a large group (100 members, 1,000 partitions)",
+        description="Start a fresh cluster (1 controller + 3 brokers, shipped defaults), "
+                    "create a topic of --partitions partitions (RF 3), start --members group "
+                    "members over --processes worker processes, then --trials times time a "
+                    "member joining and leaving until every partition is owned by exactly "
+                    "one member (as the members see it) and the coordinator says stable "
+                    "(p50, p99, max; target: p99 <= 2 s). Fails if any partition was held "
+                    "by two members at once.")
+    bench_rebalance.add_arguments(rebalance_parser)
+    rebalance_parser.set_defaults(handler=bench_rebalance.run)
     from bench import spark as bench_spark
 
     spark_parser = bench_kinds.add_parser(

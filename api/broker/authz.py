@@ -37,6 +37,7 @@ BROKER_ROUTE_RULES: dict[tuple[str, str], RouteRule] = {
     # consumer groups (groups/api.py)
     ("POST", "/v1/groups/coordinator"): _rule("FindCoordinator"),
     ("POST", "/v1/groups/heartbeat"): _rule("ConsumerGroupHeartbeat"),
+    ("POST", "/v1/groups/watch"): _rule("ConsumerGroupHeartbeat (watch)"),
     ("POST", "/v1/groups/offsets/commit"): _rule("OffsetCommit"),
     ("POST", "/v1/groups/offsets/fetch"): _rule("OffsetFetch"),
     ("POST", "/v1/groups/offsets/txn_commit"): _rule("TxnOffsetCommit"),

@@ -14,6 +14,14 @@ Heartbeat (a background task)
     its partitions are lost: it gives them up without committing and
     rejoins.
 
+Watch (a second background task)
+    Between heartbeats the member keeps one ``/v1/groups/watch`` open; the
+    coordinator answers it as soon as this member's heartbeat would carry
+    news (partitions to give up or take, a new epoch), and the member
+    heartbeats at once. So a rebalance takes a few round trips, not one or
+    two heartbeat intervals. A coordinator without watches (404) is simply
+    not watched: the heartbeat alone converges, as in Kafka.
+
 Reconciliation (in ``poll``, on the user's side of the consumer)
     As in Kafka, partitions change hands inside ``poll``: everything ``poll``
     returned before has been processed by then. Partitions to give up are
@@ -86,6 +94,10 @@ FATAL_CODES = frozenset({"INVALID_REQUEST", "UNSUPPORTED_ASSIGNOR", "GROUP_MAX_S
 HEARTBEAT_INTERVAL_MS_DEFAULT = 1000
 #: A heartbeat waits at least this long for its answer.
 HEARTBEAT_TIMEOUT_MS_MIN = 500
+#: A watch is answered within this much more than its wait, else given up.
+WATCH_TIMEOUT_MARGIN_MS = 5000
+#: A watch waits at most this long (then the member watches again).
+WATCH_WAIT_MS_MAX = 30_000
 #: A member leaving waits at most this long for the coordinator.
 LEAVE_TIMEOUT_MS = 3000
 
@@ -141,6 +153,9 @@ class GroupMember:
         self._next_commit_ms = monotonic_ms() + auto_commit_interval_ms
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task | None = None
+        # Set by every heartbeat answered: the watch may start (again).
+        self._beaten = asyncio.Event()
         self._leaving = False
 
     # -- subscription ---------------------------------------------------------------
@@ -152,8 +167,11 @@ class GroupMember:
         self.on_revoked, self.on_assigned, self.on_lost = on_revoked, on_assigned, on_lost
         self._subscription_sent = False
         self.fatal = None
+        loop = asyncio.get_running_loop()
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+            self._task = loop.create_task(self._heartbeat_loop())
+        if self._watch_task is None or self._watch_task.done():
+            self._watch_task = loop.create_task(self._watch_loop())
         self._wake.set()
 
     # -- talking to the coordinator ----------------------------------------------------
@@ -214,6 +232,7 @@ class GroupMember:
             try:
                 await self._heartbeat()
                 self._last_ok_ms = sent_ms
+                self._beaten.set()
             except asyncio.CancelledError:
                 raise
             except KraftlogError as exc:
@@ -243,6 +262,38 @@ class GroupMember:
                 await asyncio.wait_for(self._wake.wait(), wait_ms / 1000)
             except asyncio.TimeoutError:
                 pass
+
+    async def _watch_loop(self) -> None:
+        """Keep a watch open while this member is in the group; heartbeat at
+        once when it answers ``news``. After news (or an error) the next
+        watch waits for the next heartbeat's answer, so a watch never spins."""
+        while not self._leaving:
+            await self._beaten.wait()
+            self._beaten.clear()
+            if not self.member_id or self.member_epoch <= 0 or self.coordinator_url is None:
+                continue
+            wait_ms = min(self.heartbeat_interval_ms, WATCH_WAIT_MS_MAX)
+            try:
+                answer = await self._call(
+                    "/v1/groups/watch", {"group_id": self.group_id, "member_id": self.member_id,
+                                         "max_wait_ms": wait_ms},
+                    timeout_ms=wait_ms + WATCH_TIMEOUT_MARGIN_MS)
+            except asyncio.CancelledError:
+                raise
+            except KraftlogError as exc:
+                if exc.code == "NOT_FOUND":
+                    logger.info("group %s: the coordinator has no watches; heartbeats alone "
+                                "will do", self.group_id)
+                    return
+                self._wake.set()   # the heartbeat says what is wrong
+                continue
+            except Exception:
+                logger.exception("group %s: watch loop error", self.group_id)
+                continue
+            if answer.get("news"):
+                self._wake.set()
+            else:
+                self._beaten.set()
 
     def _lose(self, why: str, forget_id: bool) -> None:
         """This member's partitions may belong to others now: stop fetching
@@ -353,9 +404,10 @@ class GroupMember:
     # -- leaving ------------------------------------------------------------------------
     async def close(self) -> None:
         self._leaving = True
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [task for task in (self._task, self._watch_task) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._auto_commit is not None:
             await asyncio.gather(self._auto_commit, return_exceptions=True)
         if not self.member_id:

@@ -230,6 +230,9 @@ BROKER_CASES = {
     ("POST", "/v1/groups/heartbeat"): ("/v1/groups/heartbeat", {
         "group_id": "acl-group", "member_epoch": 0, "subscribed_topic_names": ["acl-orders"]},
         False, whole(GROUP_REFUSED)),
+    ("POST", "/v1/groups/watch"): ("/v1/groups/watch", {
+        "group_id": "acl-group", "member_id": "m", "max_wait_ms": 0}, False,
+        whole(GROUP_REFUSED)),
     ("POST", "/v1/groups/offsets/commit"): ("/v1/groups/offsets/commit", {
         "group_id": "acl-group", "offsets": OFFSETS}, False, whole(GROUP_REFUSED)),
     ("POST", "/v1/groups/offsets/fetch"): ("/v1/groups/offsets/fetch",

@@ -131,10 +131,13 @@ class Client:
         self.epoch = 0
         self.owned: set = set()
         self.to_release: set = set()
+        self.known: set | None = None    # the assignment last received
+        self.released = False            # released something since the last heartbeat
 
     def forget(self) -> None:
         self.member_id, self.epoch = None, 0
         self.owned, self.to_release = set(), set()
+        self.known, self.released = None, False
 
     def join(self, member_id: str = "") -> HeartbeatResponse:
         resp = self.h.heartbeat(self.group, HeartbeatRequest(
@@ -147,17 +150,31 @@ class Client:
         return resp
 
     def beat(self, *, epoch: int | None = None, owned=None, **fields) -> HeartbeatResponse:
+        plain = epoch is None and owned is None and not fields and not self.released
+        if plain:
+            before = strip_timing(self.h.describe(self.group))
+            predicted = self.h.core.has_news(self.group, self.member_id)
+            assert strip_timing(self.h.describe(self.group)) == before, "has_news changed state"
+        epoch_before, known = self.epoch, self.known
         resp = self.h.heartbeat(self.group, HeartbeatRequest(
             member_id=self.member_id, member_epoch=self.epoch if epoch is None else epoch,
             instance_id=self.instance_id,
             owned_partitions=sorted(self.owned) if owned is None else owned, **fields))
-        self.apply(resp)
+        self.released = False
+        self.apply(resp)                 # may release at once (auto_release)
+        if plain:
+            # A watch wakes the client exactly when its heartbeat has news: a
+            # new epoch or an assignment it has not seen.
+            news = resp.member_epoch != epoch_before or (
+                resp.assignment is not None and set(resp.assignment) != known)
+            assert predicted == news, (self.member_id, predicted, resp)
         return resp
 
     def apply(self, resp: HeartbeatResponse) -> None:
         self.epoch = resp.member_epoch
         if resp.assignment is not None:
             given = set(resp.assignment)
+            self.known = given
             revoked = self.owned - given
             self.owned |= given
             self.to_release |= revoked
@@ -165,6 +182,7 @@ class Client:
                 self.release()
 
     def release(self) -> None:
+        self.released |= bool(self.to_release)
         self.owned -= self.to_release
         self.to_release = set()
         self.h.check()

@@ -7,6 +7,7 @@ one gets ``INVALID_REQUEST`` naming the field.
 =====================================  =========================================
 ``POST /v1/groups/coordinator``         ``{group_id}`` -> coordinator id and URL
 ``POST /v1/groups/heartbeat``           join, heartbeat, leave (KIP-848 fields)
+``POST /v1/groups/watch``               wait until a member's heartbeat has news
 ``POST /v1/groups/offsets/commit``      commit offsets (member epoch checked)
 ``POST /v1/groups/offsets/fetch``       committed offsets
 ``POST /v1/admin/groups/delete``        delete an empty group
@@ -45,6 +46,8 @@ PARTITIONS_MAX = 100_000
 COMMIT_PARTITIONS_MAX = 2000
 METADATA_CHARS_MAX = 4096
 NAME_CHARS_MAX = 255
+#: Longest a watch may wait (a client watches for a heartbeat interval).
+WATCH_WAIT_MS_MAX = 60_000
 
 
 class GroupApi:
@@ -56,6 +59,7 @@ class GroupApi:
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/groups/coordinator", self.handle_find_coordinator)
         app.router.add_post("/v1/groups/heartbeat", self.handle_heartbeat)
+        app.router.add_post("/v1/groups/watch", self.handle_watch)
         app.router.add_post("/v1/groups/offsets/commit", self.handle_commit)
         app.router.add_post("/v1/groups/offsets/fetch", self.handle_fetch_offsets)
         app.router.add_post("/v1/groups/offsets/txn_commit", self.handle_txn_commit)
@@ -108,6 +112,20 @@ class GroupApi:
             "member_id": response.member_id, "member_epoch": response.member_epoch,
             "heartbeat_interval_ms": response.heartbeat_interval_ms,
             "assignment": None if assignment is None else _as_wire(assignment)})
+
+    async def handle_watch(self, request: web.Request) -> web.Response:
+        """A member waits here, between heartbeats, until its heartbeat
+        would tell it something (``news``: heartbeat now), or ``max_wait_ms``
+        passes. KIP-848 members hear of a rebalance only when they
+        heartbeat; a watching member hears of it at once, so a rebalance
+        takes a few requests, not a few heartbeat intervals."""
+        body = Fields(await wire.read_body(request), "")
+        group_id = _group_id(body)
+        member_id = body.string("member_id", NAME_CHARS_MAX)
+        max_wait_ms = body.integer("max_wait_ms", 0, WATCH_WAIT_MS_MAX)
+        auth_of(request).require(acl.READ, acl.GROUP, group_id)
+        news = await self.service.watch(group_id, member_id, max_wait_ms)
+        return wire.respond(request, {"news": news})
 
     async def handle_commit(self, request: web.Request) -> web.Response:
         body = Fields(await wire.read_body(request), "")

@@ -459,6 +459,25 @@ class GroupCoordinatorCore:
                                member_epoch=STATIC_LEAVE_EPOCH if static else LEAVE_EPOCH)
         return self.heartbeat(now_ms, group_id, req, topics or {})[1]
 
+    def has_news(self, group_id: str, member_id: str) -> bool:
+        """Would a heartbeat of this member now tell it something: a changed
+        assignment (revocations started, partitions given), or a new member
+        epoch? Changes nothing; raises ``UNKNOWN_MEMBER_ID`` for a member
+        that is gone (its next heartbeat must find that out). A watching
+        client heartbeats at once when this turns true, so a rebalance
+        moves at the speed of requests rather than heartbeat intervals."""
+        group, m = self._member(group_id, member_id)
+        if m.away:
+            return False
+        if m.sent_assignment is None or m.assigned != m.sent_assignment:
+            return True
+        if m.pending_revocation:
+            return False                   # the client releases; its heartbeat says so
+        if m.member_epoch != group.assignment_epoch:
+            return True
+        return any(tp not in group.holders
+                   for tp in group.target.get(member_id, frozenset()) - m.assigned)
+
     def instance_member(self, group_id: str, instance_id: str) -> str | None:
         """The member id holding static ``instance_id`` in the group, if any."""
         group = self.groups.get(group_id)

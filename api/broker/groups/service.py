@@ -25,7 +25,7 @@ from api.broker.groups import records as group_records
 from api.broker.groups.coordinator import GroupCoordinatorCore, GroupError
 from api.broker.replication import broker_url
 from protocol import tls
-from protocol.errors import CodedError, NotCoordinatorError
+from protocol.errors import CodedError, KraftError, NotCoordinatorError
 from storage.batch import BatchBuilder, ControlType, iter_records, parse_control_batch
 from storage.manager import TopicPartition
 
@@ -64,6 +64,9 @@ class GroupService(ShardedCoordinator):
         # partition) -> high watermark - committed offset; group -> members.
         self.lags: dict[tuple[str, str, int], int] = {}
         self.member_counts: dict[str, int] = {}
+        # Members waiting in ``watch``: group -> member -> the events to set
+        # when a heartbeat of the member would have news.
+        self.watchers: dict[str, dict[str, set[asyncio.Event]]] = {}
 
     def start(self) -> None:
         super().start()
@@ -79,7 +82,68 @@ class GroupService(ShardedCoordinator):
         return group_records.encode(record)
 
     def tick_core(self, shard: Shard, now_ms: int) -> list:
-        return shard.core.tick(now_ms, self.topics())
+        records = shard.core.tick(now_ms, self.topics())
+        for group_id in {record.group_id for record in records}:
+            self.notify(group_id, shard)
+        return records
+
+    # -- watches: a rebalance at the speed of requests ----------------------------------
+    async def run(self, key: str, operation: Callable[[Any], Any]) -> Any:
+        try:
+            return await super().run(key, operation)
+        finally:
+            if key in self.watchers:
+                self.notify(key)
+
+    async def watch(self, group_id: str, member_id: str, max_wait_ms: int) -> bool:
+        """Wait until a heartbeat of ``member_id`` would have news
+        (``GroupCoordinatorCore.has_news``): True at once if it has now,
+        when it comes (or the member is gone), False after ``max_wait_ms``.
+        Changes nothing, so a watch given up on costs nothing."""
+        shard = self.shard_for(group_id)
+        try:
+            if shard.core.has_news(group_id, member_id):
+                return True
+        except GroupError as exc:
+            raise CodedError(exc.code, exc.message) from None
+        event = asyncio.Event()
+        waiting = self.watchers.setdefault(group_id, {}).setdefault(member_id, set())
+        waiting.add(event)
+        try:
+            await asyncio.wait_for(event.wait(), max_wait_ms / 1000)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            waiting.discard(event)
+            if not waiting:
+                members = self.watchers.get(group_id, {})
+                if members.get(member_id) is waiting:
+                    del members[member_id]
+                if not members:
+                    self.watchers.pop(group_id, None)
+
+    def notify(self, group_id: str, shard: Shard | None = None) -> None:
+        """Wake the watches of the group's members whose heartbeat now has
+        news; all of them if the group is no longer coordinated here (their
+        heartbeat finds out where it went)."""
+        members = self.watchers.get(group_id)
+        if not members:
+            return
+        if shard is None:
+            try:
+                shard = self.shard_for(group_id)
+            except KraftError:
+                pass                                 # moved or reloading
+        for member_id, events in members.items():
+            try:
+                news = shard is None or not shard.loaded or shard.core.has_news(group_id,
+                                                                                member_id)
+            except GroupError:
+                news = True                          # gone: its heartbeat says so
+            if news:
+                for event in events:
+                    event.set()
 
     def replay_batch(self, shard: Shard, header: Any, batch: Any, from_offset: int) -> int:
         """Transactional offset commits wait in the core for their marker."""
