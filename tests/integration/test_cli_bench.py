@@ -194,6 +194,30 @@ def test_bench_failover_times_a_leader_kill(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_bench_rebalance_times_joins_and_leaves_of_a_group_in_several_processes(tmp_path):
+    """A small run of the program: members in two processes, every
+    partition owned once after each join and leave, no overlap seen."""
+    summary = bench_json("rebalance", "--members", "4", "--processes", "2", "--partitions",
+                         "12", "--trials", "2", "--dir", str(tmp_path))
+    assert (summary["members"], summary["processes"], summary["partitions"]) == (4, 2, 12)
+    for what in ("join_ms", "leave_ms"):
+        stats = summary[what]
+        assert stats["trials"] == 2 and 0 < stats["p50"] <= stats["p99"] <= stats["max"]
+    assert summary["overlaps"] == [] and summary["heartbeat_interval_ms"] == 5000
+    assert summary["target_p99_ms"] == 2000
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_rebalance_overlap_check_catches_a_partition_held_twice():
+    from bench.rebalance import _overlaps
+
+    handed_over = [[1.0, "a", "+", [0, 1]], [2.0, "a", "-", [1]], [2.0, "b", "+", [1]]]
+    assert _overlaps(handed_over) == []
+    held_twice = [[1.0, "a", "+", [0, 1]], [2.0, "b", "+", [1]], [2.5, "a", "-", [1]]]
+    (problem,) = _overlaps(held_twice)
+    assert problem.startswith("partition 1: given to b at 2.000000 while a held it")
+
+
 def test_bench_replication_and_failover_help():
     for kind, texts in (("replication", ("--records", "--producers", "RF=3 acks=all",
                                          "min.insync.replicas=2", "0.50")),
