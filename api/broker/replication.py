@@ -349,9 +349,9 @@ class _FollowerSession:
         # an incremental fetch; an answer applies only while it matches.
         self.told: dict[TopicPartition, tuple[Partition, int, int, int]] = {}
         # Partitions whose state may differ from ``told``: answered, put to
-        # rest or back from it. An incremental fetch looks at these alone
-        # (a partition's log end moves only by this session's answers; any
-        # other change of the session's partitions opens a new session).
+        # rest or back from it, added to the session, dropped from it or in
+        # a new leader epoch. An incremental fetch looks at these alone (a
+        # partition's log end moves only by this session's answers).
         self.changed: set[TopicPartition] = set()
 
     def reset_fetch_session(self) -> None:
@@ -404,6 +404,10 @@ class ReplicationCore:
         # Partitions whose data, high watermark or role changed since waiting
         # requests were last looked at.
         self._touched: set[TopicPartition] = set()
+        # Followers of partitions this broker just came to lead: their
+        # fetches waiting here are answered at once, so their next fetch
+        # (incremental) names the new partitions without waiting out a poll.
+        self._wake_followers: set[int] = set()
         self._parked_fetches: dict[int, _ParkedFetch] = {}
         self._parked_produces: dict[int, _ParkedProduce] = {}
         # Followers' fetch sessions on this leader, and by partition.
@@ -507,6 +511,11 @@ class ReplicationCore:
     def _after_event(self, now_ms: int) -> None:
         """Look again at what waits on touched partitions, then send the
         follower fetches that are due."""
+        if self._wake_followers:
+            wake, self._wake_followers = self._wake_followers, set()
+            for session in list(self._fetch_sessions.values()):
+                if session.replica_id in wake and session.parked in self._parked_fetches:
+                    self._answer_fetch(self._parked_fetches[session.parked], final=True)
         while self._touched:
             touched, self._touched = self._touched, set()
             ids: set[int] = set()
@@ -726,6 +735,7 @@ class ReplicationCore:
             if part.update(reg.leader, reg.leader_epoch, reg.partition_epoch,
                            reg.replicas, reg.isr, now_ms, recovery):
                 self._log_new_leadership(part, recovery)
+                self._wake_followers.update(r for r in reg.replicas if r != self.broker_id)
             if (part.role, part.leader_epoch, part.high_watermark) != before:
                 self._touch(tp)  # waiting requests answer with the new role or data
         return assigned
@@ -1296,17 +1306,35 @@ class ReplicationCore:
                 self._cancel_fetch(self._sessions.pop(key))
 
     def _set_session(self, key: tuple[int, int], epochs: dict[TopicPartition, int]) -> None:
+        """The session's partitions become ``epochs``. The change travels in
+        the session's next incremental fetch (new partitions named, dropped
+        ones forgotten), so it costs what changed, not the session's size.
+        The fetch out, if any, stays out: its answer applies to what it
+        still matches, and a partition it no longer matches is named again.
+        Only a partition that comes to this session by a change of leader
+        (leader epoch > 0, a failover or a preferred leader's return) is
+        fetched at once: the fetch out is dropped and the session opened
+        afresh, since acks=all writes to it wait for this follower."""
         session = self._sessions.get(key)
         if session is None:
             session = self._sessions[key] = _FollowerSession(key)
-        if epochs == session.partitions:
+        old = session.partitions
+        if epochs == old:
             return
+        removed = [tp for tp in old if tp not in epochs]
+        added = [tp for tp in epochs if tp not in old]
+        moved = [tp for tp, epoch in epochs.items() if tp in old and old[tp] != epoch]
         session.partitions = dict(epochs)
-        session.resting = {tp: t for tp, t in session.resting.items() if tp in epochs}
-        kept = [tp for tp in session.order if tp in epochs]
-        session.order = kept + sorted(set(epochs) - set(kept))
-        session.backoff_until_ms = 0
-        self._cancel_fetch(session)
+        for tp in removed:
+            session.resting.pop(tp, None)
+        if removed:
+            gone = set(removed)
+            session.order = [tp for tp in session.order if tp not in gone]
+        session.order.extend(sorted(added))
+        session.changed.update(removed, added, moved)
+        if session.in_flight is not None and any(epochs[tp] > 0 for tp in added):
+            session.backoff_until_ms = 0
+            self._cancel_fetch(session)
 
     def _cancel_fetch(self, session: _FollowerSession) -> None:
         """Drop the fetch out, if any, and the leader's session with it (it
@@ -1333,14 +1361,18 @@ class ReplicationCore:
         if session.fetch_session_epoch == OPEN_SESSION:
             session.told = {}
             looked_at = session.order
-        else:  # in the session's order when many changed (the byte budget's fairness)
-            looked_at = [tp for tp in session.order if tp in session.changed] \
-                if len(session.changed) * 8 > len(session.order) else session.changed
+        elif len(session.changed) * 8 > len(session.order):
+            # In the session's order when many changed (the byte budget's
+            # fairness); those that left the session, to be forgotten, last.
+            changed = session.changed
+            looked_at = [tp for tp in session.order if tp in changed] + \
+                [tp for tp in changed if tp not in session.partitions]
+        else:
+            looked_at = session.changed
         session.changed = set()
         told = session.told
-        # Partitions the session drops (resting after an error); a change of
-        # the session's partitions cancels the fetch out and opens a new
-        # session (_set_session), so no other partition is left behind.
+        # Partitions the session drops: resting after an error, or no longer
+        # in the session (_set_session); the leader's session forgets them.
         forgotten = []
         for tp in looked_at:
             part = self._followed(session, tp)
@@ -1453,11 +1485,12 @@ class ReplicationCore:
                 served.append(tp)
             expected = told.get(tp)
             part = self._followed(session, tp)
+            if part is None:
+                continue  # no longer fetched here: the next fetch forgets it
             if expected is None or part is not expected[0] or \
                     (part.leader_epoch, part.log_end_offset) != expected[1:3]:
-                # The partition moved on while the fetch was out (or is no
-                # longer fetched): the leader's session is told again where
-                # it is by the next fetch.
+                # The partition moved on while the fetch was out: the
+                # leader's session is told again where it is by the next fetch.
                 told.pop(tp, None)
                 continue
             try:

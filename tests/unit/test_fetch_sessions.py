@@ -8,9 +8,11 @@ from __future__ import annotations
 import pytest
 
 from api.broker.data_api import decode_fetch, render_results
-from api.broker.replication import ProduceItem, Respond, SendAlterPartition, SendFetch
+from api.broker.replication import (CancelRequest, ProduceItem, Respond, SendAlterPartition,
+                                    SendFetch)
 from kraft.image import MetadataImage
-from kraft.records import ConfigRecord, PartitionRecord, RegisterBrokerRecord, TopicRecord
+from kraft.records import (ConfigRecord, PartitionChangeRecord, PartitionRecord,
+                           RegisterBrokerRecord, TopicRecord)
 from storage.batch import build_batch
 from storage.manager import TopicPartition
 from tests.unit.test_replication_core import FOLLOWER, LAG_MS, LEADER, broker, of
@@ -253,3 +255,92 @@ def test_a_restarted_followers_old_session_never_speaks_for_it(pair, tmp_path):
     state = leader.partitions[TPS[0]].replica_states[FOLLOWER]
     assert state.log_end_offset == 0
     assert leader.partitions[TPS[0]].high_watermark == 5  # committed before; not moved by it
+
+
+# -- a session's partitions change: incrementally ------------------------------------
+
+def add_topic(meta: MetadataImage, name: str, topic_id: str, leader: int) -> None:
+    meta.apply(TopicRecord(name, topic_id), meta.offset + 1)
+    meta.apply(PartitionRecord(topic_id, 0, [LEADER, FOLLOWER], [LEADER, FOLLOWER], leader,
+                               0, 0), meta.offset + 1)
+
+
+def both_apply(pair, meta: MetadataImage, changed: dict, now_ms: int) -> None:
+    """The leader, then the follower, take the change."""
+    leader, follower = pair
+    leader.apply_image(meta, now_ms, changed)
+    follower.apply_image(meta, now_ms, changed)
+
+
+def open_session(link: Link) -> None:
+    """A session open, and an incremental fetch parked on the leader."""
+    link.send(1)
+    produce(link.leader, TPS[0], 1, 1)
+    link.answer(1)
+    fetch = link.send(2)
+    assert fetch.body["session_epoch"] == 1 and link.answer(2) is None
+
+
+def test_a_new_partition_joins_the_session_in_an_incremental_fetch(pair):
+    """A topic created while the follower's fetch waits on the leader: the
+    fetch is not dropped (no new connection, no fetch of every partition);
+    the leader answers it at once, having come to lead a partition of this
+    follower, and the next fetch names the new partition alone."""
+    leader, follower = pair
+    link = Link(leader, follower)
+    open_session(link)
+    meta = leader.image
+    add_topic(meta, "u", "id-u", LEADER)
+    both_apply(pair, meta, {"u": None}, 3)
+    actions = follower.ready()
+    assert not of(actions, CancelRequest) and not of(actions, SendFetch)
+    answer = link.answer(3)  # the leader woke the parked fetch: what it named, no records
+    assert [(r["topic"], r["partition"], r["records"]) for r in answer["partitions"]] == [
+        ("t", 0, b"")]
+    fetch = link.send(4)
+    assert fetch.body["session_epoch"] == 2 and fetch.body["session_id"] > 0
+    assert [(i["topic"], i["partition"]) for i in fetch.body["partitions"]] == [("u", 0)]
+    produce(leader, TopicPartition("u", 0), 3, 5)
+    link.answer(5)
+    assert follower.partitions[TopicPartition("u", 0)].log_end_offset == 3
+
+
+def test_a_partition_leaving_the_session_is_forgotten_and_nothing_else_refetched(pair):
+    leader, follower = pair
+    link = Link(leader, follower)
+    meta = leader.image
+    add_topic(meta, "u", "id-u", LEADER)
+    both_apply(pair, meta, {"u": None}, 0)
+    open_session(link)
+    # The follower leads u-0 now (an election): it leaves the follower's session.
+    meta.apply(PartitionChangeRecord("id-u", 0, leader=FOLLOWER), meta.offset + 1)
+    both_apply(pair, meta, {"u": {0}}, 3)
+    actions = follower.ready()
+    assert not of(actions, CancelRequest) and not of(actions, SendFetch)
+    answer = link.answer(4)  # the leader's change of role answered the fetch out
+    assert answer is not None
+    fetch = link.send(5)
+    assert fetch.body["session_epoch"] == 2
+    assert fetch.body["partitions"] == []  # nothing else moved: nothing named
+    assert fetch.body["forgotten"] == [{"topic": "u", "partition": 0}]
+    link.answer(5)
+    session = next(iter(leader._fetch_sessions.values()))  # noqa: SLF001
+    assert TopicPartition("u", 0) not in session.specs
+
+
+def test_a_partition_that_comes_by_a_change_of_leader_is_fetched_at_once(pair):
+    """acks=all writes to a partition whose leader just changed wait for its
+    followers: the fetch out is dropped and the session opened afresh."""
+    leader, follower = pair
+    link = Link(leader, follower)
+    meta = leader.image
+    add_topic(meta, "v", "id-v", FOLLOWER)  # led by the follower at first
+    both_apply(pair, meta, {"v": None}, 0)
+    open_session(link)
+    meta.apply(PartitionChangeRecord("id-v", 0, leader=LEADER), meta.offset + 1)
+    both_apply(pair, meta, {"v": {0}}, 3)
+    actions = follower.ready()
+    assert len(of(actions, CancelRequest)) == 1
+    (fetch,) = of(actions, SendFetch)
+    assert fetch.body["session_epoch"] == 0  # a new session: every partition
+    assert ("v", 0) in [(i["topic"], i["partition"]) for i in fetch.body["partitions"]]
