@@ -274,6 +274,8 @@ class MetadataQuorum(GuardedSyncObj):
         self._ids_by_address = {address: nid for nid, address in raft_addresses.items()}
         self.image_lock = threading.Lock()
         self._image = MetadataImage()
+        # The token of the last batch applied (None: none, or one without).
+        self._last_token: int | None = None
         # (offset, encoded record) of recently applied records, oldest first.
         self._history: collections.deque[tuple[int, bytes]] = collections.deque(
             maxlen=HISTORY_RECORDS_MAX)
@@ -424,10 +426,17 @@ class MetadataQuorum(GuardedSyncObj):
 
     # -- the replicated method (tick thread) ------------------------------
     @replicated
-    def apply_batch(self, expected_offset: int | None, payload: bytes) -> ApplyResult:
+    def apply_batch(self, expected_offset: int | None, payload: bytes,
+                    after: int | None = None, token: int | None = None) -> ApplyResult:
         """Apply a batch of encoded records, all or none, if the image is at
-        ``expected_offset`` (None: whatever it is; used for the no-op barrier).
-        Every replica reaches the same verdict from the same image."""
+        ``expected_offset`` (None: whatever it is; used for the no-op barrier)
+        and, for a batch computed on another batch still in flight (the
+        controller's pipeline), if the last batch applied is that one
+        (``after``, its ``token``). Offsets alone could be fooled: had that
+        batch been dropped and as many other records applied, the offset
+        would match an image the batch was not computed on. Every replica
+        reaches the same verdict from the same log (the last token is in
+        snapshots too)."""
         try:
             encoded = msgpack.unpackb(payload, raw=False)
             batch = [metadata_records.decode(item) for item in encoded]
@@ -439,6 +448,9 @@ class MetadataQuorum(GuardedSyncObj):
             if expected_offset is not None and expected_offset != image.offset:
                 return ApplyResult(ApplyStatus.STALE, image.offset,
                                    f"batch for offset {expected_offset}, image at {image.offset}")
+            if after is not None and after != self._last_token:
+                return ApplyResult(ApplyStatus.STALE, image.offset,
+                                   "the batch it was computed after was not applied")
             # One record applies atomically by itself; several go to a copy
             # that replaces the image only if all of them apply.
             target = image if len(batch) == 1 else image.copy()
@@ -451,6 +463,7 @@ class MetadataQuorum(GuardedSyncObj):
                 logger.critical("metadata batch at offset %d refused: %s", image.offset, exc)
                 return ApplyResult(ApplyStatus.INVALID, image.offset, str(exc))
             self._image = target
+            self._last_token = token
             first = target.offset - len(batch) + 1
             self._history.extend(zip(range(first, target.offset + 1), encoded))
             result = ApplyResult(ApplyStatus.APPLIED, target.offset)
@@ -476,9 +489,11 @@ class MetadataQuorum(GuardedSyncObj):
         last_entry, prev_entry = raft_data[0], raft_data[1]
         with self.image_lock:
             image = self._image.to_snapshot()
+            last_token = self._last_token
         body = msgpack.packb({
             "format": SNAPSHOT_FORMAT,
             "image": image,
+            "last_token": last_token,
             "last_entry": [bytes(last_entry[0]), last_entry[1], last_entry[2]],
             "prev_entry": [bytes(prev_entry[0]), prev_entry[1], prev_entry[2]],
         }, use_bin_type=True)
@@ -503,6 +518,7 @@ class MetadataQuorum(GuardedSyncObj):
         image = MetadataImage.from_snapshot(raw["image"])
         with self.image_lock:
             self._image = image
+            self._last_token = raw.get("last_token")  # snapshots before pipelining: none
             self._history.clear()  # a gap: brokers behind it get the snapshot
         last, prev = raw["last_entry"], raw["prev_entry"]
         logger.info("controller %d: loaded snapshot at metadata offset %d",
@@ -527,8 +543,10 @@ class MetadataQuorum(GuardedSyncObj):
         return self._ids_by_address.get(getattr(leader, "address", str(leader)))
 
     async def propose(self, batch: Sequence[metadata_records.Record],
-                      expected_offset: int | None, timeout_s: float) -> ApplyResult:
-        """Replicate ``batch`` and wait until it is applied here.
+                      expected_offset: int | None, timeout_s: float, *,
+                      after: int | None = None, token: int | None = None) -> ApplyResult:
+        """Replicate ``batch`` and wait until it is applied here (or refused:
+        see ``apply_batch`` for ``expected_offset``, ``after`` and ``token``).
 
         Raises NotControllerError if this node cannot commit (no leader,
         leadership lost) and RequestTimedOutError if it takes longer than
@@ -541,7 +559,10 @@ class MetadataQuorum(GuardedSyncObj):
 
         payload = msgpack.packb([record.encode() for record in batch], use_bin_type=True)
         self._kick.set()
-        self.apply_batch(expected_offset, payload, callback=settle)
+        if after is None and token is None:
+            self.apply_batch(expected_offset, payload, callback=settle)
+        else:
+            self.apply_batch(expected_offset, payload, after, token, callback=settle)
         try:
             result, error = await asyncio.wait_for(future, timeout_s)
         except asyncio.TimeoutError:

@@ -17,12 +17,18 @@ Writes. Requests that may write queue up for one committer task (group
 commit): it takes every request waiting, up to ``GROUP_WRITES_MAX``, lets
 the core compute each one's records in turn, each on the image the earlier
 ones leave (a scratch copy), and has the quorum commit all of them as one
-batch tagged with the committed image's offset; then it answers them all.
-While one group is being committed the next one gathers, so N concurrent
-clients share one Raft round trip instead of taking N in turn. Requests in
-one group are decided in arrival order exactly as if committed one by one.
-A batch that meets a different image (leadership moved meanwhile) is
-rejected by every replica and recomputed, at most ``WRITE_ATTEMPTS`` times.
+batch tagged with the offset of the image it was computed on; then it
+answers them all. So N concurrent clients share one Raft round trip instead
+of taking N in turn. The committer does not wait for one group to commit
+before it proposes the next (a pipeline of up to ``PIPELINE_DEPTH``): the
+next group is computed on the image the one in flight will leave, and its
+batch names that one (its token), so a replica applies it only right after
+it. Requests are decided in arrival order exactly as if committed one by
+one. A batch that meets a different image (leadership moved meanwhile) is
+rejected by every replica, and so is every batch computed on it; their
+writes are computed again, at most ``WRITE_ATTEMPTS`` times. After a batch
+whose fate is unknown (a timeout), the ones computed on it may still
+commit, and are answered so.
 
 Time. ``clock_ms`` (monotonic) is a parameter; lease expiry and periodic
 leader rebalancing are decided by the core's ``tick`` and written as records,
@@ -108,6 +114,9 @@ COMMIT_TIMEOUT_MS = 5000
 ACTIVATION_WAIT_MS = 3000
 #: Recomputations of a batch that met a different image.
 WRITE_ATTEMPTS = 3
+#: Groups of writes in flight at once: each is computed on the image the
+#: one before it leaves and proposed without waiting for it to commit.
+PIPELINE_DEPTH = 4
 #: Most write requests committed together as one batch (see ``write``), and
 #: the records a group stops taking more writes at (one Raft entry, applied
 #: under the image lock on every controller, must stay small).
@@ -202,6 +211,27 @@ class _Write:
     future: asyncio.Future
     taken: bool = False     # in a group being committed: it will be answered
     dropped: bool = False   # its caller gave up before it was taken: skip it
+    attempts: int = 0       # times computed on an image that then changed
+
+
+@dataclasses.dataclass(eq=False)
+class _Batch:
+    """A group of writes in the committer's pipeline."""
+    group: list[_Write]
+    planned: list[_Outcome]
+    records: list
+    image: MetadataImage            # the image its records leave: the next group's base
+    token: int | None               # its proposal's token (the chain's, if no records)
+    own_state: tuple                # the core's own state before it was computed
+    task: asyncio.Future | None     # its proposal; None: no records of its own
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    """A proposal's outcome is read by the committer, unless the batch was
+    given up on (one before it failed): read it here so it is never
+    reported as lost."""
+    if not task.cancelled():
+        task.exception()
 
 
 class ControllerServer:
@@ -230,6 +260,8 @@ class ControllerServer:
         # group commit's average group).
         self._writes_committed = 0
         self._write_batches = 0
+        # Batches proposed while another was still in flight (the pipeline).
+        self._pipelined_batches = 0
         # Raft term in which this node became active; None while not active.
         self._active_term: int | None = None
         self._activation: asyncio.Task | None = None
@@ -426,88 +458,173 @@ class ControllerServer:
             raise
 
     async def _commit_loop(self) -> None:
-        """The committer: takes the waiting writes, a group at a time."""
+        """The committer: takes the waiting writes, a group at a time, and
+        keeps up to ``PIPELINE_DEPTH`` groups in flight (see the module doc)."""
         while not self._stopping:
             if not self._writes:
                 self._writes_waiting.clear()
                 await self._writes_waiting.wait()
                 continue
-            group: list[_Write] = []
-            while self._writes and len(group) < GROUP_WRITES_MAX:
-                entry = self._writes.popleft()
-                if not entry.dropped and not entry.future.done():
-                    entry.taken = True
-                    group.append(entry)
-            if not group:
-                continue
+            in_flight: collections.deque[_Batch] = collections.deque()
             try:
                 async with self._write_lock:  # the activation barrier takes it too
-                    await self._commit_group(group)
-            except KraftError as exc:
-                for entry in (e for e in group if e.taken):  # not those put back
-                    _settle(entry.future, error=exc)
+                    await self._run_pipeline(in_flight)
             except asyncio.CancelledError:
-                for entry in (e for e in group if e.taken):  # may be in flight: may commit
-                    _settle(entry.future, error=RequestTimedOutError(
-                        "the controller stopped while committing; the change may still be "
-                        "applied: check before retrying"))
+                for batch in in_flight:  # may be in flight: may commit
+                    for entry in batch.group:
+                        _settle(entry.future, error=RequestTimedOutError(
+                            "the controller stopped while committing; the change may still "
+                            "be applied: check before retrying"))
                 raise
             except Exception as exc:
-                logger.exception("controller %d: committing %d writes failed",
-                                 self.config.node_id, len(group))
-                for entry in (e for e in group if e.taken):
-                    _settle(entry.future, error=UnknownServerError(
-                        f"the controller failed to commit: {exc}"))
+                logger.exception("controller %d: the committer failed", self.config.node_id)
+                for batch in in_flight:
+                    for entry in batch.group:
+                        _settle(entry.future, error=UnknownServerError(
+                            f"the controller failed to commit: {exc}"))
 
-    async def _commit_group(self, group: list[_Write]) -> None:
-        """Compute each write's records on the image the previous ones leave,
-        commit them all as one batch, and answer each write."""
-        for _ in range(WRITE_ATTEMPTS):
-            # (Not those answered already, nor those put back for the next group.)
-            group[:] = [entry for entry in group if entry.taken and not entry.future.done()]
-            if not group:
+    def _take_group(self) -> list[_Write]:
+        group: list[_Write] = []
+        while self._writes and len(group) < GROUP_WRITES_MAX:
+            entry = self._writes.popleft()
+            if not entry.dropped and not entry.future.done():
+                entry.taken = True
+                group.append(entry)
+        return group
+
+    def _put_back(self, entries: list[_Write]) -> None:
+        """Writes to compute again, first in line, in their order; one that
+        met a changed image ``WRITE_ATTEMPTS`` times is refused."""
+        for entry in reversed(entries):
+            if entry.future.done():
+                continue
+            entry.attempts += 1
+            if entry.attempts >= WRITE_ATTEMPTS:
+                _settle(entry.future, error=self.not_controller(
+                    "metadata kept changing underneath"))
+                continue
+            entry.taken = False
+            self._writes.appendleft(entry)
+
+    async def _run_pipeline(self, in_flight: "collections.deque[_Batch]") -> None:
+        """Start groups while there is room and writes wait, each computed
+        on the image the one before leaves and proposed at once; finish
+        them in order as they are applied. Returns with nothing in flight
+        and nothing waiting."""
+        while True:
+            while self._writes and len(in_flight) < PIPELINE_DEPTH:
+                group = self._take_group()
+                if not group:
+                    continue
+                if not self.is_active:
+                    error = self.not_controller("lost leadership")
+                    for entry in group:
+                        _settle(entry.future, error=error)
+                    continue
+                batch = self._start_batch(group, in_flight[-1] if in_flight else None)
+                if batch is not None:
+                    in_flight.append(batch)
+            if not in_flight:
+                if not self._writes:
+                    return
+                continue
+            oldest = in_flight[0]
+            if oldest.task is not None and not oldest.task.done():
+                waits: set[asyncio.Future] = {oldest.task}
+                waiter = None
+                if len(in_flight) < PIPELINE_DEPTH:
+                    self._writes_waiting.clear()
+                    if self._writes:
+                        continue
+                    waiter = asyncio.ensure_future(self._writes_waiting.wait())
+                    waits.add(waiter)
+                try:
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if waiter is not None:
+                        waiter.cancel()
+                if not oldest.task.done():
+                    continue  # more writes came: start them first
+            in_flight.popleft()
+            self._finish_batch(oldest, in_flight)
+
+    def _start_batch(self, group: list[_Write], previous: "_Batch | None") -> "_Batch | None":
+        """Compute ``group`` on the image ``previous`` leaves (the committed
+        one if None) and propose its records; None if nothing is left to
+        commit (all answered, or put back)."""
+        own_state = self.core.own_state()
+        base = previous.image if previous is not None else None
+        planned, records, expected_offset, image = self._compute_group(group, base)
+        if planned is None:
+            self.core.restore_own_state(own_state)
+            self._put_back([entry for entry in group if entry.taken])
+            return None
+        chain = previous.token if previous is not None else None
+        if not records:
+            if not planned:
+                return None
+            # Decided on records still in flight: answered when they apply.
+            return _Batch(group, planned, [], image, chain, own_state, None)
+        token = int.from_bytes(os.urandom(8), "big") >> 1
+        if previous is not None:
+            self._pipelined_batches += 1
+        task = asyncio.ensure_future(self.quorum.propose(
+            records, expected_offset, COMMIT_TIMEOUT_MS / 1000, after=chain, token=token))
+        task.add_done_callback(_retrieve)
+        return _Batch(group, planned, records, image, token, own_state, task)
+
+    def _finish_batch(self, batch: "_Batch", rest: "collections.deque[_Batch]") -> None:
+        """Answer the writes of ``batch``, the oldest in flight, now that it
+        is decided. If it did not apply, neither will the ones computed on
+        it (``rest``): those of a refused batch are computed again; after
+        one whose fate is unknown (a timeout, leadership moving), they may
+        still apply, and are answered so."""
+        if batch.task is None:
+            outcome = None  # no records: the batch before it applied
+        else:
+            try:
+                outcome = batch.task.result()
+            except KraftError as exc:
+                for later in [batch, *rest]:
+                    for entry in later.group:
+                        if entry.taken:
+                            _settle(entry.future, error=exc)
+                rest.clear()
                 return
-            if not self.is_active:
-                raise self.not_controller("lost leadership")
-            # Computing may change the core's own state (leases): put back
-            # if the records are computed again. (Writes answered meanwhile,
-            # heartbeats changing nothing, lose their renewal: the next one
-            # renews it.)
-            own_state = self.core.own_state()
-            planned, records, expected_offset = self._compute_group(group)
-            if planned is None:
-                self.core.restore_own_state(own_state)
-                continue  # a write's records did not apply: compute the rest afresh
-            if records:
-                outcome = await self.quorum.propose(records, expected_offset,
-                                                    COMMIT_TIMEOUT_MS / 1000)
+            if outcome.status is not ApplyStatus.APPLIED:
+                self.core.restore_own_state(batch.own_state)
                 if outcome.status is ApplyStatus.INVALID:
-                    raise UnknownServerError(f"metadata batch refused: {outcome.detail}")
-                if outcome.status is not ApplyStatus.APPLIED:
+                    error = UnknownServerError(f"metadata batch refused: {outcome.detail}")
+                    for entry in batch.group:
+                        _settle(entry.future, error=error)
+                    retry = [e for later in rest for e in later.group if e.taken]
+                else:
                     logger.info("controller %d: recomputing a batch (%s)",
                                 self.config.node_id, outcome.detail)
-                    self.core.restore_own_state(own_state)
-                    continue
-                self._write_batches += 1
-                self._writes_committed += sum(1 for outcome in planned if outcome.wrote)
-            for outcome in planned:
-                if outcome.error is not None:
-                    _settle(outcome.entry.future, error=outcome.error)
-                    continue
-                if isinstance(outcome.response, dict):
-                    outcome.response["metadata_offset"] = outcome.offset
-                _settle(outcome.entry.future, result=outcome.response)
-            return
-        raise self.not_controller("metadata kept changing underneath")
+                    retry = [e for later in [batch, *rest] for e in later.group if e.taken]
+                rest.clear()
+                self._put_back(retry)
+                return
+            self._write_batches += 1
+            self._writes_committed += sum(1 for planned in batch.planned if planned.wrote)
+        for planned in batch.planned:
+            if planned.error is not None:
+                _settle(planned.entry.future, error=planned.error)
+                continue
+            if isinstance(planned.response, dict):
+                planned.response["metadata_offset"] = planned.offset
+            _settle(planned.entry.future, result=planned.response)
 
-    def _compute_group(self, group: list[_Write]
-                       ) -> tuple[list[_Outcome] | None, list, int]:
+    def _compute_group(self, group: list[_Write], pending: MetadataImage | None = None
+                       ) -> tuple[list[_Outcome] | None, list, int, MetadataImage]:
         """The outcome of each write to answer once the group's records are
-        committed, those records, and the offset they follow. A write
-        decided on the committed image alone (none before it in the group
-        wrote anything) and writing nothing is answered here and now,
-        refusals too: it depends on nothing uncommitted. One decided on the
-        scratch image waits for the commit, refused or not (it is decided
+        committed, those records, the offset they follow, and the image
+        they leave. Computed on ``pending`` (the image a batch still in
+        flight leaves) or, if None, on the committed image. A write decided
+        on the committed image alone (none before it in the group wrote
+        anything) and writing nothing is answered here and now, refusals
+        too: it depends on nothing uncommitted. One decided on a scratch or
+        pending image waits for the commit, refused or not (it is decided
         again if the batch is recomputed). None instead of the outcomes if
         a write's records did not apply: a bug, answered as such; the
         scratch image is then spoilt and the rest is computed afresh. Writes
@@ -515,8 +632,9 @@ class ControllerServer:
         planned: list[_Outcome] = []
         records: list = []
         with self.quorum.image_lock:
-            base = image = self.quorum.image
-            scratch: MetadataImage | None = None
+            base = image = self.quorum.image if pending is None else pending
+            # A pending image is as uncommitted as a scratch one.
+            scratch: MetadataImage | None = pending
             for index, entry in enumerate(group):
                 if len(records) >= GROUP_RECORDS_MAX:
                     for later in reversed(group[index:]):  # the next group's, first
@@ -544,7 +662,7 @@ class ControllerServer:
                     else:
                         planned.append(_Outcome(entry, result.response, image.offset, False))
                     continue
-                if scratch is None:
+                if scratch is None or scratch is pending:
                     scratch = image = base.copy()
                 try:
                     for record in result.records:  # as every replica will
@@ -554,10 +672,10 @@ class ControllerServer:
                                      self.config.node_id)
                     _settle(entry.future, error=UnknownServerError(
                         f"metadata batch refused: {exc}"))
-                    return None, [], base.offset
+                    return None, [], base.offset, base
                 records.extend(result.records)
                 planned.append(_Outcome(entry, result.response, image.offset, True))
-            return planned, records, base.offset
+            return planned, records, base.offset, image
 
     def _writer(self, pick: Callable[[Controller], Callable[[MetadataImage, dict], Any]]):
         async def handle(request: web.Request) -> web.Response:
@@ -750,7 +868,8 @@ class ControllerServer:
         status = self.quorum.status()
         status["active"] = self.is_active
         status["writes"] = {"committed": self._writes_committed,
-                            "batches": self._write_batches}
+                            "batches": self._write_batches,
+                            "pipelined": self._pipelined_batches}
         leader_id = status["leader_id"]
         status["leader_url"] = self.config.voters[leader_id].url \
             if leader_id in self.config.voters else None

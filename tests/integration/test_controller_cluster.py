@@ -145,6 +145,9 @@ def test_concurrent_writes_commit_together_and_are_decided_as_if_one_by_one(clus
     batches = after["batches"] - before["batches"]
     assert writes >= 31  # 30 names and one of the colliding pair (plus any heartbeats)
     assert batches < writes, f"{writes} writes in {batches} batches: nothing was grouped"
+    # The pipeline: groups proposed while the one before was in flight,
+    # computed on the image it leaves (and still decided as above).
+    assert after["pipelined"] > before["pipelined"], (before, after)
 
 
 def test_a_killed_broker_is_fenced_at_once_and_loses_its_leaderships(tmp_path):

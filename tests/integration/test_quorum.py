@@ -100,6 +100,62 @@ async def test_a_batch_computed_on_another_image_is_refused_everywhere(tmp_path,
                 assert sorted(q.image.topics) == ["first"]
 
 
+async def test_a_pipelined_batch_applies_only_right_after_the_one_it_was_computed_on(
+        tmp_path, addresses):
+    """The controller proposes a batch computed on another still in flight
+    (``after`` its token). Offsets alone are not enough: if that one is
+    refused and as many other records apply, the offset matches an image
+    the batch was not computed on. Every replica refuses it alike."""
+    with running(tmp_path, addresses) as quorums:
+        leader = await leader_of(quorums)
+        base = offset_of(leader)
+        first = [TopicRecord("a", "id-a")]
+        # In flight together: b is computed on the image a leaves.
+        a, b = await asyncio.gather(
+            leader.propose(first, base, 5, token=11),
+            leader.propose([TopicRecord("b", "id-b")], base + 1, 5, after=11, token=12))
+        assert (a.status, b.status) == (ApplyStatus.APPLIED, ApplyStatus.APPLIED)
+        # The ABA case: x (token 21) is refused (a stale offset), then one
+        # other record applies, so the image reaches the offset y expects.
+        at = offset_of(leader)
+        x, other, y = await asyncio.gather(
+            leader.propose([TopicRecord("x", "id-x")], at - 1, 5, token=21),
+            leader.propose([TopicRecord("other", "id-other")], at, 5),
+            leader.propose([TopicRecord("y", "id-y")], at + 1, 5, after=21, token=22))
+        assert x.status is ApplyStatus.STALE and other.status is ApplyStatus.APPLIED
+        assert y.status is ApplyStatus.STALE, "applied on an image it was not computed on"
+        await wait_for(lambda: all(offset_of(q) == offset_of(leader) for q in quorums), 5,
+                       "followers to apply")
+        for q in quorums:
+            with q.image_lock:
+                assert sorted(q.image.topics) == ["a", "b", "other"]
+
+
+async def test_a_snapshot_keeps_the_last_batch_token(tmp_path):
+    """A replica restored from a snapshot must judge the next pipelined
+    batch as the others do."""
+    addresses = {1: f"127.0.0.1:{free_port()}"}
+    settings = RaftSettings(election_timeout_ms=200, fetch_timeout_ms=1000,
+                            snapshot_min_entries=4)
+    (quorum,) = make_quorums(tmp_path, addresses, settings)
+    try:
+        leader = await leader_of([quorum])
+        for i in range(8):
+            await leader.propose([TopicRecord(f"t{i}", f"id-{i}")], offset_of(leader), 5,
+                                 token=100 + i)
+        await wait_for(lambda: os.path.exists(tmp_path / "c1" / "raft.snapshot"), 10,
+                       "a snapshot")
+        with open(tmp_path / "c1" / "raft.snapshot", "rb") as f:
+            raw = msgpack.unpackb(f.read(), raw=False)
+        assert raw["last_token"] in range(100, 108)
+        quorum.stop()
+        (quorum,) = make_quorums(tmp_path, addresses, settings)
+        quorum._read_snapshot(str(tmp_path / "c1" / "raft.snapshot"))  # noqa: SLF001
+        assert quorum._last_token == raw["last_token"]  # noqa: SLF001
+    finally:
+        quorum.stop()
+
+
 async def test_an_undecodable_batch_changes_nothing(tmp_path, addresses):
     with running(tmp_path, addresses) as quorums:
         leader = await leader_of(quorums)
