@@ -213,7 +213,10 @@ def _read_line(worker: subprocess.Popen, deadline: float) -> str:
     ready, _, _ = select.select([worker.stdout], [], [], max(0.0, deadline - time.monotonic()))
     if not ready:
         raise RuntimeError(f"worker {worker.pid} said nothing in time")
-    return worker.stdout.readline()
+    line = worker.stdout.readline()
+    if not line:
+        raise RuntimeError(f"worker {worker.pid} exited")
+    return line
 
 
 # -- the broker, measured from outside ----------------------------------------------

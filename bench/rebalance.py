@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import json
 import os
-import select
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ import urllib.parse
 from typing import Any
 
 from api.table import format_table
+from bench.clients import _read_line
 from chaos.cluster import REPO_ROOT, ProcessCluster, http_json, wait_until
 
 TOPIC = "bench-rebalance"
@@ -215,18 +215,6 @@ class Group:
             except subprocess.TimeoutExpired:
                 worker.kill()
                 worker.wait()
-
-
-def _read_line(worker: subprocess.Popen, deadline: float) -> str:
-    """The worker's next line (it answers one line per command, then
-    waits), or an error once ``deadline`` passed."""
-    ready, _, _ = select.select([worker.stdout], [], [], max(0.0, deadline - time.monotonic()))
-    if not ready:
-        raise RuntimeError(f"worker {worker.pid} said nothing in time")
-    line = worker.stdout.readline()
-    if not line:
-        raise RuntimeError(f"worker {worker.pid} exited")
-    return line
 
 
 def _overlaps(events: list[list]) -> list[str]:
