@@ -76,6 +76,11 @@ ALTER_PARTITION_TIMEOUT_MS = 5000
 FETCH_TIMEOUT_SLACK_MS = 10_000
 #: Longest long-poll of a fetch, whatever the request asks.
 FETCH_WAIT_MS_MAX = 30_000
+#: A follower's fetch that has yet to name partitions this leader came to
+#: lead waits at most EXPECTED_WAIT_MS (it will soon hear of them), for
+#: EXPECTED_WINDOW_MS after the leadership at most.
+EXPECTED_WAIT_MS = 20
+EXPECTED_WINDOW_MS = 2000
 #: Logs opened (created or read from disk) per pass over a metadata change;
 #: the rest wait for the next pass, right after the event loop's other work.
 NEW_LOGS_PER_PASS = 16
@@ -408,6 +413,11 @@ class ReplicationCore:
         # fetches waiting here are answered at once, so their next fetch
         # (incremental) names the new partitions without waiting out a poll.
         self._wake_followers: set[int] = set()
+        # Those partitions, per follower, until its session names them (or
+        # EXPECTED_WINDOW_MS passes): a follower that hears of them after
+        # this broker does sends a fetch without them first, which must not
+        # wait out a whole poll either (it waits EXPECTED_WAIT_MS at most).
+        self._expected_from: dict[int, dict[TopicPartition, int]] = {}
         self._parked_fetches: dict[int, _ParkedFetch] = {}
         self._parked_produces: dict[int, _ParkedProduce] = {}
         # Followers' fetch sessions on this leader, and by partition.
@@ -735,7 +745,11 @@ class ReplicationCore:
             if part.update(reg.leader, reg.leader_epoch, reg.partition_epoch,
                            reg.replicas, reg.isr, now_ms, recovery):
                 self._log_new_leadership(part, recovery)
-                self._wake_followers.update(r for r in reg.replicas if r != self.broker_id)
+                for replica in reg.replicas:
+                    if replica != self.broker_id:
+                        self._wake_followers.add(replica)
+                        self._expected_from.setdefault(replica, {})[tp] = \
+                            now_ms + EXPECTED_WINDOW_MS
             if (part.role, part.leader_epoch, part.high_watermark) != before:
                 self._touch(tp)  # waiting requests answer with the new role or data
         return assigned
@@ -1028,6 +1042,8 @@ class ReplicationCore:
                     self._forget_in_session(session, request.specs[i].tp)
         to_read = [spec for i, spec in enumerate(request.specs) if i not in answered]
         wait_ms = min(request.max_wait_ms, FETCH_WAIT_MS_MAX)
+        if session is not None and self._still_expected(request.replica_id, request, now_ms):
+            wait_ms = min(wait_ms, EXPECTED_WAIT_MS)
         parked = _ParkedFetch(request_id, request, answered, to_read, now_ms + wait_ms,
                               session)
         if not self._answer_fetch(parked, final=wait_ms <= 0):
@@ -1120,6 +1136,9 @@ class ReplicationCore:
         closes that fetcher's others, and a partition named by one is
         forgotten by the follower's others. Sessions unused for
         FETCH_SESSION_IDLE_MS are closed."""
+        for replica_id, expected in list(self._expected_from.items()):
+            if all(until <= now_ms for until in expected.values()):
+                del self._expected_from[replica_id]  # one that stopped fetching
         for session in list(self._fetch_sessions.values()):
             if now_ms - session.last_fetch_ms > FETCH_SESSION_IDLE_MS:
                 self._close_fetch_session(session)
@@ -1131,6 +1150,21 @@ class ReplicationCore:
                     if part.is_leader and part.record_follower_fetch(
                             session.replica_id, spec.offset, session.last_fetch_ms):
                         self._touch(tp)
+
+    def _still_expected(self, replica_id: int, request: FetchRequest, now_ms: int) -> bool:
+        """Whether follower ``replica_id`` has yet to name partitions this
+        broker came to lead lately (those it names now are crossed off)."""
+        expected = self._expected_from.get(replica_id)
+        if not expected:
+            return False
+        for spec in request.specs:
+            expected.pop(spec.tp, None)
+        for tp in [tp for tp, until in expected.items() if until <= now_ms]:
+            del expected[tp]
+        if not expected:
+            del self._expected_from[replica_id]
+            return False
+        return True
 
     def _answer_fetch(self, parked: _ParkedFetch, final: bool) -> bool:
         """Read; answer if there is enough (or ``final``). True if answered."""
@@ -1332,7 +1366,13 @@ class ReplicationCore:
             session.order = [tp for tp in session.order if tp not in gone]
         session.order.extend(sorted(added))
         session.changed.update(removed, added, moved)
-        if session.in_flight is not None and any(epochs[tp] > 0 for tp in added):
+        # A partition whose log left this broker (reassigned away) must not
+        # stay in the leader's session: if it came back, with a new and
+        # empty log in the same leader epoch, the leader would count this
+        # follower at the old log end (its ISR check trusts the session).
+        # A new session closes the old one.
+        dropped = any(tp not in self.partitions for tp in removed)
+        if dropped or (session.in_flight is not None and any(epochs[tp] > 0 for tp in added)):
             session.backoff_until_ms = 0
             self._cancel_fetch(session)
 

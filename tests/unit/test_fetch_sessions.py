@@ -12,7 +12,7 @@ from api.broker.replication import (CancelRequest, ProduceItem, Respond, SendAlt
                                     SendFetch)
 from kraft.image import MetadataImage
 from kraft.records import (ConfigRecord, PartitionChangeRecord, PartitionRecord,
-                           RegisterBrokerRecord, TopicRecord)
+                           RegisterBrokerRecord, TopicRecord, UnfenceBrokerRecord)
 from storage.batch import build_batch
 from storage.manager import TopicPartition
 from tests.unit.test_replication_core import FOLLOWER, LAG_MS, LEADER, broker, of
@@ -344,3 +344,67 @@ def test_a_partition_that_comes_by_a_change_of_leader_is_fetched_at_once(pair):
     (fetch,) = of(actions, SendFetch)
     assert fetch.body["session_epoch"] == 0  # a new session: every partition
     assert ("v", 0) in [(i["topic"], i["partition"]) for i in fetch.body["partitions"]]
+
+
+def unfence(meta: MetadataImage) -> None:
+    for b in (LEADER, FOLLOWER):
+        meta.apply(UnfenceBrokerRecord(b, meta.brokers[b].broker_epoch), meta.offset + 1)
+
+
+def test_a_follower_reassigned_away_and_back_is_not_counted_at_its_old_log_end(pair):
+    """The follower is moved off t-0 and back (same leader: the leader epoch
+    stays 0) while its fetch waits on the leader. Its new log is empty; the
+    leader's session must not still hold it at its old log end, or the ISR
+    check would take an empty replica into the ISR as caught up. (Found by
+    a second reading of the incremental session changes.)"""
+    leader, follower = pair
+    link = Link(leader, follower)
+    meta = leader.image
+    unfence(meta)
+    both_apply(pair, meta, None, 0)
+    link.send(1)
+    produce(leader, TPS[0], 5, 1)
+    link.answer(1)  # open; the follower has t-0 at 5
+    link.send(2)  # names t-0 at 5; parks
+    assert link.answer(2) is None
+    meta.apply(PartitionChangeRecord("id-1", 0, replicas=[LEADER], isr=[LEADER]),
+               meta.offset + 1)
+    both_apply(pair, meta, {"t": {0}}, 3)
+    link.send(3)
+    link.answer(3)
+    assert TPS[0] not in follower.partitions
+    meta.apply(PartitionChangeRecord("id-1", 0, replicas=[LEADER, FOLLOWER], isr=[LEADER]),
+               meta.offset + 1)
+    both_apply(pair, meta, {"t": {0}}, 4)
+    assert follower.partitions[TPS[0]].log_end_offset == 0  # a new, empty log
+    link.send(4)
+    assert leader.partitions[TPS[0]].leader_epoch == 0
+    leader.tick(5)  # the ISR check, and its refresh of the fetch sessions
+    proposals = of(leader.ready(), SendAlterPartition)
+    assert not [p for p in proposals if FOLLOWER in p.body["new_isr"]], proposals
+    assert leader.partitions[TPS[0]].replica_states[FOLLOWER].log_end_offset in (-1, 0)
+
+
+def test_a_new_partition_is_fetched_soon_when_the_leader_hears_of_it_first(pair):
+    """The leader applies the new topic first: its wake answers the
+    follower's waiting fetch before the follower knows of u-0, so the
+    follower's next fetch does not name it. That fetch must not wait out a
+    whole poll (500 ms): u-0, and an acks=all write to it, would wait too."""
+    leader, follower = pair
+    link = Link(leader, follower)
+    open_session(link)
+    meta = leader.image
+    add_topic(meta, "u", "id-u", LEADER)
+    leader.apply_image(meta, 3, {"u": None})  # the leader first: wakes the follower
+    link.answer(3)
+    link.send(3)  # the follower does not know u-0 yet
+    link.answer(3)
+    follower.apply_image(meta, 4, {"u": None})
+    u0 = TopicPartition("u", 0)
+    produce(leader, u0, 1, 5, acks=-1)
+    for now in range(5, 100, 10):
+        link.send(now)
+        link.answer(now)
+        leader.tick(now)
+        link.answer(now)
+    assert follower.partitions[u0].log_end_offset == 1, "u-0 not fetched within 100 ms"
