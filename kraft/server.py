@@ -471,17 +471,19 @@ class ControllerServer:
                     await self._run_pipeline(in_flight)
             except asyncio.CancelledError:
                 for batch in in_flight:  # may be in flight: may commit
-                    for entry in batch.group:
+                    for entry in (e for e in batch.group if e.taken):
                         _settle(entry.future, error=RequestTimedOutError(
                             "the controller stopped while committing; the change may still "
                             "be applied: check before retrying"))
                 raise
             except Exception as exc:
                 logger.exception("controller %d: the committer failed", self.config.node_id)
-                for batch in in_flight:
+                for batch in in_flight:  # proposed: they may still commit
                     for entry in batch.group:
-                        _settle(entry.future, error=UnknownServerError(
-                            f"the controller failed to commit: {exc}"))
+                        if entry.taken:
+                            _settle(entry.future, error=RequestTimedOutError(
+                                f"the controller failed while committing ({exc}); the change "
+                                "may still be applied: check before retrying"))
 
     def _take_group(self) -> list[_Write]:
         group: list[_Write] = []
@@ -521,7 +523,20 @@ class ControllerServer:
                     for entry in group:
                         _settle(entry.future, error=error)
                     continue
-                batch = self._start_batch(group, in_flight[-1] if in_flight else None)
+                own_state = None
+                try:
+                    own_state = self.core.own_state()
+                    batch = self._start_batch(group, in_flight[-1] if in_flight else None)
+                except Exception as exc:  # a bug: this group alone fails, nothing was proposed
+                    logger.exception("controller %d: computing %d writes failed",
+                                     self.config.node_id, len(group))
+                    if own_state is not None:
+                        self.core.restore_own_state(own_state)
+                    for entry in group:
+                        if entry.taken:
+                            _settle(entry.future, error=UnknownServerError(
+                                f"the controller failed to compute the change: {exc}"))
+                    continue
                 if batch is not None:
                     in_flight.append(batch)
             if not in_flight:
@@ -584,7 +599,11 @@ class ControllerServer:
         else:
             try:
                 outcome = batch.task.result()
-            except KraftError as exc:
+            except Exception as exc:
+                if not isinstance(exc, KraftError):  # never reached the quorum: a bug
+                    logger.exception("controller %d: proposing a batch failed",
+                                     self.config.node_id)
+                    exc = UnknownServerError(f"the controller failed to commit: {exc}")
                 for later in [batch, *rest]:
                     for entry in later.group:
                         if entry.taken:
@@ -596,7 +615,8 @@ class ControllerServer:
                 if outcome.status is ApplyStatus.INVALID:
                     error = UnknownServerError(f"metadata batch refused: {outcome.detail}")
                     for entry in batch.group:
-                        _settle(entry.future, error=error)
+                        if entry.taken:
+                            _settle(entry.future, error=error)
                     retry = [e for later in rest for e in later.group if e.taken]
                 else:
                     logger.info("controller %d: recomputing a batch (%s)",
@@ -640,6 +660,7 @@ class ControllerServer:
                     for later in reversed(group[index:]):  # the next group's, first
                         later.taken = False
                         self._writes.appendleft(later)
+                    del group[index:]  # no longer this group's: in no other batch twice
                     break
                 try:
                     result = entry.compute(image)
