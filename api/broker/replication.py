@@ -340,7 +340,7 @@ class _FollowerSession:
         # The order partitions are asked for in: those that just returned
         # data go to the back, so a busy partition cannot starve the others
         # of the response budget (only the first with data may exceed it).
-        self.order: list[TopicPartition] = []
+        self.order: dict[TopicPartition, None] = {}
         self.in_flight: _FetchInFlight | None = None
         # After a failure to reach the leader, no fetch before this time.
         self.backoff_until_ms = 0
@@ -1313,7 +1313,8 @@ class ReplicationCore:
                 self._set_session(key, epochs)
             return
         ready = self.lifecycle.fetch_ready
-        touched: dict[tuple[int, int], dict[TopicPartition, int]] = {}
+        # Per session: partitions removed, added, and in a new leader epoch.
+        changes: dict[tuple[int, int], tuple[list, list, list]] = {}
         for tp in only:
             part = self.partitions.get(tp)
             want = None
@@ -1323,32 +1324,29 @@ class ReplicationCore:
             old = None if old_key is None else (old_key, self._sessions[old_key].partitions[tp])
             if want == old:
                 continue
-            if old_key is not None:
-                epochs = touched.setdefault(old_key, dict(self._sessions[old_key].partitions))
-                del epochs[tp]
+            if old_key is not None and (want is None or want[0] != old_key):
+                del self._sessions[old_key].partitions[tp]
                 del self._session_key_of[tp]
+                changes.setdefault(old_key, ([], [], []))[0].append(tp)
             if want is not None:
                 key, epoch = want
                 session = self._sessions.get(key)
-                epochs = touched.setdefault(key, dict(session.partitions) if session else {})
-                epochs[tp] = epoch
+                if session is None:
+                    session = self._sessions[key] = _FollowerSession(key)
+                session.partitions[tp] = epoch
                 self._session_key_of[tp] = key
-        for key, epochs in touched.items():
-            if epochs:
-                self._set_session(key, epochs)
-            elif key in self._sessions:
+                changes.setdefault(key, ([], [], []))[2 if key == old_key else 1].append(tp)
+        for key, (removed, added, moved) in changes.items():
+            session = self._sessions[key]
+            if session.partitions:
+                self._partitions_changed(session, removed, added, moved)
+            else:
                 self._cancel_fetch(self._sessions.pop(key))
 
     def _set_session(self, key: tuple[int, int], epochs: dict[TopicPartition, int]) -> None:
-        """The session's partitions become ``epochs``. The change travels in
-        the session's next incremental fetch (new partitions named, dropped
-        ones forgotten), so it costs what changed, not the session's size.
-        The fetch out, if any, stays out: its answer applies to what it
-        still matches, and a partition it no longer matches is named again.
-        Only a partition that comes to this session by a change of leader
-        (leader epoch > 0, a failover or a preferred leader's return) is
-        fetched at once: the fetch out is dropped and the session opened
-        afresh, since acks=all writes to it wait for this follower."""
+        """The session's partitions become ``epochs`` (a walk of every
+        partition; a metadata change goes through ``_partitions_changed``
+        with what it changed alone)."""
         session = self._sessions.get(key)
         if session is None:
             session = self._sessions[key] = _FollowerSession(key)
@@ -1359,12 +1357,25 @@ class ReplicationCore:
         added = [tp for tp in epochs if tp not in old]
         moved = [tp for tp, epoch in epochs.items() if tp in old and old[tp] != epoch]
         session.partitions = dict(epochs)
+        self._partitions_changed(session, removed, added, moved)
+
+    def _partitions_changed(self, session: _FollowerSession, removed: list, added: list,
+                            moved: list) -> None:
+        """The session's partitions changed (``session.partitions`` is the
+        new set): the change travels in its next incremental fetch (new
+        partitions named, dropped ones forgotten), so it costs what changed,
+        not the session's size. The fetch out, if any, stays out: its answer
+        applies to what it still matches, and a partition it no longer
+        matches is named again. Only a partition that comes to this session
+        by a change of leader (leader epoch > 0, a failover or a preferred
+        leader's return) is fetched at once: the fetch out is dropped and
+        the session opened afresh, since acks=all writes to it wait for this
+        follower."""
         for tp in removed:
             session.resting.pop(tp, None)
-        if removed:
-            gone = set(removed)
-            session.order = [tp for tp in session.order if tp not in gone]
-        session.order.extend(sorted(added))
+            session.order.pop(tp, None)
+        for tp in sorted(added):
+            session.order[tp] = None
         session.changed.update(removed, added, moved)
         # A partition whose log left this broker (reassigned away) must not
         # stay in the leader's session: if it came back, with a new and
@@ -1372,7 +1383,8 @@ class ReplicationCore:
         # follower at the old log end (its ISR check trusts the session).
         # A new session closes the old one.
         dropped = any(tp not in self.partitions for tp in removed)
-        if dropped or (session.in_flight is not None and any(epochs[tp] > 0 for tp in added)):
+        if dropped or (session.in_flight is not None
+                       and any(session.partitions[tp] > 0 for tp in added)):
             session.backoff_until_ms = 0
             self._cancel_fetch(session)
 
@@ -1400,7 +1412,7 @@ class ReplicationCore:
         items, sent = [], {}
         if session.fetch_session_epoch == OPEN_SESSION:
             session.told = {}
-            looked_at = session.order
+            looked_at = list(session.order)
         elif len(session.changed) * 8 > len(session.order):
             # In the session's order when many changed (the byte budget's
             # fairness); those that left the session, to be forgotten, last.
@@ -1540,10 +1552,9 @@ class ReplicationCore:
                                  self.broker_id, tp, session.leader_id)
                 self._rest(session, tp, now_ms + PARTITION_BACKOFF_MS)
             self._touch(tp)
-        if served:
-            moved = set(served)
-            session.order = [tp for tp in session.order if tp not in moved] + \
-                [tp for tp in served if tp in session.partitions]
+        for tp in served:  # to the back of the line
+            if session.order.pop(tp, False) is None:
+                session.order[tp] = None
         self._after_event(now_ms)
 
     def _apply_fetched(self, session: _FollowerSession, part: Partition, result: dict,
