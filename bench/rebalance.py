@@ -43,6 +43,7 @@ from typing import Any
 from api.table import format_table
 from bench.clients import _read_line
 from chaos.cluster import REPO_ROOT, ProcessCluster, http_json, wait_until
+from chaos.local_cluster import ClusterError, parse_settings
 
 TOPIC = "bench-rebalance"
 GROUP = "bench-rebalance"
@@ -86,13 +87,11 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             print(f"--{name} must be at least 1", file=sys.stderr)
             return 2
-    settings: dict[str, Any] = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            print(f"--set {item!r}: expected KEY=VALUE", file=sys.stderr)
-            return 2
-        settings[key.strip()] = value.strip()
+    try:
+        settings = parse_settings(args.set)
+    except ClusterError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     processes = min(args.processes, args.members)
     with tempfile.TemporaryDirectory(prefix="kraftlog-bench-rebalance-", dir=args.dir) as work, \
             ProcessCluster(os.path.join(work, "cluster"), controllers=1, brokers=BROKERS,
