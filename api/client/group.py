@@ -285,7 +285,10 @@ class GroupMember:
                     logger.info("group %s: the coordinator has no watches; heartbeats alone "
                                 "will do", self.group_id)
                     return
-                self._wake.set()   # the heartbeat says what is wrong
+                if exc.code in REJOIN_CODES:
+                    self._wake.set()  # removed meanwhile: the heartbeat rejoins now
+                # Otherwise the next watch follows the next regular heartbeat:
+                # a watch that keeps failing never hurries the heartbeats.
                 continue
             except Exception:
                 logger.exception("group %s: watch loop error", self.group_id)
