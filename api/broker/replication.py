@@ -414,10 +414,10 @@ class ReplicationCore:
         # (incremental) names the new partitions without waiting out a poll.
         self._wake_followers: set[int] = set()
         # Those partitions, per follower, until its session names them (or
-        # EXPECTED_WINDOW_MS passes): a follower that hears of them after
+        # EXPECTED_WINDOW_MS passes after the latest): a follower that hears of them after
         # this broker does sends a fetch without them first, which must not
         # wait out a whole poll either (it waits EXPECTED_WAIT_MS at most).
-        self._expected_from: dict[int, dict[TopicPartition, int]] = {}
+        self._expected_from: dict[int, tuple[set[TopicPartition], int]] = {}
         self._parked_fetches: dict[int, _ParkedFetch] = {}
         self._parked_produces: dict[int, _ParkedProduce] = {}
         # Followers' fetch sessions on this leader, and by partition.
@@ -748,8 +748,9 @@ class ReplicationCore:
                 for replica in reg.replicas:
                     if replica != self.broker_id:
                         self._wake_followers.add(replica)
-                        self._expected_from.setdefault(replica, {})[tp] = \
-                            now_ms + EXPECTED_WINDOW_MS
+                        unnamed = self._expected_from.get(replica, (set(), 0))[0]
+                        unnamed.add(tp)
+                        self._expected_from[replica] = (unnamed, now_ms + EXPECTED_WINDOW_MS)
             if (part.role, part.leader_epoch, part.high_watermark) != before:
                 self._touch(tp)  # waiting requests answer with the new role or data
         return assigned
@@ -1136,8 +1137,8 @@ class ReplicationCore:
         closes that fetcher's others, and a partition named by one is
         forgotten by the follower's others. Sessions unused for
         FETCH_SESSION_IDLE_MS are closed."""
-        for replica_id, expected in list(self._expected_from.items()):
-            if all(until <= now_ms for until in expected.values()):
+        for replica_id, (_, until) in list(self._expected_from.items()):
+            if until <= now_ms:
                 del self._expected_from[replica_id]  # one that stopped fetching
         for session in list(self._fetch_sessions.values()):
             if now_ms - session.last_fetch_ms > FETCH_SESSION_IDLE_MS:
@@ -1155,13 +1156,12 @@ class ReplicationCore:
         """Whether follower ``replica_id`` has yet to name partitions this
         broker came to lead lately (those it names now are crossed off)."""
         expected = self._expected_from.get(replica_id)
-        if not expected:
+        if expected is None:
             return False
+        unnamed, until = expected
         for spec in request.specs:
-            expected.pop(spec.tp, None)
-        for tp in [tp for tp, until in expected.items() if until <= now_ms]:
-            del expected[tp]
-        if not expected:
+            unnamed.discard(spec.tp)
+        if not unnamed or until <= now_ms:
             del self._expected_from[replica_id]
             return False
         return True
