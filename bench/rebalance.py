@@ -142,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"bench": "rebalance", **summary}, indent=2))
     else:
         print(_report(summary))
+    for overlap in overlaps:
+        print(f"overlap: {overlap}", file=sys.stderr)
     return 1 if overlaps else 0
 
 
@@ -288,13 +290,10 @@ async def _worker(spec: dict[str, Any]) -> int:
         members.append((name, consumer, asyncio.create_task(keep_polling(consumer))))
 
     async def remove() -> None:
-        name, consumer, task = members.pop()
+        _, consumer, task = members.pop()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        owned = consumer.assignment()
-        await consumer.close()
-        # Closed: it consumes nothing more (close gives its partitions up).
-        events.append([time.monotonic(), name, "-", sorted(tp.partition for tp in owned)])
+        await consumer.close()  # calls its revoke listener before it leaves
 
     for _ in range(spec["members"]):
         add()

@@ -413,11 +413,23 @@ class GroupMember:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._auto_commit is not None:
             await asyncio.gather(self._auto_commit, return_exceptions=True)
+        try:
+            if self.member_id and self.auto_commit and self.owned and not self.lost:
+                await self.commit(self.consumer._consumed_positions(self.owned))
+        except KraftlogError as exc:
+            logger.info("group %s: committing on close: %s", self.group_id, exc)
+        # As Kafka's consumer does on close: the listener hears that the
+        # partitions are given up before the coordinator can hand them on.
+        lost, self._lost_partitions = self._lost_partitions, set()
+        owned, self.owned = self.owned, set()
+        self.consumer._assign_for_group(())
+        if lost:
+            await _call_listener(self.on_lost or self.on_revoked, lost)
+        if owned:
+            await _call_listener(self.on_revoked, owned)
         if not self.member_id:
             return
         try:
-            if self.auto_commit and self.owned and not self.lost:
-                await self.commit(self.consumer._consumed_positions(self.owned))
             await self.consumer._transport.request(
                 await self._coordinator(), "/v1/groups/heartbeat",
                 self._heartbeat_body(-2 if self.instance_id else -1),

@@ -559,6 +559,36 @@ def test_a_partition_is_never_in_two_consumers_hands_while_the_group_grows(clust
     assert taken[0] <= given[0], events
 
 
+def test_closing_a_member_calls_its_revoke_listener_before_others_get_its_partitions(cluster):
+    """As Kafka's consumer does: ``close`` tells ``on_partitions_revoked``
+    of what the member still owns before it leaves, so the listener runs
+    while nobody else can hold those partitions."""
+    group, topic = "close-revokes", "close-revokes"
+    everything = set(create_topic(cluster, topic, 4))
+    events: list[tuple[float, int, str, set]] = []
+
+    def listeners(i: int) -> dict:
+        def note(kind: str):
+            return lambda partitions: events.append((time.monotonic(), i, kind, partitions))
+        return {"on_partitions_assigned": note("+"), "on_partitions_revoked": note("-")}
+
+    with group_consumer(cluster, group) as stays:
+        stays.subscribe([topic], **listeners(0))
+        leaving = group_consumer(cluster, group)
+        leaving.subscribe([topic], **listeners(1))
+        before = wait_settled(cluster, group, [stays, leaving])
+        assert_partitioned(before, everything)
+        given_up = before[1]
+        leaving.close()
+        closed = [(at, parts) for at, i, kind, parts in events if i == 1 and kind == "-"]
+        assert len(closed) == 1 and closed[0][1] == given_up, events
+        (after,) = wait_settled(cluster, group, [stays])
+        assert after == everything
+        taken = [at for at, i, kind, parts in events if i == 0 and kind == "+"
+                 and parts & given_up]
+        assert taken and all(closed[0][0] <= at for at in taken), events
+
+
 def watch_raw(coordinator_url: str, group: str, member: str, max_wait_ms: int
               ) -> tuple[int, dict]:
     return http_json(coordinator_url + "/v1/groups/watch", {
