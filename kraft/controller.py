@@ -1007,13 +1007,20 @@ class Controller:
         partition_epoch = body.integer("partition_epoch", 0, INT32_MAX)
         new_isr = [as_int(member, f"new_isr[{i}]", 0, INT32_MAX) for i, member in
                    enumerate(body.sequence("new_isr", REPLICAS_PER_PARTITION_MAX))]
+        member_epochs = [as_int(epoch, f"new_isr_broker_epochs[{i}]", -1, INT64_MAX)
+                         for i, epoch in enumerate(body.sequence(
+                             "new_isr_broker_epochs", REPLICAS_PER_PARTITION_MAX, default=[]))]
+        if member_epochs and len(member_epochs) != len(new_isr):
+            raise InvalidRequestError(
+                f"new_isr_broker_epochs has {len(member_epochs)} epochs for the "
+                f"{len(new_isr)} members of new_isr")
         recovery_state = body.integer("leader_recovery_state", LEADER_RECOVERED,
                                       LEADER_RECOVERING, default=None)
         _registered_broker(image, broker_id, broker_epoch)
         current = _existing_partition(image, topic, partition)
         where = f"{topic}-{partition}"
         _check_alter_partition_epochs(current, broker_id, leader_epoch, partition_epoch, where)
-        _check_new_isr(image, current, new_isr, where)
+        _check_new_isr(image, current, new_isr, where, member_epochs)
         if recovery_state is None:
             recovery_state = current.leader_recovery_state
         _check_recovery_change(current, recovery_state, new_isr, where)
@@ -1565,7 +1572,7 @@ def _check_recovery_change(current: PartitionRegistration, recovery_state: int,
 
 
 def _check_new_isr(image: MetadataImage, current: PartitionRegistration, new_isr: list[int],
-                   where: str) -> None:
+                   where: str, member_epochs: list[int] | None = None) -> None:
     if len(set(new_isr)) != len(new_isr) or not set(new_isr) <= set(current.replicas):
         raise InvalidRequestError(
             f"new_isr {new_isr} of {where} must be distinct replicas of {current.replicas}")
@@ -1578,6 +1585,18 @@ def _check_new_isr(image: MetadataImage, current: PartitionRegistration, new_isr
         raise IneligibleReplicaError(
             f"brokers {ineligible} cannot join the ISR of {where}: they are fenced or "
             "shutting down")
+    # KIP-903: the leader saw each new member caught up in fetches of one
+    # registration; a member registered since (a restart, which may have
+    # lost its unflushed tail) must catch up again before it joins.
+    restarted = sorted(
+        (b, epoch, image.brokers[b].broker_epoch) for b, epoch in zip(new_isr, member_epochs or ())
+        if b not in current.isr and epoch != -1 and image.brokers[b].broker_epoch != epoch)
+    if restarted:
+        raise IneligibleReplicaError(
+            f"brokers {[b for b, _, _ in restarted]} cannot join the ISR of {where}: the leader "
+            "saw them caught up as broker epochs "
+            f"{[e for _, e, _ in restarted]}, but they registered again since (epochs "
+            f"{[e for _, _, e in restarted]}); they join once they catch up again")
 
 
 # -- request shapes (what a schema would check) -----------------------------------

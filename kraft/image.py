@@ -477,6 +477,11 @@ class MetadataImage:
         return {b.broker_id for b in self.brokers.values()
                 if not b.fenced and not b.in_controlled_shutdown}
 
+    def live_broker_epochs(self) -> dict[int, int]:
+        """``live_broker_ids`` with each one's registered broker epoch."""
+        return {b.broker_id: b.broker_epoch for b in self.brokers.values()
+                if not b.fenced and not b.in_controlled_shutdown}
+
     def unfenced_broker_ids(self) -> set[int]:
         return {b.broker_id for b in self.brokers.values() if not b.fenced}
 

@@ -84,6 +84,7 @@ def decode_fetch(values: dict) -> FetchRequest:
     min_bytes = body.integer("min_bytes", 0, INT32_MAX, default=1)
     max_bytes = body.integer("max_bytes", 1, INT32_MAX, default=FETCH_MAX_BYTES_DEFAULT)
     replica_id = body.integer("replica_id", -1, INT32_MAX, default=-1)
+    replica_epoch = body.integer("replica_epoch", -1, INT64_MAX, default=-1)
     isolation = _isolation_level(body)
     specs = []
     for i, item in enumerate(body.sequence("partitions", PARTITIONS_PER_REQUEST_MAX)):
@@ -107,7 +108,7 @@ def decode_fetch(values: dict) -> FetchRequest:
     if session_epoch != NO_SESSION and replica_id < 0:
         raise InvalidRequestError("fetch sessions are for followers (replica_id >= 0)")
     return FetchRequest(replica_id, specs, max_wait_ms, min_bytes, max_bytes, isolation,
-                        session_id, session_epoch, forgotten, fetcher)
+                        session_id, session_epoch, forgotten, fetcher, replica_epoch)
 
 
 ISOLATION_LEVELS = {"read_uncommitted": READ_UNCOMMITTED, "read_committed": READ_COMMITTED,

@@ -34,9 +34,12 @@ answer or the image shows a newer partition epoch, or, once they lag, the
 controller answers a proposal of the unchanged ISR at this partition epoch.
 A replica outside the ISR counts as caught up only on a fetch made since the
 ISR's members last changed or a proposal was refused, lost or confirmed: it
-may have restarted with less data since an older fetch. That narrows, but only a
-broker epoch in fetches and AlterPartition (KIP-903) would close, the window
-in which such a replica is proposed on the strength of a fetch from before.
+may have restarted with less data since an older fetch. And every fetch
+names the follower's broker epoch (KIP-903): caught-up state holds for that
+registration only, a replica is proposed only if it matches the one in the
+image, and the proposal names it, so the controller refuses a member that
+registered again (restarted, maybe without its unflushed tail) while the
+proposal was on its way.
 
 **Follower.** Fetches from the leader at its log end, naming the epoch of its
 last batch; a leader whose log differs answers with the diverging epoch and
@@ -55,6 +58,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+from collections.abc import Mapping
 
 from kraft.records import LEADER_RECOVERED, LEADER_RECOVERING
 from storage.epoch_cache import UNDEFINED_EPOCH
@@ -83,6 +87,10 @@ class ReplicaState:
     # The time of its previous fetch and the leader's log end then.
     last_fetch_ms: int = 0
     leader_end_offset_at_last_fetch: int = 0
+    # The broker epoch (registration) the follower fetched with, KIP-903:
+    # -1 until it names one. Its caught-up state holds for that
+    # incarnation only, and an ISR expansion names it.
+    broker_epoch: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +103,10 @@ class IsrProposal:
     new_isr: list[int]
     leader_recovery_state: int
     reason: str
+    #: Per member of ``new_isr``, the broker epoch the leader saw it fetch
+    #: with (-1: none known, and -1 for the leader itself): the controller
+    #: refuses to add a member registered since (KIP-903).
+    broker_epochs: tuple[int, ...] = ()
 
 
 class Partition:
@@ -260,29 +272,35 @@ class Partition:
             return epoch, end_offset
         return None
 
-    def record_follower_fetch(self, replica_id: int, fetch_offset: int, now_ms: int) -> bool:
+    def record_follower_fetch(self, replica_id: int, fetch_offset: int, now_ms: int,
+                              broker_epoch: int = -1) -> bool:
         """A validated fetch from follower ``replica_id`` at ``fetch_offset``
-        (its log end). Updates its state; True if the high watermark moved."""
+        (its log end), sent by its registration ``broker_epoch`` (-1: not
+        named). Updates its state; True if the high watermark moved."""
         state = self.replica_states.get(replica_id)
         if state is None or not self.is_leader:
             return False
         leader_end = self.log_end_offset
+        # A fetch of another incarnation says nothing of this one's past.
+        same_incarnation = broker_epoch == state.broker_epoch
         if fetch_offset >= leader_end:
             state.last_caught_up_ms = max(state.last_caught_up_ms, now_ms)
-        elif fetch_offset >= state.leader_end_offset_at_last_fetch:
+        elif same_incarnation and fetch_offset >= state.leader_end_offset_at_last_fetch:
             state.last_caught_up_ms = max(state.last_caught_up_ms, state.last_fetch_ms)
+        state.broker_epoch = broker_epoch
         state.log_end_offset = fetch_offset
         state.last_fetch_ms = now_ms
         state.leader_end_offset_at_last_fetch = leader_end
         return self.maybe_advance_high_watermark()
 
     def isr_proposal(self, now_ms: int, lag_time_max_ms: int,
-                     eligible: set[int] | None = None) -> IsrProposal | None:
+                     eligible: Mapping[int, int] | None = None) -> IsrProposal | None:
         """The AlterPartition this leader should send now, if any: finish an
         unclean leader's recovery, shrink lagging followers out, or expand
         caught-up replicas in — only those in ``eligible`` (live, unfenced
-        brokers; None: any), since the controller refuses the others. None
-        while a proposal is in flight."""
+        brokers and their registered broker epochs; None: any) whose
+        fetches came from that registration (or named none), since the
+        controller refuses the others. None while a proposal is in flight."""
         if not self.is_leader or self.pending_isr is not None:
             return None
         if self.leader_recovery_state == LEADER_RECOVERING:
@@ -296,7 +314,8 @@ class Partition:
             return self._propose([r for r in self.isr if r not in lagging],
                                  f"replicas {lagging} lag more than {lag_time_max_ms} ms")
         joining = [r for r in self.replicas if r not in self.isr and self._caught_up(r)
-                   and (eligible is None or r in eligible)]
+                   and (eligible is None or (r in eligible and self._state(r).broker_epoch
+                                             in (-1, eligible[r])))]
         if joining:
             return self._propose(self.isr + joining, f"replicas {joining} caught up")
         return None
@@ -314,7 +333,9 @@ class Partition:
         self.pending_isr = list(new_isr)
         return IsrProposal(self.tp, self.leader_epoch, self.partition_epoch, list(new_isr),
                            self.leader_recovery_state if recovery_state is None
-                           else recovery_state, reason)
+                           else recovery_state, reason,
+                           tuple(-1 if r == self.broker_id else self._state(r).broker_epoch
+                                 for r in new_isr))
 
     def isr_change_done(self, proposal: IsrProposal, answer: dict | None,
                         refused: bool = False) -> bool:

@@ -57,7 +57,8 @@ from protocol import tls
 from protocol.errors import (FencedLeaderEpochError, InvalidRequestError, LeaderNotAvailableError,
                              NotEnoughReplicasAfterAppendError, NotEnoughReplicasError,
                              NotLeaderOrFollowerError, ReplicationTimedOutError,
-                             UnknownLeaderEpochError, UnknownTopicOrPartitionError)
+                             StaleBrokerEpochError, UnknownLeaderEpochError,
+                             UnknownTopicOrPartitionError)
 from storage.batch import ControlType
 from storage.config import TOPIC_KEYS
 from storage.errors import InvalidTxnStateError, OffsetOutOfRangeError
@@ -200,6 +201,8 @@ class FetchRequest:
     forgotten: list[TopicPartition] = dataclasses.field(default_factory=list)
     #: Which of the follower's fetchers sends it (a session is its alone).
     fetcher: int = 0
+    #: The follower's broker epoch (its registration, KIP-903); -1: unnamed.
+    replica_epoch: int = -1
 
 
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
@@ -307,6 +310,7 @@ class _LeaderFetchSession:
         self.dirty: set[TopicPartition] = set()
         self.parked: int | None = None  # its fetch waiting for records
         self.last_fetch_ms = 0
+        self.replica_epoch = -1  # the follower's broker epoch, as its last fetch said
 
 
 @dataclasses.dataclass
@@ -1035,7 +1039,8 @@ class ReplicationCore:
                 self._after_event(now_ms)
                 return  # refused: the follower opens a new session
         if request.replica_id >= 0:
-            answered = self._follower_arrival(request.replica_id, request.specs, now_ms)
+            answered = self._follower_arrival(request.replica_id, request.replica_epoch,
+                                              request.specs, now_ms)
             if session is not None:
                 # Refused or diverged: not a position this leader vouches
                 # for; the follower names the partition again once it moves.
@@ -1098,6 +1103,7 @@ class ReplicationCore:
         if request.session_epoch != OPEN_SESSION:
             session.next_epoch = next_fetch_session_epoch(session.next_epoch)
         session.last_fetch_ms = now_ms
+        session.replica_epoch = request.replica_epoch
         for spec in request.specs:
             if spec.tp not in session.specs:
                 holders = self._fetch_sessions_of.setdefault(spec.tp, set())
@@ -1149,7 +1155,8 @@ class ReplicationCore:
                 if (part is not None and spec.current_leader_epoch == part.leader_epoch
                         and spec.offset == part.log_end_offset):
                     if part.is_leader and part.record_follower_fetch(
-                            session.replica_id, spec.offset, session.last_fetch_ms):
+                            session.replica_id, spec.offset, session.last_fetch_ms,
+                            session.replica_epoch):
                         self._touch(tp)
 
     def _still_expected(self, replica_id: int, request: FetchRequest, now_ms: int) -> bool:
@@ -1211,12 +1218,16 @@ class ReplicationCore:
         self._actions.append(Respond(parked.request_id, results, fields))
         return True
 
-    def _follower_arrival(self, replica_id: int, specs: list[FetchSpec],
+    def _follower_arrival(self, replica_id: int, replica_epoch: int, specs: list[FetchSpec],
                           now_ms: int) -> dict[int, dict]:
         """Check each partition of follower ``replica_id``'s fetch against
-        this leader's log and record where the follower's log ends. Returns
-        the answers already decided (errors, diverging epochs) by position."""
+        this leader's log and record where the follower's log ends (and
+        which registration of it said so). Returns the answers already
+        decided (errors, diverging epochs) by position."""
         answered: dict[int, dict] = {}
+        registered = self.image.brokers.get(replica_id)
+        stale = (replica_epoch >= 0 and registered is not None
+                 and registered.broker_epoch > replica_epoch)
         for i, spec in enumerate(specs):
             try:
                 part = self.leader_partition(spec.tp.topic, spec.tp.partition,
@@ -1225,6 +1236,10 @@ class ReplicationCore:
                     raise NotLeaderOrFollowerError(
                         f"broker {replica_id} is not a follower of {spec.tp} (replicas "
                         f"{part.replicas})")
+                if stale:  # a late fetch of an incarnation that registered again since
+                    raise StaleBrokerEpochError(
+                        f"broker {replica_id} fetches as broker epoch {replica_epoch}, but "
+                        f"it has registered again since (epoch {registered.broker_epoch})")
                 diverging = part.diverging_epoch(spec.offset, spec.last_fetched_epoch)
                 if diverging is not None:
                     result = empty_fetch_result(spec)
@@ -1236,7 +1251,8 @@ class ReplicationCore:
                     answered[i] = result
                     continue
                 if part.log_start_offset <= spec.offset <= part.log_end_offset:
-                    if part.record_follower_fetch(replica_id, spec.offset, now_ms):
+                    if part.record_follower_fetch(replica_id, spec.offset, now_ms,
+                                                  replica_epoch):
                         self._touch(part.tp)  # commits: acks=all and consumers
                     self._maybe_propose(part, now_ms)
             except Exception as exc:  # noqa: BLE001  each partition answers for itself
@@ -1464,7 +1480,8 @@ class ReplicationCore:
         session.in_flight = _FetchInFlight(request_id, sent, now_ms + timeout_ms)
         self._at(now_ms + timeout_ms, "session", session.key)
         self._actions.append(SendFetch(request_id, session.leader_id, {
-            "replica_id": self.broker_id, "max_wait_ms": s.fetch_wait_max_ms, "min_bytes": 1,
+            "replica_id": self.broker_id, "replica_epoch": self._broker_epoch(),
+            "max_wait_ms": s.fetch_wait_max_ms, "min_bytes": 1,
             "max_bytes": s.fetch_response_bytes_max, "partitions": items,
             "session_id": session.fetch_session_id,
             "session_epoch": session.fetch_session_epoch, "fetcher": session.key[1],
@@ -1587,6 +1604,11 @@ class ReplicationCore:
                     part.tp, session.leader_id, code, error.get("message"))
         self._rest(session, part.tp, now_ms + PARTITION_BACKOFF_MS)
 
+    def _broker_epoch(self) -> int:
+        """This broker's registration as its fetches name it (-1: none yet)."""
+        epoch = self.lifecycle.broker_epoch
+        return -1 if epoch is None else epoch
+
     # -- ISR changes (AlterPartition) ------------------------------------------------------
     def _maybe_propose(self, part: Partition, now_ms: int) -> None:
         """Send the partition's ISR change, if it has one now."""
@@ -1594,7 +1616,7 @@ class ReplicationCore:
         if broker_epoch is None:
             return
         proposal = part.isr_proposal(now_ms, self.settings.lag_time_max_ms,
-                                     self.image.live_broker_ids())
+                                     self.image.live_broker_epochs())
         if proposal is None:
             return
         request_id = self.new_request_id()
@@ -1607,6 +1629,10 @@ class ReplicationCore:
             "topic": proposal.tp.topic, "partition": proposal.tp.partition,
             "leader_epoch": proposal.leader_epoch,
             "partition_epoch": proposal.partition_epoch, "new_isr": proposal.new_isr,
+            # KIP-903: the registration each member fetched with, which the
+            # controller checks before it adds one.
+            "new_isr_broker_epochs": [broker_epoch if r == self.broker_id else epoch for r, epoch
+                                      in zip(proposal.new_isr, proposal.broker_epochs)],
             "leader_recovery_state": proposal.leader_recovery_state,
         }, ALTER_PARTITION_TIMEOUT_MS))
 

@@ -93,18 +93,20 @@ and a request that has not reached the receiver by then never will; and a
 crash closes all of the crashed broker's connections. Without that rule an
 AlterPartition could be applied seconds after its sender gave up on it and
 proposed something else, which no rule on the leader's side can guard
-against; and the product's fetch carries no broker epoch (KIP-903) that
-would let a leader refuse a fetch sent by a dead incarnation.
+against. (A fetch names its broker epoch, KIP-903, and a leader refuses one
+naming an older registration than its image shows; before the image shows
+the new one, only the closed connection stops a dead incarnation's fetch.)
 
-**Known open issue** (a product bug the invariants report, not fixable in
-``Partition`` alone): fetches and AlterPartition carry no broker epoch
-(KIP-903). A leader proposes a follower it has seen caught up; the request
-is delayed while that follower loses its data in a machine crash, restarts,
-registers and is unfenced; the controller then adds the new incarnation,
-which lacks the data, to the ISR (invariant 4). The simulator before it
-drove the shipped shell found it at seed 232 with 5 brokers and 3000 steps,
-about one seed in 1500 of that length; seeds are not comparable across that
-change, and none of the default ones hits it.
+**KIP-903** (fixed; the issue the invariants found before it): a leader
+proposes a follower it has seen caught up; the request is delayed while that
+follower loses its data in a machine crash, restarts, registers and is
+unfenced; without broker epochs the controller then added the new
+incarnation, which lacks the data, to the ISR (invariant 4). The simulator
+found it at seed 232 with 5 brokers and 3000 steps, about one seed in 1500
+of that length. Now every fetch names the follower's broker epoch, the
+leader proposes a member only on fetches of the registration its image
+shows and names that epoch, and the controller refuses a member registered
+since (``INELIGIBLE_REPLICA``).
 
 Invariants, after every step (``Simulation.check_invariants``):
 

@@ -1050,6 +1050,43 @@ def test_a_member_already_in_the_isr_may_stay_even_if_fenced():
         cluster.call("alter_partition", isr_request(partition_epoch=5, new_isr=[1, 2]))
 
 
+def test_a_member_that_registered_again_since_the_leader_saw_it_cannot_join():  # KIP-903
+    """The leader names the broker epoch each member fetched with; a broker
+    that restarted (and may have lost its unflushed tail) since then is
+    refused, whatever its liveness: it joins once it catches up again."""
+    cluster = alter_partition_cluster()
+    cluster.heartbeat(3)  # 3 unfenced: live, may join
+    seen_epoch = cluster.image.brokers[3].broker_epoch
+    with pytest.raises(InvalidRequestError, match="2 epochs for the 3 members"):
+        cluster.call("alter_partition", isr_request(new_isr=[1, 2, 3],
+                                                    new_isr_broker_epochs=[-1, 0]))
+    with pytest.raises(InvalidRequestError, match="new_isr_broker_epochs"):
+        cluster.call("alter_partition", isr_request(new_isr=[1, 2, 3],
+                                                    new_isr_broker_epochs=[-1, 0, "x"]))
+    cluster.now_ms += 10_000  # its old lease lapses (no tick: nobody is fenced)
+    cluster.register(3, incarnation="inc-3-restarted")  # it restarted meanwhile
+    cluster.heartbeat(3)
+    assert not cluster.image.brokers[3].fenced
+    assert cluster.image.brokers[3].broker_epoch != seen_epoch
+    offset = cluster.image.offset
+    with pytest.raises(IneligibleReplicaError, match="registered again since"):
+        cluster.call("alter_partition", isr_request(
+            new_isr=[1, 2, 3], new_isr_broker_epochs=[-1, -1, seen_epoch]))
+    assert cluster.image.offset == offset and cluster.partition("t", 0).isr == [1, 2]
+    # Only members being added are checked (2 stays on an old epoch), and -1
+    # (a leader that names none) is not checked.
+    response = cluster.call("alter_partition", isr_request(
+        new_isr=[1, 2, 3], new_isr_broker_epochs=[-1, 12345,
+                                                  cluster.image.brokers[3].broker_epoch]))
+    assert response["isr"] == [1, 2, 3]
+    response = cluster.call("alter_partition", isr_request(
+        partition_epoch=response["partition_epoch"], new_isr=[1, 2]))
+    response = cluster.call("alter_partition", isr_request(
+        partition_epoch=response["partition_epoch"], new_isr=[1, 2, 3],
+        new_isr_broker_epochs=[-1, -1, -1]))
+    assert response["isr"] == [1, 2, 3]
+
+
 # -- preferred leader election --------------------------------------------------
 def two_brokers_with_moved_leaders(**settings) -> Cluster:
     """t-0 prefers 1 and t-1 prefers 2, but broker 2 leads both."""

@@ -274,8 +274,8 @@ def test_only_live_brokers_are_proposed_and_a_definite_refusal_leaves_no_trace(t
     part.append_as_leader(records(4))
     part.record_follower_fetch(F1, 4, 1)
     part.record_follower_fetch(F2, 4, 1)
-    assert part.isr_proposal(2, LAG_MS, eligible={LEADER, F1}) is None, "F2 is fenced"
-    proposal = part.isr_proposal(2, LAG_MS, eligible={LEADER, F1, F2})
+    assert part.isr_proposal(2, LAG_MS, eligible={LEADER: 0, F1: 0}) is None, "F2 is fenced"
+    proposal = part.isr_proposal(2, LAG_MS, eligible={LEADER: 0, F1: 0, F2: 0})
     assert proposal.new_isr == [LEADER, F1, F2]
     part.isr_change_done(proposal, None, refused=True)
     assert part.maximal_isr == [LEADER, F1], "a refused member does not hold the HW back"

@@ -18,7 +18,7 @@ from api.broker.replication import (ALTER_PARTITION_TIMEOUT_MS, CONNECT_BACKOFF_
                                     ReplicationSettings, Respond, SendAlterPartition, SendFetch)
 from kraft.image import MetadataImage
 from kraft.records import (ConfigRecord, PartitionChangeRecord, PartitionRecord,
-                           RegisterBrokerRecord, TopicRecord)
+                           RegisterBrokerRecord, TopicRecord, UnfenceBrokerRecord)
 from storage.batch import build_batch
 from storage.config import LogConfig
 from storage.manager import LogManager, LogManagerConfig, TopicPartition
@@ -46,7 +46,7 @@ def broker(tmp_path, broker_id: int, image: MetadataImage) -> ReplicationCore:
     logs = LogManager(LogManagerConfig((str(tmp_path / f"b{broker_id}"),)), LogConfig())
     logs.startup()
     lifecycle = LifecycleCore(LifecycleSettings(broker_id, "inc", {}, None, 1000, 3000), 0)
-    lifecycle.broker_epoch = broker_id
+    lifecycle.broker_epoch = image.brokers[broker_id].broker_epoch  # as registered
     lifecycle.state = BrokerState.RUNNING
     lifecycle.metadata_caught_up = True
     core = ReplicationCore(broker_id, DiskLogs(broker_id, logs), lifecycle,
@@ -167,12 +167,44 @@ def test_a_lagging_follower_is_proposed_out_and_the_answer_applied(pair):
     leader.ready()
     leader.tick(LAG_MS + 1)
     (proposal,) = of(leader.ready(), SendAlterPartition)
-    assert proposal.body["new_isr"] == [LEADER] and proposal.body["broker_epoch"] == LEADER
+    assert proposal.body["new_isr"] == [LEADER]
+    assert proposal.body["broker_epoch"] == leader.lifecycle.broker_epoch
     assert proposal.timeout_ms == ALTER_PARTITION_TIMEOUT_MS
     leader.alter_partition_answered(proposal.request_id, {
         "leader_epoch": 0, "partition_epoch": 1, "isr": [LEADER],
         "leader_recovery_state": 0}, None, LAG_MS + 2)
     assert leader.partitions[TP].isr == [LEADER] and leader.isr_shrinks == 1
+
+
+def test_fetches_name_the_followers_registration_and_an_expansion_names_it_too(tmp_path):
+    """KIP-903: a follower's fetch carries its broker epoch; the leader
+    proposes it into the ISR only on fetches of the registration the image
+    shows, and names that epoch for the controller to check."""
+    image = image_with(LEADER, [LEADER])
+    for b in (LEADER, FOLLOWER):  # live: they may join an ISR
+        image.apply(UnfenceBrokerRecord(b, image.brokers[b].broker_epoch), image.offset + 1)
+    leader = broker(tmp_path, LEADER, image)
+    follower = broker(tmp_path, FOLLOWER, image)
+    leader.ready()
+    registered = image.brokers[FOLLOWER].broker_epoch
+    (fetch,) = of(follower.ready(), SendFetch)
+    assert fetch.body["replica_epoch"] == registered
+    def as_epoch(epoch: int) -> SendFetch:
+        return SendFetch(fetch.request_id, fetch.leader_id,
+                         {**fetch.body, "replica_epoch": epoch}, fetch.timeout_ms)
+
+    # A registration the image does not show yet (a newer one): no proposal.
+    _, rest = deliver_fetch(leader, as_epoch(registered + 5), 1)
+    leader.tick(2)
+    assert of(rest + leader.ready(), SendAlterPartition) == []
+    # One older than the image's: a late fetch of a dead incarnation, refused.
+    (answer,), rest = deliver_fetch(leader, as_epoch(registered - 1), 2)
+    assert answer[0]["error"]["code"] == "STALE_BROKER_EPOCH"
+    assert of(rest, SendAlterPartition) == []
+    _, rest = deliver_fetch(leader, fetch, 3)
+    (proposal,) = of(rest, SendAlterPartition)
+    assert proposal.body["new_isr"] == [LEADER, FOLLOWER]
+    assert proposal.body["new_isr_broker_epochs"] == [leader.lifecycle.broker_epoch, registered]
 
 
 def test_an_unanswered_proposal_is_given_up_at_its_deadline_and_made_afresh(pair):

@@ -243,6 +243,41 @@ def test_a_replica_outside_the_isr_fetches_again_once_the_isr_changes():
     assert part.isr_proposal(5, LAG_MS) is None
 
 
+def test_an_expansion_names_the_registration_each_member_fetched_with():  # KIP-903
+    """The leader proposes a member only on fetches of the registration the
+    image shows, and names that broker epoch, so the controller can refuse
+    a member that registered again while the proposal was on its way."""
+    part = Partition(TP, new_log(), LEADER, "id")
+    part.update(LEADER, 0, 0, [LEADER, F1, F2], [LEADER], 0)
+    part.append_as_leader(records(5))
+    part.record_follower_fetch(F1, 5, 1, broker_epoch=40)
+    part.record_follower_fetch(F2, 5, 1, broker_epoch=41)
+    # F2 registered again (epoch 77) since the fetch the leader saw.
+    proposal = part.isr_proposal(2, LAG_MS, eligible={LEADER: 10, F1: 40, F2: 77})
+    assert proposal.new_isr == [LEADER, F1] and proposal.broker_epochs == (-1, 40)
+    part.isr_change_done(proposal, answer(1, [LEADER, F1]))
+    part.record_follower_fetch(F2, 5, 3, broker_epoch=77)  # the new one, caught up
+    proposal = part.isr_proposal(3, LAG_MS, eligible={LEADER: 10, F1: 40, F2: 77})
+    assert proposal.new_isr == [LEADER, F1, F2] and proposal.broker_epochs == (-1, 40, 77)
+
+
+def test_a_fetch_of_a_new_incarnation_does_not_inherit_the_old_ones_catch_up():  # KIP-903
+    """Caught up "at the previous fetch" holds for one registration: a
+    restarted follower's first fetch says where its new log ends, not that
+    it held what the leader had when its previous self fetched."""
+    part = Partition(TP, new_log(), LEADER, "id")
+    part.update(LEADER, 0, 0, [LEADER, F1], [LEADER], 0)
+    part.append_as_leader(records(5))
+    part.record_follower_fetch(F1, 3, 1000, broker_epoch=40)  # behind; leader at 5
+    part.append_as_leader(records(2))
+    # A restarted F1 (epoch 41) fetches at 5, the leader's end as of the old
+    # incarnation's fetch: that is no proof it held those records then.
+    part.record_follower_fetch(F1, 5, 3000, broker_epoch=41)
+    assert part.replica_states[F1].last_caught_up_ms == 0
+    part.record_follower_fetch(F1, 7, 3001, broker_epoch=41)
+    assert part.replica_states[F1].last_caught_up_ms == 3001
+
+
 # -- replaying and sweeping from the command line ---------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
