@@ -135,6 +135,9 @@ class Log:
         self.log_start_offset = log_start_offset
         # Invariant: every byte below recovery_point is fsynced.
         self.recovery_point = recovery_point
+        # Called (owner thread) when a truncation lowers the recovery point:
+        # the owner makes the lower one durable before new data comes.
+        self.on_recovery_point_lowered: Callable[[], None] | None = None
         self._unflushed_messages = 0
         self._first_unflushed_ms: int | None = None
         self._dir_dirty = False
@@ -674,11 +677,14 @@ class Log:
             self.truncate_fully_and_start_at(self.log_start_offset)
             return
         self.epoch_cache.truncate_from_end(end)
+        lowered = end < self.recovery_point
         self.recovery_point = min(self.recovery_point, end)
         self._dir_dirty = True
         self.aborted_txns.truncate_to(end)
         self._cleaner_state_truncated(end)
         self._load_producer_state()
+        if lowered and self.on_recovery_point_lowered is not None:
+            self.on_recovery_point_lowered()
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete everything and restart the log empty at ``offset`` (a
@@ -697,6 +703,7 @@ class Log:
         self._bases = [offset]
         self.epoch_cache.clear()
         self.log_start_offset = offset
+        lowered = offset < self.recovery_point
         self.recovery_point = offset
         self._dir_dirty = True
         self.producer_state.delete_snapshots()
@@ -704,6 +711,8 @@ class Log:
         self.aborted_txns.clear()
         self.cleaner_state.reset(offset)
         self.cleaner_state.save()
+        if lowered and self.on_recovery_point_lowered is not None:
+            self.on_recovery_point_lowered()
 
     def _cleaner_state_truncated(self, end: int) -> None:
         state = self.cleaner_state

@@ -25,6 +25,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import threading
 import time
 import uuid
 from typing import Any, Callable, Iterable, Mapping
@@ -150,6 +151,13 @@ class LogManager:
         self._lock_fds: list[int] = []
         self._tasks: list[asyncio.Task] = []
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        # Checkpoint snapshots are numbered on the owner thread; a write
+        # (on any thread) never replaces a newer snapshot's file with an
+        # older one's: after a truncation lowers a recovery point, a periodic
+        # write still in flight must not raise it back.
+        self._checkpoint_lock = threading.Lock()
+        self._checkpoint_version = 0
+        self._checkpoint_written: dict[str, int] = {}
         # Set by the broker: per partition, the offset retention may not pass
         # (its high watermark), so uncommitted data is never deleted.
         self.retention_upper_bounds: Callable[[], Mapping[TopicPartition, int]] | None = None
@@ -206,6 +214,7 @@ class LogManager:
             self._logs[tp] = Log.open(
                 path, self.default_log_config, recovery_point=recovery_points.get(key, 0),
                 log_start_offset=log_starts.get(key), clean_shutdown=clean, clock=self.clock)
+            self._watch_truncations(self._logs[tp], directory)
             self._dir_of[tp] = directory
             self._logs_in_dir[directory] += 1
 
@@ -284,6 +293,21 @@ class LogManager:
             self._unsynced_dirs.add(directory)
         self._logs[tp] = new_log
         self._dir_of[tp] = directory
+        self._watch_truncations(new_log, directory)
+
+    def _watch_truncations(self, part_log: Log, directory: str) -> None:
+        """A truncation that lowers a log's recovery point writes its dir's
+        checkpoints at once, before the log takes new data there (Kafka
+        does the same): with the old, higher recovery point on disk, a
+        restart would trust records written after the truncation as if
+        they had been fsynced and re-validated, and would learn their
+        leader epoch at the wrong offset (the epoch of a batch re-read at
+        the stale recovery point, not at the truncation point)."""
+        part_log.on_recovery_point_lowered = lambda: self._checkpoint_dir_now(directory)
+
+    def _checkpoint_dir_now(self, directory: str) -> None:
+        snapshot = self._checkpoint_snapshot()
+        self._write_checkpoints((snapshot[0], {directory: snapshot[1][directory]}))
 
     def release_new_log(self, directory: str) -> None:
         """Undo ``reserve_new_log`` for a log that was not made. Owner thread."""
@@ -335,21 +359,27 @@ class LogManager:
         """Write every log dir's recovery-point and log-start checkpoints."""
         self._write_checkpoints(self._checkpoint_snapshot())
 
-    def _checkpoint_snapshot(self) -> dict[str, tuple[dict, dict]]:
-        """Owner thread: ``{dir: (recovery points, log starts)}``."""
+    def _checkpoint_snapshot(self) -> tuple[int, dict[str, tuple[dict, dict]]]:
+        """Owner thread: ``(version, {dir: (recovery points, log starts)})``."""
         snapshot: dict[str, tuple[dict, dict]] = {d: ({}, {}) for d in self.config.log_dirs}
         for tp, part_log in self._logs.items():
             recovery, starts = snapshot[self._dir_of[tp]]
             recovery[(tp.topic, tp.partition)] = part_log.recovery_point
             starts[(tp.topic, tp.partition)] = part_log.log_start_offset
-        return snapshot
+        self._checkpoint_version += 1
+        return self._checkpoint_version, snapshot
 
-    @staticmethod
-    def _write_checkpoints(snapshot: dict[str, tuple[dict, dict]]) -> None:
-        """Any thread: write a snapshot taken by ``_checkpoint_snapshot``."""
-        for directory, (recovery, starts) in snapshot.items():
-            OffsetCheckpoint(os.path.join(directory, RECOVERY_POINT_FILE)).write(recovery)
-            OffsetCheckpoint(os.path.join(directory, LOG_START_FILE)).write(starts)
+    def _write_checkpoints(self, versioned: tuple[int, dict[str, tuple[dict, dict]]]) -> None:
+        """Any thread: write a snapshot taken by ``_checkpoint_snapshot``,
+        per dir unless a newer snapshot of that dir is written already."""
+        version, snapshot = versioned
+        with self._checkpoint_lock:
+            for directory, (recovery, starts) in snapshot.items():
+                if self._checkpoint_written.get(directory, 0) > version:
+                    continue
+                OffsetCheckpoint(os.path.join(directory, RECOVERY_POINT_FILE)).write(recovery)
+                OffsetCheckpoint(os.path.join(directory, LOG_START_FILE)).write(starts)
+                self._checkpoint_written[directory] = version
 
     def run_retention(self, now_ms: int | None = None,
                       upper_bounds: Mapping[TopicPartition, int] | None = None) -> int:

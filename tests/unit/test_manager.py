@@ -116,6 +116,55 @@ def test_unclean_restart_recovers_from_the_checkpointed_recovery_point(tmp_path)
         ("orders", 0): 42}
 
 
+def test_a_truncation_below_the_recovery_point_is_checkpointed_before_new_data(tmp_path):
+    """A follower cuts a flushed suffix and takes the leader's records in a
+    new epoch there; after a crash (no flush, no checkpoint tick) the
+    restart re-reads from the truncation point, not from the old recovery
+    point: the new epoch starts where its first batch is, and records
+    written since the truncation are re-validated, not trusted. (The
+    replication simulation found it, seed 896 with 5 brokers: a leader
+    learned epoch 6 five records late, so a follower kept records the
+    cluster had overwritten.)"""
+    manager = manager_for(tmp_path / "d1")
+    tp = TopicPartition("orders", 0)
+    log = manager.get_or_create_log(tp)
+    for _ in range(4):
+        log.append(make_batch(3), leader_epoch=5)  # offsets 0-11 in epoch 5
+    log.flush()
+    manager.checkpoint()  # recovery point 12 on disk
+    log.truncate_to(6)  # a divergent, flushed suffix goes
+    for _ in range(3):
+        log.append(make_batch(3, tag="new"), leader_epoch=6)  # 6-14 in epoch 6
+    assert log.epoch_cache.entries == [(5, 0), (6, 6)]
+    manager.abandon()  # crash: no flush, no checkpoint, no marker
+
+    restarted = manager_for(tmp_path / "d1")
+    reloaded = restarted.get_log(tp)
+    assert reloaded.epoch_cache.entries == [(5, 0), (6, 6)]
+    assert reloaded.end_offset_for_epoch(5) == (5, 6)
+    assert [r.value[:4] for r in read_all(reloaded)][6:] == [b"new0", b"new1", b"new2"] * 3
+    restarted.abandon()
+
+
+def test_a_checkpoint_written_late_never_raises_a_lowered_recovery_point(tmp_path):
+    """The periodic checkpoint is written off the loop: a snapshot taken
+    before a truncation and written after it must not put the old, higher
+    recovery point back."""
+    manager = manager_for(tmp_path / "d1")
+    tp = TopicPartition("orders", 0)
+    log = manager.get_or_create_log(tp)
+    for _ in range(4):
+        log.append(make_batch(3), leader_epoch=0)
+    log.flush()
+    late = manager._checkpoint_snapshot()  # taken by the checkpoint tick ...
+    log.truncate_to(6)  # ... a truncation writes its own at once ...
+    manager._write_checkpoints(late)  # ... and the tick's write lands after it
+    from storage.checkpoint import OffsetCheckpoint
+    assert OffsetCheckpoint(str(tmp_path / "d1" / RECOVERY_POINT_FILE)).read() == {
+        ("orders", 0): 6}
+    manager.abandon()
+
+
 def test_unreadable_checkpoint_costs_time_not_data(tmp_path):
     manager = manager_for(tmp_path / "d1")
     log = manager.get_or_create_log(TopicPartition("orders", 0))

@@ -207,6 +207,26 @@ def test_fetches_name_the_followers_registration_and_an_expansion_names_it_too(t
     assert proposal.body["new_isr_broker_epochs"] == [leader.lifecycle.broker_epoch, registered]
 
 
+@pytest.mark.parametrize("code, counted", [("INELIGIBLE_REPLICA", True),
+                                           ("INVALID_REQUEST", False)])
+def test_only_a_refusal_no_copy_can_escape_forgets_the_proposed_members(tmp_path, code, counted):
+    """INELIGIBLE_REPLICA depends on liveness and registrations, which change
+    without a new partition epoch: another copy of the request may still be
+    applied, so the proposed member keeps counting for the high watermark.
+    INVALID_REQUEST holds for every copy: the member is forgotten."""
+    image = image_with(LEADER, [LEADER])
+    for b in (LEADER, FOLLOWER):
+        image.apply(UnfenceBrokerRecord(b, image.brokers[b].broker_epoch), image.offset + 1)
+    leader = broker(tmp_path, LEADER, image)
+    follower = broker(tmp_path, FOLLOWER, image)
+    leader.ready()
+    (fetch,) = of(follower.ready(), SendFetch)
+    _, rest = deliver_fetch(leader, fetch, 1)
+    (proposal,) = of(rest, SendAlterPartition)
+    leader.alter_partition_answered(proposal.request_id, None, code, 2)
+    assert (FOLLOWER in leader.partitions[TP].maximal_isr) is counted
+
+
 def test_an_unanswered_proposal_is_given_up_at_its_deadline_and_made_afresh(pair):
     leader, _follower, _image = pair
     leader.tick(0)
