@@ -48,6 +48,15 @@ from api.client.errors import (AuthorizationError, BrokerNotAvailableError, Buff
 from api.client.group import CommitFailedError
 from api.client.producer import AsyncProducer, Producer, RecordHandle
 from protocol.acl import AclBinding, AclBindingFilter
+from storage.batch import build_batch as _build_batch
+
+
+def encode_batch(records) -> bytes:
+    """One record batch holding ``records`` (``(key, value)`` pairs of bytes
+    or None), as ``POST /v1/produce`` takes it in ``records``: for talking
+    to a broker over HTTP without the producer."""
+    return _build_batch([(key, value) for key, value in records])
+
 
 __all__ = [
     "AclBinding", "AclBindingFilter", "Admin", "AsyncAdmin", "AsyncConsumer", "AsyncProducer",
@@ -58,6 +67,7 @@ __all__ = [
     "BufferExhaustedError", "ClientClosedError", "CommitFailedError", "ConfigEntry",
     "Consumer", "ConsumerRecord",
     "CorruptRecordError", "CreatedTopic", "InvalidTopicError", "KraftlogError",
+    "encode_batch",
     "LeaderNotAvailableError", "MessageTooLargeError", "NewTopic", "NoOffsetForPartitionError",
     "NotEnoughReplicasAfterAppendError", "NotEnoughReplicasError", "NotLeaderError",
     "OffsetAndMetadata", "OffsetAndTimestamp", "OffsetOutOfRangeError",
