@@ -61,6 +61,16 @@ def test_five_replicas_keep_every_invariant(seed):
     run_simulation(seed, STEPS, broker_count=5)
 
 
+# Seeds of a 10,000-seed sweep (5 brokers, 3,000 steps) that failed before
+# their fix: 823 (KIP-903: a restarted follower added to the ISR on its old
+# incarnation's fetch), 896 and 1493 (a truncation below the checkpointed
+# recovery point: a restart learned the new epoch at the wrong offset),
+# 1680 (INELIGIBLE_REPLICA taken as definite while another copy applied).
+@pytest.mark.parametrize("seed", [823, 896, 1493, 1680], ids=lambda seed: f"seed{seed}")
+def test_seeds_a_sweep_found_failing_pass(seed):
+    run_simulation(seed, 3000, broker_count=5)
+
+
 def test_a_seed_replays_exactly():
     traces = []
     for _ in range(2):
