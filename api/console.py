@@ -423,13 +423,24 @@ def _add_partitions(commands: argparse._SubParsersAction) -> None:
     listing.set_defaults(handler=_partitions_reassignments)
 
     elect = actions.add_parser(
-        "elect-leaders", help="move leadership back to the preferred replicas",
+        "elect-leaders", help="move leadership back to the preferred replicas, or "
+                              "(--unclean) give offline partitions a leader",
         description="Preferred leader election, like kafka-leader-election --election-type "
                     "PREFERRED: a partition whose first replica is live and in sync but does "
-                    "not lead gets it as leader. Every partition without --topic.")
+                    "not lead gets it as leader. With --unclean, like --election-type "
+                    "UNCLEAN: a partition with NO leader gets one, from outside its ISR when "
+                    "no ISR member is live, whatever unclean.leader.election.enable says. "
+                    "That accepts data loss: what the old ISR held past the new leader's log "
+                    "end is gone (returning members truncate to the new leader), and the "
+                    "command prints that offset per partition; partitions that have a leader "
+                    "are left alone. Every partition without --topic.",
+        formatter_class=examples)
     elect.add_argument("--topic", metavar="TOPIC", help="only this topic's partitions")
     elect.add_argument("--partition", type=int, metavar="P",
                        help="only this partition (needs --topic)")
+    elect.add_argument("--unclean", action="store_true",
+                       help="elect leaders of partitions that have none, from outside the "
+                            "ISR if need be (accepts data loss)")
     elect.set_defaults(handler=_partitions_elect_leaders)
 
 
@@ -568,9 +579,15 @@ def _partitions_elect_leaders(args: argparse.Namespace) -> int:
                 wanted = [TopicPartition(args.topic, args.partition)]
             elif args.topic is not None:
                 wanted = sorted(before)
-            results = admin.elect_leaders(wanted)
+            results = admin.elect_leaders(
+                wanted, election_type="unclean" if args.unclean else "preferred")
+            if args.unclean:
+                after = admin.describe_topics(sorted({tp.topic for tp in results}) or None) \
+                    if results else {}
         except KraftlogError as exc:
             _fail("cannot elect leaders", exc)
+    if args.unclean:
+        return _report_unclean(args, results, before, after)
     # An answer without error means the preferred (first) replica leads now.
     moved = [(tp, before[tp]) for tp, error in sorted(results.items())
              if error is None and tp in before and before[tp].replicas
@@ -586,6 +603,47 @@ def _partitions_elect_leaders(args: argparse.Namespace) -> int:
         tp, error = failed[0]
         more = f" ({len(failed)} partitions failed)" if len(failed) > 1 else ""
         raise CliError(f"cannot elect the preferred leader of {tp.topic}-{tp.partition}: "
+                       f"{error.code}: {error.message}{more}")
+    return 0
+
+
+def _report_unclean(args: argparse.Namespace, results: dict, before: dict, after: dict) -> int:
+    """The partitions an unclean election gave a leader, and what it cost."""
+    from api.client import KraftlogError, TopicPartition
+
+    now = {TopicPartition(name, p.partition): p for name, topic in after.items()
+           for p in topic.partitions}
+    elected = sorted(tp for tp, error in results.items() if error is None and tp in now)
+    failed = [(tp, error) for tp, error in sorted(results.items())
+              if error is not None and error.code != "ELECTION_NOT_NEEDED"]
+    ends: dict = {}
+    if elected:
+        try:
+            from api.client import Consumer
+
+            with Consumer(args.bootstrap, request_timeout_ms=10_000,
+                          **client_security()) as consumer:
+                ends = consumer.end_offsets(elected)
+        except KraftlogError:
+            pass  # the table says "-"
+    if elected:
+        print(format_table(("TOPIC", "PARTITION", "LEADER", "OLD-ISR", "IN-OLD-ISR",
+                            "LOG-END"), [
+            (tp.topic, str(tp.partition), str(now[tp].leader),
+             ",".join(map(str, before[tp].isr)) if tp in before else "-",
+             "yes" if tp in before and now[tp].leader in before[tp].isr else "NO",
+             str(ends[tp]) if tp in ends else "-") for tp in elected]))
+        unclean = [tp for tp in elected if tp in before and now[tp].leader not in before[tp].isr]
+        if unclean:
+            print(f"warning: {len(unclean)} partitions are led from outside their ISR: records "
+                  "their old ISR held from LOG-END on are lost, and returning members "
+                  "truncate to the new leader")
+    elif not failed:
+        print("No leader election needed: every partition has a leader.")
+    if failed:
+        tp, error = failed[0]
+        more = f" ({len(failed)} partitions failed)" if len(failed) > 1 else ""
+        raise CliError(f"cannot elect a leader of {tp.topic}-{tp.partition}: "
                        f"{error.code}: {error.message}{more}")
     return 0
 

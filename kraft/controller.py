@@ -127,6 +127,11 @@ PRODUCER_ID_MAX = 2**63 - 1
 CONFIG_SOURCE_TOPIC = "TOPIC_CONFIG"
 CONFIG_SOURCE_DEFAULT = "DEFAULT_CONFIG"
 PREFERRED_LEADER_NOT_AVAILABLE = "PREFERRED_LEADER_NOT_AVAILABLE"
+ELECTION_NOT_NEEDED = "ELECTION_NOT_NEEDED"
+ELIGIBLE_LEADERS_NOT_AVAILABLE = "ELIGIBLE_LEADERS_NOT_AVAILABLE"
+#: ElectLeaders' election_type: names, and Kafka's numbers.
+ELECTION_TYPES = {"preferred": "preferred", "unclean": "unclean", 0: "preferred",
+                  1: "unclean"}
 
 
 def _int_setting(name: str, value: Any, minimum: int, maximum: int) -> None:
@@ -1070,12 +1075,25 @@ class Controller:
         return ControllerResult(records, {"partitions": results})
 
     def elect_leaders(self, image: MetadataImage, request: Any) -> ControllerResult:
-        """ElectLeaders (preferred): move each named partition's leadership to
-        its first replica if that one is live and in the ISR. ``partitions``
-        None (or absent) means every partition; the answer then lists only the
-        partitions that moved or could not (as Kafka leaves out those whose
-        preferred replica already leads)."""
+        """ElectLeaders. ``election_type`` "preferred" (the default, or
+        Kafka's 0): move each named partition's leadership to its first
+        replica if that one is live and in the ISR. "unclean" (or 1): give a
+        partition that has no leader one, from outside the ISR if no ISR
+        member is live, whatever ``unclean.leader.election.enable`` says
+        (an operator accepting the loss of what that replica lacks), and
+        ``ELECTION_NOT_NEEDED`` for a partition that has a leader.
+        ``partitions`` None (or absent) means every partition; the answer
+        then lists only the partitions that moved or could not (as Kafka
+        leaves out those whose preferred replica already leads, or, for
+        unclean, those that have a leader)."""
         body = Fields(request, "")
+        election_type = body.values.get("election_type", "preferred")
+        if (isinstance(election_type, bool) or not isinstance(election_type, (str, int))
+                or election_type not in ELECTION_TYPES):
+            raise InvalidRequestError(
+                f"election_type must be \"preferred\" or \"unclean\" (or Kafka's 0 or 1), "
+                f"not {printable(election_type)}")
+        unclean = ELECTION_TYPES[election_type] == "unclean"
         items = body.sequence("partitions", PARTITIONS_PER_REQUEST_MAX, default=None)
         if items is None:
             wanted = sorted((name, p) for name, topic in image.topics.items()
@@ -1085,9 +1103,16 @@ class Controller:
         draft = _Draft(image)
         results = []
         for topic, partition in wanted:
-            result = _elect_preferred(draft, topic, partition)
-            moved = result.pop("moved")
-            if items is not None or moved or result["error"] is not None:
+            if unclean:
+                result = _elect_unclean(draft, topic, partition)
+                listed = items is not None or result["error"] is None or (
+                    result["error"]["code"] != ELECTION_NOT_NEEDED)
+                result.pop("moved")
+            else:
+                result = _elect_preferred(draft, topic, partition)
+                moved = result.pop("moved")
+                listed = items is not None or moved or result["error"] is not None
+            if listed:
                 results.append(result)
         return ControllerResult(draft.records, {"partitions": results})
 
@@ -1344,6 +1369,35 @@ def _reassignment_plan(original: list[int], target: list[int], isr: list[int]
     replicas = list(target) + [broker for broker in original if broker not in target]
     return (replicas, [broker for broker in target if broker not in original],
             [broker for broker in original if broker not in target])
+
+
+def _elect_unclean(draft: _Draft, topic: str, partition: int) -> dict:
+    """One partition of an unclean ElectLeaders: its result entry (with
+    ``unclean``: whether the leader came from outside the ISR), plus
+    ``moved``."""
+    result = {"topic": topic, "partition": partition, "leader": NO_LEADER, "error": None,
+              "unclean": False, "moved": False}
+    current = draft.image.partition(topic, partition)
+    if current is None:
+        result["error"] = _error(UnknownTopicOrPartitionError(
+            f"partition {topic}-{partition} does not exist"))
+        return result
+    result["leader"] = current.leader
+    if current.leader != NO_LEADER:
+        result["error"] = {"code": ELECTION_NOT_NEEDED,
+                           "message": f"{topic}-{partition} has a leader, broker "
+                                      f"{current.leader}"}
+        return result
+    live = draft.image.live_broker_ids()
+    if not any(r in live for r in current.replicas):
+        result["error"] = {"code": ELIGIBLE_LEADERS_NOT_AVAILABLE,
+                           "message": f"no replica of {topic}-{partition} "
+                                      f"({current.replicas}) is live"}
+        return result
+    _elect(draft, topic, partition, list(current.isr), live, unclean_allowed=True)
+    after = draft.image.topics[topic].partitions[partition]
+    result.update(leader=after.leader, unclean=after.leader not in current.isr, moved=True)
+    return result
 
 
 def _elect_preferred(draft: _Draft, topic: str, partition: int) -> dict:

@@ -394,12 +394,17 @@ class AsyncAdmin:
                 raise error
 
     # -- partitions and cluster ----------------------------------------------------------
-    async def elect_leaders(self, partitions: Iterable[Any] | None = None
+    async def elect_leaders(self, partitions: Iterable[Any] | None = None,
+                            election_type: str = "preferred"
                             ) -> dict[TopicPartition, KraftlogError | None]:
-        """Move leadership to each partition's preferred (first) replica; all
-        partitions for None (then only those that moved or could not are
-        answered). Per-partition errors are returned, not raised."""
-        body = {"partitions": None if partitions is None else [
+        """``election_type`` "preferred": move leadership to each partition's
+        preferred (first) replica. "unclean": give each partition that has
+        no leader one, from outside the ISR if no ISR member is live
+        (accepting the loss of what it lacks; ``ELECTION_NOT_NEEDED`` for
+        one that has a leader). All partitions for None (then only those
+        that changed or could not are answered). Per-partition errors are
+        returned, not raised."""
+        body = {"election_type": election_type, "partitions": None if partitions is None else [
             {"topic": tp.topic, "partition": tp.partition}
             for tp in map(as_topic_partition, partitions)]}
         answer = await self._call("/v1/admin/leaders/elect", body)
@@ -657,10 +662,11 @@ class Admin:
     def alter_configs(self, topic: str, changes: Mapping[str, Any], **kwargs: Any) -> None:
         return self._thread.run(self._admin.alter_configs(topic, dict(changes), **kwargs))
 
-    def elect_leaders(self, partitions: Iterable[Any] | None = None
+    def elect_leaders(self, partitions: Iterable[Any] | None = None,
+                      election_type: str = "preferred"
                       ) -> dict[TopicPartition, KraftlogError | None]:
         return self._thread.run(self._admin.elect_leaders(
-            None if partitions is None else list(partitions)))
+            None if partitions is None else list(partitions), election_type))
 
     def alter_partition_reassignments(self, reassignments: Mapping[Any, list[int] | None],
                                       **kwargs: Any) -> dict[TopicPartition, KraftlogError | None]:

@@ -661,6 +661,50 @@ def test_elect_leaders_moves_leadership_back_to_the_preferred_replica(brokers3):
     assert out.startswith("No leader election needed")
 
 
+def test_an_unclean_election_brings_an_offline_partition_back_and_says_what_it_cost(brokers3):
+    """Kafka's kafka-leader-election --election-type UNCLEAN: the only ISR
+    member is gone, an out-of-sync replica is back; with
+    unclean.leader.election.enable off the partition stays offline until an
+    operator elects that replica, losing what it lacks (printed)."""
+    url = brokers3.nodes[4].broker_url  # not a replica: always up here
+    with Admin(url) as admin:
+        admin.create_topics([NewTopic("unclean", replica_assignments={0: [2, 3]})])
+    produce(url, "unclean", ["a"])  # acks=all: on both
+    brokers3.pause(3)  # out of the ISR once its lease lapses
+    try:
+        wait_until(lambda: registration(brokers3, "unclean", 0)["isr"] == [2], 30,
+                   "unclean-0's ISR down to broker 2")
+        produce(url, "unclean", ["b", "c"], "--acks", "1")  # broker 2 alone has them
+        brokers3.pause(2)  # the last ISR member goes: offline
+        wait_until(lambda: registration(brokers3, "unclean", 0)["leader"] == -1, 30,
+                   "unclean-0 offline")
+    finally:
+        brokers3.resume(3)
+    try:
+        wait_until(lambda: brokers3.broker_health(3) and brokers3.broker_health(3).get(
+            "state") == "running", 30, "broker 3 running again")
+        # Broker 3 is live but not in sync: a clean election cannot pick it.
+        assert registration(brokers3, "unclean", 0)["leader"] == -1
+        out = ok(kraftlog(url, "partitions", "elect-leaders", "--unclean", "--topic",
+                          "unclean")).stdout.splitlines()
+        assert [line.split() for line in out[:2]] == [
+            ["TOPIC", "PARTITION", "LEADER", "OLD-ISR", "IN-OLD-ISR", "LOG-END"],
+            ["unclean", "0", "3", "2", "NO", "1"]]
+        assert "led from outside their ISR" in out[2] and "lost" in out[2]
+        assert registration(brokers3, "unclean", 0)["leader"] == 3
+        produce(url, "unclean", ["d"])
+        again = ok(kraftlog(url, "partitions", "elect-leaders", "--unclean", "--topic",
+                            "unclean")).stdout
+        assert again.startswith("No leader election needed")
+    finally:
+        brokers3.resume(2)
+    # Broker 2 comes back, drops what the new leader lacks, and follows.
+    wait_until(lambda: sorted(registration(brokers3, "unclean", 0)["isr"]) == [2, 3], 60,
+               "broker 2 back in unclean-0's ISR")
+    got = consume(url, "unclean", "--from-beginning", "--max-messages", "2")
+    assert got.stdout.splitlines() == ["a", "d"]
+
+
 def test_describe_producers_lists_the_idempotent_producers_of_each_partition(url):
     create(url, "producers", "--partitions", "2")
     produce(url, "producers", ["a", "b"], "--partition", "1")

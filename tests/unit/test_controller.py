@@ -459,6 +459,47 @@ def test_returning_broker_outside_the_isr_leads_only_if_unclean_is_allowed():
         assert (cluster.partition("t", p).leader, cluster.partition("t", p).isr) == (2, [2])
 
 
+def test_an_unclean_election_asked_for_gives_an_offline_partition_a_leader():
+    """kraftlog partitions elect-leaders --unclean (Kafka's ElectLeaders,
+    election type UNCLEAN): with unclean.leader.election.enable off, an
+    operator elects a live replica outside the ISR of a partition with no
+    leader, accepting the loss of what it lacks; one that has a leader is
+    ELECTION_NOT_NEEDED, one with no live replica ELIGIBLE_LEADERS_NOT_AVAILABLE."""
+    cluster = Cluster(default_replication_factor=2)
+    cluster.start(1, 2, 3)
+    cluster.create("t", assignments={0: [1, 2], 1: [1, 2], 2: [3, 1]})
+    for p in (0, 1):
+        cluster.call("alter_partition", {"broker_id": 1, "broker_epoch": 0, "topic": "t",
+                                         "partition": p, "leader_epoch": 0,
+                                         "partition_epoch": 0, "new_isr": [1]})
+    cluster.heartbeat(2, want_fence=True)
+    cluster.heartbeat(1, want_fence=True)
+    cluster.heartbeat(2)  # back, but not in sync: stays offline
+    assert [cluster.partition("t", p).leader for p in (0, 1)] == [NO_LEADER, NO_LEADER]
+    for bad in ("clean", ["unclean"], True, 2, None):
+        with pytest.raises(InvalidRequestError, match="election_type"):
+            cluster.call("elect_leaders", {"election_type": bad, "partitions": None})
+    response = cluster.call("elect_leaders", {"election_type": "unclean", "partitions": [
+        {"topic": "t", "partition": 0}, {"topic": "t", "partition": 2},
+        {"topic": "nope", "partition": 0}]})
+    assert [(r["partition"], r["leader"], r["unclean"], r["error"] and r["error"]["code"])
+            for r in response["partitions"]] == [
+        (0, 2, True, None), (2, 3, False, "ELECTION_NOT_NEEDED"),
+        (0, NO_LEADER, False, "UNKNOWN_TOPIC_OR_PARTITION")]
+    after = cluster.partition("t", 0)
+    assert (after.leader, after.isr, after.leader_recovery_state) == (2, [2], rec.LEADER_RECOVERING)
+    # Every partition (None): only those it changed or could not change are listed.
+    response = cluster.call("elect_leaders", {"election_type": 1, "partitions": None})
+    assert [(r["partition"], r["leader"], r["unclean"]) for r in response["partitions"]] == [
+        (1, 2, True)]
+    cluster.heartbeat(2, want_fence=True)
+    cluster.heartbeat(3, want_fence=True)
+    assert cluster.partition("t", 0).leader == NO_LEADER
+    response = cluster.call("elect_leaders", {"election_type": "unclean", "partitions": [
+        {"topic": "t", "partition": 0}]})
+    assert response["partitions"][0]["error"]["code"] == "ELIGIBLE_LEADERS_NOT_AVAILABLE"
+
+
 def test_become_active_gives_every_broker_a_fresh_lease_and_forgets_others():
     cluster = Cluster()
     cluster.start(1)
