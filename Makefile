@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test bench-storage bench-controller spark-example clean debian-tools console-screenshots
+.PHONY: install run test chaos bench-storage bench-controller spark-example clean debian-tools console-screenshots
 
 install: $(STAMP)
 
@@ -31,6 +31,22 @@ spark-example: $(STAMP)
 
 test: $(STAMP) debian-tools
 	$(PY) -m pytest -q --durations=15 tests
+
+# Every chaos scenario for CHAOS_DURATION seconds each (10 minutes by default;
+# about 1 h 50 min in all), then a fuzz campaign as long; results, reports and
+# node logs under CHAOS_OUT. Stops at the first scenario whose checker fails.
+CHAOS_DURATION ?= 600
+CHAOS_OUT      ?= chaos-runs
+CHAOS_SCENARIOS := kill-leader kill-random kill-two kill-controller restart-cluster pause \
+	pause-kill rolling-restart partition mixed
+chaos: $(STAMP)
+	@mkdir -p $(CHAOS_OUT)
+	@for scenario in $(CHAOS_SCENARIOS); do \
+	  echo "== chaos $$scenario for $(CHAOS_DURATION) s"; \
+	  $(VENV)/bin/kraftlog chaos run --scenario $$scenario --duration $(CHAOS_DURATION) \
+	    --out $(CHAOS_OUT)/$$scenario-$$(date +%s) || exit 1; \
+	done
+	$(VENV)/bin/kraftlog chaos fuzz --duration $(CHAOS_DURATION) --out $(CHAOS_OUT)/fuzz-$$(date +%s)
 
 # Debian's packages the tests drive: kcat (a Kafka client, for the Kafka
 # listener's tests) and chromium (the web console's browser tests, through

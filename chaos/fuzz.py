@@ -511,7 +511,8 @@ def run(out_dir: str, brokers: int, seed: int, duration_s: float, corpus: list[I
             say(f"  {report.requests:,} requests, {len(report.outcomes):,} outcomes, "
                 f"{len(report.findings)} findings")
 
-        say(f"fuzzing {len(routes())} routes for {duration_s:.0f} s (seed {seed}"
+        say(f"fuzzing {len({r.path.split('?')[0] for r in routes()})} routes for "
+            f"{duration_s:.0f} s (seed {seed}"
             f"{f', {len(corpus)} corpus inputs first' if corpus else ''}) ...")
         started = time.monotonic()
         report = asyncio.run(campaign(url_of, seed, duration_s, corpus, progress))
