@@ -135,9 +135,14 @@ class Log:
         self.log_start_offset = log_start_offset
         # Invariant: every byte below recovery_point is fsynced.
         self.recovery_point = recovery_point
-        # Called (owner thread) when a truncation lowers the recovery point:
-        # the owner makes the lower one durable before new data comes.
+        # Set by the owner (the log manager): a truncation that lowers the
+        # recovery point calls ``on_recovery_point_lowered`` (note it), and
+        # the next write first calls ``before_write_after_truncation``
+        # (make the lower one durable), so the checkpoint on disk never
+        # vouches for bytes written after the truncation.
         self.on_recovery_point_lowered: Callable[[], None] | None = None
+        self.before_write_after_truncation: Callable[[], None] | None = None
+        self._checkpoint_before_write = False
         self._unflushed_messages = 0
         self._first_unflushed_ms: int | None = None
         self._dir_dirty = False
@@ -537,8 +542,17 @@ class Log:
         self._producer_state_caught_up()
         return info
 
+    def _recovery_point_lowered(self) -> None:
+        self._checkpoint_before_write = True
+        if self.on_recovery_point_lowered is not None:
+            self.on_recovery_point_lowered()
+
     def _write(self, entries: list[tuple[list, BatchMeta, int]]) -> AppendInfo:
         """Write validated batches, rolling segments where a batch does not fit."""
+        if self._checkpoint_before_write:
+            if self.before_write_after_truncation is not None:
+                self.before_write_after_truncation()  # raises if it cannot: nothing written
+            self._checkpoint_before_write = False
         now_ms = self.clock()
         pieces: list = []
         metas: list[BatchMeta] = []
@@ -683,8 +697,8 @@ class Log:
         self.aborted_txns.truncate_to(end)
         self._cleaner_state_truncated(end)
         self._load_producer_state()
-        if lowered and self.on_recovery_point_lowered is not None:
-            self.on_recovery_point_lowered()
+        if lowered:
+            self._recovery_point_lowered()
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete everything and restart the log empty at ``offset`` (a
@@ -711,8 +725,8 @@ class Log:
         self.aborted_txns.clear()
         self.cleaner_state.reset(offset)
         self.cleaner_state.save()
-        if lowered and self.on_recovery_point_lowered is not None:
-            self.on_recovery_point_lowered()
+        if lowered:
+            self._recovery_point_lowered()
 
     def _cleaner_state_truncated(self, end: int) -> None:
         state = self.cleaner_state

@@ -158,6 +158,9 @@ class LogManager:
         self._checkpoint_lock = threading.Lock()
         self._checkpoint_version = 0
         self._checkpoint_written: dict[str, int] = {}
+        # Dirs where a truncation lowered a recovery point since their
+        # checkpoints were last written (_watch_truncations).
+        self._lowered_dirs: set[str] = set()
         # Set by the broker: per partition, the offset retention may not pass
         # (its high watermark), so uncommitted data is never deleted.
         self.retention_upper_bounds: Callable[[], Mapping[TopicPartition, int]] | None = None
@@ -296,18 +299,36 @@ class LogManager:
         self._watch_truncations(new_log, directory)
 
     def _watch_truncations(self, part_log: Log, directory: str) -> None:
-        """A truncation that lowers a log's recovery point writes its dir's
-        checkpoints at once, before the log takes new data there (Kafka
-        does the same): with the old, higher recovery point on disk, a
-        restart would trust records written after the truncation as if
-        they had been fsynced and re-validated, and would learn their
-        leader epoch at the wrong offset (the epoch of a batch re-read at
-        the stale recovery point, not at the truncation point)."""
-        part_log.on_recovery_point_lowered = lambda: self._checkpoint_dir_now(directory)
+        """A truncation that lowers a log's recovery point gets its dir's
+        checkpoints written before the log takes new data (Kafka writes
+        them after a truncation too): with the old, higher recovery point
+        on disk, a restart would trust records written after the
+        truncation as if they had been fsynced and re-validated, and would
+        learn their leader epoch at the wrong offset (the epoch of a batch
+        re-read at the stale recovery point, not at the truncation point).
+        Until then the file is merely shorter than the checkpoint says,
+        which recovery handles. One write per dir covers every log
+        truncated before it: a failover that cuts many followers' tails
+        writes each dir once, at the first append after the cuts."""
+        part_log.on_recovery_point_lowered = lambda: self._lowered_dirs.add(directory)
+        part_log.before_write_after_truncation = self._checkpoint_lowered_dirs
 
-    def _checkpoint_dir_now(self, directory: str) -> None:
-        snapshot = self._checkpoint_snapshot()
-        self._write_checkpoints((snapshot[0], {directory: snapshot[1][directory]}))
+    def _checkpoint_lowered_dirs(self) -> None:
+        """Owner thread, before a write: checkpoint the dirs where a
+        recovery point went down since their last write. A failure raises
+        (the write is refused: KAFKA_STORAGE_ERROR) and is tried again by
+        the next write."""
+        if not self._lowered_dirs:
+            return
+        version, snapshot = self._checkpoint_snapshot()
+        dirs = sorted(self._lowered_dirs)
+        try:
+            self._write_checkpoints((version, {d: snapshot[d] for d in dirs if d in snapshot}))
+        except OSError as exc:
+            raise LogDirectoryError(
+                f"cannot write the recovery-point checkpoint of {', '.join(dirs)} after a "
+                f"truncation ({exc}); nothing is written until it can be") from exc
+        self._lowered_dirs.difference_update(dirs)
 
     def release_new_log(self, directory: str) -> None:
         """Undo ``reserve_new_log`` for a log that was not made. Owner thread."""

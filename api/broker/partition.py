@@ -299,8 +299,9 @@ class Partition:
         unclean leader's recovery, shrink lagging followers out, or expand
         caught-up replicas in — only those in ``eligible`` (live, unfenced
         brokers and their registered broker epochs; None: any) whose
-        fetches came from that registration (or named none), since the
-        controller refuses the others. None while a proposal is in flight."""
+        fetches named that registration: a fetch that names none (a broker
+        between registrations) proves nothing about the incarnation the
+        controller would add. None while a proposal is in flight."""
         if not self.is_leader or self.pending_isr is not None:
             return None
         if self.leader_recovery_state == LEADER_RECOVERING:
@@ -314,8 +315,7 @@ class Partition:
             return self._propose([r for r in self.isr if r not in lagging],
                                  f"replicas {lagging} lag more than {lag_time_max_ms} ms")
         joining = [r for r in self.replicas if r not in self.isr and self._caught_up(r)
-                   and (eligible is None or (r in eligible and self._state(r).broker_epoch
-                                             in (-1, eligible[r])))]
+                   and (eligible is None or self._state(r).broker_epoch == eligible.get(r, -2))]
         if joining:
             return self._propose(self.isr + joining, f"replicas {joining} caught up")
         return None

@@ -1041,6 +1041,14 @@ class ReplicationCore:
         watermark."""
         answered = {}
         session = None
+        if (request.replica_id >= 0 and request.session_epoch != NO_SESSION
+                and self._stale_registration(request.replica_id, request.replica_epoch)):
+            # A dead incarnation's late fetch: its session goes, and it is
+            # answered alone (every partition STALE_BROKER_EPOCH).
+            old = self._fetch_sessions.get(request.session_id)
+            if old is not None and old.replica_id == request.replica_id:
+                self._close_fetch_session(old)
+            request = dataclasses.replace(request, session_epoch=NO_SESSION)
         if request.replica_id >= 0 and request.session_epoch != NO_SESSION:
             session = self._fetch_session(request_id, request, now_ms)
             if session is None:
@@ -1233,9 +1241,7 @@ class ReplicationCore:
         which registration of it said so). Returns the answers already
         decided (errors, diverging epochs) by position."""
         answered: dict[int, dict] = {}
-        registered = self.image.brokers.get(replica_id)
-        stale = (replica_epoch >= 0 and registered is not None
-                 and registered.broker_epoch > replica_epoch)
+        stale = self._stale_registration(replica_id, replica_epoch)
         for i, spec in enumerate(specs):
             try:
                 part = self.leader_partition(spec.tp.topic, spec.tp.partition,
@@ -1247,7 +1253,8 @@ class ReplicationCore:
                 if stale:  # a late fetch of an incarnation that registered again since
                     raise StaleBrokerEpochError(
                         f"broker {replica_id} fetches as broker epoch {replica_epoch}, but "
-                        f"it has registered again since (epoch {registered.broker_epoch})")
+                        f"it has registered again since (epoch "
+                        f"{self.image.brokers[replica_id].broker_epoch})")
                 diverging = part.diverging_epoch(spec.offset, spec.last_fetched_epoch)
                 if diverging is not None:
                     result = empty_fetch_result(spec)
@@ -1268,6 +1275,13 @@ class ReplicationCore:
                 result["error"] = exc
                 answered[i] = result
         return answered
+
+    def _stale_registration(self, replica_id: int, replica_epoch: int) -> bool:
+        """Whether a follower's fetch names an older registration than this
+        broker's image shows (a previous incarnation's, sent before it died)."""
+        registered = self.image.brokers.get(replica_id)
+        return (replica_epoch >= 0 and registered is not None
+                and registered.broker_epoch > replica_epoch)
 
     def _read_all(self, specs: list[FetchSpec], max_bytes: int, follower: bool,
                   committed: bool = False) -> tuple[list[dict], int, bool]:

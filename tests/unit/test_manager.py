@@ -156,12 +156,56 @@ def test_a_checkpoint_written_late_never_raises_a_lowered_recovery_point(tmp_pat
     for _ in range(4):
         log.append(make_batch(3), leader_epoch=0)
     log.flush()
-    late = manager._checkpoint_snapshot()  # taken by the checkpoint tick ...
-    log.truncate_to(6)  # ... a truncation writes its own at once ...
-    manager._write_checkpoints(late)  # ... and the tick's write lands after it
     from storage.checkpoint import OffsetCheckpoint
-    assert OffsetCheckpoint(str(tmp_path / "d1" / RECOVERY_POINT_FILE)).read() == {
-        ("orders", 0): 6}
+    on_disk = OffsetCheckpoint(str(tmp_path / "d1" / RECOVERY_POINT_FILE))
+    late = manager._checkpoint_snapshot()  # taken by the checkpoint tick ...
+    log.truncate_to(6)
+    log.append(make_batch(3), leader_epoch=1)  # ... the write after the cut checkpoints 6 ...
+    assert on_disk.read() == {("orders", 0): 6}
+    manager._write_checkpoints(late)  # ... and the tick's write lands after it
+    assert on_disk.read() == {("orders", 0): 6}
+    manager.abandon()
+
+
+def test_many_truncations_cost_one_checkpoint_write_per_dir_and_a_failed_one_refuses_the_write(
+        tmp_path, monkeypatch):
+    """A failover cuts the tails of many followers at once: their dir's
+    checkpoints are written once, at the first write after the cuts. If
+    that write fails, the append is refused (KAFKA_STORAGE_ERROR) before a
+    byte is written, and the next append tries again."""
+    from storage.checkpoint import OffsetCheckpoint
+    from storage.errors import LogDirectoryError
+
+    manager = manager_for(tmp_path / "d1")
+    logs = [manager.get_or_create_log(TopicPartition("t", p)) for p in range(5)]
+    for log in logs:
+        for _ in range(3):
+            log.append(make_batch(3), leader_epoch=0)
+        log.flush()
+    writes = []
+    real_write = OffsetCheckpoint.write
+    monkeypatch.setattr(OffsetCheckpoint, "write",
+                        lambda self, entries: (writes.append(self), real_write(self, entries)))
+    for log in logs:
+        log.truncate_to(3)
+    assert writes == [], "nothing is written at the cuts"
+    for log in logs:
+        log.append(make_batch(3), leader_epoch=1)
+    assert len(writes) == 2, "one recovery-point and one log-start checkpoint, once"
+
+    logs[0].flush()  # recovery point 6
+    logs[0].truncate_to(3)
+
+    def failing(self, entries):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(OffsetCheckpoint, "write", failing)
+    end = logs[0].log_end_offset
+    with pytest.raises(LogDirectoryError, match="recovery-point checkpoint"):
+        logs[0].append(make_batch(3), leader_epoch=2)
+    assert logs[0].log_end_offset == end
+    monkeypatch.setattr(OffsetCheckpoint, "write", real_write)
+    logs[0].append(make_batch(3), leader_epoch=2)
+    assert OffsetCheckpoint(str(tmp_path / "d1" / RECOVERY_POINT_FILE)).read()[("t", 0)] == 3
     manager.abandon()
 
 

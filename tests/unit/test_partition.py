@@ -272,8 +272,8 @@ def test_describe_shows_each_replicas_log_end_and_lag(tmp_path, describe_now):
 def test_only_live_brokers_are_proposed_and_a_definite_refusal_leaves_no_trace(tmp_path):
     part = leader(tmp_path, isr=(LEADER, F1))
     part.append_as_leader(records(4))
-    part.record_follower_fetch(F1, 4, 1)
-    part.record_follower_fetch(F2, 4, 1)
+    part.record_follower_fetch(F1, 4, 1, broker_epoch=0)
+    part.record_follower_fetch(F2, 4, 1, broker_epoch=0)
     assert part.isr_proposal(2, LAG_MS, eligible={LEADER: 0, F1: 0}) is None, "F2 is fenced"
     proposal = part.isr_proposal(2, LAG_MS, eligible={LEADER: 0, F1: 0, F2: 0})
     assert proposal.new_isr == [LEADER, F1, F2]

@@ -197,10 +197,18 @@ def test_fetches_name_the_followers_registration_and_an_expansion_names_it_too(t
     _, rest = deliver_fetch(leader, as_epoch(registered + 5), 1)
     leader.tick(2)
     assert of(rest + leader.ready(), SendAlterPartition) == []
-    # One older than the image's: a late fetch of a dead incarnation, refused.
-    (answer,), rest = deliver_fetch(leader, as_epoch(registered - 1), 2)
-    assert answer[0]["error"]["code"] == "STALE_BROKER_EPOCH"
+    # One that names none (a broker between registrations): no proposal.
+    _, rest = deliver_fetch(leader, as_epoch(-1), 2)
     assert of(rest, SendAlterPartition) == []
+    # One older than the image's: a late fetch of a dead incarnation, refused,
+    # and the fetch session it names is closed.
+    sessions = dict(leader._fetch_sessions)
+    assert sessions
+    stale = as_epoch(registered - 1)
+    stale.body.update(session_id=max(sessions), session_epoch=1)
+    (answer,), rest = deliver_fetch(leader, stale, 2)
+    assert answer[0]["error"]["code"] == "STALE_BROKER_EPOCH"
+    assert of(rest, SendAlterPartition) == [] and max(sessions) not in leader._fetch_sessions
     _, rest = deliver_fetch(leader, fetch, 3)
     (proposal,) = of(rest, SendAlterPartition)
     assert proposal.body["new_isr"] == [LEADER, FOLLOWER]
