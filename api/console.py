@@ -599,12 +599,17 @@ def _partitions_elect_leaders(args: argparse.Namespace) -> int:
             for tp, info in moved]))
     elif not failed:
         print("No leader election needed: every partition is led by its preferred replica.")
+    _raise_first_failure(failed, "the preferred leader")
+    return 0
+
+
+def _raise_first_failure(failed: list, what: str) -> None:
+    """An election's failed partitions, as one line naming the first."""
     if failed:
         tp, error = failed[0]
         more = f" ({len(failed)} partitions failed)" if len(failed) > 1 else ""
-        raise CliError(f"cannot elect the preferred leader of {tp.topic}-{tp.partition}: "
+        raise CliError(f"cannot elect {what} of {tp.topic}-{tp.partition}: "
                        f"{error.code}: {error.message}{more}")
-    return 0
 
 
 def _report_unclean(args: argparse.Namespace, results: dict, before: dict, after: dict) -> int:
@@ -640,11 +645,7 @@ def _report_unclean(args: argparse.Namespace, results: dict, before: dict, after
                   "truncate to the new leader")
     elif not failed:
         print("No leader election needed: every partition has a leader.")
-    if failed:
-        tp, error = failed[0]
-        more = f" ({len(failed)} partitions failed)" if len(failed) > 1 else ""
-        raise CliError(f"cannot elect a leader of {tp.topic}-{tp.partition}: "
-                       f"{error.code}: {error.message}{more}")
+    _raise_first_failure(failed, "a leader")
     return 0
 
 

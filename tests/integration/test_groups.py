@@ -35,6 +35,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
+from typing import Callable
 
 import pytest
 
@@ -490,6 +491,16 @@ def test_any_broker_describes_a_group_whose_id_needs_quoting_in_a_url(cluster):
 
 # -- 2. never two owners at once ---------------------------------------------------------
 
+def hand_over_listeners(events: list) -> Callable[[int], dict]:
+    """Per consumer i, rebalance listeners that note (time, i, "+"/"-",
+    partitions) in ``events``."""
+    def listeners(i: int) -> dict:
+        def note(kind: str):
+            return lambda partitions: events.append((time.monotonic(), i, kind, partitions))
+        return {"on_partitions_assigned": note("+"), "on_partitions_revoked": note("-")}
+    return listeners
+
+
 def test_a_partition_is_never_in_two_consumers_hands_while_the_group_grows(cluster):
     group, topic = "handoff-4", "handoff-4"
     everything = set(create_topic(cluster, topic, 4))
@@ -497,11 +508,7 @@ def test_a_partition_is_never_in_two_consumers_hands_while_the_group_grows(clust
     # "+"/"-", partitions). poll calls them before it returns records of a
     # partition given, and after the last records of one taken away.
     events: list[tuple[float, int, str, set]] = []
-
-    def listeners(i: int) -> dict:
-        def note(kind: str):
-            return lambda partitions: events.append((time.monotonic(), i, kind, partitions))
-        return {"on_partitions_assigned": note("+"), "on_partitions_revoked": note("-")}
+    listeners = hand_over_listeners(events)
 
     with contextlib.ExitStack() as stack:
         consumers = [stack.enter_context(group_consumer(cluster, group)) for _ in range(2)]
@@ -566,11 +573,7 @@ def test_closing_a_member_calls_its_revoke_listener_before_others_get_its_partit
     group, topic = "close-revokes", "close-revokes"
     everything = set(create_topic(cluster, topic, 4))
     events: list[tuple[float, int, str, set]] = []
-
-    def listeners(i: int) -> dict:
-        def note(kind: str):
-            return lambda partitions: events.append((time.monotonic(), i, kind, partitions))
-        return {"on_partitions_assigned": note("+"), "on_partitions_revoked": note("-")}
+    listeners = hand_over_listeners(events)
 
     with group_consumer(cluster, group) as stays:
         stays.subscribe([topic], **listeners(0))
