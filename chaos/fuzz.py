@@ -552,13 +552,17 @@ def _create_topic(cluster: Any, name: str, partitions: int, replication: int) ->
 
 
 def _canary(cluster: Any, replication: int, wait_until: Callable) -> str | None:
-    """None if a new topic takes 100 acks=all writes and serves them back."""
-    from api.client import Consumer, Producer, TopicPartition
+    """None if a new topic takes 100 acks=all writes and serves them back
+    (client quotas the campaign may have set removed first)."""
+    from api.client import Admin, Consumer, Producer, TopicPartition
 
     name = "fuzz-canary"
     try:
-        _create_topic(cluster, name, 1, replication)
         urls = [cluster.nodes[b].broker_url for b in cluster.broker_ids]
+        with Admin(urls) as admin:  # a quota the campaign set may legitimately throttle
+            for entity, quotas in admin.describe_client_quotas():
+                admin.alter_client_quotas(entity, {key: None for key in quotas})
+        _create_topic(cluster, name, 1, replication)
         values = [f"canary-{i}".encode() for i in range(100)]
         with Producer(urls, acks="all", linger_ms=2) as producer:
             for value in values:
