@@ -582,7 +582,7 @@ def _partitions_elect_leaders(args: argparse.Namespace) -> int:
             results = admin.elect_leaders(
                 wanted, election_type="unclean" if args.unclean else "preferred")
             if args.unclean:
-                after = admin.describe_topics(sorted({tp.topic for tp in results}) or None) \
+                after = admin.describe_topics(sorted({tp.topic for tp in results})) \
                     if results else {}
         except KraftlogError as exc:
             _fail("cannot elect leaders", exc)
@@ -614,7 +614,7 @@ def _raise_first_failure(failed: list, what: str) -> None:
 
 def _report_unclean(args: argparse.Namespace, results: dict, before: dict, after: dict) -> int:
     """The partitions an unclean election gave a leader, and what it cost."""
-    from api.client import KraftlogError, TopicPartition
+    from api.client import Consumer, KraftlogError, TopicPartition
 
     now = {TopicPartition(name, p.partition): p for name, topic in after.items()
            for p in topic.partitions}
@@ -624,8 +624,6 @@ def _report_unclean(args: argparse.Namespace, results: dict, before: dict, after
     ends: dict = {}
     if elected:
         try:
-            from api.client import Consumer
-
             with Consumer(args.bootstrap, request_timeout_ms=10_000,
                           **client_security()) as consumer:
                 ends = consumer.end_offsets(elected)

@@ -129,9 +129,8 @@ CONFIG_SOURCE_DEFAULT = "DEFAULT_CONFIG"
 PREFERRED_LEADER_NOT_AVAILABLE = "PREFERRED_LEADER_NOT_AVAILABLE"
 ELECTION_NOT_NEEDED = "ELECTION_NOT_NEEDED"
 ELIGIBLE_LEADERS_NOT_AVAILABLE = "ELIGIBLE_LEADERS_NOT_AVAILABLE"
-#: ElectLeaders' election_type: names, and Kafka's numbers.
-ELECTION_TYPES = {"preferred": "preferred", "unclean": "unclean", 0: "preferred",
-                  1: "unclean"}
+#: ElectLeaders' election_type (names, and Kafka's numbers) -> whether unclean.
+ELECTION_TYPES = {"preferred": False, "unclean": True, 0: False, 1: True}
 
 
 def _int_setting(name: str, value: Any, minimum: int, maximum: int) -> None:
@@ -1093,7 +1092,7 @@ class Controller:
             raise InvalidRequestError(
                 f"election_type must be \"preferred\" or \"unclean\" (or Kafka's 0 or 1), "
                 f"not {printable(election_type)}")
-        unclean = ELECTION_TYPES[election_type] == "unclean"
+        unclean = ELECTION_TYPES[election_type]
         items = body.sequence("partitions", PARTITIONS_PER_REQUEST_MAX, default=None)
         if items is None:
             wanted = sorted((name, p) for name, topic in image.topics.items()
@@ -1107,7 +1106,6 @@ class Controller:
                 result = _elect_unclean(draft, topic, partition)
                 listed = items is not None or result["error"] is None or (
                     result["error"]["code"] != ELECTION_NOT_NEEDED)
-                result.pop("moved")
             else:
                 result = _elect_preferred(draft, topic, partition)
                 moved = result.pop("moved")
@@ -1373,10 +1371,9 @@ def _reassignment_plan(original: list[int], target: list[int], isr: list[int]
 
 def _elect_unclean(draft: _Draft, topic: str, partition: int) -> dict:
     """One partition of an unclean ElectLeaders: its result entry (with
-    ``unclean``: whether the leader came from outside the ISR), plus
-    ``moved``."""
+    ``unclean``: whether the leader came from outside the ISR)."""
     result = {"topic": topic, "partition": partition, "leader": NO_LEADER, "error": None,
-              "unclean": False, "moved": False}
+              "unclean": False}
     current = draft.image.partition(topic, partition)
     if current is None:
         result["error"] = _error(UnknownTopicOrPartitionError(
@@ -1396,7 +1393,7 @@ def _elect_unclean(draft: _Draft, topic: str, partition: int) -> dict:
         return result
     _elect(draft, topic, partition, list(current.isr), live, unclean_allowed=True)
     after = draft.image.topics[topic].partitions[partition]
-    result.update(leader=after.leader, unclean=after.leader not in current.isr, moved=True)
+    result.update(leader=after.leader, unclean=after.leader not in current.isr)
     return result
 
 

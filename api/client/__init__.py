@@ -55,7 +55,7 @@ def encode_batch(records) -> bytes:
     """One record batch holding ``records`` (``(key, value)`` pairs of bytes
     or None), as ``POST /v1/produce`` takes it in ``records``: for talking
     to a broker over HTTP without the producer."""
-    return _build_batch([(key, value) for key, value in records])
+    return _build_batch(list(records))
 
 
 __all__ = [

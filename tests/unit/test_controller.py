@@ -440,10 +440,14 @@ def test_returning_broker_reelects_its_offline_partitions():
     assert cluster.partition("t", 1).leader == 2
 
 
-def test_returning_broker_outside_the_isr_leads_only_if_unclean_is_allowed():
+def offline_with_broker_2_out_of_sync(with_broker_3: bool = False) -> Cluster:
+    """t-0 and t-1 on [1, 2], ISR [1]; broker 1 fenced, broker 2 live again
+    but not in sync: both offline. ``with_broker_3``: also t-2 on [3, 1],
+    led by a live broker 3."""
     cluster = Cluster(default_replication_factor=2)
-    cluster.start(1, 2)
-    cluster.create("t", assignments={0: [1, 2], 1: [1, 2]})
+    cluster.start(*((1, 2, 3) if with_broker_3 else (1, 2)))
+    cluster.create("t", assignments={0: [1, 2], 1: [1, 2],
+                                     **({2: [3, 1]} if with_broker_3 else {})})
     for p in (0, 1):
         cluster.call("alter_partition", {"broker_id": 1, "broker_epoch": 0, "topic": "t",
                                          "partition": p, "leader_epoch": 0,
@@ -452,7 +456,12 @@ def test_returning_broker_outside_the_isr_leads_only_if_unclean_is_allowed():
     cluster.heartbeat(1, want_fence=True)
     assert cluster.partition("t", 0).leader == NO_LEADER
     cluster.heartbeat(2)  # back, but not in sync: stays offline
-    assert cluster.partition("t", 0).leader == NO_LEADER
+    assert [cluster.partition("t", p).leader for p in (0, 1)] == [NO_LEADER, NO_LEADER]
+    return cluster
+
+
+def test_returning_broker_outside_the_isr_leads_only_if_unclean_is_allowed():
+    cluster = offline_with_broker_2_out_of_sync()
     # Enabling unclean election elects the live out-of-sync replica at once.
     cluster.set_config("t", "unclean.leader.election.enable", "true")
     for p in (0, 1):
@@ -465,17 +474,7 @@ def test_an_unclean_election_asked_for_gives_an_offline_partition_a_leader():
     operator elects a live replica outside the ISR of a partition with no
     leader, accepting the loss of what it lacks; one that has a leader is
     ELECTION_NOT_NEEDED, one with no live replica ELIGIBLE_LEADERS_NOT_AVAILABLE."""
-    cluster = Cluster(default_replication_factor=2)
-    cluster.start(1, 2, 3)
-    cluster.create("t", assignments={0: [1, 2], 1: [1, 2], 2: [3, 1]})
-    for p in (0, 1):
-        cluster.call("alter_partition", {"broker_id": 1, "broker_epoch": 0, "topic": "t",
-                                         "partition": p, "leader_epoch": 0,
-                                         "partition_epoch": 0, "new_isr": [1]})
-    cluster.heartbeat(2, want_fence=True)
-    cluster.heartbeat(1, want_fence=True)
-    cluster.heartbeat(2)  # back, but not in sync: stays offline
-    assert [cluster.partition("t", p).leader for p in (0, 1)] == [NO_LEADER, NO_LEADER]
+    cluster = offline_with_broker_2_out_of_sync(with_broker_3=True)
     for bad in ("clean", ["unclean"], True, 2, None):
         with pytest.raises(InvalidRequestError, match="election_type"):
             cluster.call("elect_leaders", {"election_type": bad, "partitions": None})
