@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 
 from kraft.client import ControllerClient
 from kraft.config import NodeConfig
@@ -35,6 +36,8 @@ class Node:
         self.lifecycle = None
         self._reload_task: asyncio.Task | None = None
         self.client: ControllerClient | None = None
+        #: Set by ``run_node``: the node cannot go on (the reason); it stops.
+        self.on_fatal: Callable[[str], None] | None = None
 
     async def start(self) -> None:
         if self.config.is_controller:
@@ -52,6 +55,7 @@ class Node:
                 ssl_context=self.config.tls.peer if self.config.tls else None)
             self.lifecycle = BrokerLifecycle(self.config, self.client)
             self.broker = BrokerServer(self.config, self.lifecycle, self.client)
+            self.broker.on_fatal = self.on_fatal
             await self.broker.start()
             await self.lifecycle.start()
         if self.config.tls is not None:
@@ -96,6 +100,13 @@ async def run_node(config: NodeConfig) -> int:
     keep_freed_memory()  # fetch and produce buffers reused, not faulted in afresh
     node = Node(config)
     stop = asyncio.Event()
+    fatal: list[str] = []
+
+    def on_fatal(reason: str) -> None:
+        fatal.append(reason)
+        stop.set()
+
+    node.on_fatal = on_fatal
     loop = asyncio.get_running_loop()
     signals_seen = 0
 
@@ -114,6 +125,9 @@ async def run_node(config: NodeConfig) -> int:
     print(startup_banner(config), flush=True)
     await stop.wait()
     await node.stop(controlled=True)
+    if fatal:
+        print(f"kraftlog node {config.node_id} stopped: {fatal[0]}", file=sys.stderr, flush=True)
+        return 1
     print(f"kraftlog node {config.node_id} stopped", flush=True)
     return 0
 

@@ -301,6 +301,13 @@ class ProcessCluster:
     #: Brokers get a KAFKA listener (Kafka's protocol) too: ``kafka_bootstrap``
     #: (with ``tls``, SSL, or SASL_SSL with ``sasl``, as the BROKER listeners).
     kafka: bool = False
+    #: Log directories per broker: 1 is ``data-<id>``; more are
+    #: ``data-<id>/d0``, ``d1``, ... (``log_dirs_of``), the first also
+    #: holding the metadata.
+    log_dirs: int = 1
+    #: Extra environment per node id (for example ``chaos.faultyio``'s, to
+    #: give one of its log dirs disk errors).
+    env: dict[int, dict[str, str]] = field(default_factory=dict)
     nodes: dict[int, NodeProcess] = field(default_factory=dict, init=False)
     certs: dict = field(default_factory=dict, init=False)
     ssl_context: ssl.SSLContext | None = field(default=None, init=False)
@@ -418,8 +425,14 @@ class ProcessCluster:
             settings = {"ssl.certfile": own.certfile, "ssl.keyfile": own.keyfile, **settings}
         write_node_config(node.config_path, node_config_values(
             node.node_id, node.roles, self.voters, node.broker_port, node.controller_port,
-            os.path.join(self.base_dir, f"data-{node.node_id}"), settings, node.host,
-            node.kafka_port))
+            ",".join(self.log_dirs_of(node.node_id)), settings, node.host, node.kafka_port))
+
+    def log_dirs_of(self, node_id: int) -> list[str]:
+        """The node's log directories (``log.dirs``), in order."""
+        data = os.path.join(self.base_dir, f"data-{node_id}")
+        if self.log_dirs == 1:
+            return [data]
+        return [os.path.join(data, f"d{i}") for i in range(self.log_dirs)]
 
     # -- processes ----------------------------------------------------------
     def start(self, node_ids: list[int] | None = None) -> None:
@@ -430,9 +443,10 @@ class ProcessCluster:
             command = node_command(node.config_path)
             if self.network is not None:
                 command = self.network.wrap(node_id, command)
+            env = {**os.environ, **self.env[node_id]} if node_id in self.env else None
             node.process = subprocess.Popen(
                 command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                start_new_session=True, env=env)
             log.close()
             node.paused = False
 

@@ -115,6 +115,9 @@ ENDPOINTS_MAX = 16
 ENDPOINT_CHARS_MAX = 300  # "host:port" and listener names
 RACK_CHARS_MAX = 255
 TOPIC_ID_ATTEMPTS_MAX = 16  # fresh ids drawn before giving up on a colliding factory
+LOG_DIRS_MAX = 256  # log directories a broker reports offline in one heartbeat
+LOG_DIR_CHARS_MAX = 4096
+OFFLINE_REPLICAS_MAX = 1_000_000  # partitions a broker reports offline in one heartbeat
 
 INT32_MAX = 2**31 - 1  # broker ids, partitions, epochs (Kafka int32)
 INT64_MAX = 2**63 - 1  # metadata offsets and broker epochs (Kafka int64)
@@ -398,27 +401,37 @@ class Controller:
                                 {"broker_id": broker_id, "broker_epoch": broker_epoch})
 
     def heartbeat(self, image: MetadataImage, request: Any, now_ms: int) -> ControllerResult:
-        """BrokerHeartbeat: renews the lease, then moves the broker one step:
-        controlled shutdown (``want_shutdown``, or already in it), fencing on
-        request (``want_fence``), or unfencing once the broker's metadata has
-        reached its own registration (``metadata_offset >= broker_epoch``)."""
+        """BrokerHeartbeat: renews the lease, takes the broker's replicas in
+        log directories it reports offline (``offline_log_dirs``,
+        ``offline_replicas``: topic id -> partitions) out of their ISRs and
+        leadership, then moves the broker one step: controlled shutdown
+        (``want_shutdown``, or already in it), fencing on request
+        (``want_fence``), or unfencing once the broker's metadata has reached
+        its own registration (``metadata_offset >= broker_epoch``)."""
         body = Fields(request, "")
         broker_id = body.integer("broker_id", 0, INT32_MAX)
         broker_epoch = body.integer("broker_epoch", 0, INT64_MAX)
         metadata_offset = body.integer("metadata_offset", -1, INT64_MAX)
         want_fence = body.boolean("want_fence", default=False)
         want_shutdown = body.boolean("want_shutdown", default=False)
+        offline_dirs = body.strings("offline_log_dirs", LOG_DIRS_MAX, LOG_DIR_CHARS_MAX,
+                                    default=[])
+        offline = _offline_replicas(body)
         broker = _registered_broker(image, broker_id, broker_epoch)
         self._lease_start_ms[broker_id] = now_ms
         caught_up = metadata_offset >= broker.broker_epoch
         draft, should_shut_down = None, False
+        if offline_dirs or offline:
+            draft = self._take_replicas_offline(image, broker, offline_dirs, offline)
+            if draft is not None:
+                image, broker = draft.image, draft.image.brokers[broker_id]
         if want_shutdown or broker.in_controlled_shutdown:
-            draft, should_shut_down = self._controlled_shutdown(image, broker)
+            draft, should_shut_down = self._controlled_shutdown(image, broker, draft)
         elif want_fence and not broker.fenced:
-            draft = _Draft(image)
+            draft = draft or _Draft(image)
             self._fence_brokers(draft, [broker_id])
         elif not want_fence and broker.fenced and caught_up:
-            draft = _Draft(image)
+            draft = draft or _Draft(image)
             draft.add(UnfenceBrokerRecord(broker_id, broker.broker_epoch))
             _elect_offline_partitions(draft, self.settings, replica=broker_id)
         after = (draft.image if draft else image).brokers[broker_id]
@@ -433,16 +446,16 @@ class Controller:
             "heartbeat_interval_ms": self.settings.heartbeat_interval_ms,
         })
 
-    def _controlled_shutdown(self, image: MetadataImage, broker: BrokerRegistration
-                             ) -> tuple["_Draft | None", bool]:
+    def _controlled_shutdown(self, image: MetadataImage, broker: BrokerRegistration,
+                             draft: "_Draft | None" = None) -> tuple["_Draft | None", bool]:
         """Enter controlled shutdown: leave every ISR and leadership (new
         leaders elected among the other live brokers, unclean only where the
         topic allows it), then, leading nothing, be fenced and told to shut
         down, all in one batch. A broker leaves controlled shutdown only by
         registering again."""
         if broker.in_controlled_shutdown and broker.fenced:
-            return None, True  # Nothing is left to do.
-        draft = _Draft(image)
+            return draft, True  # Nothing (more) is left to do.
+        draft = draft or _Draft(image)
         if not broker.in_controlled_shutdown:
             draft.add(BrokerRegistrationChangeRecord(broker.broker_id, broker.broker_epoch, True))
         self._move_replicas_away(draft, {broker.broker_id})
@@ -451,6 +464,54 @@ class Controller:
         if not draft.image.brokers[broker.broker_id].fenced:
             draft.add(FenceBrokerRecord(broker.broker_id, broker.broker_epoch))
         return draft, True
+
+    def _take_replicas_offline(self, image: MetadataImage, broker: BrokerRegistration,
+                               dirs: list[str], offline: dict[str, set[int]]
+                               ) -> "_Draft | None":
+        """The broker lost log directories to disk errors (Kafka's log dir
+        failure): record them and the replicas in them on its registration,
+        then take each such replica out of its ISR (never emptying it:
+        ``isr_after_fencing``) and, where it led, elect a leader among the
+        other live ISR members (unclean only where the topic allows it). What
+        was recorded already, and partitions of topics since deleted, change
+        nothing; None when nothing changes."""
+        recorded = {topic_id: set(partitions)
+                    for topic_id, partitions in broker.offline_replicas.items()}
+        new = {}
+        for topic_id, partitions in offline.items():
+            if topic_id in image.topic_names_by_id:
+                fresh = partitions - recorded.get(topic_id, set())
+                if fresh:
+                    new[topic_id] = fresh
+        all_dirs = sorted(set(broker.offline_log_dirs) | set(dirs))
+        if not new and all_dirs == sorted(broker.offline_log_dirs):
+            return None
+        for topic_id, partitions in new.items():
+            recorded.setdefault(topic_id, set()).update(partitions)
+        draft = _Draft(image)
+        draft.add(BrokerRegistrationChangeRecord(
+            broker.broker_id, broker.broker_epoch, broker.in_controlled_shutdown,
+            offline_log_dirs=all_dirs,
+            offline_replicas={topic_id: sorted(partitions)
+                              for topic_id, partitions in sorted(recorded.items())}))
+        live = draft.image.live_broker_ids()
+        for topic_id in sorted(new):
+            name = draft.image.topic_names_by_id[topic_id]
+            topic = draft.image.topics[name]
+            unclean_allowed = _unclean_allowed(draft.image, name, self.settings)
+            for partition in sorted(new[topic_id]):
+                current = topic.partitions.get(partition)
+                if current is None or broker.broker_id not in current.replicas:
+                    continue
+                logger.warning("broker %d: its log of %s-%d is in an offline log directory",
+                               broker.broker_id, name, partition)
+                isr = isr_after_fencing(current.isr, broker.broker_id)
+                if current.leader != broker.broker_id:
+                    if isr != current.isr:
+                        _change_partition(draft, name, partition, isr=isr)
+                    continue
+                _elect(draft, name, partition, isr, live, unclean_allowed)
+        return draft
 
     def _fence_brokers(self, draft: "_Draft", broker_ids: Iterable[int]) -> None:
         """Fence the brokers (FenceBrokerRecords by id), then take them out of
@@ -1024,7 +1085,7 @@ class Controller:
         current = _existing_partition(image, topic, partition)
         where = f"{topic}-{partition}"
         _check_alter_partition_epochs(current, broker_id, leader_epoch, partition_epoch, where)
-        _check_new_isr(image, current, new_isr, where, member_epochs)
+        _check_new_isr(image, current, new_isr, topic, partition, member_epochs)
         if recovery_state is None:
             recovery_state = current.leader_recovery_state
         _check_recovery_change(current, recovery_state, new_isr, where)
@@ -1255,16 +1316,18 @@ def _complete_reassignment_if_caught_up(draft: _Draft, topic: str, partition: in
         return
     isr = [broker for broker in current.isr if broker in target]
     _change_partition(draft, topic, partition, replicas=target, isr=isr, adding=[], removing=[],
-                      leader=_leader_within(current.leader, target, isr, draft.image))
+                      leader=_leader_within(current.leader, target, isr, draft.image, topic,
+                                            partition))
 
 
 def _leader_within(leader: int, replicas: list[int], isr: list[int],
-                   image: MetadataImage) -> int:
+                   image: MetadataImage, topic: str, partition: int) -> int:
     """``leader`` if it stays in ``isr``, else a clean choice: the first of
-    ``replicas`` that is in ``isr`` and live, or NO_LEADER."""
+    ``replicas`` that is in ``isr``, live and not offline, or NO_LEADER."""
     if leader in isr:
         return leader
-    return elect_leader(replicas, isr, image.live_broker_ids(), unclean_allowed=False)[0]
+    eligible = image.live_broker_ids() - image.brokers_offline_for(topic, partition)
+    return elect_leader(replicas, isr, eligible, unclean_allowed=False)[0]
 
 
 def _unclean_allowed(image: MetadataImage, topic: str, settings: ControllerSettings) -> bool:
@@ -1297,6 +1360,7 @@ def _elect(draft: _Draft, topic: str, partition: int, isr: list[int], live: set[
     ``unclean_allowed``, the first live replica, which resets the ISR to it
     alone and marks the partition RECOVERING, loudly; else NO_LEADER."""
     current = draft.image.topics[topic].partitions[partition]
+    live = live - draft.image.brokers_offline_for(topic, partition)
     leader, unclean = elect_leader(current.replicas, isr, live, unclean_allowed=unclean_allowed)
     if not unclean:
         _change_partition(draft, topic, partition, leader=leader, isr=isr)
@@ -1319,8 +1383,9 @@ def _preferred_moves(image: MetadataImage, partitions: Iterable[tuple[str, int]]
     moves = []
     for topic, partition in partitions:
         current = image.topics[topic].partitions[partition]
-        preferred = preferred_leader_election(current.replicas, current.isr, live,
-                                              current.leader)
+        preferred = preferred_leader_election(
+            current.replicas, current.isr, live - image.brokers_offline_for(topic, partition),
+            current.leader)
         # A reassignment lists its targets first, so the preferred replica
         # is never one being removed; checked anyway, since leading from a
         # replica about to go would only move leadership twice.
@@ -1353,7 +1418,8 @@ def _reassign(draft: _Draft, spec: "_Reassignment") -> None:
             "target that keeps an in-sync replica")
     _change_partition(draft, spec.topic, spec.partition, replicas=replicas, isr=isr,
                       adding=adding, removing=removing,
-                      leader=_leader_within(current.leader, replicas, isr, draft.image))
+                      leader=_leader_within(current.leader, replicas, isr, draft.image,
+                                            spec.topic, spec.partition))
 
 
 def _reassignment_plan(original: list[int], target: list[int], isr: list[int]
@@ -1386,10 +1452,11 @@ def _elect_unclean(draft: _Draft, topic: str, partition: int) -> dict:
                                       f"{current.leader}"}
         return result
     live = draft.image.live_broker_ids()
-    if not any(r in live for r in current.replicas):
+    offline = draft.image.brokers_offline_for(topic, partition)
+    if not any(r in live and r not in offline for r in current.replicas):
         result["error"] = {"code": ELIGIBLE_LEADERS_NOT_AVAILABLE,
                            "message": f"no replica of {topic}-{partition} "
-                                      f"({current.replicas}) is live"}
+                                      f"({current.replicas}) is live with its log online"}
         return result
     _elect(draft, topic, partition, list(current.isr), live, unclean_allowed=True)
     after = draft.image.topics[topic].partitions[partition]
@@ -1623,7 +1690,8 @@ def _check_recovery_change(current: PartitionRegistration, recovery_state: int,
 
 
 def _check_new_isr(image: MetadataImage, current: PartitionRegistration, new_isr: list[int],
-                   where: str, member_epochs: list[int] | None = None) -> None:
+                   topic: str, partition: int, member_epochs: list[int] | None = None) -> None:
+    where = f"{topic}-{partition}"
     if len(set(new_isr)) != len(new_isr) or not set(new_isr) <= set(current.replicas):
         raise InvalidRequestError(
             f"new_isr {new_isr} of {where} must be distinct replicas of {current.replicas}")
@@ -1636,6 +1704,12 @@ def _check_new_isr(image: MetadataImage, current: PartitionRegistration, new_isr
         raise IneligibleReplicaError(
             f"brokers {ineligible} cannot join the ISR of {where}: they are fenced or "
             "shutting down")
+    joining = set(new_isr) - set(current.isr)
+    offline = sorted(joining & image.brokers_offline_for(topic, partition))
+    if offline:
+        raise IneligibleReplicaError(
+            f"brokers {offline} cannot join the ISR of {where}: their log of it is in a log "
+            "directory they took offline after a disk error")
     # KIP-903: the leader saw each new member caught up in fetches of one
     # registration; a member registered since (a restart, which may have
     # lost its unflushed tail) must catch up again before it joins.
@@ -1651,6 +1725,25 @@ def _check_new_isr(image: MetadataImage, current: PartitionRegistration, new_isr
 
 
 # -- request shapes (what a schema would check) -----------------------------------
+def _offline_replicas(body: Fields) -> dict[str, set[int]]:
+    """A heartbeat's ``offline_replicas``: topic id -> partition numbers."""
+    value = body.mapping("offline_replicas", OFFLINE_REPLICAS_MAX, default={})
+    offline: dict[str, set[int]] = {}
+    count = 0
+    for topic_id, partitions in value.items():
+        where = f"offline_replicas[{printable(topic_id)}]"
+        as_str(topic_id, f"{where} (a topic id)", NAME_CHARS_MAX)
+        if not isinstance(partitions, list):
+            raise InvalidRequestError(f"{where} must be a list of partitions")
+        count += len(partitions)
+        if count > OFFLINE_REPLICAS_MAX:
+            raise InvalidRequestError(
+                f"offline_replicas names more than {OFFLINE_REPLICAS_MAX} partitions")
+        offline[topic_id] = {as_int(p, f"{where}[{i}]", 0, INT32_MAX)
+                             for i, p in enumerate(partitions)}
+    return offline
+
+
 def _broker_ids(value: Any, where: str) -> list[int]:
     if not isinstance(value, list) or len(value) > REPLICAS_PER_PARTITION_MAX:
         raise InvalidRequestError(

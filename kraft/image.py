@@ -56,6 +56,12 @@ class BrokerRegistration:
     rack: str | None
     fenced: bool = True  # registered brokers start fenced until caught up
     in_controlled_shutdown: bool = False
+    # Log directories the broker took offline after a disk error, and the
+    # replicas whose logs were in them (topic id -> partitions): they may
+    # neither lead nor join an ISR until the broker registers again.
+    # Replaced, never changed in place (``copy`` shares them).
+    offline_log_dirs: list[str] = dataclasses.field(default_factory=list)
+    offline_replicas: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -196,6 +202,11 @@ class MetadataImage:
     def _change_registration(self, r: BrokerRegistrationChangeRecord, offset: int) -> None:
         broker = self._broker(r.broker_id, r.broker_epoch)
         broker.in_controlled_shutdown = r.in_controlled_shutdown
+        if r.offline_log_dirs is not None:
+            broker.offline_log_dirs = list(r.offline_log_dirs)
+        if r.offline_replicas is not None:
+            broker.offline_replicas = {topic_id: sorted(set(partitions)) for topic_id, partitions
+                                       in r.offline_replicas.items()}
 
     def _topic(self, r: TopicRecord, offset: int) -> None:
         if r.name in self.topics:
@@ -481,6 +492,18 @@ class MetadataImage:
         """``live_broker_ids`` with each one's registered broker epoch."""
         return {b.broker_id: b.broker_epoch for b in self.brokers.values()
                 if not b.fenced and not b.in_controlled_shutdown}
+
+    def brokers_offline_for(self, topic: str, partition: int) -> set[int]:
+        """The brokers whose log of ``topic``-``partition`` is in a log
+        directory they took offline: not eligible to lead or join its ISR."""
+        holders = set()
+        for broker in self.brokers.values():
+            if broker.offline_replicas:
+                topic_image = self.topics.get(topic)
+                if (topic_image is not None and partition
+                        in broker.offline_replicas.get(topic_image.topic_id, ())):
+                    holders.add(broker.broker_id)
+        return holders
 
     def unfenced_broker_ids(self) -> set[int]:
         return {b.broker_id for b in self.brokers.values() if not b.fenced}

@@ -87,12 +87,19 @@ class UnfenceBrokerRecord(Record):
 
 @dataclasses.dataclass(frozen=True)
 class BrokerRegistrationChangeRecord(Record):
-    """The broker entered (or left) controlled shutdown."""
+    """The broker entered (or left) controlled shutdown, or reported log
+    directories it took offline after a disk error. ``offline_log_dirs`` and
+    ``offline_replicas`` (topic id -> partitions whose logs were in those
+    directories), when set, replace what the registration held; None leaves
+    it. They only grow within one registration: a directory comes back only
+    with a restart, which registers anew with none offline."""
 
     TYPE: ClassVar[str] = "broker_registration_change"
     broker_id: int
     broker_epoch: int
     in_controlled_shutdown: bool
+    offline_log_dirs: Optional[list[str]] = None
+    offline_replicas: Optional[dict[str, list[int]]] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -42,7 +43,8 @@ from storage.checkpoint import (CheckpointFormatError, LeaderEpochCheckpoint, fs
                                 write_atomically)
 from storage.config import LONG_MAX, NO_LIMIT, LogConfig
 from storage.epoch_cache import LeaderEpochCache
-from storage.errors import InvalidOffsetError, InvalidRecordError, OffsetOutOfRangeError
+from storage.errors import (InvalidOffsetError, InvalidRecordError, LogDirectoryError,
+                            OffsetOutOfRangeError)
 from storage.producer_state import Duplicate, ProducerStateManager, snapshot_offsets
 from storage.txn_index import AbortedTxn, AbortedTxns
 from storage.segment import LOG_SUFFIX, BatchMeta, Segment
@@ -117,6 +119,31 @@ class FlushTicket:
             fsync_directory(self.directory)
 
 
+def _io(method):
+    """A ``Log`` method that touches files. Once any such method met an
+    ``OSError`` (EIO, ENOSPC, ...) the log is offline: the error is reported
+    to the owner (``on_io_error``, which takes the whole log directory
+    offline, as Kafka does) and raised as ``LogDirectoryError``
+    (KAFKA_STORAGE_ERROR), and every later call refuses at once. The log's
+    files may then hold a torn write or unsynced bytes the page cache lost,
+    so nothing is read from or written to them again by this process; the
+    next start-up recovers them from the last checkpoint."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def guarded(self: "Log", *args, **kwargs):
+        if self.offline:
+            raise LogDirectoryError(f"the log {self.directory} is offline after a disk error "
+                                    "in its log directory")
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as exc:
+            self.io_failed(exc, name)
+            raise LogDirectoryError(f"{name} of {self.directory} failed: {exc}; its log "
+                                    "directory is now offline") from exc
+    return guarded
+
+
 class Log:
     """Segments of one partition, from ``log_start_offset`` to ``log_end_offset``."""
 
@@ -142,6 +169,11 @@ class Log:
         # vouches for bytes written after the truncation.
         self.on_recovery_point_lowered: Callable[[], None] | None = None
         self.before_write_after_truncation: Callable[[], None] | None = None
+        # Set by the owner: told (on the owner thread) the OSError a file
+        # operation raised and what it was doing (``_io``). ``offline``:
+        # such an error happened here or in the log's directory; final.
+        self.on_io_error: Callable[[OSError, str], None] | None = None
+        self.offline = False
         self._checkpoint_before_write = False
         self._unflushed_messages = 0
         self._first_unflushed_ms: int | None = None
@@ -388,6 +420,7 @@ class Log:
     # ------------------------------------------------------------------
     # Appending
     # ------------------------------------------------------------------
+    @_io
     def append(self, records, leader_epoch: int, *, coordinator: bool = False) -> AppendInfo:
         """Append producer batches as the partition leader.
 
@@ -475,6 +508,7 @@ class Log:
         self._unsynced_snapshots.append(self.producer_state.write_snapshot())
         self._dir_dirty = True
 
+    @_io
     def append_as_follower(self, records) -> AppendInfo:
         """Append a leader's batches unchanged (offsets and epochs as stamped).
 
@@ -517,6 +551,7 @@ class Log:
     def _segment_holding(self, offset: int) -> int:
         return self._bases[max(bisect.bisect_right(self._bases, offset) - 1, 0)]
 
+    @_io
     def append_marker(self, control_type: fmt.ControlType, producer_id: int,
                       producer_epoch: int, coordinator_epoch: int, leader_epoch: int,
                       timestamp_ms: int | None = None) -> AppendInfo:
@@ -599,6 +634,7 @@ class Log:
             return True  # the active segment is never cleaned (KIP-354)
         return meta.last_offset - segment.base_offset > MAX_RELATIVE_OFFSET
 
+    @_io
     def roll(self) -> Segment:
         """Start a new active segment at the log end offset (no-op when the
         active segment is empty). The old segment's index entries are
@@ -620,6 +656,7 @@ class Log:
     # ------------------------------------------------------------------
     # Reading
     # ------------------------------------------------------------------
+    @_io
     def read(self, offset: int, max_bytes: int, upper_bound_offset: int | None = None,
              min_one_batch: bool = True) -> bytes:
         """Whole batches from the one holding ``offset``, about ``max_bytes``
@@ -649,6 +686,7 @@ class Log:
             offset = segment.next_offset
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
+    @_io
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         """Offset of the first record whose timestamp is >= ``timestamp_ms``
         (at or after the log start), or None if there is none."""
@@ -663,6 +701,7 @@ class Log:
     # ------------------------------------------------------------------
     # Truncation and deletion
     # ------------------------------------------------------------------
+    @_io
     def truncate_to(self, offset: int) -> None:
         """Remove every record at or above ``offset`` (a follower dropping a
         divergent suffix). A batch holding ``offset`` goes whole, so the log
@@ -700,6 +739,7 @@ class Log:
         if lowered:
             self._recovery_point_lowered()
 
+    @_io
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete everything and restart the log empty at ``offset`` (a
         follower whose data is all below the leader's log start, or all
@@ -736,6 +776,7 @@ class Log:
             # Offsets past the end will be new records: never "cleaned".
             state.save()
 
+    @_io
     def delete_records_before(self, offset: int) -> int:
         """Move the log start offset up to ``offset`` (Kafka's DeleteRecords)
         and delete segments wholly below it. Returns the new log start."""
@@ -751,6 +792,7 @@ class Log:
         self._truncate_epochs_from_start()
         return offset
 
+    @_io
     def delete_retained_segments(self, now_ms: int | None = None,
                                  upper_bound_offset: int | None = None) -> int:
         """Apply retention: delete the oldest segments whose newest record is
@@ -810,6 +852,7 @@ class Log:
             self.aborted_txns.drop_segments_below(self._segments[0].base_offset)
         return count
 
+    @_io
     def replace_segments(self, replacements: list[tuple[list[Segment], Segment]]) -> None:
         """The cleaner swapped each run of old segments for one cleaned
         segment covering the same offsets (storage.cleaner.swap)."""
@@ -848,6 +891,7 @@ class Log:
         self._unsynced_snapshots.append(path)
         self._dir_dirty = True
 
+    @_io
     def begin_flush(self) -> FlushTicket:
         """Owner thread: write pending index entries and name what to fsync."""
         target = self.log_end_offset
@@ -873,25 +917,43 @@ class Log:
         if ticket.truncations == self._truncations:
             self.recovery_point = max(self.recovery_point, ticket.offset)
 
+    @_io
     def flush(self) -> None:
         """fsync everything appended so far, on the calling thread."""
         ticket = self.begin_flush()
         ticket.sync()
         self.end_flush(ticket)
 
+    def io_failed(self, exc: OSError, what: str) -> None:
+        """A file operation of this log failed (on any path: ``_io``, a
+        flush ticket synced elsewhere): the log is offline from now on, and
+        the owner is told."""
+        self.offline = True
+        log.error("%s: %s failed: %s", self.directory, what, exc)
+        if self.on_io_error is not None:
+            self.on_io_error(exc, what)
+
     # ------------------------------------------------------------------
     # Lifecycle
     # ------------------------------------------------------------------
     def close(self) -> None:
-        """Flush and close every file (a clean shutdown)."""
+        """Flush and close every file (a clean shutdown); an offline log's
+        files are only closed (nothing of it can be trusted to the disk).
+        A disk error while flushing takes the log offline and raises
+        ``LogDirectoryError`` once its files are closed."""
         if self.closed:
             return
-        # A snapshot at the log end: the next open reads no batch header.
-        self._take_snapshot()
-        self.flush()
-        for segment in self._segments:
-            segment.close()
-        self.closed = True
+        if not self.offline:
+            try:
+                # A snapshot at the log end: the next open reads no batch header.
+                self._take_snapshot()
+                self.flush()
+            except (OSError, LogDirectoryError) as exc:
+                if isinstance(exc, OSError):
+                    self.io_failed(exc, "close")
+                self.abandon()
+                raise LogDirectoryError(f"closing {self.directory} failed: {exc}") from exc
+        self.abandon()
 
     def abandon(self) -> None:
         """Close file handles without flushing anything: what a crash leaves.

@@ -161,6 +161,14 @@ class LogManager:
         # Dirs where a truncation lowered a recovery point since their
         # checkpoints were last written (_watch_truncations).
         self._lowered_dirs: set[str] = set()
+        # Log dirs taken offline after a disk error (``fail_dir``) -> why,
+        # and the partitions whose logs were in them -> their dir. Nothing
+        # is read from or written to an offline dir again by this process.
+        self.offline_dirs: dict[str, str] = {}
+        self._offline_logs: dict[TopicPartition, str] = {}
+        #: Told ``(dir, partitions whose logs were in it)`` when a dir goes
+        #: offline (the broker stops serving them and tells the controller).
+        self.dir_failure_listeners: list[Callable[[str, list[TopicPartition]], None]] = []
         # Set by the broker: per partition, the offset retention may not pass
         # (its high watermark), so uncommitted data is never deleted.
         self.retention_upper_bounds: Callable[[], Mapping[TopicPartition, int]] | None = None
@@ -174,7 +182,16 @@ class LogManager:
             os.makedirs(directory, exist_ok=True)
             self._lock_dir(directory)
         for directory in self.config.log_dirs:
-            self._load_dir(directory)
+            try:
+                self._load_dir(directory)
+            except OSError as exc:
+                # Which partitions the dir held may be unknowable, so none
+                # may be created anew elsewhere: refuse to start (Kafka
+                # with one log dir does the same).
+                raise LogDirectoryError(
+                    f"log dir {directory} cannot be read ({exc}); repair or replace the disk, "
+                    "or remove the dir from log.dirs (its replicas are then copied back from "
+                    "their leaders)") from exc
         for directory in self.config.log_dirs:
             marker = os.path.join(directory, CLEAN_SHUTDOWN_FILE)
             if os.path.exists(marker):
@@ -217,7 +234,7 @@ class LogManager:
             self._logs[tp] = Log.open(
                 path, self.default_log_config, recovery_point=recovery_points.get(key, 0),
                 log_start_offset=log_starts.get(key), clean_shutdown=clean, clock=self.clock)
-            self._watch_truncations(self._logs[tp], directory)
+            self._watch(self._logs[tp], directory)
             self._dir_of[tp] = directory
             self._logs_in_dir[directory] += 1
 
@@ -238,6 +255,43 @@ class LogManager:
     def get_log(self, tp: TopicPartition) -> Log | None:
         return self._logs.get(tp)
 
+    def online_dirs(self) -> list[str]:
+        return [d for d in self.config.log_dirs if d not in self.offline_dirs]
+
+    def offline_logs(self) -> dict[TopicPartition, str]:
+        """Partitions whose logs are in offline dirs -> the dir."""
+        return dict(self._offline_logs)
+
+    def fail_dir(self, directory: str, reason: str) -> None:
+        """Take a log dir offline after a disk error (Kafka's log dir
+        failure handling). Owner thread. Every log in it goes offline (each
+        later call refuses with ``LogDirectoryError``) and its files are
+        closed; no checkpoint, flush, retention, clean or new log touches
+        the dir again; the listeners are told which partitions it held. A
+        dir comes back only with a restart, which recovers it from its last
+        checkpoint."""
+        if directory in self.offline_dirs:
+            return
+        self.offline_dirs[directory] = reason
+        gone = sorted(tp for tp, where in self._dir_of.items() if where == directory)
+        log.critical("log dir %s is OFFLINE after a disk error (%s); its %d partition logs are "
+                     "no longer served; %d log dirs remain online", directory, reason, len(gone),
+                     len(self.online_dirs()))
+        for tp in gone:
+            part_log = self._logs.pop(tp)
+            del self._dir_of[tp]
+            self._offline_logs[tp] = directory
+            part_log.offline = True
+            try:
+                part_log.abandon()
+            except OSError:
+                pass
+        self._logs_in_dir[directory] = 0
+        self._lowered_dirs.discard(directory)
+        self._unsynced_dirs.discard(directory)
+        for listener in self.dir_failure_listeners:
+            listener(directory, gone)
+
     def get_or_create_log(self, tp: TopicPartition,
                           overrides: Mapping[str, Any] | None = None, *,
                           sync: bool = True) -> Log:
@@ -251,6 +305,7 @@ class LogManager:
         existing = self._logs.get(tp)
         if existing is not None and overrides is None:
             return existing
+        self._check_not_offline(tp)
         if existing is not None:
             config = LogConfig.from_mapping(overrides or {}, base=self.default_log_config)
             existing.config = config
@@ -260,6 +315,11 @@ class LogManager:
         directory, config = self.reserve_new_log(tp, overrides)
         try:
             new_log = self.open_new_log(tp, directory, config)
+        except OSError as exc:
+            self.release_new_log(directory)
+            self.fail_dir(directory, f"creating the log of {tp}: {exc}")
+            raise LogDirectoryError(f"cannot create the log of {tp} in {directory}: {exc}; "
+                                    "the dir is offline") from exc
         except BaseException:
             self.release_new_log(directory)
             raise
@@ -278,9 +338,21 @@ class LogManager:
         validate_topic_name(tp.topic)
         if tp.partition < 0:
             raise InvalidTopicError(f"partition {tp.partition} is negative")
-        directory = min(self.config.log_dirs, key=lambda d: self._logs_in_dir[d])
+        self._check_not_offline(tp)
+        online = self.online_dirs()
+        if not online:
+            raise LogDirectoryError("every log dir is offline after disk errors")
+        directory = min(online, key=lambda d: self._logs_in_dir[d])
         self._logs_in_dir[directory] += 1
         return directory, config
+
+    def _check_not_offline(self, tp: TopicPartition) -> None:
+        """A log in an offline dir is never made anew in another: its data
+        is there, and an empty copy would pass for it."""
+        if tp in self._offline_logs:
+            raise LogDirectoryError(
+                f"the log of {tp} is in log dir {self._offline_logs[tp]}, offline after a disk "
+                "error; it is served again after a restart with the disk repaired")
 
     def open_new_log(self, tp: TopicPartition, directory: str, config: LogConfig) -> Log:
         """Create (or open what is there of) the log's files. Any thread: it
@@ -296,10 +368,12 @@ class LogManager:
             self._unsynced_dirs.add(directory)
         self._logs[tp] = new_log
         self._dir_of[tp] = directory
-        self._watch_truncations(new_log, directory)
+        self._watch(new_log, directory)
 
-    def _watch_truncations(self, part_log: Log, directory: str) -> None:
-        """A truncation that lowers a log's recovery point gets its dir's
+    def _watch(self, part_log: Log, directory: str) -> None:
+        """A disk error in the log takes its whole dir offline (``fail_dir``).
+
+        A truncation that lowers a log's recovery point gets its dir's
         checkpoints written before the log takes new data (Kafka writes
         them after a truncation too): with the old, higher recovery point
         on disk, a restart would trust records written after the
@@ -312,6 +386,7 @@ class LogManager:
         writes each dir once, at the first append after the cuts."""
         part_log.on_recovery_point_lowered = lambda: self._lowered_dirs.add(directory)
         part_log.before_write_after_truncation = self._checkpoint_lowered_dirs
+        part_log.on_io_error = lambda exc, what: self.fail_dir(directory, f"{what}: {exc}")
 
     def _checkpoint_lowered_dirs(self) -> None:
         """Owner thread, before a write: checkpoint the dirs where a
@@ -322,13 +397,14 @@ class LogManager:
             return
         version, snapshot = self._checkpoint_snapshot()
         dirs = sorted(self._lowered_dirs)
-        try:
-            self._write_checkpoints((version, {d: snapshot[d] for d in dirs if d in snapshot}))
-        except OSError as exc:
-            raise LogDirectoryError(
-                f"cannot write the recovery-point checkpoint of {', '.join(dirs)} after a "
-                f"truncation ({exc}); nothing is written until it can be") from exc
+        failed = self._write_checkpoints((version, {d: snapshot[d] for d in dirs
+                                                    if d in snapshot}))
         self._lowered_dirs.difference_update(dirs)
+        self._checkpoint_failed(failed)
+        if failed:
+            raise LogDirectoryError(
+                f"cannot write the recovery-point checkpoint of {', '.join(failed)} after a "
+                f"truncation ({'; '.join(failed.values())}); the dir is offline")
 
     def release_new_log(self, directory: str) -> None:
         """Undo ``reserve_new_log`` for a log that was not made. Owner thread."""
@@ -339,6 +415,9 @@ class LogManager:
         (atomic, so a crash never leaves half a log loaded) and delete it."""
         existing = self._logs.get(tp)
         if existing is None:
+            # A log in an offline dir is only forgotten: its files are not
+            # touched again by this process.
+            self._offline_logs.pop(tp, None)
             return False
         directory = self._dir_of[tp]
         # A short name (not "<topic>-<p>.<id>-delete"): a 249-character topic
@@ -359,7 +438,12 @@ class LogManager:
         out = []
         for directory in self.config.log_dirs:
             entry: dict = {"path": directory, "error": None, "total_bytes": None,
-                           "usable_bytes": None, "size_bytes": 0, "logs": []}
+                           "usable_bytes": None, "size_bytes": 0, "logs": [],
+                           "offline": directory in self.offline_dirs}
+            if entry["offline"]:
+                entry["error"] = f"offline after a disk error: {self.offline_dirs[directory]}"
+                out.append(entry)
+                continue
             try:
                 fs = os.statvfs(directory)
                 entry["total_bytes"] = fs.f_blocks * fs.f_frsize
@@ -377,12 +461,18 @@ class LogManager:
 
     # -- periodic work ---------------------------------------------------
     def checkpoint(self) -> None:
-        """Write every log dir's recovery-point and log-start checkpoints."""
-        self._write_checkpoints(self._checkpoint_snapshot())
+        """Write every online log dir's recovery-point and log-start
+        checkpoints (a dir whose write fails goes offline)."""
+        self._checkpoint_failed(self._write_checkpoints(self._checkpoint_snapshot()))
+
+    def _checkpoint_failed(self, failed: dict[str, str]) -> None:
+        for directory, reason in sorted(failed.items()):
+            self.fail_dir(directory, f"checkpoint: {reason}")
 
     def _checkpoint_snapshot(self) -> tuple[int, dict[str, tuple[dict, dict]]]:
-        """Owner thread: ``(version, {dir: (recovery points, log starts)})``."""
-        snapshot: dict[str, tuple[dict, dict]] = {d: ({}, {}) for d in self.config.log_dirs}
+        """Owner thread: ``(version, {dir: (recovery points, log starts)})``
+        for the online dirs."""
+        snapshot: dict[str, tuple[dict, dict]] = {d: ({}, {}) for d in self.online_dirs()}
         for tp, part_log in self._logs.items():
             recovery, starts = snapshot[self._dir_of[tp]]
             recovery[(tp.topic, tp.partition)] = part_log.recovery_point
@@ -390,17 +480,27 @@ class LogManager:
         self._checkpoint_version += 1
         return self._checkpoint_version, snapshot
 
-    def _write_checkpoints(self, versioned: tuple[int, dict[str, tuple[dict, dict]]]) -> None:
+    def _write_checkpoints(self, versioned: tuple[int, dict[str, tuple[dict, dict]]]
+                           ) -> dict[str, str]:
         """Any thread: write a snapshot taken by ``_checkpoint_snapshot``,
-        per dir unless a newer snapshot of that dir is written already."""
+        per dir unless a newer snapshot of that dir is written already.
+        Returns the dirs whose write failed -> the error, for the owner
+        thread to take offline."""
         version, snapshot = versioned
+        failed = {}
         with self._checkpoint_lock:
             for directory, (recovery, starts) in snapshot.items():
-                if self._checkpoint_written.get(directory, 0) > version:
+                if (self._checkpoint_written.get(directory, 0) > version
+                        or directory in self.offline_dirs):
                     continue
-                OffsetCheckpoint(os.path.join(directory, RECOVERY_POINT_FILE)).write(recovery)
-                OffsetCheckpoint(os.path.join(directory, LOG_START_FILE)).write(starts)
+                try:
+                    OffsetCheckpoint(os.path.join(directory, RECOVERY_POINT_FILE)).write(recovery)
+                    OffsetCheckpoint(os.path.join(directory, LOG_START_FILE)).write(starts)
+                except OSError as exc:
+                    failed[directory] = str(exc)
+                    continue
                 self._checkpoint_written[directory] = version
+        return failed
 
     def run_retention(self, now_ms: int | None = None,
                       upper_bounds: Mapping[TopicPartition, int] | None = None) -> int:
@@ -412,7 +512,12 @@ class LogManager:
             # A log the caller gave no bound for (not yet hosted) is left alone.
             bound = (None if upper_bounds is None
                      else upper_bounds.get(tp, part_log.log_start_offset))
-            deleted += part_log.delete_retained_segments(now_ms, bound)
+            if part_log.offline:
+                continue  # its dir went offline during this pass
+            try:
+                deleted += part_log.delete_retained_segments(now_ms, bound)
+            except LogDirectoryError:
+                continue  # its dir is offline now (fail_dir said why)
         return deleted
 
     def logs_due_for_flush(self, now_ms: int | None = None) -> list[Log]:
@@ -423,11 +528,23 @@ class LogManager:
         """fsync ``logs`` on the flush thread; the event loop keeps serving."""
         loop = asyncio.get_running_loop()
         for part_log in logs:
-            if part_log.closed:
+            if part_log.closed or part_log.offline:
                 continue
-            ticket = part_log.begin_flush()
-            await loop.run_in_executor(self._flush_executor(), ticket.sync)
-            part_log.end_flush(ticket)
+            try:
+                ticket = part_log.begin_flush()
+            except LogDirectoryError:
+                continue  # its dir went offline (begin_flush said why)
+            try:
+                await loop.run_in_executor(self._flush_executor(), ticket.sync)
+            except OSError as exc:
+                # A failed fsync leaves unknown data on the disk (the kernel
+                # may have dropped the dirty pages): never retried, the dir
+                # goes offline.
+                if not part_log.offline:
+                    part_log.io_failed(exc, "fsync")
+                continue
+            if not part_log.offline:
+                part_log.end_flush(ticket)
 
     def _flush_executor(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._executor is None:
@@ -473,6 +590,8 @@ class LogManager:
                 try:
                     await loop.run_in_executor(self._flush_executor(), fsync_directory,
                                                pending[0])
+                except OSError as exc:
+                    self.fail_dir(pending[0], f"fsync of the directory: {exc}")
                 except BaseException:
                     self._unsynced_dirs.update(pending)  # again with the next tick
                     raise
@@ -492,7 +611,8 @@ class LogManager:
     async def _checkpoint_tick(self) -> None:
         loop = asyncio.get_running_loop()
         snapshot = self._checkpoint_snapshot()
-        await loop.run_in_executor(self._flush_executor(), self._write_checkpoints, snapshot)
+        self._checkpoint_failed(await loop.run_in_executor(
+            self._flush_executor(), self._write_checkpoints, snapshot))
 
     # -- the log cleaner ---------------------------------------------------
     def wake_cleaner(self) -> None:
@@ -639,11 +759,17 @@ class LogManager:
     def shutdown(self) -> None:
         """Clean stop: flush and close every log, write checkpoints, then the
         clean-shutdown markers (last, so their presence proves the rest)."""
-        for part_log in self._logs.values():
-            part_log.close()
+        for part_log in list(self._logs.values()):
+            try:
+                part_log.close()
+            except LogDirectoryError:
+                pass  # its dir went offline: no marker there
         self.checkpoint()
-        for directory in self.config.log_dirs:
-            write_atomically(os.path.join(directory, CLEAN_SHUTDOWN_FILE), b"")
+        for directory in self.online_dirs():
+            try:
+                write_atomically(os.path.join(directory, CLEAN_SHUTDOWN_FILE), b"")
+            except OSError as exc:
+                log.error("cannot write the clean-shutdown marker of %s: %s", directory, exc)
         self._release()
 
     def abandon(self) -> None:

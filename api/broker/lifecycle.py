@@ -97,6 +97,11 @@ class BrokerLifecycle:
     def add_listener(self, listener: Callable[[MetadataImage], None]) -> None:
         self._listeners.append(listener)
 
+    def report_offline(self, log_dirs: list[str], replicas: dict[str, list[int]]) -> None:
+        """``LifecycleCore.report_offline``, with the heartbeat sent at once."""
+        self.core.report_offline(log_dirs, replicas, monotonic_ms())
+        self._wake.set()
+
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
         self._tasks = [asyncio.create_task(self._control_loop(), name="broker-heartbeat"),

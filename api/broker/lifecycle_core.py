@@ -114,6 +114,12 @@ class LifecycleCore:
         self.in_flight: tuple[str, int] | None = None
         self.next_request_ms = now_ms
         self.last_success_ms = now_ms
+        # Log dirs this process took offline after disk errors, and the
+        # replicas that were in them (topic id -> partitions): every
+        # heartbeat names them, so the controller records them on each
+        # registration of this process (report_offline).
+        self.offline_log_dirs: list[str] = []
+        self.offline_replicas: dict[str, list[int]] = {}
 
     # -- what to send --------------------------------------------------------
     def poll(self, now_ms: int) -> ControlRequest | None:
@@ -133,9 +139,25 @@ class LifecycleCore:
         return request
 
     def heartbeat_body(self, want_shutdown: bool = False) -> dict:
-        return {"broker_id": self.settings.broker_id, "broker_epoch": self.broker_epoch,
+        body = {"broker_id": self.settings.broker_id, "broker_epoch": self.broker_epoch,
                 "metadata_offset": self.metadata_offset, "want_fence": False,
                 "want_shutdown": want_shutdown}
+        if self.offline_log_dirs:
+            body["offline_log_dirs"] = list(self.offline_log_dirs)
+            body["offline_replicas"] = {topic_id: list(partitions) for topic_id, partitions
+                                        in self.offline_replicas.items()}
+        return body
+
+    def report_offline(self, log_dirs: list[str], replicas: dict[str, list[int]],
+                       now_ms: int) -> None:
+        """Log dirs went offline after disk errors, holding ``replicas``
+        (all of them so far): the next heartbeat, due at once, tells the
+        controller, which moves their leadership and ISR places away."""
+        self.offline_log_dirs = sorted(log_dirs)
+        self.offline_replicas = {topic_id: sorted(partitions)
+                                 for topic_id, partitions in replicas.items()}
+        if self.in_flight is None:
+            self.next_request_ms = min(self.next_request_ms, now_ms)
 
     def next_wake_ms(self) -> int | None:
         """When ``poll`` or ``tick`` has something to do next."""

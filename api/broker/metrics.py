@@ -231,6 +231,12 @@ class BrokerMetrics:
         r.add(Gauge("kraftlog_offline_partitions",
                     "Partitions of the cluster without a leader (from the metadata).",
                     one("offline")))
+        r.add(Gauge("kraftlog_log_dirs_offline",
+                    "This broker's log directories taken offline after disk errors (until a "
+                    "restart).", one("log_dirs_offline")))
+        r.add(Gauge("kraftlog_offline_replicas",
+                    "This broker's replicas whose logs are in an offline log directory.",
+                    one("offline_replicas")))
         shrinks = r.add(Gauge("kraftlog_isr_shrinks_total",
                               "ISR shrinks this broker made as leader.", one("isr_shrinks")))
         expands = r.add(Gauge("kraftlog_isr_expands_total",

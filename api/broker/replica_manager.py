@@ -37,6 +37,7 @@ from api.broker.replication import (LOG_PENDING, Action, CancelRequest, FetchReq
                                     Respond, SendAlterPartition, SendFetch)
 from kraft.image import MetadataImage
 from storage.checkpoint import CheckpointFormatError, OffsetCheckpoint
+from storage.errors import LogDirectoryError
 from storage.log import AppendInfo, Log
 from storage.manager import LogManager, TopicPartition
 
@@ -135,7 +136,11 @@ class DiskLogs:
         log = self.log_manager.get_or_create_log(tp, overrides, sync=False)
         recorded = read_topic_id(log.directory)
         if recorded is None:
-            _write_topic_id(log, topic_id)
+            try:
+                _write_topic_id(log, topic_id)
+            except OSError as exc:
+                log.io_failed(exc, "writing the topic id")
+                raise LogDirectoryError(f"cannot write the topic id of {tp}: {exc}") from exc
         elif recorded != topic_id:
             raise RuntimeError(f"{tp}: the log at {log.directory} belongs to topic id "
                                f"{recorded}, not {topic_id}; refusing to serve it")
@@ -161,6 +166,8 @@ class DiskLogs:
             error = future.exception()
             if error is not None or self._stopped:
                 self.log_manager.release_new_log(directory)
+                if isinstance(error, OSError):
+                    self.log_manager.fail_dir(directory, f"creating the log of {tp}: {error}")
                 if error is None:
                     future.result().abandon()
                 else:
@@ -220,7 +227,7 @@ class DiskLogs:
         """Event loop: ``{log dir: {(topic, partition): high watermark}}``
         for every log on disk (hosted ones as they are now, others as last
         checkpointed), to hand to ``write_high_watermarks`` on any thread."""
-        dirs = {os.path.abspath(d): d for d in self.log_manager.config.log_dirs}
+        dirs = {os.path.abspath(d): d for d in self.log_manager.online_dirs()}
         snapshot: dict[str, dict[tuple[str, int], int]] = {d: {} for d in dirs.values()}
         # Read first, so a checkpoint written before any partition is hosted
         # keeps what the last one held.
@@ -234,9 +241,17 @@ class DiskLogs:
         return snapshot
 
     @staticmethod
-    def write_high_watermarks(snapshot: dict[str, dict[tuple[str, int], int]]) -> None:
+    def write_high_watermarks(snapshot: dict[str, dict[tuple[str, int], int]]
+                              ) -> dict[str, str]:
+        """Any thread: write each dir's checkpoint; the dirs whose write
+        failed -> the error (for the owner thread to take offline)."""
+        failed = {}
         for directory, offsets in snapshot.items():
-            OffsetCheckpoint(os.path.join(directory, HIGH_WATERMARK_FILE)).write(offsets)
+            try:
+                OffsetCheckpoint(os.path.join(directory, HIGH_WATERMARK_FILE)).write(offsets)
+            except OSError as exc:
+                failed[directory] = str(exc)
+        return failed
 
 
 class RequestTasks:
@@ -311,6 +326,10 @@ class ReplicaManager:
         self._timer_at_ms: int | None = None
         self._stopped = False
         log_manager.retention_upper_bounds = self.core.high_watermarks
+        log_manager.dir_failure_listeners.append(self._dir_failed)
+        #: Set by the server: told the offline dirs and replicas (topic id
+        #: -> partitions) after the core let go of a failed dir's partitions.
+        self.on_dirs_offline: Callable[[list[str], dict[str, list[int]]], None] | None = None
 
     # -- what others read ----------------------------------------------------------
     @property
@@ -455,6 +474,26 @@ class ReplicaManager:
         self._note_pass()
         if self.on_logs_opened is not None:
             self.on_logs_opened()  # (also when a log was deleted instead: waiters look again)
+
+    def _dir_failed(self, directory: str, tps: list[TopicPartition]) -> None:
+        """A log dir went offline (``LogManager.fail_dir``), perhaps in the
+        middle of a core call whose append or read met the error: the core
+        lets go of its partitions right after that call, not inside it."""
+        try:
+            asyncio.get_running_loop().call_soon(self._take_offline, tps)
+        except RuntimeError:  # no loop (a unit test driving it by hand)
+            self._take_offline(tps)
+
+    def _take_offline(self, tps: list[TopicPartition]) -> None:
+        self.core.logs_offline(tps, self.clock_ms())
+        self._carry_out()
+        replicas: dict[str, list[int]] = {}
+        for tp in sorted(self.core.offline):
+            topic = self.core.image.topics.get(tp.topic)
+            if topic is not None:
+                replicas.setdefault(topic.topic_id, []).append(tp.partition)
+        if self.on_dirs_offline is not None:
+            self.on_dirs_offline(sorted(self.log_manager.offline_dirs), replicas)
 
     def stop(self) -> None:
         self._stopped = True

@@ -61,7 +61,7 @@ from protocol.errors import (FencedLeaderEpochError, InvalidRequestError, Leader
                              UnknownTopicOrPartitionError)
 from storage.batch import ControlType
 from storage.config import TOPIC_KEYS
-from storage.errors import InvalidTxnStateError, OffsetOutOfRangeError
+from storage.errors import InvalidTxnStateError, LogDirectoryError, OffsetOutOfRangeError
 from storage.log import AppendInfo, Log
 from storage.manager import TopicPartition, validate_topic_name
 
@@ -409,6 +409,10 @@ class ReplicationCore:
         # Assigned partitions whose new log's files are being created off
         # the event loop (LOG_PENDING): opened once ``logs_created`` says so.
         self._creating: set[TopicPartition] = set()
+        #: Partitions whose logs are in a log directory that went offline
+        #: after a disk error (``logs_offline``): never opened or served
+        #: again by this process; refused with KAFKA_STORAGE_ERROR.
+        self.offline: set[TopicPartition] = set()
         #: Passes over metadata (changes and the "open" timer's): the shell
         #: tells the group and transaction coordinators when one ran.
         self.passes = 0
@@ -635,6 +639,41 @@ class ReplicationCore:
             self._at(now_ms, "open", None)
         self._after_event(now_ms)
 
+    def logs_offline(self, tps: Iterable[TopicPartition], now_ms: int) -> None:
+        """The logs of ``tps`` are in a log directory that went offline
+        after a disk error: stop leading and following them at once (the
+        controller elects other leaders once the heartbeat reports them);
+        writes waiting for replication there fail with KAFKA_STORAGE_ERROR
+        (acknowledged by nobody: the log may not hold them), waiting fetches
+        answer, follower sessions drop them. Their files stay as they are."""
+        gone = set(tps) - self.offline
+        self.offline |= gone
+        for tp in sorted(gone):
+            self._creating.discard(tp)
+            for pending in (self._deferred, self._unopened):
+                numbers = pending.get(tp.topic)
+                if numbers is not None:
+                    numbers.discard(tp.partition)
+                    if not numbers:
+                        del pending[tp.topic]
+            if self.partitions.pop(tp, None) is not None:
+                hosted = self._by_topic.get(tp.topic)
+                if hosted is not None:
+                    hosted.discard(tp)
+                    if not hosted:
+                        del self._by_topic[tp.topic]
+                logger.error("broker %d: %s is offline: its log directory failed",
+                             self.broker_id, tp)
+            self._touch(tp)
+        self._sync_sessions(gone)
+        self._after_event(now_ms)
+
+    def _offline_error(self, tp: TopicPartition) -> LogDirectoryError:
+        return LogDirectoryError(
+            f"broker {self.broker_id} cannot serve {tp}: its log is in a log directory that "
+            "went offline after a disk error; the controller moves leadership to another "
+            "replica (refresh metadata and retry)")
+
     def _open_pass(self, now_ms: int, changed: Mapping[str, set[int] | None] | None, *,
                    retry_failed: bool) -> None:
         """``apply_image``'s work on ``self.image``. Logs waiting their turn
@@ -683,6 +722,7 @@ class ReplicationCore:
             if caught_up:
                 doomed = {tp for tp in self.partitions if tp not in assigned}
                 doomed |= {tp for tp in self.logs.hosted() if tp not in assigned}
+                doomed |= {tp for tp in self.offline if tp not in assigned}
                 self._drop(doomed)
             self._sync_sessions(None)
         else:
@@ -691,6 +731,8 @@ class ReplicationCore:
                 hosted = self._by_topic.get(name, set())
                 wanted |= (hosted if numbers is None
                            else {tp for tp in hosted if tp.partition in numbers})
+            wanted |= {tp for tp in self.offline if tp.topic in changed and (
+                changed[tp.topic] is None or tp.partition in changed[tp.topic])}
             assigned = self._apply_topics(image, changed, caught_up, now_ms)
             self._drop({tp for tp in wanted if tp not in assigned})
             self._sync_sessions(wanted | assigned)
@@ -720,6 +762,8 @@ class ReplicationCore:
         opened = 0
         for tp, reg in self._assigned_in(image, changed):
             assigned.add(tp)
+            if tp in self.offline:
+                continue  # never opened again here (logs_offline)
             if tp not in self.partitions:
                 # Opening a log creates or reads files: a few at a time, so
                 # thousands given at once do not stall everything else.
@@ -800,6 +844,11 @@ class ReplicationCore:
         return part
 
     def _remove(self, tp: TopicPartition, reason: str) -> None:
+        if tp in self.offline:
+            # Its files are in an offline dir: only forgotten (never touched).
+            self.offline.discard(tp)
+            self.logs.delete(tp)
+            return
         logger.info("broker %d: deleting the log of %s (%s)", self.broker_id, tp, reason)
         self.partitions.pop(tp, None)
         hosted = self._by_topic.get(tp.topic)
@@ -834,6 +883,8 @@ class ReplicationCore:
                 f"broker {self.broker_id} is not serving data: {reason}")
         part = self.partitions.get(TopicPartition(topic, partition))
         if part is None or not part.is_leader:
+            if part is None and TopicPartition(topic, partition) in self.offline:
+                raise self._offline_error(TopicPartition(topic, partition))
             raise self._not_leader(topic, partition)
         if current_leader_epoch is not None and current_leader_epoch >= 0:
             if current_leader_epoch < part.leader_epoch:
@@ -1017,6 +1068,8 @@ class ReplicationCore:
         """True once committed, an error if it never will be here, None to
         keep waiting."""
         part = entry.part
+        if part.tp in self.offline:
+            return self._offline_error(part.tp)
         if (self.partitions.get(part.tp) is not part or not part.is_leader
                 or part.leader_epoch != entry.leader_epoch):
             return NotLeaderOrFollowerError(

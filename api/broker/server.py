@@ -209,6 +209,10 @@ class BrokerServer:
         self._metadata_changed = asyncio.Event()
         lifecycle.add_listener(self._on_metadata)
         self.replicas.on_logs_opened = self._on_logs_opened
+        self.replicas.on_dirs_offline = self._dirs_offline
+        #: Set by the node: called when this broker cannot go on (every log
+        #: dir offline); the node stops and exits non-zero.
+        self.on_fatal: Callable[[str], None] | None = None
 
     # -- start and stop --------------------------------------------------------
     async def start(self) -> None:
@@ -306,8 +310,10 @@ class BrokerServer:
     async def _checkpoint_high_watermarks(self) -> None:
         async with self._hw_lock:
             snapshot = self.replicas.disk.high_watermark_snapshot(self.replicas.partitions)
-            await asyncio.get_running_loop().run_in_executor(
+            failed = await asyncio.get_running_loop().run_in_executor(
                 None, self.replicas.disk.write_high_watermarks, snapshot)
+            for directory, reason in sorted(failed.items()):
+                self.log_manager.fail_dir(directory, f"high-watermark checkpoint: {reason}")
 
     async def _checkpoint_high_watermarks_loop(self) -> None:
         while True:
@@ -329,6 +335,18 @@ class BrokerServer:
     def _wake_metadata_waiters(self) -> None:
         changed, self._metadata_changed = self._metadata_changed, asyncio.Event()
         changed.set()
+
+    def _dirs_offline(self, log_dirs: list[str], replicas: dict[str, list[int]]) -> None:
+        """Log dirs went offline: the controller hears at once (heartbeat);
+        with none left, the broker stops (Kafka halts then too), since it
+        could neither lead nor follow anything."""
+        self.lifecycle.report_offline(log_dirs, replicas)
+        if not self.log_manager.online_dirs():
+            reason = "every log dir is offline after disk errors"
+            logger.critical("broker %d: %s (%s); stopping", self.config.node_id, reason,
+                            self.log_manager.offline_dirs)
+            if self.on_fatal is not None:
+                self.on_fatal(reason)
 
     def _on_logs_opened(self) -> None:
         """The coordinators load or unload their shards for the partitions
@@ -388,6 +406,8 @@ class BrokerServer:
                            for reg in t.partitions.values() if reg.leader < 0),
             "isr_shrinks": self.replicas.isr_shrinks,
             "isr_expands": self.replicas.isr_expands,
+            "log_dirs_offline": len(self.log_manager.offline_dirs),
+            "offline_replicas": len(self.replicas.core.offline),
         }
 
     # -- middlewares -------------------------------------------------------------
@@ -606,7 +626,9 @@ class BrokerServer:
         return [{"id": b.broker_id, "epoch": b.broker_epoch, "endpoints": b.endpoints,
                  "url": broker_url(image, b.broker_id), "rack": b.rack, "fenced": b.fenced,
                  "in_controlled_shutdown": b.in_controlled_shutdown,
-                 "leaders": len(image.partitions_led_by(b.broker_id))}
+                 "leaders": len(image.partitions_led_by(b.broker_id)),
+                 "offline_log_dirs": list(b.offline_log_dirs),
+                 "offline_replicas": sum(len(ps) for ps in b.offline_replicas.values())}
                 for _, b in sorted(image.brokers.items())]
 
     async def handle_cluster(self, request: web.Request) -> web.Response:

@@ -499,6 +499,65 @@ def test_an_unclean_election_asked_for_gives_an_offline_partition_a_leader():
     assert response["partitions"][0]["error"]["code"] == "ELIGIBLE_LEADERS_NOT_AVAILABLE"
 
 
+def test_replicas_in_an_offline_log_dir_leave_isr_and_leadership_until_a_new_registration():
+    """A broker's heartbeat names the log directories it took offline after
+    a disk error and the replicas that were in them: the controller records
+    them on its registration, takes those replicas out of their ISRs,
+    elects other leaders for the partitions they led, and never lets them
+    lead or rejoin (even when every other replica is gone), until the broker
+    registers again (a restart, with the disk replaced or healthy)."""
+    cluster = Cluster(default_replication_factor=3)
+    cluster.start(1, 2, 3)
+    cluster.create("t", assignments={0: [1, 2, 3], 1: [2, 1, 3], 2: [3, 2, 1]})
+    topic_id = cluster.image.topics["t"].topic_id
+    for bad, match in (({"offline_replicas": []}, "offline_replicas must be a map"),
+                       ({"offline_replicas": {topic_id: [-1]}}, r"\[0\] must be an integer"),
+                       ({"offline_replicas": {topic_id: 0}}, "must be a list"),
+                       ({"offline_log_dirs": "/d"}, "offline_log_dirs must be a list")):
+        with pytest.raises(InvalidRequestError, match=match):
+            cluster.heartbeat(1, **bad)
+    epochs = [cluster.partition("t", p).leader_epoch for p in range(3)]
+    # Broker 1 lost the directory holding t-0 and t-1 (and one of a topic
+    # deleted meanwhile: ignored).
+    cluster.heartbeat(1, offline_log_dirs=["/data/b"],
+                      offline_replicas={topic_id: [0, 1], "gone-topic": [4]})
+    broker = cluster.image.brokers[1]
+    assert (broker.offline_log_dirs, broker.offline_replicas) == (["/data/b"], {topic_id: [0, 1]})
+    assert not broker.fenced  # its other logs are served as before
+    p0, p1, p2 = (cluster.partition("t", p) for p in range(3))
+    assert (p0.leader, p0.isr, p0.leader_epoch) == (2, [2, 3], epochs[0] + 1)
+    assert (p1.leader, p1.isr, p1.leader_epoch) == (2, [2, 3], epochs[1])
+    assert p2 == cluster.partition("t", 2) and p2.leader_epoch == epochs[2]
+    # The same report again changes nothing.
+    offset = cluster.image.offset
+    cluster.heartbeat(1, offline_log_dirs=["/data/b"], offline_replicas={topic_id: [0]})
+    assert cluster.image.offset == offset
+    # The leader may not add it back; a preferred election does not pick it.
+    with pytest.raises(IneligibleReplicaError, match="offline after a disk error"):
+        cluster.call("alter_partition", {
+            "broker_id": 2, "broker_epoch": cluster.image.brokers[2].broker_epoch,
+            "topic": "t", "partition": 0, "leader_epoch": p0.leader_epoch,
+            "partition_epoch": p0.partition_epoch, "new_isr": [2, 3, 1]})
+    response = cluster.call("elect_leaders", {"partitions": [{"topic": "t", "partition": 0}]})
+    assert response["partitions"][0]["error"]["code"] == "PREFERRED_LEADER_NOT_AVAILABLE"
+    # Brokers 2 and 3 gone: t-0 has no eligible leader, not even unclean.
+    cluster.set_config("t", "unclean.leader.election.enable", "true")
+    cluster.heartbeat(2, want_fence=True)
+    cluster.heartbeat(3, want_fence=True)
+    assert cluster.partition("t", 0).leader == NO_LEADER
+    response = cluster.call("elect_leaders", {"election_type": "unclean", "partitions": [
+        {"topic": "t", "partition": 0}]})
+    assert response["partitions"][0]["error"]["code"] == "ELIGIBLE_LEADERS_NOT_AVAILABLE"
+    # Broker 1 restarts: its new registration has no offline directory, and
+    # (unclean allowed) it may lead t-0 again.
+    cluster.now_ms = SESSION_MS
+    cluster.tick()  # its old lease lapses
+    cluster.register(1, incarnation="inc-1-again")
+    assert cluster.image.brokers[1].offline_replicas == {}
+    cluster.heartbeat(1)
+    assert cluster.partition("t", 0).leader == 1
+
+
 def test_become_active_gives_every_broker_a_fresh_lease_and_forgets_others():
     cluster = Cluster()
     cluster.start(1)

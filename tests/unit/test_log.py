@@ -12,7 +12,7 @@ import pytest
 from storage import batch as fmt
 from storage.batch import CorruptRecordError, RecordTooLargeError, decode_batches
 from storage.config import LogConfig
-from storage.errors import InvalidOffsetError, OffsetOutOfRangeError
+from storage.errors import InvalidOffsetError, LogDirectoryError, OffsetOutOfRangeError
 from storage.log import Log
 from tests.helpers import make_batch, read_all
 
@@ -556,18 +556,34 @@ def test_flush_ticket_never_vouches_for_data_written_after_a_truncation(log_dir)
     assert log.recovery_point == 45
 
 
-def test_failed_write_leaves_offsets_and_epochs_unchanged(log_dir, monkeypatch):
+def test_a_failed_write_leaves_offsets_and_epochs_unchanged_and_takes_the_log_offline(
+        log_dir, monkeypatch):
+    """A disk error (here ENOSPC) refuses the append with
+    KAFKA_STORAGE_ERROR, tells the owner once, and leaves the log offline:
+    every later read or write is refused, as its files may hold a torn
+    write."""
     log = open_log(log_dir)
     fill(log, 2, epoch=1)
+    told = []
+    log.on_io_error = lambda exc, what: told.append((exc.errno, what))
 
     def disk_full(pieces, metas):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(log.active_segment, "append", disk_full)
-    with pytest.raises(OSError):
+    with pytest.raises(LogDirectoryError, match="No space left") as refused:
         log.append(make_batch(3), leader_epoch=2)
+    assert refused.value.code == "KAFKA_STORAGE_ERROR"
     assert log.log_end_offset == 6
     assert log.epoch_cache.entries == [(1, 0)]
+    assert told == [(28, "append")] and log.offline
+    for call in (lambda: log.append(make_batch(3), leader_epoch=2),
+                 lambda: log.read(0, 1 << 20), log.flush, lambda: log.truncate_to(3)):
+        with pytest.raises(LogDirectoryError, match="offline"):
+            call()
+    assert told == [(28, "append")]
+    log.close()  # closes the files without flushing
+    assert log.closed
 
 
 def test_index_files_appear_with_their_first_entry_and_a_lost_one_is_rebuilt(log_dir):

@@ -167,12 +167,13 @@ def test_a_checkpoint_written_late_never_raises_a_lowered_recovery_point(tmp_pat
     manager.abandon()
 
 
-def test_many_truncations_cost_one_checkpoint_write_per_dir_and_a_failed_one_refuses_the_write(
+def test_many_truncations_cost_one_checkpoint_write_per_dir_and_a_failed_one_takes_it_offline(
         tmp_path, monkeypatch):
     """A failover cuts the tails of many followers at once: their dir's
     checkpoints are written once, at the first write after the cuts. If
     that write fails, the append is refused (KAFKA_STORAGE_ERROR) before a
-    byte is written, and the next append tries again."""
+    byte is written and the dir goes offline: no log in it is written again
+    by this process."""
     from storage.checkpoint import OffsetCheckpoint
     from storage.errors import LogDirectoryError
 
@@ -204,7 +205,11 @@ def test_many_truncations_cost_one_checkpoint_write_per_dir_and_a_failed_one_ref
         logs[0].append(make_batch(3), leader_epoch=2)
     assert logs[0].log_end_offset == end
     monkeypatch.setattr(OffsetCheckpoint, "write", real_write)
-    logs[0].append(make_batch(3), leader_epoch=2)
+    assert list(manager.offline_dirs) == [str(tmp_path / "d1")]
+    for log in logs:
+        with pytest.raises(LogDirectoryError, match="offline"):
+            log.append(make_batch(3), leader_epoch=2)
+    # On disk: what the first cut wrote, never above the second cut.
     assert OffsetCheckpoint(str(tmp_path / "d1" / RECOVERY_POINT_FILE)).read()[("t", 0)] == 3
     manager.abandon()
 

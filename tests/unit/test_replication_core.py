@@ -8,6 +8,8 @@ and the simulator do.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from api.broker.data_api import decode_fetch, render_results
@@ -18,7 +20,8 @@ from api.broker.replication import (ALTER_PARTITION_TIMEOUT_MS, CONNECT_BACKOFF_
                                     ReplicationSettings, Respond, SendAlterPartition, SendFetch)
 from kraft.image import MetadataImage
 from kraft.records import (ConfigRecord, PartitionChangeRecord, PartitionRecord,
-                           RegisterBrokerRecord, TopicRecord, UnfenceBrokerRecord)
+                           RegisterBrokerRecord, RemoveTopicRecord, TopicRecord,
+                           UnfenceBrokerRecord)
 from storage.batch import build_batch
 from storage.config import LogConfig
 from storage.manager import LogManager, LogManagerConfig, TopicPartition
@@ -302,3 +305,41 @@ async def test_new_logs_made_off_the_loop_are_opened_when_ready_or_deleted_if_un
         core.tick(4)
         assert logs.get_log(TopicPartition("u", 0)) is None
         assert not core.opening(["u"]) and TopicPartition("u", 0) not in core.partitions
+
+
+def test_a_failed_log_dir_lets_go_of_its_partitions_and_refuses_them_from_then_on(pair):
+    """A disk error took the leader's log dir offline (LogManager.fail_dir):
+    ``logs_offline`` fails the write waiting for replication with
+    KAFKA_STORAGE_ERROR (nobody acknowledges what the log may not hold),
+    refuses later writes and fetches the same way, never opens the log again
+    on a metadata change, and forgets it once the partition is deleted. The
+    follower that loses its log stops fetching it."""
+    leader, follower, image = pair
+    request_id = produce(leader, 1, -1, now_ms=0)
+    leader.ready()
+    manager = leader.logs.log_manager
+    (directory,) = manager.config.log_dirs
+    manager.fail_dir(directory, "EIO (test)")
+    leader.logs_offline([TP], 1)
+    (ack,) = [a for a in of(leader.ready(), Respond) if a.request_id == request_id]
+    assert ack.results[0]["error"].code == "KAFKA_STORAGE_ERROR"
+    assert TP not in leader.partitions and leader.offline == {TP}
+    again = produce(leader, 1, 1, now_ms=2)
+    (answer,) = [a for a in of(leader.ready(), Respond) if a.request_id == again]
+    assert answer.results[0]["error"].code == "KAFKA_STORAGE_ERROR"
+    assert "offline after a disk error" in str(answer.results[0]["error"])
+    image.apply(ConfigRecord("topic", "t", "retention.ms", "1000"), image.offset + 1)
+    leader.apply_image(image, 3)
+    assert TP not in leader.partitions, "an offline log is never opened again"
+    # The follower's dir fails too: its fetch session lets the partition go.
+    (fetch,) = of(follower.ready(), SendFetch)
+    follower.logs.log_manager.fail_dir(follower.logs.log_manager.config.log_dirs[0], "EIO")
+    follower.logs_offline([TP], 4)
+    actions = follower.ready()
+    assert [a.request_id for a in of(actions, CancelRequest)] == [fetch.request_id]
+    assert not of(actions, SendFetch)
+    # The topic is deleted: the offline partition is forgotten, files untouched.
+    image.apply(RemoveTopicRecord("id-1"), image.offset + 1)
+    leader.apply_image(image, 5)
+    assert leader.offline == set() and manager.offline_logs() == {}
+    assert os.path.isdir(os.path.join(directory, "t-0"))
