@@ -368,10 +368,7 @@ async function overview(main) {
     const brokers = table(
       [["Broker", true], ["State"], ["Rack"], ["Partitions led", true], ["Disk used", true],
        ["URL"]],
-      cluster.brokers.map((b) => [b.id,
-        [b.fenced ? "down" : "up", el("span", { class: b.fenced ? "state-down" : "state-up",
-                                                 "data-broker-state": b.id },
-                                      b.fenced ? "down (fenced)" : "up")],
+      cluster.brokers.map((b) => [b.id, brokerState(b),
         b.rack ?? "–", b.leaders,
         [disk[b.id] ?? -1, b.id in disk ? bytes(disk[b.id]) : "–"], b.url ?? "–"]),
       { id: "brokers" });
@@ -392,6 +389,19 @@ async function overview(main) {
       chart({ "in /s": history.rates.map((r) => r.in), "out /s": history.rates.map((r) => r.out) },
             "records per second"));
   });
+}
+
+// A broker's state cell: down when fenced; up, but warned about, when a
+// disk error took some of its log directories offline.
+function brokerState(b) {
+  const offline = (b.offline_log_dirs || []).length;
+  const [word, cls, text] = b.fenced ? ["down", "state-down", "down (fenced)"]
+    : offline ? ["degraded", "state-warn",
+                 `up, ${offline} log dir${offline > 1 ? "s" : ""} offline`]
+    : ["up", "state-up", "up"];
+  const span = el("span", { class: cls, "data-broker-state": b.id }, text);
+  if (offline) span.title = `offline after disk errors: ${b.offline_log_dirs.join(", ")}`;
+  return [word, span];
 }
 
 function card(title, value, bad = false, id = undefined) {
