@@ -30,6 +30,12 @@ Faults, by name (``NEMESES``):
 ``partition-halves``    split the nodes into two sides, two controllers on
                         the majority side and one on the minority, the
                         brokers spread between them
+``disk``                give a random broker's second log dir EIO on write,
+                        read or fsync, or ENOSPC (``chaos.faultyio``,
+                        preloaded into every broker); it takes the dir
+                        offline and the controller moves its replicas'
+                        leadership away. Heal: the disk made healthy and the
+                        broker restarted (SIGTERM), which brings the dir back
 
 Partition nemeses need ``chaos.netns``; scenarios that use them are not run
 (and say why) where namespaces are unavailable.
@@ -48,6 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from chaos import faultyio
 from chaos.cluster import ProcessCluster, http_json, wait_until
 
 #: How long ``pause-kill`` lets writes reach the leader while its followers
@@ -85,6 +92,9 @@ class Target:
     #: Nodes each fault has killed and not yet restarted, and paused nodes.
     killed: set[int] = field(default_factory=set)
     paused: set[int] = field(default_factory=set)
+    #: Per broker, the log dir the ``disk`` nemesis can fail (its brokers
+    #: run with two log dirs and ``faultyio`` preloaded); empty without it.
+    disks: dict[int, faultyio.FaultyDir] = field(default_factory=dict)
 
 
 # -- observation -------------------------------------------------------------------
@@ -315,6 +325,68 @@ def rolling_restart(target: Target) -> ActiveFault | None:
                        _restart(target, order), hold=False)
 
 
+# -- disk faults ---------------------------------------------------------------------
+#: The disk faults the ``disk`` nemesis picks from.
+DISK_FAULTS = ("write", "enospc", "fsync", "read")
+#: How long a broker restarted after a disk fault may take to stop and serve again.
+DISK_RESTART_WAIT_S = 30.0
+
+
+def disk(target: Target) -> ActiveFault | None:
+    brokers = [b for b in running_brokers(target) if b in target.disks]
+    if not brokers:
+        return None
+    victim = target.rng.choice(brokers)
+    fault = target.rng.choice(DISK_FAULTS)
+    faulty = target.disks[victim]
+    faulty.inject(fault)
+    error = "ENOSPC on write" if fault == "enospc" else f"EIO on {fault}"
+    return ActiveFault("disk", [victim],
+                       f"{error} in broker {victim}'s log dir {faulty.directory}",
+                       _heal_disk(target, victim))
+
+
+def _heal_disk(target: Target, broker: int) -> Callable[[], None]:
+    """The disk healthy again, then the broker restarted (gracefully, as an
+    operator would after replacing it): only a new process brings an
+    offline log dir back."""
+    def heal() -> None:
+        offline = _offline_log_dirs(target, broker)
+        target.log(f"broker {broker} reports log dirs offline: {offline}"
+                   if offline else f"broker {broker} reports no log dir offline (the fault "
+                   "met no I/O, or the broker is unreachable)")
+        target.disks[broker].clear()
+        cluster = target.cluster
+        node = cluster.nodes[broker]
+        if node.running and not node.paused:
+            try:
+                cluster.kill(broker, signal.SIGTERM, timeout_s=DISK_RESTART_WAIT_S)
+            except subprocess.TimeoutExpired:
+                target.log(f"SLOW STOP: broker {broker} did not stop within "
+                           f"{DISK_RESTART_WAIT_S:g} s of SIGTERM; killed with SIGKILL")
+                cluster.kill(broker, signal.SIGKILL)
+        if not node.running and broker not in target.killed:
+            cluster.start([broker])
+            wait_serving(cluster, [broker], DISK_RESTART_WAIT_S)
+    return heal
+
+
+def _offline_log_dirs(target: Target, broker: int) -> list[str] | None:
+    """The log dirs the metadata says ``broker`` took offline, as the first
+    running broker that answers tells it (None: none answered)."""
+    cluster = target.cluster
+    for other in running_brokers(target):
+        try:
+            status, body = http_json(f"{cluster.nodes[other].broker_url}/v1/brokers",
+                                     timeout_s=PROBE_TIMEOUT_S, context=cluster.ssl_context)
+        except (OSError, ValueError):
+            continue
+        for entry in body.get("brokers", ()) if status == 200 else ():
+            if entry.get("id") == broker:
+                return entry.get("offline_log_dirs", [])
+    return None
+
+
 # -- network faults ------------------------------------------------------------------
 def _heal_network(target: Target) -> Callable[[], None]:
     return target.network.heal
@@ -375,6 +447,7 @@ NEMESES: dict[str, Callable[[Target], ActiveFault | None]] = {
     "partition-leader": partition_leader,
     "partition-controller": partition_controller,
     "partition-halves": partition_halves,
+    "disk": disk,
 }
 NETWORK_NEMESES = frozenset({"partition-leader", "partition-controller", "partition-halves"})
 
@@ -417,6 +490,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "network partitions (an isolated leader, a controller quorum split, a "
              "majority/minority split) lose nothing and never give two leaders "
              "acknowledging writes for one partition"),
+    Scenario("disk", ("disk",),
+             "a disk error (EIO on write, read or fsync, or ENOSPC) in one log dir of a "
+             "broker takes that dir offline: its partitions are led elsewhere and "
+             "nothing acknowledged is lost; a restart with the disk healthy brings it back"),
     Scenario("mixed", tuple(n for n in NEMESES if n != "pause-kill"),
              "any of the faults above, in a seeded random order"),
 )}

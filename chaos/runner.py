@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from chaos import checker, nemesis, netns
+from chaos import checker, faultyio, nemesis, netns
 from chaos.cluster import FAST_SETTINGS, REPO_ROOT, ProcessCluster, wait_until
 from chaos.workload import (ClientSecurity, History, Workload, final_read, read_history,
                             record_copier_offsets)
@@ -199,7 +199,15 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
     settings = node_settings(config)
     cluster = ProcessCluster(os.path.join(config.out_dir, "cluster"), config.controllers,
                              config.brokers, config.combined, settings, network=network,
-                             tls=config.secure, acls=config.secure, sasl=config.secure)
+                             tls=config.secure, acls=config.secure, sasl=config.secure,
+                             log_dirs=2 if "disk" in nemeses else 1)
+    disks = {}
+    if "disk" in nemeses:  # each broker's second log dir can be given disk errors
+        for broker in cluster.broker_ids:
+            disks[broker] = faultyio.FaultyDir(
+                cluster.log_dirs_of(broker)[1],
+                os.path.join(config.out_dir, f"disk-faults-{broker}"))
+            cluster.env[broker] = disks[broker].env()
     # The harness as administrator; the workload as itself (a SCRAM user).
     operator = security = ClientSecurity(cluster.client_security, cluster.ssl_context)
     password = secrets.token_urlsafe(18)
@@ -210,7 +218,8 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
     settings = dict(cluster.settings)  # with the TLS settings the cluster added
     target = nemesis.Target(cluster, TOPIC, config.partitions, rng, network,
                             log=lambda line: history.record({"type": "nemesis",
-                                                             "phase": "info", "detail": line}))
+                                                             "phase": "info", "detail": line}),
+                            disks=disks)
     history.record({"type": "run", "scenario": config.scenario, "seed": config.seed,
                     "duration_s": config.duration_s, "topic": TOPIC,
                     "partitions": config.partitions, "layout": config.layout,
@@ -354,6 +363,8 @@ def _heal_everything(target: nemesis.Target, history: History, start_dead: bool 
     (``start_dead``) dead nodes started."""
     if target.network is not None:
         target.network.heal()
+    for faulty in target.disks.values():
+        faulty.clear()
     cluster = target.cluster
     for node_id, node in cluster.nodes.items():
         if node.running and node.paused:

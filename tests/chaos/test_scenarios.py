@@ -48,7 +48,7 @@ RUNS: dict[str, tuple[str, dict]] = {
         "producers": 6}),
     **{f"secure-{scenario}": (scenario, {"secure": True}) for scenario in (
         "kill-leader", "kill-random", "kill-controller", "restart-cluster", "pause",
-        "rolling-restart")},
+        "rolling-restart", "disk")},
     "secure-mixed": ("mixed", {"secure": True}),
     "secure-kill-two": ("kill-two", {"secure": True}),
     "secure-partition": ("partition", {"secure": True}),
@@ -156,11 +156,16 @@ def assert_secure(results: dict, events: list[dict], out: str) -> None:
 
 
 @pytest.mark.parametrize("scenario", ["kill-leader", "kill-random", "kill-controller",
-                                      "restart-cluster", "pause", "rolling-restart"])
+                                      "restart-cluster", "pause", "rolling-restart", "disk"])
 def test_scenario_loses_nothing_with_tls_sasl_and_acls(runs, scenario):
     results, events, out = runs(f"secure-{scenario}")
     assert_passed(results, scenario)
     assert_secure(results, events, out)
+    if scenario == "disk":
+        # The faults met real I/O: a broker took its faulty dir offline.
+        offline = [e["detail"] for e in events if e["type"] == "nemesis"
+                   and "reports log dirs offline: [" in e.get("detail", "")]
+        assert offline, "no disk fault took a log dir offline"
 
 
 def test_mixed_faults_lose_nothing_with_tls_sasl_and_acls(runs):
