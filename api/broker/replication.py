@@ -1639,6 +1639,10 @@ class ReplicationCore:
                 continue
             try:
                 self._apply_fetched(session, part, result, now_ms)
+            except LogDirectoryError:
+                # Its log dir went offline (said where it failed); the
+                # partition is let go once this call returns (logs_offline).
+                self._rest(session, tp, now_ms + PARTITION_BACKOFF_MS)
             except Exception:
                 logger.exception("broker %d: cannot apply the fetch of %s from leader %d",
                                  self.broker_id, tp, session.leader_id)

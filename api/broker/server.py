@@ -213,6 +213,7 @@ class BrokerServer:
         #: Set by the node: called when this broker cannot go on (every log
         #: dir offline); the node stops and exits non-zero.
         self.on_fatal: Callable[[str], None] | None = None
+        self._fatal = False
 
     # -- start and stop --------------------------------------------------------
     async def start(self) -> None:
@@ -341,7 +342,8 @@ class BrokerServer:
         with none left, the broker stops (Kafka halts then too), since it
         could neither lead nor follow anything."""
         self.lifecycle.report_offline(log_dirs, replicas)
-        if not self.log_manager.online_dirs():
+        if not self.log_manager.online_dirs() and not self._fatal:
+            self._fatal = True
             reason = "every log dir is offline after disk errors"
             logger.critical("broker %d: %s (%s); stopping", self.config.node_id, reason,
                             self.log_manager.offline_dirs)

@@ -141,3 +141,37 @@ def test_a_restart_with_the_disk_healthy_brings_the_dir_and_its_replicas_back(fa
     wait_for_full_isr(cluster, topic, PARTITIONS)  # broker 2 back in every ISR
     assert layout(cluster, topic)[bad] == [1, 3]
     check_history(load, read_everything(cluster, topic, PARTITIONS))
+
+
+def test_a_broker_whose_every_log_dir_fails_stops_with_status_1(faulty):
+    """With no log dir left online the broker can neither lead nor follow:
+    it stops (Kafka halts too) and says why; its partitions are led by the
+    other replicas meanwhile, and a restart with the disk healthy brings it
+    back."""
+    cluster, disk = faulty
+    heal(cluster, disk)
+    topic = "disk-all"
+    create(cluster, topic)
+    node = cluster.nodes[FAULTY]
+    whole = faultyio.FaultyDir(os.path.join(cluster.base_dir, f"data-{FAULTY}"),
+                               os.path.join(cluster.base_dir, "faults-whole"))
+    cluster.kill(FAULTY, signal.SIGTERM, timeout_s=30)
+    cluster.env[FAULTY] = whole.env()
+    try:
+        cluster.start([FAULTY])
+        cluster.wait_for_brokers_running(timeout_s=30)
+        wait_for_full_isr(cluster, topic, PARTITIONS)
+        whole.inject("write")
+        load = Load(topic, urls(cluster)).start()
+        try:
+            wait_until(lambda: not node.running, 30, "the broker stopped")
+        finally:
+            load.finish()
+        assert node.process.returncode == 1
+        assert "every log dir is offline after disk errors" in cluster.log_tail(FAULTY, 60)
+        check_history(load, read_everything(cluster, topic, PARTITIONS))
+    finally:
+        cluster.env[FAULTY] = disk.env()
+        whole.clear()
+    heal(cluster, disk)
+    wait_for_full_isr(cluster, topic, PARTITIONS)
