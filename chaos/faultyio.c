@@ -1,16 +1,21 @@
 /*
- * faultyio.c - disk errors on demand for one directory, for the chaos harness.
+ * faultyio.c - disk errors and clock jumps on demand, for the chaos harness.
  *
  * Loaded into a process with LD_PRELOAD, this library sits in front of the
  * C library's file I/O calls. While the control file names a fault, calls
  * that touch files under one directory fail the way a dying or full disk
  * makes them fail (EIO, ENOSPC) without doing anything; every other call,
  * and every call while no fault is named, goes straight to the C library.
+ * It also sits in front of the wall-clock calls, so that the control file
+ * can step the process's system clock forward or backward (see "clock=").
  * No root, no FUSE, no device mapper: only the environment of the process.
  *
- * Environment (both needed, or the library only passes calls through):
+ * Environment (both needed, or the library only passes calls through, the
+ * clock calls included):
  *   KRAFTLOG_FAULTYIO_DIR      absolute directory; files at or under it are
- *                              affected ("/a/b" covers "/a/b/x", not "/a/bc")
+ *                              affected ("/a/b" covers "/a/b/x", not "/a/bc");
+ *                              it need not exist (for clock jumps alone, any
+ *                              absolute path will do)
  *   KRAFTLOG_FAULTYIO_CONTROL  path of the control file
  *
  * The control file holds whitespace-separated tokens; unknown ones are
@@ -22,13 +27,28 @@
  *   fsync   fsync and fdatasync fail with EIO
  *   open    open, openat, creat and rename of paths under the directory
  *           fail with EIO
+ *   clock=<N>  N a signed decimal integer of milliseconds ("clock=172800000",
+ *           "clock=-3600000"; at most CLOCK_MAX_MS in magnitude): the wall
+ *           clock reads N ms ahead of (or, negative, behind) the real one.
+ *           The last well-formed clock= token wins; malformed ones are
+ *           ignored; none means an offset of 0. It is process-wide: it does
+ *           not depend on the directory. Shifted are clock_gettime with
+ *           CLOCK_REALTIME, CLOCK_REALTIME_COARSE and CLOCK_TAI, gettimeofday
+ *           and time. Every other clock id (CLOCK_MONOTONIC*, CLOCK_BOOTTIME,
+ *           the CPU-time clocks...) is passed straight through for one
+ *           branch. (clock_gettime64 and __clock_gettime64 exist only on
+ *           32-bit glibc; x86_64 has none, so they are not interposed.)
  *
  * How a change is noticed: at most once a millisecond (CLOCK_MONOTONIC), an
- * I/O call stats the control file, and reads it again when its inode, size or
- * mtime changed. File timestamps come from a coarse clock (a few ms per
- * tick), so a file rewritten twice within one tick, with the same size and a
- * recycled inode, would look unchanged: the file is therefore also read
- * again on every check while its mtime is less than RECENT_NS old.
+ * I/O call or a read of a shifted clock stats the control file, and reads it
+ * again when its inode, size or mtime changed. File timestamps come from a
+ * coarse clock (a few ms per tick), so a file rewritten twice within one
+ * tick, with the same size and a recycled inode, would look unchanged: the
+ * file is therefore also read again on every check while its mtime is less
+ * than RECENT_NS old. These checks read the clocks through the real
+ * clock_gettime (dlsym RTLD_NEXT), never through the wrapper: no recursion,
+ * and the mtime's age is measured against the real wall clock, whatever the
+ * offset.
  *
  * Which fds are under the directory: a per-fd cache (fds below FD_CACHE_SIZE)
  * of unknown / inside / outside. Every fd number that open*, creat, close,
@@ -42,15 +62,25 @@
  *
  * Costs: with the environment unset, one predictable branch per call. With
  * it set but no fault named, a vDSO clock read per call and a stat per
- * millisecond. Fd and path lookups happen only while a fault that could apply
- * to the call is named. Nothing here allocates (all buffers are on the stack;
- * glibc's realpath may allocate for very long paths, only for "open"), and
- * the control file is read with the real functions, so there is no recursion.
+ * millisecond. clock_gettime on a clock that is never shifted costs one
+ * branch more than the C library's, set or not, offset or not; a shifted
+ * clock costs an extra CLOCK_MONOTONIC read for the check. Fd and path
+ * lookups happen only while a fault that could apply to the call is named.
+ * Nothing here allocates (all buffers are on the stack; glibc's realpath
+ * may allocate for very long paths, only for "open"), and the control file
+ * is read with the real functions, so there is no recursion.
  *
  * Not covered: I/O through mmap'ed memory, and calls made from inside the C
  * library itself (fopen/fread/fwrite/fclose, opendir/readdir), which do not
  * go through these symbols; sendfile, splice, copy_file_range, fallocate and
- * unlink are not interposed either.
+ * unlink are not interposed either. Likewise for the clock: clocks read
+ * inside the C library (timespec_get, ftime, syslog's timestamps), straight
+ * from the vDSO or by syscall (Go's runtime, statically linked programs)
+ * keep the real time; file timestamps set by the kernel are real; and
+ * absolute CLOCK_REALTIME deadlines given to the kernel (clock_nanosleep
+ * with TIMER_ABSTIME, pthread_cond_timedwait, sem_timedwait, timerfd) are
+ * taken as real times, so a deadline computed from a shifted clock is off by
+ * the offset (CPython 3.11 waits on CLOCK_MONOTONIC and is not affected).
  */
 
 #define _GNU_SOURCE
@@ -66,6 +96,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -79,6 +110,7 @@
 #define CHECK_INTERVAL_NS 1000000LL  /* stat the control file at most once per ms */
 #define RECENT_NS 50000000LL         /* re-read while its mtime is younger than 50 ms */
 #define CONTROL_MAX 4096             /* bytes of the control file that are looked at */
+#define CLOCK_MAX_MS 1000000000000000LL  /* largest clock= offset taken, ~31,700 years */
 
 /* Fault bits, as named in the control file. */
 enum {
@@ -153,6 +185,42 @@ REAL(int, truncate64, (const char *, off64_t))
 REAL(int, rename, (const char *, const char *))
 REAL(int, renameat, (int, const char *, int, const char *))
 REAL(int, renameat2, (int, const char *, int, const char *, unsigned int))
+REAL(int, gettimeofday, (struct timeval *, void *))
+REAL(time_t, time, (time_t *))
+
+/*
+ * clock_gettime is called far more often than the rest (CLOCK_MONOTONIC, by
+ * every timeout and timer), so its pointer starts out at a stub that looks
+ * the real function up, instead of being tested for NULL on every call.
+ */
+typedef int (*clock_gettime_fn)(clockid_t, struct timespec *);
+static int resolve_clock_gettime(clockid_t clock, struct timespec *ts);
+static clock_gettime_fn real_clock_gettime_ptr = resolve_clock_gettime;
+
+static clock_gettime_fn lookup_clock_gettime(void)
+{
+    clock_gettime_fn f;
+    *(void **)&f = dlsym(RTLD_NEXT, "clock_gettime");
+    if (f)
+        __atomic_store_n(&real_clock_gettime_ptr, f, __ATOMIC_RELEASE);
+    return f;
+}
+
+static int resolve_clock_gettime(clockid_t clock, struct timespec *ts)
+{
+    clock_gettime_fn f = lookup_clock_gettime();
+    if (!f) {
+        errno = ENOSYS;
+        return -1;
+    }
+    return f(clock, ts);
+}
+
+/* The C library's clock_gettime: what the library itself must always use. */
+static inline int real_clock_gettime(clockid_t clock, struct timespec *ts)
+{
+    return __atomic_load_n(&real_clock_gettime_ptr, __ATOMIC_ACQUIRE)(clock, ts);
+}
 
 static void resolve_all(void)
 {
@@ -165,6 +233,7 @@ static void resolve_all(void)
     real_pwritev(); real_pwritev64(); real_pwritev2(); real_pwritev64v2();
     real_fsync(); real_fdatasync(); real_ftruncate(); real_ftruncate64();
     real_truncate(); real_truncate64(); real_rename(); real_renameat(); real_renameat2();
+    real_gettimeofday(); real_time(); lookup_clock_gettime();
 }
 
 /* Calls a real function, or fails with ENOSYS when the C library lacks it. */
@@ -180,6 +249,7 @@ static size_t g_dirlen;
 static char g_control[PATH_MAX];
 
 static int g_faults;                   /* F_* bits now in force */
+static long long g_clock_ms;           /* wall-clock offset now in force, in ms */
 static long long g_next_check_ns;      /* CLOCK_MONOTONIC time of the next stat */
 static int g_checking;                 /* try-lock: one thread refreshes at a time */
 
@@ -293,7 +363,7 @@ __attribute__((constructor)) static void faultyio_init(void)
 static long long clock_ns(clockid_t clock)
 {
     struct timespec ts;
-    clock_gettime(clock, &ts);
+    real_clock_gettime(clock, &ts);  /* never the wrapper below */
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
@@ -319,17 +389,44 @@ static int token_bit(const char *tok, size_t n)
     return 0;
 }
 
-static int parse_faults(const char *text, size_t len)
+/* Whether `tok` is a well-formed "clock=<signed integer>" token within
+ * CLOCK_MAX_MS; if so, stores its value in *ms. */
+static int parse_clock(const char *tok, size_t n, long long *ms)
+{
+    static const char prefix[] = "clock=";
+    size_t i = sizeof prefix - 1;
+    if (n <= i || memcmp(tok, prefix, i) != 0)
+        return 0;
+    int negative = tok[i] == '-';
+    if (tok[i] == '-' || tok[i] == '+')
+        i++;
+    if (i == n)
+        return 0;
+    long long value = 0;
+    for (; i < n; i++) {
+        if (tok[i] < '0' || tok[i] > '9')
+            return 0;
+        value = value * 10 + (tok[i] - '0');
+        if (value > CLOCK_MAX_MS)  /* checked each digit, so it cannot overflow */
+            return 0;
+    }
+    *ms = negative ? -value : value;
+    return 1;
+}
+
+/* The F_* bits the control file names; its clock offset goes to *clock_ms. */
+static int parse_control(const char *text, size_t len, long long *clock_ms)
 {
     int faults = 0;
     size_t i = 0;
+    *clock_ms = 0;
     while (i < len) {
         while (i < len && is_space(text[i]))
             i++;
         size_t start = i;
         while (i < len && !is_space(text[i]))
             i++;
-        if (i > start)
+        if (i > start && !parse_clock(text + start, i - start, clock_ms))
             faults |= token_bit(text + start, i - start);
     }
     return faults;
@@ -341,16 +438,23 @@ static void forget_fd(int fd)
         __atomic_store_n(&g_fdstate[fd], FD_UNKNOWN, __ATOMIC_RELAXED);
 }
 
-/* Reads the control file (with the real functions) and installs its faults.
- * On a failure other than "no such file", the old faults stay and g_seen is
- * left invalid, so the next check tries again. */
+/* Installs what a control file says (nothing, for a missing one). */
+static void install(int faults, long long clock_ms)
+{
+    __atomic_store_n(&g_faults, faults, __ATOMIC_RELEASE);
+    __atomic_store_n(&g_clock_ms, clock_ms, __ATOMIC_RELEASE);
+}
+
+/* Reads the control file (with the real functions) and installs its faults
+ * and clock offset. On a failure other than "no such file", the old ones stay
+ * and g_seen is left invalid, so the next check tries again. */
 static void reload_control(void)
 {
     g_seen.valid = 0;
     int fd = CALL_REAL(open, (g_control, O_RDONLY | O_CLOEXEC));
     if (fd < 0) {
         if (errno == ENOENT)
-            __atomic_store_n(&g_faults, 0, __ATOMIC_RELEASE);
+            install(0, 0);
         return;
     }
     struct stat st;
@@ -371,7 +475,9 @@ static void reload_control(void)
     forget_fd(fd);
     if (!ok)
         return;
-    __atomic_store_n(&g_faults, parse_faults(buf, len), __ATOMIC_RELEASE);
+    long long clock_ms;
+    int faults = parse_control(buf, len, &clock_ms);
+    install(faults, clock_ms);
     g_seen.valid = 1;
     g_seen.dev = st.st_dev;
     g_seen.ino = st.st_ino;
@@ -380,7 +486,7 @@ static void reload_control(void)
 }
 
 /* Picks up a changed control file; cheap when called more than once per ms. */
-static void refresh_faults(void)
+static void refresh_control(void)
 {
     long long now = clock_ns(CLOCK_MONOTONIC);
     if (now < __atomic_load_n(&g_next_check_ns, __ATOMIC_RELAXED))
@@ -395,7 +501,7 @@ static void refresh_faults(void)
     if (stat(g_control, &st) != 0) {
         if (errno == ENOENT) {
             g_seen.valid = 0;
-            __atomic_store_n(&g_faults, 0, __ATOMIC_RELEASE);
+            install(0, 0);
         }
     } else {
         long long age = clock_ns(CLOCK_REALTIME) - mtime_ns(&st);
@@ -407,15 +513,29 @@ static void refresh_faults(void)
     __atomic_store_n(&g_checking, 0, __ATOMIC_RELEASE);
 }
 
-/* The faults in force now (0 when the library is off); keeps errno. */
-static int current_faults(void)
+/* Whether the library is on; if so, first picks up a changed control file.
+ * Keeps errno. */
+static int refreshed(void)
 {
     if (!ready())
         return 0;
     int saved = errno;
-    refresh_faults();
+    refresh_control();
     errno = saved;
-    return __atomic_load_n(&g_faults, __ATOMIC_ACQUIRE);
+    return 1;
+}
+
+/* The faults in force now (0 when the library is off); keeps errno. */
+static int current_faults(void)
+{
+    return refreshed() ? __atomic_load_n(&g_faults, __ATOMIC_ACQUIRE) : 0;
+}
+
+/* The wall-clock offset in force now, in ms (0 when the library is off);
+ * keeps errno. */
+static long long current_clock_ms(void)
+{
+    return refreshed() ? __atomic_load_n(&g_clock_ms, __ATOMIC_ACQUIRE) : 0;
 }
 
 /* ---- is it under the directory? --------------------------------------- */
@@ -810,4 +930,91 @@ int renameat2(int fromdir, const char *from, int todir, const char *to, unsigned
 {
     FAIL_IF(path_fault(fromdir, from) ? EIO : path_fault(todir, to));
     return CALL_REAL(renameat2, (fromdir, from, todir, to, flags));
+}
+
+/* ---- wrappers: the wall clock ------------------------------------------ */
+
+/* The clock ids that get the offset, as bits; all are below 32. */
+#define SHIFTED_CLOCKS \
+    ((1u << CLOCK_REALTIME) | (1u << CLOCK_REALTIME_COARSE) | (1u << CLOCK_TAI))
+
+/* Moves a time `ms` milliseconds on (back, if negative); |ms| <= CLOCK_MAX_MS,
+ * so nothing overflows. */
+static void shift_timespec(struct timespec *ts, long long ms)
+{
+    long long sec = ms / 1000;  /* both truncated towards zero */
+    long long nsec = ts->tv_nsec + (ms % 1000) * 1000000LL;
+    if (nsec < 0) {
+        nsec += 1000000000LL;
+        sec--;
+    } else if (nsec >= 1000000000LL) {
+        nsec -= 1000000000LL;
+        sec++;
+    }
+    ts->tv_sec += (time_t)sec;
+    ts->tv_nsec = (long)nsec;
+}
+
+static void shift_timeval(struct timeval *tv, long long ms)
+{
+    long long sec = ms / 1000;
+    long long usec = tv->tv_usec + (ms % 1000) * 1000LL;
+    if (usec < 0) {
+        usec += 1000000LL;
+        sec--;
+    } else if (usec >= 1000000LL) {
+        usec -= 1000000LL;
+        sec++;
+    }
+    tv->tv_sec += (time_t)sec;
+    tv->tv_usec = (suseconds_t)usec;
+}
+
+/* clock_gettime for the clocks that get the offset; kept out of line, so
+ * that the pass-through below needs no stack frame. */
+__attribute__((noinline)) static int shifted_clock_gettime(clockid_t clock, struct timespec *ts)
+{
+    long long ms = current_clock_ms();  /* before reading: its check takes time */
+    int rc = real_clock_gettime(clock, ts);
+    if (rc == 0 && ms)
+        shift_timespec(ts, ms);
+    return rc;
+}
+
+int clock_gettime(clockid_t clock, struct timespec *ts)
+{
+    /* Branch-free, so that every other clock pays one branch and a tail call:
+     * a negative id (a CPU-time or fd clock) is huge as unsigned and fails
+     * `id < 32`. */
+    unsigned int id = (unsigned int)clock;
+    if ((id < 32) & (SHIFTED_CLOCKS >> (id & 31)))
+        return shifted_clock_gettime(clock, ts);
+    return real_clock_gettime(clock, ts);
+}
+
+int gettimeofday(struct timeval *restrict tv, void *restrict tz)
+{
+    long long ms = current_clock_ms();
+    int rc = CALL_REAL(gettimeofday, (tv, tz));
+    /* The header declares tv nonnull; the kernel accepts NULL, so must we. */
+    struct timeval *out = (struct timeval *)opaque((const char *)tv);
+    if (rc == 0 && ms && out)
+        shift_timeval(out, ms);
+    return rc;
+}
+
+time_t time(time_t *tloc)
+{
+    long long ms = current_clock_ms();
+    if (!ms)
+        return CALL_REAL(time, (tloc));
+    /* time() reads the coarse clock (the kernel's last tick), so this does
+     * too, to count seconds exactly as it would. */
+    struct timespec ts;
+    if (real_clock_gettime(CLOCK_REALTIME_COARSE, &ts) != 0)
+        return (time_t)-1;
+    shift_timespec(&ts, ms);
+    if (tloc)
+        *tloc = ts.tv_sec;
+    return ts.tv_sec;
 }

@@ -1,4 +1,4 @@
-"""Disk errors for a real broker process, on one directory, without root.
+"""Disk errors and clock jumps for a real broker process, without root.
 
 Why: a broker must survive a failing disk (EIO) and a full one (ENOSPC), and
 the only faithful way to test that is to make the real system calls of a real
@@ -14,17 +14,31 @@ notices a rewritten control file within a millisecond or two of the next I/O
 call, so faults can be switched on and off while the broker runs, and they hit
 files the broker already has open.
 
+The same control file can also step the process's wall clock forward or
+backward (``shift_clock``): clock_gettime on CLOCK_REALTIME (and its COARSE
+and TAI variants), gettimeofday and time return the real time plus an offset,
+so ``time.time()``, ``time.time_ns()`` and ``datetime.now()`` jump, while
+``time.monotonic()`` and every other clock keep running as they were. The
+offset is process-wide, whatever the directory.
+
 Usage::
 
     faulty = FaultyDir(data_dir, control_path)
     proc = subprocess.Popen(argv, env={**os.environ, **faulty.env()})
     faulty.inject("write")      # every write under data_dir now fails with EIO
     faulty.inject("enospc")     # ... or the disk is full
-    faulty.clear()              # the disk is healthy again
+    faulty.shift_clock(2 * 86_400_000)  # the wall clock is two days ahead
+    faulty.shift_clock(-3_600_000)      # ... or an hour behind (faults stay)
+    faulty.clear()              # the disk is healthy and the clock right again
 
 Only calls that go through the wrapped symbols are affected: I/O through
 mmap'ed memory, and files the C library opens for itself (fopen, opendir),
-are not. Needs Linux with glibc, /proc, and a C compiler (``cc``).
+are not; nor are clocks read inside the C library (timespec_get, ftime),
+straight from the vDSO or by system call (Go's runtime, static binaries), nor
+absolute CLOCK_REALTIME deadlines handed to the kernel (pthread_cond_timedwait,
+clock_nanosleep), which stay real: CPython waits on CLOCK_MONOTONIC, so this
+does not matter for it, but it can for a JVM or a C program. Needs Linux with
+glibc, /proc, and a C compiler (``cc``).
 """
 
 from __future__ import annotations
@@ -43,6 +57,11 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faultyio.c")
 #   enospc - writes, and truncations that grow a file, fail with ENOSPC
 #   open   - opening, creating or renaming anything there fails with EIO
 FAULTS = ("write", "read", "fsync", "enospc", "open")
+
+# The control-file token for the wall-clock offset, "clock=<signed ms>", and
+# the largest offset the library takes (CLOCK_MAX_MS in faultyio.c).
+_CLOCK_PREFIX = "clock="
+CLOCK_MAX_MS = 10**15
 
 _COMPILE = ["-shared", "-fPIC", "-O2"]
 
@@ -84,15 +103,38 @@ def build(cache_dir: str | None = None) -> str:
     return out
 
 
+def _parse_clock(token: str) -> int | None:
+    """The offset a ``clock=`` token sets, or None if it is not a well-formed
+    one (which the library ignores): exactly as faultyio.c parses it."""
+    if not token.startswith(_CLOCK_PREFIX):
+        return None
+    value = token[len(_CLOCK_PREFIX):]
+    digits = value[1:] if value[:1] in ("+", "-") else value
+    if not digits or not all("0" <= c <= "9" for c in digits):
+        return None
+    ms = int(digits)
+    if ms > CLOCK_MAX_MS:
+        return None
+    return -ms if value.startswith("-") else ms
+
+
 class FaultyDir:
-    """One directory whose disk can be made to fail, and the switch for it.
+    """One directory whose disk can be made to fail, a wall clock that can be
+    made to jump, and the switch for both.
 
     Start the process under test with ``env()`` in its environment, then call
-    ``inject`` and ``clear`` at any time: the process sees the change on its
-    next file call, within a few milliseconds, including on files it already
-    has open. The directory itself (a broker's data directory, say) may be
-    created later. Keep ``control_path`` outside it (a broker would take it
-    for a stray file of its own), on a local file system."""
+    ``inject``, ``shift_clock`` and ``clear`` at any time: the process sees
+    the change on its next file call or wall-clock read, within a few
+    milliseconds, including on files it already has open. The directory
+    itself (a broker's data directory, say) may be created later. Keep
+    ``control_path`` outside it (a broker would take it for a stray file of
+    its own), on a local file system.
+
+    Faults and the clock offset are independent settings in one control
+    file: ``inject`` replaces the faults and keeps the offset,
+    ``shift_clock`` replaces the offset and keeps the faults, and ``clear``
+    resets both. Each reads the file and writes it back whole, so drive one
+    control file from one thread at a time."""
 
     def __init__(self, directory: str, control_path: str, *, library: str | None = None):
         # The library compares against the paths the kernel reports for open
@@ -117,16 +159,28 @@ class FaultyDir:
 
     def inject(self, *faults: str) -> None:
         """Make file calls under the directory fail: each argument is one of
-        ``FAULTS``. Replaces whatever was injected before (``inject("read",
-        "fsync")`` means both at once; ``inject()`` is the same as
-        ``clear()``). Raises ValueError for an unknown fault."""
+        ``FAULTS``. Replaces the faults injected before (``inject("read",
+        "fsync")`` means both at once; ``inject()`` heals the disk) and keeps
+        the clock offset as it is. Raises ValueError for an unknown fault."""
         for fault in faults:
             if fault not in FAULTS:
                 raise ValueError(f"unknown fault {fault!r}: expected one of {', '.join(FAULTS)}")
-        self._write(" ".join(faults) + "\n" if faults else "")
+        self._store(faults, self.clock_offset_ms())
+
+    def shift_clock(self, ms: int) -> None:
+        """Set the process's wall clock to run ``ms`` milliseconds ahead of
+        the real one (behind, if negative); ``shift_clock(0)`` puts it right.
+        This sets the offset, it does not add to it. The injected faults
+        stay. Raises TypeError unless ``ms`` is an int, and ValueError if its
+        magnitude exceeds ``CLOCK_MAX_MS``."""
+        if not isinstance(ms, int) or isinstance(ms, bool):
+            raise TypeError(f"clock offset must be an int of milliseconds, not {ms!r}")
+        if abs(ms) > CLOCK_MAX_MS:
+            raise ValueError(f"clock offset {ms} ms is beyond +/-{CLOCK_MAX_MS} ms")
+        self._store(self.faults(), ms)
 
     def clear(self) -> None:
-        """Heal the disk: file calls under the directory work again."""
+        """Heal the disk and put the clock right: no faults, no offset."""
         self._write("")
 
     def faults(self) -> tuple[str, ...]:
@@ -138,6 +192,28 @@ class FaultyDir:
         except FileNotFoundError:
             return ()
         return tuple(t for t in tokens if t in FAULTS)
+
+    def clock_offset_ms(self) -> int:
+        """The wall-clock offset now set, in milliseconds, as the library
+        reads it: the last well-formed ``clock=`` token, or 0 (also if the
+        control file does not exist)."""
+        try:
+            with open(self.control_path, encoding="utf-8") as f:
+                tokens = f.read().split()
+        except FileNotFoundError:
+            return 0
+        offset = 0
+        for token in tokens:
+            ms = _parse_clock(token)
+            if ms is not None:
+                offset = ms
+        return offset
+
+    def _store(self, faults: tuple[str, ...], clock_ms: int) -> None:
+        tokens = list(faults)
+        if clock_ms:
+            tokens.append(f"{_CLOCK_PREFIX}{clock_ms}")
+        self._write(" ".join(tokens) + "\n" if tokens else "")
 
     def _write(self, text: str) -> None:
         # Write a new file and rename it over the old one, so the library

@@ -30,6 +30,10 @@ Faults, by name (``NEMESES``):
 ``partition-halves``    split the nodes into two sides, two controllers on
                         the majority side and one on the minority, the
                         brokers spread between them
+``clock``               step a random node's wall clock forward or backward
+                        (minutes to ten days: past retention.ms and
+                        producer.id.expiration.ms) through ``chaos.faultyio``,
+                        preloaded into every node; heal steps it back
 ``disk``                give a random broker's second log dir EIO on write,
                         read or fsync, or ENOSPC (``chaos.faultyio``,
                         preloaded into every broker); it takes the dir
@@ -95,6 +99,9 @@ class Target:
     #: Per broker, the log dir the ``disk`` nemesis can fail (its brokers
     #: run with two log dirs and ``faultyio`` preloaded); empty without it.
     disks: dict[int, faultyio.FaultyDir] = field(default_factory=dict)
+    #: Per node, the control of its ``faultyio`` (the ``clock`` nemesis
+    #: steps its wall clock); empty without it.
+    clocks: dict[int, faultyio.FaultyDir] = field(default_factory=dict)
 
 
 # -- observation -------------------------------------------------------------------
@@ -387,6 +394,39 @@ def _offline_log_dirs(target: Target, broker: int) -> list[str] | None:
     return None
 
 
+# -- clock faults --------------------------------------------------------------------
+#: How far the ``clock`` nemesis steps a wall clock (ms): a few minutes, an
+#: hour, past producer.id.expiration.ms (a day), past retention.ms (a week).
+CLOCK_STEPS_MS = (5 * 60_000, 3_600_000, 2 * 86_400_000, 10 * 86_400_000)
+
+
+def clock(target: Target) -> ActiveFault | None:
+    nodes = [n for n in sorted(target.clocks) if target.cluster.nodes[n].running
+             and not target.cluster.nodes[n].paused]
+    if not nodes:
+        return None
+    victim = target.rng.choice(nodes)
+    step_ms = target.rng.choice(CLOCK_STEPS_MS) * target.rng.choice((1, -1))
+    target.clocks[victim].shift_clock(step_ms)
+    direction = "forward" if step_ms > 0 else "backward"
+    return ActiveFault("clock", [victim],
+                       f"step node {victim}'s wall clock {direction} by {_span(abs(step_ms))}",
+                       _heal_clock(target, victim))
+
+
+def _span(ms: int) -> str:
+    for unit, size in (("days", 86_400_000), ("h", 3_600_000), ("min", 60_000)):
+        if ms >= size:
+            return f"{ms / size:g} {unit}"
+    return f"{ms} ms"
+
+
+def _heal_clock(target: Target, node_id: int) -> Callable[[], None]:
+    def heal() -> None:
+        target.clocks[node_id].shift_clock(0)
+    return heal
+
+
 # -- network faults ------------------------------------------------------------------
 def _heal_network(target: Target) -> Callable[[], None]:
     return target.network.heal
@@ -448,6 +488,7 @@ NEMESES: dict[str, Callable[[Target], ActiveFault | None]] = {
     "partition-controller": partition_controller,
     "partition-halves": partition_halves,
     "disk": disk,
+    "clock": clock,
 }
 NETWORK_NEMESES = frozenset({"partition-leader", "partition-controller", "partition-halves"})
 
@@ -494,6 +535,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "a disk error (EIO on write, read or fsync, or ENOSPC) in one log dir of a "
              "broker takes that dir offline: its partitions are led elsewhere and "
              "nothing acknowledged is lost; a restart with the disk healthy brings it back"),
+    Scenario("clock", ("clock",),
+             "a node's wall clock stepped forward or backward (up to ten days, past "
+             "retention.ms and producer.id.expiration.ms) deletes nothing early, "
+             "loses nothing and holds no lease past its time: nodes act on the clock "
+             "they started with, moved on by the monotonic clock"),
     Scenario("mixed", tuple(n for n in NEMESES if n != "pause-kill"),
              "any of the faults above, in a seeded random order"),
 )}

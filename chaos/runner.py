@@ -144,6 +144,15 @@ def node_settings(config: RunConfig) -> dict[str, Any]:
     if config.secure:
         # The protocol map and the certificate files come from ProcessCluster.
         settings["ssl.client.auth"] = "required"
+    scenario = nemesis.SCENARIOS.get(config.scenario)
+    if scenario is not None and "clock" in scenario.nemeses:
+        # What a stepped clock could break shows within a fault's hold:
+        # time-based retention and producer-state expiry look every second,
+        # and segments roll every 64 KiB, so there are closed ones to delete.
+        settings["log.retention.check.interval.ms"] = 1000
+        settings["producer.id.expiration.check.interval.ms"] = 1000
+        settings["log.segment.bytes"] = 65_536
+        settings["log.retention.ms"] = 7 * 86_400_000  # a week, as Kafka's default
     settings.update(config.settings)
     return settings
 
@@ -201,13 +210,18 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
                              config.brokers, config.combined, settings, network=network,
                              tls=config.secure, acls=config.secure, sasl=config.secure,
                              log_dirs=2 if "disk" in nemeses else 1)
-    disks = {}
-    if "disk" in nemeses:  # each broker's second log dir can be given disk errors
-        for broker in cluster.broker_ids:
-            disks[broker] = faultyio.FaultyDir(
-                cluster.log_dirs_of(broker)[1],
-                os.path.join(config.out_dir, f"disk-faults-{broker}"))
-            cluster.env[broker] = disks[broker].env()
+    # chaos.faultyio in every node for the disk and clock nemeses: a
+    # broker's second log dir can be given disk errors, any node's wall
+    # clock stepped.
+    controls: dict[int, faultyio.FaultyDir] = {}
+    if "disk" in nemeses or "clock" in nemeses:
+        for node_id in sorted(cluster.nodes):
+            dirs = cluster.log_dirs_of(node_id)
+            controls[node_id] = faultyio.FaultyDir(
+                dirs[1] if "disk" in nemeses and node_id in cluster.broker_ids else dirs[0],
+                os.path.join(config.out_dir, f"faultyio-{node_id}"))
+            cluster.env[node_id] = controls[node_id].env()
+    disks = ({b: controls[b] for b in cluster.broker_ids} if "disk" in nemeses else {})
     # The harness as administrator; the workload as itself (a SCRAM user).
     operator = security = ClientSecurity(cluster.client_security, cluster.ssl_context)
     password = secrets.token_urlsafe(18)
@@ -219,7 +233,7 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
     target = nemesis.Target(cluster, TOPIC, config.partitions, rng, network,
                             log=lambda line: history.record({"type": "nemesis",
                                                              "phase": "info", "detail": line}),
-                            disks=disks)
+                            disks=disks, clocks=controls if "clock" in nemeses else {})
     history.record({"type": "run", "scenario": config.scenario, "seed": config.seed,
                     "duration_s": config.duration_s, "topic": TOPIC,
                     "partitions": config.partitions, "layout": config.layout,
@@ -363,7 +377,7 @@ def _heal_everything(target: nemesis.Target, history: History, start_dead: bool 
     (``start_dead``) dead nodes started."""
     if target.network is not None:
         target.network.heal()
-    for faulty in target.disks.values():
+    for faulty in {**target.disks, **target.clocks}.values():
         faulty.clear()
     cluster = target.cluster
     for node_id, node in cluster.nodes.items():

@@ -544,7 +544,7 @@ class MetadataImage:
         """The whole image as msgpack, for Raft snapshots and broker bootstrap."""
         return msgpack.packb({
             "offset": self.offset,
-            "brokers": [dataclasses.asdict(b) for b in self.brokers.values()],
+            "brokers": [_broker_snapshot(b) for b in self.brokers.values()],
             "topics": [{"name": t.name, "topic_id": t.topic_id,
                         "partitions": {p: dataclasses.asdict(reg)
                                        for p, reg in t.partitions.items()}}
@@ -594,6 +594,17 @@ class MetadataImage:
     def __repr__(self) -> str:
         return (f"MetadataImage(offset={self.offset}, brokers={sorted(self.brokers)}, "
                 f"topics={sorted(self.topics)})")
+
+
+def _broker_snapshot(broker: BrokerRegistration) -> dict:
+    """A broker as a snapshot holds it. The offline fields only when set:
+    a snapshot of a cluster without disk errors loads on the version
+    before them too (a rolling upgrade or downgrade)."""
+    fields = dataclasses.asdict(broker)
+    for name in ("offline_log_dirs", "offline_replicas"):
+        if not fields[name]:
+            del fields[name]
+    return fields
 
 
 def _check_token(token: TokenInfo) -> None:

@@ -85,6 +85,7 @@ from protocol import acl, wire
 from protocol.errors import (InvalidRequestError, KraftError, NotControllerError,
                              RequestTimedOutError, StaleBrokerEpochError, UnknownServerError)
 from protocol.fields import Fields
+from storage.clock import wall_clock_ms
 
 
 #: How each controller route is authorized (kraft/authorizer.py). Brokers
@@ -910,10 +911,6 @@ class ControllerServer:
 
 class MetadataOffsetOutOfRangeError(KraftError):
     code = "OFFSET_OUT_OF_RANGE"
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def image_as_json(image: MetadataImage) -> dict:

@@ -30,17 +30,18 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import errno
 import functools
 import logging
 import os
 import shutil
-import time
 from typing import Callable
 
 from storage import batch as fmt
 from storage.cleaner import CleanerState, complete_swaps
 from storage.checkpoint import (CheckpointFormatError, LeaderEpochCheckpoint, fsync_directory,
                                 write_atomically)
+from storage.clock import wall_clock_ms
 from storage.config import LONG_MAX, NO_LIMIT, LogConfig
 from storage.epoch_cache import LeaderEpochCache
 from storage.errors import (InvalidOffsetError, InvalidRecordError, LogDirectoryError,
@@ -53,10 +54,6 @@ log = logging.getLogger(__name__)
 
 EPOCH_CHECKPOINT_NAME = "leader-epoch-checkpoint"
 MAX_RELATIVE_OFFSET = 2**31 - 1  # relative offsets in the index are int32
-
-
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
 
 
 #: Present in a partition directory once its log may hold gaps between
@@ -119,6 +116,13 @@ class FlushTicket:
             fsync_directory(self.directory)
 
 
+#: OS errors that say the process ran out of something (file descriptors,
+#: memory), not that the disk failed: refused, never taking a dir offline
+#: (a broker at its file limit would otherwise lose its dirs one by one).
+NOT_DISK_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN,
+                             errno.EINTR})
+
+
 def _io(method):
     """A ``Log`` method that touches files. Once any such method met an
     ``OSError`` (EIO, ENOSPC, ...) the log is offline: the error is reported
@@ -138,6 +142,9 @@ def _io(method):
         try:
             return method(self, *args, **kwargs)
         except OSError as exc:
+            if exc.errno in NOT_DISK_ERRNOS:
+                # The process, not the disk: refused, retried by the caller.
+                raise LogDirectoryError(f"{name} of {self.directory} failed: {exc}") from exc
             self.io_failed(exc, name)
             raise LogDirectoryError(f"{name} of {self.directory} failed: {exc}; its log "
                                     "directory is now offline") from exc

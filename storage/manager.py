@@ -189,9 +189,11 @@ class LogManager:
                 # may be created anew elsewhere: refuse to start (Kafka
                 # with one log dir does the same).
                 raise LogDirectoryError(
-                    f"log dir {directory} cannot be read ({exc}); repair or replace the disk, "
-                    "or remove the dir from log.dirs (its replicas are then copied back from "
-                    "their leaders)") from exc
+                    f"log dir {directory} cannot be read ({exc}); repair or replace the disk. "
+                    "Removing the dir from log.dirs makes its replicas start empty and copy "
+                    "back from their leaders: first make sure every partition it held has "
+                    "another in-sync replica (a partition whose only in-sync replica was here "
+                    "would lose what it acknowledged)") from exc
         for directory in self.config.log_dirs:
             marker = os.path.join(directory, CLEAN_SHUTDOWN_FILE)
             if os.path.exists(marker):
@@ -277,15 +279,14 @@ class LogManager:
         log.critical("log dir %s is OFFLINE after a disk error (%s); its %d partition logs are "
                      "no longer served; %d log dirs remain online", directory, reason, len(gone),
                      len(self.online_dirs()))
+        closing = []
         for tp in gone:
             part_log = self._logs.pop(tp)
             del self._dir_of[tp]
             self._offline_logs[tp] = directory
             part_log.offline = True
-            try:
-                part_log.abandon()
-            except OSError:
-                pass
+            closing.append(part_log)
+        self._close_later(closing)
         self._logs_in_dir[directory] = 0
         self._lowered_dirs.discard(directory)
         self._unsynced_dirs.discard(directory)
@@ -318,6 +319,7 @@ class LogManager:
         except OSError as exc:
             self.release_new_log(directory)
             self.fail_dir(directory, f"creating the log of {tp}: {exc}")
+            self.log_offline(tp, directory)  # its partial files are there
             raise LogDirectoryError(f"cannot create the log of {tp} in {directory}: {exc}; "
                                     "the dir is offline") from exc
         except BaseException:
@@ -346,6 +348,33 @@ class LogManager:
         self._logs_in_dir[directory] += 1
         return directory, config
 
+    def log_offline(self, tp: TopicPartition, directory: str) -> None:
+        """A log whose files are in the offline ``directory`` but that was
+        not hosted yet (being made when the dir failed, or failing to be
+        made): offline like the others, the listeners told. Owner thread."""
+        if tp in self._offline_logs:
+            return
+        self._offline_logs[tp] = directory
+        for listener in self.dir_failure_listeners:
+            listener(directory, [tp])
+
+    def _close_later(self, logs: list[Log]) -> None:
+        """Close offline logs' files on the flush thread: a flush of one of
+        them may be stuck in an fsync on the failing disk, holding its
+        segment's lock, and the event loop must not wait for it."""
+        def close() -> None:
+            for part_log in logs:
+                try:
+                    part_log.abandon()
+                except OSError:
+                    pass
+        if not logs:
+            return
+        try:
+            self._flush_executor().submit(close)
+        except RuntimeError:  # the executor is shut down: the broker is stopping
+            close()
+
     def _check_not_offline(self, tp: TopicPartition) -> None:
         """A log in an offline dir is never made anew in another: its data
         is there, and an empty copy would pass for it."""
@@ -361,7 +390,16 @@ class LogManager:
 
     def adopt_new_log(self, tp: TopicPartition, directory: str, new_log: Log, *,
                       sync: bool = False) -> None:
-        """Host a log ``open_new_log`` made. Owner thread."""
+        """Host a log ``open_new_log`` made. Owner thread. One whose dir went
+        offline while it was made is not hosted: it is offline with the rest
+        of the dir (``LogDirectoryError``)."""
+        if directory in self.offline_dirs:
+            self._logs_in_dir[directory] = 0
+            new_log.offline = True
+            self._close_later([new_log])
+            self.log_offline(tp, directory)
+            raise LogDirectoryError(f"the log of {tp} was made in {directory}, which went "
+                                    "offline after a disk error meanwhile")
         if sync:
             fsync_directory(directory)
         else:
@@ -385,10 +423,10 @@ class LogManager:
         truncated before it: a failover that cuts many followers' tails
         writes each dir once, at the first append after the cuts."""
         part_log.on_recovery_point_lowered = lambda: self._lowered_dirs.add(directory)
-        part_log.before_write_after_truncation = self._checkpoint_lowered_dirs
+        part_log.before_write_after_truncation = lambda: self._checkpoint_lowered_dirs(directory)
         part_log.on_io_error = lambda exc, what: self.fail_dir(directory, f"{what}: {exc}")
 
-    def _checkpoint_lowered_dirs(self) -> None:
+    def _checkpoint_lowered_dirs(self, writing_in: str) -> None:
         """Owner thread, before a write: checkpoint the dirs where a
         recovery point went down since their last write. A failure raises
         (the write is refused: KAFKA_STORAGE_ERROR) and is tried again by
@@ -401,10 +439,10 @@ class LogManager:
                                                     if d in snapshot}))
         self._lowered_dirs.difference_update(dirs)
         self._checkpoint_failed(failed)
-        if failed:
+        if writing_in in failed:
             raise LogDirectoryError(
-                f"cannot write the recovery-point checkpoint of {', '.join(failed)} after a "
-                f"truncation ({'; '.join(failed.values())}); the dir is offline")
+                f"cannot write the recovery-point checkpoint of {writing_in} after a "
+                f"truncation ({failed[writing_in]}); the dir is offline")
 
     def release_new_log(self, directory: str) -> None:
         """Undo ``reserve_new_log`` for a log that was not made. Owner thread."""
@@ -415,9 +453,9 @@ class LogManager:
         (atomic, so a crash never leaves half a log loaded) and delete it."""
         existing = self._logs.get(tp)
         if existing is None:
-            # A log in an offline dir is only forgotten: its files are not
-            # touched again by this process.
-            self._offline_logs.pop(tp, None)
+            # A log in an offline dir stays as it is, and its name stays
+            # refused until a restart (``_check_not_offline``): a new log of
+            # that name elsewhere would be a second copy on the next start.
             return False
         directory = self._dir_of[tp]
         # A short name (not "<topic>-<p>.<id>-delete"): a 249-character topic
@@ -537,13 +575,14 @@ class LogManager:
             try:
                 await loop.run_in_executor(self._flush_executor(), ticket.sync)
             except OSError as exc:
+                if part_log.closed or part_log.offline:
+                    continue  # deleted or moved meanwhile (its files renamed, closed)
                 # A failed fsync leaves unknown data on the disk (the kernel
                 # may have dropped the dirty pages): never retried, the dir
                 # goes offline.
-                if not part_log.offline:
-                    part_log.io_failed(exc, "fsync")
+                part_log.io_failed(exc, "fsync")
                 continue
-            if not part_log.offline:
+            if not (part_log.closed or part_log.offline):
                 part_log.end_flush(ticket)
 
     def _flush_executor(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -693,7 +732,20 @@ class LogManager:
                 result.discard()  # deleted or replaced meanwhile
                 stats.passes_discarded += 1
                 return
-            if not cleaner.swap(part_log, result, delete_later=self._unlink_later):
+            if part_log.offline:
+                result.discard()
+                stats.passes_discarded += 1
+                return
+            try:
+                swapped = cleaner.swap(part_log, result, delete_later=self._unlink_later)
+            except FileNotFoundError:
+                raise  # a planned segment went meanwhile (below): no disk error
+            except OSError as exc:
+                if not part_log.offline:
+                    part_log.io_failed(exc, "swapping in a cleaned segment")
+                raise LogDirectoryError(f"{tp}: swapping in a cleaned segment failed: "
+                                        f"{exc}") from exc
+            if not swapped:
                 stats.passes_discarded += 1
                 return
             stats.passes += 1

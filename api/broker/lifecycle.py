@@ -257,6 +257,11 @@ class BrokerLifecycle:
         controller_offset = answer.get("offset", self.image.offset)
         if not isinstance(controller_offset, int):
             controller_offset = 0
+        if self.core.offline_log_dirs:  # disk errors: does the metadata record them yet?
+            own = self.image.brokers.get(self.core.settings.broker_id)
+            self.core.registration_seen(
+                own.broker_epoch if own else None, own.offline_log_dirs if own else [],
+                own.offline_replicas if own else {}, self.image.topic_names_by_id)
         if not self.core.metadata_applied(self.image.offset, controller_offset, monotonic_ms()):
             return  # nothing new to act on (catching up is news: replication may start)
         self._wake.set()  # a heartbeat may be due at once (to be unfenced)

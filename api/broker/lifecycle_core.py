@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+from collections.abc import Container, Mapping
 
 from kraft.image import BROKER_RESOURCE, TOPIC_RESOURCE, MetadataImage
 from kraft.records import (ConfigRecord, PartitionChangeRecord, PartitionRecord, Record,
@@ -120,6 +121,10 @@ class LifecycleCore:
         # registration of this process (report_offline).
         self.offline_log_dirs: list[str] = []
         self.offline_replicas: dict[str, list[int]] = {}
+        # Whether this registration, as the metadata shows it, holds all of
+        # them: heartbeats then stop naming them (a map of thousands of
+        # partitions every interval would load the controller for nothing).
+        self.offline_recorded = False
 
     # -- what to send --------------------------------------------------------
     def poll(self, now_ms: int) -> ControlRequest | None:
@@ -142,7 +147,7 @@ class LifecycleCore:
         body = {"broker_id": self.settings.broker_id, "broker_epoch": self.broker_epoch,
                 "metadata_offset": self.metadata_offset, "want_fence": False,
                 "want_shutdown": want_shutdown}
-        if self.offline_log_dirs:
+        if self.offline_log_dirs and not self.offline_recorded:
             body["offline_log_dirs"] = list(self.offline_log_dirs)
             body["offline_replicas"] = {topic_id: list(partitions) for topic_id, partitions
                                         in self.offline_replicas.items()}
@@ -156,8 +161,23 @@ class LifecycleCore:
         self.offline_log_dirs = sorted(log_dirs)
         self.offline_replicas = {topic_id: sorted(partitions)
                                  for topic_id, partitions in replicas.items()}
+        self.offline_recorded = False
         if self.in_flight is None:
             self.next_request_ms = min(self.next_request_ms, now_ms)
+
+    def registration_seen(self, broker_epoch: int | None, offline_log_dirs: list[str],
+                          offline_replicas: Mapping[str, list[int]],
+                          topic_ids: Container[str]) -> None:
+        """This broker's registration as the metadata now shows it: whether
+        it records every offline dir and every offline replica of the
+        topics that still exist (``topic_ids``), so heartbeats may stop
+        naming them."""
+        self.offline_recorded = (
+            broker_epoch is not None and broker_epoch == self.broker_epoch
+            and set(self.offline_log_dirs) <= set(offline_log_dirs)
+            and all(set(partitions) <= set(offline_replicas.get(topic_id, ()))
+                    for topic_id, partitions in self.offline_replicas.items()
+                    if topic_id in topic_ids))
 
     def next_wake_ms(self) -> int | None:
         """When ``poll`` or ``tick`` has something to do next."""
@@ -178,6 +198,7 @@ class LifecycleCore:
             return  # shutdown began while it was out
         if kind == "register":
             self.broker_epoch = answer["broker_epoch"]
+            self.offline_recorded = False  # a new registration records none yet
             self._set_state(BrokerState.FENCED)
             logger.info("broker %d registered with epoch %d", self.settings.broker_id,
                         self.broker_epoch)

@@ -168,13 +168,17 @@ class DiskLogs:
                 self.log_manager.release_new_log(directory)
                 if isinstance(error, OSError):
                     self.log_manager.fail_dir(directory, f"creating the log of {tp}: {error}")
+                    self.log_manager.log_offline(tp, directory)  # its partial files are there
                 if error is None:
                     future.result().abandon()
                 else:
                     self._create_failed[tp] = (topic_id, error)
             else:
-                self.log_manager.adopt_new_log(tp, directory, future.result())
-                self._overrides[tp] = overrides
+                try:
+                    self.log_manager.adopt_new_log(tp, directory, future.result())
+                    self._overrides[tp] = overrides
+                except LogDirectoryError as exc:  # its dir went offline meanwhile
+                    self._create_failed[tp] = (topic_id, exc)
             if self._created is not None and not self._stopped:
                 self._created([tp])
 
@@ -327,6 +331,13 @@ class ReplicaManager:
         self._stopped = False
         log_manager.retention_upper_bounds = self.core.high_watermarks
         log_manager.dir_failure_listeners.append(self._dir_failed)
+        # Disk errors can be met on other threads (start-up and shutdown run
+        # the log manager on an executor): the core hears on this loop.
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        self._reported_offline = 0  # core.offline_version last reported
         #: Set by the server: told the offline dirs and replicas (topic id
         #: -> partitions) after the core let go of a failed dir's partitions.
         self.on_dirs_offline: Callable[[list[str], dict[str, list[int]]], None] | None = None
@@ -477,16 +488,29 @@ class ReplicaManager:
 
     def _dir_failed(self, directory: str, tps: list[TopicPartition]) -> None:
         """A log dir went offline (``LogManager.fail_dir``), perhaps in the
-        middle of a core call whose append or read met the error: the core
-        lets go of its partitions right after that call, not inside it."""
-        try:
-            asyncio.get_running_loop().call_soon(self._take_offline, tps)
-        except RuntimeError:  # no loop (a unit test driving it by hand)
+        middle of a core call whose append or read met the error, perhaps
+        on another thread: the core lets go of its partitions on the loop,
+        right after that call, not inside it."""
+        if self._loop is None:  # no loop (a unit test driving it by hand)
             self._take_offline(tps)
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._take_offline, tps)
+        except RuntimeError:
+            pass  # the loop is closed: the broker has stopped
 
     def _take_offline(self, tps: list[TopicPartition]) -> None:
+        if self._stopped:
+            return
         self.core.logs_offline(tps, self.clock_ms())
         self._carry_out()
+        if self.on_logs_opened is not None:
+            self.on_logs_opened()  # the coordinators look again at what they host
+
+    def _report_offline(self) -> None:
+        """Tell the server (then the controller) every offline dir and
+        replica, whenever the core's offline set grew."""
+        self._reported_offline = self.core.offline_version
         replicas: dict[str, list[int]] = {}
         for tp in sorted(self.core.offline):
             topic = self.core.image.topics.get(tp.topic)
@@ -514,6 +538,8 @@ class ReplicaManager:
         for action in self.core.ready():
             self._carry_out_one(action)
         self._arm_timer()
+        if self.core.offline_version != self._reported_offline:
+            self._report_offline()
 
     def _carry_out_one(self, action: Action) -> None:
         if isinstance(action, Respond):

@@ -413,6 +413,8 @@ class ReplicationCore:
         #: after a disk error (``logs_offline``): never opened or served
         #: again by this process; refused with KAFKA_STORAGE_ERROR.
         self.offline: set[TopicPartition] = set()
+        #: Grows whenever ``offline`` does: the shell reports then.
+        self.offline_version = 0
         #: Passes over metadata (changes and the "open" timer's): the shell
         #: tells the group and transaction coordinators when one ran.
         self.passes = 0
@@ -648,6 +650,8 @@ class ReplicationCore:
         answer, follower sessions drop them. Their files stay as they are."""
         gone = set(tps) - self.offline
         self.offline |= gone
+        if gone:
+            self.offline_version += 1
         for tp in sorted(gone):
             self._creating.discard(tp)
             for pending in (self._deferred, self._unopened):
@@ -782,6 +786,14 @@ class ReplicationCore:
             # fails to open now is retried on the next change, never deleted.
             try:
                 part = self._hosted(tp, image.topics[tp.topic].topic_id, overrides, caught_up)
+            except LogDirectoryError as exc:
+                # Its log is in (or was being made in) an offline dir: it is
+                # offline here until a restart, and the controller is told.
+                logger.error("broker %d: cannot open the log of %s: %s", self.broker_id, tp,
+                             exc)
+                self.offline.add(tp)
+                self.offline_version += 1
+                continue
             except Exception:
                 logger.exception("broker %d: cannot open the log of %s", self.broker_id, tp)
                 part = None

@@ -48,7 +48,7 @@ RUNS: dict[str, tuple[str, dict]] = {
         "producers": 6}),
     **{f"secure-{scenario}": (scenario, {"secure": True}) for scenario in (
         "kill-leader", "kill-random", "kill-controller", "restart-cluster", "pause",
-        "rolling-restart", "disk")},
+        "rolling-restart", "disk", "clock")},
     "secure-mixed": ("mixed", {"secure": True}),
     "secure-kill-two": ("kill-two", {"secure": True}),
     "secure-partition": ("partition", {"secure": True}),
@@ -156,7 +156,8 @@ def assert_secure(results: dict, events: list[dict], out: str) -> None:
 
 
 @pytest.mark.parametrize("scenario", ["kill-leader", "kill-random", "kill-controller",
-                                      "restart-cluster", "pause", "rolling-restart", "disk"])
+                                      "restart-cluster", "pause", "rolling-restart", "disk",
+                                      "clock"])
 def test_scenario_loses_nothing_with_tls_sasl_and_acls(runs, scenario):
     results, events, out = runs(f"secure-{scenario}")
     assert_passed(results, scenario)

@@ -3,14 +3,15 @@ library preloaded, doing file I/O inside the faulty directory, in a sibling
 directory whose name merely starts the same, and elsewhere. Each fault must
 fail exactly the calls it names, with the right errno, only inside; a fault
 switched on while the child runs must reach an fd opened before it, and
-clearing it must heal the disk."""
+clearing it must heal the disk. The wall-clock offset must move every
+wall clock the child reads (forward and back, while it runs) and no other
+clock, and must combine with disk faults."""
 
 from __future__ import annotations
 
 import errno
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -19,10 +20,6 @@ import pytest
 
 from chaos import faultyio
 from chaos.faultyio import FaultyDir
-
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or shutil.which("cc") is None,
-    reason="needs Linux (LD_PRELOAD, /proc) and a C compiler")
 
 CHILD_TIMEOUT = 30
 CONTENT = b"0123456789"
@@ -134,6 +131,116 @@ wait_for("cleared")
 report["healed"], report["heal_latency"] = retry_until(fd, lambda e: e == 0)
 print(json.dumps(report))
 """
+
+
+# Runs in the child: for each offset of the schedule in turn (ms, from the
+# command line), retries until its wall clock shows that offset, then
+# publishes "sample-N" (a marker file for the test, which then sets the next
+# offset): the monotonic time the offset was seen, and every clock it can
+# read, each taken right after the monotonic one. While retrying it reads
+# clocks only, no files, so it is the clock reads that must notice a changed
+# control file. It tells the real time by its wall clock at start (when no
+# offset is set) moved on by its monotonic clock; the test checks the samples
+# against its own clocks.
+CLOCK_CHILD = r"""
+import calendar, ctypes, datetime, json, os, sys, time
+
+markers, schedule = sys.argv[1], json.loads(sys.argv[2])
+
+class Timeval(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("usec", ctypes.c_long)]
+
+libc = ctypes.CDLL(None)  # finds the preloaded gettimeofday first, as C callers do
+
+def gettimeofday():
+    tv = Timeval()
+    if libc.gettimeofday(ctypes.byref(tv), None) != 0:
+        sys.exit("gettimeofday failed")
+    return tv.sec + tv.usec / 1e6
+
+def publish(name, data):
+    temp = os.path.join(markers, name + ".tmp")
+    with open(temp, "w") as f:
+        json.dump(data, f)
+    os.replace(temp, os.path.join(markers, name))
+
+base_wall, base_mono = time.time(), time.monotonic()
+
+def observed_offset():
+    return time.time() - (base_wall + (time.monotonic() - base_mono))
+
+for step, offset_ms in enumerate(schedule):
+    deadline = time.monotonic() + 10.0
+    while abs(observed_offset() - offset_ms / 1000) > 1.0:
+        if time.monotonic() > deadline:
+            sys.exit(f"step {step}: offset {offset_ms} ms not seen, {observed_offset()} s")
+        time.sleep(0.0005)
+    sample = {"seen_at": time.monotonic(), "monotonic": time.monotonic(),
+              "boottime": time.clock_gettime(time.CLOCK_BOOTTIME),
+              "time": time.time(), "time_ns": time.time_ns() / 1e9,
+              # naive local time; TZ=UTC makes it UTC
+              "datetime": datetime.datetime.now().replace(
+                  tzinfo=datetime.timezone.utc).timestamp(),
+              "gmtime": calendar.timegm(time.gmtime()),  # time(NULL)
+              "gettimeofday": gettimeofday(),
+              "realtime_coarse": time.clock_gettime(5),
+              "tai_minus_realtime": time.clock_gettime(time.CLOCK_TAI) - time.time()}
+    publish(f"sample-{step}", sample)
+"""
+
+# Runs in the child: one look at the clocks, and a pwrite on a file inside
+# the faulty directory and on one outside.
+CLOCK_AND_FAULT_CHILD = r"""
+import json, os, sys, time
+
+def pwrite_errno(path):
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, b"x", 0)
+        return 0
+    except OSError as e:
+        return e.errno
+    finally:
+        os.close(fd)
+
+sample = {"monotonic": time.monotonic(), "time": time.time()}
+sample["inside"] = pwrite_errno(sys.argv[1])
+sample["outside"] = pwrite_errno(sys.argv[2])
+print(json.dumps(sample))
+"""
+
+WALL_CLOCKS = ("time", "time_ns", "datetime", "gmtime", "gettimeofday", "realtime_coarse")
+CLOCK_TOLERANCE = 2.0  # seconds
+TWO_DAYS_MS = 2 * 86_400_000
+ONE_HOUR_MS = 3_600_000
+
+
+def child_env(faulty: FaultyDir) -> dict[str, str]:
+    return {**os.environ, **faulty.env(), "TZ": "UTC"}
+
+
+def check_clock_sample(sample: dict, offset_ms: int) -> None:
+    """The child's wall clocks read the real time plus ``offset_ms`` (within
+    CLOCK_TOLERANCE), its monotonic clock the real monotonic time: both
+    against this process's clocks, which the library does not touch."""
+    mono_now, wall_now = time.monotonic(), time.time()
+    # CLOCK_MONOTONIC is system-wide: the child's reading, taken a moment
+    # ago, is a little behind ours, not two days or an hour off.
+    assert 0 <= mono_now - sample["monotonic"] < 5, (mono_now, sample)
+    real_then = wall_now - (mono_now - sample["monotonic"])
+    for clock in WALL_CLOCKS:
+        if clock in sample:
+            shift = sample[clock] - real_then
+            assert abs(shift - offset_ms / 1000) < CLOCK_TOLERANCE, (clock, shift, offset_ms)
+
+
+def run_clock_and_fault_child(faulty: FaultyDir, dirs: dict[str, str]) -> dict:
+    argv = [sys.executable, "-I", "-S", "-c", CLOCK_AND_FAULT_CHILD,
+            os.path.join(dirs["inside"], "f"), os.path.join(dirs["outside"], "f")]
+    proc = subprocess.run(argv, env=child_env(faulty), capture_output=True, text=True,
+                          timeout=CHILD_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -276,3 +383,105 @@ def test_build_is_cached_and_reports_compiler_errors(library, tmp_path, monkeypa
     with pytest.raises(RuntimeError, match="error"):
         faultyio.build(str(tmp_path / "cache"))
     assert not [name for name in os.listdir(tmp_path / "cache") if name.endswith(".tmp")]
+
+
+def test_clock_jumps_while_running(faulty, tmp_path):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    # No control file at the start: no offset. Then forward, back (changed
+    # while the child runs, not merely set before it starts), and cleared.
+    steps = [(None, 0), (lambda: faulty.shift_clock(TWO_DAYS_MS), TWO_DAYS_MS),
+             (lambda: faulty.shift_clock(-ONE_HOUR_MS), -ONE_HOUR_MS),
+             (faulty.clear, 0)]
+    schedule = json.dumps([offset_ms for _, offset_ms in steps])
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", CLOCK_CHILD, str(markers),
+                             schedule],
+                            env=child_env(faulty), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    samples = []
+    try:
+        for step, (change, offset_ms) in enumerate(steps):
+            changed_at = time.monotonic()  # before: the child cannot see it sooner
+            if change is not None:
+                change()
+            assert faulty.clock_offset_ms() == offset_ms
+            wait_for(str(markers / f"sample-{step}"), proc)
+            sample = json.loads((markers / f"sample-{step}").read_text())
+            check_clock_sample(sample, offset_ms)
+            if change is not None:
+                # The library promises 10 ms; the bound leaves room for a
+                # loaded machine.
+                assert 0 <= sample["seen_at"] - changed_at < 0.5
+            samples.append(sample)
+        _, err = proc.communicate(timeout=CHILD_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    boot_now = time.clock_gettime(time.CLOCK_BOOTTIME)
+    tai_minus_realtime = time.clock_gettime(time.CLOCK_TAI) - time.time()
+    for sample in samples:
+        assert 0 <= boot_now - sample["boottime"] < 10  # CLOCK_BOOTTIME: not shifted
+        # CLOCK_TAI moves with CLOCK_REALTIME: the same (kernel) distance apart.
+        assert abs(sample["tai_minus_realtime"] - tai_minus_realtime) < 0.5
+    # The monotonic clock ran on steadily through every jump.
+    monotonic = [sample["monotonic"] for sample in samples]
+    assert monotonic == sorted(monotonic)
+
+
+def test_clock_offset_and_disk_faults_combine(faulty, dirs):
+    faulty.inject("write")
+    faulty.shift_clock(-2 * ONE_HOUR_MS)
+    assert faulty.faults() == ("write",)
+    sample = run_clock_and_fault_child(faulty, dirs)
+    assert (sample["inside"], sample["outside"]) == (errno.EIO, 0)
+    check_clock_sample(sample, -2 * ONE_HOUR_MS)
+
+    faulty.inject("fsync")  # a new fault: the disk writes again, the clock stays
+    assert faulty.clock_offset_ms() == -2 * ONE_HOUR_MS
+    sample = run_clock_and_fault_child(faulty, dirs)
+    assert (sample["inside"], sample["outside"]) == (0, 0)
+    check_clock_sample(sample, -2 * ONE_HOUR_MS)
+
+
+def test_clock_tokens_parsed_alike_in_library_and_api(library, dirs, tmp_path):
+    # The directory does not exist: the clock offset applies regardless.
+    faulty = FaultyDir(str(tmp_path / "nowhere"), str(tmp_path / "control"), library=library)
+    with open(faulty.control_path, "w") as f:
+        f.write("clock=3600000 write\tclock=-86400000\nclock=12x clock= clock=--5 clock=+ "
+                "clock=1.5 clock=99999999999999999999 clock=1000000000000001 CLOCK=5\n")
+    assert faulty.clock_offset_ms() == -86_400_000  # the last well-formed one
+    assert faulty.faults() == ("write",)
+    sample = run_clock_and_fault_child(faulty, dirs)
+    assert (sample["inside"], sample["outside"]) == (0, 0)  # not under "nowhere"
+    check_clock_sample(sample, -86_400_000)
+
+
+def test_clock_api(faulty):
+    assert faulty.clock_offset_ms() == 0  # no control file yet
+    faulty.shift_clock(5000)
+    assert (faulty.faults(), faulty.clock_offset_ms()) == ((), 5000)
+    faulty.inject("read", "fsync")  # keeps the offset
+    assert (faulty.faults(), faulty.clock_offset_ms()) == (("read", "fsync"), 5000)
+    faulty.shift_clock(-1)  # sets, does not add; keeps the faults
+    assert (faulty.faults(), faulty.clock_offset_ms()) == (("read", "fsync"), -1)
+    faulty.shift_clock(faultyio.CLOCK_MAX_MS)
+    assert faulty.clock_offset_ms() == faultyio.CLOCK_MAX_MS
+    faulty.shift_clock(0)
+    assert (faulty.faults(), faulty.clock_offset_ms()) == (("read", "fsync"), 0)
+    with open(faulty.control_path) as f:
+        assert f.read().split() == ["read", "fsync"]
+    faulty.shift_clock(-ONE_HOUR_MS)
+    faulty.clear()  # faults and offset both
+    assert (faulty.faults(), faulty.clock_offset_ms()) == ((), 0)
+
+    faulty.shift_clock(7)
+    for bad, error in ((1.5, TypeError), (True, TypeError), ("5", TypeError),
+                       (faultyio.CLOCK_MAX_MS + 1, ValueError),
+                       (-faultyio.CLOCK_MAX_MS - 1, ValueError)):
+        with pytest.raises(error):
+            faulty.shift_clock(bad)
+    with pytest.raises(ValueError, match="unknown fault"):
+        faulty.inject("explode")
+    assert (faulty.faults(), faulty.clock_offset_ms()) == ((), 7)  # rejected: no change

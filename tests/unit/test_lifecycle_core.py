@@ -123,3 +123,27 @@ def test_an_illegal_transition_names_both_states():
     broker.stop()
     with pytest.raises(IllegalTransition, match="stopped -> running"):
         broker._set_state(BrokerState.RUNNING)
+
+
+def test_offline_log_dirs_ride_on_heartbeats_until_the_registration_records_them():
+    broker = registered()
+    broker.answered("heartbeat", broker.poll(0) and {"is_fenced": False}, 1)
+    assert "offline_log_dirs" not in broker.heartbeat_body()
+    broker.report_offline(["/d1"], {"tid": [3, 1]}, 2)
+    assert broker.poll(2).body["offline_replicas"] == {"tid": [1, 3]}, "sent at once"
+    broker.answered("heartbeat", {"is_fenced": False}, 3)
+    # The metadata shows the registration without them yet; then with them
+    # (a deleted topic's partitions need not be recorded).
+    broker.registration_seen(12, [], {}, {"tid"})
+    assert broker.heartbeat_body()["offline_log_dirs"] == ["/d1"]
+    broker.report_offline(["/d1"], {"tid": [1, 3], "gone": [0]}, 4)
+    broker.registration_seen(12, ["/d1"], {"tid": [1, 3]}, {"tid"})
+    assert "offline_log_dirs" not in broker.heartbeat_body()
+    # A new registration records none: they ride again until it does.
+    assert broker.poll(5).kind == "heartbeat"
+    broker.failed("heartbeat", "STALE_BROKER_EPOCH", 5)
+    assert broker.poll(5).kind == "register"
+    broker.answered("register", {"broker_epoch": 40}, 6)
+    assert broker.heartbeat_body()["offline_log_dirs"] == ["/d1"]
+    broker.registration_seen(12, ["/d1"], {"tid": [1, 3]}, {"tid"})  # the old one's
+    assert broker.heartbeat_body()["offline_log_dirs"] == ["/d1"]

@@ -300,3 +300,81 @@ def test_topic_overrides_survive_a_lookup_and_change_only_when_given(tmp_path):
     assert manager.get_or_create_log(tp).config.retention_ms == 5000
     assert manager.get_or_create_log(tp, {}).config.retention_ms == CONFIG.retention_ms
     manager.shutdown()
+
+
+def test_a_disk_error_takes_its_whole_dir_offline_and_nothing_touches_it_again(tmp_path):
+    """fail_dir: the other logs of the dir go offline too, the listeners
+    hear which partitions it held, no checkpoint or new log goes there, the
+    other dir goes on; a name whose log is there is refused, even after
+    its topic is deleted (a second copy elsewhere would clash at the next
+    start); out of file descriptors is not a disk error."""
+    import errno
+
+    manager = manager_for(tmp_path / "d0", tmp_path / "d1")
+    logs = {p: manager.get_or_create_log(TopicPartition("t", p)) for p in range(4)}
+    in_d1 = sorted(p for p, log in logs.items() if log.directory.startswith(str(tmp_path / "d1")))
+    told = []
+    manager.dir_failure_listeners.append(lambda d, tps: told.append((d, tps)))
+    victim = logs[in_d1[0]]
+    victim.active_segment.append = lambda *args: (_ for _ in ()).throw(
+        OSError(errno.EMFILE, "Too many open files"))
+    with pytest.raises(LogDirectoryError, match="Too many open files"):
+        victim.append(make_batch(1), leader_epoch=0)
+    assert not manager.offline_dirs and not victim.offline, "the process, not the disk"
+    victim.active_segment.append = lambda *args: (_ for _ in ()).throw(
+        OSError(errno.EIO, "Input/output error"))
+    with pytest.raises(LogDirectoryError, match="now offline"):
+        victim.append(make_batch(1), leader_epoch=0)
+    d1 = str(tmp_path / "d1")
+    assert list(manager.offline_dirs) == [d1]
+    assert told == [(d1, [TopicPartition("t", p) for p in in_d1])]
+    assert all(logs[p].offline for p in in_d1) and set(manager.logs) == {
+        TopicPartition("t", p) for p in logs if p not in in_d1}
+    with pytest.raises(LogDirectoryError, match="offline"):
+        logs[in_d1[1]].read(0, 100)
+    with pytest.raises(LogDirectoryError, match="offline after a disk error"):
+        manager.get_or_create_log(TopicPartition("t", in_d1[0]))
+    assert manager.delete_log(TopicPartition("t", in_d1[0])) is False
+    with pytest.raises(LogDirectoryError, match="offline after a disk error"):
+        manager.get_or_create_log(TopicPartition("t", in_d1[0]))
+    fresh = manager.get_or_create_log(TopicPartition("u", 0))
+    assert fresh.directory.startswith(str(tmp_path / "d0"))
+    before = os.path.getmtime(tmp_path / "d1" / RECOVERY_POINT_FILE)
+    manager.checkpoint()
+    assert os.path.getmtime(tmp_path / "d1" / RECOVERY_POINT_FILE) == before
+    assert [d["offline"] for d in manager.describe_dirs()] == [False, True]
+    manager.shutdown()
+    assert not os.path.exists(tmp_path / "d1" / CLEAN_SHUTDOWN_FILE)
+    assert os.path.exists(tmp_path / "d0" / CLEAN_SHUTDOWN_FILE)
+
+
+def test_a_log_made_while_its_dir_failed_is_not_hosted(tmp_path):
+    manager = manager_for(tmp_path / "d0")
+    directory, config = manager.reserve_new_log(TopicPartition("t", 0))
+    made = manager.open_new_log(TopicPartition("t", 0), directory, config)
+    told = []
+    manager.dir_failure_listeners.append(lambda d, tps: told.append(tps))
+    manager.fail_dir(directory, "EIO (test)")
+    with pytest.raises(LogDirectoryError, match="went offline"):
+        manager.adopt_new_log(TopicPartition("t", 0), directory, made)
+    assert manager.get_log(TopicPartition("t", 0)) is None and made.offline
+    assert told == [[], [TopicPartition("t", 0)]]
+    assert manager.offline_logs() == {TopicPartition("t", 0): directory}
+    manager.abandon()
+
+
+def test_a_flush_of_a_log_deleted_meanwhile_is_no_disk_error(tmp_path):
+    manager = manager_for(tmp_path / "d0")
+    log = manager.get_or_create_log(TopicPartition("t", 0))
+    log.append(make_batch(3), leader_epoch=0)
+    log.roll()  # the partition directory's names need an fsync
+
+    async def race() -> None:
+        flushing = asyncio.create_task(manager.flush_logs_async([log]))
+        await asyncio.sleep(0)  # the ticket is taken; the fsyncs run on the thread
+        manager.delete_log(TopicPartition("t", 0))
+        await flushing
+
+    asyncio.run(race())
+    assert manager.offline_dirs == {}
+    manager.abandon()

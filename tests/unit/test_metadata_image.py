@@ -317,3 +317,24 @@ def test_a_copy_and_its_original_change_independently(common, for_original, for_
         for offset, record in log:
             expected.apply(record, offset)
         assert image == expected
+
+
+def test_offline_log_dirs_round_trip_and_a_snapshot_without_any_leaves_them_out():
+    """A snapshot names a broker's offline dirs and replicas only when it has
+    some, so a cluster that never had a disk error writes snapshots the
+    version before these fields reads too."""
+    image = apply_all(two_brokers_and_a_topic())
+    for broker in msgpack.unpackb(image.to_snapshot(), raw=False,
+                                  strict_map_key=False)["brokers"]:
+        assert "offline_log_dirs" not in broker and "offline_replicas" not in broker
+    image.apply(rec.BrokerRegistrationChangeRecord(
+        1, 0, False, offline_log_dirs=["/d1"], offline_replicas={"tid-orders": [1, 0, 1]}), 30)
+    assert image.brokers_offline_for("orders", 0) == {1} == image.brokers_offline_for("orders", 1)
+    assert image.brokers_offline_for("orders", 2) == set()
+    restored = MetadataImage.from_snapshot(image.to_snapshot())
+    assert restored == image
+    assert (restored.brokers[1].offline_log_dirs, restored.brokers[1].offline_replicas) == (
+        ["/d1"], {"tid-orders": [0, 1]})
+    # A later change that names no offline fields leaves them.
+    restored.apply(rec.BrokerRegistrationChangeRecord(1, 0, True), 31)
+    assert restored.brokers[1].offline_log_dirs == ["/d1"]

@@ -338,8 +338,9 @@ def test_a_failed_log_dir_lets_go_of_its_partitions_and_refuses_them_from_then_o
     actions = follower.ready()
     assert [a.request_id for a in of(actions, CancelRequest)] == [fetch.request_id]
     assert not of(actions, SendFetch)
-    # The topic is deleted: the offline partition is forgotten, files untouched.
+    # The topic is deleted: the core forgets the partition; its files stay,
+    # and the log manager refuses the name until a restart.
     image.apply(RemoveTopicRecord("id-1"), image.offset + 1)
     leader.apply_image(image, 5)
-    assert leader.offline == set() and manager.offline_logs() == {}
+    assert leader.offline == set() and manager.offline_logs() == {TP: directory}
     assert os.path.isdir(os.path.join(directory, "t-0"))
