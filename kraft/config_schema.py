@@ -200,7 +200,9 @@ SCHEMA: tuple[Key, ...] = (
        "Delete old segments past this size per partition; -1: no limit.", _STORAGE,
        NO_LIMIT, INT64_MAX),
     _k("log.flush.interval.messages", "int", None,
-       "fsync after this many records; -1: no limit.", _STORAGE, NO_LIMIT, INT64_MAX),
+       "fsync inside the append that brings the unflushed records to this many (1: every "
+       "write is on disk before it is acknowledged or fetched, docs/durability.md); -1: no "
+       "limit.", _STORAGE, NO_LIMIT, INT64_MAX),
     _k("log.flush.interval.ms", "int", None,
        f"fsync data at most this old (default {_LOG_DEFAULTS.flush_ms} ms); -1: never "
        "by time.", _STORAGE, NO_LIMIT, INT64_MAX),

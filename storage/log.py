@@ -470,6 +470,7 @@ class Log:
         if first.producer_id >= 0:
             self.producer_state.apply(first._replace(base_offset=info.base_offset))
         self._producer_state_caught_up()
+        self._flush_if_count_reached()
         return info
 
     def _check_keys(self, view, validated: list[tuple[int, fmt.BatchHeader]]) -> None:
@@ -553,6 +554,7 @@ class Log:
             else:
                 state.apply(header)
         self._producer_state_caught_up()
+        self._flush_if_count_reached()
         return info
 
     def _segment_holding(self, offset: int) -> int:
@@ -582,7 +584,19 @@ class Log:
         self._apply_marker(header._replace(base_offset=offset), batch,
                            self._segment_holding(offset))
         self._producer_state_caught_up()
+        self._flush_if_count_reached()
         return info
+
+    def _flush_if_count_reached(self) -> None:
+        """``flush.messages`` as Kafka applies it: once that many records are
+        unflushed, the append itself fsyncs them (and the epoch checkpoint)
+        before it returns, so a leader acknowledges and a follower fetches
+        on only what is on its disk. With ``flush.messages=1`` an
+        acknowledged ``acks=all`` write is on the disk of every in-sync
+        replica: every replica losing power at once loses none of it."""
+        if (self.config.flush_messages != NO_LIMIT
+                and self._unflushed_messages >= self.config.flush_messages):
+            self.flush()
 
     def _recovery_point_lowered(self) -> None:
         self._checkpoint_before_write = True

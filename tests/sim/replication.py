@@ -44,6 +44,13 @@ Modelled:
     duplicated or refused, and time out after ``ALTER_PARTITION_TIMEOUT_MS``,
     which ``isr.py`` hands to the partition as None ("refused or lost").
 
+Durability modes (``Rules.durability``): "strict" (the default, below),
+"brief" (a planted weakening of it), "sync" (the topic has
+``flush.messages=1``; machine crashes may strike any broker at any time and
+every broker at once, a power loss: nothing acknowledged may be lost) and
+"power" (the same faults with the default background flush: a planted
+violation the invariants must catch).
+
 Not modelled: retention and DeleteRecords (the log start stays 0), more than
 one partition, reassignment, controlled shutdown, unclean elections,
 controller failover (the controller never crashes and commits at once),
@@ -209,11 +216,17 @@ DELIVERIES_PER_HEAL_ROUND_MAX = 200
 # seed with no drops but many crashes finds other bugs than the reverse).
 ACTIONS = (("deliver", 55), ("produce", 11), ("advance_time", 13), ("drop", 2.5),
            ("duplicate", 1.2), ("delay", 2), ("flush", 4), ("checkpoint", 2.5), ("crash", 0.6),
-           ("restart", 2), ("metadata", 2.5))
+           ("restart", 2), ("metadata", 2.5),
+           # Every up broker loses power at once; only in the "sync" and
+           # "power" durability modes (weight 0 otherwise, which leaves the
+           # other modes' seeds choosing exactly as before).
+           ("power_loss", 0.3))
 FAULT_ACTIONS = ("drop", "duplicate", "delay", "crash", "flush", "checkpoint", "metadata")
 SWARM_FACTORS = (0, 0.5, 1, 1, 2, 4)
 
 CONTROL_KINDS = ("register", "heartbeat", "register_answer", "heartbeat_answer")
+#: Durability modes in which every broker may lose power at once.
+POWER_LOSS_MODES = ("sync", "power")
 REQUEST_KINDS = ("register", "heartbeat", "alter_partition", "fetch")
 
 
@@ -244,7 +257,12 @@ class Rules:
     # last epoch in every fetch; else it truncates to its own high watermark
     # on every leader change or restart and names no epoch (pre-KIP-101).
     follower_asks_leader: bool = True
-    # "strict" or "brief": see the module docstring.
+    # "strict" or "brief": see the module docstring. "sync": the topic has
+    # flush.messages=1, and machine crashes may strike any broker at any
+    # time, every broker at once too ("power_loss"): nothing acknowledged
+    # may be lost, which is what that setting promises. "power": the same
+    # faults with the default (background) flush: a planted violation of
+    # what the default promises, which the invariants must catch.
     durability: str = "strict"
 
     def cli_flag(self) -> str:
@@ -253,7 +271,8 @@ class Rules:
         planted = [flag for flag, on in (
             ("a", not self.follower_truncates_on_divergence),
             ("b", not self.high_watermark_waits_for_followers),
-            ("c", not self.follower_asks_leader), ("brief", self.durability == "brief")) if on]
+            ("c", not self.follower_asks_leader), ("brief", self.durability == "brief"),
+            ("sync", self.durability == "sync"), ("power", self.durability == "power")) if on]
         return f" --rule {planted[0]}" if planted else ""
 
     def partition_class(self) -> type[Partition]:
@@ -480,6 +499,8 @@ class Simulation:
         self.action_weights = [weight * (self.rng.choice(SWARM_FACTORS)
                                          if name in FAULT_ACTIONS else 1)
                                for name, weight in ACTIONS]
+        if rules.durability not in POWER_LOSS_MODES:
+            self.action_weights[self.action_names.index("power_loss")] = 0
         # The network.
         self.queue: list[Message] = []
         self._ids = 0
@@ -593,7 +614,8 @@ class Simulation:
             b.lifecycle.answered(request.kind, result.response, self.now_ms)
         result = self.controller.create_topics(self.image, {"topics": [{
             "name": TOPIC, "num_partitions": 1, "replication_factor": self.broker_count,
-            "configs": {MIN_INSYNC_REPLICAS: str(self.min_insync_replicas)}}]})
+            "configs": {MIN_INSYNC_REPLICAS: str(self.min_insync_replicas),
+                        **({"flush.messages": "1"} if self.rules.durability == "sync" else {})}}]})
         assert result.response["topics"][0]["error"] is None, result.response
         self._commit(result.records, "topic created")
         for b in self.brokers:
@@ -698,6 +720,15 @@ class Simulation:
                 self.note(f"b{b.broker_id}: a machine crash is not allowed now")
         elif self._process_crash_allowed(b):
             self._crash(b, lose_unflushed=False)
+
+    def _act_power_loss(self) -> None:
+        """Every up broker loses power at once (a rack or a site): each
+        log is cut at its last fsync."""
+        up = [b for b in self.brokers if b.up]
+        self.note(f"POWER LOSS of brokers {[b.broker_id for b in up]}")
+        self.event_counts["power losses"] += 1
+        for b in up:
+            self._crash(b, lose_unflushed=True)
 
     def _act_restart(self) -> None:
         down = [b for b in self.brokers if not b.up]
@@ -1109,6 +1140,8 @@ class Simulation:
 
     def _machine_crash_allowed(self, b: SimBroker) -> bool:
         """The durability assumption (module docstring)."""
+        if self.rules.durability in POWER_LOSS_MODES:
+            return True  # any time: what the flush setting promises is under test
         isr = self.image.partition(TOPIC, 0).isr
         if not any(x != b.broker_id and self.brokers[x - 1].up for x in isr):
             return False
@@ -1119,7 +1152,7 @@ class Simulation:
         return all(self._healthy(o) for o in self.brokers if o is not b)
 
     def _process_crash_allowed(self, b: SimBroker) -> bool:
-        if self.rules.durability == "brief":
+        if self.rules.durability in ("brief", *POWER_LOSS_MODES):
             return True
         return not any(self._unresolved_crash(o) for o in self.brokers if o is not b)
 

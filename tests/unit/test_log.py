@@ -300,20 +300,30 @@ def test_end_offset_for_epoch_follows_kip_279(log_dir):
 
 # -- flushing --------------------------------------------------------------
 def test_flush_policy_by_messages_and_by_time(log_dir):
+    """flush.messages is met inside the append that reaches it (Kafka's
+    rule: the append fsyncs before it returns); flush.ms is the background
+    flush's to meet."""
     clock = FakeClock()
     log = open_log(log_dir, LogConfig(flush_messages=5, flush_ms=1_000), clock=clock)
     assert not log.flush_due()
     log.append(make_batch(3), leader_epoch=0)
-    assert not log.flush_due()
+    assert not log.flush_due() and log.recovery_point == 0
     log.append(make_batch(2), leader_epoch=0)
-    assert log.flush_due()
-    log.flush()
     assert log.recovery_point == 5 and not log.flush_due()
     log.append(make_batch(1), leader_epoch=0)
     clock.now_ms += 999
     assert not log.flush_due()
     clock.now_ms += 1
     assert log.flush_due()
+
+
+def test_flush_messages_1_fsyncs_every_append_before_it_returns(log_dir):
+    log = open_log(log_dir, LogConfig(flush_messages=1))
+    log.append(make_batch(3), leader_epoch=0)
+    assert log.recovery_point == 3
+    follower = open_log(os.path.join(log_dir, "follower"), LogConfig(flush_messages=1))
+    follower.append_as_follower(log.read(0, 1 << 20))
+    assert follower.recovery_point == 3
 
 
 def test_flush_ticket_syncs_on_another_thread_while_appending(log_dir):
