@@ -52,6 +52,13 @@ The anomalies are Jepsen's, from its Kafka and Redpanda analyses:
     reported here as well (with transactions, markers and aborted records
     leave gaps: then only records outside that range are).
 
+``resource_growth``
+    a node process whose resident memory, open file descriptors or open
+    segment files at the end of its life exceed the bound of its early
+    level (``chaos/resources.py``: judged only for processes that lived
+    long enough, as in a soak). ``resources`` in the results has every
+    process's readings summed up.
+
 A history whose harness failed (``harness-error``, ``workload-error``) gets
 the verdict ``unknown``: its final read, if any, cannot be trusted to be
 complete, so a pass proves nothing and a failure may be the harness's.
@@ -72,9 +79,12 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from chaos import resources as resource_readings
+
 #: Anomalies that always fail a run.
 FAILING = ("lost", "vanished", "unexpected", "inconsistent", "reordered", "nonmonotonic",
-           "skipped", "aborted_read", "partial_transaction", "copy_not_exactly_once")
+           "skipped", "aborted_read", "partial_transaction", "copy_not_exactly_once",
+           "resource_growth")
 #: Fails the run only when the producers never retry (see the module doc).
 DUPLICATED = "duplicated"
 ANOMALIES = FAILING + (DUPLICATED,)
@@ -116,9 +126,12 @@ def check(events: Iterable[dict]) -> dict[str, Any]:
     producer_settings: dict = {}
     copy_offsets: dict[int, int] | None = None
     copies: collections.Counter[str] = collections.Counter()
+    readings: list[dict] = []
     for event in events:
         kind = event.get("type")
-        if kind == "send":
+        if kind == "resources":
+            readings.append(event)
+        elif kind == "send":
             sends[event["value"]] = event
         elif kind in ("poll", "consumer-start"):
             polls.append(event)
@@ -157,6 +170,9 @@ def check(events: Iterable[dict]) -> dict[str, Any]:
     _check_final_read(sends, ok, final, final_where, anomalies)
     polled = _check_polls(polls, sends, final, final_where, anomalies)
     _check_order(ok, final, final_where, anomalies)
+    process_summaries, growth = resource_readings.judge(readings)
+    for example in growth:
+        anomalies.add("resource_growth", example)
 
     outcomes = {"ok": 0, "failed": 0, "unknown": 0}
     for send in sends.values():
@@ -188,6 +204,7 @@ def check(events: Iterable[dict]) -> dict[str, Any]:
                    "read": polled, "final_records": len(final)},
         "anomalies": anomalies.as_dict(),
         "failing": failing,
+        "resources": process_summaries,
         **_performance(ok),
     }
 

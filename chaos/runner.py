@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from chaos import checker, faultyio, nemesis, netns
+from chaos import checker, faultyio, nemesis, netns, resources
 from chaos.cluster import FAST_SETTINGS, REPO_ROOT, ProcessCluster, wait_until
 from chaos.workload import (ClientSecurity, History, Workload, final_read, read_history,
                             record_copier_offsets)
@@ -243,6 +243,7 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
                     "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "settings": settings, "config": _jsonable(asdict(config))})
     workload: Workload | None = None
+    sampler: resources.Sampler | None = None
     try:
         say(f"starting {config.layout} ({'network namespaces' if network else 'loopback'}) "
             f"in {config.out_dir}")
@@ -263,6 +264,10 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
                         "security_settings": sorted(security.settings)})
         history.record({"type": "phase", "name": "workload"})
         workload.start()
+        sampler = resources.Sampler(
+            lambda: {n: node.process.pid for n, node in cluster.nodes.items()
+                     if node.running and not node.paused},
+            os.path.realpath(cluster.base_dir), history.record).start()
         _nemesis_loop(config, nemeses, target, history, workload, say)
         history.record({"type": "phase", "name": "heal"})
         _heal_everything(target, history)
@@ -298,6 +303,8 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
         say(f"the run could not finish: {error} (node logs: {cluster.base_dir})")
     finally:
         try:
+            if sampler is not None:
+                sampler.stop()
             _heal_everything(target, history, start_dead=False)
         finally:
             if workload is not None:
@@ -482,6 +489,19 @@ def summary(results: dict, out_dir: str) -> str:
         lines.append(f"acks=all latency p50 {latency['p50']} ms, p99 {latency['p99']} ms, "
                      f"max {latency['max']} ms; {results.get('unavailable_s')} s without an "
                      "acknowledged write")
+    processes = results.get("resources") or []
+    judged = [p for p in processes if p.get("judged")]
+    if judged:
+        def span(p: dict, key: str, scale: int = 1) -> str:
+            return (f"{p[key + '_early'] // scale:,} -> {p[key + '_end'] // scale:,} "
+                    f"(<= {p[key + '_bound'] // scale:,})")
+        rows = [(p["node"], p["pid"], f"{p['span_s']:g}", span(p, "rss_kb", 1024),
+                 span(p, "fds"), span(p, "segments_open")) for p in judged]
+        lines.append(format_table(("Node", "Pid", "Lived s", "RSS MiB", "Open fds",
+                                   "Open segments"), rows))
+    elif processes:
+        lines.append(f"resources: {len(processes)} node processes sampled, none lived long "
+                     "enough to judge growth (a soak does)")
     lines.append(f"report: {os.path.join(out_dir, 'report.html')}")
     return "\n".join(lines)
 

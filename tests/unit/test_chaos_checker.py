@@ -348,3 +348,24 @@ def test_a_copy_twice_missing_or_without_its_offset_fails_the_run():
     for results in (twice, missing, ahead, invented):
         assert anomalies(results) == {"copy_not_exactly_once": 1}, anomalies(results)
         assert results["verdict"] == "fail"
+
+
+def readings(node: int, pid: int, rss_kb: list[int], fds: int = 50, every_s: float = 10.0):
+    return [{"type": "resources", "t": i * every_s, "node": node, "pid": pid,
+             "rss_kb": rss, "fds": fds, "segments_open": 4} for i, rss in enumerate(rss_kb)]
+
+
+def test_a_process_whose_memory_keeps_growing_fails_the_run():
+    """A soak's leak check: a node process's memory at the end past the
+    bound of its early level is resource_growth; a flat one, a restarted
+    one (a new pid) and one too short-lived to judge are not."""
+    flat = readings(4, 100, [200_000] * 40)
+    leaking = readings(5, 200, [200_000 + 20_000 * i for i in range(40)])
+    short = readings(6, 300, [100_000, 900_000, 2_000_000])
+    results = checker.check(clean_history() + flat + leaking + short)
+    assert results["verdict"] == "fail" and results["anomalies"]["resource_growth"]["count"] == 1
+    (example,) = results["anomalies"]["resource_growth"]["examples"]
+    assert (example["node"], example["pid"], example["resource"]) == (5, 200, "rss_kb")
+    judged = {p["node"]: p["judged"] for p in results["resources"]}
+    assert judged == {4: True, 5: True, 6: False}
+    assert checker.check(clean_history() + flat + short)["verdict"] == "pass"
