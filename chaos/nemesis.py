@@ -102,6 +102,9 @@ class Target:
     #: Per node, the control of its ``faultyio`` (the ``clock`` nemesis
     #: steps its wall clock); empty without it.
     clocks: dict[int, faultyio.FaultyDir] = field(default_factory=dict)
+    #: Whether the ``clock`` nemesis has stepped a clock forward past
+    #: retention.ms yet (its first step does).
+    clock_stepped_far: bool = False
 
 
 # -- observation -------------------------------------------------------------------
@@ -407,6 +410,11 @@ def clock(target: Target) -> ActiveFault | None:
         return None
     victim = target.rng.choice(nodes)
     step_ms = target.rng.choice(CLOCK_STEPS_MS) * target.rng.choice((1, -1))
+    if not target.clock_stepped_far:
+        # The step that would delete retained data on a node that trusted
+        # its system clock comes first, so even a short run can fail.
+        step_ms = max(CLOCK_STEPS_MS)
+        target.clock_stepped_far = True
     target.clocks[victim].shift_clock(step_ms)
     direction = "forward" if step_ms > 0 else "backward"
     return ActiveFault("clock", [victim],

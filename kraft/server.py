@@ -85,7 +85,7 @@ from protocol import acl, wire
 from protocol.errors import (InvalidRequestError, KraftError, NotControllerError,
                              RequestTimedOutError, StaleBrokerEpochError, UnknownServerError)
 from protocol.fields import Fields
-from storage.clock import wall_clock_ms
+from storage.clock import expiry_clock_ms, wall_clock_ms
 
 
 #: How each controller route is authorized (kraft/authorizer.py). Brokers
@@ -818,7 +818,7 @@ class ControllerServer:
         """The core's periodic work (fencing lapsed leases, preferred
         leaders, expired tokens), committed."""
         try:
-            now_ms, wall_ms = self.clock_ms(), wall_clock_ms()
+            now_ms, wall_ms = self.clock_ms(), expiry_clock_ms()
             await self.write(lambda image: ControllerResult(
                 self.core.tick(image, now_ms)
                 + self.core.expired_delegation_tokens(image, wall_ms), {}))

@@ -33,7 +33,7 @@ import re
 import ssl
 
 from protocol import scram, tokens
-from storage.clock import wall_clock_ms
+from storage.clock import expiry_clock_ms
 from protocol.errors import (BrokerNotAvailableError, ClusterAuthorizationFailedError,
                              SaslAuthenticationError, SslAuthenticationError)
 
@@ -499,7 +499,7 @@ class PasswordVerifier:
         token_id, mac = parsed
         token = self.token_info(token_id)
         genuine = tokens.genuine(self.token_secret, token_id, mac)  # whether or not it exists
-        if token is None or not genuine or token.expiration_timestamp_ms < wall_clock_ms():
+        if token is None or not genuine or token.expiration_timestamp_ms < expiry_clock_ms():
             return None
         return token.owner
 

@@ -117,10 +117,13 @@ class FlushTicket:
 
 
 #: OS errors that say the process ran out of something (file descriptors,
-#: memory), not that the disk failed: refused, never taking a dir offline
-#: (a broker at its file limit would otherwise lose its dirs one by one).
+#: memory), not that the disk failed. A method that only reads
+#: (``READ_ONLY``) is refused for them without taking the dir offline; any
+#: other may have changed the log halfway, so the dir goes offline as for
+#: any disk error (Kafka treats them alike).
 NOT_DISK_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN,
                              errno.EINTR})
+READ_ONLY = frozenset({"read", "offset_for_timestamp"})
 
 
 def _io(method):
@@ -142,8 +145,8 @@ def _io(method):
         try:
             return method(self, *args, **kwargs)
         except OSError as exc:
-            if exc.errno in NOT_DISK_ERRNOS:
-                # The process, not the disk: refused, retried by the caller.
+            if exc.errno in NOT_DISK_ERRNOS and name in READ_ONLY:
+                # The process, not the disk, and nothing changed: refused.
                 raise LogDirectoryError(f"{name} of {self.directory} failed: {exc}") from exc
             self.io_failed(exc, name)
             raise LogDirectoryError(f"{name} of {self.directory} failed: {exc}; its log "

@@ -32,8 +32,9 @@ from typing import Any, Callable, Iterable, Mapping
 
 from storage import cleaner
 from storage.checkpoint import OffsetCheckpoint, fsync_directory, write_atomically
-from storage.config import LogConfig
+from storage.config import NO_LIMIT, LogConfig
 from storage.errors import InvalidConfigError, InvalidTopicError, LogDirectoryError
+from storage.clock import retention_clock_ms
 from storage.log import Log, wall_clock_ms
 from storage.names import TOPIC_NAME_MAX_CHARS, TopicPartition, validate_topic_name
 
@@ -132,6 +133,7 @@ class LogManager:
 
     def __init__(self, config: LogManagerConfig, default_log_config: LogConfig | None = None,
                  *, clock: Callable[[], int] = wall_clock_ms,
+                 retention_clock: Callable[[], int] | None = None,
                  cleaner_config: cleaner.CleanerConfig | None = None) -> None:
         self.config = config
         self.cleaner_config = cleaner_config or cleaner.CleanerConfig()
@@ -143,6 +145,11 @@ class LogManager:
         self._cleaner_wakeup: asyncio.Event | None = None
         self.default_log_config = default_log_config or LogConfig()
         self.clock = clock
+        # What time-based retention deletes by (storage/clock.py): with the
+        # default clock, the earlier of it and the system clock; an injected
+        # clock (tests, the simulator) is used for both.
+        self.retention_clock = retention_clock or (
+            retention_clock_ms if clock is wall_clock_ms else lambda: self.clock())
         self._logs: dict[TopicPartition, Log] = {}
         self._dir_of: dict[TopicPartition, str] = {}
         self._logs_in_dir: collections.Counter[str] = collections.Counter()
@@ -400,7 +407,9 @@ class LogManager:
             self.log_offline(tp, directory)
             raise LogDirectoryError(f"the log of {tp} was made in {directory}, which went "
                                     "offline after a disk error meanwhile")
-        if sync:
+        if sync or new_log.config.flush_messages != NO_LIMIT:
+            # flush.messages: its records are on disk before they are
+            # acknowledged, and so must its directory's name be.
             fsync_directory(directory)
         else:
             self._unsynced_dirs.add(directory)
@@ -544,7 +553,7 @@ class LogManager:
                       upper_bounds: Mapping[TopicPartition, int] | None = None) -> int:
         """Apply retention to every log; ``upper_bounds`` (high watermarks)
         keep uncommitted data. Returns the number of segments deleted."""
-        now_ms = self.clock() if now_ms is None else now_ms
+        now_ms = self.retention_clock() if now_ms is None else now_ms
         deleted = 0
         for tp, part_log in list(self._logs.items()):
             # A log the caller gave no bound for (not yet hosted) is left alone.

@@ -337,7 +337,8 @@ class ReplicaManager:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self._loop = None
-        self._reported_offline = 0  # core.offline_version last reported
+        # The offline dirs and replicas last reported (_report_offline).
+        self._reported_offline: tuple[list[str], dict[str, list[int]]] = ([], {})
         #: Set by the server: told the offline dirs and replicas (topic id
         #: -> partitions) after the core let go of a failed dir's partitions.
         self.on_dirs_offline: Callable[[list[str], dict[str, list[int]]], None] | None = None
@@ -509,15 +510,20 @@ class ReplicaManager:
 
     def _report_offline(self) -> None:
         """Tell the server (then the controller) every offline dir and
-        replica, whenever the core's offline set grew."""
-        self._reported_offline = self.core.offline_version
+        replica whenever that changed: the core's offline set grew, or the
+        image came to name a partition it held before it knew the topic
+        (a dir that failed at start-up)."""
         replicas: dict[str, list[int]] = {}
         for tp in sorted(self.core.offline):
             topic = self.core.image.topics.get(tp.topic)
             if topic is not None:
                 replicas.setdefault(topic.topic_id, []).append(tp.partition)
+        report = (sorted(self.log_manager.offline_dirs), replicas)
+        if report == self._reported_offline:
+            return
+        self._reported_offline = report
         if self.on_dirs_offline is not None:
-            self.on_dirs_offline(sorted(self.log_manager.offline_dirs), replicas)
+            self.on_dirs_offline(*report)
 
     def stop(self) -> None:
         self._stopped = True
@@ -538,7 +544,7 @@ class ReplicaManager:
         for action in self.core.ready():
             self._carry_out_one(action)
         self._arm_timer()
-        if self.core.offline_version != self._reported_offline:
+        if self.core.offline or self.log_manager.offline_dirs:
             self._report_offline()
 
     def _carry_out_one(self, action: Action) -> None:

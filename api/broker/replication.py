@@ -413,8 +413,6 @@ class ReplicationCore:
         #: after a disk error (``logs_offline``): never opened or served
         #: again by this process; refused with KAFKA_STORAGE_ERROR.
         self.offline: set[TopicPartition] = set()
-        #: Grows whenever ``offline`` does: the shell reports then.
-        self.offline_version = 0
         #: Passes over metadata (changes and the "open" timer's): the shell
         #: tells the group and transaction coordinators when one ran.
         self.passes = 0
@@ -650,8 +648,6 @@ class ReplicationCore:
         answer, follower sessions drop them. Their files stay as they are."""
         gone = set(tps) - self.offline
         self.offline |= gone
-        if gone:
-            self.offline_version += 1
         for tp in sorted(gone):
             self._creating.discard(tp)
             for pending in (self._deferred, self._unopened):
@@ -789,10 +785,12 @@ class ReplicationCore:
             except LogDirectoryError as exc:
                 # Its log is in (or was being made in) an offline dir: it is
                 # offline here until a restart, and the controller is told.
+                # (A hosted one is let go by ``logs_offline``, which the
+                # failed dir's listener calls.)
                 logger.error("broker %d: cannot open the log of %s: %s", self.broker_id, tp,
                              exc)
-                self.offline.add(tp)
-                self.offline_version += 1
+                if tp not in self.partitions:
+                    self.offline.add(tp)
                 continue
             except Exception:
                 logger.exception("broker %d: cannot open the log of %s", self.broker_id, tp)

@@ -58,6 +58,7 @@ from protocol.errors import (ClusterAuthorizationFailedError, DelegationTokenAut
                              UnknownTopicOrPartitionError)
 from protocol.fields import Fields
 from storage.cleaner import CleanerConfig
+from storage.clock import wall_clock_ms
 from storage.config import LogConfig
 from storage.manager import TOPIC_NAME_MAX_CHARS, LogManager, LogManagerConfig, TopicPartition
 
@@ -188,7 +189,10 @@ class BrokerServer:
         self.transactions = TransactionService(
             config.node_id, self.replicas, self.data,
             lambda path, body: self.client.call(path, body, timeout_ms=ADMIN_TIMEOUT_MS),
-            lambda: self.lifecycle.image, config.settings, self.replicas.clock_ms,
+            # Wall time (storage/clock.py), not monotonic: transaction start
+            # and update times are stored in __transaction_state and judged
+            # by whichever broker coordinates next, after a failover.
+            lambda: self.lifecycle.image, config.settings, wall_clock_ms,
             self.producer_ids)
         self.transactions.peer_ssl = peer_ssl
         self.transaction_api = TransactionApi(self.transactions, self._live_broker_urls)

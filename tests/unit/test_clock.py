@@ -2,7 +2,8 @@
 stepped system clock: a real child process with chaos/faultyio preloaded
 steps its wall clock forward ten days and back an hour while it runs;
 ``time.time()`` follows every step, ``storage.clock.wall_clock_ms`` none,
-and the log's retention deletes nothing early."""
+the log's retention deletes nothing early, retention's clock is the earlier
+reading and expiry's the later."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ DAY_MS = 86_400_000
 # what retention deleted, then waits for the next step (a marker file).
 CHILD = r"""
 import json, os, sys, time
-from storage.clock import wall_clock_ms
+from storage.clock import expiry_clock_ms, retention_clock_ms, wall_clock_ms
 from storage.config import LogConfig
 from storage.log import Log
 from tests.helpers import make_batch
@@ -40,6 +41,7 @@ for step in range(3):
     time.sleep(0.05)  # the library looks at its control file every millisecond
     deleted = log.delete_retained_segments()
     print(json.dumps({"system": int(time.time() * 1000), "steady": wall_clock_ms(),
+                      "retention": retention_clock_ms(), "expiry": expiry_clock_ms(),
                       "deleted": deleted, "start": log.log_start_offset}), flush=True)
 """
 
@@ -64,3 +66,7 @@ def test_steps_of_the_system_clock_move_neither_the_clock_nor_retention(tmp_path
     for report, offset_ms in zip(seen, (0, 10 * DAY_MS, -3_600_000)):
         assert abs(report["system"] - report["steady"] - offset_ms) < 2_000, report
         assert report["deleted"] == 0 and report["start"] == 0, report
+        # Deletion by age takes the earlier reading, expiry the later.
+        readings = (report["system"], report["steady"])
+        assert report["retention"] <= min(readings) + 50, report
+        assert report["expiry"] >= max(readings) - 50, report

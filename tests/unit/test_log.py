@@ -317,13 +317,26 @@ def test_flush_policy_by_messages_and_by_time(log_dir):
     assert log.flush_due()
 
 
-def test_flush_messages_1_fsyncs_every_append_before_it_returns(log_dir):
+def test_flush_messages_1_fsyncs_every_append_before_it_returns(log_dir, monkeypatch):
+    """The fsyncs themselves, not only the recovery point: the segment's
+    file before the append returns, and after a roll its directory (the new
+    segment's name) too."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (
+        synced.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd)))
     log = open_log(log_dir, LogConfig(flush_messages=1))
     log.append(make_batch(3), leader_epoch=0)
     assert log.recovery_point == 3
+    assert log.active_segment.log_path in synced
     follower = open_log(os.path.join(log_dir, "follower"), LogConfig(flush_messages=1))
+    synced.clear()
     follower.append_as_follower(log.read(0, 1 << 20))
-    assert follower.recovery_point == 3
+    assert follower.recovery_point == 3 and follower.active_segment.log_path in synced
+    log.roll()
+    synced.clear()
+    log.append(make_batch(1), leader_epoch=0)
+    assert log.active_segment.log_path in synced and log_dir in synced
 
 
 def test_flush_ticket_syncs_on_another_thread_while_appending(log_dir):

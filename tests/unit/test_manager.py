@@ -307,7 +307,9 @@ def test_a_disk_error_takes_its_whole_dir_offline_and_nothing_touches_it_again(t
     hear which partitions it held, no checkpoint or new log goes there, the
     other dir goes on; a name whose log is there is refused, even after
     its topic is deleted (a second copy elsewhere would clash at the next
-    start); out of file descriptors is not a disk error."""
+    start); out of file descriptors is no disk error for a read, which
+    changes nothing, but is for a write, which may have changed the log
+    halfway."""
     import errno
 
     manager = manager_for(tmp_path / "d0", tmp_path / "d1")
@@ -316,15 +318,18 @@ def test_a_disk_error_takes_its_whole_dir_offline_and_nothing_touches_it_again(t
     told = []
     manager.dir_failure_listeners.append(lambda d, tps: told.append((d, tps)))
     victim = logs[in_d1[0]]
-    victim.active_segment.append = lambda *args: (_ for _ in ()).throw(
+    victim.append(make_batch(1), leader_epoch=0)
+    real_read = victim.active_segment.read
+    victim.active_segment.read = lambda *args, **kwargs: (_ for _ in ()).throw(
         OSError(errno.EMFILE, "Too many open files"))
     with pytest.raises(LogDirectoryError, match="Too many open files"):
-        victim.append(make_batch(1), leader_epoch=0)
+        victim.read(0, 100)  # a read changes nothing: refused, the dir stays
     assert not manager.offline_dirs and not victim.offline, "the process, not the disk"
+    victim.active_segment.read = real_read
     victim.active_segment.append = lambda *args: (_ for _ in ()).throw(
-        OSError(errno.EIO, "Input/output error"))
+        OSError(errno.EMFILE, "Too many open files"))
     with pytest.raises(LogDirectoryError, match="now offline"):
-        victim.append(make_batch(1), leader_epoch=0)
+        victim.append(make_batch(1), leader_epoch=0)  # a write may have changed it halfway
     d1 = str(tmp_path / "d1")
     assert list(manager.offline_dirs) == [d1]
     assert told == [(d1, [TopicPartition("t", p) for p in in_d1])]
