@@ -460,6 +460,17 @@ def offline_with_broker_2_out_of_sync(with_broker_3: bool = False) -> Cluster:
     return cluster
 
 
+def fence_and_find_no_eligible_leader(cluster: Cluster, *brokers: int) -> None:
+    """Fence ``brokers``: t-0 is left without a leader, and an unclean
+    election finds none to elect either."""
+    for broker in brokers:
+        cluster.heartbeat(broker, want_fence=True)
+    assert cluster.partition("t", 0).leader == NO_LEADER
+    response = cluster.call("elect_leaders", {"election_type": "unclean", "partitions": [
+        {"topic": "t", "partition": 0}]})
+    assert response["partitions"][0]["error"]["code"] == "ELIGIBLE_LEADERS_NOT_AVAILABLE"
+
+
 def test_returning_broker_outside_the_isr_leads_only_if_unclean_is_allowed():
     cluster = offline_with_broker_2_out_of_sync()
     # Enabling unclean election elects the live out-of-sync replica at once.
@@ -491,12 +502,7 @@ def test_an_unclean_election_asked_for_gives_an_offline_partition_a_leader():
     response = cluster.call("elect_leaders", {"election_type": 1, "partitions": None})
     assert [(r["partition"], r["leader"], r["unclean"]) for r in response["partitions"]] == [
         (1, 2, True)]
-    cluster.heartbeat(2, want_fence=True)
-    cluster.heartbeat(3, want_fence=True)
-    assert cluster.partition("t", 0).leader == NO_LEADER
-    response = cluster.call("elect_leaders", {"election_type": "unclean", "partitions": [
-        {"topic": "t", "partition": 0}]})
-    assert response["partitions"][0]["error"]["code"] == "ELIGIBLE_LEADERS_NOT_AVAILABLE"
+    fence_and_find_no_eligible_leader(cluster, 2, 3)
 
 
 def test_replicas_in_an_offline_log_dir_leave_isr_and_leadership_until_a_new_registration():
@@ -542,12 +548,7 @@ def test_replicas_in_an_offline_log_dir_leave_isr_and_leadership_until_a_new_reg
     assert response["partitions"][0]["error"]["code"] == "PREFERRED_LEADER_NOT_AVAILABLE"
     # Brokers 2 and 3 gone: t-0 has no eligible leader, not even unclean.
     cluster.set_config("t", "unclean.leader.election.enable", "true")
-    cluster.heartbeat(2, want_fence=True)
-    cluster.heartbeat(3, want_fence=True)
-    assert cluster.partition("t", 0).leader == NO_LEADER
-    response = cluster.call("elect_leaders", {"election_type": "unclean", "partitions": [
-        {"topic": "t", "partition": 0}]})
-    assert response["partitions"][0]["error"]["code"] == "ELIGIBLE_LEADERS_NOT_AVAILABLE"
+    fence_and_find_no_eligible_leader(cluster, 2, 3)
     # Broker 1 restarts: its new registration has no offline directory, and
     # (unclean allowed) it may lead t-0 again.
     cluster.now_ms = SESSION_MS
