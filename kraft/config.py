@@ -241,7 +241,9 @@ def node_config_from_settings(settings: Mapping[str, Any],
     sources = dict(sources or {})
     values: dict[str, Any] = {}
     for key in SCHEMA:
-        raw = settings.get(key.name, key.default)
+        raw = settings.get(key.name)
+        if raw is None:  # given as None (from Python; TOML has no null): not set
+            raw = key.default
         try:
             values[key.name] = typed(key, raw)
         except ConfigError as exc:

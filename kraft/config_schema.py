@@ -339,9 +339,15 @@ def unknown_key_message(name: str, where: str) -> str:
 
 
 def typed(key: Key, value: Any) -> Any:
-    """``value`` as ``key``'s type, checked against its range."""
+    """``value`` as ``key``'s type, checked against its range. No text
+    value may hold a NUL character (none is meaningful, and a path with
+    one cannot be opened)."""
     if value is None:
         return None
+    if any("\x00" in text for text in ([value] if isinstance(value, str) else
+                                        value if isinstance(value, list) else [])
+           if isinstance(text, str)):
+        raise ConfigError(f"{key.name} must not contain a NUL character")
     if key.type == "int":
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise ConfigError(f"{key.name} must be an integer, got {value!r}")

@@ -179,3 +179,15 @@ def test_kraftlog_node_print_config_and_a_bad_key_from_the_command_line():
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
     assert "did you mean 'log.segment.bytes'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_setting_given_as_none_is_unset_and_no_text_may_hold_a_nul():
+    """Two things tests/property/test_fuzz_inputs.py found: a value of None
+    (possible from Python, not TOML) crashed the checks instead of meaning
+    "not set", and a path with a NUL character crashed the file read."""
+    config = node_config_from_settings({**MINIMAL, "broker.session.timeout.ms": None})
+    assert config.session_timeout_ms == 9000
+    for key, value in (("controller.quorum.secret.file", "/tmp/a\x00b"),
+                       ("log.dirs", ["/tmp/d", "/tmp/\x00"]), ("broker.rack", "r\x00")):
+        with pytest.raises(InvalidConfigError, match=f"{key} must not contain a NUL"):
+            node_config_from_settings({**MINIMAL, key: value})
