@@ -337,8 +337,10 @@ class ReplicaManager:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self._loop = None
-        # The offline dirs and replicas last reported (_report_offline).
+        # The offline dirs and replicas last reported (_report_offline), and
+        # what they were computed from (looked at again only when it moves).
         self._reported_offline: tuple[list[str], dict[str, list[int]]] = ([], {})
+        self._reported_from: tuple[int, int, int] = (0, -1, 0)
         #: Set by the server: told the offline dirs and replicas (topic id
         #: -> partitions) after the core let go of a failed dir's partitions.
         self.on_dirs_offline: Callable[[list[str], dict[str, list[int]]], None] | None = None
@@ -513,6 +515,11 @@ class ReplicaManager:
         replica whenever that changed: the core's offline set grew, or the
         image came to name a partition it held before it knew the topic
         (a dir that failed at start-up)."""
+        source = (len(self.core.offline), self.core.image.offset,
+                  len(self.log_manager.offline_dirs))
+        if source == self._reported_from:
+            return  # (a partition leaves the set only with a metadata change)
+        self._reported_from = source
         replicas: dict[str, list[int]] = {}
         for tp in sorted(self.core.offline):
             topic = self.core.image.topics.get(tp.topic)
