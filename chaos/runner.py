@@ -493,12 +493,14 @@ def summary(results: dict, out_dir: str) -> str:
     judged = [p for p in processes if p.get("judged")]
     if judged:
         def span(p: dict, key: str, scale: int = 1) -> str:
-            return (f"{p[key + '_early'] // scale:,} -> {p[key + '_end'] // scale:,} "
-                    f"(<= {p[key + '_bound'] // scale:,})")
+            bound = p.get(key + "_bound")
+            return (f"{p[key + '_early'] // scale:,} -> {p[key + '_end'] // scale:,}"
+                    + (f" (<= {bound // scale:,})" if bound is not None else ""))
         rows = [(p["node"], p["pid"], f"{p['span_s']:g}", span(p, "rss_kb", 1024),
-                 span(p, "fds"), span(p, "segments_open")) for p in judged]
-        lines.append(format_table(("Node", "Pid", "Lived s", "RSS MiB", "Open fds",
-                                   "Open segments"), rows))
+                 span(p, "other_fds"), span(p, "segments_open"),
+                 p.get("deleted_open_end", "-")) for p in judged]
+        lines.append(format_table(("Node", "Pid", "Lived s", "RSS MiB", "Other fds",
+                                   "Open segments", "Deleted held"), rows))
     elif processes:
         lines.append(f"resources: {len(processes)} node processes sampled, none lived long "
                      "enough to judge growth (a soak does)")

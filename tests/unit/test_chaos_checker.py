@@ -350,9 +350,12 @@ def test_a_copy_twice_missing_or_without_its_offset_fails_the_run():
         assert results["verdict"] == "fail"
 
 
-def readings(node: int, pid: int, rss_kb: list[int], fds: int = 50, every_s: float = 10.0):
+def readings(node: int, pid: int, rss_kb: list[int], fds: int = 50, every_s: float = 10.0,
+             segments: int = 4, deleted: int = 0):
     return [{"type": "resources", "t": i * every_s, "node": node, "pid": pid,
-             "rss_kb": rss, "fds": fds, "segments_open": 4} for i, rss in enumerate(rss_kb)]
+             "rss_kb": rss, "fds": fds + 2 * (segments + i) + deleted,
+             "data_files_open": 2 * (segments + i), "segments_open": segments + i,
+             "deleted_open": deleted} for i, rss in enumerate(rss_kb)]
 
 
 def test_a_process_whose_memory_keeps_growing_fails_the_run():
@@ -369,3 +372,16 @@ def test_a_process_whose_memory_keeps_growing_fails_the_run():
     judged = {p["node"]: p["judged"] for p in results["resources"]}
     assert judged == {4: True, 5: True, 6: False}
     assert checker.check(clean_history() + flat + short)["verdict"] == "pass"
+
+
+def test_held_deleted_files_fail_the_run_and_growing_segments_do_not():
+    """Open segments grow with the data a log keeps (one per segment, each
+    reading here one more): reported, not a failure. Deleted files still
+    held open at the end (a segment retention removed) are a leak."""
+    growing = readings(4, 100, [200_000] * 40)
+    holding = readings(5, 200, [200_000] * 40, deleted=40)
+    results = checker.check(clean_history() + growing + holding)
+    (example,) = results["anomalies"]["resource_growth"]["examples"]
+    assert (example["node"], example["resource"], example["end"]) == (5, "deleted_open", 40)
+    summary = {p["node"]: p for p in results["resources"]}
+    assert summary[4]["segments_open_end"] > summary[4]["segments_open_early"]
