@@ -456,6 +456,10 @@ class Log:
                 header.producer_id >= 0 for _pos, header in validated):
             duplicate = self._check_producer(validated, coordinator)
             if duplicate is not None:
+                # Answered as written: with flush.messages, on disk first
+                # (the first attempt's fsync may have failed, or the
+                # setting come since).
+                self._flush_if_count_reached()
                 return AppendInfo(duplicate.first_offset, duplicate.last_offset, self.clock(),
                                   0, 0, duplicate.timestamp, duplicate=True)
         offset = self.log_end_offset

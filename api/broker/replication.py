@@ -656,12 +656,7 @@ class ReplicationCore:
                     numbers.discard(tp.partition)
                     if not numbers:
                         del pending[tp.topic]
-            if self.partitions.pop(tp, None) is not None:
-                hosted = self._by_topic.get(tp.topic)
-                if hosted is not None:
-                    hosted.discard(tp)
-                    if not hosted:
-                        del self._by_topic[tp.topic]
+            if self._unhost(tp):
                 logger.error("broker %d: %s is offline: its log directory failed",
                              self.broker_id, tp)
             self._touch(tp)
@@ -860,14 +855,20 @@ class ReplicationCore:
             self.logs.delete(tp)
             return
         logger.info("broker %d: deleting the log of %s (%s)", self.broker_id, tp, reason)
-        self.partitions.pop(tp, None)
+        self._unhost(tp)
+        self.logs.delete(tp)
+        self._touch(tp)
+
+    def _unhost(self, tp: TopicPartition) -> bool:
+        """Forget the hosted partition ``tp``; whether it was hosted."""
+        if self.partitions.pop(tp, None) is None:
+            return False
         hosted = self._by_topic.get(tp.topic)
         if hosted is not None:
             hosted.discard(tp)
             if not hosted:
                 del self._by_topic[tp.topic]
-        self.logs.delete(tp)
-        self._touch(tp)
+        return True
 
     def _log_new_leadership(self, part: Partition, recovery: int) -> None:
         if recovery == LEADER_RECOVERING:
@@ -891,10 +892,11 @@ class ReplicationCore:
         if reason is not None:
             raise NotLeaderOrFollowerError(
                 f"broker {self.broker_id} is not serving data: {reason}")
-        part = self.partitions.get(TopicPartition(topic, partition))
+        tp = TopicPartition(topic, partition)
+        part = self.partitions.get(tp)
         if part is None or not part.is_leader:
-            if part is None and TopicPartition(topic, partition) in self.offline:
-                raise self._offline_error(TopicPartition(topic, partition))
+            if part is None and tp in self.offline:
+                raise self._offline_error(tp)
             raise self._not_leader(topic, partition)
         if current_leader_epoch is not None and current_leader_epoch >= 0:
             if current_leader_epoch < part.leader_epoch:
