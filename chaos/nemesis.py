@@ -305,17 +305,7 @@ def rolling_restart(target: Target) -> ActiveFault | None:
         if not node.running or node.paused:
             continue
         target.log(f"rolling restart: SIGTERM node {node_id}")
-        try:
-            cluster.kill(node_id, signal.SIGTERM, timeout_s=ROLLING_NODE_WAIT_S)
-        except subprocess.TimeoutExpired:
-            # A finding, not a harness failure: dump its stacks into its log,
-            # say so in the history, and make the deploy go on.
-            node.process.send_signal(signal.SIGUSR1)
-            time.sleep(0.5)
-            cluster.kill(node_id, signal.SIGKILL)
-            target.log(f"SLOW STOP: node {node_id} did not stop within "
-                       f"{ROLLING_NODE_WAIT_S:g} s of SIGTERM; its thread stacks are in "
-                       f"{node.log_path}; killed with SIGKILL")
+        _stop_gracefully(target, node_id, ROLLING_NODE_WAIT_S)
         cluster.start([node_id])
         wait_serving(cluster, [node_id], ROLLING_NODE_WAIT_S)
         if node_id in cluster.controller_ids:
@@ -369,12 +359,7 @@ def _heal_disk(target: Target, broker: int) -> Callable[[], None]:
         cluster = target.cluster
         node = cluster.nodes[broker]
         if node.running and not node.paused:
-            try:
-                cluster.kill(broker, signal.SIGTERM, timeout_s=DISK_RESTART_WAIT_S)
-            except subprocess.TimeoutExpired:
-                target.log(f"SLOW STOP: broker {broker} did not stop within "
-                           f"{DISK_RESTART_WAIT_S:g} s of SIGTERM; killed with SIGKILL")
-                cluster.kill(broker, signal.SIGKILL)
+            _stop_gracefully(target, broker, DISK_RESTART_WAIT_S)
         if not node.running and broker not in target.killed:
             cluster.start([broker])
             wait_serving(cluster, [broker], DISK_RESTART_WAIT_S)
@@ -433,6 +418,22 @@ def _heal_clock(target: Target, node_id: int) -> Callable[[], None]:
     def heal() -> None:
         target.clocks[node_id].shift_clock(0)
     return heal
+
+
+def _stop_gracefully(target: Target, node_id: int, wait_s: float) -> None:
+    """SIGTERM, and wait up to ``wait_s`` for the node to stop. One that
+    does not is a finding, not a harness failure: its thread stacks go into
+    its log, the history says so, and it is killed with SIGKILL."""
+    cluster = target.cluster
+    node = cluster.nodes[node_id]
+    try:
+        cluster.kill(node_id, signal.SIGTERM, timeout_s=wait_s)
+    except subprocess.TimeoutExpired:
+        node.process.send_signal(signal.SIGUSR1)
+        time.sleep(0.5)
+        cluster.kill(node_id, signal.SIGKILL)
+        target.log(f"SLOW STOP: node {node_id} did not stop within {wait_s:g} s of SIGTERM; "
+                   f"its thread stacks are in {node.log_path}; killed with SIGKILL")
 
 
 # -- network faults ------------------------------------------------------------------
