@@ -276,7 +276,8 @@ class Controller:
             if replication < min_isr:
                 warnings.append(
                     f"topic {name!r} has {replication} replicas, fewer than its "
-                    f"min.insync.replicas={min_isr}: every acks=all write to it fails; set "
+                    f"min.insync.replicas={min_isr}: every acks=all write to it fails, and "
+                    f"no other becomes readable (the high watermark waits for that many); set "
                     f"`kraftlog topics alter {name} --config min.insync.replicas="
                     f"{replication}` or lower the cluster default")
         return warnings
