@@ -106,6 +106,9 @@ _LEADER = 2
 _MEMBERSHIP_TYPE = bytes([membership.MEMBERSHIP_COMMAND_TYPE])
 #: How often a membership change looks at a learner's progress.
 LEARNER_POLL_S = 0.05
+#: How long the leader keeps replicating to a controller it removed, so that
+#: the removed one learns it is out (it then stops standing for election).
+REMOVED_CATCH_UP_S = 3.0
 
 # pysyncobj's state numbers (_RAFT_STATE).
 _STATE_NAMES = {0: "follower", 1: "candidate", 2: "leader"}
@@ -480,6 +483,12 @@ class MetadataQuorum(GuardedSyncObj):
                 self._stop_learner(address)  # it becomes a voter: one connection
             done = SyncObj._SyncObj__doChangeCluster(self, request, reverse)
         self._set_voters(membership.apply_change(self._voters, change, reverse), sync=True)
+        if change.kind == membership.REMOVE and not reverse and self._isLeader() \
+                and address != self.self_address:
+            # Pushed entries are the only way a removed controller can learn
+            # it is out: keep replicating to it, as a learner, for a while
+            # (remove_voter ends it).
+            self._start_learner(address)
         logger.info("controller %d: voters now %s (%s%s controller %d)", self.node_id,
                     sorted(self._voters), "undone: " if reverse else "",
                     "add" if change.kind == membership.ADD else "remove", change.voter.node_id)
@@ -692,13 +701,30 @@ class MetadataQuorum(GuardedSyncObj):
         NotControllerError names it: the caller asks it again there."""
         voter = membership.check_remove(self._voters, node_id)
         if voter.raft_address != self.self_address:
-            await self._propose_change(Change(membership.REMOVE, voter), commit_timeout_s)
+            address = voter.raft_address
+            try:
+                await self._propose_change(Change(membership.REMOVE, voter), commit_timeout_s)
+                await self._let_learner_catch_up(address, REMOVED_CATCH_UP_S)
+            finally:
+                await self._on_tick(lambda: self._stop_learner(address))
             return self.voters()
         await self._on_tick(lambda: self._check_change_of_leader())
         successor = await self._hand_over_leadership(commit_timeout_s)
         raise NotControllerError(
             f"controller {node_id} was the leader: it handed leadership to controller "
             f"{successor}, which removes it when asked again", leader_id=successor)
+
+    async def _let_learner_catch_up(self, address: str, timeout_s: float) -> bool:
+        """Wait until the learner at ``address`` holds every committed entry
+        (True), or ``timeout_s`` passed or it is not replicated to (False)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            match, commit = await self._on_tick(lambda: self._learner_progress(address))
+            if match is not None and match >= commit:
+                return True
+            if match is None or time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(LEARNER_POLL_S)
 
     def _check_change_of_leader(self) -> None:
         """As ``_check_change``, for removing the leader itself (which its
