@@ -659,9 +659,13 @@ def format_quorum_status(status: dict) -> str:
         f"CommitIndex:     {status.get('commit_index')}",
         f"LastApplied:     {status.get('last_applied')}",
         f"MetadataOffset:  {status.get('metadata_offset')}",
-        f"AnsweredBy:      controller {status.get('node_id')} ({status.get('state')})",
-        "",
+        f"AnsweredBy:      controller {status.get('node_id')} ({status.get('state')}"
+        + ("" if status.get("voter", True) else ", an observer: not a voter") + ")",
     ]
+    if status.get("pending_voter_change") is not None:
+        lines.append(f"PendingChange:   a voter change at Raft index "
+                     f"{status['pending_voter_change']} is not committed yet")
+    lines.append("")
     rows = []
     for voter in status.get("voters", []):
         rows.append((

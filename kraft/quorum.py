@@ -478,17 +478,17 @@ class MetadataQuorum(GuardedSyncObj):
         address = change.voter.raft_address
         if address == self.self_address:
             done = True  # pysyncobj keeps its own node; being a voter is ours
+        elif change.kind == membership.REMOVE and not reverse and self._isLeader():
+            # Pushed entries are the only way a removed controller learns it
+            # is out: the leader keeps replicating to it as a learner, on
+            # the same connection (closing it would make it stand for
+            # election before it knows), until remove_voter ends that.
+            done = self._voter_to_learner(address)
         else:
             if address in self._learners:
                 self._stop_learner(address)  # it becomes a voter: one connection
             done = SyncObj._SyncObj__doChangeCluster(self, request, reverse)
         self._set_voters(membership.apply_change(self._voters, change, reverse), sync=True)
-        if change.kind == membership.REMOVE and not reverse and self._isLeader() \
-                and address != self.self_address:
-            # Pushed entries are the only way a removed controller can learn
-            # it is out: keep replicating to it, as a learner, for a while
-            # (remove_voter ends it).
-            self._start_learner(address)
         logger.info("controller %d: voters now %s (%s%s controller %d)", self.node_id,
                     sorted(self._voters), "undone: " if reverse else "",
                     "add" if change.kind == membership.ADD else "remove", change.voter.node_id)
@@ -607,6 +607,24 @@ class MetadataQuorum(GuardedSyncObj):
         self._SyncObj__raftMatchIndex[node] = 0
         self._learners[address] = node
         logger.info("controller %d: replicating to the learner %s", self.node_id, address)
+
+    def _voter_to_learner(self, address: str) -> bool:
+        node = next((n for n in self._SyncObj__otherNodes if n.address == address), None)
+        if node is None:
+            return False
+        self._SyncObj__otherNodes.discard(node)
+        self._SyncObj__readonlyNodes.add(node)  # its next and match indexes kept
+        self._learners[address] = node
+        return True
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
+        """A learner (joining, or just removed) only acknowledges appends:
+        its votes, vote requests (a removed controller that has not heard
+        yet may stand) and commands are not a voter's, and are dropped."""
+        if node in self._learners.values() and isinstance(message, dict) \
+                and message.get("type") != "next_node_idx":
+            return
+        GuardedSyncObj._SyncObj__onMessageReceived(self, node, message)
 
     def _stop_learner(self, address: str) -> None:
         node = self._learners.pop(address, None)
