@@ -106,6 +106,8 @@ _LEADER = 2
 _MEMBERSHIP_TYPE = bytes([membership.MEMBERSHIP_COMMAND_TYPE])
 #: How often a membership change looks at a learner's progress.
 LEARNER_POLL_S = 0.05
+#: How long the loop waits for the tick thread to run a call (``_on_tick``).
+TICK_CALL_TIMEOUT_S = 10.0
 #: How long the leader keeps replicating to a controller it removed, so that
 #: the removed one learns it is out (it then stops standing for election).
 REMOVED_CATCH_UP_S = 3.0
@@ -667,7 +669,11 @@ class MetadataQuorum(GuardedSyncObj):
 
         self._tick_calls.append(run)
         self._kick.set()
-        return await asyncio.wait_for(future, 10.0)
+        try:
+            return await asyncio.wait_for(future, TICK_CALL_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise RequestTimedOutError(f"controller {self.node_id}: its Raft thread did not "
+                                       f"answer within {TICK_CALL_TIMEOUT_S:.0f} s") from None
 
     def voters(self) -> dict[int, Voter]:
         """The voter set as of the end of this node's log (any thread)."""
