@@ -216,15 +216,21 @@ def _topics_describe(args: argparse.Namespace) -> int:
         # Compacted (by its own config or the cluster default): the leader
         # reports its cleaner's figures.
         compacted = any(p.get("cleaner") is not None for p in topic["partitions"])
+        # Eligible leader replicas (KIP-966), when a partition has any.
+        eligible = any(p.get("elr") or p.get("last_known_leader", -1) != -1
+                       for p in topic["partitions"])
         rows = [(str(p["partition"]), _or_none(p["leader"]), str(p["leader_epoch"]),
-                 ",".join(map(str, p["replicas"])), ",".join(map(str, p["isr"])),
-                 _or_dash(p.get("log_start_offset")), _or_dash(p.get("last_stable_offset")),
-                 _or_dash(p.get("high_watermark")), _or_dash(p.get("log_end_offset")),
-                 _size(p.get("size_bytes"))) + (_cleaner_columns(p) if compacted else ())
+                 _ids(p["replicas"]), _ids(p["isr"]))
+                + ((_ids(p.get("elr", [])), _or_none(p.get("last_known_leader", -1)))
+                   if eligible else ())
+                + (_or_dash(p.get("log_start_offset")), _or_dash(p.get("last_stable_offset")),
+                   _or_dash(p.get("high_watermark")), _or_dash(p.get("log_end_offset")),
+                   _size(p.get("size_bytes"))) + (_cleaner_columns(p) if compacted else ())
                 for p in topic["partitions"]]
         blocks.append(header + "\n" + format_table(
-            ("PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "LOG-START", "LSO",
-             "HIGH-WATERMARK", "LOG-END", "SIZE")
+            ("PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR")
+            + (("ELR", "LAST-LEADER") if eligible else ())
+            + ("LOG-START", "LSO", "HIGH-WATERMARK", "LOG-END", "SIZE")
             + (("CLEANABLE", "LAST-CLEAN") if compacted else ()), rows))
     print("\n\n".join(blocks) if blocks else "No topics.")
     return 0
@@ -630,17 +636,21 @@ def _report_unclean(args: argparse.Namespace, results: dict, before: dict, after
         except KraftlogError:
             pass  # the table says "-"
     if elected:
-        print(format_table(("TOPIC", "PARTITION", "LEADER", "OLD-ISR", "IN-OLD-ISR",
+        def clean(tp: Any) -> bool:  # led by a member of the old ISR or ELR
+            return tp in before and now[tp].leader in (*before[tp].isr, *before[tp].elr)
+
+        print(format_table(("TOPIC", "PARTITION", "LEADER", "OLD-ISR", "OLD-ELR", "CLEAN",
                             "LOG-END"), [
             (tp.topic, str(tp.partition), str(now[tp].leader),
-             ",".join(map(str, before[tp].isr)) if tp in before else "-",
-             "yes" if tp in before and now[tp].leader in before[tp].isr else "NO",
+             _ids(before[tp].isr) if tp in before else "-",
+             _ids(list(before[tp].elr)) if tp in before else "-",
+             "yes" if clean(tp) else "NO",
              str(ends[tp]) if tp in ends else "-") for tp in elected]))
-        unclean = [tp for tp in elected if tp in before and now[tp].leader not in before[tp].isr]
+        unclean = [tp for tp in elected if not clean(tp)]
         if unclean:
-            print(f"warning: {len(unclean)} partitions are led from outside their ISR: records "
-                  "their old ISR held from LOG-END on are lost, and returning members "
-                  "truncate to the new leader")
+            print(f"warning: {len(unclean)} partitions are led from outside their ISR and "
+                  "eligible leader replicas: records those held from LOG-END on are lost, "
+                  "and returning members truncate to the new leader")
     elif not failed:
         print("No leader election needed: every partition has a leader.")
     _raise_first_failure(failed, "a leader")

@@ -171,12 +171,19 @@ SCHEMA: tuple[Key, ...] = (
        "Replicas of a topic created without a replication factor.", _CONFIG, 1, 1000),
     _k("unclean.leader.election.enable", "bool", False,
        "Elect a leader outside the ISR when none is left (accepts data loss).", _CONFIG),
+    _k("eligible.leader.replicas.enable", "bool", True,
+       "Track eligible leader replicas (Kafka's KIP-966): a replica that leaves the ISR "
+       "while it is below min.insync.replicas may still be elected, and one that restarts "
+       "after an unclean shutdown may not, while a clean one is left. Turn it off only "
+       "while upgrading from a version without it. Needs min.insync.replicas equal on "
+       "every node.", "kraft/controller.py"),
     _k("auto.leader.rebalance.enable", "bool", True,
        "Move leadership back to preferred replicas periodically.", _CONFIG),
     _k("leader.imbalance.check.interval.seconds", "int", 300,
        "How often preferred leaders are checked.", _CONFIG, 1, INT32_MAX),
     _k("min.insync.replicas", "int", 1,
-       "Default for topics: fewest in-sync replicas an acks=all write needs.", _TOPIC, 1,
+       "Default for topics: fewest in-sync replicas an acks=all write needs; below it the "
+       "high watermark stops moving too (KIP-966). Keep it equal on every node.", _TOPIC, 1,
        1000),
     _k("unsafe.ack.before.replication", "bool", False,
        "UNSAFE, for the chaos checker's self-test only: answer acks=all before replication.",

@@ -164,6 +164,8 @@ class ControllerSettings:
     topic_config_defaults: Mapping[str, str] = dataclasses.field(default_factory=dict)
     token_expiry_ms: int = 86_400_000  # delegation.token.expiry.time.ms
     token_max_lifetime_ms: int = 604_800_000  # delegation.token.max.lifetime.ms
+    # eligible.leader.replicas.enable: KIP-966 (Kafka's eligible.leader.replicas.version=1).
+    eligible_leader_replicas: bool = True
 
     def __post_init__(self) -> None:
         _int_setting("broker.session.timeout.ms", self.session_timeout_ms, 1, INT32_MAX)
@@ -175,7 +177,8 @@ class ControllerSettings:
                      REPLICAS_PER_PARTITION_MAX)
         _int_setting("leader.imbalance.check.interval.ms",
                      self.leader_imbalance_check_interval_ms, 1, INT64_MAX)
-        for name in ("unclean_leader_election_enable", "auto_leader_rebalance_enable"):
+        for name in ("unclean_leader_election_enable", "auto_leader_rebalance_enable",
+                     "eligible_leader_replicas"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidConfigError(f"{name} must be a boolean")
         defaults = validate_topic_configs(self.topic_config_defaults)
@@ -199,6 +202,8 @@ class ControllerSettings:
             token_expiry_ms=config.settings.get("delegation.token.expiry.time.ms", 86_400_000),
             token_max_lifetime_ms=config.settings.get("delegation.token.max.lifetime.ms",
                                                       604_800_000),
+            eligible_leader_replicas=config.settings.get("eligible.leader.replicas.enable",
+                                                         True),
         )
 
 
@@ -332,7 +337,7 @@ class Controller:
                   if not broker.fenced and not self._lease_is_live(broker_id, now_ms)]
         draft = None
         if lapsed:
-            draft = _Draft(image)
+            draft = _Draft(image, self.settings)
             self._fence_brokers(draft, lapsed)
         if self._preferred_check_due(now_ms):
             self._last_preferred_check_ms = now_ms
@@ -340,7 +345,7 @@ class Controller:
             moves = _preferred_moves(current, sorted(
                 (name, p) for name, topic in current.topics.items() for p in topic.partitions))
             if moves:
-                draft = draft or _Draft(image)
+                draft = draft or _Draft(image, self.settings)
                 for topic, partition, leader in moves:
                     _change_partition(draft, topic, partition, leader=leader)
         return draft.records if draft else []
@@ -372,9 +377,15 @@ class Controller:
         one only once the old lease lapsed (else another live process uses
         this id: ``DuplicateBrokerRegistrationError``); an unfenced old
         registration is fenced first, exactly as on lease expiry. The new
-        registration starts fenced and gets a fresh lease."""
+        registration starts fenced and gets a fresh lease.
+
+        ``clean_shutdown`` (default false) says every log of the broker was
+        closed cleanly when it last stopped. Otherwise its logs may have lost
+        their unflushed tail, so it stops being an eligible leader replica
+        anywhere (KIP-966), in the same batch."""
         body = Fields(request, "")
         broker_id = body.integer("broker_id", 0, INT32_MAX)
+        clean_shutdown = body.boolean("clean_shutdown", default=False)
         incarnation_id = body.string("incarnation_id", INCARNATION_ID_CHARS_MAX)
         endpoints = _endpoints(body)
         rack = body.string("rack", RACK_CHARS_MAX, min_chars=0, default=None)
@@ -392,10 +403,12 @@ class Controller:
                 f"broker {broker_id} is registered by incarnation {existing.incarnation_id!r}, "
                 f"whose lease is live until {self.lease_expiry_ms(broker_id)}; is node.id "
                 "configured twice? A restarted broker may register once that lease lapses")
-        draft = _Draft(image)
+        draft = _Draft(image, self.settings)
         if existing is not None and not existing.fenced:
             self._fence_brokers(draft, [broker_id])
         broker_epoch = draft.add(RegisterBrokerRecord(broker_id, incarnation_id, endpoints, rack))
+        if not clean_shutdown:
+            _forget_unclean_replica(draft, broker_id)
         self._lease_start_ms[broker_id] = now_ms
         return ControllerResult(draft.records,
                                 {"broker_id": broker_id, "broker_epoch": broker_epoch})
@@ -428,10 +441,10 @@ class Controller:
         if want_shutdown or broker.in_controlled_shutdown:
             draft, should_shut_down = self._controlled_shutdown(image, broker, draft)
         elif want_fence and not broker.fenced:
-            draft = draft or _Draft(image)
+            draft = draft or _Draft(image, self.settings)
             self._fence_brokers(draft, [broker_id])
         elif not want_fence and broker.fenced and caught_up:
-            draft = draft or _Draft(image)
+            draft = draft or _Draft(image, self.settings)
             draft.add(UnfenceBrokerRecord(broker_id, broker.broker_epoch))
             _elect_offline_partitions(draft, self.settings, replica=broker_id)
         after = (draft.image if draft else image).brokers[broker_id]
@@ -455,7 +468,7 @@ class Controller:
         registering again."""
         if broker.in_controlled_shutdown and broker.fenced:
             return draft, True  # Nothing (more) is left to do.
-        draft = draft or _Draft(image)
+        draft = draft or _Draft(image, self.settings)
         if not broker.in_controlled_shutdown:
             draft.add(BrokerRegistrationChangeRecord(broker.broker_id, broker.broker_epoch, True))
         self._move_replicas_away(draft, {broker.broker_id})
@@ -488,7 +501,7 @@ class Controller:
             return None
         for topic_id, partitions in new.items():
             recorded.setdefault(topic_id, set()).update(partitions)
-        draft = _Draft(image)
+        draft = _Draft(image, self.settings)
         draft.add(BrokerRegistrationChangeRecord(
             broker.broker_id, broker.broker_epoch, broker.in_controlled_shutdown,
             offline_log_dirs=all_dirs,
@@ -505,7 +518,7 @@ class Controller:
                     continue
                 logger.warning("broker %d: its log of %s-%d is in an offline log directory",
                                broker.broker_id, name, partition)
-                isr = isr_after_fencing(current.isr, broker.broker_id)
+                isr = _isr_without(draft, current.isr, [broker.broker_id])
                 if current.leader != broker.broker_id:
                     if isr != current.isr:
                         _change_partition(draft, name, partition, isr=isr)
@@ -540,9 +553,7 @@ class Controller:
                 current = topic.partitions[partition]
                 if current.leader not in leaving and leaving.isdisjoint(current.isr):
                     continue
-                isr = list(current.isr)
-                for broker_id in sorted(leaving):
-                    isr = isr_after_fencing(isr, broker_id)
+                isr = _isr_without(draft, current.isr, leaving)
                 if current.leader not in leaving:
                     _change_partition(draft, name, partition, isr=isr)
                     continue
@@ -563,7 +574,7 @@ class Controller:
         validate_only = body.boolean("validate_only", default=False)
         specs = [_NewTopic.parse(item, f"topics[{i}]") for i, item in enumerate(items)]
         name_counts = collections.Counter(spec.name for spec in specs)
-        draft = _Draft(image)
+        draft = _Draft(image, self.settings)
         creation = _TopicCreation(draft, self.settings, validate_only)
         results = []
         for spec in specs:
@@ -661,7 +672,7 @@ class Controller:
         names = [as_str(name, f"topics[{i}]", NAME_CHARS_MAX)
                  for i, name in enumerate(body.sequence("topics", TOPICS_PER_REQUEST_MAX))]
         name_counts = collections.Counter(names)
-        draft = _Draft(image)
+        draft = _Draft(image, self.settings)
         results = []
         for name in names:
             error = None
@@ -684,7 +695,7 @@ class Controller:
         validate_only = body.boolean("validate_only", default=False)
         specs = [_NewPartitions.parse(item, f"topics[{i}]") for i, item in enumerate(items)]
         name_counts = collections.Counter(spec.name for spec in specs)
-        draft = _Draft(image)
+        draft = _Draft(image, self.settings)
         creation = _TopicCreation(draft, self.settings, validate_only)
         results = []
         for spec in specs:
@@ -791,7 +802,7 @@ class Controller:
         validate_only = body.boolean("validate_only", default=False)
         specs = [_ConfigChange.parse(item, f"resources[{i}]") for i, item in enumerate(items)]
         resource_counts = collections.Counter((spec.type, spec.name) for spec in specs)
-        draft = _Draft(image)
+        draft = _Draft(image, self.settings)
         results = []
         for spec in specs:
             error = None
@@ -835,6 +846,8 @@ class Controller:
         for key in keys:
             if current.get(key) != updated.get(key):
                 draft.add(ConfigRecord(TOPIC_RESOURCE, spec.name, key, updated.get(key)))
+        if current.get(MIN_INSYNC_REPLICAS) != updated.get(MIN_INSYNC_REPLICAS):
+            _reset_eligible(draft, spec.name)
         if (not validate_only and not was_unclean
                 and _unclean_allowed(draft.image, spec.name, self.settings)):
             _elect_offline_partitions(draft, self.settings, topics=[spec.name])
@@ -853,7 +866,7 @@ class Controller:
         with a bad entity, key or value fails alone, with nothing written."""
         body = Fields(request, "")
         validate_only = body.boolean("validate_only", default=False)
-        draft = _Draft(image)
+        draft = _Draft(image, self.settings)
         results = []
         for i, item in enumerate(body.sequence("entries", TOPICS_PER_REQUEST_MAX)):
             entry = Fields(item, f"entries[{i}]")
@@ -902,7 +915,7 @@ class Controller:
         by the client, from which only the stored and server keys are kept)
         and ``deletions`` (name, mechanism). Each fails alone."""
         body = Fields(request, "")
-        draft = _Draft(image)
+        draft = _Draft(image, self.settings)
         results = []
         for kind in ("upsertions", "deletions"):
             for i, item in enumerate(body.sequence(kind, TOPICS_PER_REQUEST_MAX, default=[])):
@@ -921,7 +934,7 @@ class Controller:
         """CreateAcls: ``creations``, each an ACL (protocol/acl.py), checked
         alone; one already there succeeds and writes nothing."""
         body = Fields(request, "")
-        draft = _Draft(image)
+        draft = _Draft(image, self.settings)
         results = []
         for i, item in enumerate(body.sequence("creations", TOPICS_PER_REQUEST_MAX)):
             error = None
@@ -942,7 +955,7 @@ class Controller:
         """DeleteAcls: ``filters`` (protocol/acl.py); each answers the ACLs
         it matched, all of which are deleted (once, if several match one)."""
         body = Fields(request, "")
-        draft = _Draft(image)
+        draft = _Draft(image, self.settings)
         results = []
         for i, item in enumerate(body.sequence("filters", TOPICS_PER_REQUEST_MAX)):
             try:
@@ -1089,7 +1102,7 @@ class Controller:
         if recovery_state is None:
             recovery_state = current.leader_recovery_state
         _check_recovery_change(current, recovery_state, new_isr, where)
-        draft = _Draft(image)
+        draft = _Draft(image, self.settings)
         _change_partition(draft, topic, partition, isr=new_isr, recovery_state=recovery_state)
         after = draft.image.topics[topic].partitions[partition]
         return ControllerResult(draft.records, {
@@ -1160,7 +1173,7 @@ class Controller:
                             for p in topic.partitions)
         else:
             wanted = [_topic_partition(item, f"partitions[{i}]") for i, item in enumerate(items)]
-        draft = _Draft(image)
+        draft = _Draft(image, self.settings)
         results = []
         for topic, partition in wanted:
             if unclean:
@@ -1213,7 +1226,7 @@ class Controller:
         items = body.sequence("partitions", PARTITIONS_PER_REQUEST_MAX)
         specs = [_Reassignment.parse(item, f"partitions[{i}]") for i, item in enumerate(items)]
         counts = collections.Counter((spec.topic, spec.partition) for spec in specs)
-        draft = _Draft(image)
+        draft = _Draft(image, self.settings)
         results = []
         for spec in specs:
             error = None
@@ -1257,8 +1270,9 @@ class _Draft:
     whatever the number of partitions. A test checks that no controller
     call changes the image it was given."""
 
-    def __init__(self, image: MetadataImage) -> None:
+    def __init__(self, image: MetadataImage, settings: ControllerSettings) -> None:
         self.image = image.copy()
+        self.settings = settings
         self.records: list[Record] = []
 
     def add(self, record: Record) -> int:
@@ -1274,17 +1288,31 @@ def _change_partition(draft: _Draft, topic: str, partition: int, *,
                       leader: int | None = None, isr: list[int] | None = None,
                       replicas: list[int] | None = None, adding: list[int] | None = None,
                       removing: list[int] | None = None,
-                      recovery_state: int | None = None) -> None:
+                      recovery_state: int | None = None,
+                      elr: list[int] | None = None) -> None:
     """A PartitionChangeRecord with only the fields that differ; none if
     nothing does. Every partition change of the controller goes through here,
-    which keeps two rules in one place:
+    which keeps three rules in one place:
       - a new leader given without ``recovery_state`` was elected cleanly, so
         a RECOVERING partition becomes RECOVERED (unclean elections pass
         RECOVERING themselves);
+      - the eligible leader replicas follow the ISR (``_eligible_after``)
+        unless ``elr`` gives them, and a partition that loses its leader
+        keeps the old one as its last known leader (KIP-966);
       - a change that leaves every target replica of a reassignment in the
         ISR is followed by the record that completes the reassignment."""
     topic_image = draft.image.topics[topic]
     current = topic_image.partitions[partition]
+    if elr is None:
+        elr = _eligible_after(draft, topic, current, current.isr if isr is None else list(isr),
+                              current.replicas if replicas is None else list(replicas))
+    new_leader = current.leader if leader is None else leader
+    last_known_leader = (NO_LEADER if new_leader != NO_LEADER
+                         or not draft.settings.eligible_leader_replicas
+                         else current.leader if current.leader != NO_LEADER
+                         else current.last_known_leader)
+    if last_known_leader not in (replicas or current.replicas):
+        last_known_leader = NO_LEADER
     changes: dict[str, Any] = {}
     if leader is not None and leader != current.leader:
         changes["leader"] = leader
@@ -1294,9 +1322,12 @@ def _change_partition(draft: _Draft, topic: str, partition: int, *,
     for field, value, now in (("isr", isr, current.isr),
                               ("replicas", replicas, current.replicas),
                               ("adding_replicas", adding, current.adding_replicas),
-                              ("removing_replicas", removing, current.removing_replicas)):
+                              ("removing_replicas", removing, current.removing_replicas),
+                              ("elr", elr, current.elr)):
         if value is not None and list(value) != now:
             changes[field] = list(value)
+    if last_known_leader != current.last_known_leader:
+        changes["last_known_leader"] = last_known_leader
     if recovery_state is not None and recovery_state != current.leader_recovery_state:
         changes["leader_recovery_state"] = recovery_state
     if not changes:
@@ -1318,6 +1349,70 @@ def _complete_reassignment_if_caught_up(draft: _Draft, topic: str, partition: in
     _change_partition(draft, topic, partition, replicas=target, isr=isr, adding=[], removing=[],
                       leader=_leader_within(current.leader, target, isr, draft.image, topic,
                                             partition))
+
+
+def _min_insync_replicas(draft: _Draft, topic: str) -> int:
+    """The topic's min.insync.replicas: its override, else the cluster's."""
+    value = draft.image.configs.get((TOPIC_RESOURCE, topic), {}).get(
+        MIN_INSYNC_REPLICAS, draft.settings.topic_config_defaults.get(MIN_INSYNC_REPLICAS, "1"))
+    try:
+        return int(value)
+    except ValueError:  # An override no longer valid: the strictest reading.
+        return REPLICAS_PER_PARTITION_MAX
+
+
+def _eligible_after(draft: _Draft, topic: str, current: PartitionRegistration,
+                    isr: list[int], replicas: list[int]) -> list[int]:
+    """The ELR once the partition's ISR is ``isr`` (KIP-966), in replica order.
+
+    While the ISR is below min.insync.replicas, a leader's high watermark
+    stands still (``Partition.maybe_advance_high_watermark``), so a member
+    leaving it then holds every committed record for as long as that
+    lasts: it joins the ELR. Members back in the ISR leave it; an ISR at
+    min.insync.replicas or more lets the high watermark move on without
+    the others, so it empties."""
+    if not draft.settings.eligible_leader_replicas or len(isr) >= _min_insync_replicas(
+            draft, topic):
+        return []
+    eligible = (set(current.elr) | set(current.isr)) - set(isr)
+    return [r for r in replicas if r in eligible]
+
+
+def _isr_without(draft: _Draft, isr: list[int], leaving: Iterable[int]) -> list[int]:
+    """The ISR once ``leaving`` brokers are fenced or lose their logs. With
+    eligible leader replicas it may empty: the last member joins the ELR.
+    Without, the last member stays (``isr_after_fencing``)."""
+    if draft.settings.eligible_leader_replicas:
+        gone = set(leaving)
+        return [broker for broker in isr if broker not in gone]
+    for broker_id in sorted(leaving):
+        isr = isr_after_fencing(isr, broker_id)
+    return isr
+
+
+def _forget_unclean_replica(draft: _Draft, broker_id: int) -> None:
+    """The broker registered after an unclean shutdown (KIP-966): its logs
+    may have lost their unflushed tail, so it is no eligible leader replica
+    anywhere any more (a last known leader it stays: the last resort). The
+    broker left every ISR when its previous registration was fenced."""
+    for name in sorted(draft.image.topics):
+        topic = draft.image.topics[name]
+        for partition in sorted(topic.partitions):
+            current = topic.partitions[partition]
+            if broker_id not in current.elr:
+                continue
+            _change_partition(draft, name, partition,
+                              elr=[r for r in current.elr if r != broker_id])
+
+
+def _reset_eligible(draft: _Draft, topic: str) -> None:
+    """The topic's min.insync.replicas changed: its ELRs were kept under the
+    old value, which a lower one would no longer make safe (the high
+    watermark may move on with fewer members), so as Kafka does, they are
+    forgotten (a leaderless partition keeps its last known leader)."""
+    for partition, current in sorted(draft.image.topics[topic].partitions.items()):
+        if current.elr:
+            _change_partition(draft, topic, partition, elr=[])
 
 
 def _leader_within(leader: int, replicas: list[int], isr: list[int],
@@ -1356,23 +1451,51 @@ def _elect_offline_partitions(draft: _Draft, settings: ControllerSettings, *,
 def _elect(draft: _Draft, topic: str, partition: int, isr: list[int], live: set[int],
            unclean_allowed: bool) -> None:
     """Replace the partition's leader (gone, or NO_LEADER) and set its ISR to
-    ``isr``: clean from the live members of ``isr``, else, if
-    ``unclean_allowed``, the first live replica, which resets the ISR to it
-    alone and marks the partition RECOVERING, loudly; else NO_LEADER."""
+    ``isr``. In order, the first live one (replica order) of: the members
+    of ``isr``; the eligible leader replicas (``isr`` then becomes that
+    replica alone); when neither list has anyone, the last known leader,
+    which may have lost its unflushed tail in an unclean shutdown but held
+    every committed record most recently (KIP-966; what Kafka did before
+    it, and does). Else, if ``unclean_allowed``,
+    the first live replica, which resets the ISR to it alone, forgets
+    the eligible replicas and marks the partition RECOVERING, loudly; else
+    NO_LEADER."""
     current = draft.image.topics[topic].partitions[partition]
     live = live - draft.image.brokers_offline_for(topic, partition)
+    leader = elect_leader(current.replicas, isr, live, unclean_allowed=False)[0]
+    if leader != NO_LEADER:
+        _change_partition(draft, topic, partition, leader=leader, isr=isr)
+        return
+    elr = _eligible_after(draft, topic, current, isr, current.replicas)
+    if not draft.settings.eligible_leader_replicas:
+        elr = current.elr  # Turned off: what was kept before still names clean copies.
+    last_known = current.leader if current.leader != NO_LEADER else current.last_known_leader
+    pools = [("an eligible leader replica", elr)]
+    if not isr and not elr and last_known != NO_LEADER:
+        # As Kafka (and as it did before KIP-966: its last ISR member).
+        pools.append(("the last known leader, no replica being known to hold every "
+                      "committed record: what it lost in an unclean shutdown is lost",
+                      [last_known]))
+    for what, pool in pools:
+        leader = elect_leader(current.replicas, pool, live, unclean_allowed=False)[0]
+        if leader != NO_LEADER:
+            logger.warning("%s-%d: no in-sync replica is left; broker %d, %s, leads epoch %d",
+                           topic, partition, leader, what, current.leader_epoch + 1)
+            _change_partition(draft, topic, partition, leader=leader, isr=[leader])
+            return
     leader, unclean = elect_leader(current.replicas, isr, live, unclean_allowed=unclean_allowed)
     if not unclean:
         _change_partition(draft, topic, partition, leader=leader, isr=isr)
         return
     # The leader always changes here: the old one is gone or NO_LEADER.
     assert leader != current.leader, f"unclean election kept leader {leader}"
+    passed_over = set(current.isr) | set(elr)
     logger.warning(
         "UNCLEAN leader election for %s-%d: broker %d (not in the ISR %s) leads epoch %d; "
-        "records acknowledged by the old ISR may be lost", topic, partition, leader, isr,
-        current.leader_epoch + 1)
+        "records acknowledged by the old ISR may be lost", topic, partition, leader,
+        [r for r in current.replicas if r in passed_over], current.leader_epoch + 1)
     _change_partition(draft, topic, partition, leader=leader, isr=[leader],
-                      recovery_state=LEADER_RECOVERING)
+                      recovery_state=LEADER_RECOVERING, elr=[])
 
 
 def _preferred_moves(image: MetadataImage, partitions: Iterable[tuple[str, int]]

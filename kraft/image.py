@@ -17,6 +17,8 @@ Invariants (``check_invariants``):
     the leader is NO_LEADER or one of the replicas;
   - a partition's adding and removing replicas are disjoint subsets of its
     replicas, and its leader recovery state is RECOVERED or RECOVERING;
+  - its eligible leader replicas are distinct replicas outside the ISR, and
+    its last known leader NO_LEADER or a replica;
   - topic names and ids map one-to-one.
 """
 
@@ -85,6 +87,16 @@ class PartitionRegistration:
     adding_replicas: list[int] = dataclasses.field(default_factory=list)
     removing_replicas: list[int] = dataclasses.field(default_factory=list)
     leader_recovery_state: int = LEADER_RECOVERED  # records.LEADER_RECOVERY_STATES
+    # Eligible leader replicas (KIP-966): replicas that left the ISR while it
+    # was below min.insync.replicas, when the high watermark stopped moving,
+    # so they hold every committed record; a leader is elected from them
+    # when no ISR member is left. ``last_known_leader``: while the partition
+    # has no leader, the one it had last (Kafka keeps it in LastKnownElr),
+    # elected only when the ISR and ELR are empty. Invariants: the ELR is
+    # distinct replicas outside the ISR; the last known leader NO_LEADER or
+    # a replica.
+    elr: list[int] = dataclasses.field(default_factory=list)
+    last_known_leader: int = NO_LEADER
 
     @property
     def reassigning(self) -> bool:
@@ -267,6 +279,16 @@ class MetadataImage:
             list(r.replicas), list(r.isr), r.leader, r.leader_epoch, r.partition_epoch)
 
     @staticmethod
+    def _check_eligible(replicas: list[int], isr: list[int], elr: list[int],
+                        last_known_leader: int, where: str) -> None:
+        if len(set(elr)) != len(elr) or not set(elr) <= set(replicas) or set(elr) & set(isr):
+            raise MetadataApplyError(f"{where}: eligible leader replicas {elr} must be distinct "
+                                     f"replicas outside the ISR {isr}")
+        if last_known_leader != NO_LEADER and last_known_leader not in replicas:
+            raise MetadataApplyError(
+                f"{where}: last known leader {last_known_leader} is not a replica")
+
+    @staticmethod
     def _check_reassignment(replicas: list[int], adding: list[int], removing: list[int],
                             leader_recovery_state: int, where: str) -> None:
         for name, members in (("adding", adding), ("removing", removing)):
@@ -297,15 +319,19 @@ class MetadataImage:
                     else list(r.removing_replicas))
         recovery_state = (current.leader_recovery_state if r.leader_recovery_state is None
                           else r.leader_recovery_state)
+        elr = current.elr if r.elr is None else list(r.elr)
+        last_known_leader = (current.last_known_leader if r.last_known_leader is None
+                             else r.last_known_leader)
         self._check_assignment(replicas, isr, leader, where)
         self._check_reassignment(replicas, adding, removing, recovery_state, where)
+        self._check_eligible(replicas, isr, elr, last_known_leader, where)
         leader_epoch = current.leader_epoch + (1 if leader != current.leader else 0)
         if replicas != current.replicas:
             self._count_replicas(current.replicas, -1)
             self._count_replicas(replicas, 1)
         self._own_topic(topic).partitions[r.partition] = PartitionRegistration(
             replicas, isr, leader, leader_epoch, current.partition_epoch + 1,
-            adding, removing, recovery_state)
+            adding, removing, recovery_state, elr, last_known_leader)
 
     def _remove_topic(self, r: RemoveTopicRecord, offset: int) -> None:
         topic = self._topic_by_id(r.topic_id)
@@ -538,6 +564,8 @@ class MetadataImage:
                 self._check_reassignment(reg.replicas, reg.adding_replicas,
                                          reg.removing_replicas, reg.leader_recovery_state,
                                          f"{topic.name}-{p}")
+                self._check_eligible(reg.replicas, reg.isr, reg.elr, reg.last_known_leader,
+                                     f"{topic.name}-{p}")
 
     # -- snapshots ---------------------------------------------------------
     def to_snapshot(self) -> bytes:
@@ -546,7 +574,7 @@ class MetadataImage:
             "offset": self.offset,
             "brokers": [_broker_snapshot(b) for b in self.brokers.values()],
             "topics": [{"name": t.name, "topic_id": t.topic_id,
-                        "partitions": {p: dataclasses.asdict(reg)
+                        "partitions": {p: _partition_snapshot(reg)
                                        for p, reg in t.partitions.items()}}
                        for t in self.topics.values()],
             "configs": [[rtype, rname, values] for (rtype, rname), values in
@@ -604,6 +632,17 @@ def _broker_snapshot(broker: BrokerRegistration) -> dict:
     for name in ("offline_log_dirs", "offline_replicas"):
         if not fields[name]:
             del fields[name]
+    return fields
+
+
+def _partition_snapshot(registration: PartitionRegistration) -> dict:
+    """A partition as a snapshot holds it; its eligible leader replicas only
+    when it has some, for the same reason as ``_broker_snapshot``."""
+    fields = dataclasses.asdict(registration)
+    if not fields["elr"]:
+        del fields["elr"]
+    if fields["last_known_leader"] == NO_LEADER:
+        del fields["last_known_leader"]
     return fields
 
 

@@ -182,8 +182,9 @@ def isr_after_fencing(isr: Sequence[int], fenced_broker: int) -> list[int]:
     committed record. Keeping the last member lets the partition come back
     with a clean election when that broker returns (the partition is
     leaderless meanwhile unless an unclean election is allowed).
-    Kafka's controller does the same: without eligible leader replicas
-    (KIP-966) it never writes an empty ISR.
+    Kafka's controller does the same without eligible leader replicas
+    (KIP-966): it never writes an empty ISR. With them (the default, see
+    ``kraft.controller._isr_without``) the last member joins the ELR instead.
     """
     remaining = [broker for broker in isr if broker != fenced_broker]
     return remaining if remaining else list(isr)

@@ -132,8 +132,8 @@ class PartitionChangeRecord(Record):
     leaves ``leader_recovery_state`` as it was unless the record sets it: the
     controller decides it (RECOVERING after an unclean election).
 
-    The reassignment fields came later; records written before them decode
-    with None (unchanged)."""
+    The reassignment, recovery and eligible-leader fields came later;
+    records written before them decode with None (unchanged)."""
 
     TYPE: ClassVar[str] = "partition_change"
     topic_id: str
@@ -144,6 +144,11 @@ class PartitionChangeRecord(Record):
     adding_replicas: Optional[list[int]] = None  # replicas a reassignment brings in
     removing_replicas: Optional[list[int]] = None  # replicas a reassignment takes out
     leader_recovery_state: Optional[int] = None  # LEADER_RECOVERED or LEADER_RECOVERING
+    # Eligible leader replicas (KIP-966): out of the ISR, yet known to hold
+    # every committed record; and the leader before the partition went
+    # offline (the last resort when no eligible replica is left).
+    elr: Optional[list[int]] = None
+    last_known_leader: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,10 +43,31 @@ log = logging.getLogger(__name__)
 RECOVERY_POINT_FILE = "recovery-point-offset-checkpoint"
 LOG_START_FILE = "log-start-offset-checkpoint"
 CLEAN_SHUTDOWN_FILE = ".kraftlog_cleanshutdown"
+#: The kernel's boot id when the dir was last opened: a process that died
+#: without the machine restarting left everything it wrote in the page cache.
+BOOT_ID_FILE = ".kraftlog_boot_id"
 LOCK_FILE = ".lock"
 DELETE_SUFFIX = "-delete"
 #: A log whose cleaner pass failed is not tried again before this.
 CLEAN_RETRY_AFTER_FAILURE_S = 60
+
+def _read_boot_id(directory: str) -> str | None:
+    try:
+        with open(os.path.join(directory, BOOT_ID_FILE), encoding="ascii",
+                  errors="replace") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def current_boot_id() -> str | None:
+    """This boot of the machine (Linux's boot_id), None where unknown."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
 
 def parse_partition_dir(name: str) -> TopicPartition | None:
     """``orders-3`` -> ``TopicPartition("orders", 3)``; None for other names."""
@@ -134,8 +155,12 @@ class LogManager:
     def __init__(self, config: LogManagerConfig, default_log_config: LogConfig | None = None,
                  *, clock: Callable[[], int] = wall_clock_ms,
                  retention_clock: Callable[[], int] | None = None,
-                 cleaner_config: cleaner.CleanerConfig | None = None) -> None:
+                 cleaner_config: cleaner.CleanerConfig | None = None,
+                 boot_id: str | None = None) -> None:
         self.config = config
+        # Which boot of the machine this is (the replication simulation
+        # passes its own): see ``startup``.
+        self.boot_id = boot_id if boot_id is not None else current_boot_id()
         self.cleaner_config = cleaner_config or cleaner.CleanerConfig()
         self.cleaner_stats = CleanerStats()
         self._cleaning: dict[TopicPartition, asyncio.Task] = {}
@@ -180,11 +205,23 @@ class LogManager:
         # (its high watermark), so uncommitted data is never deleted.
         self.retention_upper_bounds: Callable[[], Mapping[TopicPartition, int]] | None = None
         self.started = False
+        self.nothing_unflushed_lost = False  # set by startup
 
     # -- start-up --------------------------------------------------------
     def startup(self) -> None:
         """Lock every log dir, load every partition, remove clean-shutdown
-        markers (so a crash from now on is detected) and write checkpoints."""
+        markers (so a crash from now on is detected) and write checkpoints.
+
+        ``nothing_unflushed_lost`` then says whether every dir lost nothing
+        it had written since its last fsync: it had its marker (the last stop
+        closed every log cleanly), or its last process ran in this same
+        boot of the machine, so that crash was the process's alone and the
+        page cache kept all it wrote (a machine crash or power loss changes
+        the boot id; a dir taken offline by a disk error forgets it, since a
+        failed write-back may drop cached pages). Kafka counts every crash
+        as unclean; this tells the two apart. A loss stays on record (no
+        boot id) until ``record_boot``: the broker calls it once the
+        controller has its registration, which told it."""
         for directory in self.config.log_dirs:
             os.makedirs(directory, exist_ok=True)
             self._lock_dir(directory)
@@ -201,13 +238,35 @@ class LogManager:
                     "back from their leaders: first make sure every partition it held has "
                     "another in-sync replica (a partition whose only in-sync replica was here "
                     "would lose what it acknowledged)") from exc
+        self.nothing_unflushed_lost = all(
+            os.path.exists(os.path.join(directory, CLEAN_SHUTDOWN_FILE))
+            or (self.boot_id is not None and _read_boot_id(directory) == self.boot_id)
+            for directory in self.config.log_dirs)
+        if self.nothing_unflushed_lost:
+            self.record_boot()
         for directory in self.config.log_dirs:
+            boot_file = os.path.join(directory, BOOT_ID_FILE)
+            if not self.nothing_unflushed_lost and os.path.exists(boot_file):
+                os.unlink(boot_file)
+                fsync_directory(directory)
             marker = os.path.join(directory, CLEAN_SHUTDOWN_FILE)
             if os.path.exists(marker):
                 os.unlink(marker)
                 fsync_directory(directory)
         self.checkpoint()
         self.started = True
+
+    def record_boot(self) -> None:
+        """Note this boot in every online dir (see ``startup``): from now on a
+        crash of this process alone loses nothing unflushed."""
+        if self.boot_id is None:
+            return
+        for directory in self.online_dirs():
+            try:
+                write_atomically(os.path.join(directory, BOOT_ID_FILE),
+                                 self.boot_id.encode("ascii", "replace"))
+            except OSError as exc:  # The next start counts as unclean: safe.
+                log.warning("log dir %s: cannot record the boot id: %s", directory, exc)
 
     def _lock_dir(self, directory: str) -> None:
         fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
@@ -282,6 +341,12 @@ class LogManager:
         if directory in self.offline_dirs:
             return
         self.offline_dirs[directory] = reason
+        try:  # A failed write-back may have dropped cached pages: not intact.
+            os.unlink(os.path.join(directory, BOOT_ID_FILE))
+        except OSError as exc:
+            log.error("log dir %s: cannot forget its boot id (%s); if the broker restarts "
+                      "before the machine does, remove %s by hand first", directory, exc,
+                      BOOT_ID_FILE)
         gone = sorted(tp for tp, where in self._dir_of.items() if where == directory)
         log.critical("log dir %s is OFFLINE after a disk error (%s); its %d partition logs are "
                      "no longer served; %d log dirs remain online", directory, reason, len(gone),

@@ -420,10 +420,13 @@ class DataApi:
         return wire.respond(request, self.metadata(names, topic_filter(auth_of(request))))
 
     def metadata(self, names: list[str] | None,
-                 may_describe: Callable[[str], bool] = lambda _name: True) -> dict:
+                 may_describe: Callable[[str], bool] = lambda _name: True,
+                 eligible: bool = False) -> dict:
         """Brokers and topics; a topic the caller may not describe is left
         out of a listing and, named, answers TOPIC_AUTHORIZATION_FAILED
-        whether it exists or not (Kafka's rule)."""
+        whether it exists or not (Kafka's rule). ``eligible``: each
+        partition's ``elr`` and ``last_known_leader`` too (KIP-966 keeps them
+        out of the clients' Metadata, in the admin's describe)."""
         image = self.replicas.image
         brokers = [{"id": b.broker_id, "url": broker_url(image, b.broker_id), "rack": b.rack}
                    for _, b in sorted(image.brokers.items()) if not b.fenced]
@@ -447,7 +450,10 @@ class DataApi:
                            "partitions": [{"partition": p, "leader": reg.leader,
                                            "leader_epoch": reg.leader_epoch,
                                            "replicas": list(reg.replicas),
-                                           "isr": list(reg.isr)}
+                                           "isr": list(reg.isr),
+                                           **({"elr": list(reg.elr),
+                                               "last_known_leader": reg.last_known_leader}
+                                              if eligible else {})}
                                           for p, reg in sorted(topic.partitions.items())]})
         return {"cluster_id": self.cluster_id, "controller_id": self.controller_id(),
                 "metadata_offset": image.offset,

@@ -63,6 +63,8 @@ class BrokerLifecycle:
         #: use it to revisit only those partitions.
         self.changed_topics: dict[str, set[int] | None] | None = None
         self._tasks: list[asyncio.Task] = []
+        #: Called after each registration the controller accepted.
+        self.on_registered: list[Callable[[], None]] = []
         # Set when the core may have a request due sooner than it said.
         self._wake = asyncio.Event()
         # Set by stop(): the loops end even if a cancellation is lost (in
@@ -162,6 +164,9 @@ class BrokerLifecycle:
                     self.core.failed(request.kind, None, monotonic_ms())
                 else:
                     self.core.answered(request.kind, answer, monotonic_ms())
+                    if request.kind == "register" and self.core.broker_epoch is not None:
+                        for callback in self.on_registered:
+                            callback()
                 continue
             wake_ms = self.core.next_wake_ms()
             timeout_s = None if wake_ms is None else max(0.0, (wake_ms - monotonic_ms()) / 1000)

@@ -125,6 +125,13 @@ class LifecycleCore:
         # them: heartbeats then stop naming them (a map of thousands of
         # partitions every interval would load the controller for nothing).
         self.offline_recorded = False
+        # Whether the logs lost nothing unflushed when the broker last stopped
+        # (a clean shutdown, or a crash of the process alone: set by the
+        # shell from ``LogManager.nothing_unflushed_lost``). A registration
+        # says so; false makes the controller stop counting this broker as an
+        # eligible leader replica (KIP-966). True once registered: a later
+        # registration of this same process has lost nothing.
+        self.clean_shutdown = False
 
     # -- what to send --------------------------------------------------------
     def poll(self, now_ms: int) -> ControlRequest | None:
@@ -137,7 +144,8 @@ class LifecycleCore:
         if self.broker_epoch is None:
             request = ControlRequest("register", {
                 "broker_id": s.broker_id, "incarnation_id": s.incarnation_id,
-                "endpoints": s.endpoints, "rack": s.rack}, s.session_timeout_ms)
+                "endpoints": s.endpoints, "rack": s.rack,
+                "clean_shutdown": self.clean_shutdown}, s.session_timeout_ms)
         else:
             request = ControlRequest("heartbeat", self.heartbeat_body(), s.heartbeat_timeout_ms)
         self.in_flight = (request.kind, now_ms + request.timeout_ms)
@@ -199,6 +207,7 @@ class LifecycleCore:
         if kind == "register":
             self.broker_epoch = answer["broker_epoch"]
             self.offline_recorded = False  # a new registration records none yet
+            self.clean_shutdown = True
             self._set_state(BrokerState.FENCED)
             logger.info("broker %d registered with epoch %d", self.settings.broker_id,
                         self.broker_epoch)

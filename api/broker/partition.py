@@ -244,8 +244,14 @@ class Partition:
     def maybe_advance_high_watermark(self) -> bool:
         """Move the high watermark up to the smallest log end offset over the
         maximal ISR (this broker's own counts for itself); never down. True
-        if it moved."""
-        if not self.is_leader:
+        if it moved.
+
+        Not while the ISR is below min.insync.replicas (KIP-966's strict
+        rule): a replica that leaves the ISR then holds every committed
+        record for as long as it lasts, which makes it an eligible leader
+        replica. Records written with acks=0 or 1 meanwhile become visible
+        once the ISR is back."""
+        if not self.is_leader or len(self.isr) < self.min_insync_replicas:
             return False
         ends = [self.log_end_offset]
         for member in self.maximal_isr:

@@ -223,6 +223,9 @@ class BrokerServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.log_manager.startup)
+        self.lifecycle.core.clean_shutdown = self.log_manager.nothing_unflushed_lost
+        # The controller knows now what a crash lost: stop saying it.
+        self.lifecycle.on_registered.append(self.log_manager.record_boot)
         await self.log_manager.start_background_tasks()
         self.groups.start()
         self.transactions.start()
@@ -597,7 +600,7 @@ class BrokerServer:
                              default=None)
         self.data.check_metadata_current()
         auth = auth_of(request)
-        answer = self.data.metadata(names, topic_filter(auth))
+        answer = self.data.metadata(names, topic_filter(auth), eligible=True)
         may_see_configs = topic_filter(auth, acl.DESCRIBE_CONFIGS)
         found = [topic["name"] for topic in answer["topics"]
                  if topic["error"] is None and may_see_configs(topic["name"])]
@@ -756,7 +759,8 @@ class BrokerServer:
         for p, reg in sorted(topic.partitions.items()):
             entry = {"partition": p, "leader": reg.leader, "leader_epoch": reg.leader_epoch,
                      "partition_epoch": reg.partition_epoch, "replicas": reg.replicas,
-                     "isr": reg.isr, "adding_replicas": reg.adding_replicas,
+                     "isr": reg.isr, "elr": reg.elr, "last_known_leader": reg.last_known_leader,
+                     "adding_replicas": reg.adding_replicas,
                      "removing_replicas": reg.removing_replicas,
                      "log_start_offset": None, "high_watermark": None,
                      "last_stable_offset": None,

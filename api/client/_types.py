@@ -78,13 +78,18 @@ class TopicMetadata(NamedTuple):
 
 
 class PartitionInfo(NamedTuple):
-    """A partition as the metadata describes it; ``leader`` -1 while none."""
+    """A partition as the metadata describes it; ``leader`` -1 while none.
+    ``elr``: its eligible leader replicas (KIP-966: out of the ISR but
+    holding every committed record) and ``last_known_leader`` (while it has
+    no leader, the last one; else -1) only from ``Admin.describe_topics``."""
 
     partition: int
     leader: int
     leader_epoch: int
     replicas: list[int]
     isr: list[int]
+    elr: tuple[int, ...] = ()
+    last_known_leader: int = -1
 
 
 class PartitionReassignment(NamedTuple):

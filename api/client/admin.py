@@ -212,7 +212,8 @@ class AsyncAdmin:
                 raise error
             partitions = [PartitionInfo(p["partition"], p.get("leader", -1),
                                         p.get("leader_epoch", -1), list(p.get("replicas", ())),
-                                        list(p.get("isr", ())))
+                                        list(p.get("isr", ())), tuple(p.get("elr", ())),
+                                        p.get("last_known_leader", -1))
                           for p in topic.get("partitions") or ()]
             out[topic["name"]] = TopicDescription(
                 topic["name"], topic.get("topic_id"), partitions,

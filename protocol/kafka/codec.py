@@ -269,6 +269,8 @@ def _write_value(out: bytearray, field: Field, kind: str, value: Any, flexible: 
     if codec is not None:
         out += codec.pack(value)
     elif kind == "string":
+        if value is None and not field.nullable:
+            value = ""  # null is not this version's to say: the empty string
         if value is None:
             _write_length(out, -1, flexible, wide=False)
         else:
@@ -276,6 +278,8 @@ def _write_value(out: bytearray, field: Field, kind: str, value: Any, flexible: 
             _write_length(out, len(raw), flexible, wide=False)
             out += raw
     elif kind in ("bytes", "records"):
+        if value is None and not field.nullable:
+            value = b""
         if value is None:
             _write_length(out, -1, flexible, wide=True)
         else:
@@ -298,6 +302,8 @@ def _write_value(out: bytearray, field: Field, kind: str, value: Any, flexible: 
 def _write_field(out: bytearray, field: Field, value: Any) -> None:
     flexible = field.flexible
     if field.kind.startswith("[]"):
+        if value is None and not field.nullable:
+            value = []
         if value is None:
             _write_length(out, -1, flexible, wide=True)
             return

@@ -678,6 +678,8 @@ def test_an_unclean_election_brings_an_offline_partition_back_and_says_what_it_c
         brokers3.pause(2)  # the last ISR member goes: offline
         wait_until(lambda: registration(brokers3, "unclean", 0)["leader"] == -1, 30,
                    "unclean-0 offline")
+        assert registration(brokers3, "unclean", 0)["isr"] == []
+        assert registration(brokers3, "unclean", 0)["elr"] == [2]
     finally:
         brokers3.resume(3)
     try:
@@ -687,9 +689,11 @@ def test_an_unclean_election_brings_an_offline_partition_back_and_says_what_it_c
         assert registration(brokers3, "unclean", 0)["leader"] == -1
         out = ok(kraftlog(url, "partitions", "elect-leaders", "--unclean", "--topic",
                           "unclean")).stdout.splitlines()
+        # Broker 2 left the ISR last, emptying it: it is the eligible leader
+        # replica (KIP-966) that the unclean election passes over.
         assert [line.split() for line in out[:2]] == [
-            ["TOPIC", "PARTITION", "LEADER", "OLD-ISR", "IN-OLD-ISR", "LOG-END"],
-            ["unclean", "0", "3", "2", "NO", "1"]]
+            ["TOPIC", "PARTITION", "LEADER", "OLD-ISR", "OLD-ELR", "CLEAN", "LOG-END"],
+            ["unclean", "0", "3", "-", "2", "NO", "1"]]
         assert "led from outside their ISR" in out[2] and "lost" in out[2]
         assert registration(brokers3, "unclean", 0)["leader"] == 3
         produce(url, "unclean", ["d"])

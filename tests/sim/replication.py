@@ -45,11 +45,24 @@ Modelled:
     which ``isr.py`` hands to the partition as None ("refused or lost").
 
 Durability modes (``Rules.durability``): "strict" (the default, below),
-"brief" (a planted weakening of it), "sync" (the topic has
-``flush.messages=1``; machine crashes may strike any broker at any time and
-every broker at once, a power loss: nothing acknowledged may be lost) and
-"power" (the same faults with the default background flush: a planted
-violation the invariants must catch).
+"brief" (a weakening of it), "elr" (KIP-966's promise, below), "noelr"
+(the same faults with the controller's eligible leader replicas off: a
+planted violation), "sync" (the topic has ``flush.messages=1``; machine
+crashes may strike any broker at any time and every broker at once, a
+power loss: nothing acknowledged may be lost) and "power" (the same faults
+with the default background flush: a planted violation the invariants must
+catch).
+
+**Eligible leader replicas (KIP-966)**, which the controller keeps, close
+the "last replica standing" gap described next: a replica that left the
+ISR while it was below min.insync.replicas (the high watermark then stands
+still) stays electable, and a broker that registers after an unclean
+shutdown (its machine restarted: each simulated broker has a boot id that
+a machine crash changes) is not. So in "elr" mode a machine crash may
+strike any broker at any time, with no other fault held back, as long as
+at most min.insync.replicas - 1 brokers are *tainted* at once (crashed
+and not back in the ISR with a later registration). "brief" allows more
+than that at once and still fails, rarely (about 1 seed in 150).
 
 Not modelled: retention and DeleteRecords (the log start stays 0), more than
 one partition, reassignment, controlled shutdown, unclean elections,
@@ -60,7 +73,7 @@ undone by a machine crash (truncations are durable at once). The HTTP
 transport's own retries are modelled where they matter: while a machine crash
 is unresolved, a lost control-plane request is sent again.
 
-**Durability assumption.** Kafka's model, which the product follows, makes
+**Durability assumption ("strict").** Kafka's model, which the product follows, makes
 data durable by replication, not fsync: an acknowledged write survives as
 long as the replicas that hold it do not all lose it at once. The brief
 version of the rule is "a machine crash that loses unflushed bytes is only
@@ -227,6 +240,8 @@ SWARM_FACTORS = (0, 0.5, 1, 1, 2, 4)
 CONTROL_KINDS = ("register", "heartbeat", "register_answer", "heartbeat_answer")
 #: Durability modes in which every broker may lose power at once.
 POWER_LOSS_MODES = ("sync", "power")
+#: Durability modes bounded by brokers tainted by machine crashes at once.
+TAINT_MODES = ("elr", "noelr")
 REQUEST_KINDS = ("register", "heartbeat", "alter_partition", "fetch")
 
 
@@ -262,7 +277,11 @@ class Rules:
     # time, every broker at once too ("power_loss"): nothing acknowledged
     # may be lost, which is what that setting promises. "power": the same
     # faults with the default (background) flush: a planted violation of
-    # what the default promises, which the invariants must catch.
+    # what the default promises, which the invariants must catch. "elr":
+    # machine crashes at any time, as long as at most min.insync.replicas - 1
+    # brokers are tainted by one at once (KIP-966's promise); "noelr": the
+    # same with the controller's eligible leader replicas turned off, a
+    # planted violation (Kafka before KIP-966).
     durability: str = "strict"
 
     def cli_flag(self) -> str:
@@ -272,7 +291,8 @@ class Rules:
             ("a", not self.follower_truncates_on_divergence),
             ("b", not self.high_watermark_waits_for_followers),
             ("c", not self.follower_asks_leader), ("brief", self.durability == "brief"),
-            ("sync", self.durability == "sync"), ("power", self.durability == "power")) if on]
+            ("sync", self.durability == "sync"), ("power", self.durability == "power"),
+            ("elr", self.durability == "elr"), ("noelr", self.durability == "noelr")) if on]
         return f" --rule {planted[0]}" if planted else ""
 
     def partition_class(self) -> type[Partition]:
@@ -406,6 +426,11 @@ class SimBroker:
         # when a machine crash lost its unflushed data, until the controller
         # has fenced it and dropped it from the ISR (_unresolved_crash).
         self.lost_data_broker_epoch: int | None = None
+        # The simulated machine's boot: a machine crash or power loss starts
+        # a new one, so the next start knows its page cache is gone.
+        self.boot = 0
+        # Machine-crashed and not back in the ISR since (Simulation._tainted).
+        self.tainted = False
         self.start_process(0, lambda: 0)
 
     def start_process(self, now_ms: int, clock_ms: Callable[[], int]) -> None:
@@ -413,12 +438,14 @@ class SimBroker:
         recovers) the logs, and the cores, all empty."""
         self.truncations += 1
         self.log_manager = LogManager(LogManagerConfig((self.directory,)), LogConfig(),
-                                      clock=clock_ms)
+                                      clock=clock_ms, boot_id=f"b{self.broker_id}-boot{self.boot}")
         self.log_manager.startup()
         self.disk = DiskLogs(self.broker_id, self.log_manager)
         self.lifecycle = LifecycleCore(LifecycleSettings(
             self.broker_id, self.incarnation_id, {"BROKER": f"127.0.0.1:{9000 + self.broker_id}"},
             None, HEARTBEAT_INTERVAL_MS, SESSION_TIMEOUT_MS), now_ms)
+        # As the broker's shell does once its logs are loaded.
+        self.lifecycle.clean_shutdown = self.log_manager.nothing_unflushed_lost
         self.core = ReplicationCore(
             self.broker_id, self.disk, self.lifecycle,
             ReplicationSettings(lag_time_max_ms=LAG_TIME_MAX_MS,
@@ -508,7 +535,8 @@ class Simulation:
         settings = ControllerSettings(
             session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=HEARTBEAT_INTERVAL_MS,
             unclean_leader_election_enable=False, auto_leader_rebalance_enable=True,
-            leader_imbalance_check_interval_ms=PREFERRED_CHECK_INTERVAL_MS)
+            leader_imbalance_check_interval_ms=PREFERRED_CHECK_INTERVAL_MS,
+            eligible_leader_replicas=rules.durability != "noelr")
         self.controller = Controller(settings, id_factory=lambda: f"topic-{seed}")
         self.image = MetadataImage()
         self.metadata_log: list[rec.Record] = []
@@ -606,6 +634,7 @@ class Simulation:
             result = self.controller.register_broker(self.image, request.body, self.now_ms)
             self._commit(result.records, f"b{b.broker_id} registers")
             b.lifecycle.answered(request.kind, result.response, self.now_ms)
+            b.log_manager.record_boot()
         for b in self.brokers:
             self._deliver_metadata_now(b)
             request = b.lifecycle.poll(self.now_ms)
@@ -882,6 +911,7 @@ class Simulation:
             b.lifecycle.answered(kind, msg.body["answer"], self.now_ms)
             if kind == "register":
                 self.note(f"b{b.broker_id} registered with broker epoch {b.broker_epoch}")
+                b.log_manager.record_boot()  # as the broker's shell does
         if b.state is not state_before:
             self.note(f"b{b.broker_id}: {state_before.value} -> {b.state.value}")
 
@@ -1147,12 +1177,27 @@ class Simulation:
             return False
         if self.rules.durability == "brief":
             return True
+        if self.rules.durability in TAINT_MODES:
+            return sum(self._tainted(o) for o in self.brokers if o is not b) + 1 <= (
+                self.min_insync_replicas - 1)
         if any(self._unresolved_crash(o) for o in self.brokers):
             return False
         return all(self._healthy(o) for o in self.brokers if o is not b)
 
+    def _tainted(self, b: SimBroker) -> bool:
+        """Whether b lost data in a machine crash (perhaps none: it cannot
+        tell) and has not been back in the ISR since, with a registration
+        made after it: what KIP-966 tolerates min.insync.replicas - 1 of."""
+        if not b.tainted:
+            return False
+        reg = self.image.brokers.get(b.broker_id)
+        if (b.up and reg is not None and reg.incarnation_id == b.incarnation_id
+                and b.broker_id in self.image.partition(TOPIC, 0).isr):
+            b.tainted = False
+        return b.tainted
+
     def _process_crash_allowed(self, b: SimBroker) -> bool:
-        if self.rules.durability in ("brief", *POWER_LOSS_MODES):
+        if self.rules.durability in ("brief", *POWER_LOSS_MODES, *TAINT_MODES):
             return True
         return not any(self._unresolved_crash(o) for o in self.brokers if o is not b)
 
@@ -1161,6 +1206,9 @@ class Simulation:
         log = b.log
         lost = _lose_unflushed(log) if lose_unflushed and log is not None else 0
         b.log_manager.abandon()  # no flush, no clean-shutdown marker
+        if lose_unflushed:
+            b.boot += 1
+            b.tainted = True
         self.event_counts["machine crashes" if lose_unflushed else "process crashes"] += 1
         self.event_counts["records lost in crashes"] += lost
         b.up = False

@@ -9,6 +9,8 @@ import itertools
 import logging
 import re
 
+import msgpack
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -61,10 +63,10 @@ class Cluster:
         return result.response
 
     def register(self, broker_id: int, incarnation: str | None = None,
-                 rack: str | None = None) -> dict:
+                 rack: str | None = None, **fields) -> dict:
         return self.call("register_broker", {
             "broker_id": broker_id, "incarnation_id": incarnation or f"inc-{broker_id}",
-            "endpoints": {"BROKER": f"127.0.0.1:{9000 + broker_id}"}, "rack": rack},
+            "endpoints": {"BROKER": f"127.0.0.1:{9000 + broker_id}"}, "rack": rack, **fields},
             with_clock=True)
 
     def heartbeat(self, broker_id: int, **fields) -> dict:
@@ -375,8 +377,9 @@ def test_a_broker_whose_process_is_gone_is_fenced_on_the_next_tick_not_the_sessi
     assert cluster.controller.end_lease(cluster.image, 3, epoch3, closed_ms=250)
 
 
-def test_brokers_lapsing_together_are_fenced_in_one_ordered_batch():
-    cluster = Cluster(default_replication_factor=2)
+@pytest.mark.parametrize("elr", [True, False])
+def test_brokers_lapsing_together_are_fenced_in_one_ordered_batch(elr):
+    cluster = Cluster(default_replication_factor=2, eligible_leader_replicas=elr)
     cluster.start(1, 2, 3)
     cluster.create("t", assignments={0: [1, 2], 1: [3, 1]})
     cluster.now_ms = SESSION_MS - 5
@@ -386,7 +389,11 @@ def test_brokers_lapsing_together_are_fenced_in_one_ordered_batch():
     assert records[:2] == [rec.FenceBrokerRecord(1, 0), rec.FenceBrokerRecord(2, 1)]
     assert all(isinstance(r, rec.PartitionChangeRecord) for r in records[2:])
     offline = cluster.partition("t", 0)
-    assert (offline.leader, offline.isr) == (NO_LEADER, [2])  # never an empty ISR
+    if elr:  # KIP-966: the ISR empties, its members stay eligible
+        assert (offline.leader, offline.isr, offline.elr) == (NO_LEADER, [], [1, 2])
+        assert offline.last_known_leader == 1
+    else:  # before it, never an empty ISR
+        assert (offline.leader, offline.isr, offline.elr) == (NO_LEADER, [2], [])
     moved = cluster.partition("t", 1)
     assert (moved.leader, moved.isr) == (3, [3])
 
@@ -402,7 +409,8 @@ def test_no_live_isr_member_leaves_the_partition_offline():
     cluster.keep_alive(2)
     cluster.tick()
     p = cluster.partition("t", 0)
-    assert (p.leader, p.isr, p.leader_epoch) == (NO_LEADER, [1], 1)
+    # Broker 2 left the ISR while it kept min.insync.replicas (1): not eligible.
+    assert (p.leader, p.isr, p.elr, p.leader_epoch) == (NO_LEADER, [], [1], 1)
 
 
 @pytest.mark.parametrize("via", ["topic config", "cluster default"])
@@ -585,8 +593,10 @@ def test_controlled_shutdown_moves_leadership_then_fences_and_says_shut_down():
     assert broker.in_controlled_shutdown and broker.fenced
     assert (cluster.partition("t", 0).leader, cluster.partition("t", 0).isr) == (2, [2])
     assert (cluster.partition("t", 1).leader, cluster.partition("t", 1).isr) == (2, [2])
-    # Its only in-sync replica is leaving: offline (unclean is off).
-    assert (cluster.partition("t", 2).leader, cluster.partition("t", 2).isr) == (NO_LEADER, [1])
+    # Its only in-sync replica is leaving: offline (unclean is off), the
+    # leaving broker its eligible leader replica.
+    p = cluster.partition("t", 2)
+    assert (p.leader, p.isr, p.elr) == (NO_LEADER, [], [1])
     offset = cluster.image.offset
     again = cluster.heartbeat(1, want_shutdown=True)
     assert again["should_shut_down"] and cluster.image.offset == offset
@@ -1581,10 +1591,171 @@ def test_a_clean_election_ends_recovery():
     cluster = unclean_cluster()
     cluster.heartbeat(2, want_fence=True)  # the unclean leader goes too
     p = cluster.partition("t", 0)
-    assert (p.leader, p.isr, p.leader_recovery_state) == (NO_LEADER, [2], 1)
-    cluster.heartbeat(2)  # back: the only in-sync replica, elected cleanly
+    assert (p.leader, p.isr, p.elr, p.leader_recovery_state) == (NO_LEADER, [], [2], 1)
+    cluster.heartbeat(2)  # back: the only eligible replica, elected cleanly
     p = cluster.partition("t", 0)
     assert (p.leader, p.isr, p.leader_recovery_state) == (2, [2], 0)
+
+
+# -- eligible leader replicas (KIP-966) ------------------------------------------
+def eligible(cluster: Cluster, topic: str = "t", partition: int = 0) -> tuple:
+    p = cluster.partition(topic, partition)
+    return p.leader, p.isr, p.elr, p.last_known_leader
+
+
+def last_replica_standing(**settings) -> Cluster:
+    """KIP-966's example: RF 3, min.insync.replicas 2; brokers 3 then 2 leave
+    the ISR, then its last member, broker 1, is fenced too."""
+    cluster = Cluster(**settings)
+    cluster.start(1, 2, 3)
+    cluster.create("t", assignments={0: [1, 2, 3]}, configs={"min.insync.replicas": "2"})
+    cluster.heartbeat(3, want_fence=True)
+    assert eligible(cluster) == (1, [1, 2], [], NO_LEADER)  # still at min.insync.replicas
+    cluster.heartbeat(2, want_fence=True)
+    assert eligible(cluster) == (1, [1], [2], NO_LEADER)  # below: 2 holds all committed
+    cluster.heartbeat(1, want_fence=True)
+    assert eligible(cluster) == (NO_LEADER, [], [1, 2], 1)
+    cluster.now_ms = SESSION_MS  # the fenced ones' leases lapse: they may register again
+    return cluster
+
+
+def test_after_an_unclean_shutdown_the_last_isr_member_waits_for_a_clean_replica():
+    """The "last replica standing" loss KIP-966 closes: broker 1, the last
+    ISR member, restarts after an unclean shutdown (its unflushed tail may
+    be gone). It is no longer eligible while broker 2, which left the ISR
+    when the high watermark had stopped, is: the partition waits for 2."""
+    cluster = last_replica_standing()
+    cluster.register(1, "inc-1b", clean_shutdown=False)
+    assert eligible(cluster) == (NO_LEADER, [], [2], 1)
+    cluster.heartbeat(1)  # unfenced: still no leader
+    assert eligible(cluster) == (NO_LEADER, [], [2], 1)
+    cluster.heartbeat(3)  # never eligible: it left with the ISR at 2
+    assert eligible(cluster)[0] == NO_LEADER
+    cluster.heartbeat(2)
+    assert eligible(cluster) == (2, [2], [], NO_LEADER)
+    p = cluster.partition("t")
+    assert p.leader_recovery_state == rec.LEADER_RECOVERED  # a clean election
+    # Back to min.insync.replicas: the high watermark moves without the others.
+    cluster.call("alter_partition", leader_request(cluster, new_isr=[2, 1]))
+    assert eligible(cluster) == (2, [2, 1], [], NO_LEADER)
+
+
+def test_after_a_clean_shutdown_the_last_isr_member_stays_eligible():
+    cluster = last_replica_standing()
+    cluster.register(1, "inc-1b", clean_shutdown=True)
+    assert eligible(cluster) == (NO_LEADER, [], [1, 2], 1)
+    cluster.heartbeat(1)
+    assert eligible(cluster) == (1, [1], [2], NO_LEADER)
+
+
+def test_an_unclean_shutdown_of_a_live_registration_fences_it_first():
+    """A restart that registers before its old registration was fenced: it
+    is fenced (leaving the ISR for the ELR) and then, unclean, leaves the
+    ELR, in one batch."""
+    cluster = Cluster()
+    cluster.start(1, 2)
+    cluster.create("t", assignments={0: [1, 2]}, configs={"min.insync.replicas": "2"})
+    cluster.heartbeat(2, want_fence=True)
+    assert eligible(cluster) == (1, [1], [2], NO_LEADER)
+    cluster.now_ms = SESSION_MS  # broker 1's lease has lapsed, unfenced still
+    cluster.register(1, "inc-1b")  # clean_shutdown defaults to false
+    assert eligible(cluster) == (NO_LEADER, [], [2], 1)
+
+
+def test_with_no_clean_replica_left_the_last_known_leader_leads_again(caplog):
+    """Every eligible replica had an unclean shutdown: rather than staying
+    offline for good, the last known leader leads once back (what it lost
+    is lost), loudly: what Kafka does, and did before KIP-966."""
+    cluster = Cluster()
+    cluster.start(1, 2)
+    cluster.create("t", assignments={0: [1, 2]})  # min.insync.replicas 1
+    cluster.heartbeat(2, want_fence=True)
+    assert eligible(cluster) == (1, [1], [], NO_LEADER)  # 2 left at min.insync.replicas
+    cluster.heartbeat(1, want_fence=True)
+    assert eligible(cluster) == (NO_LEADER, [], [1], 1)
+    cluster.now_ms = SESSION_MS
+    cluster.register(1, "inc-1b")
+    assert eligible(cluster) == (NO_LEADER, [], [], 1)
+    cluster.heartbeat(2)  # not eligible, and unclean election is off
+    assert eligible(cluster)[0] == NO_LEADER
+    with caplog.at_level(logging.WARNING, logger="kraft.controller"):
+        cluster.heartbeat(1)
+    assert eligible(cluster) == (1, [1], [], NO_LEADER)
+    assert "broker 1, the last known leader" in caplog.text
+
+
+def test_the_last_known_leader_is_the_last_isr_member_not_any_eligible_one():
+    """Broker 2 lost its unflushed tail and left the ISR (fenced) before
+    the controller knew; broker 1, the last leader, is fenced after it.
+    Both come back after unclean shutdowns, 2 last: the last known leader,
+    1, leads, as the last ISR member did before KIP-966 (the replication
+    simulation found a version that took the last to register)."""
+    cluster = Cluster()
+    cluster.start(1, 2)
+    cluster.create("t", assignments={0: [1, 2]}, configs={"min.insync.replicas": "2"})
+    cluster.heartbeat(2, want_fence=True)
+    cluster.heartbeat(1, want_fence=True)
+    assert eligible(cluster) == (NO_LEADER, [], [1, 2], 1)
+    cluster.now_ms = SESSION_MS
+    cluster.register(1, "inc-1b")
+    cluster.register(2, "inc-2b")
+    assert eligible(cluster) == (NO_LEADER, [], [], 1)
+    cluster.heartbeat(2)
+    assert eligible(cluster)[0] == NO_LEADER
+    cluster.heartbeat(1)
+    assert eligible(cluster) == (1, [1], [], NO_LEADER)
+
+
+def test_changing_min_insync_replicas_forgets_the_eligible_replicas():
+    """A lower min.insync.replicas lets the high watermark move with fewer
+    members, so the ELR kept under the old one is no longer known to hold
+    everything committed: cleared, as in Kafka."""
+    cluster = last_replica_standing()
+    cluster.set_config("t", "min.insync.replicas", "1")
+    assert eligible(cluster) == (NO_LEADER, [], [], 1)
+    cluster.heartbeat(2)  # no longer eligible
+    assert eligible(cluster)[0] == NO_LEADER
+    cluster.heartbeat(1)  # the last known leader: the last resort
+    assert eligible(cluster) == (1, [1], [], NO_LEADER)
+
+
+def test_an_unclean_election_passes_over_the_eligible_replicas_and_forgets_them(caplog):
+    cluster = last_replica_standing()
+    cluster.heartbeat(3)
+    with caplog.at_level(logging.WARNING, logger="kraft.controller"):
+        [result] = cluster.call("elect_leaders", {"election_type": "unclean"})["partitions"]
+    assert (result["leader"], result["unclean"]) == (3, True)
+    assert eligible(cluster) == (3, [3], [], NO_LEADER)
+    assert cluster.partition("t").leader_recovery_state == rec.LEADER_RECOVERING
+    assert "broker 3 (not in the ISR [1, 2])" in caplog.text
+
+
+def test_without_eligible_leader_replicas_the_last_member_stays_in_the_isr():
+    """eligible.leader.replicas.enable=false: Kafka's behaviour before
+    KIP-966, kept for upgrades."""
+    cluster = Cluster(eligible_leader_replicas=False)
+    cluster.start(1, 2, 3)
+    cluster.create("t", assignments={0: [1, 2, 3]}, configs={"min.insync.replicas": "2"})
+    for broker in (3, 2, 1):
+        cluster.heartbeat(broker, want_fence=True)
+    assert eligible(cluster) == (NO_LEADER, [1], [], NO_LEADER)
+    cluster.now_ms = SESSION_MS
+    cluster.register(1, "inc-1b")
+    cluster.heartbeat(1)
+    assert eligible(cluster) == (1, [1], [], NO_LEADER)  # whatever it lost
+
+
+def test_eligible_replicas_survive_a_snapshot_and_are_left_out_when_empty():
+    cluster = last_replica_standing()
+    cluster.register(1, "inc-1b")
+    restored = MetadataImage.from_snapshot(cluster.image.to_snapshot())
+    assert eligible(cluster) == (NO_LEADER, [], [2], 1)
+    assert restored.partition("t", 0) == cluster.partition("t")
+    plain = Cluster()
+    plain.start(1)
+    plain.create("t", assignments={0: [1]})
+    raw = msgpack.unpackb(plain.image.to_snapshot(), strict_map_key=False)
+    assert not {"elr", "last_known_leader"} & set(raw["topics"][0]["partitions"][0])
 
 
 # -- property: reassignments, ISR changes and fencing keep the invariants --------
@@ -1630,14 +1801,23 @@ def check_partition_invariants(cluster: Cluster) -> None:
         for p in topic.partitions.values():
             assert set(p.adding_replicas) <= set(p.replicas)
             assert set(p.removing_replicas) <= set(p.replicas)
-            assert set(p.isr) <= set(p.replicas) and p.isr
+            assert set(p.isr) <= set(p.replicas)
+            # An empty ISR leaves eligible leader replicas (KIP-966).
+            assert p.isr or (p.elr and p.leader == NO_LEADER)
             assert p.leader == NO_LEADER or p.leader in p.isr
+            if len(p.isr) >= 1:  # min.insync.replicas: none is eligible outside the ISR
+                assert not p.elr
+            # Only a leaderless partition remembers a leader, and one that emptied its ISR does.
+            assert p.leader == NO_LEADER or p.last_known_leader == NO_LEADER
+            assert p.isr or p.last_known_leader != NO_LEADER
             # The controller's own layout: targets first, then the leaving ones.
             assert p.replicas == p.target_replicas + p.removing_replicas
             # Completion is never left pending.
             assert not p.reassigning or not set(p.target_replicas) <= set(p.isr)
             if p.leader_recovery_state == rec.LEADER_RECOVERING:
-                assert len(p.isr) == 1 and p.leader in (NO_LEADER, p.isr[0])
+                # The unclean leader alone, or, once it is gone too, eligible.
+                assert (len(p.isr) == 1 and p.leader in (NO_LEADER, p.isr[0])
+                        or (not p.isr and len(p.elr) == 1))
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -234,6 +234,21 @@ def test_a_nullable_struct_is_marked_present_or_null_by_a_byte():
         {"TopicId": b"\x01" * 16, "Partitions": [0, 2]}]
 
 
+def test_a_null_where_a_version_allows_none_is_written_empty():
+    """JoinGroup's ProtocolName is nullable from v7 only: an error answer
+    to v2 once went out with a null there, a frame no client can read
+    (found by the KAFKA listener's fuzz campaign). A null where the
+    version has no null is written as the empty string, bytes or list."""
+    answer = {"ThrottleTimeMs": 0, "ErrorCode": 15, "GenerationId": -1,
+              "ProtocolType": None, "ProtocolName": None, "Leader": "", "MemberId": "",
+              "Members": None}
+    for version in (2, 6, 7):
+        encoded = bytes(codec.encode(messages.JoinGroupResponse, version, answer))
+        decoded = codec.decode(messages.JoinGroupResponse, version, encoded)[0]
+        assert decoded["ProtocolName"] == (None if version >= 7 else "")
+        assert decoded["Members"] == []
+
+
 # -- the C conversion against the Python one ------------------------------------------------
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402

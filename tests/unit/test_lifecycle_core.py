@@ -28,13 +28,29 @@ def test_registers_first_then_heartbeats_at_once():
     request = broker.poll(0)
     assert request.kind == "register"
     assert request.body == {"broker_id": 7, "incarnation_id": "inc-1",
-                            "endpoints": {"BROKER": "127.0.0.1:1"}, "rack": "r1"}
+                            "endpoints": {"BROKER": "127.0.0.1:1"}, "rack": "r1",
+                            "clean_shutdown": False}
     assert broker.poll(0) is None, "one request at a time"
     broker.answered("register", {"broker_epoch": 12}, 5)
     assert (broker.state, broker.broker_epoch) == (BrokerState.FENCED, 12)
     heartbeat = broker.poll(5)
     assert heartbeat.kind == "heartbeat" and heartbeat.body["broker_epoch"] == 12
     assert heartbeat.timeout_ms == SESSION_MS // 2
+
+
+def test_a_registration_says_whether_the_logs_were_closed_cleanly_and_later_ones_do():
+    """KIP-966: the first registration of a process carries what its log
+    dirs said at start-up; a re-registration of the same process lost
+    nothing, so it says clean."""
+    for clean in (False, True):
+        broker = core()
+        broker.clean_shutdown = clean
+        assert broker.poll(0).body["clean_shutdown"] is clean
+        broker.answered("register", {"broker_epoch": 12}, 5)
+        assert broker.poll(5).kind == "heartbeat"
+        broker.failed("heartbeat", "STALE_BROKER_EPOCH", 6)
+        again = broker.poll(10 ** 6)
+        assert again.kind == "register" and again.body["clean_shutdown"] is True
 
 
 def test_unfenced_by_a_heartbeat_answer_then_heartbeats_every_interval():

@@ -10,8 +10,9 @@ import pytest
 
 from storage.config import LogConfig
 from storage.errors import InvalidConfigError, InvalidTopicError, LogDirectoryError
-from storage.manager import (CLEAN_SHUTDOWN_FILE, LOG_START_FILE, RECOVERY_POINT_FILE,
-                             LogManager, LogManagerConfig, TopicPartition, parse_partition_dir)
+from storage.manager import (BOOT_ID_FILE, CLEAN_SHUTDOWN_FILE, LOG_START_FILE,
+                             RECOVERY_POINT_FILE, LogManager, LogManagerConfig, TopicPartition,
+                             parse_partition_dir)
 from tests.helpers import make_batch, read_all
 
 CONFIG = LogConfig(segment_bytes=4096, flush_ms=-1)
@@ -87,6 +88,58 @@ def test_clean_restart_trusts_data_and_removes_the_marker(tmp_path):
     assert (reloaded.log_start_offset, reloaded.log_end_offset) == (7, 60)
     assert reloaded.recovery_point == 60
     assert [r.offset for r in read_all(reloaded)] == list(range(7, 60))
+    restarted.shutdown()
+
+
+def test_what_a_start_says_of_unflushed_data_lost_since_the_last_run(tmp_path):
+    """KIP-966 needs to know whether a broker lost its unflushed tail: a
+    clean shutdown lost nothing, nor did a crash of the process alone (the
+    same boot of the machine: the page cache kept every write). A new boot
+    may have lost it, and says so until ``record_boot`` (called once the
+    controller was told): a crash before that says so again."""
+    def start(boot: str, *dirs: str) -> LogManager:
+        manager = LogManager(LogManagerConfig(tuple(str(tmp_path / d) for d in dirs or ("d",))),
+                             CONFIG, boot_id=boot)
+        manager.startup()
+        return manager
+
+    first = start("A")
+    assert not first.nothing_unflushed_lost  # nothing known of the dir
+    first.abandon()
+    again = start("A")
+    assert not again.nothing_unflushed_lost  # still unreported
+    again.record_boot()
+    again.abandon()  # kill -9
+    same_boot = start("A")
+    assert same_boot.nothing_unflushed_lost
+    same_boot.abandon()
+    new_boot = start("B")  # a machine crash in between
+    assert not new_boot.nothing_unflushed_lost
+    assert not os.path.exists(tmp_path / "d" / BOOT_ID_FILE)
+    new_boot.record_boot()
+    new_boot.shutdown()
+    after_clean = start("C")  # a clean shutdown, whatever the boot
+    assert after_clean.nothing_unflushed_lost
+    after_clean.abandon()
+    assert start("C").nothing_unflushed_lost is True  # recorded at once when clean
+
+
+def test_a_dir_taken_offline_forgets_its_boot_and_one_such_dir_is_enough(tmp_path):
+    """A failed write-back may drop cached pages, so a dir that met a disk
+    error no longer counts as intact in the same boot; nor does the broker,
+    which has another dir that does."""
+    manager = LogManager(LogManagerConfig((str(tmp_path / "d0"), str(tmp_path / "d1"))),
+                         CONFIG, boot_id="A")
+    manager.startup()
+    manager.record_boot()
+    manager.fail_dir(str(tmp_path / "d1"), "EIO")
+    assert not os.path.exists(tmp_path / "d1" / BOOT_ID_FILE)
+    assert os.path.exists(tmp_path / "d0" / BOOT_ID_FILE)
+    manager.abandon()
+    restarted = LogManager(LogManagerConfig((str(tmp_path / "d0"), str(tmp_path / "d1"))),
+                           CONFIG, boot_id="A")
+    restarted.startup()
+    assert not restarted.nothing_unflushed_lost
     restarted.shutdown()
 
 

@@ -76,6 +76,19 @@ def test_a_sole_isr_leader_commits_at_once(tmp_path):
     assert part.high_watermark == 5
 
 
+def test_below_min_insync_replicas_the_high_watermark_stands_still(tmp_path):
+    """KIP-966's strict rule: with the ISR below min.insync.replicas nothing
+    new is committed, so a replica that left it then holds everything
+    committed (an eligible leader replica). acks=1 records wait for the ISR."""
+    part = leader(tmp_path, isr=(LEADER,))
+    part.min_insync_replicas = 2
+    part.append_as_leader(records(5))
+    assert part.high_watermark == 0
+    part.update(LEADER, 0, 1, [LEADER, F1, F2], [LEADER, F1], 1)
+    part.record_follower_fetch(F1, 5, 1)
+    assert part.high_watermark == 5
+
+
 def test_replicas_outside_the_isr_do_not_hold_the_high_watermark_back(tmp_path):
     part = leader(tmp_path, isr=(LEADER, F1))
     part.append_as_leader(records(5))
