@@ -8,10 +8,13 @@ Every wait has a deadline (``wait_until``)."""
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from chaos.cluster import ProcessCluster, http_json, wait_until
+from tests.integration.test_broker_api import batch_of, produce_ok, read_all
+from tests.integration.test_broker_api import create_topic as create_topic_via_broker
 
 
 def cli(*argv, timeout_s=90):
@@ -125,3 +128,65 @@ def test_add_and_remove_controllers_on_a_live_cluster_and_restart_them_all(clust
     create_topic(cluster, "after-restart")
     status, body = http_json(cluster.nodes[cluster.broker_ids[0]].broker_url + "/v1/quorum")
     assert status == 200 and voter_ids(body) == voters
+
+
+def remove_active(cluster, bootstrap_id):
+    """Remove the active controller through controller ``bootstrap_id``; its id."""
+    active = cluster.wait_for_active_controller(15)
+    removed = cli("quorum", "remove-controller", "--bootstrap-controller",
+                  cluster.nodes[bootstrap_id].controller_url, "--id", str(active))
+    assert removed.returncode == 0, removed.stderr
+    return active
+
+
+def test_brokers_follow_the_active_controller_to_one_that_joined_after_they_started(cluster):
+    """The broker's controller.quorum.voters names 1, 2 and 3 only; once
+    the joined controller 5 is the active one, the broker finds it from the
+    others' NOT_CONTROLLER answers: it keeps its heartbeats (never fenced),
+    and produce and fetch through it work."""
+    broker = cluster.broker_ids[0]
+    broker_url = cluster.nodes[broker].broker_url
+    new = cluster.add_joining_controller(5)
+    cluster.start([5])
+    wait_until(lambda: cluster.quorum(5), 20, "the joining controller to serve /v1/quorum")
+    added = cli("quorum", "add-controller", "--bootstrap-controller",
+                cluster.nodes[1].controller_url, "--id", "5",
+                "--address", f"127.0.0.1:{new.controller_port}")
+    assert added.returncode == 0, added.stderr
+    wait_until(lambda: views_agree(cluster, [1, 2, 3, 5], {1, 2, 3, 5}), 15,
+               "every controller to name voters 1, 2, 3, 5")
+    # Remove whichever is active until it is 5 (at most the three others).
+    voters = {1, 2, 3, 5}
+    while cluster.wait_for_active_controller(15) != 5:
+        voters.discard(remove_active(cluster, 5))
+        wait_until(lambda: views_agree(cluster, [5], voters), 15, f"voters {sorted(voters)}")
+    assert voters and 5 in voters
+
+    def broker_registered_on_5():
+        health = cluster.broker_health(broker) or {}
+        image = cluster.metadata(5)
+        reg = next((b for b in image["brokers"] if b["broker_id"] == broker), None)
+        return (health.get("state") == "running" and health.get("presence")
+                and reg is not None and not reg["fenced"])
+
+    wait_until(broker_registered_on_5, 20, "the broker running and unfenced on controller 5")
+    # Longer than the session timeout: still unfenced, so it heartbeats to 5.
+    deadline = time.monotonic() + 12
+    while time.monotonic() < deadline:
+        assert broker_registered_on_5(), cluster.log_tail(broker)
+        time.sleep(1)
+    assert cluster.wait_for_active_controller(5) == 5
+
+    create_topic_via_broker(broker_url, "after-join")  # the broker calls controller 5
+    wait_until(lambda: "after-join" in topic_names(cluster, 5), 10, "the topic on controller 5")
+    records = [(b"k%d" % i, b"v%d" % i, (), 1_700_000_000_000 + i) for i in range(3)]
+
+    def produced():
+        try:
+            return produce_ok(broker_url, "after-join", 0, batch_of(records)) == 0
+        except AssertionError:
+            return False  # the partition's leadership not there yet
+
+    wait_until(produced, 20, "a produce through the broker")
+    got = read_all(broker_url, "after-join", 0)
+    assert [(r[2], r[3]) for r in got] == [(k, v) for k, v, _, _ in records]
