@@ -73,6 +73,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from kraft.authorizer import (AllowAll, Authorizer, RouteRule, authorization_middleware,
@@ -82,10 +83,10 @@ from kraft.controller import (INT32_MAX, INT64_MAX, Controller, ControllerResult
                               ControllerSettings)
 from kraft import membership
 from kraft.image import MetadataImage
-from kraft.membership import MembershipRefused, Voter
+from kraft.membership import MembershipRefused, Voter, stale_state_message
 from kraft.quorum import ApplyStatus, MetadataQuorum, RaftSettings
 from kraft.records import NoOpRecord, decode
-from protocol import acl, wire
+from protocol import acl, tls, wire
 from protocol.errors import (CodedError, InvalidRequestError, KraftError, NotControllerError,
                              RequestTimedOutError, StaleBrokerEpochError, UnknownServerError)
 from protocol.fields import Fields
@@ -121,6 +122,9 @@ COMMIT_TIMEOUT_MS = 5000
 #: How long adding a controller waits, by default and at most, for it to
 #: catch up as a learner before it becomes a voter.
 VOTER_CATCH_UP_TIMEOUT_MS = 30_000
+#: How long the active controller waits for a controller it is asked to add
+#: to say who it is (GET /healthz at its CONTROLLER listener).
+VOTER_IDENTITY_TIMEOUT_S = 5.0
 VOTER_CATCH_UP_TIMEOUT_MS_MAX = 300_000
 #: How long a request waits for a freshly elected leader to become active.
 ACTIVATION_WAIT_MS = 3000
@@ -943,6 +947,11 @@ class ControllerServer:
                              "other controller can join it: set controller.quorum.secret.file "
                              "(the same file content everywhere) on it and restart it first")
         await self._await_active()
+        try:
+            membership.check_add(self.quorum.voters(), voter)
+        except MembershipRefused as exc:
+            raise CodedError(exc.code, str(exc)) from None
+        await self._check_identity(voter)
         async with self._membership_lock():
             voters = await self._membership(self.quorum.add_voter(
                 voter, timeout_ms / 1000, COMMIT_TIMEOUT_MS / 1000))
@@ -963,6 +972,42 @@ class ControllerServer:
         logger.info("controller %d: controller %d is no longer a voter", self.config.node_id,
                     node_id)
         return wire.respond(request, {"voters": _voters_json(voters)})
+
+    async def _check_identity(self, voter: Voter) -> None:
+        """Refuse to add ``voter`` unless the process at its URL is that
+        controller: its node id, and listening for Raft at its Raft address
+        (a typo in the id or an address that is another node's or not the
+        one it listens as would add a voter that never stands), and not
+        holding a voter set that still names it (stale state)."""
+        url = voter.url or ""
+        fix = "check --id, --address and --raft-address"
+        try:
+            async with tls.session(self.config.tls.peer if self.config.tls else None) as session:
+                async with session.get(
+                        url + "/healthz", headers={"Accept": "application/json"},
+                        timeout=aiohttp.ClientTimeout(total=VOTER_IDENTITY_TIMEOUT_S)) as answer:
+                    health = await answer.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            raise CodedError(
+                "INVALID_REQUEST", f"nothing answered as controller {voter.node_id} at {url} "
+                f"({type(exc).__name__}: {exc}): start it (controller.quorum.join = true) "
+                f"and {fix}. Nothing was changed") from None
+        if not isinstance(health, dict) or health.get("role") != "controller":
+            raise CodedError("INVALID_REQUEST", f"{url} is not a controller's CONTROLLER "
+                             f"listener: {fix}. Nothing was changed")
+        if health.get("node_id") != voter.node_id:
+            raise CodedError(
+                "INVALID_REQUEST", f"the controller at {url} is node {health.get('node_id')}, "
+                f"not {voter.node_id}: {fix}. Nothing was changed")
+        listens_as = health.get("raft_address")
+        if listens_as != voter.raft_address:
+            raise CodedError(
+                "INVALID_REQUEST", f"controller {voter.node_id} listens for Raft at "
+                f"{listens_as or 'an address it does not report (an older version?)'}, not at "
+                f"{voter.raft_address}: give --raft-address {listens_as or 'host:port'} (or "
+                "--address as its CONTROLLER listener names its host). Nothing was changed")
+        if health.get("voter"):
+            raise CodedError("INVALID_REQUEST", stale_state_message(voter.node_id))
 
     def _voter_to_add(self, node_id: int, address: str | None,
                       raft_address: str | None) -> Voter:
@@ -1019,7 +1064,9 @@ class ControllerServer:
 
     async def handle_health(self, request: web.Request) -> web.Response:
         return wire.respond(request, {"status": "ok", "node_id": self.config.node_id,
-                                      "role": "controller", "active": self.is_active})
+                                      "role": "controller", "active": self.is_active,
+                                      "raft_address": self.quorum.self_address,
+                                      "voter": self.quorum.is_voter})
 
 
 class MetadataOffsetOutOfRangeError(KraftError):

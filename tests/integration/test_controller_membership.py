@@ -149,9 +149,20 @@ def test_brokers_follow_the_active_controller_to_one_that_joined_after_they_star
     new = cluster.add_joining_controller(5)
     cluster.start([5])
     wait_until(lambda: cluster.quorum(5), 20, "the joining controller to serve /v1/quorum")
-    added = cli("quorum", "add-controller", "--bootstrap-controller",
-                cluster.nodes[1].controller_url, "--id", "5",
-                "--address", f"127.0.0.1:{new.controller_port}")
+    # The leader asks the node at --address who it is first: a wrong id, a
+    # Raft address it does not listen as, another node's address: refused.
+    bootstrap = cluster.nodes[1].controller_url
+    port = new.controller_port
+    for argv, says in [
+            (["--id", "6", "--address", f"127.0.0.1:{port}"], "is node 5, not 6"),
+            (["--id", "5", "--address", f"127.0.0.1:{port}",
+              "--raft-address", f"127.0.0.1:{port + 7}"], "listens for Raft at")]:
+        refused = cli("quorum", "add-controller", "--bootstrap-controller", bootstrap, *argv)
+        assert refused.returncode == 1 and "INVALID_REQUEST" in refused.stderr, refused.stderr
+        assert says in refused.stderr, refused.stderr
+    assert voter_ids(cluster.quorum(1)) == {1, 2, 3}
+    added = cli("quorum", "add-controller", "--bootstrap-controller", bootstrap, "--id", "5",
+                "--address", f"127.0.0.1:{port}")
     assert added.returncode == 0, added.stderr
     wait_until(lambda: views_agree(cluster, [1, 2, 3, 5], {1, 2, 3, 5}), 15,
                "every controller to name voters 1, 2, 3, 5")
@@ -161,6 +172,12 @@ def test_brokers_follow_the_active_controller_to_one_that_joined_after_they_star
         voters.discard(remove_active(cluster, 5))
         wait_until(lambda: views_agree(cluster, [5], voters), 15, f"voters {sorted(voters)}")
     assert voters and 5 in voters
+    # A removed controller (running, an observer) is not a new one.
+    gone = min({1, 2, 3} - voters)
+    reuse = cli("quorum", "add-controller", "--bootstrap-controller",
+                cluster.nodes[5].controller_url, "--id", "9",
+                "--address", cluster.nodes[gone].controller_url.split("//")[1])
+    assert reuse.returncode == 1 and f"is node {gone}, not 9" in reuse.stderr, reuse.stderr
 
     def broker_registered_on_5():
         health = cluster.broker_health(broker) or {}
