@@ -622,9 +622,25 @@ class MetadataQuorum(GuardedSyncObj):
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
         """A learner (joining, or just removed) only acknowledges appends:
         its votes, vote requests (a removed controller that has not heard
-        yet may stand) and commands are not a voter's, and are dropped."""
-        if node in self._learners.values() and isinstance(message, dict) \
-                and message.get("type") != "next_node_idx":
+        yet may stand) and commands are not a voter's, and are dropped.
+
+        From any peer, a membership entry forwarded as ``apply_command`` is
+        refused: changes go through the active controller's API (its ACLs,
+        its learner catch-up), which never forwards one."""
+        if not isinstance(message, dict):
+            GuardedSyncObj._SyncObj__onMessageReceived(self, node, message)
+            return
+        kind = message.get("type")
+        if node in self._learners.values() and kind != "next_node_idx":
+            return
+        if kind == "apply_command" and bytes(message.get("command", b"")[:1]) == _MEMBERSHIP_TYPE:
+            logger.warning("controller %d: dropped a membership entry sent over the Raft port "
+                           "by %s: voter changes go through the active controller's API",
+                           self.node_id, getattr(node, "address", node))
+            if "request_id" in message:
+                self._SyncObj__transport.send(node, {
+                    "type": "apply_command_response", "request_id": message["request_id"],
+                    "error": FAIL_REASON.REQUEST_DENIED})
             return
         GuardedSyncObj._SyncObj__onMessageReceived(self, node, message)
 
@@ -726,8 +742,10 @@ class MetadataQuorum(GuardedSyncObj):
         voter = membership.check_remove(self._voters, node_id)
         if voter.raft_address != self.self_address:
             address = voter.raft_address
+            change = Change(membership.REMOVE, voter)
+            await self._on_tick(lambda: self._check_change(change))
             try:
-                await self._propose_change(Change(membership.REMOVE, voter), commit_timeout_s)
+                await self._propose_change(change, commit_timeout_s)
                 await self._let_learner_catch_up(address, REMOVED_CATCH_UP_S)
             finally:
                 await self._on_tick(lambda: self._stop_learner(address))
@@ -791,8 +809,15 @@ class MetadataQuorum(GuardedSyncObj):
             refusal, self._refusal = self._refusal, None
             _settle_threadsafe(loop, future, refusal, error)
 
-        self._kick.set()
-        self._applyCommand(change.command(), settle, membership.MEMBERSHIP_COMMAND_TYPE)
+        def queue() -> None:  # tick thread
+            # Only a leader queues it: a follower's pysyncobj would forward
+            # it to the leader, around its API (which refuses it anyway).
+            if not self._isLeader():
+                raise NotControllerError(f"controller {self.node_id} is not the Raft leader",
+                                         leader_id=self.leader_id())
+            self._applyCommand(change.command(), settle, membership.MEMBERSHIP_COMMAND_TYPE)
+
+        await self._on_tick(queue)
         try:
             refusal, error = await asyncio.wait_for(future, timeout_s)
         except asyncio.TimeoutError:

@@ -9,8 +9,10 @@ import os
 
 import pytest
 
+from pysyncobj import FAIL_REASON
+
 from chaos.cluster import free_port
-from kraft.membership import MembershipRefused, Voter
+from kraft.membership import ADD, MEMBERSHIP_COMMAND_TYPE, Change, MembershipRefused, Voter
 from kraft.quorum import MetadataQuorum, RaftSettings
 from protocol.errors import NotControllerError, RequestTimedOutError
 from tests.integration.test_quorum import create_topic, leader_of, offset_of, wait_for
@@ -204,3 +206,33 @@ async def _one_change_at_a_time(replicas):
     assert "one voter at a time" in str(refused.value)
     with pytest.raises((RequestTimedOutError, NotControllerError)):
         await first
+
+
+async def test_a_membership_entry_over_the_raft_port_is_refused(replicas):
+    """Only the active controller's API appends voter changes: one a peer
+    sends as apply_command (what pysyncobj's forwarding does) is dropped
+    and denied, and a follower never queues one."""
+    for node_id in (1, 2, 3):
+        replicas.start(node_id)
+    leader = await replicas.leader()
+    follower = next(q for q in replicas.running.values() if q is not leader)
+    newcomer = Voter(9, f"127.0.0.1:{free_port()}", "http://127.0.0.1:1")
+    loop = asyncio.get_running_loop()
+    outcome = loop.create_future()
+
+    def forward():  # the follower's tick thread: pysyncobj sends it to the leader
+        follower._applyCommand(  # noqa: SLF001
+            Change(ADD, newcomer).command(),
+            lambda result, error: loop.call_soon_threadsafe(outcome.set_result, error),
+            MEMBERSHIP_COMMAND_TYPE)
+
+    await follower._on_tick(forward)  # noqa: SLF001
+    assert await asyncio.wait_for(outcome, 10) == FAIL_REASON.REQUEST_DENIED
+    with pytest.raises(NotControllerError):
+        await follower._propose_change(Change(ADD, newcomer), 2)  # noqa: SLF001
+    with pytest.raises(NotControllerError):
+        await follower.remove_voter(leader.node_id, 2)
+    await create_topic(leader, "after")  # the log moved on without it
+    assert all(voter_ids(q) == {1, 2, 3} for q in replicas.running.values())
+    assert leader.status()["pending_voter_change"] is None
+
