@@ -326,6 +326,8 @@ class MetadataQuorum(GuardedSyncObj):
         self._snapshot_voters: dict[int, Voter] | None = None
         # Joining controllers the leader replicates to before they vote.
         self._learners: dict[str, Any] = {}
+        # learner address -> the term above the leader's its messages carry
+        self._stale_learners: dict[str, int] = {}
         # Why the leader's last membership change was refused (tick thread).
         self._refusal: MembershipRefused | None = None
         # Raft index of a membership entry not yet committed (tick thread).
@@ -608,6 +610,7 @@ class MetadataQuorum(GuardedSyncObj):
         self._SyncObj__raftNextIndex[node] = self._SyncObj__raftLog[-1][1] + 1
         self._SyncObj__raftMatchIndex[node] = 0
         self._learners[address] = node
+        self._stale_learners.pop(address, None)
         logger.info("controller %d: replicating to the learner %s", self.node_id, address)
 
     def _voter_to_learner(self, address: str) -> bool:
@@ -623,6 +626,8 @@ class MetadataQuorum(GuardedSyncObj):
         """A learner (joining, or just removed) only acknowledges appends:
         its votes, vote requests (a removed controller that has not heard
         yet may stand) and commands are not a voter's, and are dropped.
+        A learner whose messages carry a term above this leader's holds a
+        stale log (removed while it was down): the add waiting for it fails.
 
         From any peer, a membership entry forwarded as ``apply_command`` is
         refused: changes go through the active controller's API (its ACLs,
@@ -632,6 +637,14 @@ class MetadataQuorum(GuardedSyncObj):
             return
         kind = message.get("type")
         if node in self._learners.values() and kind != "next_node_idx":
+            term = message.get("term")
+            address = getattr(node, "address", str(node))
+            if isinstance(term, int) and term > self.raftCurrentTerm \
+                    and address not in self._stale_learners:
+                self._stale_learners[address] = term
+                logger.warning("controller %d: the learner %s is at term %d, above this "
+                               "leader's %d: it holds stale state", self.node_id, address,
+                               term, self.raftCurrentTerm)
             return
         if kind == "apply_command" and bytes(message.get("command", b"")[:1]) == _MEMBERSHIP_TYPE:
             logger.warning("controller %d: dropped a membership entry sent over the Raft port "
@@ -645,6 +658,7 @@ class MetadataQuorum(GuardedSyncObj):
         GuardedSyncObj._SyncObj__onMessageReceived(self, node, message)
 
     def _stop_learner(self, address: str) -> None:
+        self._stale_learners.pop(address, None)
         node = self._learners.pop(address, None)
         if node is None:
             return
@@ -659,9 +673,16 @@ class MetadataQuorum(GuardedSyncObj):
             for address in list(self._learners):
                 self._stop_learner(address)
 
-    def _learner_progress(self, address: str) -> tuple[int | None, int]:
+    def _learner_progress(self, address: str, node_id: int = -1) -> tuple[int | None, int]:
         """(the learner's match index, None if it is not replicated to;
-        the commit index)."""
+        the commit index). MembershipRefused if it holds stale state."""
+        term = self._stale_learners.get(address)
+        if term is not None:
+            raise MembershipRefused(
+                membership.INVALID_REQUEST,
+                f"the controller at Raft address {address} is at term {term}, above the "
+                f"leader's {self.raftCurrentTerm}, so it ignores the leader. "
+                + membership.stale_state_message(node_id))
         node = self._learners.get(address)
         match = None if node is None else self._SyncObj__raftMatchIndex.get(node)
         return match, self.raftCommitIndex
@@ -715,7 +736,8 @@ class MetadataQuorum(GuardedSyncObj):
         try:
             deadline = time.monotonic() + catch_up_timeout_s
             while True:
-                match, commit = await self._on_tick(lambda: self._learner_progress(address))
+                match, commit = await self._on_tick(
+                    lambda: self._learner_progress(address, voter.node_id))
                 if match is None:
                     raise NotControllerError(f"controller {self.node_id} stopped leading while "
                                              f"controller {voter.node_id} caught up",

@@ -236,3 +236,34 @@ async def test_a_membership_entry_over_the_raft_port_is_refused(replicas):
     assert all(voter_ids(q) == {1, 2, 3} for q in replicas.running.values())
     assert leader.status()["pending_voter_change"] is None
 
+
+async def test_a_controller_removed_while_down_is_refused_as_stale(replicas):
+    """Controller 4 is removed while it is down: its log still makes it a
+    voter, and its term is above the leader's (as after campaigning while
+    cut off: set here, the rest of the quorum does not let it connect). It
+    ignores the leader's appends; adding it back as it is fails at once and
+    says to clear its metadata dir."""
+    for node_id in (1, 2, 3):
+        replicas.start(node_id)
+    leader = await replicas.leader()
+    address = f"127.0.0.1:{free_port()}"
+    replicas.start(4, address)
+    await leader.add_voter(Voter(4, address, "http://x:4"), 10, 5)
+    await wait_for(lambda: replicas.running[4].is_voter, 5, "controller 4 to vote")
+    replicas.stop(4)
+    await leader.remove_voter(4, 5)
+    stale = replicas.start(4, address)
+    assert stale.is_voter  # it never heard
+    leader = await replicas.leader()
+    term = leader.raftCurrentTerm + 50
+
+    def campaigned():  # its tick thread
+        stale._SyncObj__raftCurrentTerm = term  # noqa: SLF001
+
+    await stale._on_tick(campaigned)  # noqa: SLF001
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(MembershipRefused, match="metadata.log.dir") as refused:
+        await leader.add_voter(Voter(4, address, "http://x:4"), 20, 5)
+    assert refused.value.code == "INVALID_REQUEST" and "stale state" in str(refused.value)
+    assert asyncio.get_running_loop().time() - started < 10
+    assert voter_ids(leader) == {1, 2, 3}
