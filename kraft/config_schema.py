@@ -85,7 +85,8 @@ SCHEMA: tuple[Key, ...] = (
        "Where a controller keeps its Raft journal and snapshots (default: "
        "__cluster_metadata under the first log dir).", _CONFIG),
     _k("cluster.id", "str", None,
-       "The cluster's id (default: derived from the voter set).", _CONFIG),
+       "The cluster's id (default: derived from controller.quorum.voters, so "
+       "set it before changing the voters).", _CONFIG),
     _k("broker.rack", "str", None, "This broker's rack, for rack-aware replica placement.",
        _CONFIG),
     _k("broker.session.timeout.ms", "int", 9000,
