@@ -208,10 +208,11 @@ def check_add(voters: Voters, voter: Voter) -> None:
 def stale_state_message(node_id: int) -> str:
     """Why a controller cannot be added back as it is: its metadata dir
     still holds the voter set (and term) from before it was removed."""
-    return (f"controller {node_id} holds stale state: its log still makes it a voter (it "
-            "was removed while it was down, or its metadata dir is another cluster's). Stop "
-            "it, remove its metadata dir (metadata.log.dir), start it again with "
-            "controller.quorum.join = true, and retry. Nothing was changed")
+    return (f"controller {node_id} holds stale state: its log (or, with an empty log, its "
+            "controller.quorum.voters) still makes it a voter (it was removed while it was "
+            "down?). Stop it, remove its metadata dir (metadata.log.dir), set its "
+            "controller.quorum.voters to the current voters (not naming it) and "
+            "controller.quorum.join = true, start it again, and retry. Nothing was changed")
 
 
 def check_remove(voters: Voters, node_id: int) -> Voter:
