@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from api.cli_support import (DEFAULT_BOOTSTRAP, CliError, ExamplesFormatter,
-                             add_security_arguments, configure_security, get_json)
+                             add_security_arguments, configure_security, get_json, post_json)
 from api.table import format_table
 
 __all__ = ["DEFAULT_BOOTSTRAP", "CliError", "build_parser", "get_json", "main"]
@@ -89,6 +89,48 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                         help="ask this controller (its CONTROLLER listener) instead of a broker")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     status.set_defaults(handler=_quorum_status)
+    add = quorum_kinds.add_parser(
+        "add-controller", help="make a running controller a voter (KIP-853)",
+        formatter_class=ExamplesFormatter,
+        description="Add a controller to the voters, like kafka-metadata-quorum "
+                    "add-controller. Start it first with `kraftlog node --config FILE` where "
+                    "FILE sets its node.id, its CONTROLLER listener, controller.quorum.voters "
+                    "= the current voters, controller.quorum.join = true and the cluster's "
+                    "controller.quorum.secret.file. The active controller replicates the "
+                    "metadata to it until it has every committed record, then adds it; the "
+                    "change is in the Raft log, so every controller keeps it across restarts. "
+                    "Needs ALTER on the CLUSTER on a secured cluster.\n\n"
+                    "example:\n"
+                    "  kraftlog quorum add-controller --bootstrap-controller "
+                    "127.0.0.1:9093 \\\n"
+                    "      --id 4 --address 127.0.0.1:9193")
+    _add_controller_arguments(add)
+    add.add_argument("--id", type=int, required=True, dest="node_id",
+                     help="the new controller's node.id")
+    add.add_argument("--address", metavar="HOST:PORT",
+                     help="its CONTROLLER listener (what controller.quorum.voters names)")
+    add.add_argument("--raft-address", metavar="HOST:PORT",
+                     help="its Raft address (default: --address's port plus "
+                          "controller.quorum.raft.port.offset); give at least one of the two")
+    add.add_argument("--timeout-ms", type=int, default=30_000,
+                     help="how long it may take to catch up (default %(default)s)")
+    add.set_defaults(handler=_quorum_add_controller)
+    remove = quorum_kinds.add_parser(
+        "remove-controller", help="remove a controller from the voters (KIP-853)",
+        formatter_class=ExamplesFormatter,
+        description="Remove a controller from the voters, like kafka-metadata-quorum "
+                    "remove-controller. The active controller can be removed: it hands "
+                    "leadership to a caught-up voter, which removes it. The removed "
+                    "controller keeps running as an observer until you stop it. The last "
+                    "voter cannot be removed, and one change is made at a time. Needs ALTER "
+                    "on the CLUSTER on a secured cluster.\n\n"
+                    "example:\n"
+                    "  kraftlog quorum remove-controller --bootstrap-controller "
+                    "127.0.0.1:9093 --id 2")
+    _add_controller_arguments(remove)
+    remove.add_argument("--id", type=int, required=True, dest="node_id",
+                        help="the node.id of the controller to remove")
+    remove.set_defaults(handler=_quorum_remove_controller)
     from api import groups_cli
 
     groups_cli.add_commands(commands, ExamplesFormatter)
@@ -525,6 +567,90 @@ def _quorum_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_controller_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap-controller", "--controller", dest="controllers",
+                        required=True, metavar="HOST:PORT[,...]",
+                        help="one or more controllers (CONTROLLER listeners); the change is "
+                             "sent to the active one")
+    parser.add_argument("--json", action="store_true", help="print the raw JSON answer")
+
+
+#: How long a membership command follows NOT_CONTROLLER hints and elections.
+CONTROLLER_COMMAND_TIMEOUT_S = 60.0
+
+
+def _at_active_controller(args: argparse.Namespace, path: str, body: dict,
+                          timeout_s: float) -> dict:
+    """POST ``body`` to the active controller among ``--bootstrap-controller``,
+    following NOT_CONTROLLER hints (a controller removing itself names its
+    successor), until ``timeout_s``; the answer, or CliError."""
+    import time
+
+    scheme = "https" if args.security_protocol in ("SSL", "SASL_SSL") else "http"
+    urls = normalise_bootstrap(args.controllers, scheme).split(",")
+    deadline = time.monotonic() + timeout_s
+    last = "no controller answered"
+    while True:
+        hinted = None
+        for url in urls:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                answer = post_json(url.rstrip("/") + path, body, timeout_s=min(left, timeout_s))
+            except CliError as exc:
+                last = str(exc)
+                continue
+            error = answer.get("error") if isinstance(answer, dict) else {"code": "?"}
+            if not error:
+                return answer
+            last = f"{error.get('code')}: {error.get('message')}"
+            if error.get("code") != "NOT_CONTROLLER":
+                raise CliError(last)  # a refusal, or an outcome only status can tell
+            hinted = error.get("leader_url")
+            if hinted:
+                break
+        if time.monotonic() >= deadline:
+            raise CliError(f"gave up after {timeout_s:.0f} s: {last}")
+        if hinted:
+            urls = [hinted] + [u for u in urls if u != hinted]
+        time.sleep(0.05 if hinted else 0.2)
+
+
+def _print_voters(args: argparse.Namespace, answer: dict, what: str) -> None:
+    import json
+
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return
+    print(what)
+    print(format_table(("NodeId", "RaftAddress", "Url"),
+                       [(str(v["id"]), v["raft_address"], str(v.get("url") or ""))
+                        for v in answer.get("voters", [])]))
+
+
+def _quorum_add_controller(args: argparse.Namespace) -> int:
+    if not args.address and not args.raft_address:
+        raise CliError("give --address (the new controller's CONTROLLER listener) or "
+                       "--raft-address")
+    body = {"node_id": args.node_id, "timeout_ms": args.timeout_ms}
+    if args.address:
+        body["address"] = args.address
+    if args.raft_address:
+        body["raft_address"] = args.raft_address
+    answer = _at_active_controller(args, "/v1/controller/quorum/add-voter", body,
+                                   CONTROLLER_COMMAND_TIMEOUT_S + args.timeout_ms / 1000)
+    _print_voters(args, answer, f"controller {args.node_id} is a voter; voters now:")
+    return 0
+
+
+def _quorum_remove_controller(args: argparse.Namespace) -> int:
+    answer = _at_active_controller(args, "/v1/controller/quorum/remove-voter",
+                                   {"node_id": args.node_id}, CONTROLLER_COMMAND_TIMEOUT_S)
+    _print_voters(args, answer, f"controller {args.node_id} is no longer a voter; voters now:")
+    return 0
+
+
 def format_quorum_status(status: dict) -> str:
     leader = status.get("leader_id")
     lines = [
@@ -533,9 +659,13 @@ def format_quorum_status(status: dict) -> str:
         f"CommitIndex:     {status.get('commit_index')}",
         f"LastApplied:     {status.get('last_applied')}",
         f"MetadataOffset:  {status.get('metadata_offset')}",
-        f"AnsweredBy:      controller {status.get('node_id')} ({status.get('state')})",
-        "",
+        f"AnsweredBy:      controller {status.get('node_id')} ({status.get('state')}"
+        + ("" if status.get("voter", True) else ", an observer: not a voter") + ")",
     ]
+    if status.get("pending_voter_change") is not None:
+        lines.append(f"PendingChange:   a voter change at Raft index "
+                     f"{status['pending_voter_change']} is not committed yet")
+    lines.append("")
     rows = []
     for voter in status.get("voters", []):
         rows.append((

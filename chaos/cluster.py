@@ -309,6 +309,9 @@ class ProcessCluster:
     #: give one of its log dirs disk errors).
     env: dict[int, dict[str, str]] = field(default_factory=dict)
     nodes: dict[int, NodeProcess] = field(default_factory=dict, init=False)
+    #: Controllers added by ``add_joining_controller``: outside the static
+    #: voters, started with controller.quorum.join.
+    joining: set[int] = field(default_factory=set, init=False)
     certs: dict = field(default_factory=dict, init=False)
     ssl_context: ssl.SSLContext | None = field(default=None, init=False)
 
@@ -414,12 +417,35 @@ class ProcessCluster:
     # -- configs ----------------------------------------------------------
     @property
     def voters(self) -> str:
+        """The static voters (every controller but those added to join)."""
         return voters_text({n.node_id: n.controller_port for n in self.nodes.values()
-                            if n.controller_port},
+                            if n.controller_port and n.node_id not in self.joining},
                            {n.node_id: n.host for n in self.nodes.values()})
+
+    def add_joining_controller(self, node_id: int | None = None) -> NodeProcess:
+        """A new dedicated controller (not started) configured as a user
+        adds one to a running quorum: the static voters in its
+        controller.quorum.voters and controller.quorum.join = true; then
+        ``kraftlog quorum add-controller`` makes it a voter."""
+        if self.tls or self.network is not None:
+            raise ValueError("joining controllers are made on plain loopback clusters only")
+        node_id = node_id if node_id is not None else max(self.nodes) + 1
+        assert node_id not in self.nodes, f"node {node_id} exists"
+        taken = {p for n in self.nodes.values()
+                 for p in (n.broker_port, n.controller_port, n.kafka_port) if p}
+        node = NodeProcess(node_id, ("controller",),
+                           config_path=os.path.join(self.base_dir, f"node-{node_id}.toml"),
+                           log_path=os.path.join(self.base_dir, f"node-{node_id}.log"),
+                           broker_port=None, controller_port=free_port(pair=True, taken=taken))
+        self.nodes[node_id] = node
+        self.joining.add(node_id)
+        self._write_config(node)
+        return node
 
     def _write_config(self, node: NodeProcess) -> None:
         settings = self.settings
+        if node.node_id in self.joining:
+            settings = {**settings, "controller.quorum.join": True}
         if self.tls:
             own = self.certs[f"node-{node.node_id}"]
             settings = {"ssl.certfile": own.certfile, "ssl.keyfile": own.keyfile, **settings}

@@ -2,11 +2,13 @@
 
 ``ControllerClient.call(path, body)`` posts msgpack to the controller it
 believes active and follows the way to the active one: a ``NOT_CONTROLLER``
-answer names the leader (when known) and the call goes there; a controller
-that does not answer, or knows no leader, makes the call try the next voter.
-Retries stop at ``timeout_ms``, when the last error is raised. Errors the
-controller reports for the request itself (bad input, stale epochs, ...)
-are raised at once as ``ControllerError`` with the controller's code.
+answer names the leader (when known: its id and URL, so that a controller
+that joined the quorum after this client started is found too) and the
+call goes there; a controller that does not answer, or knows no leader,
+makes the call try the next voter. Retries stop at ``timeout_ms``, when the
+last error is raised. Errors the controller reports for the request itself
+(bad input, stale epochs, ...) are raised at once as ``ControllerError``
+with the controller's code.
 """
 
 from __future__ import annotations
@@ -93,6 +95,26 @@ class ControllerClient:
             return (node_id != self.leader_id, self._failed_at.get(node_id, 0.0), node_id)
         return sorted(self.voter_urls, key=key)
 
+    def _learn_leader(self, error: Mapping[str, Any]) -> int | None:
+        """The leader a NOT_CONTROLLER answer names, when it can be called.
+
+        Its ``leader_url`` is taken as that controller's URL: a controller
+        that joined the quorum after this client started (KIP-853) is in no
+        static list, and one that moved has a new URL. ``voter_urls`` starts
+        as the bootstrap list and grows with what the controllers say."""
+        hint = error.get("leader_id")
+        if not isinstance(hint, int) or isinstance(hint, bool):
+            return None
+        url = error.get("leader_url")
+        if isinstance(url, str) and len(url) <= 300 and url.startswith(("http://", "https://")):
+            url = url.rstrip("/")
+            if self.voter_urls.get(hint) != url:
+                logger.info("controller %d is at %s (named by a NOT_CONTROLLER answer)",
+                            hint, url)
+                self.voter_urls[hint] = url
+            self._failed_at.pop(hint, None)
+        return hint if hint in self.voter_urls else None
+
     async def call(self, path: str, body: Mapping[str, Any], *,
                    timeout_ms: int | None = None, request_timeout_ms: int | None = None
                    ) -> dict:
@@ -132,9 +154,8 @@ class ControllerClient:
                                              error.get("message", ""), error)
                 if last_error.code not in RETRIABLE_CODES:
                     raise last_error
-                hint = error.get("leader_id")
-                if (isinstance(hint, int) and hint in self.voter_urls and hint != node_id
-                        and hint != self.leader_id):
+                hint = self._learn_leader(error)
+                if hint is not None and hint != node_id and hint != self.leader_id:
                     self.leader_id = hint
                     hinted = True
                     break  # restart the round at the hinted leader
@@ -195,8 +216,8 @@ class ControllerClient:
                                               await response.read())
                         if last_error.code not in RETRIABLE_CODES:
                             raise last_error
-                        hint = last_error.body.get("leader_id")
-                        if isinstance(hint, int) and hint in self.voter_urls:
+                        hint = self._learn_leader(last_error.body)
+                        if hint is not None:
                             self.leader_id = hint
                         continue
                     held = True

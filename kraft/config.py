@@ -171,6 +171,23 @@ class NodeConfig:
         return Endpoint(voter.host, voter.port + self.raft_port_offset)
 
     @property
+    def joins_quorum(self) -> bool:
+        """A controller started to join the quorum (controller.quorum.join)
+        whose id the static voters do not name."""
+        return self.is_controller and self.node_id not in self.voters \
+            and bool(self.settings.get("controller.quorum.join"))
+
+    @property
+    def controller_endpoint(self) -> Endpoint:
+        """This controller's CONTROLLER listener (its voter address)."""
+        return self.listeners[CONTROLLER_LISTENER]
+
+    @property
+    def own_raft_endpoint(self) -> Endpoint:
+        own = self.controller_endpoint
+        return Endpoint(own.host, own.port + self.raft_port_offset)
+
+    @property
     def cluster_id(self) -> str:
         """``cluster.id`` if set; otherwise one derived from the voter set, so
         every node of a cluster reports the same id without coordination."""
@@ -501,11 +518,15 @@ def _acl_settings(values: Mapping[str, Any]) -> AclSettings:
 def _check(config: NodeConfig) -> None:
     if config.is_controller:
         own = config.voters.get(config.node_id)
-        if own is None:
+        if own is None and not config.joins_quorum:
             raise InvalidConfigError(
                 f"node {config.node_id} has the controller role but is not in "
-                "controller.quorum.voters")
-        raft = config.raft_endpoint(config.node_id)
+                "controller.quorum.voters (a new controller joining a running quorum: set "
+                "controller.quorum.join = true, then run kraftlog quorum add-controller)")
+        if own is None and CONTROLLER_LISTENER not in config.listeners:
+            raise InvalidConfigError("a controller needs a CONTROLLER://host:port listener")
+        own = own or config.controller_endpoint
+        raft = Endpoint(own.host, own.port + config.raft_port_offset)
         if config.raft_secret is None and not is_loopback(raft.host):
             raise InvalidConfigError(
                 f"the Raft port {raft} is reachable from other machines, and Raft messages "

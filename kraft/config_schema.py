@@ -85,7 +85,8 @@ SCHEMA: tuple[Key, ...] = (
        "Where a controller keeps its Raft journal and snapshots (default: "
        "__cluster_metadata under the first log dir).", _CONFIG),
     _k("cluster.id", "str", None,
-       "The cluster's id (default: derived from the voter set).", _CONFIG),
+       "The cluster's id (default: derived from controller.quorum.voters, so "
+       "set it before changing the voters).", _CONFIG),
     _k("broker.rack", "str", None, "This broker's rack, for rack-aware replica placement.",
        _CONFIG),
     _k("broker.session.timeout.ms", "int", 9000,
@@ -104,6 +105,12 @@ SCHEMA: tuple[Key, ...] = (
        INT32_MAX),
     _k("controller.quorum.raft.port.offset", "int", 1,
        "The Raft port is the CONTROLLER port plus this.", _CONFIG, 1, 65534),
+    _k("controller.quorum.join", "bool", False,
+       "Start a controller whose node.id is not in controller.quorum.voters (list the "
+       "current voters there): it follows the quorum as an observer and votes once "
+       "`kraftlog quorum add-controller` adds it. The log's voter set, not "
+       "controller.quorum.voters, decides who votes once membership has changed.",
+       _CONFIG),
     _k("controller.quorum.secret.file", "str", None,
        "A file holding the controllers' shared secret (at least 16 characters, the same "
        "file content on every controller). Raft messages are authenticated and encrypted "

@@ -35,6 +35,27 @@ cut to line up with it at start-up (``_trim_journal_to_snapshot``).
 Safety. The base class is ``GuardedSyncObj`` (kraft/raft_guard.py), which
 stops pysyncobj's follower from truncating committed entries on a stale
 AppendEntries.
+
+Membership (KIP-853). The voter set is in the log (``kraft/membership.py``):
+pysyncobj's membership entries, which its leader and followers act on when
+they append them and undo when they truncate them, as Raft's single-server
+changes need. pysyncobj leaves four gaps, closed here:
+
+- at start-up it uses the static voter list and re-applies only committed
+  entries; here the set is read from the whole log (the snapshot's set, then
+  every journal entry after it, committed or not) before anything runs, and
+  re-applying a committed entry changes nothing (``__doApplyCommand``);
+- its snapshots (our serializer) did not record the set; they record it as
+  of the snapshot's last entry (later entries undone, ``membership.revert``);
+- it never enforces one change at a time (``__changeClusterIDx`` is never
+  set); ``__changeCluster`` refuses a change while another is uncommitted;
+- it cannot remove its own leader; ``remove_voter`` hands leadership to a
+  caught-up voter first, and the new leader removes the old one.
+
+A controller that is not in the set (joining, or removed) is an observer:
+it never stands for election. A joining one is first a learner of the
+leader (pysyncobj's read-only replication) and becomes a voter only once it
+holds every committed entry, as KIP-853's AddVoter requires.
 """
 
 from __future__ import annotations
@@ -57,9 +78,12 @@ import msgpack
 import pysyncobj.pickle as _pysyncobj_pickle
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjException, replicated
 from pysyncobj.journal import FileJournal
+from pysyncobj.node import TCPNode
 
+from kraft import membership
 from kraft import records as metadata_records
 from kraft.image import MetadataImage
+from kraft.membership import Change, MembershipRefused, Voter
 from kraft.raft_guard import GuardedSyncObj
 from protocol.errors import NotControllerError, RequestTimedOutError
 
@@ -75,8 +99,18 @@ FETCH_BYTES_MAX = 4 * 1024 * 1024
 #: When the leader's connection closes, the remaining voters stand for
 #: election this far apart, by rank (see MetadataQuorum).
 EARLY_ELECTION_STAGGER_S = 0.1
-#: pysyncobj's follower state (``_RAFT_STATE.FOLLOWER``).
+#: pysyncobj's follower and leader states (``_RAFT_STATE``).
 _FOLLOWER = 0
+_LEADER = 2
+#: pysyncobj's command type byte of membership entries.
+_MEMBERSHIP_TYPE = bytes([membership.MEMBERSHIP_COMMAND_TYPE])
+#: How often a membership change looks at a learner's progress.
+LEARNER_POLL_S = 0.05
+#: How long the loop waits for the tick thread to run a call (``_on_tick``).
+TICK_CALL_TIMEOUT_S = 10.0
+#: How long the leader keeps replicating to a controller it removed, so that
+#: the removed one learns it is out (it then stops standing for election).
+REMOVED_CATCH_UP_S = 3.0
 
 # pysyncobj's state numbers (_RAFT_STATE).
 _STATE_NAMES = {0: "follower", 1: "candidate", 2: "leader"}
@@ -260,18 +294,46 @@ if not callable(getattr(SyncObj, "_SyncObj__onNodeDisconnected", None)):
 class MetadataQuorum(GuardedSyncObj):
     """One controller's Raft replica of the metadata log.
 
-    ``raft_addresses`` maps every voter's node id to its Raft ``host:port``.
-    Call ``start()`` to run the tick thread and ``stop()`` to end it.
+    ``raft_addresses`` maps every voter of the static config to its Raft
+    ``host:port`` and ``urls`` to its CONTROLLER URL (for ``voters()``);
+    the log's voter set, once it has one, replaces them. ``self_address`` is
+    this node's Raft address when it is not among them (a joining
+    controller). Call ``start()`` to run the tick thread and ``stop()`` to
+    end it.
     """
 
     def __init__(self, node_id: int, raft_addresses: dict[int, str], metadata_dir: str,
-                 settings: RaftSettings = RaftSettings()) -> None:
+                 settings: RaftSettings = RaftSettings(), *,
+                 urls: dict[int, str] | None = None,
+                 self_address: str | None = None) -> None:
         # Attributes set before SyncObj.__init__ are pysyncobj-internal as far
         # as it is concerned; the custom serializer means none is pickled.
         self.node_id = node_id
         self.metadata_dir = metadata_dir
-        self.raft_addresses = dict(raft_addresses)
-        self._ids_by_address = {address: nid for nid, address in raft_addresses.items()}
+        self.self_address = raft_addresses.get(node_id) or self_address
+        assert self.self_address, f"controller {node_id} needs its own Raft address"
+        urls = urls or {}
+        #: The voter set of the static config (the log's replaces it).
+        self._static_voters = {nid: Voter(nid, address, urls.get(nid))
+                               for nid, address in raft_addresses.items()}
+        # The voter set as of the end of this node's log, committed or not
+        # (Raft's rule); replaced, never changed in place, on the tick thread.
+        self._voters: dict[int, Voter] = dict(self._static_voters)
+        self._ids_by_address = {v.raft_address: nid for nid, v in self._voters.items()}
+        self._is_voter = node_id in self._voters
+        # The voter set recorded in the snapshot last loaded (None: none, or
+        # one from before membership was recorded: the static set).
+        self._snapshot_voters: dict[int, Voter] | None = None
+        # Joining controllers the leader replicates to before they vote.
+        self._learners: dict[str, Any] = {}
+        # learner address -> the term above the leader's its messages carry
+        self._stale_learners: dict[str, int] = {}
+        # Why the leader's last membership change was refused (tick thread).
+        self._refusal: MembershipRefused | None = None
+        # Raft index of a membership entry not yet committed (tick thread).
+        self._pending_change_seen: int | None = None
+        # Work for the tick thread (``_on_tick``), run between ticks.
+        self._tick_calls: collections.deque[Callable[[], None]] = collections.deque()
         self.image_lock = threading.Lock()
         self._image = MetadataImage()
         # The token of the last batch applied (None: none, or one without).
@@ -307,17 +369,20 @@ class MetadataQuorum(GuardedSyncObj):
             logCompactionMinEntries=settings.snapshot_min_entries,
             logCompactionMinTime=settings.snapshot_min_interval_s,
             onStateChanged=self._on_state_changed,
-            dynamicMembershipChange=False,
+            # Membership entries act when appended and are undone when
+            # truncated; the gaps pysyncobj leaves are closed below.
+            dynamicMembershipChange=True,
             password=settings.secret,
             # pysyncobj's own retries spin on a CPU in its constructor:
             # _wait_bindable has waited already, so few and then an error.
             maxBindRetries=3,
             # Its own address only, as the controller's HTTP listener: by
             # default pysyncobj listens on every interface (0.0.0.0).
-            bindAddress=raft_addresses[node_id],
+            bindAddress=self.self_address,
         )
-        self_address = raft_addresses[node_id]
-        others = [address for nid, address in sorted(raft_addresses.items()) if nid != node_id]
+        self_address = self.self_address
+        others = [v.raft_address for nid, v in sorted(self._voters.items())
+                  if v.raft_address != self_address]
         _wait_bindable(self_address, RAFT_BIND_WAIT_S)
         try:
             super().__init__(self_address, others, conf)
@@ -330,6 +395,9 @@ class MetadataQuorum(GuardedSyncObj):
         self._SyncObj__raftLog = _DurableJournal(os.path.join(metadata_dir, JOURNAL_FILE))
         self._trim_journal_to_snapshot()
         self._last_log_index = self._SyncObj__raftLog[-1][1]
+        # The log's voter set, before the first tick can use the static one.
+        self._snapshot_voters, snapshot_index = self._snapshot_on_disk()
+        self._adopt_log_voters(after_index=snapshot_index)
 
     # -- an early election when the leader's process is gone -------------
     def _SyncObj__onNodeDisconnected(self, node: Any) -> None:  # noqa: N802 (pysyncobj's)
@@ -348,15 +416,450 @@ class MetadataQuorum(GuardedSyncObj):
         if (self._stopping.is_set() or leader is None or node != leader
                 or self._SyncObj__raftState != _FOLLOWER):
             return
-        rest = sorted(address for address in self.raft_addresses.values()
-                      if address != str(leader))
-        rank = rest.index(self.raft_addresses[self.node_id])
+        if not self._is_voter:
+            return  # an observer never stands
+        rest = sorted(v.raft_address for v in self._voters.values()
+                      if v.raft_address != str(leader))
+        if self.self_address not in rest:
+            return
+        rank = rest.index(self.self_address)
         at = time.monotonic() + rank * EARLY_ELECTION_STAGGER_S + random.uniform(0, 0.01)
         if at < self._SyncObj__raftElectionDeadline:
             self._SyncObj__raftElectionDeadline = at
             logger.info("controller %d: the Raft leader %s closed its connection; standing "
                         "for election in %d ms", self.node_id, leader,
                         max(0, int((at - time.monotonic()) * 1000)))
+
+    # -- membership: the voter set from the log (tick thread) --------------
+    def _snapshot_on_disk(self) -> tuple[dict[int, Voter] | None, int]:
+        """The voter set the snapshot file records (None: no snapshot, or
+        one written before membership was recorded) and its last index."""
+        path = os.path.join(self.metadata_dir, SNAPSHOT_FILE)
+        if not os.path.exists(path):
+            return None, 0
+        try:
+            with open(path, "rb") as f:
+                raw = msgpack.unpackb(f.read(), raw=False)
+            last_index = int(raw["last_entry"][1])
+            voters = membership.decode_voters(raw["voters"]) if "voters" in raw else None
+        except Exception as exc:  # noqa: BLE001 - pysyncobj reports it again at load
+            logger.error("controller %d: unreadable snapshot %s: %s", self.node_id, path, exc)
+            return None, 0
+        return voters, last_index
+
+    def _adopt_log_voters(self, after_index: int) -> None:
+        """Take the voter set from the log: the snapshot's (or the static
+        one), then every membership entry after ``after_index``."""
+        log = self._SyncObj__raftLog
+        base = self._snapshot_voters if self._snapshot_voters is not None \
+            else self._static_voters
+        later = [log[i][0] for i in range(len(log)) if log[i][1] > after_index]
+        self._set_voters(membership.replay(base, later), sync=True)
+
+    def _SyncObj__updateClusterConfiguration(self, new_nodes: Any) -> None:  # noqa: N802
+        """pysyncobj, after loading a snapshot (at start-up, or installed
+        from the leader): its journal now begins with the snapshot's two
+        entries, so the set is the snapshot's and then the journal's."""
+        log = self._SyncObj__raftLog
+        self._adopt_log_voters(after_index=log[1][1] if len(log) > 1 else 0)
+
+    def _SyncObj__doApplyCommand(self, command: bytes) -> Any:  # noqa: N802
+        """A committed membership entry changes nothing when applied: it
+        acted when it was appended (or was read from the log at start-up).
+        pysyncobj would act again, with an older set than the log's."""
+        if bytes(command[:1]) == _MEMBERSHIP_TYPE:
+            return None
+        return SyncObj._SyncObj__doApplyCommand(self, command)
+
+    def _SyncObj__doChangeCluster(self, request: Any, reverse: bool = False) -> bool:  # noqa: N802
+        """pysyncobj appended (or, ``reverse``, truncated) a membership
+        entry: move its Raft connections and this node's voter set."""
+        change = membership.parse_request(request)
+        if change is None:
+            logger.error("controller %d: ignoring a membership entry kraftlog did not write: "
+                         "%r", self.node_id, request)
+            return False
+        address = change.voter.raft_address
+        if address == self.self_address:
+            done = True  # pysyncobj keeps its own node; being a voter is ours
+        elif change.kind == membership.REMOVE and not reverse and self._isLeader():
+            # Pushed entries are the only way a removed controller learns it
+            # is out: the leader keeps replicating to it as a learner, on
+            # the same connection (closing it would make it stand for
+            # election before it knows), until remove_voter ends that.
+            done = self._voter_to_learner(address)
+        else:
+            if address in self._learners:
+                self._stop_learner(address)  # it becomes a voter: one connection
+            done = SyncObj._SyncObj__doChangeCluster(self, request, reverse)
+        self._set_voters(membership.apply_change(self._voters, change, reverse), sync=True)
+        logger.info("controller %d: voters now %s (%s%s controller %d)", self.node_id,
+                    sorted(self._voters), "undone: " if reverse else "",
+                    "add" if change.kind == membership.ADD else "remove", change.voter.node_id)
+        return done
+
+    def _SyncObj__changeCluster(self, request: Any) -> bool:  # noqa: N802
+        """The leader, right before it appends a membership entry: refuse
+        (REQUEST_DENIED, reason in ``_refusal``) what must not be."""
+        self._refusal = None
+        change = membership.parse_request(request)
+        try:
+            if change is None:
+                raise MembershipRefused(membership.INVALID_REQUEST,
+                                        "not a membership change kraftlog writes")
+            self._check_change(change)
+        except (MembershipRefused, NotControllerError) as exc:
+            self._refusal = exc if isinstance(exc, MembershipRefused) else \
+                MembershipRefused("NOT_CONTROLLER", str(exc))
+            logger.warning("controller %d: membership change refused: %s", self.node_id, exc)
+            return False
+        return self._SyncObj__doChangeCluster(request)
+
+    def addNodeToCluster(self, node: Any, callback: Any = None) -> None:  # noqa: N802
+        raise RuntimeError("use MetadataQuorum.add_voter: membership entries carry the id")
+
+    def removeNodeFromCluster(self, node: Any, callback: Any = None) -> None:  # noqa: N802
+        raise RuntimeError("use MetadataQuorum.remove_voter")
+
+    def _addNodeToCluster(self, args: Any, callback: Any) -> None:
+        """pysyncobj's utility command from any peer with the secret: refused;
+        membership changes go through the active controller's API."""
+        callback(None, FAIL_REASON.REQUEST_DENIED)
+
+    def _removeNodeFromCluster(self, args: Any, callback: Any) -> None:
+        callback(None, FAIL_REASON.REQUEST_DENIED)
+
+    def _set_voters(self, voters: dict[int, Voter], sync: bool) -> None:
+        self._voters = voters
+        self._ids_by_address = {v.raft_address: nid for nid, v in voters.items()}
+        own = voters.get(self.node_id)
+        is_voter = own is not None and own.raft_address == self.self_address
+        if is_voter != self._is_voter:
+            logger.info("controller %d: %s", self.node_id,
+                        "now a voter" if is_voter else "not a voter: an observer from now on")
+            if is_voter:  # stand only after a full election timeout, as on start-up
+                conf = self._SyncObj__conf
+                self._SyncObj__raftElectionDeadline = time.monotonic() + random.uniform(
+                    conf.raftMinTimeout, conf.raftMaxTimeout)
+        self._is_voter = is_voter
+        if sync:
+            self._sync_other_nodes()
+
+    def _sync_other_nodes(self) -> None:
+        """Make pysyncobj's partners the voters but this node."""
+        wanted = {v.raft_address for v in self._voters.values()} - {self.self_address}
+        if wanted == {node.address for node in self._SyncObj__otherNodes}:
+            return
+        for address in wanted & set(self._learners):
+            self._stop_learner(address)
+        SyncObj._SyncObj__updateClusterConfiguration(self, sorted(wanted))
+        if self._isLeader():
+            for node in self._SyncObj__otherNodes:
+                self._SyncObj__lastResponseTime.setdefault(node, time.monotonic())
+
+    def _uncommitted_change(self) -> tuple[int, Change] | None:
+        """The newest membership entry above the commit index, if any."""
+        log = self._SyncObj__raftLog
+        commit = self.raftCommitIndex
+        for i in range(len(log) - 1, -1, -1):
+            command, index = log[i][0], log[i][1]
+            if index <= commit:
+                return None
+            change = membership.parse_entry(command)
+            if change is not None:
+                return index, change
+        return None
+
+    def _check_change(self, change: Change) -> None:
+        """Raise unless the leader may append ``change`` now."""
+        if not self._isLeader():
+            raise NotControllerError(f"controller {self.node_id} is not the Raft leader",
+                                     leader_id=self.leader_id())
+        noop = self._SyncObj__noopIDx
+        if noop is None or self.raftLastApplied < noop:
+            raise MembershipRefused(membership.CHANGE_IN_PROGRESS,
+                                    f"controller {self.node_id} was just elected and has not "
+                                    "committed an entry of its term yet; retry in a moment")
+        pending = self._uncommitted_change()
+        if pending is not None:
+            index, other = pending
+            raise MembershipRefused(
+                membership.CHANGE_IN_PROGRESS,
+                f"another voter change ({'adding' if other.kind == membership.ADD else 'removing'}"
+                f" controller {other.voter.node_id}, Raft index {index}) is not committed yet: "
+                "the quorum changes one voter at a time. Wait until it is (kraftlog quorum "
+                "status) and retry")
+        if change.kind == membership.ADD:
+            membership.check_add(self._voters, change.voter)
+        else:
+            voter = membership.check_remove(self._voters, change.voter.node_id)
+            if voter.raft_address == self.self_address:
+                raise MembershipRefused(membership.INVALID_REQUEST,
+                                        "the leader cannot remove itself: it hands leadership "
+                                        "over first (remove_voter does)")
+
+    # -- membership: learners (tick thread) --------------------------------
+    def _start_learner(self, address: str) -> None:
+        """Replicate to ``address`` as pysyncobj replicates to a read-only
+        node: it receives the log (or a snapshot) and counts for nothing."""
+        if address in self._learners or address in self._ids_by_address:
+            return
+        node = TCPNode(address)
+        self._SyncObj__transport.addNode(node)
+        self._SyncObj__readonlyNodes.add(node)
+        self._SyncObj__raftNextIndex[node] = self._SyncObj__raftLog[-1][1] + 1
+        self._SyncObj__raftMatchIndex[node] = 0
+        self._learners[address] = node
+        self._stale_learners.pop(address, None)
+        logger.info("controller %d: replicating to the learner %s", self.node_id, address)
+
+    def _voter_to_learner(self, address: str) -> bool:
+        node = next((n for n in self._SyncObj__otherNodes if n.address == address), None)
+        if node is None:
+            return False
+        self._SyncObj__otherNodes.discard(node)
+        self._SyncObj__readonlyNodes.add(node)  # its next and match indexes kept
+        self._learners[address] = node
+        return True
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
+        """A learner (joining, or just removed) only acknowledges appends:
+        its votes, vote requests (a removed controller that has not heard
+        yet may stand) and commands are not a voter's, and are dropped.
+        A learner whose messages carry a term above this leader's holds a
+        stale log (removed while it was down): the add waiting for it fails.
+
+        From any peer, a membership entry forwarded as ``apply_command`` is
+        refused: changes go through the active controller's API (its ACLs,
+        its learner catch-up), which never forwards one."""
+        if not isinstance(message, dict):
+            GuardedSyncObj._SyncObj__onMessageReceived(self, node, message)
+            return
+        kind = message.get("type")
+        if node in self._learners.values() and kind != "next_node_idx":
+            term = message.get("term")
+            address = getattr(node, "address", str(node))
+            if isinstance(term, int) and term > self.raftCurrentTerm \
+                    and address not in self._stale_learners:
+                self._stale_learners[address] = term
+                logger.warning("controller %d: the learner %s is at term %d, above this "
+                               "leader's %d: it holds stale state", self.node_id, address,
+                               term, self.raftCurrentTerm)
+            return
+        if kind == "apply_command" and bytes(message.get("command", b"")[:1]) == _MEMBERSHIP_TYPE:
+            logger.warning("controller %d: dropped a membership entry sent over the Raft port "
+                           "by %s: voter changes go through the active controller's API",
+                           self.node_id, getattr(node, "address", node))
+            if "request_id" in message:
+                self._SyncObj__transport.send(node, {
+                    "type": "apply_command_response", "request_id": message["request_id"],
+                    "error": FAIL_REASON.REQUEST_DENIED})
+            return
+        GuardedSyncObj._SyncObj__onMessageReceived(self, node, message)
+
+    def _stop_learner(self, address: str) -> None:
+        self._stale_learners.pop(address, None)
+        node = self._learners.pop(address, None)
+        if node is None:
+            return
+        self._SyncObj__readonlyNodes.discard(node)
+        self._SyncObj__connectedNodes.discard(node)
+        self._SyncObj__raftNextIndex.pop(node, None)
+        self._SyncObj__raftMatchIndex.pop(node, None)
+        self._SyncObj__transport.dropNode(node)
+
+    def _stop_all_learners(self) -> None:
+        if not self._isLeader():
+            for address in list(self._learners):
+                self._stop_learner(address)
+
+    def _learner_progress(self, address: str, node_id: int = -1) -> tuple[int | None, int]:
+        """(the learner's match index, None if it is not replicated to;
+        the commit index). MembershipRefused if it holds stale state."""
+        term = self._stale_learners.get(address)
+        if term is not None:
+            raise MembershipRefused(
+                membership.INVALID_REQUEST,
+                f"the controller at Raft address {address} is at term {term}, above the "
+                f"leader's {self.raftCurrentTerm}, so it ignores the leader. "
+                + membership.stale_state_message(node_id))
+        node = self._learners.get(address)
+        match = None if node is None else self._SyncObj__raftMatchIndex.get(node)
+        return match, self.raftCommitIndex
+
+    # -- membership: the asyncio side --------------------------------------
+    async def _on_tick(self, call: Callable[[], Any]) -> Any:
+        """Run ``call`` on the tick thread between two ticks; its result
+        (or exception) on the loop."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def run() -> None:
+            try:
+                outcome: tuple = (call(), None)
+            except Exception as exc:  # noqa: BLE001 - handed to the caller
+                outcome = (None, exc)
+            try:
+                loop.call_soon_threadsafe(_settle_call, future, outcome)
+            except RuntimeError:  # the loop is closed: nobody waits
+                pass
+
+        self._tick_calls.append(run)
+        self._kick.set()
+        try:
+            return await asyncio.wait_for(future, TICK_CALL_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise RequestTimedOutError(f"controller {self.node_id}: its Raft thread did not "
+                                       f"answer within {TICK_CALL_TIMEOUT_S:.0f} s") from None
+
+    def voters(self) -> dict[int, Voter]:
+        """The voter set as of the end of this node's log (any thread)."""
+        return dict(self._voters)
+
+    @property
+    def is_voter(self) -> bool:
+        return self._is_voter
+
+    async def add_voter(self, voter: Voter, catch_up_timeout_s: float,
+                        commit_timeout_s: float) -> dict[int, Voter]:
+        """Make ``voter`` (a running controller started to join) a voter:
+        replicate the log to it until it holds every committed entry, then
+        append and commit the change. The voter set after it.
+
+        Raises MembershipRefused (what must not be done), NotControllerError,
+        RequestTimedOutError (the learner did not catch up in time, or the
+        outcome of the change is unknown)."""
+        change = Change(membership.ADD, voter)
+        await self._on_tick(lambda: self._check_change(change))
+        address = voter.raft_address
+        await self._on_tick(lambda: self._start_learner(address))
+        try:
+            deadline = time.monotonic() + catch_up_timeout_s
+            while True:
+                match, commit = await self._on_tick(
+                    lambda: self._learner_progress(address, voter.node_id))
+                if match is None:
+                    raise NotControllerError(f"controller {self.node_id} stopped leading while "
+                                             f"controller {voter.node_id} caught up",
+                                             leader_id=self.leader_id())
+                if match >= commit:
+                    break
+                if time.monotonic() >= deadline:
+                    raise RequestTimedOutError(
+                        f"controller {voter.node_id} (Raft address {address}) did not catch "
+                        f"up within {catch_up_timeout_s:.0f} s (it holds Raft index {match} of "
+                        f"{commit}): is it running, started with controller.quorum.join = "
+                        "true, the same controller.quorum.secret.file, and the current voters "
+                        "in controller.quorum.voters? Nothing was changed")
+                await asyncio.sleep(LEARNER_POLL_S)
+            await self._propose_change(change, commit_timeout_s)
+        finally:
+            await self._on_tick(lambda: self._stop_learner(address))
+        return self.voters()
+
+    async def remove_voter(self, node_id: int, commit_timeout_s: float) -> dict[int, Voter]:
+        """Remove voter ``node_id``; the voter set after it. When it is this
+        node (the leader), leadership goes to a caught-up voter first and
+        NotControllerError names it: the caller asks it again there."""
+        voter = membership.check_remove(self._voters, node_id)
+        if voter.raft_address != self.self_address:
+            address = voter.raft_address
+            change = Change(membership.REMOVE, voter)
+            await self._on_tick(lambda: self._check_change(change))
+            try:
+                await self._propose_change(change, commit_timeout_s)
+                await self._let_learner_catch_up(address, REMOVED_CATCH_UP_S)
+            finally:
+                await self._on_tick(lambda: self._stop_learner(address))
+            return self.voters()
+        await self._on_tick(lambda: self._check_change_of_leader())
+        successor = await self._hand_over_leadership(commit_timeout_s)
+        raise NotControllerError(
+            f"controller {node_id} was the leader: it handed leadership to controller "
+            f"{successor}, which removes it when asked again", leader_id=successor)
+
+    async def _let_learner_catch_up(self, address: str, timeout_s: float) -> bool:
+        """Wait until the learner at ``address`` holds every committed entry
+        (True), or ``timeout_s`` passed or it is not replicated to (False)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            match, commit = await self._on_tick(lambda: self._learner_progress(address))
+            if match is not None and match >= commit:
+                return True
+            if match is None or time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(LEARNER_POLL_S)
+
+    def _check_change_of_leader(self) -> None:
+        """As ``_check_change``, for removing the leader itself (which its
+        successor will do)."""
+        if not self._isLeader():
+            raise NotControllerError(f"controller {self.node_id} is not the Raft leader",
+                                     leader_id=self.leader_id())
+        pending = self._uncommitted_change()
+        if pending is not None:
+            raise MembershipRefused(membership.CHANGE_IN_PROGRESS,
+                                    f"another voter change (Raft index {pending[0]}) is not "
+                                    "committed yet: wait until it is and retry")
+        membership.check_remove(self._voters, self.node_id)
+
+    async def _hand_over_leadership(self, timeout_s: float) -> int:
+        """Ask the most caught-up connected voter to stand (Raft's
+        TimeoutNow) until another leader is known; its id."""
+        deadline = time.monotonic() + timeout_s
+        asked_at = 0.0
+        while True:
+            leader = self.leader_id()
+            if not self.is_leader and leader is not None and leader != self.node_id:
+                return leader
+            if time.monotonic() >= deadline:
+                raise RequestTimedOutError(
+                    f"controller {self.node_id} could not hand leadership over within "
+                    f"{timeout_s:.0f} s (no other voter caught up and connected?); nothing "
+                    "was removed. Check kraftlog quorum status and retry")
+            if self.is_leader and time.monotonic() - asked_at > 0.5:
+                asked_at = time.monotonic()
+                await self._on_tick(lambda: self.transferLeadership(None, None))
+            await asyncio.sleep(LEARNER_POLL_S)
+
+    async def _propose_change(self, change: Change, timeout_s: float) -> None:
+        """Append ``change`` on the leader and wait until it commits."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def settle(result: Any, error: int) -> None:  # tick thread
+            refusal, self._refusal = self._refusal, None
+            _settle_threadsafe(loop, future, refusal, error)
+
+        def queue() -> None:  # tick thread
+            # Only a leader queues it: a follower's pysyncobj would forward
+            # it to the leader, around its API (which refuses it anyway).
+            if not self._isLeader():
+                raise NotControllerError(f"controller {self.node_id} is not the Raft leader",
+                                         leader_id=self.leader_id())
+            self._applyCommand(change.command(), settle, membership.MEMBERSHIP_COMMAND_TYPE)
+
+        await self._on_tick(queue)
+        try:
+            refusal, error = await asyncio.wait_for(future, timeout_s)
+        except asyncio.TimeoutError:
+            raise RequestTimedOutError(
+                f"the voter change did not commit within {timeout_s:.1f} s; it may still: "
+                "check kraftlog quorum status before retrying") from None
+        if error == FAIL_REASON.SUCCESS:
+            return
+        if error == FAIL_REASON.REQUEST_DENIED:
+            raise refusal or MembershipRefused(
+                membership.CHANGE_IN_PROGRESS,
+                "the leader refused the voter change (the voter set changed meanwhile?): "
+                "check kraftlog quorum status and retry")
+        if error in (FAIL_REASON.NOT_LEADER, FAIL_REASON.MISSING_LEADER):
+            raise NotControllerError(f"controller {self.node_id} is not the Raft leader",
+                                     leader_id=self.leader_id())
+        raise RequestTimedOutError(
+            f"leadership moved while the voter change was in flight "
+            f"({_FAIL_NAMES.get(error, error)}); it may still be applied: check kraftlog "
+            "quorum status before retrying")
 
     def _trim_journal_to_snapshot(self) -> None:
         """After a crash between writing a snapshot and cutting the journal,
@@ -410,9 +913,17 @@ class MetadataQuorum(GuardedSyncObj):
             kicked = self._kick.is_set()
             self._kick.clear()
             try:
+                while self._tick_calls:
+                    self._tick_calls.popleft()()
+                if not self._is_voter:
+                    # An observer (joining, or removed) never stands for
+                    # election: its deadline stays ahead of it.
+                    self._SyncObj__raftElectionDeadline = time.monotonic() + 3600
                 self.doTick(0.0 if kicked else 0.05)
                 log = self._SyncObj__raftLog
                 self._last_log_index = log[-1][1] if len(log) else 0
+                pending = self._uncommitted_change()
+                self._pending_change_seen = None if pending is None else pending[0]
             except Exception:
                 # A tick that raises would otherwise end this thread silently
                 # and leave a controller that answers HTTP but never votes.
@@ -480,6 +991,10 @@ class MetadataQuorum(GuardedSyncObj):
     def _on_state_changed(self, old_state: int, new_state: int) -> None:
         logger.info("controller %d: raft %s -> %s", self.node_id,
                     _STATE_NAMES.get(old_state), _STATE_NAMES.get(new_state))
+        if new_state != _LEADER and self._learners:
+            # Only a leader replicates to learners; dropped between ticks,
+            # outside pysyncobj's own call.
+            self._tick_calls.append(self._stop_all_learners)
         self._notify()
 
     # -- snapshots (tick thread) ------------------------------------------
@@ -490,10 +1005,16 @@ class MetadataQuorum(GuardedSyncObj):
         with self.image_lock:
             image = self._image.to_snapshot()
             last_token = self._last_token
+        # The voter set as of the snapshot's last entry: the current one
+        # with the changes of later entries (already appended) undone.
+        log = self._SyncObj__raftLog
+        later = [log[i][0] for i in range(len(log)) if log[i][1] > last_entry[1]]
+        voters = membership.revert(self._voters, later)
         body = msgpack.packb({
             "format": SNAPSHOT_FORMAT,
             "image": image,
             "last_token": last_token,
+            "voters": membership.encode_voters(voters),
             "last_entry": [bytes(last_entry[0]), last_entry[1], last_entry[2]],
             "prev_entry": [bytes(prev_entry[0]), prev_entry[1], prev_entry[2]],
         }, use_bin_type=True)
@@ -516,6 +1037,9 @@ class MetadataQuorum(GuardedSyncObj):
         if raw.get("format") != SNAPSHOT_FORMAT:
             raise ValueError(f"{path}: unknown snapshot format {raw.get('format')!r}")
         image = MetadataImage.from_snapshot(raw["image"])
+        # Snapshots from before membership was recorded: the static set.
+        self._snapshot_voters = (membership.decode_voters(raw["voters"])
+                                 if "voters" in raw else None)
         with self.image_lock:
             self._image = image
             self._last_token = raw.get("last_token")  # snapshots before pipelining: none
@@ -524,7 +1048,12 @@ class MetadataQuorum(GuardedSyncObj):
         logger.info("controller %d: loaded snapshot at metadata offset %d",
                     self.node_id, image.offset)
         self._notify()
-        return (tuple(last), tuple(prev), None)
+        # pysyncobj hands the cluster (the last item) to
+        # __updateClusterConfiguration, whose override reads the set from
+        # the snapshot and the journal instead.
+        base = self._snapshot_voters if self._snapshot_voters is not None \
+            else self._static_voters
+        return (tuple(last), tuple(prev), [v.raft_address for v in base.values()])
 
     # -- the asyncio side -------------------------------------------------
     @property
@@ -624,9 +1153,10 @@ class MetadataQuorum(GuardedSyncObj):
         last_index = self._last_log_index  # read on the tick thread
         state = _STATE_NAMES.get(raw["state"], str(raw["state"]))
         voters = []
-        for nid, address in sorted(self.raft_addresses.items()):
-            entry: dict[str, Any] = {"id": nid, "raft_address": address}
-            if nid == self.node_id:
+        for nid, voter in sorted(self._voters.items()):
+            address = voter.raft_address
+            entry: dict[str, Any] = {"id": nid, "raft_address": address, "url": voter.url}
+            if address == self.self_address:
                 entry.update(connected=True, match_index=last_index if state == "leader" else None)
             else:
                 entry["connected"] = raw.get(f"partner_node_status_server_{address}", 0) == 2
@@ -647,11 +1177,23 @@ class MetadataQuorum(GuardedSyncObj):
             "last_log_index": last_index,
             "has_quorum": bool(raw.get("has_quorum")),
             "metadata_offset": metadata_offset,
+            "voter": self._is_voter,
             "voters": voters,
+            "pending_voter_change": self._pending_change_seen,
         }
 
 
 _FAIL_NAMES = {value: name for name, value in vars(FAIL_REASON).items() if name.isupper()}
+
+
+def _settle_call(future: asyncio.Future, outcome: tuple) -> None:
+    if future.done():
+        return
+    result, error = outcome
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def _settle(future: asyncio.Future, result: Any, error: int) -> None:

@@ -54,6 +54,8 @@ Endpoints (controller listener; msgpack or JSON bodies, see protocol/wire.py):
   POST /v1/controller/leaders/elect        preferred leader election
   POST /v1/controller/partitions/reassign  start or cancel partition reassignments
   POST /v1/controller/partitions/reassignments  list reassignments in progress (read only)
+  POST /v1/controller/quorum/add-voter     add a controller to the voters (KIP-853 AddRaftVoter)
+  POST /v1/controller/quorum/remove-voter  remove one (RemoveRaftVoter; the leader hands over first)
   GET  /v1/quorum                          Raft status (any controller)
   GET  /v1/metadata                        this controller's image as JSON
   GET  /healthz
@@ -71,6 +73,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from kraft.authorizer import (AllowAll, Authorizer, RouteRule, authorization_middleware,
@@ -78,11 +81,13 @@ from kraft.authorizer import (AllowAll, Authorizer, RouteRule, authorization_mid
 from kraft.config import NodeConfig
 from kraft.controller import (INT32_MAX, INT64_MAX, Controller, ControllerResult,
                               ControllerSettings)
+from kraft import membership
 from kraft.image import MetadataImage
+from kraft.membership import MembershipRefused, Voter, stale_state_message
 from kraft.quorum import ApplyStatus, MetadataQuorum, RaftSettings
 from kraft.records import NoOpRecord, decode
-from protocol import acl, wire
-from protocol.errors import (InvalidRequestError, KraftError, NotControllerError,
+from protocol import acl, tls, wire
+from protocol.errors import (CodedError, InvalidRequestError, KraftError, NotControllerError,
                              RequestTimedOutError, StaleBrokerEpochError, UnknownServerError)
 from protocol.fields import Fields
 from storage.clock import expiry_clock_ms, wall_clock_ms
@@ -102,6 +107,9 @@ _CLUSTER_ACTION_PATHS = (
 CONTROLLER_ROUTE_RULES: dict[tuple[str, str], RouteRule] = {
     **{("POST", f"/v1/controller/{path}"): RouteRule(path, acl.CLUSTER_ACTION)
        for path in _CLUSTER_ACTION_PATHS},
+    # Kafka's AddRaftVoter and RemoveRaftVoter: ALTER on the CLUSTER.
+    ("POST", "/v1/controller/quorum/add-voter"): RouteRule("AddRaftVoter", acl.ALTER),
+    ("POST", "/v1/controller/quorum/remove-voter"): RouteRule("RemoveRaftVoter", acl.ALTER),
     ("GET", "/v1/quorum"): RouteRule("DescribeQuorum", acl.DESCRIBE),
     ("GET", "/v1/metadata"): RouteRule("the metadata image", acl.CLUSTER_ACTION),
     ("GET", "/healthz"): RouteRule("health", open=True),
@@ -111,6 +119,13 @@ logger = logging.getLogger(__name__)
 
 #: How long a write may wait for the quorum to commit it.
 COMMIT_TIMEOUT_MS = 5000
+#: How long adding a controller waits, by default and at most, for it to
+#: catch up as a learner before it becomes a voter.
+VOTER_CATCH_UP_TIMEOUT_MS = 30_000
+#: How long the active controller waits for a controller it is asked to add
+#: to say who it is (GET /healthz at its CONTROLLER listener).
+VOTER_IDENTITY_TIMEOUT_S = 5.0
+VOTER_CATCH_UP_TIMEOUT_MS_MAX = 300_000
 #: How long a request waits for a freshly elected leader to become active.
 ACTIVATION_WAIT_MS = 3000
 #: Recomputations of a batch that met a different image.
@@ -187,7 +202,7 @@ def raft_secret(config: NodeConfig) -> bytes | None:
     port); otherwise none, which the config allows only on loopback."""
     if config.raft_secret is not None:
         return config.raft_secret
-    if len(config.voters) == 1:
+    if len(config.voters) == 1 and not config.joins_quorum:
         return base64.urlsafe_b64encode(os.urandom(32))
     logger.warning("controller %d: the Raft port is unauthenticated (no "
                    "controller.quorum.secret.file): anything on this machine that can "
@@ -244,14 +259,18 @@ class ControllerServer:
         self.config = config
         self.clock_ms = clock_ms
         raft_addresses = {nid: str(config.raft_endpoint(nid)) for nid in config.voters}
+        self._secret_made_up = config.raft_secret is None and len(config.voters) == 1 \
+            and not config.joins_quorum
         self.quorum = MetadataQuorum(
             config.node_id, raft_addresses, config.metadata_log_dir,
             RaftSettings(election_timeout_ms=config.election_timeout_ms,
                          fetch_timeout_ms=config.fetch_timeout_ms,
-                         secret=raft_secret(config)))
+                         secret=raft_secret(config)),
+            urls=config.controller_urls, self_address=str(config.own_raft_endpoint))
         self.core = Controller(ControllerSettings.from_node(config))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._write_lock = asyncio.Lock()
+        self._membership_busy = asyncio.Lock()
         # Write requests waiting for the committer task, in arrival order.
         self._writes: collections.deque[_Write] = collections.deque()
         self._writes_waiting = asyncio.Event()
@@ -288,7 +307,7 @@ class ControllerServer:
         app[wire.BODY_BYTES_MAX_KEY] = CONTROLLER_REQUEST_BYTES_MAX
         app[wire.BODY_IDLE_MS_KEY] = idle_ms
         # Never SASL_SSL (refused): no passwords to check here.
-        self.config.secure_app(app, self.config.voters[self.config.node_id])
+        self.config.secure_app(app, self.config.controller_endpoint)
         self.add_routes(app)
         # Its ACLs are the cluster's once it is the active controller (its
         # barrier applied): before, only super users (the nodes) are served,
@@ -301,7 +320,7 @@ class ControllerServer:
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
                                      keepalive_timeout=idle_ms / 1000)
         await self._runner.setup()
-        endpoint = self.config.voters[self.config.node_id]
+        endpoint = self.config.controller_endpoint
         await web.TCPSite(self._runner, endpoint.host, endpoint.port,
                           ssl_context=self.config.tls.server if endpoint.tls else None).start()
         self._tasks.append(asyncio.create_task(self._tick_loop(), name="controller-tick"))
@@ -350,6 +369,8 @@ class ControllerServer:
         }
         for path, handler in post.items():
             app.router.add_post(f"/v1/controller/{path}", handler)
+        app.router.add_post("/v1/controller/quorum/add-voter", self.handle_add_voter)
+        app.router.add_post("/v1/controller/quorum/remove-voter", self.handle_remove_voter)
         app.router.add_get("/v1/quorum", self.handle_quorum)
         app.router.add_get("/v1/metadata", self.handle_image)
         app.router.add_get("/healthz", self.handle_health)
@@ -407,9 +428,18 @@ class ControllerServer:
             + (f"; the leader is controller {leader_id}" if leader_id is not None else
                "; no leader is known yet, retry shortly"),
             leader_id=leader_id)
-        if leader_id is not None and leader_id in self.config.voters:
-            error.leader_url = self.config.voters[leader_id].url
+        if leader_id is not None:
+            error.leader_url = self.voter_url(leader_id)
         return error
+
+    def voter_url(self, node_id: int | None) -> str | None:
+        """A controller's URL: the log's voter set first (controllers that
+        joined), then the static voters."""
+        voter = self.quorum.voters().get(node_id) if node_id is not None else None
+        if voter is not None and voter.url:
+            return voter.url
+        endpoint = self.config.voters.get(node_id) if node_id is not None else None
+        return endpoint.url if endpoint is not None else None
 
     async def _await_active(self) -> None:
         deadline = time.monotonic() + ACTIVATION_WAIT_MS / 1000
@@ -892,12 +922,140 @@ class ControllerServer:
         status["writes"] = {"committed": self._writes_committed,
                             "batches": self._write_batches,
                             "pipelined": self._pipelined_batches}
-        leader_id = status["leader_id"]
-        status["leader_url"] = self.config.voters[leader_id].url \
-            if leader_id in self.config.voters else None
+        status["leader_url"] = self.voter_url(status["leader_id"])
         for voter in status["voters"]:
-            voter["url"] = self.config.voters[voter["id"]].url
+            voter["url"] = voter.get("url") or self.voter_url(voter["id"])
         return wire.respond(request, status)
+
+    # -- membership (KIP-853) ---------------------------------------------
+    async def handle_add_voter(self, request: web.Request) -> web.Response:
+        """Make a running controller (started with controller.quorum.join)
+        a voter: ``node_id``, and its ``address`` (CONTROLLER listener,
+        host:port) and/or ``raft_address`` (the other is derived with this
+        controller's controller.quorum.raft.port.offset); ``timeout_ms`` to
+        wait for it to catch up. Answers the voter set after the change."""
+        body = Fields(await wire.read_body(request), "")
+        node_id = body.integer("node_id", 0, INT32_MAX)
+        address = body.string("address", 300, default=None)
+        raft_address = body.string("raft_address", 300, default=None)
+        timeout_ms = body.integer("timeout_ms", 1, VOTER_CATCH_UP_TIMEOUT_MS_MAX,
+                                  default=VOTER_CATCH_UP_TIMEOUT_MS)
+        voter = self._voter_to_add(node_id, address, raft_address)
+        if self._secret_made_up:
+            raise CodedError("INVALID_REQUEST",
+                             "this lone controller made up its Raft secret at start-up, so no "
+                             "other controller can join it: set controller.quorum.secret.file "
+                             "(the same file content everywhere) on it and restart it first")
+        await self._await_active()
+        try:
+            membership.check_add(self.quorum.voters(), voter)
+        except MembershipRefused as exc:
+            raise CodedError(exc.code, str(exc)) from None
+        await self._check_identity(voter)
+        async with self._membership_lock():
+            voters = await self._membership(self.quorum.add_voter(
+                voter, timeout_ms / 1000, COMMIT_TIMEOUT_MS / 1000))
+        logger.info("controller %d: controller %d (%s) is now a voter", self.config.node_id,
+                    node_id, voter.raft_address)
+        return wire.respond(request, {"voters": _voters_json(voters)})
+
+    async def handle_remove_voter(self, request: web.Request) -> web.Response:
+        """Remove voter ``node_id``. When it is this (active) controller, it
+        hands leadership to a caught-up voter and answers NOT_CONTROLLER
+        naming it: the client asks it again there, and it removes this one."""
+        body = Fields(await wire.read_body(request), "")
+        node_id = body.integer("node_id", 0, INT32_MAX)
+        await self._await_active()
+        async with self._membership_lock():
+            voters = await self._membership(self.quorum.remove_voter(
+                node_id, COMMIT_TIMEOUT_MS / 1000))
+        logger.info("controller %d: controller %d is no longer a voter", self.config.node_id,
+                    node_id)
+        return wire.respond(request, {"voters": _voters_json(voters)})
+
+    async def _check_identity(self, voter: Voter) -> None:
+        """Refuse to add ``voter`` unless the process at its URL is that
+        controller: its node id, and listening for Raft at its Raft address
+        (a typo in the id or an address that is another node's or not the
+        one it listens as would add a voter that never stands), and not
+        holding a voter set that still names it (stale state)."""
+        url = voter.url or ""
+        fix = "check --id, --address and --raft-address"
+        try:
+            async with tls.session(self.config.tls.peer if self.config.tls else None) as session:
+                async with session.get(
+                        url + "/healthz", headers={"Accept": "application/json"},
+                        timeout=aiohttp.ClientTimeout(total=VOTER_IDENTITY_TIMEOUT_S)) as answer:
+                    health = await answer.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            raise CodedError(
+                "INVALID_REQUEST", f"nothing answered as controller {voter.node_id} at {url} "
+                f"({type(exc).__name__}: {exc}): start it (controller.quorum.join = true) "
+                f"and {fix}. Nothing was changed") from None
+        if not isinstance(health, dict) or health.get("role") != "controller":
+            raise CodedError("INVALID_REQUEST", f"{url} is not a controller's CONTROLLER "
+                             f"listener: {fix}. Nothing was changed")
+        if health.get("node_id") != voter.node_id:
+            raise CodedError(
+                "INVALID_REQUEST", f"the controller at {url} is node {health.get('node_id')}, "
+                f"not {voter.node_id}: {fix}. Nothing was changed")
+        listens_as = health.get("raft_address")
+        if listens_as != voter.raft_address:
+            raise CodedError(
+                "INVALID_REQUEST", f"controller {voter.node_id} listens for Raft at "
+                f"{listens_as or 'an address it does not report (an older version?)'}, not at "
+                f"{voter.raft_address}: give --raft-address {listens_as or 'host:port'} (or "
+                "--address as its CONTROLLER listener names its host). Nothing was changed")
+        if health.get("voter"):
+            raise CodedError("INVALID_REQUEST", stale_state_message(voter.node_id))
+
+    def _voter_to_add(self, node_id: int, address: str | None,
+                      raft_address: str | None) -> Voter:
+        offset = self.config.raft_port_offset
+        try:
+            if address is None and raft_address is None:
+                raise MembershipRefused("INVALID_REQUEST", "give the new controller's address "
+                                        "(its CONTROLLER listener) or its raft_address")
+            if address is not None:
+                host, port = membership.parse_host_port(address, "address")
+            if raft_address is not None:
+                raft_host, raft_port = membership.parse_host_port(raft_address, "raft_address")
+            if address is None:
+                host, port = raft_host, raft_port - offset
+                if port < 1:
+                    raise MembershipRefused("INVALID_REQUEST", f"raft_address {raft_address}: "
+                                            f"its port minus the Raft port offset ({offset}) "
+                                            "is no port; give address too")
+            if raft_address is None:
+                raft_host, raft_port = host, port + offset
+                if raft_port > 65535:
+                    raise MembershipRefused("INVALID_REQUEST", f"address {address}: its port "
+                                            f"plus the Raft port offset ({offset}) is above "
+                                            "65535; give raft_address too")
+        except MembershipRefused as exc:
+            raise CodedError(exc.code, str(exc)) from None
+        scheme = "https" if self.config.controller_endpoint.tls else "http"
+        return Voter(node_id, f"{raft_host}:{raft_port}", f"{scheme}://{host}:{port}")
+
+    def _membership_lock(self) -> Any:
+        """One membership change at a time from this controller: a second
+        one while the first waits for its learner is refused at once."""
+        if self._membership_busy.locked():
+            raise CodedError(membership.CHANGE_IN_PROGRESS,
+                             "another voter change is in progress on this controller: the "
+                             "quorum changes one voter at a time. Wait for it (kraftlog quorum "
+                             "status) and retry")
+        return self._membership_busy
+
+    async def _membership(self, change: Any) -> dict:
+        try:
+            return await change
+        except MembershipRefused as exc:
+            raise CodedError(exc.code, str(exc)) from None
+        except NotControllerError as exc:
+            if exc.leader_id is not None:
+                exc.leader_url = self.voter_url(exc.leader_id)
+            raise
 
     async def handle_image(self, request: web.Request) -> web.Response:
         with self.quorum.image_lock:
@@ -906,11 +1064,18 @@ class ControllerServer:
 
     async def handle_health(self, request: web.Request) -> web.Response:
         return wire.respond(request, {"status": "ok", "node_id": self.config.node_id,
-                                      "role": "controller", "active": self.is_active})
+                                      "role": "controller", "active": self.is_active,
+                                      "raft_address": self.quorum.self_address,
+                                      "voter": self.quorum.is_voter})
 
 
 class MetadataOffsetOutOfRangeError(KraftError):
     code = "OFFSET_OUT_OF_RANGE"
+
+
+def _voters_json(voters: dict) -> list[dict]:
+    return [{"id": v.node_id, "raft_address": v.raft_address, "url": v.url}
+            for _, v in sorted(voters.items())]
 
 
 def image_as_json(image: MetadataImage) -> dict:
