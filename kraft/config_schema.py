@@ -175,9 +175,9 @@ SCHEMA: tuple[Key, ...] = (
     _k("eligible.leader.replicas.enable", "bool", True,
        "Track eligible leader replicas (Kafka's KIP-966): a replica that leaves the ISR "
        "while it is below min.insync.replicas may still be elected, and one that restarts "
-       "after an unclean shutdown may not, while a clean one is left. Turn it off only "
-       "while upgrading from a version without it. Needs min.insync.replicas equal on "
-       "every node.", "kraft/controller.py"),
+       "after an unclean shutdown may not, while a clean one is left. Off on the "
+       "controllers while upgrading from a version without it (that version cannot read "
+       "the records it writes).", "kraft/controller.py"),
     _k("auto.leader.rebalance.enable", "bool", True,
        "Move leadership back to preferred replicas periodically.", _CONFIG),
     _k("leader.imbalance.check.interval.seconds", "int", 300,

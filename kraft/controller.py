@@ -387,12 +387,15 @@ class Controller:
         body = Fields(request, "")
         broker_id = body.integer("broker_id", 0, INT32_MAX)
         clean_shutdown = body.boolean("clean_shutdown", default=False)
+        min_isr = body.integer("min_insync_replicas", 1, REPLICAS_PER_PARTITION_MAX,
+                               default=None)
         incarnation_id = body.string("incarnation_id", INCARNATION_ID_CHARS_MAX)
         endpoints = _endpoints(body)
         rack = body.string("rack", RACK_CHARS_MAX, min_chars=0, default=None)
         existing = image.brokers.get(broker_id)
         if existing is not None and existing.incarnation_id == incarnation_id:
-            if existing.endpoints != endpoints or existing.rack != rack:
+            if (existing.endpoints != endpoints or existing.rack != rack
+                    or existing.min_insync_replicas != min_isr):
                 raise InvalidRequestError(
                     f"broker {broker_id} incarnation {incarnation_id!r} is already registered "
                     "with other endpoints or rack; a restarted process needs a new incarnation_id")
@@ -407,7 +410,8 @@ class Controller:
         draft = _Draft(image, self.settings)
         if existing is not None and not existing.fenced:
             self._fence_brokers(draft, [broker_id])
-        broker_epoch = draft.add(RegisterBrokerRecord(broker_id, incarnation_id, endpoints, rack))
+        broker_epoch = draft.add(RegisterBrokerRecord(broker_id, incarnation_id, endpoints, rack,
+                                                      min_insync_replicas=min_isr))
         if not clean_shutdown:
             _forget_unclean_replica(draft, broker_id)
         self._lease_start_ms[broker_id] = now_ms
@@ -521,7 +525,8 @@ class Controller:
                                broker.broker_id, name, partition)
                 isr = _isr_without(draft, current.isr, [broker.broker_id])
                 if current.leader != broker.broker_id:
-                    if isr != current.isr:
+                    if isr != current.isr or broker.broker_id in current.elr:
+                        # Out of the ISR, and of the ELR (_eligible_after).
                         _change_partition(draft, name, partition, isr=isr)
                     continue
                 _elect(draft, name, partition, isr, live, unclean_allowed)
@@ -1305,7 +1310,8 @@ def _change_partition(draft: _Draft, topic: str, partition: int, *,
     topic_image = draft.image.topics[topic]
     current = topic_image.partitions[partition]
     if elr is None:
-        elr = _eligible_after(draft, topic, current, current.isr if isr is None else list(isr),
+        elr = _eligible_after(draft, topic, partition, current,
+                              current.isr if isr is None else list(isr),
                               current.replicas if replicas is None else list(replicas))
     new_leader = current.leader if leader is None else leader
     last_known_leader = (NO_LEADER if new_leader != NO_LEADER
@@ -1353,16 +1359,24 @@ def _complete_reassignment_if_caught_up(draft: _Draft, topic: str, partition: in
 
 
 def _min_insync_replicas(draft: _Draft, topic: str) -> int:
-    """The topic's min.insync.replicas: its override, else the cluster's."""
-    value = draft.image.configs.get((TOPIC_RESOURCE, topic), {}).get(
-        MIN_INSYNC_REPLICAS, draft.settings.topic_config_defaults.get(MIN_INSYNC_REPLICAS, "1"))
+    """The topic's min.insync.replicas as eligible leader replicas must read
+    it: its override, else the smallest default of this controller and of
+    every registered broker. Never more than a leader uses (a leader's high
+    watermark must stand still whenever this counts its ISR below it), so
+    a default that differs between nodes costs availability, not data."""
+    value = draft.image.configs.get((TOPIC_RESOURCE, topic), {}).get(MIN_INSYNC_REPLICAS)
+    if value is None:
+        defaults = [b.min_insync_replicas for b in draft.image.brokers.values()
+                    if b.min_insync_replicas is not None]
+        value = min([*defaults, int(draft.settings.topic_config_defaults.get(
+            MIN_INSYNC_REPLICAS, "1"))])
     try:
         return int(value)
-    except ValueError:  # An override no longer valid: the strictest reading.
-        return REPLICAS_PER_PARTITION_MAX
+    except ValueError:  # An override no longer valid: brokers then read 1.
+        return 1
 
 
-def _eligible_after(draft: _Draft, topic: str, current: PartitionRegistration,
+def _eligible_after(draft: _Draft, topic: str, partition: int, current: PartitionRegistration,
                     isr: list[int], replicas: list[int]) -> list[int]:
     """The ELR once the partition's ISR is ``isr`` (KIP-966), in replica order.
 
@@ -1376,6 +1390,8 @@ def _eligible_after(draft: _Draft, topic: str, current: PartitionRegistration,
             draft, topic):
         return []
     eligible = (set(current.elr) | set(current.isr)) - set(isr)
+    if eligible:  # A replica whose log is in a failed log dir has none to offer.
+        eligible -= draft.image.brokers_offline_for(topic, partition)
     return [r for r in replicas if r in eligible]
 
 
@@ -1407,13 +1423,15 @@ def _forget_unclean_replica(draft: _Draft, broker_id: int) -> None:
 
 
 def _reset_eligible(draft: _Draft, topic: str) -> None:
-    """The topic's min.insync.replicas changed: its ELRs were kept under the
-    old value, which a lower one would no longer make safe (the high
-    watermark may move on with fewer members), so as Kafka does, they are
-    forgotten (a leaderless partition keeps its last known leader)."""
+    """The topic's min.insync.replicas changed: its ELRs are judged again by
+    the new value. Where the ISR now reaches it, the high watermark may move
+    on without them, so they are forgotten (Kafka forgets them all); where
+    it does not, the high watermark still stands and they stay eligible
+    (forgetting those could elect a broker that lost its tail over one that
+    kept everything)."""
     for partition, current in sorted(draft.image.topics[topic].partitions.items()):
         if current.elr:
-            _change_partition(draft, topic, partition, elr=[])
+            _change_partition(draft, topic, partition)
 
 
 def _leader_within(leader: int, replicas: list[int], isr: list[int],
@@ -1467,7 +1485,7 @@ def _elect(draft: _Draft, topic: str, partition: int, isr: list[int], live: set[
     if leader != NO_LEADER:
         _change_partition(draft, topic, partition, leader=leader, isr=isr)
         return
-    elr = _eligible_after(draft, topic, current, isr, current.replicas)
+    elr = _eligible_after(draft, topic, partition, current, isr, current.replicas)
     if not draft.settings.eligible_leader_replicas:
         elr = current.elr  # Turned off: what was kept before still names clean copies.
     last_known = current.leader if current.leader != NO_LEADER else current.last_known_leader
@@ -1584,7 +1602,8 @@ def _elect_unclean(draft: _Draft, topic: str, partition: int) -> dict:
         return result
     _elect(draft, topic, partition, list(current.isr), live, unclean_allowed=True)
     after = draft.image.topics[topic].partitions[partition]
-    result.update(leader=after.leader, unclean=after.leader not in current.isr)
+    result.update(leader=after.leader, unclean=after.leader not in (
+        *current.isr, *current.elr, current.last_known_leader))
     return result
 
 

@@ -64,6 +64,8 @@ class BrokerRegistration:
     # Replaced, never changed in place (``copy`` shares them).
     offline_log_dirs: list[str] = dataclasses.field(default_factory=list)
     offline_replicas: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    # Its own default min.insync.replicas, as it registered (None: not said).
+    min_insync_replicas: int | None = None
 
 
 @dataclasses.dataclass
@@ -186,8 +188,12 @@ class MetadataImage:
     def _register_broker(self, r: RegisterBrokerRecord, offset: int) -> None:
         if r.broker_id < 0:
             raise MetadataApplyError(f"broker id {r.broker_id} is negative")
+        if r.min_insync_replicas is not None and r.min_insync_replicas < 1:
+            raise MetadataApplyError(f"broker {r.broker_id}: min.insync.replicas "
+                                     f"{r.min_insync_replicas} is below 1")
         self.brokers[r.broker_id] = BrokerRegistration(
-            r.broker_id, r.incarnation_id, offset, dict(r.endpoints), r.rack)
+            r.broker_id, r.incarnation_id, offset, dict(r.endpoints), r.rack,
+            min_insync_replicas=r.min_insync_replicas)
 
     def _broker(self, broker_id: int, broker_epoch: int) -> BrokerRegistration:
         broker = self.brokers.get(broker_id)
@@ -629,7 +635,7 @@ def _broker_snapshot(broker: BrokerRegistration) -> dict:
     a snapshot of a cluster without disk errors loads on the version
     before them too (a rolling upgrade or downgrade)."""
     fields = dataclasses.asdict(broker)
-    for name in ("offline_log_dirs", "offline_replicas"):
+    for name in ("offline_log_dirs", "offline_replicas", "min_insync_replicas"):
         if not fields[name]:
             del fields[name]
     return fields

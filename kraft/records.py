@@ -58,6 +58,11 @@ class RegisterBrokerRecord(Record):
     incarnation_id: str  # new per process start: tells a restart from a duplicate
     endpoints: dict[str, str]  # listener name -> "host:port"
     rack: Optional[str]
+    # The broker's own default min.insync.replicas (for topics without an
+    # override): the controller keeps eligible leader replicas by the
+    # smallest any broker uses, so none advances its high watermark while
+    # the controller counts its ISR below it. None: not said (older brokers).
+    min_insync_replicas: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -53,7 +53,7 @@ CLEAN_RETRY_AFTER_FAILURE_S = 60
 
 def _read_boot_id(directory: str) -> str | None:
     try:
-        with open(os.path.join(directory, BOOT_ID_FILE), encoding="ascii",
+        with open(os.path.join(directory, BOOT_ID_FILE), encoding="utf-8",
                   errors="replace") as f:
             return f.read().strip() or None
     except OSError:
@@ -240,7 +240,7 @@ class LogManager:
                     "would lose what it acknowledged)") from exc
         self.nothing_unflushed_lost = all(
             os.path.exists(os.path.join(directory, CLEAN_SHUTDOWN_FILE))
-            or (self.boot_id is not None and _read_boot_id(directory) == self.boot_id)
+            or (self.boot_id is not None and _read_boot_id(directory) == self._boot_record())
             for directory in self.config.log_dirs)
         if self.nothing_unflushed_lost:
             self.record_boot()
@@ -264,9 +264,14 @@ class LogManager:
         for directory in self.online_dirs():
             try:
                 write_atomically(os.path.join(directory, BOOT_ID_FILE),
-                                 self.boot_id.encode("ascii", "replace"))
+                                 self._boot_record().encode("utf-8", "replace"))
             except OSError as exc:  # The next start counts as unclean: safe.
                 log.warning("log dir %s: cannot record the boot id: %s", directory, exc)
+
+    def _boot_record(self) -> str:
+        """What a dir records of this start: the boot id and every log dir
+        (a dir gone from log.dirs, its logs with it, is a loss too)."""
+        return "\n".join([str(self.boot_id), *sorted(self.config.log_dirs)])
 
     def _lock_dir(self, directory: str) -> None:
         fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)

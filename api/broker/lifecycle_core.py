@@ -132,6 +132,10 @@ class LifecycleCore:
         # eligible leader replica (KIP-966). True once registered: a later
         # registration of this same process has lost nothing.
         self.clean_shutdown = False
+        # This broker's default min.insync.replicas (set by the shell), which
+        # the registration tells the controller (eligible leader replicas
+        # are kept by the smallest default any broker uses).
+        self.min_insync_replicas: int | None = None
 
     # -- what to send --------------------------------------------------------
     def poll(self, now_ms: int) -> ControlRequest | None:
@@ -145,7 +149,10 @@ class LifecycleCore:
             request = ControlRequest("register", {
                 "broker_id": s.broker_id, "incarnation_id": s.incarnation_id,
                 "endpoints": s.endpoints, "rack": s.rack,
-                "clean_shutdown": self.clean_shutdown}, s.session_timeout_ms)
+                "clean_shutdown": self.clean_shutdown,
+                **({} if self.min_insync_replicas is None
+                   else {"min_insync_replicas": self.min_insync_replicas})},
+                s.session_timeout_ms)
         else:
             request = ControlRequest("heartbeat", self.heartbeat_body(), s.heartbeat_timeout_ms)
         self.in_flight = (request.kind, now_ms + request.timeout_ms)

@@ -390,6 +390,9 @@ class ReplicationCore:
         self.settings = settings
         # Topic-level defaults (this node's min.insync.replicas and friends).
         self.topic_defaults = dict(topic_defaults or builtin_defaults())
+        #: min.insync.replicas of a topic without an override, on this broker.
+        self.default_min_insync_replicas = _as_int(
+            self.topic_defaults.get(MIN_INSYNC_REPLICAS), 1)
         # The simulator plants known bugs through a Partition subclass.
         self.partition_factory = partition_factory
         self.partitions: dict[TopicPartition, Partition] = {}

@@ -224,6 +224,7 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.log_manager.startup)
         self.lifecycle.core.clean_shutdown = self.log_manager.nothing_unflushed_lost
+        self.lifecycle.core.min_insync_replicas = self.replicas.core.default_min_insync_replicas
         # The controller knows now what a crash lost: stop saying it.
         self.lifecycle.on_registered.append(self.log_manager.record_boot)
         await self.log_manager.start_background_tasks()

@@ -452,6 +452,7 @@ class SimBroker:
                                 fetch_wait_max_ms=FETCH_WAIT_MAX_MS,
                                 fetch_partition_bytes_max=FETCH_PARTITION_BYTES_MAX),
             partition_factory=_observed(self.rules.partition_class(), self))
+        self.lifecycle.min_insync_replicas = self.core.default_min_insync_replicas
         self.image = MetadataImage()
         # The control-plane request in flight, as sent (to send again).
         self.control_msg: Message | None = None

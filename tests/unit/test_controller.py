@@ -1706,16 +1706,47 @@ def test_the_last_known_leader_is_the_last_isr_member_not_any_eligible_one():
     assert eligible(cluster) == (1, [1], [], NO_LEADER)
 
 
-def test_changing_min_insync_replicas_forgets_the_eligible_replicas():
-    """A lower min.insync.replicas lets the high watermark move with fewer
-    members, so the ELR kept under the old one is no longer known to hold
-    everything committed: cleared, as in Kafka."""
+def test_changing_min_insync_replicas_judges_the_eligible_replicas_again():
+    """Lowered to 1 with the ISR still empty, the high watermark still stands,
+    so the ELR stays (Kafka forgets it, which could elect a broker that lost
+    its tail over one that kept everything); once an ISR reaches the new
+    value it is forgotten."""
     cluster = last_replica_standing()
+    cluster.register(1, "inc-1b")  # lost its tail
     cluster.set_config("t", "min.insync.replicas", "1")
-    assert eligible(cluster) == (NO_LEADER, [], [], 1)
-    cluster.heartbeat(2)  # no longer eligible
+    assert eligible(cluster) == (NO_LEADER, [], [2], 1)
+    cluster.heartbeat(1)  # the last known leader, but 2 is eligible
     assert eligible(cluster)[0] == NO_LEADER
-    cluster.heartbeat(1)  # the last known leader: the last resort
+    cluster.heartbeat(2)
+    assert eligible(cluster) == (2, [2], [], NO_LEADER)
+
+
+def test_a_broker_with_a_lower_default_min_insync_replicas_lowers_the_controllers():
+    """Each broker registers its own default min.insync.replicas; the ELR
+    is kept by the smallest, so no leader moves its high watermark while
+    the controller counts its ISR below the value (which would make an
+    eligible replica miss committed records)."""
+    cluster = Cluster(topic_config_defaults={"min.insync.replicas": "2"})
+    for broker in (1, 2, 3):
+        cluster.register(broker, min_insync_replicas=2 if broker != 3 else 1)
+        cluster.heartbeat(broker)
+    cluster.create("t", assignments={0: [1, 2, 3]})  # no override
+    cluster.heartbeat(3, want_fence=True)
+    cluster.heartbeat(2, want_fence=True)
+    assert eligible(cluster) == (1, [1], [], NO_LEADER)  # 1 >= 1: none eligible
+
+
+def test_a_replica_whose_log_dir_failed_leaves_the_isr_and_the_elr():
+    cluster = Cluster()
+    cluster.start(1, 2, 3)
+    cluster.create("t", assignments={0: [1, 2, 3]}, configs={"min.insync.replicas": "3"})
+    topic_id = cluster.image.topics["t"].topic_id
+    cluster.heartbeat(3, want_fence=True)
+    assert eligible(cluster) == (1, [1, 2], [3], NO_LEADER)
+    cluster.heartbeat(3)
+    cluster.heartbeat(2, offline_log_dirs=["/d2"], offline_replicas={topic_id: [0]})
+    assert eligible(cluster) == (1, [1], [3], NO_LEADER)  # 2 has no log to offer
+    cluster.heartbeat(3, offline_log_dirs=["/d3"], offline_replicas={topic_id: [0]})
     assert eligible(cluster) == (1, [1], [], NO_LEADER)
 
 

@@ -121,7 +121,12 @@ def test_what_a_start_says_of_unflushed_data_lost_since_the_last_run(tmp_path):
     after_clean = start("C")  # a clean shutdown, whatever the boot
     assert after_clean.nothing_unflushed_lost
     after_clean.abandon()
-    assert start("C").nothing_unflushed_lost is True  # recorded at once when clean
+    again_clean = start("C")  # recorded at once when clean
+    assert again_clean.nothing_unflushed_lost
+    again_clean.abandon()
+    # Another set of log dirs (one added, or one dropped with its logs after
+    # a disk failure): not what was recorded.
+    assert not start("C", "d", "e").nothing_unflushed_lost
 
 
 def test_a_dir_taken_offline_forgets_its_boot_and_one_such_dir_is_enough(tmp_path):
