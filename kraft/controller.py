@@ -380,10 +380,13 @@ class Controller:
         registration is fenced first, exactly as on lease expiry. The new
         registration starts fenced and gets a fresh lease.
 
-        ``clean_shutdown`` (default false) says every log of the broker was
-        closed cleanly when it last stopped. Otherwise its logs may have lost
-        their unflushed tail, so it stops being an eligible leader replica
-        anywhere (KIP-966), in the same batch."""
+        ``clean_shutdown`` (default false) says the broker's logs lost
+        nothing unflushed when it last stopped (a clean shutdown, or a crash
+        of its process alone: ``LogManager.nothing_unflushed_lost``).
+        Otherwise they may have lost their unflushed tail, so it stops being
+        an eligible leader replica anywhere (KIP-966), in the same batch.
+        ``min_insync_replicas`` (optional): the broker's own default, which
+        ``_min_insync_replicas`` takes into account."""
         body = Fields(request, "")
         broker_id = body.integer("broker_id", 0, INT32_MAX)
         clean_shutdown = body.boolean("clean_shutdown", default=False)
@@ -853,7 +856,7 @@ class Controller:
             if current.get(key) != updated.get(key):
                 draft.add(ConfigRecord(TOPIC_RESOURCE, spec.name, key, updated.get(key)))
         if current.get(MIN_INSYNC_REPLICAS) != updated.get(MIN_INSYNC_REPLICAS):
-            _reset_eligible(draft, spec.name)
+            _judge_eligible_again(draft, spec.name)
         if (not validate_only and not was_unclean
                 and _unclean_allowed(draft.image, spec.name, self.settings)):
             _elect_offline_partitions(draft, self.settings, topics=[spec.name])
@@ -1422,7 +1425,7 @@ def _forget_unclean_replica(draft: _Draft, broker_id: int) -> None:
                               elr=[r for r in current.elr if r != broker_id])
 
 
-def _reset_eligible(draft: _Draft, topic: str) -> None:
+def _judge_eligible_again(draft: _Draft, topic: str) -> None:
     """The topic's min.insync.replicas changed: its ELRs are judged again by
     the new value. Where the ISR now reaches it, the high watermark may move
     on without them, so they are forgotten (Kafka forgets them all); where

@@ -51,10 +51,10 @@ DELETE_SUFFIX = "-delete"
 #: A log whose cleaner pass failed is not tried again before this.
 CLEAN_RETRY_AFTER_FAILURE_S = 60
 
-def _read_boot_id(directory: str) -> str | None:
+def _text_of(path: str) -> str | None:
+    """A small file's text, stripped; None if empty or unreadable."""
     try:
-        with open(os.path.join(directory, BOOT_ID_FILE), encoding="utf-8",
-                  errors="replace") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             return f.read().strip() or None
     except OSError:
         return None
@@ -62,11 +62,7 @@ def _read_boot_id(directory: str) -> str | None:
 
 def current_boot_id() -> str | None:
     """This boot of the machine (Linux's boot_id), None where unknown."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
+    return _text_of("/proc/sys/kernel/random/boot_id")
 
 
 def parse_partition_dir(name: str) -> TopicPartition | None:
@@ -240,7 +236,8 @@ class LogManager:
                     "would lose what it acknowledged)") from exc
         self.nothing_unflushed_lost = all(
             os.path.exists(os.path.join(directory, CLEAN_SHUTDOWN_FILE))
-            or (self.boot_id is not None and _read_boot_id(directory) == self._boot_record())
+            or (self.boot_id is not None
+                and _text_of(os.path.join(directory, BOOT_ID_FILE)) == self._boot_record())
             for directory in self.config.log_dirs)
         if self.nothing_unflushed_lost:
             self.record_boot()
