@@ -29,7 +29,9 @@ Reconciliation (in ``poll``, on the user's side of the consumer)
     ``on_partitions_revoked`` and removed; only then does the next heartbeat
     show them released, and the coordinator hands them to their new owner.
     New partitions start at their committed offset (else
-    ``auto_offset_reset``) and are passed to ``on_partitions_assigned``.
+    ``auto_offset_reset``) and are passed to ``on_partitions_assigned``;
+    while their offsets are read, heartbeats count them as owned, so a
+    target that changes meanwhile takes them back like any other.
 
 Auto-commit
     With ``enable_auto_commit``, ``poll`` commits the positions of the
@@ -139,6 +141,10 @@ class GroupMember:
         self.target: set[TopicPartition] | None = None
         # What this member owns (== the consumer's assignment).
         self.owned: set[TopicPartition] = set()
+        # Partitions being taken up now (reading their committed offsets):
+        # heartbeats count them as owned, so the coordinator cannot take a
+        # "not owned" sent before the take, answered after it, for a release.
+        self._taking: set[TopicPartition] = set()
         self.lost = False
         # Partitions taken away by a loss, for on_partitions_lost.
         self._lost_partitions: set[TopicPartition] = set()
@@ -200,7 +206,8 @@ class GroupMember:
     def _heartbeat_body(self, epoch: int) -> dict:
         body: dict[str, Any] = {"group_id": self.group_id, "member_id": self.member_id,
                                 "member_epoch": epoch, "instance_id": self.instance_id,
-                                "owned_partitions": [] if epoch == 0 else _as_wire(self.owned)}
+                                "owned_partitions": [] if epoch == 0
+                                else _as_wire(self.owned | self._taking)}
         if epoch == 0 or not self._subscription_sent:
             body.update(subscribed_topic_names=self.topics, subscribed_topic_regex=self.pattern,
                         server_assignor=self.assignor,
@@ -341,9 +348,16 @@ class GroupMember:
                 self._wake.set()  # tell the coordinator now that they are free
             add = target - self.owned
             if add:
-                committed = await self.fetch_committed(add)
+                self._taking = add
+                try:
+                    committed = await self.fetch_committed(add)
+                finally:
+                    self._taking = set()
                 if generation != self.generation or self.target is not target:
-                    return  # lost, or told something newer, meanwhile
+                    # Lost, or told something newer, meanwhile: the
+                    # coordinator waits for these to be let go; say so now.
+                    self._wake.set()
+                    return
                 self.owned |= add
                 consumer._assign_for_group(self.owned, {tp: committed[tp] for tp in add
                                                         if tp in committed})

@@ -22,6 +22,7 @@ every consumer of the group; every wait has a deadline (``wait_until``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -40,7 +41,8 @@ from typing import Callable
 import pytest
 
 from api.broker.groups.service import partition_for
-from api.client import Admin, Consumer, KraftlogError, NewTopic, Producer, TopicPartition
+from api.client import (
+    Admin, AsyncConsumer, Consumer, KraftlogError, NewTopic, Producer, TopicPartition)
 from chaos.cluster import FAST_SETTINGS, REPO_ROOT, ProcessCluster, http_json, wait_until
 
 HEARTBEAT_INTERVAL_MS = 300
@@ -564,6 +566,90 @@ def test_a_partition_is_never_in_two_consumers_hands_while_the_group_grows(clust
              if i == old_owner and kind == "-" and moved in parts]
     assert len(given) == 1 and len(taken) == 1, events
     assert taken[0] <= given[0], events
+
+
+def test_partitions_a_member_is_still_taking_up_are_not_handed_on_until_it_lets_them_go(
+        cluster):
+    """A member told to take partitions, still reading their committed
+    offsets, counts as holding them. If the group grows meanwhile, the
+    coordinator gives them to the newcomer only after the member let them
+    go: its heartbeats say what it is taking, so a heartbeat sent before the
+    take and answered after it cannot release them behind its back (what
+    ``kraftlog bench rebalance`` once caught as two members holding one
+    partition)."""
+    group, topic = "still-taking", "still-taking"
+    everything = set(create_topic(cluster, topic, 4))
+    deadline_s = 20
+
+    async def scenario() -> list[tuple[float, int, str, set]]:
+        events: list[tuple[float, int, str, set]] = []
+        listeners = hand_over_listeners(events)
+        first = AsyncConsumer(urls(cluster), group_id=group, enable_auto_commit=False)
+        second = AsyncConsumer(urls(cluster), group_id=group, enable_auto_commit=False)
+        stop = asyncio.Event()
+
+        async def keep_polling(consumer: AsyncConsumer) -> None:
+            while not stop.is_set():
+                await consumer.poll(timeout_ms=20)
+
+        async def until(check: Callable[[], bool], what: str) -> None:
+            deadline = time.monotonic() + deadline_s
+            while not check():
+                assert time.monotonic() < deadline, f"waited {deadline_s} s for {what}"
+                await asyncio.sleep(0.01)
+
+        first.subscribe([topic], **listeners(0))
+        member = first._group  # noqa: SLF001  the interleaving needs the member's step
+        # Hold the first member inside its take, between being told and taking.
+        taking, go_on = asyncio.Event(), asyncio.Event()
+        read_committed = member.fetch_committed
+
+        async def held(tps):
+            taking.set()
+            await go_on.wait()
+            return await read_committed(tps)
+
+        member.fetch_committed = held
+        tasks = [asyncio.create_task(keep_polling(first))]
+        try:
+            await until(taking.is_set, "the first member to be told to take all 4")
+            assert member.target == everything and not first.assignment()
+            second.subscribe([topic], **listeners(1))
+            tasks.append(asyncio.create_task(keep_polling(second)))
+            # The first member hears of the new target (half of the four):
+            # a heartbeat after the newcomer joined has been answered.
+            await until(lambda: member.target is not None and len(member.target) == 2,
+                        "the first member's heartbeat after the newcomer joined")
+            described = await asyncio.to_thread(describe_group, cluster, group)
+            held_by = {m["member_id"]: tps(m["assigned"]) | tps(m["pending_revocation"])
+                       for m in described["members"]}
+            assert held_by[member.member_id] == everything, described
+            assert not second.assignment()
+            assert not [e for e in events if e[1] == 1], events
+            go_on.set()
+            # The first member gives up its take (its target changed), says
+            # so at once, and the group settles two and two.
+            await until(lambda: len(first.assignment()) == 2 and len(second.assignment()) == 2,
+                        "two partitions each")
+        finally:
+            go_on.set()
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await first.close()
+            await second.close()
+        assert first.assignment() == set() and second.assignment() == set()
+        return events
+
+    events = asyncio.run(scenario())
+    holder: dict[TopicPartition, int] = {}
+    for _, i, kind, parts in sorted(events, key=lambda e: e[0]):
+        for tp in parts:
+            if kind == "+":
+                assert tp not in holder, f"{tp} given to {i} while {holder[tp]} held it: {events}"
+                holder[tp] = i
+            else:
+                assert holder.pop(tp) == i, events
+    assert not holder
 
 
 def test_closing_a_member_calls_its_revoke_listener_before_others_get_its_partitions(cluster):
