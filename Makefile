@@ -33,12 +33,12 @@ test: $(STAMP) debian-tools
 	$(PY) -m pytest -q --durations=15 tests
 
 # Every chaos scenario for CHAOS_DURATION seconds each (10 minutes by default;
-# about 1 h 50 min in all), then a fuzz campaign as long; results, reports and
+# about 2 h in all), then a fuzz campaign as long; results, reports and
 # node logs under CHAOS_OUT. Stops at the first scenario whose checker fails.
 CHAOS_DURATION ?= 600
 CHAOS_OUT      ?= chaos-runs
 CHAOS_SCENARIOS := kill-leader kill-random kill-two kill-controller restart-cluster pause \
-	pause-kill rolling-restart partition disk clock mixed
+	pause-kill rolling-restart partition disk clock membership mixed
 chaos: $(STAMP)
 	@mkdir -p $(CHAOS_OUT)
 	@for scenario in $(CHAOS_SCENARIOS); do \

@@ -442,16 +442,32 @@ class ProcessCluster:
         self._write_config(node)
         return node
 
-    def _write_config(self, node: NodeProcess) -> None:
+    def _write_config(self, node: NodeProcess, voters: str | None = None,
+                      join: bool = False) -> None:
         settings = self.settings
-        if node.node_id in self.joining:
+        if join or node.node_id in self.joining:
             settings = {**settings, "controller.quorum.join": True}
         if self.tls:
             own = self.certs[f"node-{node.node_id}"]
             settings = {"ssl.certfile": own.certfile, "ssl.keyfile": own.keyfile, **settings}
         write_node_config(node.config_path, node_config_values(
-            node.node_id, node.roles, self.voters, node.broker_port, node.controller_port,
+            node.node_id, node.roles, voters or self.voters, node.broker_port,
+            node.controller_port,
             ",".join(self.log_dirs_of(node.node_id)), settings, node.host, node.kafka_port))
+
+    def metadata_dir_of(self, node_id: int) -> str:
+        """Where a controller keeps its Raft journal and snapshots: the
+        default ``metadata.log.dir``, as docs/config.md names it."""
+        return os.path.join(self.log_dirs_of(node_id)[0], "__cluster_metadata")
+
+    def rewrite_config(self, node_id: int, joining_voters: list[int]) -> None:
+        """A controller's config as docs/quorum.md has a user write it to
+        add the controller back: ``controller.quorum.voters`` the current
+        voters (``joining_voters``, not naming it) and
+        ``controller.quorum.join``. Other nodes keep their static lists."""
+        voters = voters_text({n: self.nodes[n].controller_port for n in joining_voters},
+                             {n.node_id: n.host for n in self.nodes.values()})
+        self._write_config(self.nodes[node_id], voters=voters, join=True)
 
     def log_dirs_of(self, node_id: int) -> list[str]:
         """The node's log directories (``log.dirs``), in order."""

@@ -34,6 +34,16 @@ Faults, by name (``NEMESES``):
                         (minutes to ten days: past retention.ms and
                         producer.id.expiration.ms) through ``chaos.faultyio``,
                         preloaded into every node; heal steps it back
+``controller-membership`` remove a random controller voter (the active one
+                        or another) with the API ``kraftlog quorum
+                        remove-controller`` uses, while, as often as not,
+                        another controller is killed with -9 or stopped
+                        with SIGSTOP in the middle of the change. Heal:
+                        the other controller back, then the removed one
+                        added back (``add-controller``); one that never
+                        heard of its removal (its leader died first) is
+                        stopped, its metadata dir cleared and it is
+                        started to join, as docs/quorum.md tells users
 ``disk``                give a random broker's second log dir EIO on write,
                         read or fsync, or ENOSPC (``chaos.faultyio``,
                         preloaded into every broker); it takes the dir
@@ -51,8 +61,10 @@ its ``ssl_context`` (the CA and the client certificate of the run).
 from __future__ import annotations
 
 import random
+import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -436,6 +448,142 @@ def _stop_gracefully(target: Target, node_id: int, wait_s: float) -> None:
                    f"its thread stacks are in {node.log_path}; killed with SIGKILL")
 
 
+# -- controller membership ---------------------------------------------------------
+#: How long a voter change may take (the CLI's own bound, and its catch-up).
+VOTER_CHANGE_WAIT_S = 30.0
+#: How long the heal waits for the quorum to settle after the change.
+QUORUM_SETTLE_S = 60.0
+#: What happens to another controller while a voter is being removed.
+MEMBERSHIP_DISTURBANCES = ("nothing", "kill", "pause")
+
+
+def voter_set(cluster: ProcessCluster) -> tuple[int | None, list[int] | None, bool]:
+    """(active controller, its voter ids, whether a voter change is still
+    uncommitted), as the active controller says; (None, None, False) when
+    no controller is active."""
+    active = cluster.active_controller()
+    status = cluster.quorum(active) if active is not None else None
+    if status is None:
+        return None, None, False
+    return (active, sorted(v["id"] for v in status.get("voters", [])),
+            status.get("pending_voter_change") is not None)
+
+
+def voter_call(cluster: ProcessCluster, path: str, body: dict, timeout_s: float
+               ) -> tuple[bool, str]:
+    """POST a voter change to the active controller as ``kraftlog quorum``
+    does: any running controller, following NOT_CONTROLLER hints, until
+    ``timeout_s``. (True, voters) or (False, the last refusal or error)."""
+    deadline = time.monotonic() + timeout_s
+    last = "no controller answered"
+    urls = [cluster.nodes[c].controller_url for c in cluster.controller_ids]
+    while time.monotonic() < deadline:
+        hinted = None
+        for url in urls:
+            node = next(n for n in cluster.nodes.values() if n.controller_port
+                        and n.controller_url == url)
+            if not node.running or node.paused:
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                status, answer = http_json(url + path, body, timeout_s=left,
+                                           context=cluster.ssl_context)
+            except (OSError, ValueError) as exc:
+                last = f"{url}: {exc}"
+                continue
+            error = answer.get("error") if isinstance(answer, dict) else None
+            if status == 200 and not error:
+                return True, str(sorted(v["id"] for v in answer.get("voters", [])))
+            last = f"{(error or {}).get('code')}: {(error or {}).get('message')}"
+            if (error or {}).get("code") != "NOT_CONTROLLER":
+                return False, last
+            hinted = error.get("leader_url")
+            if hinted:
+                break
+        if hinted:
+            urls = [hinted] + [u for u in urls if u != hinted]
+        time.sleep(0.05 if hinted else 0.2)
+    return False, f"gave up after {timeout_s:g} s: {last}"
+
+
+def controller_membership(target: Target) -> ActiveFault | None:
+    cluster = target.cluster
+    active, voters, pending = voter_set(cluster)
+    if active is None or pending or voters != cluster.controller_ids \
+            or len(voters) < 2 or target.killed or target.paused:
+        return None  # only from a whole, quiet quorum
+    victim = target.rng.choice(voters)
+    disturbance = target.rng.choice(MEMBERSHIP_DISTURBANCES)
+    bystander = target.rng.choice([c for c in voters if c != victim]) \
+        if disturbance != "nothing" else None
+    outcome: list[tuple[bool, str]] = []
+    change = threading.Thread(target=lambda: outcome.append(voter_call(
+        cluster, "/v1/controller/quorum/remove-voter", {"node_id": victim},
+        VOTER_CHANGE_WAIT_S)), daemon=True)
+    change.start()
+    if bystander is not None:
+        time.sleep(target.rng.uniform(0.0, 0.3))  # somewhere inside the change
+        (_kill if disturbance == "kill" else _pause)(target, [bystander])
+    change.join(VOTER_CHANGE_WAIT_S + 5)
+    ok, said = outcome[0] if outcome else (False, "no answer")
+    during = "" if bystander is None else \
+        f", {'kill -9' if disturbance == 'kill' else 'SIGSTOP'} controller {bystander} meanwhile"
+    return ActiveFault("controller-membership", [victim] + ([bystander] if bystander else []),
+                       f"remove controller {victim} from voters {voters} (active: {active})"
+                       f"{during}: " + (f"voters now {said}" if ok else f"not done: {said}"),
+                       _heal_membership(target, victim, bystander))
+
+
+def _heal_membership(target: Target, victim: int, bystander: int | None
+                     ) -> Callable[[], None]:
+    cluster = target.cluster
+
+    def settled() -> tuple[int, list[int]] | None:
+        active, voters, pending = voter_set(cluster)
+        return None if active is None or pending else (active, voters)
+
+    def heal() -> None:
+        if bystander is not None:
+            _restart(target, [bystander])()
+            _resume(target, [bystander])()
+        _, voters = wait_until(settled, QUORUM_SETTLE_S, "an active controller with no "
+                               "voter change pending")
+        if victim not in voters:
+            node = cluster.nodes[victim]
+            body = {"node_id": victim, "address": f"{node.host}:{node.controller_port}",
+                    "timeout_ms": int(VOTER_CHANGE_WAIT_S * 1000)}
+            ok, said = voter_call(cluster, "/v1/controller/quorum/add-voter", body,
+                                  VOTER_CHANGE_WAIT_S + 10)
+            if not ok:
+                # It never heard of its removal (its leader died first): as
+                # docs/quorum.md says, stop it, clear its metadata, and start
+                # it to join with the current voters in its config.
+                target.log(f"controller {victim} not added back as it is ({said}): "
+                           "clearing its metadata and starting it to join")
+                _, voters = wait_until(settled, QUORUM_SETTLE_S, "a settled quorum")
+                if victim not in voters:
+                    if node.running:
+                        _stop_gracefully(target, victim, ROLLING_NODE_WAIT_S)
+                    shutil.rmtree(cluster.metadata_dir_of(victim), ignore_errors=True)
+                    cluster.rewrite_config(victim, joining_voters=voters)
+                    cluster.start([victim])
+                    wait_until(lambda: cluster.quorum(victim) is not None, QUORUM_SETTLE_S,
+                               f"controller {victim} listening again")
+                    ok, said = voter_call(cluster, "/v1/controller/quorum/add-voter", body,
+                                          VOTER_CHANGE_WAIT_S + 10)
+                    if not ok:
+                        raise RuntimeError(f"controller {victim} could not be added back: "
+                                           f"{said}")
+            target.log(f"controller {victim} added back: voters {said}")
+        wait_until(lambda: all((status := cluster.quorum(c)) is not None and sorted(
+            v["id"] for v in status.get("voters", [])) == cluster.controller_ids
+            for c in cluster.controller_ids), QUORUM_SETTLE_S,
+            f"every controller naming voters {cluster.controller_ids}")
+    return heal
+
+
 # -- network faults ------------------------------------------------------------------
 def _heal_network(target: Target) -> Callable[[], None]:
     return target.network.heal
@@ -498,6 +646,7 @@ NEMESES: dict[str, Callable[[Target], ActiveFault | None]] = {
     "partition-halves": partition_halves,
     "disk": disk,
     "clock": clock,
+    "controller-membership": controller_membership,
 }
 NETWORK_NEMESES = frozenset({"partition-leader", "partition-controller", "partition-halves"})
 
@@ -507,6 +656,8 @@ class Scenario:
     name: str
     nemeses: tuple[str, ...]
     proves: str
+    #: The fault a run injects first, so that even a short run shows it.
+    first: str | None = None
 
     @property
     def needs_network(self) -> bool:
@@ -549,6 +700,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "retention.ms and producer.id.expiration.ms) deletes nothing early, "
              "loses nothing and holds no lease past its time: nodes act on the clock "
              "they started with, moved on by the monotonic clock"),
+    Scenario("membership", ("controller-membership", "kill-controller", "pause"),
+             "controller voters removed and added back on a live cluster (KIP-853), "
+             "with a controller killed or stopped in the middle of a change and "
+             "controller and leader faults between changes: the metadata and the data "
+             "lose nothing, and every change ends committed everywhere or nowhere",
+             first="controller-membership"),
     Scenario("mixed", tuple(n for n in NEMESES if n != "pause-kill"),
              "any of the faults above, in a seeded random order"),
 )}

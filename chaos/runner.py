@@ -138,6 +138,10 @@ def node_settings(config: RunConfig) -> dict[str, Any]:
                 "num.partitions": config.partitions,
                 "default.replication.factor": min(3, brokers),
                 "min.insync.replicas": min(2, brokers)}
+    # As docs/quorum.md asks before the voters change (the controller-
+    # membership nemesis rewrites a controller's voter list): one cluster id
+    # on every node, not one derived from each node's own list.
+    settings.setdefault("cluster.id", f"kraftlog-chaos-{config.seed}")
     if config.unsafe_ack_before_replication:
         settings["unsafe.ack.before.replication"] = True
         settings["unclean.leader.election.enable"] = True
@@ -348,13 +352,17 @@ def _nemesis_loop(config: RunConfig, nemeses: list[str], target: nemesis.Target,
     rng = target.rng
     started = time.monotonic()
     deadline = started + config.duration_s
+    scenario = nemesis.SCENARIOS.get(config.scenario)
+    # A scenario may name the fault it must show even in a short run: drawn
+    # until it is injected once, then the draw is random.
+    first = scenario.first if scenario is not None and scenario.first in nemeses else None
     while True:
         quiet = rng.uniform(*config.quiet_s)
         if time.monotonic() + quiet >= deadline:
             time.sleep(max(0.0, deadline - time.monotonic()))
             return
         time.sleep(quiet)
-        name = rng.choice(nemeses)
+        name = first or rng.choice(nemeses)
         start_t = history.now()
         fault = nemesis.NEMESES[name](target)
         if fault is None:
@@ -363,6 +371,7 @@ def _nemesis_loop(config: RunConfig, nemeses: list[str], target: nemesis.Target,
             continue
         history.record({"type": "nemesis", "phase": "start", "t": start_t,
                         "fault": fault.name, "targets": fault.targets, "detail": fault.detail})
+        first = None
         elapsed = time.monotonic() - started
         say(f"[{elapsed:6.1f}/{config.duration_s:g} s] {fault.detail}; {workload.tally.line()}")
         hold = rng.uniform(*config.fault_s) if fault.hold else 0.0
