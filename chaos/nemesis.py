@@ -476,13 +476,13 @@ def voter_call(cluster: ProcessCluster, path: str, body: dict, timeout_s: float
     ``timeout_s``. (True, voters) or (False, the last refusal or error)."""
     deadline = time.monotonic() + timeout_s
     last = "no controller answered"
-    urls = [cluster.nodes[c].controller_url for c in cluster.controller_ids]
+    nodes = {cluster.nodes[c].controller_url: cluster.nodes[c] for c in cluster.controller_ids}
+    urls = list(nodes)
     while time.monotonic() < deadline:
         hinted = None
         for url in urls:
-            node = next(n for n in cluster.nodes.values() if n.controller_port
-                        and n.controller_url == url)
-            if not node.running or node.paused:
+            node = nodes.get(url)
+            if node is not None and (not node.running or node.paused):
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
@@ -496,8 +496,11 @@ def voter_call(cluster: ProcessCluster, path: str, body: dict, timeout_s: float
             error = answer.get("error") if isinstance(answer, dict) else None
             if status == 200 and not error:
                 return True, str(sorted(v["id"] for v in answer.get("voters", [])))
-            last = f"{(error or {}).get('code')}: {(error or {}).get('message')}"
-            if (error or {}).get("code") != "NOT_CONTROLLER":
+            code = (error or {}).get("code")
+            last = f"{code}: {(error or {}).get('message')}"
+            if code == "REBALANCE_IN_PROGRESS":
+                break  # a change not committed yet, or a new leader's first entry: wait
+            if code != "NOT_CONTROLLER":
                 return False, last
             hinted = error.get("leader_url")
             if hinted:
@@ -527,61 +530,68 @@ def controller_membership(target: Target) -> ActiveFault | None:
         time.sleep(target.rng.uniform(0.0, 0.3))  # somewhere inside the change
         (_kill if disturbance == "kill" else _pause)(target, [bystander])
     change.join(VOTER_CHANGE_WAIT_S + 5)
-    ok, said = outcome[0] if outcome else (False, "no answer")
+    ok, said = outcome[0] if outcome else (False, "no answer yet")
     during = "" if bystander is None else \
         f", {'kill -9' if disturbance == 'kill' else 'SIGSTOP'} controller {bystander} meanwhile"
     return ActiveFault("controller-membership", [victim] + ([bystander] if bystander else []),
                        f"remove controller {victim} from voters {voters} (active: {active})"
                        f"{during}: " + (f"voters now {said}" if ok else f"not done: {said}"),
-                       _heal_membership(target, victim, bystander))
+                       _heal_membership(target, victim, bystander, change))
 
 
-def _heal_membership(target: Target, victim: int, bystander: int | None
-                     ) -> Callable[[], None]:
+def _heal_membership(target: Target, victim: int, bystander: int | None,
+                     change: threading.Thread | None = None) -> Callable[[], None]:
     cluster = target.cluster
 
-    def settled() -> tuple[int, list[int]] | None:
-        active, voters, pending = voter_set(cluster)
-        return None if active is None or pending else (active, voters)
+    def settled() -> list[int]:
+        """The voters once an active controller has no change pending."""
+        def ask() -> list[int] | None:
+            active, voters, pending = voter_set(cluster)
+            return None if active is None or pending else voters
+        return wait_until(ask, QUORUM_SETTLE_S, "an active controller with no voter change "
+                          "pending")
+
+    def add() -> tuple[bool, str]:
+        node = cluster.nodes[victim]
+        return voter_call(cluster, "/v1/controller/quorum/add-voter", {
+            "node_id": victim, "address": f"{node.host}:{node.controller_port}",
+            "timeout_ms": int(VOTER_CHANGE_WAIT_S * 1000)}, VOTER_CHANGE_WAIT_S + 10)
 
     def heal() -> None:
         if bystander is not None:
             _restart(target, [bystander])()
             _resume(target, [bystander])()
-        _, voters = wait_until(settled, QUORUM_SETTLE_S, "an active controller with no "
-                               "voter change pending")
-        if victim not in voters:
-            node = cluster.nodes[victim]
-            body = {"node_id": victim, "address": f"{node.host}:{node.controller_port}",
-                    "timeout_ms": int(VOTER_CHANGE_WAIT_S * 1000)}
-            ok, said = voter_call(cluster, "/v1/controller/quorum/add-voter", body,
-                                  VOTER_CHANGE_WAIT_S + 10)
-            if not ok:
-                # It never heard of its removal (its leader died first): as
-                # docs/quorum.md says, stop it, clear its metadata, and start
-                # it to join with the current voters in its config.
-                target.log(f"controller {victim} not added back as it is ({said}): "
-                           "clearing its metadata and starting it to join")
-                _, voters = wait_until(settled, QUORUM_SETTLE_S, "a settled quorum")
-                if victim not in voters:
-                    if node.running:
-                        _stop_gracefully(target, victim, ROLLING_NODE_WAIT_S)
-                    shutil.rmtree(cluster.metadata_dir_of(victim), ignore_errors=True)
-                    cluster.rewrite_config(victim, joining_voters=voters)
-                    cluster.start([victim])
-                    wait_until(lambda: cluster.quorum(victim) is not None, QUORUM_SETTLE_S,
-                               f"controller {victim} listening again")
-                    ok, said = voter_call(cluster, "/v1/controller/quorum/add-voter", body,
-                                          VOTER_CHANGE_WAIT_S + 10)
-                    if not ok:
-                        raise RuntimeError(f"controller {victim} could not be added back: "
-                                           f"{said}")
-            target.log(f"controller {victim} added back: voters {said}")
-        wait_until(lambda: all((status := cluster.quorum(c)) is not None and sorted(
+        if change is not None:
+            change.join(VOTER_CHANGE_WAIT_S + 5)  # the removal's own retries are over
+        if victim in settled():
+            return _all_name_every_voter(cluster)
+        ok, said = add()
+        if not ok and victim not in settled():
+            # It never heard of its removal (its leader died first): as
+            # docs/quorum.md says, stop it, clear its metadata, and start it
+            # to join with the current voters in its config.
+            target.log(f"controller {victim} not added back as it is ({said}): "
+                       "clearing its metadata and starting it to join")
+            if cluster.nodes[victim].running:
+                _stop_gracefully(target, victim, ROLLING_NODE_WAIT_S)
+            shutil.rmtree(cluster.metadata_dir_of(victim), ignore_errors=True)
+            cluster.rewrite_config(victim, joining_voters=settled())
+            cluster.start([victim])
+            wait_until(lambda: cluster.quorum(victim) is not None, QUORUM_SETTLE_S,
+                       f"controller {victim} listening again")
+            ok, said = add()
+            if not ok and victim not in settled():
+                raise RuntimeError(f"controller {victim} could not be added back: {said}")
+        target.log(f"controller {victim} added back: voters {settled()}")
+        _all_name_every_voter(cluster)
+    return heal
+
+
+def _all_name_every_voter(cluster: ProcessCluster) -> None:
+    wait_until(lambda: all((status := cluster.quorum(c)) is not None and sorted(
             v["id"] for v in status.get("voters", [])) == cluster.controller_ids
             for c in cluster.controller_ids), QUORUM_SETTLE_S,
             f"every controller naming voters {cluster.controller_ids}")
-    return heal
 
 
 # -- network faults ------------------------------------------------------------------

@@ -29,9 +29,10 @@ Reconciliation (in ``poll``, on the user's side of the consumer)
     ``on_partitions_revoked`` and removed; only then does the next heartbeat
     show them released, and the coordinator hands them to their new owner.
     New partitions start at their committed offset (else
-    ``auto_offset_reset``) and are passed to ``on_partitions_assigned``;
-    while their offsets are read, heartbeats count them as owned, so a
-    target that changes meanwhile takes them back like any other.
+    ``auto_offset_reset``) and are passed to ``on_partitions_assigned``.
+    Heartbeats count what the member was told to take as owned, so a target
+    that changes while a poll takes partitions up takes them back like any
+    other, never behind the member's back.
 
 Auto-commit
     With ``enable_auto_commit``, ``poll`` commits the positions of the
@@ -141,10 +142,6 @@ class GroupMember:
         self.target: set[TopicPartition] | None = None
         # What this member owns (== the consumer's assignment).
         self.owned: set[TopicPartition] = set()
-        # Partitions being taken up now (reading their committed offsets):
-        # heartbeats count them as owned, so the coordinator cannot take a
-        # "not owned" sent before the take, answered after it, for a release.
-        self._taking: set[TopicPartition] = set()
         self.lost = False
         # Partitions taken away by a loss, for on_partitions_lost.
         self._lost_partitions: set[TopicPartition] = set()
@@ -207,13 +204,22 @@ class GroupMember:
         body: dict[str, Any] = {"group_id": self.group_id, "member_id": self.member_id,
                                 "member_epoch": epoch, "instance_id": self.instance_id,
                                 "owned_partitions": [] if epoch == 0
-                                else _as_wire(self.owned | self._taking)}
+                                else _as_wire(self._claimed())}
         if epoch == 0 or not self._subscription_sent:
             body.update(subscribed_topic_names=self.topics, subscribed_topic_regex=self.pattern,
                         server_assignor=self.assignor,
                         rebalance_timeout_ms=self.rebalance_timeout_ms,
                         session_timeout_ms=self.session_timeout_ms)
         return body
+
+    def _claimed(self) -> set[TopicPartition]:
+        """What heartbeats say this member owns: what it holds, and what it
+        was told to take (a ``poll`` may be taking it up right now). A
+        partition counts as released only in a heartbeat sent after the
+        answer that took it away, so a heartbeat sent before a take (or
+        during it) and answered after it cannot release what the member is
+        about to hold; a take whose target changed meanwhile is given up."""
+        return self.owned | (self.target or set())
 
     async def _heartbeat(self) -> None:
         # Bounded by half the session, so a coordinator that stopped answering
@@ -228,8 +234,11 @@ class GroupMember:
         self.heartbeat_interval_ms = answer.get("heartbeat_interval_ms") or \
             HEARTBEAT_INTERVAL_MS_DEFAULT
         if answer.get("assignment") is not None:
+            before = self._claimed()
             self.target = {TopicPartition(entry["topic"], p) for entry in answer["assignment"]
                            for p in entry["partitions"]}
+            if before - self._claimed():
+                self._wake.set()  # released before taken up: say so at once
 
     async def _heartbeat_loop(self) -> None:
         while not self._leaving:
@@ -249,7 +258,7 @@ class GroupMember:
                 elif exc.code in FATAL_CODES:
                     logger.error("group %s: the coordinator refused this member: %s",
                                  self.group_id, exc)
-                    if self.owned:
+                    if self.owned or self.target:
                         self._lose(str(exc), forget_id=True)
                     self.fatal = exc
                     self.consumer.wake_poll()  # raised by the poll waiting now
@@ -257,7 +266,8 @@ class GroupMember:
                 else:
                     logger.info("group %s: heartbeat failed: %s", self.group_id, exc)
                     wait_ms = self.retry_backoff_ms
-                    if self.owned and sent_ms - self._last_ok_ms > self.session_timeout_ms:
+                    if (self.owned or self.target) \
+                            and sent_ms - self._last_ok_ms > self.session_timeout_ms:
                         # The coordinator has surely removed this member and
                         # given its partitions to others: stop consuming them.
                         self._lose(f"no heartbeat got through for a whole session "
@@ -348,16 +358,9 @@ class GroupMember:
                 self._wake.set()  # tell the coordinator now that they are free
             add = target - self.owned
             if add:
-                self._taking = add
-                try:
-                    committed = await self.fetch_committed(add)
-                finally:
-                    self._taking = set()
+                committed = await self.fetch_committed(add)
                 if generation != self.generation or self.target is not target:
-                    # Lost, or told something newer, meanwhile: the
-                    # coordinator waits for these to be let go; say so now.
-                    self._wake.set()
-                    return
+                    return  # lost, or told something newer, meanwhile
                 self.owned |= add
                 consumer._assign_for_group(self.owned, {tp: committed[tp] for tp in add
                                                         if tp in committed})
@@ -421,6 +424,9 @@ class GroupMember:
     # -- leaving ------------------------------------------------------------------------
     async def close(self) -> None:
         self._leaving = True
+        # A poll still taking partitions up must not take them after this.
+        self.generation += 1
+        self.target = None
         tasks = [task for task in (self._task, self._watch_task) if task is not None]
         for task in tasks:
             task.cancel()

@@ -568,15 +568,18 @@ def test_a_partition_is_never_in_two_consumers_hands_while_the_group_grows(clust
     assert taken[0] <= given[0], events
 
 
-def test_partitions_a_member_is_still_taking_up_are_not_handed_on_until_it_lets_them_go(
+def test_a_heartbeat_answered_after_a_take_never_hands_the_partitions_on_behind_its_back(
         cluster):
-    """A member told to take partitions, still reading their committed
-    offsets, counts as holding them. If the group grows meanwhile, the
-    coordinator gives them to the newcomer only after the member let them
-    go: its heartbeats say what it is taking, so a heartbeat sent before the
-    take and answered after it cannot release them behind its back (what
-    ``kraftlog bench rebalance`` once caught as two members holding one
-    partition)."""
+    """A member told to take partitions counts them as owned from then on.
+    The race this pins down (what ``kraftlog bench rebalance`` once caught
+    as two members holding one partition): the member is reading the
+    committed offsets of the partitions it was told to take; the group
+    grows; a heartbeat goes out, is handled by the coordinator, and its
+    answer (take back half) arrives only after the take finished. Had that
+    heartbeat said "owning nothing", the coordinator would have handed half
+    to the newcomer while the member went on to take all. It says what the
+    member was told to take, so the newcomer gets its half only after the
+    member gave it up."""
     group, topic = "still-taking", "still-taking"
     everything = set(create_topic(cluster, topic, 4))
     deadline_s = 20
@@ -599,45 +602,60 @@ def test_partitions_a_member_is_still_taking_up_are_not_handed_on_until_it_lets_
                 await asyncio.sleep(0.01)
 
         first.subscribe([topic], **listeners(0))
-        member = first._group  # noqa: SLF001  the interleaving needs the member's step
-        # Hold the first member inside its take, between being told and taking.
+        member = first._group  # noqa: SLF001  the interleaving needs the member's steps
+        # Hold the first member inside its take (between being told and
+        # taking), and later hold a heartbeat's answer until the take is over.
         taking, go_on = asyncio.Event(), asyncio.Event()
-        read_committed = member.fetch_committed
+        late_answer: list[dict] = []
+        hand_over = asyncio.Event()
+        read_committed, call = member.fetch_committed, member._call
 
-        async def held(tps):
+        async def held_take(tps):
             taking.set()
             await go_on.wait()
             return await read_committed(tps)
 
-        member.fetch_committed = held
+        def new_target(answer: dict) -> int | None:
+            assigned = answer.get("assignment")
+            return None if assigned is None else sum(len(e["partitions"]) for e in assigned)
+
+        async def late_heartbeats(path, body, timeout_ms=None):
+            answer = await call(path, body, timeout_ms)
+            if path == "/v1/groups/heartbeat" and taking.is_set() and \
+                    new_target(answer) == 2 and not hand_over.is_set():
+                late_answer.append(answer)  # handled by the coordinator; not yet heard
+                await hand_over.wait()
+            return answer
+
+        member.fetch_committed = held_take
+        member._call = late_heartbeats
         tasks = [asyncio.create_task(keep_polling(first))]
         try:
             await until(taking.is_set, "the first member to be told to take all 4")
             assert member.target == everything and not first.assignment()
             second.subscribe([topic], **listeners(1))
             tasks.append(asyncio.create_task(keep_polling(second)))
-            # The first member hears of the new target (half of the four):
-            # a heartbeat after the newcomer joined has been answered.
-            await until(lambda: member.target is not None and len(member.target) == 2,
-                        "the first member's heartbeat after the newcomer joined")
+            # A heartbeat of the first member after the newcomer joined has
+            # been handled (its answer: keep two), and is held.
+            await until(lambda: bool(late_answer),
+                        "a heartbeat of the first member answered with its new target")
             described = await asyncio.to_thread(describe_group, cluster, group)
             held_by = {m["member_id"]: tps(m["assigned"]) | tps(m["pending_revocation"])
                        for m in described["members"]}
             assert held_by[member.member_id] == everything, described
+            go_on.set()  # the take finishes: all four, the answer not yet heard
+            await until(lambda: first.assignment() == everything, "the take of all four")
             assert not second.assignment()
-            assert not [e for e in events if e[1] == 1], events
-            go_on.set()
-            # The first member gives up its take (its target changed), says
-            # so at once, and the group settles two and two.
+            hand_over.set()
             await until(lambda: len(first.assignment()) == 2 and len(second.assignment()) == 2,
                         "two partitions each")
         finally:
             go_on.set()
+            hand_over.set()
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
             await first.close()
             await second.close()
-        assert first.assignment() == set() and second.assignment() == set()
         return events
 
     events = asyncio.run(scenario())
@@ -650,6 +668,9 @@ def test_partitions_a_member_is_still_taking_up_are_not_handed_on_until_it_lets_
             else:
                 assert holder.pop(tp) == i, events
     assert not holder
+    # The first member took all four, then gave two up before the second took them.
+    assert [(i, k, len(p)) for _, i, k, p in sorted(events, key=lambda e: e[0])][:3] == [
+        (0, "+", 4), (0, "-", 2), (1, "+", 2)], events
 
 
 def test_closing_a_member_calls_its_revoke_listener_before_others_get_its_partitions(cluster):
