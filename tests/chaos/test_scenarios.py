@@ -44,13 +44,14 @@ RUNS_DEADLINE_S = 900.0 + 15 * (SCENARIO_S - DURATION_S)
 #: planted bug, the idempotent workload and one transactional run are in
 #: plaintext, so both kinds of listener are under faults.
 RUNS: dict[str, tuple[str, dict]] = {
-    # Transactions first, twice as long and with twice the producers: a
-    # producer commits one transaction at a time, so with other runs sharing
-    # the cores it needs both to acknowledge as many writes as the others.
+    # Transactions first, three times as long and with twice the producers:
+    # a producer commits one transaction at a time, so with other runs (60 s
+    # ones in CI) sharing the cores it needs both to acknowledge as many
+    # writes as the others (487 in 24 s once, on a loaded machine).
     "transactional-kill-leader": ("kill-leader", {
-        "workload": "transactional", "duration_s": 2 * DURATION_S, "producers": 6}),
+        "workload": "transactional", "duration_s": 3 * DURATION_S, "producers": 6}),
     "secure-transactional-kill-controller": ("kill-controller", {
-        "workload": "transactional", "secure": True, "duration_s": 2 * DURATION_S,
+        "workload": "transactional", "secure": True, "duration_s": 3 * DURATION_S,
         "producers": 6}),
     **{f"secure-{scenario}": (scenario, {"secure": True, "duration_s": SCENARIO_S})
        for scenario in ("kill-leader", "kill-random", "kill-controller", "restart-cluster",
