@@ -14,7 +14,8 @@ import sys
 from typing import Any
 
 from api.cli_support import (DEFAULT_BOOTSTRAP, CliError, ExamplesFormatter,
-                             add_security_arguments, configure_security, get_json, post_json)
+                             add_security_arguments, at_active_controller, configure_security,
+                             get_json)
 from api.table import format_table
 
 __all__ = ["DEFAULT_BOOTSTRAP", "CliError", "build_parser", "get_json", "main"]
@@ -581,40 +582,10 @@ CONTROLLER_COMMAND_TIMEOUT_S = 60.0
 
 def _at_active_controller(args: argparse.Namespace, path: str, body: dict,
                           timeout_s: float) -> dict:
-    """POST ``body`` to the active controller among ``--bootstrap-controller``,
-    following NOT_CONTROLLER hints (a controller removing itself names its
-    successor), until ``timeout_s``; the answer, or CliError."""
-    import time
-
+    """``at_active_controller`` among ``--bootstrap-controller``."""
     scheme = "https" if args.security_protocol in ("SSL", "SASL_SSL") else "http"
-    urls = normalise_bootstrap(args.controllers, scheme).split(",")
-    deadline = time.monotonic() + timeout_s
-    last = "no controller answered"
-    while True:
-        hinted = None
-        for url in urls:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                answer = post_json(url.rstrip("/") + path, body, timeout_s=min(left, timeout_s))
-            except CliError as exc:
-                last = str(exc)
-                continue
-            error = answer.get("error") if isinstance(answer, dict) else {"code": "?"}
-            if not error:
-                return answer
-            last = f"{error.get('code')}: {error.get('message')}"
-            if error.get("code") != "NOT_CONTROLLER":
-                raise CliError(last)  # a refusal, or an outcome only status can tell
-            hinted = error.get("leader_url")
-            if hinted:
-                break
-        if time.monotonic() >= deadline:
-            raise CliError(f"gave up after {timeout_s:.0f} s: {last}")
-        if hinted:
-            urls = [hinted] + [u for u in urls if u != hinted]
-        time.sleep(0.05 if hinted else 0.2)
+    return at_active_controller(normalise_bootstrap(args.controllers, scheme).split(","),
+                                path, body, timeout_s)
 
 
 def _print_voters(args: argparse.Namespace, answer: dict, what: str) -> None:

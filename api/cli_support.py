@@ -9,6 +9,7 @@ here, never from ``api.cli``, so ``api.cli`` can import them without a cycle.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Collection
 
 from protocol import DEFAULT_BOOTSTRAP
 
@@ -150,6 +151,54 @@ class ExamplesFormatter(argparse.HelpFormatter):
                          textwrap.fill(line, width, initial_indent=indent,
                                        subsequent_indent=indent)
                          for line in text.splitlines())
+
+
+def at_active_controller(urls: list[str], path: str, body: dict, timeout_s: float,
+                         post: Callable[[str, dict, float], object] | None = None, *,
+                         wait_on: Collection[str] = (),
+                         skip: Callable[[str], bool] | None = None) -> dict:
+    """POST ``body`` to ``path`` of the active controller among ``urls``,
+    following NOT_CONTROLLER hints (a controller removing itself names its
+    successor) until ``timeout_s``: the answer, or CliError with the last
+    refusal. ``post(url, body, timeout_s)`` sends one request (``post_json``
+    by default) and raises CliError when nobody answers; an answer whose code
+    is in ``wait_on`` is asked again after a pause (a change in flight);
+    ``skip(url)`` leaves a controller out (one known to be down)."""
+    import time
+
+    post = post or (lambda url, body, timeout: post_json(url, body, timeout_s=timeout))
+    deadline = time.monotonic() + timeout_s
+    last = "no controller answered"
+    while True:
+        hinted = None
+        for url in urls:
+            if skip is not None and skip(url):
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                answer = post(url.rstrip("/") + path, body, left)
+            except CliError as exc:
+                last = str(exc)
+                continue
+            error = answer.get("error") if isinstance(answer, dict) else {"code": "?"}
+            if not error:
+                return answer
+            code = error.get("code")
+            last = f"{code}: {error.get('message')}"
+            if code in wait_on:
+                break
+            if code != "NOT_CONTROLLER":
+                raise CliError(last)  # a refusal, or an outcome only status can tell
+            hinted = error.get("leader_url")
+            if hinted:
+                break
+        if time.monotonic() >= deadline:
+            raise CliError(f"gave up after {timeout_s:g} s: {last}")
+        if hinted:
+            urls = [hinted] + [u for u in urls if u != hinted]
+        time.sleep(0.05 if hinted else 0.2)
 
 
 def post_json(url: str, body: object, timeout_s: float = 30.0) -> object:

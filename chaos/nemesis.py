@@ -70,6 +70,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from api.cli_support import CliError, at_active_controller
 from chaos import faultyio
 from chaos.cluster import ProcessCluster, http_json, wait_until
 
@@ -472,43 +473,30 @@ def voter_set(cluster: ProcessCluster) -> tuple[int | None, list[int] | None, bo
 def voter_call(cluster: ProcessCluster, path: str, body: dict, timeout_s: float
                ) -> tuple[bool, str]:
     """POST a voter change to the active controller as ``kraftlog quorum``
-    does: any running controller, following NOT_CONTROLLER hints, until
+    does (``at_active_controller``: following NOT_CONTROLLER hints), from
+    the running controllers, waiting out a change in flight, until
     ``timeout_s``. (True, voters) or (False, the last refusal or error)."""
-    deadline = time.monotonic() + timeout_s
-    last = "no controller answered"
     nodes = {cluster.nodes[c].controller_url: cluster.nodes[c] for c in cluster.controller_ids}
-    urls = list(nodes)
-    while time.monotonic() < deadline:
-        hinted = None
-        for url in urls:
-            node = nodes.get(url)
-            if node is not None and (not node.running or node.paused):
-                continue
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                status, answer = http_json(url + path, body, timeout_s=left,
-                                           context=cluster.ssl_context)
-            except (OSError, ValueError) as exc:
-                last = f"{url}: {exc}"
-                continue
-            error = answer.get("error") if isinstance(answer, dict) else None
-            if status == 200 and not error:
-                return True, str(sorted(v["id"] for v in answer.get("voters", [])))
-            code = (error or {}).get("code")
-            last = f"{code}: {(error or {}).get('message')}"
-            if code == "REBALANCE_IN_PROGRESS":
-                break  # a change not committed yet, or a new leader's first entry: wait
-            if code != "NOT_CONTROLLER":
-                return False, last
-            hinted = error.get("leader_url")
-            if hinted:
-                break
-        if hinted:
-            urls = [hinted] + [u for u in urls if u != hinted]
-        time.sleep(0.05 if hinted else 0.2)
-    return False, f"gave up after {timeout_s:g} s: {last}"
+
+    def post(url: str, body: dict, timeout: float) -> object:
+        try:
+            status, answer = http_json(url, body, timeout_s=timeout, context=cluster.ssl_context)
+        except (OSError, ValueError) as exc:
+            raise CliError(f"{url}: {exc}") from exc
+        if status != 200 and not (isinstance(answer, dict) and answer.get("error")):
+            return {"error": {"code": f"HTTP {status}", "message": str(answer)}}
+        return answer
+
+    def down(url: str) -> bool:
+        node = nodes.get(url)
+        return node is not None and (not node.running or node.paused)
+
+    try:
+        answer = at_active_controller(list(nodes), path, body, timeout_s, post,
+                                      wait_on=("REBALANCE_IN_PROGRESS",), skip=down)
+    except CliError as exc:
+        return False, str(exc)
+    return True, str(sorted(v["id"] for v in answer.get("voters", [])))
 
 
 def controller_membership(target: Target) -> ActiveFault | None:

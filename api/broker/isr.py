@@ -5,8 +5,8 @@
 ``replica.lag.time.max.ms / 2``), keeps at most one proposal per partition in
 flight, gives up on one after ``ALTER_PARTITION_TIMEOUT_MS`` and applies the
 answer. This module only sends the AlterPartitions to the active controller, many
-in one request, and hands each answer, or its refusal's code, back to the
-``ReplicaManager``.
+in one request, and hands the answers of each request, or their refusals'
+codes, back to the ``ReplicaManager`` together.
 """
 
 from __future__ import annotations
@@ -121,28 +121,35 @@ class AlterPartitionSender:
                          len(batch), results)
             code = "UNKNOWN"
         if code is not None:
-            for action in batch:
-                self._answer(action, None, code)
+            self._answer([(action, None, code) for action in batch])
             return
         offset = answer.get("metadata_offset")
+        answers = []
         for action, result in zip(batch, results):
             error = result.get("error") if isinstance(result, dict) else {"code": "UNKNOWN"}
             if error:
-                self._answer(action, None, error.get("code") or "UNKNOWN")
+                answers.append((action, None, error.get("code") or "UNKNOWN"))
             else:
-                self._answer(action, {**result, "metadata_offset": offset}, None)
+                answers.append((action, {**result, "metadata_offset": offset}, None))
+        self._answer(answers)
 
     async def _send_one(self, action: SendAlterPartition) -> None:
         """One ISR change alone (``partitions/alter``)."""
         answer, code = await self._call("/v1/controller/partitions/alter", action.body,
                                         action.timeout_ms)
-        self._answer(action, answer, code)
+        self._answer([(action, answer, code)])
 
-    def _answer(self, action: SendAlterPartition, answer: dict | None,
-                code: str | None) -> None:
-        if action.request_id in self._in_flight:
-            self._in_flight.discard(action.request_id)
-            self.replicas.alter_partition_answered(action.request_id, answer, code)
+    def _answer(self, answers: list[tuple[SendAlterPartition, dict | None, str | None]]
+                ) -> None:
+        """Hands a request's answers to the core together: it looks again
+        at what waits on their partitions once, not once per answer."""
+        due = []
+        for action, answer, code in answers:
+            if action.request_id in self._in_flight:
+                self._in_flight.discard(action.request_id)
+                due.append((action.request_id, answer, code))
+        if due:
+            self.replicas.alter_partitions_answered(due)
 
     async def stop(self) -> None:
         self._stopped = True

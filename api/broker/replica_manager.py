@@ -27,7 +27,7 @@ import concurrent.futures
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from api.broker.lifecycle_core import LifecycleCore
@@ -439,9 +439,11 @@ class ReplicaManager:
         self.core.fetch_failed(request_id, self.clock_ms())
         self._carry_out()
 
-    def alter_partition_answered(self, request_id: int, answer: dict | None,
-                                 error_code: str | None) -> None:
-        self.core.alter_partition_answered(request_id, answer, error_code, self.clock_ms())
+    def alter_partitions_answered(
+            self, answers: Sequence[tuple[int, dict | None, str | None]]) -> None:
+        """The controller's answers to ISR changes: (request id, answer,
+        error code), those of one request together."""
+        self.core.alter_partitions_answered(answers, self.clock_ms())
         self._carry_out()
 
     def _tick(self) -> None:

@@ -44,7 +44,7 @@ import heapq
 import itertools
 import logging
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from api.broker.lifecycle_core import LifecycleCore
@@ -296,6 +296,12 @@ class _ParkedFetch:
     #: A follower's fetch session: its other partitions answer too, those
     #: with something new (records, high watermark, log start, an error).
     session: "_LeaderFetchSession | None" = None
+    #: ``to_read`` by partition, and the bytes found in those of its
+    #: partitions (and its session's) read while it waited: a touch reads
+    #: only the partitions it touched (``ReplicationCore._brings_enough``).
+    by_tp: dict[TopicPartition, FetchSpec] = dataclasses.field(default_factory=dict)
+    seen_bytes: dict[TopicPartition, int] = dataclasses.field(default_factory=dict)
+    seen_total: int = 0
 
 
 class _LeaderFetchSession:
@@ -559,7 +565,9 @@ class ReplicationCore:
                 if request_id in self._parked_produces:
                     self._check_produce(self._parked_produces[request_id])
                 elif request_id in self._parked_fetches:
-                    self._answer_fetch(self._parked_fetches[request_id], final=False)
+                    parked = self._parked_fetches[request_id]
+                    if self._brings_enough(parked, touched):
+                        self._answer_fetch(parked, final=False)
         for session in self._sessions.values():
             self._maybe_fetch(session, now_ms)
 
@@ -1137,6 +1145,7 @@ class ReplicationCore:
         parked = _ParkedFetch(request_id, request, answered, to_read, now_ms + wait_ms,
                               session)
         if not self._answer_fetch(parked, final=wait_ms <= 0):
+            parked.by_tp = {spec.tp: spec for spec in to_read}
             self._parked_fetches[request_id] = parked
             self._at(parked.deadline_ms, "fetch", request_id)
             self._wait_on(request_id, {spec.tp for spec in to_read})
@@ -1257,6 +1266,41 @@ class ReplicationCore:
             return False
         return True
 
+    def _brings_enough(self, parked: _ParkedFetch, touched: set[TopicPartition]) -> bool:
+        """Whether the partitions of ``touched`` that the waiting fetch
+        ``parked`` reads (named, or its session's others) bring it to its
+        ``min_bytes``, or fail. Only those are read, so a burst of touches
+        one at a time (a thousand ISR answers, metadata changes) costs what
+        it touched, not the fetch's partitions each time; bytes found by
+        earlier touches count. A partition whose only news is a high
+        watermark or log start waits for the fetch's deadline, as before."""
+        by_tp = parked.by_tp
+        small, big = (touched, by_tp) if len(touched) <= len(by_tp) else (by_tp, touched)
+        specs = [by_tp[tp] for tp in small if tp in big]
+        session = parked.session
+        if session is not None and session.dirty:
+            small, big = ((touched, session.dirty) if len(touched) <= len(session.dirty)
+                          else (session.dirty, touched))
+            specs += [session.specs[tp] for tp in small
+                      if tp in big and tp not in by_tp and tp in session.specs]
+        if not specs:
+            return False
+        request = parked.request
+        read, _, any_error = self._read_all(
+            specs, request.max_bytes, follower=request.replica_id >= 0,
+            committed=request.isolation_level == READ_COMMITTED)
+        if any_error:
+            return True
+        seen = parked.seen_bytes
+        for spec, result in zip(specs, read):
+            found = len(result["records"])
+            parked.seen_total += found - seen.get(spec.tp, 0)
+            if found:
+                seen[spec.tp] = found
+            else:
+                seen.pop(spec.tp, None)
+        return parked.seen_total >= request.min_bytes
+
     def _answer_fetch(self, parked: _ParkedFetch, final: bool) -> bool:
         """Read; answer if there is enough (or ``final``). True if answered."""
         request = parked.request
@@ -1273,6 +1317,7 @@ class ReplicationCore:
             to_read, request.max_bytes, follower=request.replica_id >= 0,
             committed=request.isolation_level == READ_COMMITTED)
         if not (final or total_bytes >= request.min_bytes or any_error or parked.answered):
+            parked.seen_bytes, parked.seen_total = {}, 0  # counted afresh from here
             return False
         unread = iter(read[len(others):])
         results = [parked.answered[i] if i in parked.answered else next(unread)
@@ -1730,19 +1775,27 @@ class ReplicationCore:
             "leader_recovery_state": proposal.leader_recovery_state,
         }, ALTER_PARTITION_TIMEOUT_MS))
 
+    def alter_partitions_answered(
+            self, answers: Sequence[tuple[int, dict | None, str | None]], now_ms: int) -> None:
+        """The controller's answers, ``(request_id, answer, error_code)``
+        (both None: no answer), those of one request together: what waits
+        on their partitions is looked at once for all of them."""
+        for request_id, answer, error_code in answers:
+            alter = self._alters.pop(request_id, None)
+            if alter is None:
+                continue  # timed out already, or a duplicate
+            if error_code is not None:
+                logger.info("broker %d: ISR change of %s to %s refused: %s", self.broker_id,
+                            alter.proposal.tp, alter.proposal.new_isr, error_code)
+            if not isinstance(answer, dict) or not isinstance(answer.get("isr"), list):
+                answer = None
+            self._settle_alter(alter, answer, refused=error_code in DEFINITE_REFUSALS)
+        self._after_event(now_ms)
+
     def alter_partition_answered(self, request_id: int, answer: dict | None,
                                  error_code: str | None, now_ms: int) -> None:
-        """The controller's answer (or ``error_code``; both None: no answer)."""
-        alter = self._alters.pop(request_id, None)
-        if alter is None:
-            return  # timed out already, or a duplicate
-        if error_code is not None:
-            logger.info("broker %d: ISR change of %s to %s refused: %s", self.broker_id,
-                        alter.proposal.tp, alter.proposal.new_isr, error_code)
-        if not isinstance(answer, dict) or not isinstance(answer.get("isr"), list):
-            answer = None
-        self._settle_alter(alter, answer, refused=error_code in DEFINITE_REFUSALS)
-        self._after_event(now_ms)
+        """One answer alone (``alter_partitions_answered``)."""
+        self.alter_partitions_answered([(request_id, answer, error_code)], now_ms)
 
     def _settle_alter(self, alter: _AlterInFlight, answer: dict | None,
                       refused: bool) -> None:

@@ -1015,8 +1015,8 @@ class Simulation:
     def _on_alter_partition_answer(self, b: SimBroker, msg: Message) -> None:
         self._withdraw(b, msg.seq)
         isr_before = list(b.part.isr) if b.part else None
-        b.core.alter_partition_answered(msg.seq, msg.body.get("answer"), msg.body.get("error"),
-                                        self.now_ms)
+        b.core.alter_partitions_answered([(msg.seq, msg.body.get("answer"),
+                                           msg.body.get("error"))], self.now_ms)
         self._carry_out(b)
         applied = b.part is not None and b.part.isr != isr_before
         self.event_counts["isr answers applied" if applied else "isr answers not applied"] += 1

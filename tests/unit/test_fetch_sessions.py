@@ -408,3 +408,67 @@ def test_a_new_partition_is_fetched_soon_when_the_leader_hears_of_it_first(pair)
         leader.tick(now)
         link.answer(now)
     assert follower.partitions[u0].log_end_offset == 1, "u-0 not fetched within 100 ms"
+
+
+def test_a_burst_of_isr_answers_costs_what_it_touched_not_what_the_fetches_name(tmp_path):
+    """A thousand AlterPartition answers arriving one at a time (a leader
+    shrinking or growing every ISR after a broker died or came back), with
+    a follower's fetch and a consumer's fetch of all those partitions
+    waiting: each answer reads only its own partition, not every partition
+    the waiting fetches name (which made a burst quadratic: 1,000 answers,
+    seconds of CPU on the event loop). Records still wake them at once."""
+    count = 1000
+    meta = MetadataImage()
+    for b in (LEADER, FOLLOWER):
+        meta.apply(RegisterBrokerRecord(b, f"inc-{b}", {"BROKER": f"127.0.0.1:{9000 + b}"},
+                                        None), meta.offset + 1)
+        meta.apply(UnfenceBrokerRecord(b, meta.brokers[b].broker_epoch), meta.offset + 1)
+    meta.apply(TopicRecord("big", "id-big"), meta.offset + 1)
+    for p in range(count):  # the follower out of every ISR: it will be taken back
+        meta.apply(PartitionRecord("id-big", p, [LEADER, FOLLOWER], [LEADER], LEADER, 0, 0),
+                   meta.offset + 1)
+    leader, follower = broker(tmp_path, LEADER, meta), broker(tmp_path, FOLLOWER, meta)
+    big = [TopicPartition("big", p) for p in range(count)]
+    for core in (leader, follower):  # logs open NEW_LOGS_PER_PASS at a time
+        while core.opening_any(big):
+            core.tick(core.next_wake_ms())
+    leader.ready()
+    link = Link(leader, follower)
+    # The follower's fetches name its partitions as their logs open; once
+    # it named them all and is caught up, the leader proposes it back into
+    # every ISR, and its next fetch waits (nothing to read).
+    now = 1
+    while now < 10_000 and not (len({p.body["partition"] for p in link.proposals}) == count
+                                and link.parked):
+        link.send(now)
+        now += 100
+        leader.tick(now)
+        follower.tick(now)
+        link.answer(now)
+    proposals = {p.body["partition"]: p for p in link.proposals}
+    assert sorted(proposals) == list(range(count)) and link.parked
+    consumer_id = leader.new_request_id()
+    leader.fetch(consumer_id, decode_fetch({"partitions": [
+        {"topic": "big", "partition": p, "offset": 0} for p in range(count)],
+        "max_wait_ms": 500}), now)
+    assert not [a for a in of(leader.ready(), Respond) if a.request_id == consumer_id]
+
+    read = []  # how many partitions each read of the leader covered
+    real_read_all = leader._read_all
+    leader._read_all = lambda specs, *args, **kwargs: (
+        read.append(len(specs)), real_read_all(specs, *args, **kwargs))[1]
+    for p, proposal in sorted(proposals.items()):
+        leader.alter_partition_answered(proposal.request_id, {
+            "leader_epoch": 0, "partition_epoch": 1, "isr": [LEADER, FOLLOWER],
+            "leader_recovery_state": 0}, None, now)
+    assert all(leader.partitions[tp].isr == [LEADER, FOLLOWER] for tp in big)
+    assert not of(leader.ready(), Respond)  # no records: both still wait
+    # Quadratic was 1,000 x (1 + 2 + ... + 1,000) / 1,000 + 1,000 x 1,000.
+    assert sum(read) <= 2 * count, f"{sum(read)} partition reads for {count} ISR answers"
+
+    produce(leader, big[7], 3, now)  # records: the follower's fetch answers at once
+    answer = link.answer(now)
+    assert answer is not None and 7 in names(p for p in answer["partitions"] if p["records"])
+    link.send(now)  # the follower has them: the high watermark moves, the consumer hears
+    answers = [a for a in of(leader.ready(), Respond) if a.request_id == consumer_id]
+    assert answers and [r["partition"] for r in answers[0].results if r["records"]] == [7]

@@ -1,6 +1,7 @@
 """The broker's AlterPartition transport (api/broker/isr.py): the ISR changes
 the replication core asks for in one pass of the event loop go to the
-controller as one request, and each comes back to the core on its own."""
+controller as one request, and each is answered on its own, the answers of
+one request handed to the core together."""
 
 import asyncio
 
@@ -17,10 +18,13 @@ class Answers:
 
     def __init__(self) -> None:
         self.answered: dict[int, tuple] = {}
+        self.calls = 0  # hand-overs: one per controller request
 
-    def alter_partition_answered(self, request_id, answer, error_code) -> None:
-        assert request_id not in self.answered, f"request {request_id} answered twice"
-        self.answered[request_id] = (answer, error_code)
+    def alter_partitions_answered(self, answers) -> None:
+        self.calls += 1
+        for request_id, answer, error_code in answers:
+            assert request_id not in self.answered, f"request {request_id} answered twice"
+            self.answered[request_id] = (answer, error_code)
 
 
 class Controller:
@@ -72,6 +76,7 @@ async def test_one_pass_of_isr_changes_is_one_request_and_each_is_answered():
     assert (body["broker_id"], body["broker_epoch"]) == (1, 5)
     assert "broker_epoch" not in body["partitions"][0]
     assert len(answers.answered) == count
+    assert answers.calls == 2  # each request's answers handed to the core together
     assert answers.answered[0] == ({"topic": "t", "partition": 0, "isr": [1, 2], "error": None,
                                     "metadata_offset": 77}, None)
     assert answers.answered[3] == (None, "INVALID_REQUEST")
