@@ -682,14 +682,19 @@ class ReplicationCore:
 
     def _open_pass(self, now_ms: int, changed: Mapping[str, set[int] | None] | None, *,
                    retry_failed: bool) -> None:
-        """``apply_image``'s work on ``self.image``. Logs waiting their turn
-        (``_deferred``) join every pass; logs that failed to open
+        """``apply_image``'s work on ``self.image``. The next logs waiting
+        their turn (``_deferred``), and those of a changed topic, join every
+        pass; logs that failed to open
         (``_unopened``) join only passes for a metadata change
         (``retry_failed``), not the "open" timer's, so a log that keeps
         failing cannot hold the others back or keep the timer busy."""
         caught_up = self.lifecycle.metadata_caught_up
         fetch_ready = self.lifecycle.fetch_ready
-        deferred, unopened = self._deferred, self._unopened
+        deferred, unopened = self._next_deferred(), self._unopened
+        for name in changed or ():  # a changed topic's waiting logs are looked at now
+            numbers = self._deferred.pop(name, None)
+            if numbers is not None:
+                deferred.setdefault(name, set()).update(numbers)
         joining = (deferred, unopened) if retry_failed else (deferred,)
         if changed is not None and any(joining):
             merged = dict(changed)
@@ -700,7 +705,6 @@ class ReplicationCore:
                     elif name not in merged:
                         merged[name] = set(numbers)
             changed = merged
-        self._deferred = {}
         if retry_failed or changed is None:
             self._unopened = {}
         try:
@@ -717,6 +721,23 @@ class ReplicationCore:
                 self._at(now_ms + 1, "open", None)
             self.passes += 1
         self._after_event(now_ms)
+
+    def _next_deferred(self) -> dict[str, set[int]]:
+        """The next NEW_LOGS_PER_PASS logs waiting their turn, taken out of
+        ``_deferred``: a pass walks those, not every log still waiting (a
+        broker given 10,000 at once would walk them 600 times)."""
+        taken: dict[str, set[int]] = {}
+        left = NEW_LOGS_PER_PASS
+        while left and self._deferred:
+            name = next(iter(self._deferred))
+            numbers = self._deferred[name]
+            chunk = taken.setdefault(name, set())
+            while left and numbers:
+                chunk.add(numbers.pop())
+                left -= 1
+            if not numbers:
+                del self._deferred[name]
+        return taken
 
     def _apply_image(self, image: MetadataImage, now_ms: int,
                      changed: Mapping[str, set[int] | None] | None, caught_up: bool,

@@ -380,6 +380,41 @@ def test_many_new_logs_open_in_passes_and_a_failing_one_holds_none_back(tmp_path
     assert len(rm.partitions) == 40
 
 
+def test_opening_thousands_of_logs_walks_each_about_once(tmp_path):
+    """Each "open" pass looks at the next NEW_LOGS_PER_PASS logs waiting,
+    not at every log still waiting: 2,000 logs given at once cost about
+    2,000 looks in all (walking every waiting one each pass was 2,000 x 125
+    passes / 2), and a metadata change to a topic still waiting looks at
+    that topic's logs at once."""
+    import api.broker.replication as replication
+
+    cluster = Cluster()
+    cluster.topic("wide", "id-w", [ME] * 1500)
+    cluster.topic("narrow", "id-n", [ME] * 500)
+    rm = make_manager(tmp_path)
+    looked = []
+    real_assigned_in = rm.core._assigned_in
+
+    def counting(image, changed):
+        for item in real_assigned_in(image, changed):
+            looked.append(item[0])
+            yield item
+
+    rm.core._assigned_in = counting
+    rm.apply_image(cluster.image, caught_up=True)
+    assert len(rm.partitions) == replication.NEW_LOGS_PER_PASS
+    first_walk = len(looked)
+    now = 0
+    cluster.add(ConfigRecord("topic", "narrow", "retention.ms", "1000"))
+    rm.core.apply_image(cluster.image, now, {"narrow": None})
+    while rm.core.next_wake_ms() <= now + 1 and len(rm.partitions) < 2000:
+        now += 1
+        rm.core.tick(now)
+    assert len(rm.partitions) == 2000
+    assert all(rm.leader_partition("narrow", p).is_leader for p in range(500))
+    assert first_walk == 2000 and len(looked) - first_walk <= 2 * 2000 + 500, len(looked)
+
+
 async def test_a_produce_right_after_a_partition_is_given_here_waits_for_its_log(tmp_path):
     """The broker's shell makes new logs' files on a thread; a produce that
     arrives meanwhile waits for the log (within its timeout) and is written,
