@@ -415,6 +415,9 @@ class ReplicationCore:
         # Assigned partitions whose log waits its turn to be opened (at most
         # NEW_LOGS_PER_PASS per pass): opened by the "open" timer.
         self._deferred: dict[str, set[int]] = {}
+        # Logs opened by the pass under way (``_apply_topics``): new to this
+        # broker, not partitions that changed leader (``_partitions_changed``).
+        self._new_logs: set[TopicPartition] = set()
         # Assigned partitions whose new log's files are being created off
         # the event loop (LOG_PENDING): opened once ``logs_created`` says so.
         self._creating: set[TopicPartition] = set()
@@ -742,6 +745,15 @@ class ReplicationCore:
     def _apply_image(self, image: MetadataImage, now_ms: int,
                      changed: Mapping[str, set[int] | None] | None, caught_up: bool,
                      fetch_ready: bool, *, opening_only: bool = False) -> None:
+        try:
+            self._apply_image_walk(image, now_ms, changed, caught_up, fetch_ready,
+                                   opening_only=opening_only)
+        finally:
+            self._new_logs = set()
+
+    def _apply_image_walk(self, image: MetadataImage, now_ms: int,
+                          changed: Mapping[str, set[int] | None] | None, caught_up: bool,
+                          fetch_ready: bool, *, opening_only: bool = False) -> None:
         if (changed is None or (not caught_up and not opening_only)
                 or (caught_up, fetch_ready) != self._walked):
             self._walked = (caught_up, fetch_ready)
@@ -798,6 +810,7 @@ class ReplicationCore:
                     self._deferred.setdefault(tp.topic, set()).add(tp.partition)
                     continue
                 opened += 1
+                self._new_logs.add(tp)
             if tp.topic not in configs_of:
                 configs = image.topic_configs(tp.topic)
                 configs_of[tp.topic] = (
@@ -1542,7 +1555,10 @@ class ReplicationCore:
         by a change of leader (leader epoch > 0, a failover or a preferred
         leader's return) is fetched at once: the fetch out is dropped and
         the session opened afresh, since acks=all writes to it wait for this
-        follower."""
+        follower. A log opened by this pass is not such a change (a broker
+        opening 10,000 logs after a restart, NEW_LOGS_PER_PASS at a time,
+        would drop its every fetch until the last opened): the next fetch
+        names it."""
         for tp in removed:
             session.resting.pop(tp, None)
             session.order.pop(tp, None)
@@ -1556,7 +1572,8 @@ class ReplicationCore:
         # A new session closes the old one.
         dropped = any(tp not in self.partitions for tp in removed)
         if dropped or (session.in_flight is not None
-                       and any(session.partitions[tp] > 0 for tp in added)):
+                       and any(session.partitions[tp] > 0 and tp not in self._new_logs
+                               for tp in added)):
             session.backoff_until_ms = 0
             self._cancel_fetch(session)
 

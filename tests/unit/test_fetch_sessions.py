@@ -346,6 +346,50 @@ def test_a_partition_that_comes_by_a_change_of_leader_is_fetched_at_once(pair):
     assert ("v", 0) in [(i["topic"], i["partition"]) for i in fetch.body["partitions"]]
 
 
+def test_a_restarted_follower_opening_its_logs_keeps_its_fetch_and_names_them_as_they_open(
+        tmp_path):
+    """A broker restarting with thousands of logs opens them
+    NEW_LOGS_PER_PASS at a time. Logs in a leader epoch > 0 (leaders moved
+    in the cluster's past) are not partitions that changed leader: the
+    fetch out is kept and the next incremental fetch names them. (Each pass
+    used to drop the fetch out and open a new session naming every
+    partition, so the broker fetched nothing until its last log opened.)"""
+    import api.broker.replication as replication
+
+    count = 3 * replication.NEW_LOGS_PER_PASS + 5
+    meta = MetadataImage()
+    for b in (LEADER, FOLLOWER):
+        meta.apply(RegisterBrokerRecord(b, f"inc-{b}", {"BROKER": f"127.0.0.1:{9000 + b}"},
+                                        None), meta.offset + 1)
+    meta.apply(TopicRecord("w", "id-w"), meta.offset + 1)
+    for p in range(count):  # leader epoch 4: the leadership moved before
+        meta.apply(PartitionRecord("id-w", p, [LEADER, FOLLOWER], [LEADER], LEADER, 4, 4),
+                   meta.offset + 1)
+    leader, follower = broker(tmp_path, LEADER, meta), broker(tmp_path, FOLLOWER, meta)
+    wide = [TopicPartition("w", p) for p in range(count)]
+    while leader.opening_any(wide):
+        leader.tick(leader.next_wake_ms())
+    leader.ready()
+    link = Link(leader, follower)
+    opening = link.send(1)
+    assert opening.body["session_epoch"] == 0
+    named = set(names(opening.body["partitions"]))
+    assert len(named) == replication.NEW_LOGS_PER_PASS  # the logs open so far
+    assert link.answer(1) is None  # caught up: it waits on the leader
+    now = 1
+    while follower.opening_any(wide):
+        now = max(now, follower.next_wake_ms())
+        follower.tick(now)
+        actions = follower.ready()
+        assert not of(actions, CancelRequest), "a log opening dropped the fetch out"
+        assert not of(actions, SendFetch)  # one fetch out at a time
+    leader.tick(opening.body["max_wait_ms"] + 2)  # the wait ends: answered empty
+    link.answer(opening.body["max_wait_ms"] + 2)
+    fetch = link.send(opening.body["max_wait_ms"] + 3)
+    assert fetch.body["session_epoch"] == 1  # the same session, incremental
+    assert set(names(fetch.body["partitions"])) == set(range(count)) - named
+
+
 def unfence(meta: MetadataImage) -> None:
     for b in (LEADER, FOLLOWER):
         meta.apply(UnfenceBrokerRecord(b, meta.brokers[b].broker_epoch), meta.offset + 1)
