@@ -1351,7 +1351,11 @@ class ReplicationCore:
             to_read, request.max_bytes, follower=request.replica_id >= 0,
             committed=request.isolation_level == READ_COMMITTED)
         if not (final or total_bytes >= request.min_bytes or any_error or parked.answered):
-            parked.seen_bytes, parked.seen_total = {}, 0  # counted afresh from here
+            # What this read found counts towards min_bytes from here on:
+            # a later touch adds only what it touched.
+            parked.seen_bytes = {spec.tp: len(result["records"])
+                                 for spec, result in zip(to_read, read) if result["records"]}
+            parked.seen_total = total_bytes
             return False
         unread = iter(read[len(others):])
         results = [parked.answered[i] if i in parked.answered else next(unread)
@@ -1827,7 +1831,11 @@ class ReplicationCore:
                             alter.proposal.tp, alter.proposal.new_isr, error_code)
             if not isinstance(answer, dict) or not isinstance(answer.get("isr"), list):
                 answer = None
-            self._settle_alter(alter, answer, refused=error_code in DEFINITE_REFUSALS)
+            try:
+                self._settle_alter(alter, answer, refused=error_code in DEFINITE_REFUSALS)
+            except Exception:  # noqa: BLE001  one answer's bug must not hold the others
+                logger.exception("broker %d: cannot apply the ISR answer for %s",
+                                 self.broker_id, alter.proposal.tp)
         self._after_event(now_ms)
 
     def alter_partition_answered(self, request_id: int, answer: dict | None,

@@ -516,3 +516,29 @@ def test_a_burst_of_isr_answers_costs_what_it_touched_not_what_the_fetches_name(
     link.send(now)  # the follower has them: the high watermark moves, the consumer hears
     answers = [a for a in of(leader.ready(), Respond) if a.request_id == consumer_id]
     assert answers and [r["partition"] for r in answers[0].results if r["records"]] == [7]
+
+
+def test_a_waiting_fetch_counts_the_bytes_found_before_towards_min_bytes(tmp_path):
+    """A consumer's fetch with min_bytes above what one partition holds
+    waits; records arriving in another partition answer it at once, the
+    bytes already there counting with the new ones."""
+    meta = MetadataImage()
+    meta.apply(RegisterBrokerRecord(LEADER, "inc", {"BROKER": "127.0.0.1:9001"}, None),
+               meta.offset + 1)
+    meta.apply(TopicRecord("m", "id-m"), meta.offset + 1)
+    for p in range(2):
+        meta.apply(PartitionRecord("id-m", p, [LEADER], [LEADER], LEADER, 0, 0),
+                   meta.offset + 1)
+    leader = broker(tmp_path, LEADER, meta)
+    leader.ready()
+    m0, m1 = TopicPartition("m", 0), TopicPartition("m", 1)
+    produce(leader, m0, 3, 1)
+    batch = leader.partitions[m0].log.size_bytes
+    request_id = leader.new_request_id()
+    leader.fetch(request_id, decode_fetch({"partitions": [
+        {"topic": "m", "partition": p, "offset": 0} for p in range(2)],
+        "max_wait_ms": 10_000, "min_bytes": batch * 3 // 2}), 2)
+    assert not [a for a in of(leader.ready(), Respond) if a.request_id == request_id]
+    produce(leader, m1, 3, 3)
+    (answer,) = [a for a in of(leader.ready(), Respond) if a.request_id == request_id]
+    assert [bool(r["records"]) for r in answer.results] == [True, True]
