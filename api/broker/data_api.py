@@ -31,6 +31,7 @@ from api.broker.replication import (NO_SESSION, PARTITIONS_PER_REQUEST_MAX, READ
                                     ProduceItem, broker_url, empty_fetch_result)
 from api.broker.authz import topic_filter
 from kraft.authorizer import RequestAuth, auth_of
+from kraft.image import TopicImage
 from protocol import acl, wire
 from protocol.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE
 from protocol.tls import principal_of, require_node_or_plain
@@ -153,6 +154,9 @@ class DataApi:
         #: asks the transaction coordinator whether the partitions are in the
         #: producer's open transaction (raises if not). Set by the server.
         self.verify_txn: Callable[..., Any] | None = None
+        # (topic, eligible) -> (its registrations, its partitions rendered):
+        # ``_partitions_of``'s cache.
+        self._rendered: dict[tuple[str, bool], tuple[tuple, list[dict]]] = {}
 
     async def wait_turn(self, request: web.Request, key: str) -> None:
         """Hold a produce (or a consumer's fetch) until its quota entity's
@@ -417,7 +421,10 @@ class DataApi:
             body = Fields(await wire.read_body(request), "")
             names = body.strings("topics", PARTITIONS_PER_REQUEST_MAX, TOPIC_NAME_MAX_CHARS,
                                  default=None)
-        return wire.respond(request, self.metadata(names, topic_filter(auth_of(request))))
+        # No records in it: packed whole, in C (wire.pack_pieces walks a body
+        # in Python to send large byte strings uncopied).
+        return wire.respond(request, self.metadata(names, topic_filter(auth_of(request))),
+                            pieces=False)
 
     def metadata(self, names: list[str] | None,
                  may_describe: Callable[[str], bool] = lambda _name: True,
@@ -447,17 +454,32 @@ class DataApi:
                                          "message": f"topic {name!r} does not exist"}})
                 continue
             topics.append({"name": name, "topic_id": topic.topic_id, "error": None,
-                           "partitions": [{"partition": p, "leader": reg.leader,
-                                           "leader_epoch": reg.leader_epoch,
-                                           "replicas": list(reg.replicas),
-                                           "isr": list(reg.isr),
-                                           **({"elr": list(reg.elr),
-                                               "last_known_leader": reg.last_known_leader}
-                                              if eligible else {})}
-                                          for p, reg in sorted(topic.partitions.items())]})
+                           "partitions": self._partitions_of(name, topic, eligible)})
         return {"cluster_id": self.cluster_id, "controller_id": self.controller_id(),
                 "metadata_offset": image.offset,
                 "brokers": brokers, "topics": topics}
+
+    def _partitions_of(self, name: str, topic: TopicImage, eligible: bool) -> list[dict]:
+        """The partitions of ``topic`` as a metadata answer lists them:
+        rendered again only when a registration changed (the image replaces a
+        ``PartitionRegistration`` on every change, never edits one), so a
+        client asking for 10,000 partitions costs a comparison of the same
+        objects, not 10,000 new maps. Shared between answers: not to be
+        changed by a caller."""
+        registrations = tuple(topic.partitions.items())
+        key = (name, eligible)
+        cached = self._rendered.get(key)
+        if cached is not None and cached[0] == registrations:
+            return cached[1]
+        rendered = [{"partition": p, "leader": reg.leader, "leader_epoch": reg.leader_epoch,
+                     "replicas": list(reg.replicas), "isr": list(reg.isr),
+                     **({"elr": list(reg.elr), "last_known_leader": reg.last_known_leader}
+                        if eligible else {})}
+                    for p, reg in sorted(registrations)]
+        if len(self._rendered) > 2 * len(self.replicas.image.topics) + 64:
+            self._rendered.clear()  # deleted topics' renderings go
+        self._rendered[key] = (registrations, rendered)
+        return rendered
 
 
 def _has_transactional_batch(item: ProduceItem) -> bool:
