@@ -149,6 +149,7 @@ def measure(cluster: ProcessCluster, label: str, topics: dict[str, int],
     figures["rss_created_bytes"] = rss
     figures["rss_created_per_replica"] = {b: (rss[b] - idle_rss[b]) / held for b in rss}
     figures["metadata_ms"] = metadata_propagation(cluster, label, args.probes)
+    figures["metadata_answer_ms"] = metadata_answers(cluster, args.probes)
     status(f"[{label}] metadata p99 {percentile(figures['metadata_ms'], 99):,.0f} ms; "
            f"producing {args.records:,} records ...")
     figures["produce_rps"] = produce_spread(cluster, topics, args.records)
@@ -245,6 +246,23 @@ def metadata_propagation(cluster: ProcessCluster, label: str, probes: int) -> li
                                >= offset for b in cluster.broker_ids),
                    PROBE_WAIT_S, f"metadata offset {offset} on every broker", interval_s=0.002)
         times.append((time.monotonic() - committed_s) * 1000)
+    return times
+
+
+def metadata_answers(cluster: ProcessCluster, probes: int) -> list[float]:
+    """A client's metadata request for every topic (msgpack, as the client
+    asks), answered by one broker, per request, in ms."""
+    url = live_urls(cluster)[0] + "/v1/metadata"
+    body = msgpack.packb({"topics": None}, use_bin_type=True)
+    times = []
+    for _ in range(probes):
+        request = urllib.request.Request(url, data=body, headers={
+            "Content-Type": "application/msgpack", "Accept": "application/msgpack"})
+        started = time.monotonic()
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer = msgpack.unpackb(response.read(), raw=False)
+        times.append((time.monotonic() - started) * 1000)
+        assert answer.get("topics"), answer
     return times
 
 
@@ -438,6 +456,7 @@ def summarize(reference: dict, big: dict, layout: dict[str, int],
             "raw_create_s": round(figures["raw_create_s"], 2),
             "metadata_ms_p50": round(statistics.median(figures["metadata_ms"]), 1),
             "metadata_ms_p99": round(percentile(figures["metadata_ms"], 99), 1),
+            "metadata_answer_ms_p50": round(statistics.median(figures["metadata_answer_ms"]), 1),
             "produce_rps": round(figures["produce_rps"]),
             "consume_rps": round(figures["consume_rps"]),
             "broker_rss_mib": round(statistics.mean(rss.values()) / 2**20, 1),
@@ -485,6 +504,8 @@ def format_report(summary: dict) -> str:
             many["metadata_ms_p50"], ",.1f"),
         row("metadata change to every broker p99 (ms)", small["metadata_ms_p99"],
             many["metadata_ms_p99"], ",.1f", verdict("metadata_p99", "<= 1,000 ms")),
+        row("metadata answer, every topic, p50 (ms)", small["metadata_answer_ms_p50"],
+            many["metadata_answer_ms_p50"], ",.1f"),
         row("produce, acks=all (records/s)", small["produce_rps"], many["produce_rps"], ",.0f",
             verdict("produce_ratio", ">= 0.7x")),
         row("consume (records/s)", small["consume_rps"], many["consume_rps"], ",.0f",
