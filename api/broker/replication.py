@@ -686,18 +686,28 @@ class ReplicationCore:
     def _open_pass(self, now_ms: int, changed: Mapping[str, set[int] | None] | None, *,
                    retry_failed: bool) -> None:
         """``apply_image``'s work on ``self.image``. The next logs waiting
-        their turn (``_deferred``), and those of a changed topic, join every
-        pass; logs that failed to open
+        their turn (``_deferred``), and those of the changed partitions, join
+        every pass; logs that failed to open
         (``_unopened``) join only passes for a metadata change
         (``retry_failed``), not the "open" timer's, so a log that keeps
         failing cannot hold the others back or keep the timer busy."""
         caught_up = self.lifecycle.metadata_caught_up
         fetch_ready = self.lifecycle.fetch_ready
-        deferred, unopened = self._next_deferred(), self._unopened
-        for name in changed or ():  # a changed topic's waiting logs are looked at now
-            numbers = self._deferred.pop(name, None)
-            if numbers is not None:
-                deferred.setdefault(name, set()).update(numbers)
+        if changed is None:  # every topic is walked: every waiting log with them
+            deferred, self._deferred = self._deferred, {}
+        else:
+            deferred = self._next_deferred()
+            for name, numbers in changed.items():  # a changed partition's log is looked at now
+                waiting = self._deferred.get(name)
+                if not waiting:
+                    continue
+                taken = set(waiting) if numbers is None else waiting & numbers
+                waiting -= taken
+                if not waiting:
+                    del self._deferred[name]
+                if taken:
+                    deferred.setdefault(name, set()).update(taken)
+        unopened = self._unopened
         joining = (deferred, unopened) if retry_failed else (deferred,)
         if changed is not None and any(joining):
             merged = dict(changed)
