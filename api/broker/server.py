@@ -615,7 +615,7 @@ class BrokerServer:
             for topic in answer["topics"]:
                 if topic["name"] in found:
                     topic["configs"] = configs.get(topic["name"], [])
-        return wire.respond(request, answer)
+        return wire.respond(request, answer, pieces=False)  # no records: packed in C
 
     # -- inspection --------------------------------------------------------------
     async def handle_health(self, request: web.Request) -> web.Response:
