@@ -20,7 +20,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from aiohttp import web
+import msgpack
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from api.broker.metrics import BrokerMetrics
 from api.broker.partition import Partition
@@ -30,6 +31,7 @@ from api.broker.replication import (NO_SESSION, PARTITIONS_PER_REQUEST_MAX, READ
                                     READ_UNCOMMITTED, FetchRequest, FetchSpec, MarkerItem,
                                     ProduceItem, broker_url, empty_fetch_result)
 from api.broker.authz import topic_filter
+from api.broker.fetcher import REPLICA_STREAM_PATH
 from kraft.authorizer import RequestAuth, auth_of
 from kraft.image import TopicImage
 from protocol import acl, wire
@@ -157,6 +159,8 @@ class DataApi:
         # (topic, eligible) -> (its registrations, its partitions rendered):
         # ``_partitions_of``'s cache.
         self._rendered: dict[tuple[str, bool], tuple[tuple, list[dict]]] = {}
+        #: Followers' fetch streams open now (closed when the broker stops).
+        self._streams: set[web.WebSocketResponse] = set()
 
     async def wait_turn(self, request: web.Request, key: str) -> None:
         """Hold a produce (or a consumer's fetch) until its quota entity's
@@ -184,6 +188,8 @@ class DataApi:
         app.router.add_post("/v1/txn/markers", self.handle_write_markers)
         app.router.add_post("/v1/metadata", self.handle_metadata)
         app.router.add_get("/v1/metadata", self.handle_metadata)
+        app.router.add_get(REPLICA_STREAM_PATH, self.handle_replica_stream)
+        app.on_shutdown.append(self._close_streams)
 
     def _render(self, api: str, results: list[dict]) -> list[dict]:
         return render_results(
@@ -351,14 +357,11 @@ class DataApi:
             require_node_or_plain(request, "a follower's fetch (replica_id >= 0)")
         if replica_id >= 0:
             exempt_from_request_quota(request)
-        fields: dict = {}
-        if fetch.session_epoch != NO_SESSION:  # a follower's session: answered whatever
-            answered, fields = await self.replicas.fetch_in_session(fetch)
-        else:
-            answered = await self.replicas.fetch(fetch) if fetch.specs or not refused else []
+            return wire.respond(request, await self._answer_follower(fetch))
+        answered = await self.replicas.fetch(fetch) if fetch.specs or not refused else []
         results = self._render("fetch", answered + refused)
         fetched = 0
-        for result in results if replica_id < 0 else ():
+        for result in results:
             records = result["records"]
             if records:
                 fetched += len(records)
@@ -366,10 +369,89 @@ class DataApi:
                 self.metrics.messages_out.inc(
                     sum(header.record_count for header, _ in iter_batches(records)),
                     result["topic"])
-        # Followers replicate unthrottled: client quotas are for clients.
         throttle_ms = self.throttle(request, CONSUMER_BYTE_RATE, fetched)
-        return wire.respond(request, {"partitions": results, "throttle_time_ms": throttle_ms,
-                                      **fields})
+        return wire.respond(request, {"partitions": results, "throttle_time_ms": throttle_ms})
+
+    async def _answer_follower(self, fetch: FetchRequest) -> dict:
+        """A follower's fetch answered (unthrottled: client quotas are for
+        clients), over POST /v1/fetch or the follower's stream."""
+        fields: dict = {}
+        if fetch.session_epoch != NO_SESSION:  # a follower's session: answered whatever
+            answered, fields = await self.replicas.fetch_in_session(fetch)
+        else:
+            answered = await self.replicas.fetch(fetch)
+        return {"partitions": self._render("fetch", answered), "throttle_time_ms": 0, **fields}
+
+    # -- followers' fetch stream -------------------------------------------------
+    async def handle_replica_stream(self, request: web.Request) -> web.StreamResponse:
+        """GET /v1/replica/fetch-stream: a follower's fetches from this
+        leader over one WebSocket. Each binary message is msgpack
+        ``{"id": int, "fetch": <the body of POST /v1/fetch>}``, answered by
+        ``{"id": int, "answer": <what POST /v1/fetch answers>}`` once the
+        fetch is answered, in any order. The same fetches as POST
+        /v1/fetch with ``replica_id``, without an HTTP exchange each (a
+        seventh of its CPU on this machine). Who may open it: as for a
+        follower's fetch (with ACLs, CLUSTER_ACTION, checked by the
+        middleware). A message of any other shape closes the stream."""
+        if not auth_of(request).enabled:
+            require_node_or_plain(request, "a follower's fetch stream")
+        exempt_from_request_quota(request)
+        stream = web.WebSocketResponse(
+            compress=False, max_msg_size=request.app[wire.BODY_BYTES_MAX_KEY])
+        await stream.prepare(request)
+        self._streams.add(stream)
+        answering: set[asyncio.Task] = set()
+        try:
+            async for message in stream:
+                if message.type is not WSMsgType.BINARY:
+                    await stream.close(code=WSCloseCode.UNSUPPORTED_DATA,
+                                       message=b"binary msgpack messages only")
+                    break
+                task = asyncio.create_task(self._stream_fetch(stream, message.data))
+                answering.add(task)
+                task.add_done_callback(answering.discard)
+        finally:
+            self._streams.discard(stream)
+            for task in answering:
+                task.cancel()
+            await asyncio.gather(*answering, return_exceptions=True)
+        return stream
+
+    async def _stream_fetch(self, stream: web.WebSocketResponse, data: bytes) -> None:
+        try:
+            message = msgpack.unpackb(data, raw=False)
+        except (msgpack.UnpackException, ValueError):
+            message = None
+        request_id = message.get("id") if isinstance(message, dict) else None
+        if not isinstance(request_id, int) or isinstance(request_id, bool):
+            await stream.close(code=WSCloseCode.UNSUPPORTED_DATA,
+                               message=b'each message is a msgpack map {"id": int, "fetch": map}')
+            return
+        try:
+            fetch = decode_fetch(message.get("fetch"))
+            if fetch.replica_id < 0:
+                raise InvalidRequestError("the fetch stream carries followers' fetches "
+                                          "(replica_id >= 0); consumers POST /v1/fetch")
+            answer = await self._answer_follower(fetch)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001  answered as POST /v1/fetch would be
+            if not isinstance(getattr(exc, "code", None), str):
+                logger.exception("a follower's fetch over its stream failed")
+            answer = wire.error_body(exc)
+        if not stream.closed:
+            try:
+                await stream.send_bytes(msgpack.packb({"id": request_id, "answer": answer},
+                                                      use_bin_type=True))
+            except ConnectionError:
+                pass  # the follower went away; it asks again over a new stream
+
+    async def _close_streams(self, app: web.Application) -> None:
+        """Stopping: close the followers' streams, which would otherwise
+        hold the server's shutdown (they ask again elsewhere or later)."""
+        await asyncio.gather(*(stream.close(code=WSCloseCode.GOING_AWAY,
+                                            message=b"the broker is stopping")
+                               for stream in list(self._streams)), return_exceptions=True)
 
     # -- list offsets ------------------------------------------------------------
     async def handle_list_offsets(self, request: web.Request) -> web.Response:

@@ -1,12 +1,21 @@
-"""Follower fetches over HTTP: the transport of the replication core's ``SendFetch``.
+"""Follower fetches to leaders: the transport of the replication core's ``SendFetch``.
 
 The core (``replication.ReplicationCore``) decides which partitions a
 follower fetches from which leader, what it asks for and what to do with the
 answer (append, truncate, restart at the leader's log start, rest after an
-error). This module only carries the request: the ordinary ``POST
-/v1/fetch`` with ``replica_id`` to the leader's ``BROKER`` listener, and the
-answer or the failure back to the ``ReplicaManager``. A ``CancelRequest``
-cancels the request in flight (its answer would be void anyway).
+error). This module only carries the request to the leader's ``BROKER``
+listener and the answer or the failure back to the ``ReplicaManager``. A
+``CancelRequest`` cancels the request in flight (its answer would be void
+anyway).
+
+The fetches to one leader travel over one WebSocket (``GET
+/v1/replica/fetch-stream``, answered by ``DataApi.handle_replica_stream``):
+a message each way per fetch, tagged with the request id, instead of an HTTP
+exchange each. On this machine an HTTP round trip costs 235 µs of CPU and a
+message pair 33 µs, and a follower fetches after every append it is woken
+for. A leader that has no stream (an older broker, during a rolling upgrade)
+is asked by ``POST /v1/fetch`` with ``replica_id``, the same fetch, and
+offered the stream again a minute later.
 """
 
 from __future__ import annotations
@@ -24,6 +33,72 @@ from protocol import tls, wire
 
 logger = logging.getLogger(__name__)
 
+REPLICA_STREAM_PATH = "/v1/replica/fetch-stream"
+#: A leader that refused the stream (it has no such route) gets plain
+#: fetches for this long, then is offered the stream again.
+PLAIN_FETCH_S = 60.0
+#: How long closing a stream waits for the leader's closing frame.
+STREAM_CLOSE_S = 1.0
+
+
+class StreamClosedError(ConnectionError):
+    """The stream to the leader closed before it answered a fetch."""
+
+
+class _Stream:
+    """One WebSocket to a leader, carrying any number of fetches at once,
+    each answer matched to its fetch by request id."""
+
+    def __init__(self, socket: aiohttp.ClientWebSocketResponse) -> None:
+        self.socket = socket
+        self.waiting: dict[int, asyncio.Future] = {}
+        self.reader = asyncio.create_task(self._read(), name="replica-fetch-stream")
+
+    @property
+    def open(self) -> bool:
+        return not self.socket.closed and not self.reader.done()
+
+    async def call(self, request_id: int, body: dict) -> dict:
+        future = asyncio.get_running_loop().create_future()
+        self.waiting[request_id] = future
+        try:
+            await self.socket.send_bytes(msgpack.packb({"id": request_id, "fetch": body},
+                                                       use_bin_type=True))
+            answer = await future
+        finally:
+            self.waiting.pop(request_id, None)
+        if not isinstance(answer, dict):
+            raise ValueError(f"fetch answer is not a map: {answer!r:.100}")
+        return answer
+
+    async def _read(self) -> None:
+        reason = "the leader closed the fetch stream"
+        try:
+            async for message in self.socket:
+                if message.type is not aiohttp.WSMsgType.BINARY:
+                    reason = f"unexpected {message.type.name} message on the fetch stream"
+                    break
+                tagged = msgpack.unpackb(message.data, raw=False)
+                future = (self.waiting.pop(tagged.get("id"), None)
+                          if isinstance(tagged, dict) else None)
+                if future is not None and not future.done():
+                    future.set_result(tagged.get("answer"))
+        except (aiohttp.ClientError, msgpack.UnpackException, ValueError, TypeError,
+                OSError) as exc:
+            reason = f"fetch stream failed: {exc}"
+        finally:
+            waiting, self.waiting = self.waiting, {}
+            for future in waiting.values():
+                if not future.done():
+                    future.set_exception(StreamClosedError(reason))
+            if not self.socket.closed:
+                await self.socket.close()
+
+    async def close(self) -> None:
+        self.reader.cancel()
+        await asyncio.gather(self.reader, return_exceptions=True)
+        await self.socket.close()
+
 
 class FollowerFetchSender:
     def __init__(self, replicas: ReplicaManager, peer_ssl: ssl.SSLContext | None = None) -> None:
@@ -31,6 +106,9 @@ class FollowerFetchSender:
         self.peer_ssl = peer_ssl  # for leaders' SSL listeners
         self._requests = RequestTasks()
         self._session: aiohttp.ClientSession | None = None
+        self._streams: dict[str, _Stream] = {}  # by leader URL
+        self._opening: dict[str, asyncio.Lock] = {}
+        self._plain_until: dict[str, float] = {}  # leader URL -> loop time
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -51,16 +129,59 @@ class FollowerFetchSender:
             if url is None:
                 raise ValueError(f"broker {action.leader_id} has no BROKER listener in the "
                                  "metadata")
-            answer = await self._post(url + "/v1/fetch", action.body, action.timeout_ms)
+            async with asyncio.timeout(action.timeout_ms / 1000):
+                answer = await self._ask(url, action)
         except asyncio.CancelledError:
             raise
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError,
                 msgpack.UnpackException) as exc:
             logger.debug("broker %d: fetch from leader %d failed: %s", self.replicas.broker_id,
                          action.leader_id, exc)
+            if isinstance(exc, asyncio.TimeoutError):
+                self._drop(url)  # the leader may be gone; a fresh stream next time
             self.replicas.fetch_failed(action.request_id)
             return
         self.replicas.fetch_answered(action.request_id, answer)
+
+    async def _ask(self, url: str, action: SendFetch) -> dict:
+        stream = await self._stream(url)
+        if stream is None:
+            return await self._post(url + "/v1/fetch", action.body, action.timeout_ms)
+        return await stream.call(action.request_id, action.body)
+
+    async def _stream(self, url: str) -> _Stream | None:
+        """The open stream to the leader at ``url``, opened if need be;
+        None for a leader without one (asked by POST instead)."""
+        stream = self._streams.get(url)
+        if stream is not None and stream.open:
+            return stream
+        loop = asyncio.get_running_loop()
+        if self._plain_until.get(url, 0.0) > loop.time():
+            return None
+        async with self._opening.setdefault(url, asyncio.Lock()):
+            stream = self._streams.get(url)
+            if stream is not None and stream.open:
+                return stream
+            try:
+                socket = await self.session.ws_connect(
+                    url + REPLICA_STREAM_PATH, compress=0, max_msg_size=0, autoping=True,
+                    timeout=aiohttp.ClientWSTimeout(ws_close=STREAM_CLOSE_S),
+                    headers={"Accept": wire.MSGPACK})
+            except aiohttp.WSServerHandshakeError as exc:
+                if exc.status in (404, 405):
+                    logger.info("broker %d: leader at %s has no fetch stream (an older "
+                                "version?): fetching by POST /v1/fetch",
+                                self.replicas.broker_id, url)
+                    self._plain_until[url] = loop.time() + PLAIN_FETCH_S
+                    return None
+                raise
+            stream = self._streams[url] = _Stream(socket)
+            return stream
+
+    def _drop(self, url: str | None) -> None:
+        stream = self._streams.pop(url, None) if url is not None else None
+        if stream is not None:
+            self._requests.start(-id(stream), stream.close(), "replica-fetch-stream-close")
 
     async def _post(self, url: str, body: dict, timeout_ms: int) -> dict:
         async with self.session.post(
@@ -74,6 +195,8 @@ class FollowerFetchSender:
 
     async def stop(self) -> None:
         await self._requests.stop()
+        streams, self._streams = list(self._streams.values()), {}
+        await asyncio.gather(*(stream.close() for stream in streams), return_exceptions=True)
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -285,8 +285,8 @@ class OnLoopTime:
 
 #: Routes only nodes and operators call (markers, KIP-890 checks, health
 #: probes, metrics scrapes): never held, never counted, whoever calls.
-EXEMPT_ROUTES = frozenset({"/v1/txn/markers", "/v1/transactions/verify", "/healthz",
-                           "/metrics"})
+EXEMPT_ROUTES = frozenset({"/v1/txn/markers", "/v1/transactions/verify",
+                           "/v1/replica/fetch-stream", "/healthz", "/metrics"})
 #: Routes whose handler does the holding (``DataApi.wait_turn``): for
 #: clients only (a follower's fetch is not held), and once, for the longer
 #: of the byte-rate and request holds, as Kafka throttles by the larger.

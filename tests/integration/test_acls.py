@@ -211,6 +211,10 @@ BROKER_CASES = {
     ("POST", "/v1/fetch"): ("/v1/fetch", {"max_wait_ms": 0, "partitions": [
         {"topic": "acl-orders", "partition": 0, "offset": 0}]}, False,
         per_partition("partitions")),
+    # A follower's fetch stream: CLUSTER_ACTION, like a follower's fetch
+    # (a plain GET past the checks is refused for want of an upgrade).
+    ("GET", "/v1/replica/fetch-stream"): ("/v1/replica/fetch-stream", None, False,
+                                          whole(CLUSTER_REFUSED)),
     ("POST", "/v1/offsets"): ("/v1/offsets", {"partitions": [
         {"topic": "acl-orders", "partition": 0, "timestamp": -1}]}, False,
         per_partition("partitions")),

@@ -1568,3 +1568,55 @@ def test_a_follower_fetch_naming_an_epoch_the_leader_lacks_gets_the_diverging_ep
     answer = call(leader_url, "/v1/fetch", {"replica_id": follower, "partitions": [
         {"topic": "epochs", "partition": 0, "offset": 0, "last_fetched_epoch": -1}]})
     assert len(decode(answer["partitions"][0]["records"])) == 4
+
+
+def test_a_follower_fetch_stream_answers_each_fetch_by_id_and_closes_on_bad_messages(multi):
+    """GET /v1/replica/fetch-stream: followers' fetches over one WebSocket,
+    answered as POST /v1/fetch answers them, each tagged with its id; a
+    bad fetch gets its error answer, a message of another shape closes the
+    stream (1003), and the broker serves on."""
+    import asyncio
+
+    import aiohttp
+
+    first = multi.nodes[multi.broker_ids[0]].broker_url
+    create_topic(first, "streamed", replication_factor=2)
+    (meta,) = wait_for_topic(first, "streamed")["partitions"]
+    leader_url = multi.nodes[meta["leader"]].broker_url
+    follower = next(b for b in meta["replicas"] if b != meta["leader"])
+    produce_ok(leader_url, "streamed", 0, batch_of([(None, b"v", [], None)] * 4))
+    spec = {"topic": "streamed", "partition": 0, "offset": 0, "last_fetched_epoch": -1}
+
+    def tagged(request_id, fetch) -> bytes:
+        return msgpack.packb({"id": request_id, "fetch": fetch}, use_bin_type=True)
+
+    async def talk() -> tuple[dict, list]:
+        answers, closes = {}, []
+        async with aiohttp.ClientSession() as session:
+            stream = await session.ws_connect(leader_url + "/v1/replica/fetch-stream")
+            await stream.send_bytes(tagged(7, {"replica_id": follower, "max_wait_ms": 0,
+                                               "partitions": [spec]}))
+            await stream.send_bytes(tagged(8, {"replica_id": "two", "partitions": [spec]}))
+            await stream.send_bytes(tagged(9, {"replica_id": -1, "partitions": [spec]}))
+            while len(answers) < 3:
+                message = await stream.receive(timeout=15)
+                assert message.type is aiohttp.WSMsgType.BINARY, message
+                answer = msgpack.unpackb(message.data, raw=False)
+                answers[answer["id"]] = answer["answer"]
+            for bad in ("a text message", b"\xc1 not msgpack", msgpack.packb({"fetch": {}})):
+                stream = await session.ws_connect(leader_url + "/v1/replica/fetch-stream")
+                await (stream.send_str(bad) if isinstance(bad, str) else stream.send_bytes(bad))
+                message = await stream.receive(timeout=15)
+                closes.append((message.type, stream.close_code))
+                await stream.close()
+        return answers, closes
+
+    answers, closes = asyncio.run(talk())
+    assert len(decode(answers[7]["partitions"][0]["records"])) == 4
+    assert answers[7]["partitions"][0]["error"] is None
+    assert answers[8]["error"]["code"] == "INVALID_REQUEST"
+    assert "replica_id" in answers[8]["error"]["message"]
+    assert answers[9]["error"]["code"] == "INVALID_REQUEST"
+    assert "followers' fetches" in answers[9]["error"]["message"]
+    assert closes == [(aiohttp.WSMsgType.CLOSE, 1003)] * 3
+    assert produce_ok(leader_url, "streamed", 0, batch_of([(None, b"w", [], None)])) == 4

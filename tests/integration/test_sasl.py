@@ -185,10 +185,13 @@ def test_scram_users_may_not_manage_users_and_the_controller_wants_a_certificate
 
 
 def test_a_password_user_may_not_pose_as_a_node(cluster):
-    """A follower's fetch (unthrottled, past the high watermark), transaction
-    markers and KIP-890 checks come from nodes, with certificates: a SCRAM
-    user gets 403 CLUSTER_AUTHORIZATION_FAILED for each."""
+    """A follower's fetch (unthrottled, past the high watermark), its fetch
+    stream, transaction markers and KIP-890 checks come from nodes, with
+    certificates: a SCRAM user gets 403 CLUSTER_AUTHORIZATION_FAILED for
+    each (the stream's handshake is refused with 403)."""
     import asyncio
+
+    import aiohttp
 
     from api.client._transport import Security, Transport
     with Admin(bootstrap(cluster), **cluster.client_security) as admin:
@@ -214,7 +217,14 @@ def test_a_password_user_may_not_pose_as_a_node(cluster):
                     codes.append("served")
                 except KraftlogError as exc:
                     codes.append(exc.code)
+            try:
+                stream = await transport._session_or_new().ws_connect(
+                    url + "/v1/replica/fetch-stream")
+                await stream.close()
+                codes.append("served")
+            except aiohttp.WSServerHandshakeError as exc:
+                codes.append(exc.status)
         finally:
             await transport.close()
         return codes
-    assert asyncio.run(send_all()) == ["CLUSTER_AUTHORIZATION_FAILED"] * 3
+    assert asyncio.run(send_all()) == ["CLUSTER_AUTHORIZATION_FAILED"] * 3 + [403]
