@@ -172,7 +172,7 @@ def test_bench_replication_measures_rf3_acks_all_next_to_rf1(tmp_path):
     assert summary["reference"] == "RF=1 acks=1"
     assert runs["RF=1 acks=1"]["ratio_to_reference"] == 1
     assert summary["ratio_rf3_acks_all_to_rf1"] == rf3["ratio_to_reference"] > 0
-    assert (summary["brokers"], summary["ratio_target"]) == (3, 0.5)
+    assert (summary["brokers"], summary["ratio_target"]) == (3, 0.8)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -220,7 +220,7 @@ def test_bench_rebalance_overlap_check_catches_a_partition_held_twice():
 
 def test_bench_replication_and_failover_help():
     for kind, texts in (("replication", ("--records", "--producers", "RF=3 acks=all",
-                                         "min.insync.replicas=2", "0.50")),
+                                         "min.insync.replicas=2", "0.80")),
                         ("failover", ("--trials", "--session-timeout-ms",
                                       "Kill -9 the partition leader", "p99 <= 3 s",
                                       "--json"))):
