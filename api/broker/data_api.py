@@ -31,7 +31,8 @@ from api.broker.replication import (NO_SESSION, PARTITIONS_PER_REQUEST_MAX, READ
                                     READ_UNCOMMITTED, FetchRequest, FetchSpec, MarkerItem,
                                     ProduceItem, broker_url, empty_fetch_result)
 from api.broker.authz import topic_filter
-from api.broker.fetcher import REPLICA_STREAM_PATH
+from api.broker.fetcher import (REPLICA_STREAM_PATH, STREAM_CLOSE_S, STREAM_FETCHES_MAX,
+                                STREAM_HEARTBEAT_S)
 from kraft.authorizer import RequestAuth, auth_of
 from kraft.image import TopicImage
 from protocol import acl, wire
@@ -159,8 +160,9 @@ class DataApi:
         # (topic, eligible) -> (its registrations, its partitions rendered):
         # ``_partitions_of``'s cache.
         self._rendered: dict[tuple[str, bool], tuple[tuple, list[dict]]] = {}
-        #: Followers' fetch streams open now (closed when the broker stops).
-        self._streams: set[web.WebSocketResponse] = set()
+        #: Followers' fetch streams open now, with the request that opened
+        #: each (closed when the broker stops).
+        self._streams: dict[web.WebSocketResponse, web.Request] = {}
 
     async def wait_turn(self, request: web.Request, key: str) -> None:
         """Hold a produce (or a consumer's fetch) until its quota entity's
@@ -393,31 +395,40 @@ class DataApi:
         seventh of its CPU on this machine). Who may open it: as for a
         follower's fetch (with ACLs, CLUSTER_ACTION, checked by the
         middleware). A message of any other shape closes the stream."""
-        if not auth_of(request).enabled:
+        auth = auth_of(request)
+        if not auth.enabled:
             require_node_or_plain(request, "a follower's fetch stream")
         exempt_from_request_quota(request)
         stream = web.WebSocketResponse(
-            compress=False, max_msg_size=request.app[wire.BODY_BYTES_MAX_KEY])
+            compress=False, max_msg_size=request.app[wire.BODY_BYTES_MAX_KEY],
+            heartbeat=STREAM_HEARTBEAT_S)
         await stream.prepare(request)
-        self._streams.add(stream)
+        self._streams[stream] = request
         answering: set[asyncio.Task] = set()
+        # At most this many fetches of one stream at once: a follower sends
+        # one per fetcher; one that sends more (or stops reading the
+        # answers) waits, instead of the leader buffering answers for it.
+        room = asyncio.Semaphore(STREAM_FETCHES_MAX)
         try:
             async for message in stream:
                 if message.type is not WSMsgType.BINARY:
                     await stream.close(code=WSCloseCode.UNSUPPORTED_DATA,
                                        message=b"binary msgpack messages only")
                     break
-                task = asyncio.create_task(self._stream_fetch(stream, message.data))
+                await room.acquire()
+                task = asyncio.create_task(self._stream_fetch(stream, message.data, auth))
                 answering.add(task)
                 task.add_done_callback(answering.discard)
+                task.add_done_callback(lambda _task: room.release())
         finally:
-            self._streams.discard(stream)
+            self._streams.pop(stream, None)
             for task in answering:
                 task.cancel()
             await asyncio.gather(*answering, return_exceptions=True)
         return stream
 
-    async def _stream_fetch(self, stream: web.WebSocketResponse, data: bytes) -> None:
+    async def _stream_fetch(self, stream: web.WebSocketResponse, data: bytes,
+                            auth: RequestAuth) -> None:
         try:
             message = msgpack.unpackb(data, raw=False)
         except (msgpack.UnpackException, ValueError):
@@ -428,6 +439,8 @@ class DataApi:
                                message=b'each message is a msgpack map {"id": int, "fetch": map}')
             return
         try:
+            if auth.enabled:  # each fetch, as over POST: an ACL removed since counts
+                auth.require(acl.CLUSTER_ACTION, acl.CLUSTER, what="a follower's fetch")
             fetch = decode_fetch(message.get("fetch"))
             if fetch.replica_id < 0:
                 raise InvalidRequestError("the fetch stream carries followers' fetches "
@@ -448,10 +461,19 @@ class DataApi:
 
     async def _close_streams(self, app: web.Application) -> None:
         """Stopping: close the followers' streams, which would otherwise
-        hold the server's shutdown (they ask again elsewhere or later)."""
-        await asyncio.gather(*(stream.close(code=WSCloseCode.GOING_AWAY,
-                                            message=b"the broker is stopping")
-                               for stream in list(self._streams)), return_exceptions=True)
+        hold the server's shutdown (they ask again elsewhere or later). A
+        follower that does not read (paused) is cut off after a second."""
+        async def close(stream: web.WebSocketResponse, request: web.Request) -> None:
+            try:
+                await asyncio.wait_for(stream.close(code=WSCloseCode.GOING_AWAY,
+                                                    message=b"the broker is stopping"),
+                                       STREAM_CLOSE_S)
+            except (asyncio.TimeoutError, ConnectionError):
+                if request.transport is not None:
+                    request.transport.abort()
+        await asyncio.gather(*(close(stream, request)
+                               for stream, request in list(self._streams.items())),
+                             return_exceptions=True)
 
     # -- list offsets ------------------------------------------------------------
     async def handle_list_offsets(self, request: web.Request) -> web.Response:

@@ -37,8 +37,18 @@ REPLICA_STREAM_PATH = "/v1/replica/fetch-stream"
 #: A leader that refused the stream (it has no such route) gets plain
 #: fetches for this long, then is offered the stream again.
 PLAIN_FETCH_S = 60.0
-#: How long closing a stream waits for the leader's closing frame.
+#: How long closing a stream waits for the other side's closing frame.
 STREAM_CLOSE_S = 1.0
+#: Both sides ping a quiet stream this often and close it when no answer
+#: comes within half of it: a connection cut without a FIN (a host gone,
+#: a NAT's table dropped) is noticed in seconds, not TCP's minutes.
+STREAM_HEARTBEAT_S = 5.0
+#: The leader answers at most this many fetches of one stream at once (a
+#: follower sends one per fetcher); it reads no more meanwhile.
+STREAM_FETCHES_MAX = 16
+#: A cancel this close to a fetch's deadline is its timeout (the core's
+#: timer fires first): the stream it waited on is replaced.
+DEADLINE_SLACK_S = 0.1
 
 
 class StreamClosedError(ConnectionError):
@@ -109,6 +119,8 @@ class FollowerFetchSender:
         self._streams: dict[str, _Stream] = {}  # by leader URL
         self._opening: dict[str, asyncio.Lock] = {}
         self._plain_until: dict[str, float] = {}  # leader URL -> loop time
+        # Fetches out on a stream: request id -> (leader URL, deadline).
+        self._out: dict[int, tuple[str, float]] = {}
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -121,6 +133,9 @@ class FollowerFetchSender:
                              f"replica-fetch-{action.leader_id}-{action.request_id}")
 
     def cancel(self, request_id: int) -> None:
+        out = self._out.pop(request_id, None)
+        if out is not None and asyncio.get_running_loop().time() >= out[1] - DEADLINE_SLACK_S:
+            self._drop(out[0])  # the core gave up waiting: the leader may be gone
         self._requests.cancel(request_id)
 
     async def _fetch(self, action: SendFetch) -> None:
@@ -147,7 +162,12 @@ class FollowerFetchSender:
         stream = await self._stream(url)
         if stream is None:
             return await self._post(url + "/v1/fetch", action.body, action.timeout_ms)
-        return await stream.call(action.request_id, action.body)
+        deadline = asyncio.get_running_loop().time() + action.timeout_ms / 1000
+        self._out[action.request_id] = (url, deadline)
+        try:
+            return await stream.call(action.request_id, action.body)
+        finally:
+            self._out.pop(action.request_id, None)
 
     async def _stream(self, url: str) -> _Stream | None:
         """The open stream to the leader at ``url``, opened if need be;
@@ -162,9 +182,12 @@ class FollowerFetchSender:
             stream = self._streams.get(url)
             if stream is not None and stream.open:
                 return stream
+            if self._plain_until.get(url, 0.0) > loop.time():
+                return None
             try:
                 socket = await self.session.ws_connect(
                     url + REPLICA_STREAM_PATH, compress=0, max_msg_size=0, autoping=True,
+                    heartbeat=STREAM_HEARTBEAT_S,
                     timeout=aiohttp.ClientWSTimeout(ws_close=STREAM_CLOSE_S),
                     headers={"Accept": wire.MSGPACK})
             except aiohttp.WSServerHandshakeError as exc:
@@ -174,6 +197,10 @@ class FollowerFetchSender:
                                 self.replicas.broker_id, url)
                     self._plain_until[url] = loop.time() + PLAIN_FETCH_S
                     return None
+                # Refused (403: this broker's principal lacks CLUSTER_ACTION):
+                # said as the core says a refused fetch, at each attempt.
+                logger.info("broker %d: leader at %s refused the fetch stream: %d %s",
+                            self.replicas.broker_id, url, exc.status, exc.message)
                 raise
             stream = self._streams[url] = _Stream(socket)
             return stream

@@ -1598,7 +1598,13 @@ def test_a_follower_fetch_stream_answers_each_fetch_by_id_and_closes_on_bad_mess
                                                "partitions": [spec]}))
             await stream.send_bytes(tagged(8, {"replica_id": "two", "partitions": [spec]}))
             await stream.send_bytes(tagged(9, {"replica_id": -1, "partitions": [spec]}))
-            while len(answers) < 3:
+            # More at once than the leader answers at a time (16), good and
+            # bad alternating: each is answered, none holds a place for good.
+            for request_id in range(100, 140):
+                await stream.send_bytes(tagged(request_id, {
+                    "replica_id": follower if request_id % 2 else "two", "max_wait_ms": 0,
+                    "partitions": [spec]}))
+            while len(answers) < 43:
                 message = await stream.receive(timeout=15)
                 assert message.type is aiohttp.WSMsgType.BINARY, message
                 answer = msgpack.unpackb(message.data, raw=False)
@@ -1619,4 +1625,6 @@ def test_a_follower_fetch_stream_answers_each_fetch_by_id_and_closes_on_bad_mess
     assert answers[9]["error"]["code"] == "INVALID_REQUEST"
     assert "followers' fetches" in answers[9]["error"]["message"]
     assert closes == [(aiohttp.WSMsgType.CLOSE, 1003)] * 3
+    assert sorted(answers) == [7, 8, 9, *range(100, 140)]
+    assert all(("error" in answers[i]) == (i % 2 == 0) for i in range(100, 140))
     assert produce_ok(leader_url, "streamed", 0, batch_of([(None, b"w", [], None)])) == 4

@@ -2,20 +2,28 @@
 leaders on loopback: fetches to one leader share one WebSocket, each answer
 goes to its own fetch, a fetch cancelled or timed out is failed or dropped
 and never answered late, a stream that closes fails what it carried, and a
-leader without the stream (an older broker) is fetched from by POST.
+leader without the stream (an older broker) is fetched from by POST. And
+the leader's side (``DataApi.handle_replica_stream``, its core stood in
+for) against a follower that stops reading.
 
 The broker's own side of the stream is tested against real nodes in
 tests/integration/test_broker_api.py; every replication test uses both."""
 
 import asyncio
+import base64
+import functools
+import os
+import struct
 
 import msgpack
 import pytest
 from aiohttp import WSMsgType, web
 
 from api.broker import fetcher
-from api.broker.fetcher import REPLICA_STREAM_PATH, FollowerFetchSender
+from api.broker.data_api import DataApi
+from api.broker.fetcher import REPLICA_STREAM_PATH, STREAM_FETCHES_MAX, FollowerFetchSender
 from api.broker.replication import SendFetch
+from protocol import wire
 
 
 class Replicas:
@@ -180,6 +188,22 @@ async def test_a_fetch_past_its_timeout_fails_and_the_stream_is_replaced(setup):
     assert leader.streams_opened == 2
 
 
+async def test_the_cores_cancel_at_a_fetchs_deadline_replaces_the_stream(setup):
+    """The core's own timer gives up on a fetch at its deadline, just before
+    the transport's would: that cancel is a timeout too (the leader may be
+    gone without a FIN), so the next fetch goes over a fresh stream."""
+    leader, replicas, sender = await setup()
+    sender.send(fetch(1, timeout_ms=300))  # never released: a leader that hangs
+    await leader.until_held(1)
+    await asyncio.sleep(0.25)  # the core's timer, firing at the deadline (less its slack)
+    sender.cancel(1)
+    sender.send(fetch(2))
+    await leader.until_held(2)
+    leader.release(2)
+    await replicas.until(lambda: 2 in replicas.answered)
+    assert 1 not in replicas.answered and leader.streams_opened == 2
+
+
 async def test_a_leader_without_the_stream_is_fetched_from_by_post(setup):
     leader, replicas, sender = await setup(stream=False)
     sender.send(fetch(1))
@@ -190,3 +214,62 @@ async def test_a_leader_without_the_stream_is_fetched_from_by_post(setup):
     assert leader.posts == 2 and replicas.failed == []
     # It was offered the stream once, not before every fetch.
     assert len(sender._plain_until) == 1
+
+
+# -- the leader's side: a follower that stops reading ---------------------------------------
+class Answering:
+    """Stands for the DataApi's core side: each fetch answered at once with
+    ``size`` bytes of records, counted."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.calls = 0
+        self._streams: dict = {}
+
+    async def _answer_follower(self, fetch) -> dict:
+        self.calls += 1
+        return {"partitions": [{"records": b"x" * self.size}], "throttle_time_ms": 0}
+
+
+def masked_frame(payload: bytes) -> bytes:
+    """A client's binary WebSocket frame (RFC 6455: clients mask)."""
+    mask = os.urandom(4)
+    head = bytes([0x82]) + (bytes([0x80 | len(payload)]) if len(payload) < 126
+                            else bytes([0x80 | 126]) + struct.pack("!H", len(payload)))
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+async def test_a_follower_that_stops_reading_holds_few_answers_and_never_the_shutdown():
+    """A paused (or hostile) follower sends 200 fetches and reads nothing:
+    the leader answers at most STREAM_FETCHES_MAX of them (the rest wait
+    unread, not buffered), and stopping the broker is not held by the
+    answers it cannot deliver."""
+    api = Answering(4 << 20)
+    app = web.Application()
+    app[wire.BODY_BYTES_MAX_KEY] = 1 << 20
+    app.router.add_get(REPLICA_STREAM_PATH, functools.partial(DataApi.handle_replica_stream, api))
+    app.on_shutdown.append(functools.partial(DataApi._close_streams, api))
+    api._stream_fetch = functools.partial(DataApi._stream_fetch, api)
+    runner = web.AppRunner(app, shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write(f"GET {REPLICA_STREAM_PATH} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                 f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                 "Sec-WebSocket-Version: 13\r\n\r\n".encode())
+    assert (await asyncio.wait_for(reader.readline(), 10)).startswith(b"HTTP/1.1 101")
+    body = {"replica_id": 2, "max_wait_ms": 0,
+            "partitions": [{"topic": "t", "partition": 0, "offset": 0}]}
+    for request_id in range(200):
+        writer.write(masked_frame(msgpack.packb({"id": request_id, "fetch": body})))
+    await writer.drain()
+    async with asyncio.timeout(10):
+        while api.calls < STREAM_FETCHES_MAX:
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.5)  # time for more, were there room
+    assert api.calls == STREAM_FETCHES_MAX
+    await asyncio.wait_for(runner.cleanup(), 10)  # (it hung, before the bound)
+    writer.close()
