@@ -35,7 +35,7 @@ from storage.checkpoint import OffsetCheckpoint, fsync_directory, write_atomical
 from storage.config import NO_LIMIT, LogConfig
 from storage.errors import InvalidConfigError, InvalidTopicError, LogDirectoryError
 from storage.clock import retention_clock_ms
-from storage.log import Log, wall_clock_ms
+from storage.log import FlushTicket, Log, wall_clock_ms
 from storage.names import TOPIC_NAME_MAX_CHARS, TopicPartition, validate_topic_name
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,21 @@ LOCK_FILE = ".lock"
 DELETE_SUFFIX = "-delete"
 #: A log whose cleaner pass failed is not tried again before this.
 CLEAN_RETRY_AFTER_FAILURE_S = 60
+#: Logs fsynced by one hand-over to the flush thread (``flush_logs_async``).
+FLUSH_BATCH_LOGS = 64
+
+
+def _sync_tickets(tickets: list[FlushTicket]) -> list[OSError | None]:
+    """Flush thread: fsync each ticket in turn; each one's error, or None.
+    One failing does not stop the others (their logs may be in other dirs)."""
+    failures: list[OSError | None] = []
+    for ticket in tickets:
+        try:
+            ticket.sync()
+            failures.append(None)
+        except OSError as exc:
+            failures.append(exc)
+    return failures
 
 def _text_of(path: str) -> str | None:
     """A small file's text, stripped; None if empty or unreadable."""
@@ -639,27 +654,39 @@ class LogManager:
         return [part_log for part_log in self._logs.values() if part_log.flush_due(now_ms)]
 
     async def flush_logs_async(self, logs: Iterable[Log]) -> None:
-        """fsync ``logs`` on the flush thread; the event loop keeps serving."""
+        """fsync ``logs`` on the flush thread, ``FLUSH_BATCH_LOGS`` at a
+        time: one trip to the thread and back per batch, not per log, so
+        thousands of dirty partitions cost the event loop a few wake-ups,
+        not thousands. The event loop keeps serving meanwhile."""
         loop = asyncio.get_running_loop()
+        batch: list[tuple[Log, FlushTicket]] = []
         for part_log in logs:
             if part_log.closed or part_log.offline:
                 continue
             try:
-                ticket = part_log.begin_flush()
+                batch.append((part_log, part_log.begin_flush()))
             except LogDirectoryError:
                 continue  # its dir went offline (begin_flush said why)
-            try:
-                await loop.run_in_executor(self._flush_executor(), ticket.sync)
-            except OSError as exc:
-                if part_log.closed or part_log.offline:
-                    continue  # deleted or moved meanwhile (its files renamed, closed)
+            if len(batch) >= FLUSH_BATCH_LOGS:
+                await self._sync_flush_batch(loop, batch)
+                batch = []
+        if batch:
+            await self._sync_flush_batch(loop, batch)
+
+    async def _sync_flush_batch(self, loop: asyncio.AbstractEventLoop,
+                                batch: list[tuple[Log, FlushTicket]]) -> None:
+        failures = await loop.run_in_executor(self._flush_executor(), _sync_tickets,
+                                              [ticket for _, ticket in batch])
+        for (part_log, ticket), failure in zip(batch, failures):
+            if part_log.closed or part_log.offline:
+                continue  # deleted or moved meanwhile (its files renamed, closed)
+            if failure is not None:
                 # A failed fsync leaves unknown data on the disk (the kernel
                 # may have dropped the dirty pages): never retried, the dir
                 # goes offline.
-                part_log.io_failed(exc, "fsync")
+                part_log.io_failed(failure, "fsync")
                 continue
-            if not (part_log.closed or part_log.offline):
-                part_log.end_flush(ticket)
+            part_log.end_flush(ticket)
 
     def _flush_executor(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._executor is None:

@@ -441,3 +441,40 @@ def test_a_flush_of_a_log_deleted_meanwhile_is_no_disk_error(tmp_path):
     asyncio.run(race())
     assert manager.offline_dirs == {}
     manager.abandon()
+
+
+def test_many_dirty_logs_are_fsynced_in_a_few_hand_overs_to_the_flush_thread(
+        tmp_path, monkeypatch):
+    """200 dirty partitions: every one durable (its recovery point at its log
+    end) after four trips to the flush thread (64 a trip), not 200 event-loop
+    wake-ups; a log whose fsync fails in a trip takes its dir offline (with
+    every log in it), and what the trips before made durable stands."""
+    from storage import manager as manager_module
+
+    manager = manager_for(tmp_path / "d0")
+    logs = [manager.get_or_create_log(TopicPartition("many", p)) for p in range(200)]
+    for log in logs:
+        log.append(make_batch(2), leader_epoch=0)
+    trips = []
+    real_sync = manager_module._sync_tickets
+
+    def counted(tickets):
+        trips.append(len(tickets))
+        return real_sync(tickets)
+    monkeypatch.setattr(manager_module, "_sync_tickets", counted)
+    asyncio.run(manager.flush_logs_async(logs))
+    assert trips == [64, 64, 64, 8]
+    assert all(log.recovery_point == 2 for log in logs)
+    for log in logs:
+        log.append(make_batch(1), leader_epoch=0)
+    failing = logs[70]
+
+    def one_fails(tickets):
+        failures = real_sync(tickets)
+        return [OSError(5, "EIO (test)") if t.segments[0] in failing._segments else f
+                for t, f in zip(tickets, failures)]
+    monkeypatch.setattr(manager_module, "_sync_tickets", one_fails)
+    asyncio.run(manager.flush_logs_async(logs))
+    assert failing.offline and set(manager.offline_dirs) == {str(tmp_path / "d0")}
+    assert all(log.recovery_point == 3 for log in logs[:64])  # the trip before
+    manager.abandon()
