@@ -49,6 +49,9 @@ STREAM_FETCHES_MAX = 16
 #: A cancel this close to a fetch's deadline is its timeout (the core's
 #: timer fires first): the stream it waited on is replaced.
 DEADLINE_SLACK_S = 0.1
+#: A stream that carried no fetch for this long (its leader leads nothing
+#: this broker follows now) is closed when another stream is opened.
+STREAM_IDLE_S = 60.0
 
 
 class StreamClosedError(ConnectionError):
@@ -63,14 +66,17 @@ class _Stream:
         self.socket = socket
         self.waiting: dict[int, asyncio.Future] = {}
         self.reader = asyncio.create_task(self._read(), name="replica-fetch-stream")
+        self.last_used = asyncio.get_running_loop().time()
 
     @property
     def open(self) -> bool:
         return not self.socket.closed and not self.reader.done()
 
     async def call(self, request_id: int, body: dict) -> dict:
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self.waiting[request_id] = future
+        self.last_used = loop.time()
         try:
             await self.socket.send_bytes(msgpack.packb({"id": request_id, "fetch": body},
                                                        use_bin_type=True))
@@ -203,6 +209,10 @@ class FollowerFetchSender:
                             self.replicas.broker_id, url, exc.status, exc.message)
                 raise
             stream = self._streams[url] = _Stream(socket)
+            idle_since = loop.time() - STREAM_IDLE_S
+            for other, idle in list(self._streams.items()):
+                if idle.last_used < idle_since and not idle.waiting:
+                    self._drop(other)
             return stream
 
     def _drop(self, url: str | None) -> None:

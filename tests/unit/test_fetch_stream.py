@@ -204,6 +204,34 @@ async def test_the_cores_cancel_at_a_fetchs_deadline_replaces_the_stream(setup):
     assert 1 not in replicas.answered and leader.streams_opened == 2
 
 
+async def test_a_stream_idle_for_a_minute_is_closed_when_another_is_opened(setup):
+    """A leader this broker no longer fetches from (its partitions moved):
+    its stream is closed once another leader's stream is opened, not kept
+    (and pinged) for ever."""
+    old, replicas, sender = await setup()
+    sender.send(fetch(1))
+    await old.until_held(1)
+    old.release(1)
+    await replicas.until(lambda: 1 in replicas.answered)
+    (stream,) = sender._streams.values()
+    stream.last_used -= fetcher.STREAM_IDLE_S + 1  # a minute without a fetch
+    new = Leader()
+    await new.start()
+    try:
+        fetcher.broker_url = lambda image, leader_id: new.url  # (restored by monkeypatch)
+        sender.send(fetch(2))
+        await new.until_held(2)
+        assert list(sender._streams) == [new.url]
+        async with asyncio.timeout(10):
+            while not old.sockets[0].closed:
+                await asyncio.sleep(0.01)
+        new.release(2)
+        await replicas.until(lambda: 2 in replicas.answered)
+    finally:
+        await sender.stop()
+        await new.runner.cleanup()
+
+
 async def test_a_leader_without_the_stream_is_fetched_from_by_post(setup):
     leader, replicas, sender = await setup(stream=False)
     sender.send(fetch(1))
