@@ -54,15 +54,15 @@ CLEAN_RETRY_AFTER_FAILURE_S = 60
 FLUSH_BATCH_LOGS = 64
 
 
-def _sync_tickets(tickets: list[FlushTicket]) -> list[OSError | None]:
+def _sync_tickets(tickets: list[FlushTicket]) -> list[Exception | None]:
     """Flush thread: fsync each ticket in turn; each one's error, or None.
     One failing does not stop the others (their logs may be in other dirs)."""
-    failures: list[OSError | None] = []
+    failures: list[Exception | None] = []
     for ticket in tickets:
         try:
             ticket.sync()
             failures.append(None)
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001  each ticket answers for itself
             failures.append(exc)
     return failures
 
@@ -664,9 +664,17 @@ class LogManager:
             if part_log.closed or part_log.offline:
                 continue
             try:
-                batch.append((part_log, part_log.begin_flush()))
+                ticket = part_log.begin_flush()
             except LogDirectoryError:
                 continue  # its dir went offline (begin_flush said why)
+            if ticket.directory is not None or ticket.files or ticket.epoch_write is not None:
+                # Names, producer snapshots or the epoch checkpoint: synced
+                # at once, alone. The log hands those to one ticket only (a
+                # flush() meanwhile would not sync them again), so the ticket
+                # must not wait behind others' fsyncs.
+                await self._sync_flush_batch(loop, [(part_log, ticket)])
+                continue
+            batch.append((part_log, ticket))
             if len(batch) >= FLUSH_BATCH_LOGS:
                 await self._sync_flush_batch(loop, batch)
                 batch = []
@@ -680,6 +688,9 @@ class LogManager:
         for (part_log, ticket), failure in zip(batch, failures):
             if part_log.closed or part_log.offline:
                 continue  # deleted or moved meanwhile (its files renamed, closed)
+            if failure is not None and not isinstance(failure, OSError):
+                log.error("fsync of %s failed", part_log.directory, exc_info=failure)
+                continue  # not a disk's error: the recovery point stays behind
             if failure is not None:
                 # A failed fsync leaves unknown data on the disk (the kernel
                 # may have dropped the dirty pages): never retried, the dir

@@ -447,8 +447,11 @@ def test_many_dirty_logs_are_fsynced_in_a_few_hand_overs_to_the_flush_thread(
         tmp_path, monkeypatch):
     """200 dirty partitions: every one durable (its recovery point at its log
     end) after four trips to the flush thread (64 a trip), not 200 event-loop
-    wake-ups; a log whose fsync fails in a trip takes its dir offline (with
-    every log in it), and what the trips before made durable stands."""
+    wake-ups. A ticket that also syncs names, snapshots or the epoch file
+    (a new log's first flush, a roll) goes alone, at once: the log hands
+    those to one ticket only. A log whose fsync fails in a trip takes its
+    dir offline (with every log in it); what the trips before made durable
+    stands."""
     from storage import manager as manager_module
 
     manager = manager_for(tmp_path / "d0")
@@ -462,9 +465,15 @@ def test_many_dirty_logs_are_fsynced_in_a_few_hand_overs_to_the_flush_thread(
         trips.append(len(tickets))
         return real_sync(tickets)
     monkeypatch.setattr(manager_module, "_sync_tickets", counted)
+    asyncio.run(manager.flush_logs_async(logs))  # new logs: their names and epochs too
+    assert trips == [1] * 200 and all(log.recovery_point == 2 for log in logs)
+    for log in logs:
+        log.append(make_batch(1), leader_epoch=0)
+    logs[5].roll()  # a new segment's name to sync: alone, first
+    trips.clear()
     asyncio.run(manager.flush_logs_async(logs))
-    assert trips == [64, 64, 64, 8]
-    assert all(log.recovery_point == 2 for log in logs)
+    assert trips == [1, 64, 64, 64, 7]
+    assert all(log.recovery_point == 3 for log in logs)
     for log in logs:
         log.append(make_batch(1), leader_epoch=0)
     failing = logs[70]
@@ -476,5 +485,5 @@ def test_many_dirty_logs_are_fsynced_in_a_few_hand_overs_to_the_flush_thread(
     monkeypatch.setattr(manager_module, "_sync_tickets", one_fails)
     asyncio.run(manager.flush_logs_async(logs))
     assert failing.offline and set(manager.offline_dirs) == {str(tmp_path / "d0")}
-    assert all(log.recovery_point == 3 for log in logs[:64])  # the trip before
+    assert all(log.recovery_point == 4 for log in logs[:64])  # the trip before
     manager.abandon()
