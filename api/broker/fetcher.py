@@ -67,12 +67,16 @@ class _Stream:
         self.waiting: dict[int, asyncio.Future] = {}
         self.reader = asyncio.create_task(self._read(), name="replica-fetch-stream")
         self.last_used = asyncio.get_running_loop().time()
+        self.closed_because: str | None = None  # set once the reader stops
 
     @property
     def open(self) -> bool:
-        return not self.socket.closed and not self.reader.done()
+        return (self.closed_because is None and not self.socket.closed
+                and not self.reader.done())
 
     async def call(self, request_id: int, body: dict) -> dict:
+        if self.closed_because is not None:  # nothing would answer it
+            raise StreamClosedError(self.closed_because)
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self.waiting[request_id] = future
@@ -103,6 +107,7 @@ class _Stream:
                 OSError) as exc:
             reason = f"fetch stream failed: {exc}"
         finally:
+            self.closed_because = reason
             waiting, self.waiting = self.waiting, {}
             for future in waiting.values():
                 if not future.done():
