@@ -638,3 +638,51 @@ def _bearer_status(cluster: ProcessCluster, broker: int, value: str) -> int:
             return answer.status
     except urllib.error.HTTPError as exc:
         return exc.code
+
+
+def test_a_fetch_stream_stops_serving_once_its_cluster_action_acl_is_removed(cluster):
+    """A follower's fetch stream is checked at each fetch, as POST /v1/fetch
+    is: an ACL removed while the stream is open refuses its next fetch."""
+    import asyncio
+
+    import aiohttp
+
+    with Admin(bootstrap(cluster), **cluster.client_security) as admin:
+        admin.upsert_user("erin", PASSWORD)
+    wait_for_login(cluster, "erin")
+    cluster_action = AclBinding(acl.CLUSTER, acl.CLUSTER_NAME, acl.LITERAL, "User:erin", "*",
+                                acl.CLUSTER_ACTION, acl.ALLOW)
+    grant(cluster, [cluster_action])
+    broker = cluster.broker_ids[0]
+    fetch = {"replica_id": cluster.broker_ids[1], "max_wait_ms": 0,
+             "partitions": [{"topic": "acl-orders", "partition": 0, "offset": 0}]}
+
+    def revoke() -> None:
+        with Admin(bootstrap(cluster), **cluster.client_security) as admin:
+            admin.delete_acls([AclBindingFilter(principal="User:erin")])
+
+        def gone() -> bool:
+            with Admin(cluster.nodes[broker].broker_url, **cluster.client_security) as admin:
+                return cluster_action not in admin.describe_acls()
+        wait_until(gone, 30, "erin's ACL gone from the broker")
+
+    async def talk() -> list[dict]:
+        context = ssl.create_default_context(cafile=cluster.certs["ca"].certfile)
+        token = base64.b64encode(f"erin:{PASSWORD}".encode()).decode()
+        answers = []
+        async with aiohttp.ClientSession() as session:
+            stream = await session.ws_connect(
+                cluster.nodes[broker].broker_url + "/v1/replica/fetch-stream", ssl=context,
+                headers={"Authorization": f"Basic {token}"})
+            for request_id in (1, 2):
+                if request_id == 2:
+                    await asyncio.get_running_loop().run_in_executor(None, revoke)
+                await stream.send_bytes(msgpack.packb({"id": request_id, "fetch": fetch}))
+                message = await stream.receive(timeout=15)
+                answers.append(msgpack.unpackb(message.data, raw=False)["answer"])
+            await stream.close()
+        return answers
+
+    served, refused_after = asyncio.run(talk())
+    assert "error" not in served and len(served["partitions"]) == 1, served
+    assert refused_after["error"]["code"] == "CLUSTER_AUTHORIZATION_FAILED", refused_after
