@@ -56,6 +56,7 @@ class LeaderEpochCache:
         self._version = 0
         self._written_version = 0
         self._write_lock = threading.Lock()
+        self._closed = False  # (under _write_lock) its log let go of its files
         self._entries: list[tuple[int, int]] = checkpoint.read() if checkpoint else []
         self._epochs = [epoch for epoch, _ in self._entries]
         for (e1, s1), (e2, s2) in zip(self._entries, self._entries[1:]):
@@ -153,9 +154,16 @@ class LeaderEpochCache:
                 pass
         return write
 
+    def close(self) -> None:
+        """Its log let go of its files (closed, deleted, abandoned): a write
+        taken before and run after, on the flush thread, does nothing. Its
+        path may name another log's file by then (the topic recreated)."""
+        with self._write_lock:
+            self._closed = True
+
     def _write_version(self, version: int, entries: list[tuple[int, int]]) -> None:
         with self._write_lock:
-            if version <= self._written_version:
+            if self._closed or version <= self._written_version:
                 return
             self._checkpoint.write(entries)
             self._written_version = version

@@ -97,6 +97,9 @@ class FlushTicket:
     files: list[str] = dataclasses.field(default_factory=list)  # producer snapshots
     #: Writes the leader-epoch checkpoint durably (LeaderEpochCache.take_pending_write).
     epoch_write: Callable[[], None] | None = None
+    #: The snapshots this ticket took from the log (``files`` also holds
+    #: those of tickets still out); ``end_flush`` lets go of them.
+    taken_files: list[str] = dataclasses.field(default_factory=list)
 
     def sync(self) -> None:
         if self.epoch_write is not None:
@@ -197,6 +200,10 @@ class Log:
         #: Aborted transactions, for read_committed fetches (storage.txn_index).
         self.aborted_txns = AbortedTxns(directory)
         self._unsynced_snapshots: list[str] = []
+        # What tickets still out (begun, not ended) sync: the directory (how
+        # many of them) and snapshot files; begin_flush hands them on too.
+        self._dir_syncs_out = 0
+        self._snapshots_out: list[str] = []
         # A new leader epoch's checkpoint is written by the next flush,
         # before the recovery point passes it (see LeaderEpochCache).
         epoch_cache.defer_writes()
@@ -928,20 +935,32 @@ class Log:
         for segment in todo:
             if segment.write_index_entries():
                 self._dir_dirty = True  # a new index file's name
-        directory = self.directory if self._dir_dirty else None
+        # Names and snapshots a ticket still out (on the flush thread) took
+        # are synced again by this one: a flush() on this thread (one
+        # flush.messages asks for) must not acknowledge before they are.
+        directory = self.directory if (self._dir_dirty or self._dir_syncs_out) else None
         self._dir_dirty = False
         self._unflushed_messages = 0
         self._first_unflushed_ms = None
-        files, self._unsynced_snapshots = self._unsynced_snapshots, []
+        taken, self._unsynced_snapshots = self._unsynced_snapshots, []
+        files = [*self._snapshots_out, *taken]
+        self._snapshots_out.extend(taken)
+        if directory is not None:
+            self._dir_syncs_out += 1
         return FlushTicket(todo, target, directory, self._truncations, files,
-                           self.epoch_cache.take_pending_write())
+                           self.epoch_cache.take_pending_write(), taken)
 
     def end_flush(self, ticket: FlushTicket) -> None:
         """Owner thread: the ticket's data is durable; advance the recovery
         point to it. If the log was truncated meanwhile, the offsets the
         ticket covered may since hold new, unsynced bytes: leave the
         recovery point where the truncation put it; the next flush advances
-        it."""
+        it. (A ticket never ended, its sync failed, leaves its names and
+        snapshots to every later ticket: synced again, never skipped.)"""
+        if ticket.directory is not None:
+            self._dir_syncs_out -= 1
+        for path in ticket.taken_files:
+            self._snapshots_out.remove(path)
         if ticket.truncations == self._truncations:
             self.recovery_point = max(self.recovery_point, ticket.offset)
 
@@ -988,6 +1007,7 @@ class Log:
         For tests and the chaos harness's in-process simulations."""
         for segment in self._segments:
             segment.close()
+        self.epoch_cache.close()
         self.closed = True
 
     def delete(self) -> None:

@@ -645,3 +645,45 @@ def test_a_flush_that_creates_an_index_file_fsyncs_its_directory(log_dir):
     assert ticket.directory == log_dir  # the new file's name made durable
     ticket.sync()
     log.end_flush(ticket)
+
+
+def test_a_flush_while_another_is_out_syncs_what_that_one_took(log_dir):
+    """A ticket on the flush thread took the directory's new names and a
+    producer snapshot; a flush() on the log's thread meanwhile (one that
+    flush.messages asks for, before an acknowledgement) syncs them again
+    instead of counting on the ticket still out. Once that ticket ends,
+    later ones sync only what is new."""
+    log = open_log(log_dir)
+    log.append(make_batch(3), leader_epoch=0)
+    log.roll()  # a new segment file's name and a producer snapshot to sync
+    out = log.begin_flush()  # taken, not yet synced (the flush thread's)
+    assert out.directory == log.directory and out.files
+    log.append(make_batch(1), leader_epoch=0)
+    meanwhile = log.begin_flush()
+    assert meanwhile.directory == log.directory
+    assert set(out.files) <= set(meanwhile.files)
+    meanwhile.sync()
+    log.end_flush(meanwhile)
+    out.sync()
+    log.end_flush(out)
+    log.append(make_batch(1), leader_epoch=0)
+    after = log.begin_flush()
+    assert after.directory is None and after.files == []
+    log.close()
+
+
+def test_an_epoch_write_taken_before_its_log_let_go_never_lands_after(log_dir):
+    """A flush ticket's leader-epoch write runs on the flush thread; if the
+    log was deleted meanwhile and a new one made at the same path (the topic
+    recreated), the old write must not land in the new log's file."""
+    log = open_log(log_dir)
+    log.append(make_batch(2), leader_epoch=7)
+    ticket = log.begin_flush()
+    assert ticket.epoch_write is not None
+    log.abandon()  # as deleting it does
+    path = os.path.join(log_dir, "leader-epoch-checkpoint")
+    with open(path, "w") as f:
+        f.write("the new log's\n")
+    ticket.epoch_write()
+    with open(path) as f:
+        assert f.read() == "the new log's\n"
