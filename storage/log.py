@@ -957,12 +957,27 @@ class Log:
         recovery point where the truncation put it; the next flush advances
         it. (A ticket never ended, its sync failed, leaves its names and
         snapshots to every later ticket: synced again, never skipped.)"""
-        if ticket.directory is not None:
-            self._dir_syncs_out -= 1
-        for path in ticket.taken_files:
-            self._snapshots_out.remove(path)
+        self._let_go(ticket)
         if ticket.truncations == self._truncations:
             self.recovery_point = max(self.recovery_point, ticket.offset)
+
+    def abort_flush(self, ticket: FlushTicket) -> None:
+        """Owner thread: the ticket's sync failed (not the disk: a bug) or
+        was given up on (the flush cancelled): what it took is the next
+        ticket's to sync, the recovery point stays, and the log is due for a
+        flush again."""
+        self._let_go(ticket)
+        if ticket.directory is not None:
+            self._dir_dirty = True
+        self._unsynced_snapshots.extend(ticket.taken_files)
+        if self._first_unflushed_ms is None:
+            self._first_unflushed_ms = self.clock()
+
+    def _let_go(self, ticket: FlushTicket) -> None:
+        for path in ticket.taken_files:
+            self._snapshots_out.remove(path)
+        if ticket.directory is not None:
+            self._dir_syncs_out = max(0, self._dir_syncs_out - 1)
 
     @_io
     def flush(self) -> None:

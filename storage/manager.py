@@ -54,6 +54,13 @@ CLEAN_RETRY_AFTER_FAILURE_S = 60
 FLUSH_BATCH_LOGS = 64
 
 
+def _abort_flushes(batch: list[tuple[Log, FlushTicket]]) -> None:
+    """Tickets begun and not synced: each log takes back what its ticket took."""
+    for part_log, ticket in batch:
+        if not (part_log.closed or part_log.offline):
+            part_log.abort_flush(ticket)
+
+
 def _sync_tickets(tickets: list[FlushTicket]) -> list[Exception | None]:
     """Flush thread: fsync each ticket in turn; each one's error, or None.
     One failing does not stop the others (their logs may be in other dirs)."""
@@ -660,37 +667,47 @@ class LogManager:
         not thousands. The event loop keeps serving meanwhile."""
         loop = asyncio.get_running_loop()
         batch: list[tuple[Log, FlushTicket]] = []
-        for part_log in logs:
-            if part_log.closed or part_log.offline:
-                continue
-            try:
-                ticket = part_log.begin_flush()
-            except LogDirectoryError:
-                continue  # its dir went offline (begin_flush said why)
-            if ticket.directory is not None or ticket.files or ticket.epoch_write is not None:
-                # Names, producer snapshots or the epoch checkpoint: synced
-                # at once, alone. The log hands those to one ticket only (a
-                # flush() meanwhile would not sync them again), so the ticket
-                # must not wait behind others' fsyncs.
-                await self._sync_flush_batch(loop, [(part_log, ticket)])
-                continue
-            batch.append((part_log, ticket))
-            if len(batch) >= FLUSH_BATCH_LOGS:
-                await self._sync_flush_batch(loop, batch)
-                batch = []
-        if batch:
-            await self._sync_flush_batch(loop, batch)
+        try:
+            for part_log in logs:
+                if part_log.closed or part_log.offline:
+                    continue
+                try:
+                    ticket = part_log.begin_flush()
+                except LogDirectoryError:
+                    continue  # its dir went offline (begin_flush said why)
+                if ticket.directory is not None or ticket.files or \
+                        ticket.epoch_write is not None:
+                    # Names, producer snapshots or the epoch checkpoint:
+                    # synced at once, alone, not behind others' fsyncs (the
+                    # next flush would sync them again meanwhile, but they
+                    # are durable sooner so).
+                    await self._sync_flush_batch(loop, [(part_log, ticket)])
+                    continue
+                batch.append((part_log, ticket))
+                if len(batch) >= FLUSH_BATCH_LOGS:
+                    sending, batch = batch, []
+                    await self._sync_flush_batch(loop, sending)
+            sending, batch = batch, []
+            if sending:
+                await self._sync_flush_batch(loop, sending)
+        finally:
+            _abort_flushes(batch)  # begun, never handed to the thread (cancelled)
 
     async def _sync_flush_batch(self, loop: asyncio.AbstractEventLoop,
                                 batch: list[tuple[Log, FlushTicket]]) -> None:
-        failures = await loop.run_in_executor(self._flush_executor(), _sync_tickets,
-                                              [ticket for _, ticket in batch])
+        try:
+            failures = await loop.run_in_executor(self._flush_executor(), _sync_tickets,
+                                                  [ticket for _, ticket in batch])
+        except BaseException:
+            _abort_flushes(batch)  # cancelled, or the executor is shut down
+            raise
         for (part_log, ticket), failure in zip(batch, failures):
             if part_log.closed or part_log.offline:
                 continue  # deleted or moved meanwhile (its files renamed, closed)
             if failure is not None and not isinstance(failure, OSError):
                 log.error("fsync of %s failed", part_log.directory, exc_info=failure)
-                continue  # not a disk's error: the recovery point stays behind
+                part_log.abort_flush(ticket)  # not a disk's error: tried again later
+                continue
             if failure is not None:
                 # A failed fsync leaves unknown data on the disk (the kernel
                 # may have dropped the dirty pages): never retried, the dir

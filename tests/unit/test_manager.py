@@ -448,10 +448,9 @@ def test_many_dirty_logs_are_fsynced_in_a_few_hand_overs_to_the_flush_thread(
     """200 dirty partitions: every one durable (its recovery point at its log
     end) after four trips to the flush thread (64 a trip), not 200 event-loop
     wake-ups. A ticket that also syncs names, snapshots or the epoch file
-    (a new log's first flush, a roll) goes alone, at once: the log hands
-    those to one ticket only. A log whose fsync fails in a trip takes its
-    dir offline (with every log in it); what the trips before made durable
-    stands."""
+    (a new log's first flush, a roll) goes alone, at once, so those are
+    durable sooner. A log whose fsync fails in a trip takes its dir offline
+    (with every log in it); what the trips before made durable stands."""
     from storage import manager as manager_module
 
     manager = manager_for(tmp_path / "d0")
@@ -486,4 +485,36 @@ def test_many_dirty_logs_are_fsynced_in_a_few_hand_overs_to_the_flush_thread(
     asyncio.run(manager.flush_logs_async(logs))
     assert failing.offline and set(manager.offline_dirs) == {str(tmp_path / "d0")}
     assert all(log.recovery_point == 4 for log in logs[:64])  # the trip before
+    manager.abandon()
+
+
+def test_a_flush_that_fails_but_not_the_disk_is_tried_again_whole(tmp_path, monkeypatch):
+    """A ticket whose sync raised something other than a disk error (a bug):
+    its log takes back the names and snapshots it took, stays due, and the
+    next flush syncs them; the recovery point moves only then."""
+    from storage import manager as manager_module
+
+    manager = manager_for(tmp_path / "d0")
+    part_log = manager.get_or_create_log(TopicPartition("t", 0))
+    part_log.append(make_batch(2), leader_epoch=0)
+    part_log.roll()
+    real_sync = manager_module._sync_tickets
+    monkeypatch.setattr(manager_module, "_sync_tickets",
+                        lambda tickets: [ValueError("a bug")] * len(tickets))
+    asyncio.run(manager.flush_logs_async([part_log]))
+    assert part_log.recovery_point == 0 and not part_log.offline
+    seen = []
+
+    def recorded(tickets):
+        seen.extend(tickets)
+        return real_sync(tickets)
+    monkeypatch.setattr(manager_module, "_sync_tickets", recorded)
+    asyncio.run(manager.flush_logs_async([part_log]))
+    (again,) = seen
+    assert again.directory == part_log.directory and again.files
+    assert part_log.recovery_point == 2
+    part_log.append(make_batch(1), leader_epoch=0)
+    after = part_log.begin_flush()  # nothing left over: data only
+    assert after.directory is None and after.files == []
+    part_log.end_flush(after)
     manager.abandon()
