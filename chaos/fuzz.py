@@ -553,11 +553,15 @@ def _create_topic(cluster: Any, name: str, partitions: int, replication: int) ->
 
 def _canary(cluster: Any, replication: int, wait_until: Callable) -> str | None:
     """None if a new topic takes 100 acks=all writes and serves them back
-    (client quotas the campaign may have set removed first)."""
+    (client quotas the campaign may have set removed first), once every
+    broker is running again: one that fenced itself while the campaign kept
+    the controller busy (heartbeats unanswered for a session) comes back
+    with its next heartbeat, and a cluster that does so is whole."""
     from api.client import Admin, Consumer, Producer, TopicPartition
 
     name = "fuzz-canary"
     try:
+        cluster.wait_for_brokers_running(timeout_s=60)
         urls = [cluster.nodes[b].broker_url for b in cluster.broker_ids]
         with Admin(urls) as admin:  # a quota the campaign set may legitimately throttle
             for entity, quotas in admin.describe_client_quotas():
