@@ -955,8 +955,8 @@ class Log:
         point to it. If the log was truncated meanwhile, the offsets the
         ticket covered may since hold new, unsynced bytes: leave the
         recovery point where the truncation put it; the next flush advances
-        it. (A ticket never ended, its sync failed, leaves its names and
-        snapshots to every later ticket: synced again, never skipped.)"""
+        it. (A ticket whose sync failed on the disk is never ended: its log
+        is offline. Any other ticket not synced is ``abort_flush``'s.)"""
         self._let_go(ticket)
         if ticket.truncations == self._truncations:
             self.recovery_point = max(self.recovery_point, ticket.offset)

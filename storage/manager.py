@@ -73,6 +73,7 @@ def _sync_tickets(tickets: list[FlushTicket]) -> list[Exception | None]:
             failures.append(exc)
     return failures
 
+
 def _text_of(path: str) -> str | None:
     """A small file's text, stripped; None if empty or unreadable."""
     try:

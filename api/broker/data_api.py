@@ -394,7 +394,8 @@ class DataApi:
         /v1/fetch with ``replica_id``, without an HTTP exchange each (a
         seventh of its CPU on this machine). Who may open it: as for a
         follower's fetch (with ACLs, CLUSTER_ACTION, checked by the
-        middleware). A message of any other shape closes the stream."""
+        middleware at the handshake and again at each fetch). A message of
+        any other shape closes the stream."""
         auth = auth_of(request)
         if not auth.enabled:
             require_node_or_plain(request, "a follower's fetch stream")
