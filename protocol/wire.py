@@ -119,8 +119,14 @@ def encode(body: Any, content_type: str) -> bytes:
 
 
 #: Byte strings at least this long (a fetch answer's records) leave as
-#: pieces of their own instead of being copied into the packed answer.
-PIECE_BYTES_MIN = 64 * 1024
+#: pieces of their own instead of being copied into the packed answer. A
+#: fetch answer of 10,000 partitions of 10 KB each is 10,000 pieces: walking
+#: it costs less than packing it whole, whose growing buffer copies and
+#: faults in every byte again at each doubling.
+PIECE_BYTES_MIN = 4 * 1024
+
+#: Containers and byte strings: what ``pack_pieces`` looks inside.
+_WALKED = (dict, list, tuple, bytes, bytearray)
 
 
 def msgpack_body(body: Any) -> Any:
@@ -129,35 +135,53 @@ def msgpack_body(body: Any) -> Any:
     records), which are then sent as they are instead of being copied."""
     pieces = pack_pieces(body)
     if len(pieces) > 1:
+        if sum(len(piece) for piece in pieces) <= WRITE_CHUNK_BYTES:
+            return b"".join(pieces)  # small: one write is cheaper
         return PiecesPayload(pieces, MSGPACK)
     return pieces[0] if pieces else b""
+
+
+def _bin_header(size: int) -> bytes:
+    """msgpack's header of a byte string of ``size`` bytes (bin 16 or 32,
+    as msgpack packs one of ``PIECE_BYTES_MIN`` or more)."""
+    if size < 2**16:
+        return b"\xc5" + size.to_bytes(2, "big")
+    return b"\xc6" + size.to_bytes(4, "big")
 
 
 def pack_pieces(body: Any) -> list:
     """``body`` as msgpack, in pieces whose concatenation is exactly
     ``msgpack.packb(body, use_bin_type=True)``: every ``bytes`` or
-    ``bytearray`` value of ``PIECE_BYTES_MIN`` or more is a piece itself (behind its bin32 header),
-    not a copy. A fetch answer of megabytes costs no packing copy."""
+    ``bytearray`` value of ``PIECE_BYTES_MIN`` or more is a piece itself
+    (behind its bin header), not a copy. A fetch answer of megabytes costs
+    no packing copy."""
     packer = msgpack.Packer(use_bin_type=True, autoreset=False)
+    pack = packer.pack
     pieces: list = []
 
     def walk(item: Any) -> None:
+        # Scalars are packed where they are met, not by a call of walk each.
         if isinstance(item, dict):
             packer.pack_map_header(len(item))
             for key, value in item.items():
-                packer.pack(key)
-                walk(value)
+                pack(key)
+                if isinstance(value, _WALKED):
+                    walk(value)
+                else:
+                    pack(value)
         elif isinstance(item, (list, tuple)):
             packer.pack_array_header(len(item))
             for value in item:
-                walk(value)
+                if isinstance(value, _WALKED):
+                    walk(value)
+                else:
+                    pack(value)
         elif isinstance(item, (bytes, bytearray)) and len(item) >= PIECE_BYTES_MIN:
-            # bin32, as msgpack itself packs 2**16 bytes or more.
-            pieces.append(packer.bytes() + b"\xc6" + len(item).to_bytes(4, "big"))
+            pieces.append(packer.bytes() + _bin_header(len(item)))
             packer.reset()
             pieces.append(item)
         else:
-            packer.pack(item)
+            pack(item)
 
     walk(body)
     pieces.append(packer.bytes())
@@ -183,15 +207,28 @@ class PiecesPayload(aiohttp.payload.Payload):
         return b"".join(self._value)
 
     async def write(self, writer: Any) -> None:
+        # Small pieces are joined into writes of about WRITE_CHUNK_BYTES (one
+        # copy each, of memory still warm); large ones go in slices of it:
+        # what the socket does not take at once is copied into the
+        # transport's buffer, a slice at a time, not megabytes.
+        run: list = []
+        run_bytes = 0
         for piece in self._value:
-            if len(piece) <= WRITE_CHUNK_BYTES:
-                await writer.write(piece)
+            if len(piece) < WRITE_CHUNK_BYTES:
+                run.append(piece)
+                run_bytes += len(piece)
+                if run_bytes >= WRITE_CHUNK_BYTES:
+                    await writer.write(b"".join(run))
+                    run, run_bytes = [], 0
                 continue
-            # In slices: what the socket does not take at once is copied
-            # into the transport's buffer, a slice at a time, not megabytes.
+            if run:
+                await writer.write(b"".join(run))
+                run, run_bytes = [], 0
             view = memoryview(piece)
             for start in range(0, len(view), WRITE_CHUNK_BYTES):
                 await writer.write(view[start:start + WRITE_CHUNK_BYTES])
+        if run:
+            await writer.write(b"".join(run))
 
 
 def response_type(request: web.Request) -> str:

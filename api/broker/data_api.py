@@ -499,7 +499,8 @@ class DataApi:
             except Exception as exc:  # noqa: BLE001  each partition answers for itself
                 result["error"] = exc
             results.append(result)
-        return wire.respond(request, {"partitions": self._render("offsets", results)})
+        return wire.respond(request, {"partitions": self._render("offsets", results)},
+                            pieces=False)
 
     # -- metadata ----------------------------------------------------------------
     def check_metadata_current(self) -> None:

@@ -369,7 +369,7 @@ class AsyncConsumer:
                 return await self._transport.request(url, "/v1/offsets", {
                     "isolation_level": self.config.isolation_level, "partitions": [
                         {"topic": tp.topic, "partition": tp.partition, "timestamp": query[tp]}
-                        for tp in tps]})
+                        for tp in tps]}, pieces=False)
             except KraftlogError as exc:
                 return exc
 

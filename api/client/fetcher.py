@@ -452,7 +452,7 @@ class Fetcher:
                 "isolation_level": config.isolation_level, "partitions": partitions}
         try:
             answer = await self.transport.request(
-                url, "/v1/fetch", body,
+                url, "/v1/fetch", body, pieces=False,
                 timeout_ms=config.request_timeout_ms + config.fetch_max_wait_ms)
             self._take_fetch_answer(url, asked, answer)
         except asyncio.CancelledError:

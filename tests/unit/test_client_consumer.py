@@ -205,7 +205,7 @@ class FakeBroker:
         log = self.logs.get(tp, [])
         return parse_header(log[-1][1]).next_offset if log else 0
 
-    async def request(self, url, path, body=None, *, timeout_ms=None, method="POST"):
+    async def request(self, url, path, body=None, *, timeout_ms=None, method="POST", pieces=True):
         self.requests.append((url, path, body))
         if path == "/v1/metadata":
             topics = sorted({tp[0] for tp in self.logs})

@@ -58,3 +58,38 @@ async def test_a_pieced_answer_arrives_whole():
             msgpack.packb({"partitions": [{"records": records, "error": None}]}))
         body = msgpack.unpackb(await response.read())
     assert body == {"partitions": [{"records": records, "error": None}]}
+
+
+async def test_an_answer_of_many_small_pieces_and_a_large_one_arrives_whole():
+    """A fetch answer of many partitions: pieces of a few KB are joined into
+    writes of about WRITE_CHUNK_BYTES, one larger than that goes in slices,
+    and the bytes arrive in order."""
+    small = [bytes([i]) * (wire.PIECE_BYTES_MIN + i) for i in range(200)]
+    large = bytes(range(256)) * (wire.WRITE_CHUNK_BYTES // 256 + 7)
+    answer = {"partitions": [{"records": r, "error": None} for r in small[:100]]
+              + [{"records": large, "error": None}]
+              + [{"records": r, "error": None} for r in small[100:]]}
+    pieces = wire.pack_pieces(answer)
+    assert len(pieces) > 400  # every record a piece of its own: none copied in packing
+    writes: list[int] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        return wire.respond(request, answer)
+
+    app = web.Application()
+    app.router.add_post("/f", handler)
+    async with TestClient(TestServer(app)) as client:
+        response = await client.post("/f", data=msgpack.packb({}),
+                                     headers={"Content-Type": wire.MSGPACK})
+        assert response.status == 200
+        assert int(response.headers["Content-Length"]) == len(msgpack.packb(answer))
+        assert msgpack.unpackb(await response.read()) == answer
+
+    class Writer:
+        async def write(self, chunk) -> None:
+            writes.append(len(chunk))
+
+    await wire.PiecesPayload(pieces, wire.MSGPACK).write(Writer())
+    assert sum(writes) == len(msgpack.packb(answer))
+    # A few writes of about WRITE_CHUNK_BYTES each, not one per piece.
+    assert len(writes) < 20 and max(writes) < 2 * wire.WRITE_CHUNK_BYTES
