@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from kraft.client import ControllerClient
 from kraft.config import NodeConfig
+from protocol.gc_pauses import GcPauses
 from protocol.malloc import keep_freed_memory
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,8 @@ async def run_node(config: NodeConfig) -> int:
     # how a node that hangs (say, in its shutdown) tells where.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     keep_freed_memory()  # fetch and produce buffers reused, not faulted in afresh
+    # Full garbage collections scan what changed, not every partition's state.
+    gc_pauses = asyncio.get_running_loop().create_task(GcPauses().run())
     node = Node(config)
     stop = asyncio.Event()
     fatal: list[str] = []
@@ -125,6 +128,7 @@ async def run_node(config: NodeConfig) -> int:
     print(startup_banner(config), flush=True)
     await stop.wait()
     await node.stop(controlled=True)
+    gc_pauses.cancel()
     if fatal:
         print(f"kraftlog node {config.node_id} stopped: {fatal[0]}", file=sys.stderr, flush=True)
         return 1
