@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import weakref
 
 from protocol import gc_pauses
 from protocol.gc_pauses import GcPauses
@@ -75,3 +76,40 @@ async def test_the_task_installs_itself_and_leaves_no_callback_when_cancelled(mo
         await asyncio.gather(task, return_exceptions=True)
         gc.unfreeze()
     assert pauses.on_collection not in gc.callbacks
+
+
+def test_the_hourly_hand_back_is_not_undone_by_a_freeze_due_at_the_same_moment():
+    pauses = GcPauses(freeze_after_ms=0.0, unfreeze_interval_s=60.0)
+    pauses.install()
+    state = [_Node() for _ in range(1_000)]
+    try:
+        gc.collect()
+        pauses.check(now_s=100.0)  # frozen; hand-back due at 160
+        del state[:]
+        gc.collect()  # a long full collection just before the hand-back
+        pauses.check(now_s=160.0)
+        assert gc.get_freeze_count() == 0  # handed back, not frozen again
+        gc.collect()
+        assert not any(isinstance(o, _Node) for o in gc.get_objects())
+    finally:
+        pauses.uninstall()
+        gc.unfreeze()
+
+
+def test_garbage_made_since_the_long_collection_is_not_frozen():
+    pauses = GcPauses(freeze_after_ms=0.0, unfreeze_interval_s=60.0)
+    pauses.install()
+    try:
+        gc.collect()
+        gc.disable()  # no young collection of our own between the two steps
+        try:
+            garbage = [weakref.ref(_Node()) for _ in range(1_000)]  # cycles, garbage at once
+            pauses.check(now_s=1.0)
+        finally:
+            gc.enable()
+        assert pauses.freezes == 1 and gc.get_freeze_count() > 0
+        gc.collect()  # frozen objects would outlive it
+        assert all(ref() is None for ref in garbage)
+    finally:
+        pauses.uninstall()
+        gc.unfreeze()

@@ -12,12 +12,18 @@ from hypothesis import strategies as st
 
 from protocol import wire
 
+def _sized(n: int) -> bytes:
+    return bytes(range(256)) * (n // 256) + b"x" * (n % 256)
+
+
+# Around the piece threshold, and around msgpack's bin16/bin32 boundary.
+sizes = st.one_of(st.integers(wire.PIECE_BYTES_MIN - 2, wire.PIECE_BYTES_MIN + 2),
+                  st.integers(2**16 - 2, 2**16 + 2))
 leaves = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.text(max_size=5),
-                   st.binary(max_size=10),
-                   st.integers(wire.PIECE_BYTES_MIN - 2, wire.PIECE_BYTES_MIN + 2).map(
-                       lambda n: bytes(range(256)) * (n // 256) + b"x" * (n % 256)))
+                   st.binary(max_size=10), sizes.map(_sized), sizes.map(_sized).map(bytearray))
 bodies = st.recursive(leaves, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=4), inner, max_size=4)),
+    st.lists(inner, max_size=4), st.lists(inner, max_size=4).map(tuple),
+    st.dictionaries(st.one_of(st.text(max_size=4), st.binary(max_size=4)), inner, max_size=4)),
     max_leaves=12)
 
 
@@ -34,10 +40,10 @@ def _bytes_in(body):
     if isinstance(body, dict):
         for value in body.values():
             yield from _bytes_in(value)
-    elif isinstance(body, list):
+    elif isinstance(body, (list, tuple)):
         for value in body:
             yield from _bytes_in(value)
-    elif isinstance(body, bytes):
+    elif isinstance(body, (bytes, bytearray)):
         yield body
 
 
