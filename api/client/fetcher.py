@@ -126,7 +126,7 @@ class PartitionState:
     """
 
     __slots__ = ("tp", "position", "fetch_position", "generation", "reset", "error",
-                 "high_watermark", "log_start_offset", "retry_at_ms")
+                 "high_watermark", "log_start_offset", "retry_at_ms", "fetch_entry")
 
     def __init__(self, tp: TopicPartition, reset: str) -> None:
         self.tp = tp
@@ -138,6 +138,8 @@ class PartitionState:
         self.high_watermark = -1
         self.log_start_offset = -1
         self.retry_at_ms = 0
+        #: Its entry in fetch requests, made once and updated (``Fetcher._fetch``).
+        self.fetch_entry: dict | None = None
 
     def seek(self, offset: int | None, reset: str | None = None) -> None:
         self.position = self.fetch_position = offset
@@ -438,13 +440,22 @@ class Fetcher:
         config = self.config
         asked = {state.tp: (state, state.generation, state.fetch_position) for state in states}
         partitions = []
+        # Each partition's entry is one map, updated in place: a fetch of
+        # thousands of partitions makes none afresh, so none lives on for
+        # the garbage collector to scan (the request is packed before the
+        # first await: a later fetch's updates cannot reach this one's).
         for state in states:
-            entry = {"topic": state.tp.topic, "partition": state.tp.partition,
-                     "offset": state.fetch_position,
-                     "max_bytes": config.max_partition_fetch_bytes}
+            entry = state.fetch_entry
+            if entry is None:
+                entry = state.fetch_entry = {
+                    "topic": state.tp.topic, "partition": state.tp.partition, "offset": 0,
+                    "max_bytes": config.max_partition_fetch_bytes}
+            entry["offset"] = state.fetch_position
             leader = self.metadata.leader(*state.tp)
             if leader is not None and leader.leader_epoch >= 0:
                 entry["current_leader_epoch"] = leader.leader_epoch
+            elif "current_leader_epoch" in entry:
+                del entry["current_leader_epoch"]
             partitions.append(entry)
         room = config.max_buffered_bytes - self.buffer.buffered_bytes
         body = {"max_wait_ms": config.fetch_max_wait_ms, "min_bytes": config.fetch_min_bytes,
