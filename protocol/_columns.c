@@ -11,6 +11,8 @@
  *   encode(key_offsets, key_data, key_validity, value_offsets, value_data,
  *          value_validity, rows) -> the records section of those rows
  *   murmur2(offsets, data, validity) -> Kafka's murmur2 of every key
+ *   records(cls, items, topic, partition, base_offset, base_timestamp,
+ *           timestamp_type, include_headers) -> the consumer's records
  *
  * Everything here has a pure-Python equivalent in protocol/columns.py, which
  * is used when this extension is not built and is checked against it by
@@ -382,10 +384,103 @@ done:
     return out;
 }
 
+
+/* Untrack an exact tuple whose items the collector need never look at
+ * (CPython does this for exact tuples at their first young collection; it
+ * never does for a tuple subclass such as a named tuple). depth bounds the
+ * look into nested tuples (a record's headers, then each header): deeper
+ * ones stay tracked. True if ``t`` is (now) untracked. */
+static int maybe_untrack(PyObject *t, int depth) {
+    if (!PyObject_GC_IsTracked(t)) return 1;
+    Py_ssize_t n = PyTuple_GET_SIZE(t);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(t, i);
+        if (!PyObject_IS_GC(item) || !PyObject_GC_IsTracked(item)) continue;
+        if (depth > 0 && PyTuple_CheckExact(item) && maybe_untrack(item, depth - 1)) continue;
+        return 0;
+    }
+    PyObject_GC_UnTrack(t);
+    return 1;
+}
+
+static const char records_doc[] =
+    "records(cls, items, topic, partition, base_offset, base_timestamp, timestamp_type,\n"
+    "        include_headers) -> list\n\n"
+    "One cls (a tuple type of 8 fields: topic, partition, offset, timestamp, key,\n"
+    "value, headers, timestamp_type) per record of items, an iterable of 5-tuples\n"
+    "(timestamp_delta, offset_delta, key, value, headers) such as a msgpack\n"
+    "Unpacker's with use_list=False: offset = base_offset + offset_delta, timestamp =\n"
+    "base_timestamp + timestamp_delta, headers () unless include_headers. Records\n"
+    "holding nothing the garbage collector tracks are untracked: a consumer's\n"
+    "records are never scanned by it. ValueError for an item that is not a\n"
+    "5-tuple; the errors of + for deltas that are not numbers.";
+
+static PyObject *records(PyObject *self, PyObject *args) {
+    PyTypeObject *cls;
+    PyObject *items, *topic, *partition, *base_offset, *base_timestamp, *timestamp_type;
+    int include_headers;
+    if (!PyArg_ParseTuple(args, "O!OOOOOOp", &PyType_Type, &cls, &items, &topic, &partition,
+                          &base_offset, &base_timestamp, &timestamp_type, &include_headers))
+        return NULL;
+    if (!PyType_IsSubtype(cls, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "cls must be a tuple type");
+        return NULL;
+    }
+    PyObject *iter = PyObject_GetIter(items);
+    if (!iter) return NULL;
+    PyObject *out = PyList_New(0);
+    if (!out) { Py_DECREF(iter); return NULL; }
+    PyObject *empty = PyTuple_New(0);
+    if (!empty) goto fail;
+    PyObject *item;
+    while ((item = PyIter_Next(iter)) != NULL) {
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 5) {
+            Py_DECREF(item);
+            PyErr_SetString(PyExc_ValueError, "a record is not an array of 5 fields");
+            goto fail;
+        }
+        PyObject *offset = PyNumber_Add(base_offset, PyTuple_GET_ITEM(item, 1));
+        PyObject *timestamp = offset ? PyNumber_Add(base_timestamp, PyTuple_GET_ITEM(item, 0))
+                                     : NULL;
+        PyObject *record = timestamp ? cls->tp_alloc(cls, 8) : NULL;
+        if (!record) {
+            Py_XDECREF(offset);
+            Py_XDECREF(timestamp);
+            Py_DECREF(item);
+            goto fail;
+        }
+        PyObject *key = PyTuple_GET_ITEM(item, 2), *value = PyTuple_GET_ITEM(item, 3);
+        PyObject *headers = include_headers ? PyTuple_GET_ITEM(item, 4) : empty;
+        Py_INCREF(topic); PyTuple_SET_ITEM(record, 0, topic);
+        Py_INCREF(partition); PyTuple_SET_ITEM(record, 1, partition);
+        PyTuple_SET_ITEM(record, 2, offset);
+        PyTuple_SET_ITEM(record, 3, timestamp);
+        Py_INCREF(key); PyTuple_SET_ITEM(record, 4, key);
+        Py_INCREF(value); PyTuple_SET_ITEM(record, 5, value);
+        Py_INCREF(headers); PyTuple_SET_ITEM(record, 6, headers);
+        Py_INCREF(timestamp_type); PyTuple_SET_ITEM(record, 7, timestamp_type);
+        Py_DECREF(item);
+        maybe_untrack(record, 2);
+        int failed = PyList_Append(out, record);
+        Py_DECREF(record);
+        if (failed) goto fail;
+    }
+    if (PyErr_Occurred()) goto fail;
+    Py_DECREF(iter);
+    Py_DECREF(empty);
+    return out;
+fail:
+    Py_DECREF(iter);
+    Py_XDECREF(empty);
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS, decode_doc},
     {"encode", encode, METH_VARARGS, encode_doc},
     {"murmur2", murmur2, METH_VARARGS, murmur2_doc},
+    {"records", records, METH_VARARGS, records_doc},
     {NULL, NULL, 0, NULL},
 };
 

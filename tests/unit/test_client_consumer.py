@@ -3,6 +3,7 @@ decoder, the fetch buffer's positions and bounds, and the consumer against
 an in-memory broker (leader moves, out-of-range resets, no position)."""
 
 import asyncio
+import gc
 import struct
 
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 from api.client import (
     AsyncConsumer, ConsumerRecord, CorruptRecordError, NoOffsetForPartitionError,
     OffsetAndTimestamp, OffsetOutOfRangeError, TopicPartition)
+from api.client import fetcher
 from api.client.fetcher import FetchBuffer, PartitionState, decode_batch
 from storage.batch import (
     CONTROL_BIT, CRC_OFFSET, BatchBuilder, Compression, iter_batches, iter_records,
@@ -54,9 +56,38 @@ def test_the_fast_decoder_agrees_with_the_reference_decoder(records, compression
     data = bytearray(builder.build())
     data[:16] = stamped_prefix(parse_header(data), base, 3)
     expected = [ConsumerRecord("t", 5, *r) for r in iter_records(bytes(data))]
-    assert decode_batch("t", 5, memoryview(bytes(data))) == expected
-    without = decode_batch("t", 5, memoryview(bytes(data)), include_headers=False)
-    assert [r._replace(headers=()) for r in expected] == without
+    for c_records in {fetcher._c_records, None}:  # in C (when built), and in Python
+        fetcher._c_records, saved = c_records, fetcher._c_records
+        try:
+            got = decode_batch("t", 5, memoryview(bytes(data)))
+            without = decode_batch("t", 5, memoryview(bytes(data)), include_headers=False)
+        finally:
+            fetcher._c_records = saved
+        assert got == expected and all(type(r) is ConsumerRecord for r in got)
+        assert [r._replace(headers=()) for r in expected] == without
+
+
+def test_decoded_records_are_never_scanned_by_the_garbage_collector():
+    data = stored_batch(0, values(0, 50), headers=[("h", b"1"), ("g", None)])
+    records = decode_batch("t", 0, memoryview(data))
+    assert len(records) == 50 and records[3].headers == (("h", b"1"), ("g", None))
+    assert not any(gc.is_tracked(r) or gc.is_tracked(r.headers) for r in records)
+    # A record holding something the collector must see stays tracked.
+    held = fetcher._c_records(ConsumerRecord, [(1, 2, b"k", b"v", ([],))], "t", 0, 10, 100, 0,
+                              True)
+    assert held == [ConsumerRecord("t", 0, 12, 101, b"k", b"v", ([],), 0)]
+    assert gc.is_tracked(held[0])
+    gc.disable()  # the fresh tuples below stay tracked until the call looks at them
+    try:
+        deep = tuple([tuple([tuple([1])])])  # deeper than a header's: left to the collector
+        assert gc.is_tracked(fetcher._c_records(ConsumerRecord, [(0, 0, None, None, (deep,))],
+                                                "t", 0, 0, 0, 0, True)[0])
+    finally:
+        gc.enable()
+    with pytest.raises(ValueError):
+        fetcher._c_records(ConsumerRecord, [(0, 0, None, None)], "t", 0, 0, 0, 0, True)
+    with pytest.raises(TypeError):
+        fetcher._c_records(ConsumerRecord, [(0, "x", None, None, ())], "t", 0, 0, 0, 0, True)
 
 
 def test_a_corrupt_batch_raises_unless_crc_checks_are_off():
