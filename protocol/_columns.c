@@ -392,6 +392,7 @@ done:
  * ones stay tracked. True if ``t`` is (now) untracked. */
 static int maybe_untrack(PyObject *t, int depth) {
     if (!PyObject_GC_IsTracked(t)) return 1;
+    if (Py_TYPE(t)->tp_dictoffset != 0) return 0;  /* a subclass with a __dict__: its own */
     Py_ssize_t n = PyTuple_GET_SIZE(t);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PyTuple_GET_ITEM(t, i);

@@ -84,6 +84,12 @@ def test_decoded_records_are_never_scanned_by_the_garbage_collector():
                                                 "t", 0, 0, 0, 0, True)[0])
     finally:
         gc.enable()
+
+    class WithDict(tuple):  # its instances' __dict__ may hold anything: left tracked
+        pass
+
+    assert gc.is_tracked(fetcher._c_records(WithDict, [(0, 0, None, None, ())], "t", 0, 0, 0, 0,
+                                            True)[0])
     with pytest.raises(ValueError):
         fetcher._c_records(ConsumerRecord, [(0, 0, None, None)], "t", 0, 0, 0, 0, True)
     with pytest.raises(TypeError):
