@@ -41,6 +41,12 @@ except ImportError:  # not built (no C compiler at install): the Python below
 #: Whether the C extension is in use.
 ACCELERATED = _c is not None
 
+#: The Python consumer's records of one batch, built in C and untracked by
+#: the garbage collector (``records`` in _columns.c says how), or None when
+#: the extension is not built (``api.client.fetcher.decode_batch`` then
+#: builds them itself).
+build_records = _c.records if _c is not None else None
+
 
 class Columns(NamedTuple):
     """Records sections as columns. ``timestamps`` and ``offsets`` are int64

@@ -28,12 +28,11 @@ from api.client._types import ConsumerRecord, TopicPartition
 from api.client.config import ConsumerConfig
 from api.client.errors import (METADATA_CODES, CorruptRecordError, KraftlogError,
                                OffsetOutOfRangeError, error_from)
+from protocol.columns import build_records
 from storage import batch as batch_format
 
-try:
-    from protocol._columns import records as _c_records
-except ImportError:  # not built (no C compiler at install): the comprehensions below
-    _c_records = None
+# None when the C extension is not built: the comprehensions in decode_batch.
+_c_records = build_records
 
 logger = logging.getLogger(__name__)
 
