@@ -396,8 +396,12 @@ static int maybe_untrack(PyObject *t, int depth) {
     Py_ssize_t n = PyTuple_GET_SIZE(t);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PyTuple_GET_ITEM(t, i);
-        if (!PyObject_IS_GC(item) || !PyObject_GC_IsTracked(item)) continue;
-        if (depth > 0 && PyTuple_CheckExact(item) && maybe_untrack(item, depth - 1)) continue;
+        if (!PyObject_IS_GC(item)) continue;
+        /* Only an exact tuple stays as it is: an untracked dict (empty, or
+         * of plain values) may be tracked again once something is put in. */
+        if (PyTuple_CheckExact(item) &&
+            (!PyObject_GC_IsTracked(item) || (depth > 0 && maybe_untrack(item, depth - 1))))
+            continue;
         return 0;
     }
     PyObject_GC_UnTrack(t);
@@ -450,6 +454,11 @@ static PyObject *records(PyObject *self, PyObject *args) {
             Py_DECREF(item);
             goto fail;
         }
+#if PY_VERSION_HEX >= 0x030E0000
+        /* Tuples cache their hash from 3.14 on; -1 is "not computed yet"
+         * (tp_alloc zero-fills, as tuple_subtype_new resets it too). */
+        ((PyTupleObject *)record)->ob_hash = -1;
+#endif
         PyObject *key = PyTuple_GET_ITEM(item, 2), *value = PyTuple_GET_ITEM(item, 3);
         PyObject *headers = include_headers ? PyTuple_GET_ITEM(item, 4) : empty;
         Py_INCREF(topic); PyTuple_SET_ITEM(record, 0, topic);

@@ -5,6 +5,7 @@ an in-memory broker (leader moves, out-of-range resets, no position)."""
 import asyncio
 import gc
 import struct
+import weakref
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -77,6 +78,20 @@ def test_decoded_records_are_never_scanned_by_the_garbage_collector():
                               True)
     assert held == [ConsumerRecord("t", 0, 12, 101, b"k", b"v", ([],), 0)]
     assert gc.is_tracked(held[0])
+    # An untracked dict may be tracked again once something is put in it:
+    # a record holding one is left to the collector (a cycle through it).
+    as_map = fetcher._c_records(ConsumerRecord, [(0, 0, b"k", {"a": 1}, ())], "t", 0, 0, 0, 0,
+                                True)[0]
+    assert gc.is_tracked(as_map)
+    class Marker:
+        pass
+
+    marker = Marker()
+    as_map.value["self"], as_map.value["marker"] = as_map, marker
+    ref = weakref.ref(marker)
+    del as_map, marker
+    gc.collect()
+    assert ref() is None
     gc.disable()  # the fresh tuples below stay tracked until the call looks at them
     try:
         deep = tuple([tuple([tuple([1])])])  # deeper than a header's: left to the collector
