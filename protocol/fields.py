@@ -65,9 +65,7 @@ class Fields:
         if value.__class__ is int and minimum <= value <= maximum:
             return value
         if value is None:
-            if default is REQUIRED:
-                raise InvalidRequestError(f"{self.path(key)} is required")
-            return default
+            return self._get(key, default)[0]
         return as_int(value, self.path(key), minimum, maximum)
 
     def string(self, key: str, max_chars: int, min_chars: int = 1,
@@ -76,9 +74,7 @@ class Fields:
         if value.__class__ is str and min_chars <= len(value) <= max_chars:
             return value
         if value is None:
-            if default is REQUIRED:
-                raise InvalidRequestError(f"{self.path(key)} is required")
-            return default
+            return self._get(key, default)[0]
         return as_str(value, self.path(key), max_chars, min_chars)
 
     def boolean(self, key: str, default: Any = REQUIRED) -> Any:
