@@ -129,16 +129,20 @@ PIECE_BYTES_MIN = 4 * 1024
 _WALKED = (dict, list, tuple, bytes, bytearray)
 
 
-def msgpack_body(body: Any) -> Any:
+def msgpack_body(body: Any, pieces: bool = True) -> Any:
     """``body`` packed for aiohttp: bytes, or a ``PiecesPayload`` when it
     holds large byte strings (a produce request's batches, a fetch answer's
-    records), which are then sent as they are instead of being copied."""
-    pieces = pack_pieces(body)
-    if len(pieces) > 1:
-        if sum(len(piece) for piece in pieces) <= WRITE_CHUNK_BYTES:
-            return b"".join(pieces)  # small: one write is cheaper
-        return PiecesPayload(pieces, MSGPACK)
-    return pieces[0] if pieces else b""
+    records), which are then sent as they are instead of being copied.
+    ``pieces`` False: a body known to hold none (a metadata answer, a fetch
+    request naming thousands of partitions), packed in one call, in C."""
+    if not pieces:
+        return msgpack.packb(body, use_bin_type=True)
+    parts = pack_pieces(body)
+    if len(parts) > 1:
+        if sum(len(part) for part in parts) <= WRITE_CHUNK_BYTES:
+            return b"".join(parts)  # small: one write is cheaper
+        return PiecesPayload(parts, MSGPACK)
+    return parts[0] if parts else b""
 
 
 def _bin_header(size: int) -> bytes:
@@ -248,11 +252,8 @@ def respond(request: web.Request, body: Any, status: int = 200, *,
     strings in it leave uncopied (``msgpack_body``); False for a body known
     to hold none (a metadata answer), packed in one call, faster."""
     content_type = response_type(request)
-    if content_type == MSGPACK and not pieces:
-        return web.Response(body=msgpack.packb(body, use_bin_type=True), status=status,
-                            content_type=content_type)
     if content_type == MSGPACK:
-        packed = msgpack_body(body)
+        packed = msgpack_body(body, pieces)
         if isinstance(packed, PiecesPayload):
             return web.Response(body=packed, status=status)
         return web.Response(body=packed, status=status, content_type=content_type)

@@ -191,9 +191,7 @@ class Transport:
                       timeout_ms: int | None = None, method: str = "POST",
                       pieces: bool = True) -> Any:
         """Send ``body`` (msgpack) to ``base_url + path``; the decoded answer.
-        ``pieces``: large byte strings in it go uncopied
-        (``wire.msgpack_body``); False for a body known to hold none (a fetch
-        naming thousands of partitions), packed in one call, faster.
+        ``pieces``: as ``wire.msgpack_body`` takes it.
 
         Raises ``KraftlogError``: the broker's error for a non-2xx answer,
         ``BROKER_NOT_AVAILABLE`` when the connection fails,
@@ -214,8 +212,7 @@ class Transport:
         headers = None
         if method == "POST":
             # Batches of megabytes go as they are, not copied into the body.
-            data = (wire.msgpack_body(body) if pieces
-                    else msgpack.packb(body, use_bin_type=True))
+            data = wire.msgpack_body(body, pieces)
             headers = {"Content-Type": MSGPACK}
         try:
             async with session.request(method, url, data=data, headers=headers,

@@ -28,11 +28,8 @@ from api.client._types import ConsumerRecord, TopicPartition
 from api.client.config import ConsumerConfig
 from api.client.errors import (METADATA_CODES, CorruptRecordError, KraftlogError,
                                OffsetOutOfRangeError, error_from)
-from protocol.columns import build_records
+from protocol.columns import build_records  # None if not built: see decode_batch
 from storage import batch as batch_format
-
-# None when the C extension is not built: the comprehensions in decode_batch.
-_c_records = build_records
 
 logger = logging.getLogger(__name__)
 
@@ -97,11 +94,11 @@ def decode_batch(topic: str, partition: int, view: memoryview, *, check_crc: boo
         base_offset = header.base_offset
         base_timestamp = header.base_timestamp
         cls = ConsumerRecord
-        if _c_records is not None:
+        if build_records is not None:
             # In C, and each record untracked by the garbage collector (a
             # named tuple never is otherwise): a consumer holding a poll's
             # records made collections a quarter of its time.
-            records = _c_records(cls, unpacker, topic, partition, base_offset, base_timestamp,
+            records = build_records(cls, unpacker, topic, partition, base_offset, base_timestamp,
                                  timestamp_type, include_headers)
         elif include_headers:
             records = [_new_tuple(cls, (topic, partition, base_offset + od, base_timestamp + td,

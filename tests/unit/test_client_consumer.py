@@ -57,13 +57,13 @@ def test_the_fast_decoder_agrees_with_the_reference_decoder(records, compression
     data = bytearray(builder.build())
     data[:16] = stamped_prefix(parse_header(data), base, 3)
     expected = [ConsumerRecord("t", 5, *r) for r in iter_records(bytes(data))]
-    for c_records in {fetcher._c_records, None}:  # in C (when built), and in Python
-        fetcher._c_records, saved = c_records, fetcher._c_records
+    for c_records in {fetcher.build_records, None}:  # in C (when built), and in Python
+        fetcher.build_records, saved = c_records, fetcher.build_records
         try:
             got = decode_batch("t", 5, memoryview(bytes(data)))
             without = decode_batch("t", 5, memoryview(bytes(data)), include_headers=False)
         finally:
-            fetcher._c_records = saved
+            fetcher.build_records = saved
         assert got == expected and all(type(r) is ConsumerRecord for r in got)
         assert [r._replace(headers=()) for r in expected] == without
 
@@ -74,13 +74,13 @@ def test_decoded_records_are_never_scanned_by_the_garbage_collector():
     assert len(records) == 50 and records[3].headers == (("h", b"1"), ("g", None))
     assert not any(gc.is_tracked(r) or gc.is_tracked(r.headers) for r in records)
     # A record holding something the collector must see stays tracked.
-    held = fetcher._c_records(ConsumerRecord, [(1, 2, b"k", b"v", ([],))], "t", 0, 10, 100, 0,
+    held = fetcher.build_records(ConsumerRecord, [(1, 2, b"k", b"v", ([],))], "t", 0, 10, 100, 0,
                               True)
     assert held == [ConsumerRecord("t", 0, 12, 101, b"k", b"v", ([],), 0)]
     assert gc.is_tracked(held[0])
     # An untracked dict may be tracked again once something is put in it:
     # a record holding one is left to the collector (a cycle through it).
-    as_map = fetcher._c_records(ConsumerRecord, [(0, 0, b"k", {"a": 1}, ())], "t", 0, 0, 0, 0,
+    as_map = fetcher.build_records(ConsumerRecord, [(0, 0, b"k", {"a": 1}, ())], "t", 0, 0, 0, 0,
                                 True)[0]
     assert gc.is_tracked(as_map)
     class Marker:
@@ -95,7 +95,7 @@ def test_decoded_records_are_never_scanned_by_the_garbage_collector():
     gc.disable()  # the fresh tuples below stay tracked until the call looks at them
     try:
         deep = tuple([tuple([tuple([1])])])  # deeper than a header's: left to the collector
-        assert gc.is_tracked(fetcher._c_records(ConsumerRecord, [(0, 0, None, None, (deep,))],
+        assert gc.is_tracked(fetcher.build_records(ConsumerRecord, [(0, 0, None, None, (deep,))],
                                                 "t", 0, 0, 0, 0, True)[0])
     finally:
         gc.enable()
@@ -103,12 +103,12 @@ def test_decoded_records_are_never_scanned_by_the_garbage_collector():
     class WithDict(tuple):  # its instances' __dict__ may hold anything: left tracked
         pass
 
-    assert gc.is_tracked(fetcher._c_records(WithDict, [(0, 0, None, None, ())], "t", 0, 0, 0, 0,
+    assert gc.is_tracked(fetcher.build_records(WithDict, [(0, 0, None, None, ())], "t", 0, 0, 0, 0,
                                             True)[0])
     with pytest.raises(ValueError):
-        fetcher._c_records(ConsumerRecord, [(0, 0, None, None)], "t", 0, 0, 0, 0, True)
+        fetcher.build_records(ConsumerRecord, [(0, 0, None, None)], "t", 0, 0, 0, 0, True)
     with pytest.raises(TypeError):
-        fetcher._c_records(ConsumerRecord, [(0, "x", None, None, ())], "t", 0, 0, 0, 0, True)
+        fetcher.build_records(ConsumerRecord, [(0, "x", None, None, ())], "t", 0, 0, 0, 0, True)
 
 
 def test_a_corrupt_batch_raises_unless_crc_checks_are_off():
