@@ -294,6 +294,10 @@ SCHEMA: tuple[Key, ...] = (
     _k("num.replica.fetchers", "int", 1,
        "Follower fetch sessions per source broker (partitions spread by hash).", _BROKER, 1,
        64),
+    _k("max.incremental.fetch.session.cache.slots", "int", 1000,
+       "Consumers' fetch sessions (KIP-227) a broker keeps; when full, a new one replaces "
+       "the smallest only if it is bigger, else that consumer fetches without one.",
+       _BROKER, 0, 1_000_000),
     _k("replica.high.watermark.checkpoint.interval.ms", "int", 5000,
        "How often high watermarks are checkpointed.", _BROKER, 1, INT32_MAX),
     _k("quota.window.num", "int", 11,

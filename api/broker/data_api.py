@@ -109,8 +109,6 @@ def decode_fetch(values: dict) -> FetchRequest:
         forgotten.append(TopicPartition(fields.string("topic", TOPIC_NAME_MAX_CHARS),
                                         fields.integer("partition", 0, INT32_MAX)))
     fetcher = body.integer("fetcher", 0, INT32_MAX, default=0)
-    if session_epoch != NO_SESSION and replica_id < 0:
-        raise InvalidRequestError("fetch sessions are for followers (replica_id >= 0)")
     return FetchRequest(replica_id, specs, max_wait_ms, min_bytes, max_bytes, isolation,
                         session_id, session_epoch, forgotten, fetcher, replica_epoch)
 
@@ -343,7 +341,11 @@ class DataApi:
         replica_id = fetch.replica_id
         auth = auth_of(request)
         refused: list[dict] = []
+        may_read = None
         if replica_id < 0:
+            # A consumer's fetch session is its own: another client naming
+            # its id finds none.
+            fetch.owner = f"{principal_of(request)}\0{client_id_of(request)}"
             await self.wait_turn(request, CONSUMER_BYTE_RATE)
             if auth.enabled:
                 may_read = topic_filter(auth, acl.READ)
@@ -360,7 +362,19 @@ class DataApi:
         if replica_id >= 0:
             exempt_from_request_quota(request)
             return wire.respond(request, await self._answer_follower(fetch))
-        answered = await self.replicas.fetch(fetch) if fetch.specs or not refused else []
+        fields: dict = {}
+        if fetch.session_epoch != NO_SESSION:
+            answered, fields = await self.replicas.fetch_in_session(fetch)
+            if may_read is not None:
+                # The session's partitions not named this time, read as
+                # they were when named: each is judged again (an ACL
+                # removed since counts), and the records of one refused go.
+                for i, result in enumerate(answered):
+                    if not may_read(result["topic"]):
+                        answered[i] = dict(result, records=b"", error=auth.refusal(
+                            acl.READ, acl.TOPIC, result["topic"]))
+        else:
+            answered = await self.replicas.fetch(fetch) if fetch.specs or not refused else []
         results = self._render("fetch", answered + refused)
         fetched = 0
         for result in results:
@@ -372,7 +386,8 @@ class DataApi:
                     sum(header.record_count for header, _ in iter_batches(records)),
                     result["topic"])
         throttle_ms = self.throttle(request, CONSUMER_BYTE_RATE, fetched)
-        return wire.respond(request, {"partitions": results, "throttle_time_ms": throttle_ms})
+        return wire.respond(request, {"partitions": results, "throttle_time_ms": throttle_ms,
+                                      **fields})
 
     async def _answer_follower(self, fetch: FetchRequest) -> dict:
         """A follower's fetch answered (unthrottled: client quotas are for

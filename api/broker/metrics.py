@@ -242,6 +242,19 @@ class BrokerMetrics:
         expands = r.add(Gauge("kraftlog_isr_expands_total",
                               "ISR expansions this broker made as leader.", one("isr_expands")))
         shrinks.kind = expands.kind = "counter"
+        r.add(Gauge("kraftlog_consumer_fetch_sessions",
+                    "Consumers' fetch sessions this broker keeps (at most "
+                    "max.incremental.fetch.session.cache.slots).", one("consumer_sessions")))
+        r.add(Gauge("kraftlog_consumer_fetch_session_partitions",
+                    "Partitions held by consumers' fetch sessions.",
+                    one("consumer_session_partitions")))
+        r.add(Gauge("kraftlog_follower_fetch_sessions",
+                    "Followers' fetch sessions on this broker as leader.",
+                    one("follower_sessions")))
+        evictions = r.add(Gauge("kraftlog_fetch_session_evictions_total",
+                                "Consumers' fetch sessions closed to make room for a bigger one.",
+                                one("session_evictions")))
+        evictions.kind = "counter"
 
     def render(self) -> str:
         return self.registry.render()

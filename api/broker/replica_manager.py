@@ -405,8 +405,9 @@ class ReplicaManager:
         return await future
 
     async def fetch_in_session(self, request: FetchRequest) -> tuple[list[dict], dict]:
-        """A follower's fetch in a fetch session: the results and the
-        answer's other fields (``session_id``, or the session's ``error``)."""
+        """A fetch in a fetch session (a follower's or a consumer's): the
+        results and the answer's other fields (``session_id``, or the
+        session's ``error``)."""
         request_id, future = self._new_request()
         self._whole_answers.add(request_id)
         try:

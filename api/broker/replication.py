@@ -156,6 +156,9 @@ class ReplicationSettings:
     fetch_response_bytes_max: int = 10 * 1024 * 1024
     num_fetchers: int = 1
     ack_before_replication: bool = False
+    #: Consumers' fetch sessions this broker keeps at most (Kafka's
+    #: max.incremental.fetch.session.cache.slots); followers' do not count.
+    fetch_session_cache_slots: int = 1000
 
     @property
     def isr_check_interval_ms(self) -> int:
@@ -199,7 +202,8 @@ class FetchRequest:
     max_bytes: int
     #: READ_UNCOMMITTED (0) or READ_COMMITTED (1), Kafka's numbers.
     isolation_level: int = 0
-    #: A follower's incremental fetch session (Kafka's KIP-227): epoch
+    #: An incremental fetch session (Kafka's KIP-227), a follower's or a
+    #: consumer's: epoch
     #: NO_SESSION (-1) fetches ``specs`` alone; 0 opens a session of
     #: ``specs`` (closing ``session_id``'s, if given); from 1 on, the
     #: session's next fetch, whose ``specs`` are only the partitions whose
@@ -211,6 +215,9 @@ class FetchRequest:
     fetcher: int = 0
     #: The follower's broker epoch (its registration, KIP-903); -1: unnamed.
     replica_epoch: int = -1
+    #: Who sends a consumer's fetch (its principal and client id): a
+    #: consumer's session answers only the one that opened it.
+    owner: str = ""
 
 
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
@@ -293,9 +300,12 @@ class _ParkedFetch:
     answered: dict[int, dict]  # decided on arrival, by position
     to_read: list[FetchSpec]
     deadline_ms: int
-    #: A follower's fetch session: its other partitions answer too, those
-    #: with something new (records, high watermark, log start, an error).
+    #: Its fetch session: its other partitions answer too, those with
+    #: something new (records, high watermark, log start, an error).
     session: "_LeaderFetchSession | None" = None
+    #: The answer's top-level fields without a session (a consumer's that
+    #: asked for one and found no room: ``session_id`` 0).
+    fields: dict = dataclasses.field(default_factory=dict)
     #: ``to_read`` by partition, and the bytes found in those of its
     #: partitions (and its session's) read while it waited: a touch reads
     #: only the partitions it touched (``ReplicationCore._brings_enough``).
@@ -305,23 +315,27 @@ class _ParkedFetch:
 
 
 class _LeaderFetchSession:
-    """A follower's fetch session on its leader: where the follower's log
-    ends in each partition (as it last said), what it was last told of each,
-    and which partitions changed since (``dirty``: touched, so read again at
-    its next fetch). An incremental fetch names only the partitions whose
-    position changed, and is answered with only those and the dirty ones
-    with news: a follower of 10,000 quiet partitions costs its leader
-    nothing per fetch for them."""
+    """A fetch session on a leader, a follower's or a consumer's
+    (``replica_id`` -1): where the fetcher stands in each partition (as it
+    last said), what it was last told of each, and which partitions changed
+    since (``dirty``: touched, or left behind by an answer's byte budget, so
+    read again at its next fetch, in that order). An incremental fetch names
+    only the partitions whose position changed, and is answered with only
+    those and the dirty ones with news: a fetcher of 10,000 quiet partitions
+    costs its leader nothing per fetch for them."""
 
-    def __init__(self, session_id: int, replica_id: int, fetcher: int) -> None:
+    def __init__(self, session_id: int, replica_id: int, fetcher: int,
+                 owner: str = "") -> None:
         self.session_id = session_id
         self.replica_id = replica_id
         self.fetcher = fetcher  # which of the follower's fetchers holds it
+        self.owner = owner  # a consumer's: who opened it
         self.next_epoch = 1
         self.specs: dict[TopicPartition, FetchSpec] = {}
-        # (high watermark, log start offset) last sent, per partition.
-        self.told: dict[TopicPartition, tuple[int, int]] = {}
-        self.dirty: set[TopicPartition] = set()
+        # What it was last told of each partition (``_news``).
+        self.told: dict[TopicPartition, tuple] = {}
+        # An ordered set: those left behind by the byte budget lead.
+        self.dirty: dict[TopicPartition, None] = {}
         self.parked: int | None = None  # its fetch waiting for records
         self.last_fetch_ms = 0
         self.replica_epoch = -1  # the follower's broker epoch, as its last fetch said
@@ -452,6 +466,8 @@ class ReplicationCore:
         self._fetch_sessions: dict[int, _LeaderFetchSession] = {}
         self._fetch_sessions_of: dict[TopicPartition, set[int]] = {}
         self._next_fetch_session_id = 0
+        #: Consumers' sessions closed to make room for bigger ones.
+        self.fetch_session_evictions = 0
         # Waiting requests by partition (ids into the two maps above).
         self._waiting_on: dict[TopicPartition, set[int]] = {}
         self._alters: dict[int, _AlterInFlight] = {}
@@ -561,7 +577,7 @@ class ReplicationCore:
                 ids |= self._waiting_on.get(tp, set())
                 for session_id in self._fetch_sessions_of.get(tp, ()):
                     session = self._fetch_sessions[session_id]
-                    session.dirty.add(tp)
+                    session.dirty[tp] = None
                     if session.parked is not None:
                         ids.add(session.parked)
             for request_id in sorted(ids):
@@ -1169,11 +1185,19 @@ class ReplicationCore:
             if old is not None and old.replica_id == request.replica_id:
                 self._close_fetch_session(old)
             request = dataclasses.replace(request, session_epoch=NO_SESSION)
-        if request.replica_id >= 0 and request.session_epoch != NO_SESSION:
+        no_room = False
+        if request.replica_id < 0 and request.session_epoch == NO_SESSION and request.session_id:
+            # A consumer closing its session (Kafka's final epoch, -1).
+            old = self._fetch_sessions.get(request.session_id)
+            if old is not None and (old.replica_id, old.owner) == (-1, request.owner):
+                self._close_fetch_session(old)
+        if request.session_epoch != NO_SESSION:
             session = self._fetch_session(request_id, request, now_ms)
-            if session is None:
+            if session is False:  # no room for a consumer's: answered without
+                session, no_room = None, True
+            elif session is None:
                 self._after_event(now_ms)
-                return  # refused: the follower opens a new session
+                return  # refused: the fetcher opens a new session
         if request.replica_id >= 0:
             answered = self._follower_arrival(request.replica_id, request.replica_epoch,
                                               request.specs, now_ms)
@@ -1187,7 +1211,7 @@ class ReplicationCore:
         if session is not None and self._still_expected(request.replica_id, request, now_ms):
             wait_ms = min(wait_ms, EXPECTED_WAIT_MS)
         parked = _ParkedFetch(request_id, request, answered, to_read, now_ms + wait_ms,
-                              session)
+                              session, {"session_id": 0} if no_room else {})
         if not self._answer_fetch(parked, final=wait_ms <= 0):
             parked.by_tp = {spec.tp: spec for spec in to_read}
             self._parked_fetches[request_id] = parked
@@ -1198,30 +1222,39 @@ class ReplicationCore:
         self._after_event(now_ms)
 
     def _fetch_session(self, request_id: int, request: FetchRequest, now_ms: int
-                       ) -> _LeaderFetchSession | None:
-        """The follower's fetch session brought up to date with ``request``
+                       ) -> _LeaderFetchSession | None | bool:
+        """The fetcher's session brought up to date with ``request``
         (opened, for epoch 0); None, with the refusal answered, if the
-        session is unknown or the epoch out of step."""
+        session is unknown or the epoch out of step; False if a consumer's
+        is to be opened and there is no room (``_room_for``)."""
         replica_id = request.replica_id
         if request.session_epoch == OPEN_SESSION:
-            # A fetcher has one session: its others are a restarted
-            # follower's, or ones whose opening answer it never got.
-            for old in [s for s in self._fetch_sessions.values()
-                        if (s.replica_id, s.fetcher) == (replica_id, request.fetcher)]:
-                self._close_fetch_session(old)
-            mine = [s for s in self._fetch_sessions.values() if s.replica_id == replica_id]
-            while len(mine) >= FETCH_SESSIONS_PER_REPLICA_MAX:
-                self._close_fetch_session(mine.pop(0))  # the oldest
+            if replica_id >= 0:
+                # A fetcher has one session: its others are a restarted
+                # follower's, or ones whose opening answer it never got.
+                for old in [s for s in self._fetch_sessions.values()
+                            if (s.replica_id, s.fetcher) == (replica_id, request.fetcher)]:
+                    self._close_fetch_session(old)
+                mine = [s for s in self._fetch_sessions.values() if s.replica_id == replica_id]
+                while len(mine) >= FETCH_SESSIONS_PER_REPLICA_MAX:
+                    self._close_fetch_session(mine.pop(0))  # the oldest
+            else:
+                old = self._fetch_sessions.get(request.session_id)
+                if old is not None and (old.replica_id, old.owner) == (-1, request.owner):
+                    self._close_fetch_session(old)  # the consumer starts afresh
+                if not self._room_for(len(request.specs)):
+                    return False
             self._next_fetch_session_id += 1
             session = _LeaderFetchSession(self._next_fetch_session_id, replica_id,
-                                          request.fetcher)
+                                          request.fetcher, request.owner)
             self._fetch_sessions[session.session_id] = session
         else:
             session = self._fetch_sessions.get(request.session_id)
-            if session is None or (session.replica_id, session.fetcher) != (
-                    replica_id, request.fetcher):
+            if session is None or (session.replica_id, session.fetcher, session.owner) != (
+                    replica_id, request.fetcher, request.owner):
+                whose = f"broker {replica_id}" if replica_id >= 0 else "this consumer"
                 code, message = "FETCH_SESSION_ID_NOT_FOUND", (
-                    f"no fetch session {request.session_id} of broker {replica_id} here")
+                    f"no fetch session {request.session_id} of {whose} here")
             elif request.session_epoch != session.next_epoch:
                 code, message = "INVALID_FETCH_SESSION_EPOCH", (
                     f"fetch session {request.session_id} expects epoch {session.next_epoch}, "
@@ -1247,12 +1280,41 @@ class ReplicationCore:
                 # A partition is fetched by one session of a follower: an
                 # older one (a restarted follower's, another fetcher's
                 # before a move) no longer speaks for it.
-                for other in [self._fetch_sessions[i] for i in holders]:
-                    if other.replica_id == replica_id:
-                        self._forget_in_session(other, spec.tp)
+                if replica_id >= 0:
+                    for other in [self._fetch_sessions[i] for i in holders]:
+                        if other.replica_id == replica_id:
+                            self._forget_in_session(other, spec.tp)
                 self._fetch_sessions_of.setdefault(spec.tp, set()).add(session.session_id)
             session.specs[spec.tp] = spec
         return session
+
+    def _room_for(self, partitions: int) -> bool:
+        """Whether a consumer's new session of ``partitions`` may be kept,
+        as Kafka's session cache decides: while consumers' sessions are
+        fewer than ``fetch_session_cache_slots``, yes; else only by closing
+        the smallest one (the least lately used among equals) if it is
+        smaller than the new one. Otherwise the fetch goes without (its
+        answer says ``session_id`` 0) and the consumer asks again at its
+        next fetch: a busy broker keeps the sessions that save the most."""
+        consumers = [s for s in self._fetch_sessions.values() if s.replica_id < 0]
+        if len(consumers) < self.settings.fetch_session_cache_slots:
+            return True
+        if not consumers:
+            return False  # no slots at all
+        smallest = min(consumers, key=lambda s: (len(s.specs), s.last_fetch_ms))
+        if len(smallest.specs) >= partitions:
+            return False
+        self._close_fetch_session(smallest)
+        self.fetch_session_evictions += 1
+        return True
+
+    def fetch_session_figures(self) -> dict[str, int]:
+        """The fetch sessions kept here, for the metrics."""
+        consumers = [s for s in self._fetch_sessions.values() if s.replica_id < 0]
+        return {"consumer_sessions": len(consumers),
+                "consumer_session_partitions": sum(len(s.specs) for s in consumers),
+                "follower_sessions": len(self._fetch_sessions) - len(consumers),
+                "session_evictions": self.fetch_session_evictions}
 
     def _forget_in_session(self, session: _LeaderFetchSession, tp: TopicPartition) -> None:
         if session.specs.pop(tp, None) is not None:
@@ -1261,7 +1323,7 @@ class ReplicationCore:
             if not ids:
                 del self._fetch_sessions_of[tp]
         session.told.pop(tp, None)
-        session.dirty.discard(tp)
+        session.dirty.pop(tp, None)
 
     def _close_fetch_session(self, session: _LeaderFetchSession) -> None:
         for tp in list(session.specs):
@@ -1287,6 +1349,8 @@ class ReplicationCore:
             if now_ms - session.last_fetch_ms > FETCH_SESSION_IDLE_MS:
                 self._close_fetch_session(session)
                 continue
+            if session.replica_id < 0:
+                continue  # a consumer's: nothing to record
             for tp, spec in session.specs.items():
                 part = self.partitions.get(tp)
                 if (part is not None and spec.current_leader_epoch == part.leader_epoch
@@ -1349,40 +1413,56 @@ class ReplicationCore:
         """Read; answer if there is enough (or ``final``). True if answered."""
         request = parked.request
         session = parked.session
+        follower = request.replica_id >= 0
+        committed = request.isolation_level == READ_COMMITTED
         # A session's other partitions touched since its last answer are
-        # read first: those the byte budget left behind last time lead.
+        # read first, those the byte budget left behind last time leading,
+        # and only until the budget is spent: the rest stay dirty, unread,
+        # so a fetch costs what it answers, not what its session holds.
         others: list[FetchSpec] = []
+        unread: list[TopicPartition] = []
         if session is not None and session.dirty:
             named = {spec.tp for spec in request.specs}
             others = [session.specs[tp] for tp in session.dirty
                       if tp not in named and tp in session.specs]
-        to_read = others + parked.to_read
-        read, total_bytes, any_error = self._read_all(
-            to_read, request.max_bytes, follower=request.replica_id >= 0,
-            committed=request.isolation_level == READ_COMMITTED)
+        read_others, total_bytes, any_error = self._read_all(
+            others, request.max_bytes, follower=follower, committed=committed, until_full=True)
+        if len(read_others) < len(others):
+            unread = [spec.tp for spec in others[len(read_others):]]
+            others = others[:len(read_others)]
+        read_named, named_bytes, named_error = self._read_all(
+            parked.to_read, request.max_bytes - total_bytes, follower=follower,
+            committed=committed, first=total_bytes == 0)
+        total_bytes += named_bytes
+        any_error = any_error or named_error
         if not (final or total_bytes >= request.min_bytes or any_error or parked.answered):
             # What this read found counts towards min_bytes from here on:
             # a later touch adds only what it touched.
             parked.seen_bytes = {spec.tp: len(result["records"])
-                                 for spec, result in zip(to_read, read) if result["records"]}
+                                 for spec, result in zip(others + parked.to_read,
+                                                         read_others + read_named)
+                                 if result["records"]}
             parked.seen_total = total_bytes
             return False
-        unread = iter(read[len(others):])
-        results = [parked.answered[i] if i in parked.answered else next(unread)
+        unread_named = iter(read_named)
+        results = [parked.answered[i] if i in parked.answered else next(unread_named)
                    for i in range(len(request.specs))]
-        fields = {}
+        fields = dict(parked.fields)
         if session is not None:
             # Records left behind by the response's byte budget: read again
-            # at the next fetch (the follower does not know they are there).
-            session.dirty = {spec.tp for spec, result in zip(to_read, read)
-                             if not result["records"] and result["error"] is None
-                             and result["log_end_offset"] > spec.offset}
+            # at the next fetch (the fetcher does not know they are there).
+            dirty = dict.fromkeys(unread)
+            for spec, result in zip(others + parked.to_read, read_others + read_named):
+                if (not result["records"] and result["error"] is None
+                        and _readable_end(result, follower, committed) > spec.offset):
+                    dirty[spec.tp] = None
+            session.dirty = dirty
             for result in results:
                 tp = TopicPartition(result["topic"], result["partition"])
-                session.told[tp] = (result["high_watermark"], result["log_start_offset"])
-            for result in read[:len(others)]:  # the others: those with news
+                session.told[tp] = _news(result)
+            for result in read_others:  # the others: those with news
                 tp = TopicPartition(result["topic"], result["partition"])
-                told = (result["high_watermark"], result["log_start_offset"])
+                told = _news(result)
                 if result["records"] or result["error"] is not None or \
                         session.told.get(tp) != told:
                     session.told[tp] = told
@@ -1445,11 +1525,18 @@ class ReplicationCore:
                 and registered.broker_epoch > replica_epoch)
 
     def _read_all(self, specs: list[FetchSpec], max_bytes: int, follower: bool,
-                  committed: bool = False) -> tuple[list[dict], int, bool]:
+                  committed: bool = False, *, until_full: bool = False, first: bool = True
+                  ) -> tuple[list[dict], int, bool]:
+        """Each partition of ``specs`` read, within ``max_bytes`` in all:
+        their results, the bytes read and whether any failed. ``first``: the
+        first batch read may exceed the limits (KIP-74). ``until_full``:
+        stop once the bytes are spent (the results are then fewer)."""
         results = []
         total_bytes = 0
         any_error = False
         for spec in specs:
+            if until_full and total_bytes >= max_bytes:
+                break
             result = empty_fetch_result(spec)
             try:
                 part = self.leader_partition(spec.tp.topic, spec.tp.partition,
@@ -1473,7 +1560,7 @@ class ReplicationCore:
                     # KIP-74: the first batch of the response comes whole even
                     # when larger than the limits, so a consumer always moves.
                     data = part.log.read(spec.offset, budget, upper_bound,
-                                         min_one_batch=total_bytes == 0)
+                                         min_one_batch=first and total_bytes == 0)
                     result["records"] = data
                     total_bytes += len(data)
                     if committed:
@@ -1896,6 +1983,22 @@ class ReplicationCore:
 def next_fetch_session_epoch(epoch: int) -> int:
     """The epoch after ``epoch`` (wrapping to 1 after FETCH_SESSION_EPOCH_MAX)."""
     return 1 if epoch >= FETCH_SESSION_EPOCH_MAX else epoch + 1
+
+
+def _news(result: dict) -> tuple:
+    """What a fetch session tells of a partition besides its records: an
+    answer whose news differ from the last told carries the partition."""
+    return (result["high_watermark"], result["log_start_offset"],
+            result.get("last_stable_offset", -1))
+
+
+def _readable_end(result: dict, follower: bool, committed: bool) -> int:
+    """Where what the fetcher may read of a partition ends: its log end for
+    a follower, else its high watermark (a read_committed consumer's: the
+    last stable offset)."""
+    if follower:
+        return result["log_end_offset"]
+    return result.get("last_stable_offset", -1) if committed else result["high_watermark"]
 
 
 def empty_fetch_result(spec: FetchSpec) -> dict:

@@ -118,6 +118,7 @@ def replication_settings(config: NodeConfig) -> ReplicationSettings:
         fetch_partition_bytes_max=settings["replica.fetch.max.bytes"],
         fetch_response_bytes_max=settings["replica.fetch.response.max.bytes"],
         num_fetchers=settings["num.replica.fetchers"],
+        fetch_session_cache_slots=settings["max.incremental.fetch.session.cache.slots"],
         ack_before_replication=config.unsafe_ack_before_replication)
 
 
@@ -418,6 +419,7 @@ class BrokerServer:
             "isr_expands": self.replicas.isr_expands,
             "log_dirs_offline": len(self.log_manager.offline_dirs),
             "offline_replicas": len(self.replicas.core.offline),
+            **self.replicas.core.fetch_session_figures(),
         }
 
     # -- middlewares -------------------------------------------------------------

@@ -126,6 +126,7 @@ class AsyncConsumer:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         self._buffer.discard()
+        await self._fetch.close_sessions()
         await self._transport.close()
 
     def _check_open(self) -> None:

@@ -2,7 +2,11 @@
 
 A background task (``Fetcher.run``) groups the fetchable partitions by
 leader and keeps one ``POST /v1/fetch`` in flight per broker, so the next
-fetch overlaps the application's processing. Answers go into the
+fetch overlaps the application's processing. Each broker's fetches go in a
+fetch session (Kafka's KIP-227, ``FetchSession``): after the first, a fetch
+names only the partitions whose position moved, and the broker answers
+only those and the others with news, so a consumer of thousands of quiet
+partitions sends and reads little per fetch. Answers go into the
 ``FetchBuffer`` as raw bytes; ``poll`` decodes one batch at a time
 (``decode_batch``: one msgpack ``Unpacker`` per batch, checked against
 ``storage.batch.iter_records`` by a property test) and skips records below
@@ -322,6 +326,86 @@ class FetchBuffer:
         self.buffered_bytes -= fetch.size_bytes
 
 
+#: Fetch session epochs: none (or, with a session id, closing it), opening one.
+NO_SESSION, OPEN_SESSION = -1, 0
+FETCH_SESSION_EPOCH_MAX = 2**31 - 1
+#: A broker's refusals of a session it does not know or that is out of
+#: step: the consumer opens a new one at once.
+FETCH_SESSION_ERRORS = frozenset({"FETCH_SESSION_ID_NOT_FOUND", "INVALID_FETCH_SESSION_EPOCH"})
+#: How long closing the consumer waits for each broker to drop its session.
+SESSION_CLOSE_TIMEOUT_MS = 1000
+
+
+class FetchSession:
+    """The consumer's fetch session with one broker: its id (0: none), the
+    epoch of the next fetch (0 opens one) and what the broker's session
+    holds of each partition (``key``), so a fetch names only those whose
+    position or leader epoch moved and forgets those no longer fetched
+    there. Any fetch that fails or is cancelled starts it afresh: the
+    broker may or may not have taken it."""
+
+    __slots__ = ("session_id", "epoch", "told", "supported")
+
+    def __init__(self) -> None:
+        self.session_id = 0
+        self.epoch = OPEN_SESSION
+        self.told: dict[TopicPartition, tuple] = {}
+        #: False once a broker of an older version refused sessions: its
+        #: fetches name every partition, as before.
+        self.supported = True
+
+    @staticmethod
+    def key(entry: dict) -> tuple:
+        return entry["offset"], entry.get("current_leader_epoch"), entry["max_bytes"]
+
+    def request(self, body: dict, entries: dict[TopicPartition, dict]) -> dict:
+        """``body`` with the session's fields and the partitions to name
+        (all of ``entries`` when opening, else those changed)."""
+        told = self.told
+        if not self.supported:
+            body["partitions"] = list(entries.values())
+            return body
+        if self.epoch == OPEN_SESSION:
+            partitions = list(entries.values())
+            forgotten = []
+        else:
+            key = self.key
+            partitions = [entry for tp, entry in entries.items() if told.get(tp) != key(entry)]
+            forgotten = [{"topic": tp.topic, "partition": tp.partition}
+                         for tp in told if tp not in entries]
+        body.update(session_id=self.session_id, session_epoch=self.epoch,
+                    partitions=partitions, forgotten=forgotten)
+        return body
+
+    def answered(self, answer: dict, keys: dict[TopicPartition, tuple]) -> bool:
+        """Take a fetch's answer: False if the broker refused the session
+        (then opened afresh), else True with the session moved on (or still
+        none: a broker without room answers ``session_id`` 0)."""
+        error = answer.get("error")
+        if isinstance(error, dict) and error.get("code") in FETCH_SESSION_ERRORS:
+            logger.info("fetch session %s: %s", self.session_id, error.get("message"))
+            self.session_id = 0
+            self.reset()
+            return False
+        session_id = answer.get("session_id", 0)
+        if not isinstance(session_id, int) or session_id <= 0:
+            self.session_id = 0
+            self.reset()
+            return True
+        if self.epoch == OPEN_SESSION or session_id != self.session_id:
+            self.session_id, self.epoch = session_id, 1
+        else:
+            self.epoch = 1 if self.epoch >= FETCH_SESSION_EPOCH_MAX else self.epoch + 1
+        self.told = keys
+        return True
+
+    def reset(self) -> None:
+        """Open afresh at the next fetch (naming the old id, so the broker
+        frees it)."""
+        self.epoch = OPEN_SESSION
+        self.told = {}
+
+
 class Fetcher:
     """The consumer's background fetching: one fetch in flight per leader
     broker while the buffer has room, answers into the ``FetchBuffer``,
@@ -347,6 +431,8 @@ class Fetcher:
         self.in_flight: dict[str, asyncio.Task] = {}
         # The partitions each in-flight fetch asks for, by leader URL.
         self.in_flight_tps: dict[str, frozenset[TopicPartition]] = {}
+        #: Each broker's fetch session, by URL.
+        self.sessions: dict[str, FetchSession] = {}
         self.refresh_task: asyncio.Task | None = None
         self.last_refresh_ms = -(2**62)
         self.closed = False
@@ -410,6 +496,25 @@ class Fetcher:
             self.in_flight[url] = task
         return next_ms
 
+    async def close_sessions(self) -> None:
+        """Ask each broker to drop this consumer's fetch session (so its
+        slot is free at once, not after two idle minutes); best effort,
+        bounded by ``SESSION_CLOSE_TIMEOUT_MS``."""
+        open_ = [(url, s.session_id) for url, s in self.sessions.items() if s.session_id > 0]
+        self.sessions.clear()
+
+        async def close(url: str, session_id: int) -> None:
+            body = {"max_wait_ms": 0, "session_id": session_id, "session_epoch": NO_SESSION,
+                    "partitions": []}
+            try:
+                await self.transport.request(url, "/v1/fetch", body, pieces=False,
+                                             timeout_ms=SESSION_CLOSE_TIMEOUT_MS)
+            except KraftlogError:
+                pass  # the broker closes it when it has been idle long enough
+
+        if open_:
+            await asyncio.gather(*(close(url, session_id) for url, session_id in open_))
+
     def abandon(self, tps: set[TopicPartition]) -> None:
         """Cancel the fetches in flight that ask for any of ``tps`` (just
         moved by a seek). Their answers would be dropped anyway, and one
@@ -446,7 +551,7 @@ class Fetcher:
     async def _fetch(self, url: str, states: list[PartitionState]) -> None:
         config = self.config
         asked = {state.tp: (state, state.generation, state.fetch_position) for state in states}
-        partitions = []
+        entries: dict[TopicPartition, dict] = {}
         # Each partition's entry is one map, updated in place: a fetch of
         # thousands of partitions makes none afresh, so none lives on for
         # the garbage collector to scan (the request is packed before the
@@ -463,15 +568,33 @@ class Fetcher:
                 entry["current_leader_epoch"] = leader.leader_epoch
             elif "current_leader_epoch" in entry:
                 del entry["current_leader_epoch"]
-            partitions.append(entry)
+            entries[state.tp] = entry
         room = config.max_buffered_bytes - self.buffer.buffered_bytes
         body = {"max_wait_ms": config.fetch_max_wait_ms, "min_bytes": config.fetch_min_bytes,
                 "max_bytes": max(1, min(config.fetch_max_bytes, room)),
-                "isolation_level": config.isolation_level, "partitions": partitions}
+                "isolation_level": config.isolation_level}
+        session = self.sessions.get(url)
+        if session is None:
+            session = self.sessions[url] = FetchSession()
+        key = FetchSession.key
+        keys = {tp: key(entry) for tp, entry in entries.items()}
+        body = session.request(body, entries)
         try:
-            answer = await self.transport.request(
-                url, "/v1/fetch", body, pieces=False,
-                timeout_ms=config.request_timeout_ms + config.fetch_max_wait_ms)
+            try:
+                answer = await self.transport.request(
+                    url, "/v1/fetch", body, pieces=False,
+                    timeout_ms=config.request_timeout_ms + config.fetch_max_wait_ms)
+            except BaseException as exc:
+                session.reset()  # the broker may or may not have taken it
+                if (session.supported and isinstance(exc, KraftlogError)
+                        and exc.code == "INVALID_REQUEST" and "fetch session" in str(exc)):
+                    logger.info("%s does not keep consumers' fetch sessions (an older "
+                                "version): fetching without", url)
+                    session.supported = False
+                    return  # _fetch_done wakes the loop: it fetches again at once
+                raise
+            if not session.answered(answer, keys):
+                return  # _fetch_done wakes the loop: it opens a new session at once
             self._take_fetch_answer(url, asked, answer)
         except asyncio.CancelledError:
             raise

@@ -686,3 +686,41 @@ def test_a_fetch_stream_stops_serving_once_its_cluster_action_acl_is_removed(clu
     served, refused_after = asyncio.run(talk())
     assert "error" not in served and len(served["partitions"]) == 1, served
     assert refused_after["error"]["code"] == "CLUSTER_AUTHORIZATION_FAILED", refused_after
+
+
+def test_a_consumers_fetch_session_stops_serving_a_topic_once_its_read_acl_is_removed(cluster):
+    """A consumer's fetch session answers partitions the fetch does not name
+    (their position did not move): each is judged at each fetch, so records
+    written after READ was taken away are refused, not served through it."""
+    with Admin(bootstrap(cluster), **cluster.client_security) as admin:
+        admin.create_topics([NewTopic("acl-revoked", 1, 2)])
+        admin.upsert_user("frank", PASSWORD)
+    wait_for_login(cluster, "frank")
+    read = AclBinding(acl.TOPIC, "acl-revoked", acl.LITERAL, "User:frank", "*", acl.READ,
+                      acl.ALLOW)
+    grant(cluster, [read])
+    with Producer(bootstrap(cluster), **cluster.client_security) as producer:
+        producer.send("acl-revoked", b"before").result(30)
+    with Consumer(bootstrap(cluster), auto_offset_reset="earliest", fetch_max_wait_ms=100,
+                  **as_user(cluster, "frank")) as consumer:
+        consumer.assign([TopicPartition("acl-revoked", 0)])
+        assert values_of(consumer, 1) == [b"before"]
+        assert consumer.poll(timeout_ms=300) == []  # in its session, named no more
+        with Admin(bootstrap(cluster), **cluster.client_security) as admin:
+            admin.delete_acls([AclBindingFilter(principal="User:frank")])
+
+            def gone() -> bool:
+                for broker in cluster.broker_ids:
+                    with Admin(cluster.nodes[broker].broker_url,
+                               **cluster.client_security) as one:
+                        if read in one.describe_acls():
+                            return False
+                return True
+            wait_until(gone, 30, "frank's ACL gone from every broker")
+        with Producer(bootstrap(cluster), **cluster.client_security) as producer:
+            producer.send("acl-revoked", b"after").result(30)
+        deadline = time.monotonic() + 15
+        with pytest.raises(KraftlogError) as caught:
+            while time.monotonic() < deadline:
+                assert [r.value for r in consumer.poll(timeout_ms=300)] == []
+        assert caught.value.code == TOPIC_REFUSED, caught.value

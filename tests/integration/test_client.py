@@ -161,6 +161,112 @@ def test_a_seek_does_not_wait_out_a_long_poll_at_the_old_position(url, admin):
             b"%d" % i for i in range(4, 10)]
 
 
+class FetchSpy:
+    """Records the fetch bodies a consumer sends to the real broker (the
+    transport itself carries them)."""
+
+    def __init__(self, consumer) -> None:
+        self.bodies: list[dict] = []
+        transport = consumer._consumer._fetch.transport
+        request = transport.request
+
+        async def spying(url, path, body=None, **kwargs):
+            if path == "/v1/fetch":
+                self.bodies.append({k: (list(v) if isinstance(v, list) else v)
+                                    for k, v in body.items()})
+            return await request(url, path, body, **kwargs)
+
+        consumer._consumer._fetch.transport = spying_transport = type(
+            "Spying", (), {"request": staticmethod(spying)})()
+        self.transport = spying_transport
+
+
+def poll_values(consumer, count, timeout_s=20):
+    records = []
+    deadline = time.monotonic() + timeout_s
+    while len(records) < count:
+        assert time.monotonic() < deadline, f"only {len(records)} of {count} records"
+        records.extend(consumer.poll(timeout_ms=500))
+    return records
+
+
+def test_a_consumers_fetches_name_only_the_partitions_that_moved(url, admin):
+    """Fetch sessions (KIP-227): after the fetch that opens one, a consumer of
+    many quiet partitions names only those whose position moved, and gets
+    every record once, in order, through new records, a seek and close."""
+    tps = create(admin, "sessions", partitions=100)
+    with Producer(url) as producer:
+        for i in range(10):
+            producer.send("sessions", b"a%d" % i, partition=3)
+    with Consumer(url, auto_offset_reset="earliest", fetch_max_wait_ms=200) as consumer:
+        spy = FetchSpy(consumer)
+        consumer.assign(tps)
+        first = poll_values(consumer, 10)
+        assert [(r.partition, r.value) for r in first] == [(3, b"a%d" % i) for i in range(10)]
+        with Producer(url) as producer:
+            for i in range(5):
+                producer.send("sessions", b"b%d" % i, partition=50)
+        second = poll_values(consumer, 5)
+        assert [(r.partition, r.offset, r.value) for r in second] == [
+            (50, i, b"b%d" % i) for i in range(5)]
+        opening, *later = spy.bodies
+        assert opening["session_epoch"] == 0 and len(opening["partitions"]) == 100
+        assert later and all(body["session_id"] > 0 and body["session_epoch"] > 0
+                             for body in later)
+        assert max(len(body["partitions"]) for body in later) <= 2  # 3 and 50, as they moved
+        assert sorted(later[0]["session_epoch"] + i for i in range(len(later))) == [
+            body["session_epoch"] for body in later]
+        consumer.seek(TopicPartition("sessions", 3), 7)  # a seek: named at its new offset
+        assert [r.value for r in poll_values(consumer, 3)] == [b"a7", b"a8", b"a9"]
+        assert consumer.poll(timeout_ms=300) == []
+
+
+def test_consumers_beyond_the_session_cache_fetch_without_one(tmp_path):
+    """A broker keeping one consumer session: the bigger consumer's opens
+    and evicts the smaller's, which is told so and fetches without; both get
+    every record once."""
+    with ProcessCluster(str(tmp_path), controllers=1, brokers=0, combined=True, settings={
+            "max.incremental.fetch.session.cache.slots": 1}) as cluster:
+        cluster.start()
+        cluster.wait_for_brokers_running(timeout_s=30)
+        url = cluster.nodes[1].broker_url
+        with Admin(url) as admin:
+            tps = create(admin, "slots", partitions=6)
+        with Producer(url) as producer:
+            for p in range(6):
+                for i in range(20):
+                    producer.send("slots", b"%d-%d" % (p, i), partition=p)
+        with Consumer(url, auto_offset_reset="earliest", fetch_max_wait_ms=100) as small, \
+                Consumer(url, auto_offset_reset="earliest", fetch_max_wait_ms=100) as big:
+            small_spy, big_spy = FetchSpy(small), FetchSpy(big)
+            small.assign(tps[:2])
+            got_small = poll_values(small, 40)
+            big.assign(tps)
+            got_big = poll_values(big, 120)
+            with Producer(url) as producer:
+                for p in range(6):
+                    producer.send("slots", b"%d-late" % p, partition=p)
+            got_small += poll_values(small, 2)
+            got_big += poll_values(big, 6)
+            for got, partitions in ((got_small, 2), (got_big, 6)):
+                for p in range(partitions):
+                    mine = [r.value for r in got if r.partition == p]
+                    assert mine == [b"%d-%d" % (p, i) for i in range(20)] + [b"%d-late" % p]
+            assert small.poll(timeout_ms=200) == [] and big.poll(timeout_ms=200) == []
+        *fetches, closing = big_spy.bodies
+        assert all(body["session_epoch"] > 0 for body in fetches[1:])
+        assert closing["session_epoch"] == -1 and closing["session_id"] == fetches[-1][
+            "session_id"]  # closing the consumer frees its slot at once
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+        assert "\nkraftlog_fetch_session_evictions_total 1\n" in metrics, metrics
+        # the small one's session went to the big one: it fetches without, from then on
+        # naming both its partitions each time
+        assert any(body["session_epoch"] > 0 for body in small_spy.bodies)  # it had one
+        assert small_spy.bodies[-1]["session_epoch"] == 0
+        assert len(small_spy.bodies[-1]["partitions"]) == 2
+
+
 def test_send_batch_writes_each_record_once_where_send_would_in_order(url, admin):
     """The bulk path: keyed records land on the partition ``send`` picks for
     their key, keyless and explicit-partition ones in order, after what

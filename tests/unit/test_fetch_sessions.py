@@ -196,7 +196,7 @@ def test_a_quiet_caught_up_follower_stays_in_the_isr(pair):
 
 
 @pytest.mark.parametrize("body, field", [
-    ({"partitions": [], "session_epoch": 0}, "fetch sessions are for followers"),
+    ({"partitions": [], "session_epoch": -2}, "session_epoch"),
     ({"replica_id": 2, "partitions": [], "session_epoch": -2}, "session_epoch"),
     ({"replica_id": 2, "partitions": [], "session_id": -1, "session_epoch": 1}, "session_id"),
     ({"replica_id": 2, "partitions": [], "session_id": "x", "session_epoch": 1}, "session_id"),
