@@ -19,6 +19,11 @@ every broker holds a replica of each), and the report gives the ratio:
 - **produce / consume**: the same ``--records`` records of 100 B spread
   evenly over the partitions (``Producer.send_batch``, one call per
   partition, acks=all), then read back by one consumer assigned them all;
+- **tail**: one consumer assigned every partition at its end, long-polling
+  (``fetch_max_wait_ms`` 500) for ``TAIL_S`` with nothing produced: the
+  bytes of each fetch request after the first, and the brokers' CPU above
+  what they use idle (``/proc``), in percent of a core (fetch sessions:
+  flat, not O(partitions) per fetch);
 - **memory**: each broker's resident set (``/proc``), and its growth per
   partition replica once they are created and again after the load;
 - **restart**: a broker stopped cleanly (SIGTERM) and started again: until
@@ -76,6 +81,8 @@ RESTART_WAIT_S = 300.0
 FAILOVER_WAIT_S = 120.0
 PROBE_WAIT_S = 30.0
 PRODUCE_TIMEOUT_MS = 2000
+#: Seconds the idle tail (and the brokers' idle reference) is measured.
+TAIL_S = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -155,7 +162,10 @@ def measure(cluster: ProcessCluster, label: str, topics: dict[str, int],
     figures["produce_rps"] = produce_spread(cluster, topics, args.records)
     status(f"[{label}] produce {figures['produce_rps']:,.0f} records/s; consuming ...")
     figures["consume_rps"] = consume_all(cluster, topics, args.records)
-    status(f"[{label}] consume {figures['consume_rps']:,.0f} records/s")
+    status(f"[{label}] consume {figures['consume_rps']:,.0f} records/s; tailing ...")
+    figures["tail"] = tail_cost(cluster, {**existing, **topics})
+    status(f"[{label}] tail: {figures['tail']['request_bytes']:,.0f} B per fetch, brokers "
+           f"+{figures['tail']['broker_cpu_pct']:.1f}% of a core")
     rss = broker_rss(cluster)
     figures["rss_bytes"] = rss
     figures["rss_growth_per_replica"] = {b: (rss[b] - idle_rss[b]) / held for b in rss}
@@ -299,6 +309,54 @@ def consume_all(cluster: ProcessCluster, topics: dict[str, int], records: int) -
                 raise RuntimeError(f"read {read:,} of {records:,} records in 600 s")
             read += len(consumer.poll(timeout_ms=1000, max_records=100_000))
         return records / (time.monotonic() - started)
+
+
+def brokers_cpu_s(cluster: ProcessCluster) -> float:
+    """The brokers' CPU time so far (user + system, from /proc)."""
+    total = 0
+    for broker in cluster.broker_ids:
+        with open(f"/proc/{cluster.nodes[broker].process.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def tail_cost(cluster: ProcessCluster, topics: dict[str, int]) -> dict[str, float]:
+    """A consumer of every partition waiting at their ends: its fetch
+    requests' mean size after the first, and the brokers' CPU above idle."""
+    from api.client import Consumer, TopicPartition
+    from protocol import wire
+
+    started = brokers_cpu_s(cluster)
+    time.sleep(TAIL_S)
+    idle = (brokers_cpu_s(cluster) - started) / TAIL_S
+    tps = [TopicPartition(t, p) for t, count in topics.items() for p in range(count)]
+    sizes: list[int] = []
+    with Consumer(live_urls(cluster), auto_offset_reset="latest",
+                  fetch_max_wait_ms=500) as consumer:
+        fetcher = consumer._consumer._fetch
+        transport = fetcher.transport
+        request = transport.request
+
+        async def measured(url: str, path: str, body: Any = None, **kwargs: Any) -> Any:
+            if path == "/v1/fetch":
+                packed = wire.msgpack_body(body, False)
+                sizes.append(len(packed) if isinstance(packed, bytes) else -1)
+            return await request(url, path, body, **kwargs)
+
+        fetcher.transport = type("Measured", (), {"request": staticmethod(measured)})()
+        consumer.assign(tps)
+        deadline = time.monotonic() + 60
+        while len(sizes) < len(cluster.broker_ids) and time.monotonic() < deadline:
+            consumer.poll(timeout_ms=200)  # the opening fetches, to every leader
+        opened = len(sizes)
+        started, begun = brokers_cpu_s(cluster), time.monotonic()
+        while time.monotonic() - begun < TAIL_S:
+            consumer.poll(timeout_ms=500)
+        busy = (brokers_cpu_s(cluster) - started) / (time.monotonic() - begun)
+    later = [size for size in sizes[opened:] if size >= 0] or [0]
+    return {"request_bytes": statistics.mean(later),
+            "broker_cpu_pct": max(0.0, busy - idle) * 100}
 
 
 # -- restart and failover ----------------------------------------------------------
@@ -459,6 +517,8 @@ def summarize(reference: dict, big: dict, layout: dict[str, int],
             "metadata_answer_ms_p50": round(statistics.median(figures["metadata_answer_ms"]), 1),
             "produce_rps": round(figures["produce_rps"]),
             "consume_rps": round(figures["consume_rps"]),
+            "tail_request_bytes": round(figures["tail"]["request_bytes"]),
+            "tail_broker_cpu_pct": round(figures["tail"]["broker_cpu_pct"], 1),
             "broker_rss_mib": round(statistics.mean(rss.values()) / 2**20, 1),
             "created_kib_per_replica": round(
                 statistics.mean(figures["rss_created_per_replica"].values()) / 1024, 2),
@@ -510,6 +570,10 @@ def format_report(summary: dict) -> str:
             verdict("produce_ratio", ">= 0.7x")),
         row("consume (records/s)", small["consume_rps"], many["consume_rps"], ",.0f",
             verdict("consume_ratio", ">= 0.7x")),
+        row("tail: fetch request, idle (bytes)", small["tail_request_bytes"],
+            many["tail_request_bytes"], ",.0f"),
+        row("tail: brokers' CPU above idle (% of a core)", small["tail_broker_cpu_pct"],
+            many["tail_broker_cpu_pct"], ",.1f"),
         row("broker resident set (MiB)", small["broker_rss_mib"], many["broker_rss_mib"],
             ",.1f"),
         ("memory per partition replica, created (KiB)", "",
