@@ -24,6 +24,9 @@ every broker holds a replica of each), and the report gives the ratio:
   bytes of each fetch request after the first, and the brokers' CPU above
   what they use idle (``/proc``), in percent of a core (fetch sessions:
   flat, not O(partitions) per fetch);
+- **garbage collection**: the brokers' full collections during the
+  produce and consume load (``kraftlog_gc_full_collection_seconds``): how
+  many, their mean, and the bucket bound of the longest;
 - **memory**: each broker's resident set (``/proc``), and its growth per
   partition replica once they are created and again after the load;
 - **restart**: a broker stopped cleanly (SIGTERM) and started again: until
@@ -159,9 +162,11 @@ def measure(cluster: ProcessCluster, label: str, topics: dict[str, int],
     figures["metadata_answer_ms"] = metadata_answers(cluster, args.probes)
     status(f"[{label}] metadata p99 {percentile(figures['metadata_ms'], 99):,.0f} ms; "
            f"producing {args.records:,} records ...")
+    gc_before = gc_pauses(cluster)
     figures["produce_rps"] = produce_spread(cluster, topics, args.records)
     status(f"[{label}] produce {figures['produce_rps']:,.0f} records/s; consuming ...")
     figures["consume_rps"] = consume_all(cluster, topics, args.records)
+    figures["gc"] = gc_during(gc_before, gc_pauses(cluster))
     status(f"[{label}] consume {figures['consume_rps']:,.0f} records/s; tailing ...")
     figures["tail"] = tail_cost(cluster, {**existing, **topics})
     status(f"[{label}] tail: {figures['tail']['request_bytes']:,.0f} B per fetch, brokers "
@@ -309,6 +314,44 @@ def consume_all(cluster: ProcessCluster, topics: dict[str, int], records: int) -
                 raise RuntimeError(f"read {read:,} of {records:,} records in 600 s")
             read += len(consumer.poll(timeout_ms=1000, max_records=100_000))
         return records / (time.monotonic() - started)
+
+
+def gc_pauses(cluster: ProcessCluster) -> list[dict[str, float]]:
+    """Each live broker's ``kraftlog_gc_full_collection_seconds``: its
+    cumulative buckets by bound (and "sum", "count")."""
+    readings = []
+    for url in live_urls(cluster):
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+        reading: dict[str, float] = {}
+        for line in text.splitlines():
+            if not line.startswith("kraftlog_gc_full_collection_seconds"):
+                continue
+            name, value = line.rsplit(" ", 1)
+            if "_bucket" in name:
+                reading[name.split('le="', 1)[1].rstrip('"}')] = float(value)
+            else:
+                reading[name.rsplit("_", 1)[1]] = float(value)
+        readings.append(reading)
+    return readings
+
+
+def gc_during(before: list[dict[str, float]], after: list[dict[str, float]]
+              ) -> dict[str, float]:
+    """The brokers' full collections between two readings: how many, their
+    mean (ms) and the smallest bucket bound holding the longest (ms)."""
+    count = total = 0.0
+    longest = 0.0
+    for old, new in zip(before, after):
+        count += new.get("count", 0) - old.get("count", 0)
+        total += new.get("sum", 0) - old.get("sum", 0)
+        bounds = sorted((float(b), b) for b in new if b not in ("sum", "count"))
+        grown = [bound for bound, key in bounds
+                 if new[key] - old.get(key, 0) == new.get("count", 0) - old.get("count", 0)]
+        if new.get("count", 0) > old.get("count", 0) and grown:
+            longest = max(longest, grown[0])
+    return {"count": count, "mean_ms": total / count * 1000 if count else 0.0,
+            "longest_ms_at_most": longest * 1000}
 
 
 def brokers_cpu_s(cluster: ProcessCluster) -> float:
@@ -517,6 +560,9 @@ def summarize(reference: dict, big: dict, layout: dict[str, int],
             "metadata_answer_ms_p50": round(statistics.median(figures["metadata_answer_ms"]), 1),
             "produce_rps": round(figures["produce_rps"]),
             "consume_rps": round(figures["consume_rps"]),
+            "gc_full_collections": round(figures["gc"]["count"]),
+            "gc_full_mean_ms": round(figures["gc"]["mean_ms"], 1),
+            "gc_full_longest_ms_at_most": figures["gc"]["longest_ms_at_most"],
             "tail_request_bytes": round(figures["tail"]["request_bytes"]),
             "tail_broker_cpu_pct": round(figures["tail"]["broker_cpu_pct"], 1),
             "broker_rss_mib": round(statistics.mean(rss.values()) / 2**20, 1),
@@ -570,6 +616,11 @@ def format_report(summary: dict) -> str:
             verdict("produce_ratio", ">= 0.7x")),
         row("consume (records/s)", small["consume_rps"], many["consume_rps"], ",.0f",
             verdict("consume_ratio", ">= 0.7x")),
+        row("full GCs of the brokers during the load", small["gc_full_collections"],
+            many["gc_full_collections"], ",.0f"),
+        row("  their mean (ms)", small["gc_full_mean_ms"], many["gc_full_mean_ms"], ",.1f"),
+        row("  the longest, at most (ms)", small["gc_full_longest_ms_at_most"],
+            many["gc_full_longest_ms_at_most"], ",.0f"),
         row("tail: fetch request, idle (bytes)", small["tail_request_bytes"],
             many["tail_request_bytes"], ",.0f"),
         row("tail: brokers' CPU above idle (% of a core)", small["tail_broker_cpu_pct"],

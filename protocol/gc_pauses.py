@@ -30,8 +30,13 @@ import asyncio
 import gc
 import logging
 import time
+from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
+
+#: Told the seconds of each full collection a running ``GcPauses`` measures
+#: (the broker's ``kraftlog_gc_full_collection_seconds``).
+observers: list[Callable[[float], None]] = []
 
 #: A full collection longer than this freezes its survivors.
 FREEZE_AFTER_MS = 20.0
@@ -67,6 +72,8 @@ class GcPauses:
         took_ms = (time.perf_counter() - self._started) * 1000
         self._started = None
         self.longest_ms = max(self.longest_ms, took_ms)
+        for observe in observers:
+            observe(took_ms / 1000)
         if took_ms >= self.freeze_after_ms:
             # Not frozen here: the collector is still running its callbacks.
             self._due_ms = took_ms

@@ -13,6 +13,8 @@ import functools
 import math
 from collections.abc import Callable, Iterable
 
+#: Full garbage collections' buckets in seconds: 5 ms to 5 s.
+GC_BUCKETS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 #: Request latency buckets in seconds: 0.5 ms to 10 s.
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                      1.0, 2.5, 5.0, 10.0)
@@ -140,6 +142,10 @@ class BrokerMetrics:
         self.partition_errors = r.add(Counter(
             "kraftlog_partition_errors_total", "Per-partition errors, by API and code.",
             ("api", "code")))
+        self.gc_full_pauses = r.add(Histogram(
+            "kraftlog_gc_full_collection_seconds", "Full (oldest-generation) garbage "
+            "collections of the broker process and how long each stopped it.",
+            buckets=GC_BUCKETS_S))
         r.add(Gauge("kraftlog_partitions", "Partitions hosted by this broker.",
                     read_partitions))
         r.add(Gauge("kraftlog_leader_partitions", "Partitions this broker leads.",

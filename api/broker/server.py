@@ -51,7 +51,7 @@ from kraft.client import ControllerClient
 from kraft.config import BROKER_LISTENER, KAFKA_LISTENER, NodeConfig
 from kraft.image import MetadataImage
 from kraft.topic_config import defaults_from_broker_config
-from protocol import acl, tls, tokens, wire
+from protocol import acl, gc_pauses, tls, tokens, wire
 from protocol.errors import (ClusterAuthorizationFailedError, DelegationTokenAuthDisabledError,
                              DelegationTokenNotFoundError,
                              DelegationTokenRequestNotAllowedError, SecurityDisabledError,
@@ -173,6 +173,7 @@ class BrokerServer:
         self.data.quotas = self.quotas
         self.metrics.add_quota_gauges(lambda: dict(self.quotas.throttled.ms_total))
         self.connections = ConnectionLimiter(config.settings)
+        gc_pauses.observers.append(self.metrics.gc_full_pauses.observe)
         self.metrics.add_connection_gauges(lambda: {
             "total": self.connections.total, "refused": self.connections.refused,
             "idle_closed": self.connections.idle_closed})
@@ -288,6 +289,8 @@ class BrokerServer:
             logger.info("broker %d speaks Kafka's protocol on %s", self.config.node_id, kafka)
 
     async def stop(self) -> None:
+        if self.metrics.gc_full_pauses.observe in gc_pauses.observers:
+            gc_pauses.observers.remove(self.metrics.gc_full_pauses.observe)
         if self.kafka is not None:
             await self.kafka.stop()
         if self._runner is not None:

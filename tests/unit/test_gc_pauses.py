@@ -113,3 +113,24 @@ def test_garbage_made_since_the_long_collection_is_not_frozen():
     finally:
         pauses.uninstall()
         gc.unfreeze()
+
+
+def test_observers_are_told_each_full_collection_and_the_broker_exports_them():
+    from api.broker.metrics import BrokerMetrics
+
+    metrics = BrokerMetrics(lambda: {}, lambda: {})
+    told: list[float] = []
+    pauses = GcPauses(freeze_after_ms=60_000.0)
+    gc_pauses.observers.extend([told.append, metrics.gc_full_pauses.observe])
+    pauses.install()
+    try:
+        gc.collect(0)  # young: not told
+        gc.collect()
+        gc.collect()
+    finally:
+        pauses.uninstall()
+        del gc_pauses.observers[-2:]
+    assert len(told) == 2 and all(0.0 < s < 60.0 for s in told)
+    text = metrics.render()
+    assert "kraftlog_gc_full_collection_seconds_count 2\n" in text
+    assert 'kraftlog_gc_full_collection_seconds_bucket{le="+Inf"} 2\n' in text
