@@ -43,6 +43,7 @@ import dataclasses
 import heapq
 import itertools
 import logging
+import secrets
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
@@ -1244,8 +1245,7 @@ class ReplicationCore:
                     self._close_fetch_session(old)  # the consumer starts afresh
                 if not self._room_for(len(request.specs)):
                     return False
-            self._next_fetch_session_id += 1
-            session = _LeaderFetchSession(self._next_fetch_session_id, replica_id,
+            session = _LeaderFetchSession(self._new_fetch_session_id(replica_id), replica_id,
                                           request.fetcher, request.owner)
             self._fetch_sessions[session.session_id] = session
         else:
@@ -1270,6 +1270,14 @@ class ReplicationCore:
                 self._answer_fetch(stale, final=True)
             for tp in request.forgotten:
                 self._forget_in_session(session, tp)
+            if replica_id < 0 and len(session.specs) + sum(
+                    spec.tp not in session.specs for spec in request.specs
+            ) > PARTITIONS_PER_REQUEST_MAX:
+                # A consumer's session holds no more than one fetch may
+                # name: past that it is closed, and this fetch answered
+                # without one (the consumer opens a new one, in full).
+                self._close_fetch_session(session)
+                return False
         if request.session_epoch != OPEN_SESSION:
             session.next_epoch = next_fetch_session_epoch(session.next_epoch)
         session.last_fetch_ms = now_ms
@@ -1287,6 +1295,20 @@ class ReplicationCore:
                 self._fetch_sessions_of.setdefault(spec.tp, set()).add(session.session_id)
             session.specs[spec.tp] = spec
         return session
+
+    def _new_fetch_session_id(self, replica_id: int) -> int:
+        """A follower's session ids count up (the simulator replays them);
+        a consumer's are random, as Kafka's, so one client cannot guess
+        another's (the owner check stands behind it)."""
+        if replica_id >= 0:
+            self._next_fetch_session_id += 1
+            while self._next_fetch_session_id in self._fetch_sessions:
+                self._next_fetch_session_id += 1
+            return self._next_fetch_session_id
+        while True:
+            session_id = secrets.randbelow(FETCH_SESSION_EPOCH_MAX) + 1
+            if session_id not in self._fetch_sessions:
+                return session_id
 
     def _room_for(self, partitions: int) -> bool:
         """Whether a consumer's new session of ``partitions`` may be kept,
@@ -1459,14 +1481,23 @@ class ReplicationCore:
             session.dirty = dirty
             for result in results:
                 tp = TopicPartition(result["topic"], result["partition"])
-                session.told[tp] = _news(result)
+                session.told[tp] = _news(result, follower)
             for result in read_others:  # the others: those with news
                 tp = TopicPartition(result["topic"], result["partition"])
-                told = _news(result)
+                told = _news(result, follower)
                 if result["records"] or result["error"] is not None or \
                         session.told.get(tp) != told:
                     session.told[tp] = told
                     results.append(result)
+            if not follower:
+                # A consumer names a partition that failed again once it
+                # retries (its leader moved, it was refused): the session
+                # keeps only partitions served here, and no name a client
+                # makes up outlives the answer that refused it.
+                for result in results:
+                    if result["error"] is not None:
+                        self._forget_in_session(
+                            session, TopicPartition(result["topic"], result["partition"]))
             if session.parked == parked.request_id:
                 session.parked = None
             fields = {"session_id": session.session_id}
@@ -1985,9 +2016,12 @@ def next_fetch_session_epoch(epoch: int) -> int:
     return 1 if epoch >= FETCH_SESSION_EPOCH_MAX else epoch + 1
 
 
-def _news(result: dict) -> tuple:
-    """What a fetch session tells of a partition besides its records: an
-    answer whose news differ from the last told carries the partition."""
+def _news(result: dict, follower: bool) -> tuple:
+    """What a fetch session tells of a partition besides its records (a
+    consumer's also its last stable offset): an answer whose news differ
+    from the last told carries the partition."""
+    if follower:
+        return result["high_watermark"], result["log_start_offset"]
     return (result["high_watermark"], result["log_start_offset"],
             result.get("last_stable_offset", -1))
 

@@ -334,43 +334,55 @@ FETCH_SESSION_EPOCH_MAX = 2**31 - 1
 FETCH_SESSION_ERRORS = frozenset({"FETCH_SESSION_ID_NOT_FOUND", "INVALID_FETCH_SESSION_EPOCH"})
 #: How long closing the consumer waits for each broker to drop its session.
 SESSION_CLOSE_TIMEOUT_MS = 1000
+#: After a broker refused sessions (an older version), how long before the
+#: consumer offers one again (the broker may have been upgraded since).
+SESSION_RETRY_MS = 300_000
 
 
 class FetchSession:
     """The consumer's fetch session with one broker: its id (0: none), the
     epoch of the next fetch (0 opens one) and what the broker's session
     holds of each partition (``key``), so a fetch names only those whose
-    position or leader epoch moved and forgets those no longer fetched
-    there. Any fetch that fails or is cancelled starts it afresh: the
-    broker may or may not have taken it."""
+    position, leader epoch or state moved and forgets those no longer
+    fetched there. Any fetch that fails or is cancelled starts it afresh
+    (the broker may or may not have taken it), and a partition whose
+    answer was an error or was dropped is named again by the next fetch
+    (``untell``): the broker reads a partition it was not told of again
+    only when something new happens to it."""
 
-    __slots__ = ("session_id", "epoch", "told", "supported")
+    __slots__ = ("session_id", "epoch", "told", "unsupported_until_ms")
 
     def __init__(self) -> None:
         self.session_id = 0
         self.epoch = OPEN_SESSION
         self.told: dict[TopicPartition, tuple] = {}
-        #: False once a broker of an older version refused sessions: its
-        #: fetches name every partition, as before.
-        self.supported = True
+        #: Until then, fetches name every partition without a session (a
+        #: broker of an older version refused one).
+        self.unsupported_until_ms = 0
 
     @staticmethod
-    def key(entry: dict) -> tuple:
-        return entry["offset"], entry.get("current_leader_epoch"), entry["max_bytes"]
+    def key(state: "PartitionState", entry: dict) -> tuple:
+        # The state and its generation: a seek (even back to the offset
+        # last named) or a new assignment names the partition again.
+        return (entry["offset"], entry.get("current_leader_epoch"), entry["max_bytes"],
+                state.generation, state)
 
-    def request(self, body: dict, entries: dict[TopicPartition, dict]) -> dict:
+    def untell(self, tp: TopicPartition) -> None:
+        self.told.pop(tp, None)
+
+    def request(self, body: dict, entries: dict[TopicPartition, dict],
+                keys: dict[TopicPartition, tuple]) -> dict:
         """``body`` with the session's fields and the partitions to name
-        (all of ``entries`` when opening, else those changed)."""
+        (all of ``entries`` when opening, else those whose ``keys`` changed)."""
         told = self.told
-        if not self.supported:
+        if self.unsupported_until_ms > monotonic_ms():
             body["partitions"] = list(entries.values())
             return body
         if self.epoch == OPEN_SESSION:
             partitions = list(entries.values())
             forgotten = []
         else:
-            key = self.key
-            partitions = [entry for tp, entry in entries.items() if told.get(tp) != key(entry)]
+            partitions = [entry for tp, entry in entries.items() if told.get(tp) != keys[tp]]
             forgotten = [{"topic": tp.topic, "partition": tp.partition}
                          for tp in told if tp not in entries]
         body.update(session_id=self.session_id, session_epoch=self.epoch,
@@ -577,8 +589,8 @@ class Fetcher:
         if session is None:
             session = self.sessions[url] = FetchSession()
         key = FetchSession.key
-        keys = {tp: key(entry) for tp, entry in entries.items()}
-        body = session.request(body, entries)
+        keys = {state.tp: key(state, state.fetch_entry) for state in states}
+        body = session.request(body, entries, keys)
         try:
             try:
                 answer = await self.transport.request(
@@ -586,19 +598,22 @@ class Fetcher:
                     timeout_ms=config.request_timeout_ms + config.fetch_max_wait_ms)
             except BaseException as exc:
                 session.reset()  # the broker may or may not have taken it
-                if (session.supported and isinstance(exc, KraftlogError)
+                if (body.get("session_epoch", NO_SESSION) != NO_SESSION
+                        and isinstance(exc, KraftlogError)
                         and exc.code == "INVALID_REQUEST" and "fetch session" in str(exc)):
                     logger.info("%s does not keep consumers' fetch sessions (an older "
-                                "version): fetching without", url)
-                    session.supported = False
+                                "version): fetching without for %d s", url,
+                                SESSION_RETRY_MS // 1000)
+                    session.unsupported_until_ms = monotonic_ms() + SESSION_RETRY_MS
                     return  # _fetch_done wakes the loop: it fetches again at once
                 raise
             if not session.answered(answer, keys):
                 return  # _fetch_done wakes the loop: it opens a new session at once
-            self._take_fetch_answer(url, asked, answer)
+            self._take_fetch_answer(url, asked, answer, session)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            session.reset()  # an answer not wholly taken: what the broker holds is unsure
             if not isinstance(exc, KraftlogError):  # a malformed answer, or a bug
                 logger.exception("fetch from %s failed", url)
                 exc = KraftlogError("UNKNOWN_SERVER_ERROR", f"fetch from {url} failed: {exc!r}",
@@ -625,7 +640,8 @@ class Fetcher:
             del self.in_flight_tps[url]
         self.wakeup.set()
 
-    def _take_fetch_answer(self, url: str, asked: dict, answer: dict) -> None:
+    def _take_fetch_answer(self, url: str, asked: dict, answer: dict,
+                           session: FetchSession | None = None) -> None:
         now = monotonic_ms()
         got_data = False
         for entry in answer.get("partitions") or ():
@@ -635,6 +651,8 @@ class Fetcher:
             state, generation, offset = asked[tp]
             if (self.states.get(tp) is not state or state.generation != generation
                     or state.fetch_position != offset):
+                if session is not None:
+                    session.untell(tp)  # what it answered was dropped: name it again
                 continue  # seeked or unassigned while the fetch was in flight
             if entry.get("high_watermark", -1) >= 0:
                 state.high_watermark = entry["high_watermark"]
@@ -642,6 +660,8 @@ class Fetcher:
                 state.log_start_offset = entry["log_start_offset"]
             error = error_from(entry.get("error"))
             if error is not None:
+                if session is not None:
+                    session.untell(tp)  # the broker's session may not hold it: name it again
                 self._fetch_error(state, error, entry, now)
                 got_data = got_data or state.error is not None
                 continue
@@ -651,6 +671,8 @@ class Fetcher:
                            if self.config.isolation_level == "read_committed" else None)
                 next_offset = self.buffer.add(state, records, aborted)
                 if next_offset is None:
+                    if session is not None:
+                        session.untell(tp)
                     state.error = KraftlogError(
                         "RECORD_TOO_LARGE", f"{url} answered {len(records)} bytes for "
                         f"{tp.topic}-{tp.partition} holding no whole batch", retriable=False)

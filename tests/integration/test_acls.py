@@ -724,3 +724,30 @@ def test_a_consumers_fetch_session_stops_serving_a_topic_once_its_read_acl_is_re
             while time.monotonic() < deadline:
                 assert [r.value for r in consumer.poll(timeout_ms=300)] == []
         assert caught.value.code == TOPIC_REFUSED, caught.value
+
+
+def test_a_partition_refused_at_its_first_fetch_is_served_once_read_is_granted(cluster):
+    """A partition refused when first named never joined the broker's fetch
+    session: once READ is granted and the application seeks, the consumer
+    names it again and reads it."""
+    with Admin(bootstrap(cluster), **cluster.client_security) as admin:
+        admin.create_topics([NewTopic("acl-late", 1, 2)])
+        admin.upsert_user("gina", PASSWORD)
+    wait_for_login(cluster, "gina")
+    grant(cluster, [AclBinding(acl.TOPIC, "acl-late", acl.LITERAL, "User:gina", "*",
+                               acl.DESCRIBE, acl.ALLOW)])
+    with Producer(bootstrap(cluster), **cluster.client_security) as producer:
+        producer.send("acl-late", b"x").result(30)
+    tp = TopicPartition("acl-late", 0)
+    with Consumer(bootstrap(cluster), auto_offset_reset="earliest", fetch_max_wait_ms=100,
+                  **as_user(cluster, "gina")) as consumer:
+        consumer.assign([tp])
+        deadline = time.monotonic() + 15
+        with pytest.raises(KraftlogError) as caught:
+            while time.monotonic() < deadline:
+                consumer.poll(timeout_ms=300)
+        assert caught.value.code == TOPIC_REFUSED, caught.value
+        grant(cluster, [AclBinding(acl.TOPIC, "acl-late", acl.LITERAL, "User:gina", "*",
+                                   acl.READ, acl.ALLOW)])
+        consumer.seek(tp, 0)
+        assert values_of(consumer, 1, timeout_s=15) == [b"x"]

@@ -221,6 +221,26 @@ def test_a_consumers_fetches_name_only_the_partitions_that_moved(url, admin):
         assert consumer.poll(timeout_ms=300) == []
 
 
+def test_a_seek_back_to_the_offset_last_named_reads_again(url, admin):
+    """With the buffer full no fetch is in flight to cancel; a seek back to
+    the offset the last fetch named is still a new position for the
+    session (the broker answered from there once and would not again)."""
+    (tp,) = create(admin, "rewound")
+    with Producer(url) as producer:
+        for i in range(10):
+            producer.send("rewound", b"%d" % i)
+    with Consumer(url, auto_offset_reset="earliest", fetch_max_wait_ms=200,
+                  max_buffered_bytes=1, max_poll_records=1) as consumer:
+        consumer.assign([tp])
+        assert [r.value for r in poll_values(consumer, 1)] == [b"0"]
+        consumer.seek(tp, 0)
+        assert [r.value for r in poll_values(consumer, 10)] == [b"%d" % i for i in range(10)]
+        consumer.assign([])
+        consumer.assign([tp])  # a new assignment at the same offset: named again too
+        consumer.seek(tp, 0)
+        assert [r.value for r in poll_values(consumer, 10)] == [b"%d" % i for i in range(10)]
+
+
 def test_consumers_beyond_the_session_cache_fetch_without_one(tmp_path):
     """A broker keeping one consumer session: the bigger consumer's opens
     and evicts the smaller's, which is told so and fetches without; both get

@@ -479,3 +479,29 @@ def test_batches_straight_from_the_storage_format_decode():
     (header, view), = iter_batches(data)
     assert [r.headers for r in decode_batch("t", 0, view)] == [(("h", b"x"),)] * 2
     assert not header.attributes & CONTROL_BIT
+
+
+class OldBroker(FakeBroker):
+    """A broker of the version before consumers' fetch sessions: it refuses
+    a consumer's fetch that asks for one."""
+
+    async def request(self, url, path, body=None, **kwargs):
+        if path == "/v1/fetch" and body.get("session_epoch", -1) != -1:
+            self.requests.append((url, path, dict(body)))
+            from api.client.errors import KraftlogError
+            raise KraftlogError("INVALID_REQUEST",
+                                "fetch sessions are for followers (replica_id >= 0)")
+        return await super().request(url, path, body, **kwargs)
+
+
+async def test_a_broker_that_refuses_sessions_is_fetched_from_without_one():
+    broker = OldBroker()
+    broker.append(("t", 0), values(0, 5))
+    async with fake_consumer(broker, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TP])
+        assert [r.value for r in await poll_until(consumer, 5)] == values(0, 5)
+        broker.append(("t", 0), values(5, 8))
+        assert [r.value for r in await poll_until(consumer, 3)] == values(5, 8)
+    asked, *later = broker.fetches()
+    assert asked[1]["session_epoch"] == 0  # offered once ...
+    assert later and all("session_epoch" not in body for _, body in later)  # ... then not

@@ -185,3 +185,52 @@ def test_a_fetch_reads_its_sessions_others_only_until_its_bytes_are_spent(leader
     assert all(offset == 1 for offset in consumer.positions.values())
     quiet = consumer.fetch(10)  # nothing left: only the last one named, no news
     assert [e for e in quiet["partitions"] if e["records"]] == []
+
+
+def test_a_partition_answered_with_an_error_leaves_the_session_and_made_up_names_do_not_stay(
+        leader):
+    """A consumer names a partition that failed again when it retries, so the
+    session keeps only partitions served here: names a client makes up (or
+    whose leader moved) go with the answer that refused them, and a session
+    never holds more than one fetch may name."""
+    consumer = ConsumerLink(leader)
+    consumer.fetch(1)
+    session = leader._fetch_sessions[consumer.session_id]
+    assert len(session.specs) == PARTITIONS
+    body = {"max_wait_ms": 0, "session_id": consumer.session_id,
+            "session_epoch": consumer.epoch,
+            "partitions": [{"topic": "nope", "partition": p, "offset": 0} for p in range(500)]}
+    request = decode_fetch(body)
+    request.owner = consumer.owner
+    leader.fetch(leader.new_request_id(), request, 2)
+    (respond,) = of(leader.ready(), Respond)
+    assert len(respond.results) == 500 and all(r["error"] is not None for r in respond.results)
+    assert len(session.specs) == PARTITIONS  # the made-up names did not stay
+    assert sorted(leader.fetch_session_figures().items()) == [
+        ("consumer_session_partitions", PARTITIONS), ("consumer_sessions", 1),
+        ("follower_sessions", 0), ("session_evictions", 0)]
+
+
+def test_a_session_that_would_hold_more_than_a_fetch_may_name_is_closed(leader, monkeypatch):
+    from api.broker import replication
+
+    monkeypatch.setattr(replication, "PARTITIONS_PER_REQUEST_MAX", 8)
+    consumer = ConsumerLink(leader)
+    consumer.fetch(1)  # 6 partitions
+    more = {"max_wait_ms": 0, "session_id": consumer.session_id, "session_epoch": consumer.epoch,
+            "partitions": [{"topic": "other", "partition": p, "offset": 0} for p in range(3)]}
+    request = decode_fetch(more)
+    request.owner = consumer.owner
+    leader.fetch(leader.new_request_id(), request, 2)
+    (respond,) = of(leader.ready(), Respond)
+    assert respond.fields == {"session_id": 0}  # answered without; the consumer reopens
+    assert consumer.session_id not in leader._fetch_sessions
+
+
+def test_consumer_session_ids_are_not_counted_up(leader):
+    ids = set()
+    for i in range(20):
+        consumer = ConsumerLink(leader, owner=f"c{i}")
+        consumer.fetch(1)
+        ids.add(consumer.session_id)
+    assert len(ids) == 20 and ids != set(range(min(ids), min(ids) + 20))
