@@ -27,7 +27,7 @@ from api.broker.metrics import BrokerMetrics
 from api.broker.partition import Partition
 from api.broker.quotas import QuotaManager, client_id_of, exempt_from_request_quota
 from api.broker.replica_manager import ReplicaManager
-from api.broker.replication import (NO_SESSION, PARTITIONS_PER_REQUEST_MAX, READ_COMMITTED,
+from api.broker.replication import (PARTITIONS_PER_REQUEST_MAX, READ_COMMITTED,
                                     READ_UNCOMMITTED, FetchRequest, FetchSpec, MarkerItem,
                                     ProduceItem, broker_url, empty_fetch_result)
 from api.broker.authz import topic_filter
@@ -41,6 +41,7 @@ from protocol.tls import principal_of, require_node_or_plain
 from protocol.errors import (CodedError, InvalidRequestError, InvalidRequiredAcksError,
                              InvalidTopicError, KraftError,
                              TransactionalIdAuthorizationFailedError)
+from protocol.fetch_session import NO_SESSION
 from protocol.fields import Fields
 from storage.batch import RecordFormatError, iter_batches, iter_records
 from storage.manager import TOPIC_NAME_MAX_CHARS, TopicPartition

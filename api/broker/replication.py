@@ -49,6 +49,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from api.broker.lifecycle_core import LifecycleCore
+from protocol.fetch_session import (FETCH_SESSION_EPOCH_MAX, FETCH_SESSION_ERRORS, NO_SESSION,
+                                     OPEN_SESSION, next_fetch_session_epoch)
 from api.broker.partition import IsrProposal, Partition
 from kraft.config import BROKER_LISTENER
 from kraft.image import MetadataImage
@@ -225,18 +227,11 @@ READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 #: Partitions one data request may name (the broker refuses more): a
 #: follower's fetch names at most this many, the rest in its next ones.
 PARTITIONS_PER_REQUEST_MAX = 10_000
-#: Fetch session epochs: none, and the one that opens a session.
-NO_SESSION, OPEN_SESSION = -1, 0
 #: Fetch sessions a leader keeps per follower broker (the oldest is closed;
 #: a follower has one per fetcher, ``num.replica.fetchers`` <= 64), and how
 #: long one may go unused before it is closed.
 FETCH_SESSIONS_PER_REPLICA_MAX = 64
 FETCH_SESSION_IDLE_MS = 120_000
-#: The largest session epoch; the next one is 1 again (as Kafka wraps).
-FETCH_SESSION_EPOCH_MAX = 2**31 - 1
-#: A follower's fetch session the leader does not know, or out of step:
-#: the follower opens a new one at once.
-FETCH_SESSION_ERRORS = frozenset({"FETCH_SESSION_ID_NOT_FOUND", "INVALID_FETCH_SESSION_EPOCH"})
 
 
 
@@ -1187,11 +1182,8 @@ class ReplicationCore:
                 self._close_fetch_session(old)
             request = dataclasses.replace(request, session_epoch=NO_SESSION)
         no_room = False
-        if request.replica_id < 0 and request.session_epoch == NO_SESSION and request.session_id:
-            # A consumer closing its session (Kafka's final epoch, -1).
-            old = self._fetch_sessions.get(request.session_id)
-            if old is not None and (old.replica_id, old.owner) == (-1, request.owner):
-                self._close_fetch_session(old)
+        if request.replica_id < 0 and request.session_epoch == NO_SESSION:
+            self._close_consumer_session(request)  # Kafka's final epoch, -1
         if request.session_epoch != NO_SESSION:
             session = self._fetch_session(request_id, request, now_ms)
             if session is False:  # no room for a consumer's: answered without
@@ -1240,9 +1232,7 @@ class ReplicationCore:
                 while len(mine) >= FETCH_SESSIONS_PER_REPLICA_MAX:
                     self._close_fetch_session(mine.pop(0))  # the oldest
             else:
-                old = self._fetch_sessions.get(request.session_id)
-                if old is not None and (old.replica_id, old.owner) == (-1, request.owner):
-                    self._close_fetch_session(old)  # the consumer starts afresh
+                self._close_consumer_session(request)  # the consumer starts afresh
                 if not self._room_for(len(request.specs)):
                     return False
             session = _LeaderFetchSession(self._new_fetch_session_id(replica_id), replica_id,
@@ -1295,6 +1285,12 @@ class ReplicationCore:
                 self._fetch_sessions_of.setdefault(spec.tp, set()).add(session.session_id)
             session.specs[spec.tp] = spec
         return session
+
+    def _close_consumer_session(self, request: FetchRequest) -> None:
+        """Close the session ``request`` names if it is its consumer's own."""
+        old = self._fetch_sessions.get(request.session_id) if request.session_id else None
+        if old is not None and (old.replica_id, old.owner) == (-1, request.owner):
+            self._close_fetch_session(old)
 
     def _new_fetch_session_id(self, replica_id: int) -> int:
         """A follower's session ids count up (the simulator replays them);
@@ -2009,11 +2005,6 @@ class ReplicationCore:
             assert parked.waiting, f"produce {request_id} parked with nothing to wait for"
         for session in self._sessions.values():
             assert set(session.order) == set(session.partitions), session.leader_id
-
-
-def next_fetch_session_epoch(epoch: int) -> int:
-    """The epoch after ``epoch`` (wrapping to 1 after FETCH_SESSION_EPOCH_MAX)."""
-    return 1 if epoch >= FETCH_SESSION_EPOCH_MAX else epoch + 1
 
 
 def _news(result: dict, follower: bool) -> tuple:

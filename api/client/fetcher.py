@@ -32,6 +32,8 @@ from api.client._types import ConsumerRecord, TopicPartition
 from api.client.config import ConsumerConfig
 from api.client.errors import (METADATA_CODES, CorruptRecordError, KraftlogError,
                                OffsetOutOfRangeError, error_from)
+from protocol.fetch_session import (FETCH_SESSION_ERRORS, NO_SESSION, OPEN_SESSION,
+                                     next_fetch_session_epoch)
 from protocol.columns import build_records  # None if not built: see decode_batch
 from storage import batch as batch_format
 
@@ -326,12 +328,6 @@ class FetchBuffer:
         self.buffered_bytes -= fetch.size_bytes
 
 
-#: Fetch session epochs: none (or, with a session id, closing it), opening one.
-NO_SESSION, OPEN_SESSION = -1, 0
-FETCH_SESSION_EPOCH_MAX = 2**31 - 1
-#: A broker's refusals of a session it does not know or that is out of
-#: step: the consumer opens a new one at once.
-FETCH_SESSION_ERRORS = frozenset({"FETCH_SESSION_ID_NOT_FOUND", "INVALID_FETCH_SESSION_EPOCH"})
 #: How long closing the consumer waits for each broker to drop its session.
 SESSION_CLOSE_TIMEOUT_MS = 1000
 #: After a broker refused sessions (an older version), how long before the
@@ -374,7 +370,6 @@ class FetchSession:
                 keys: dict[TopicPartition, tuple]) -> dict:
         """``body`` with the session's fields and the partitions to name
         (all of ``entries`` when opening, else those whose ``keys`` changed)."""
-        told = self.told
         if self.unsupported_until_ms > monotonic_ms():
             body["partitions"] = list(entries.values())
             return body
@@ -382,6 +377,7 @@ class FetchSession:
             partitions = list(entries.values())
             forgotten = []
         else:
+            told = self.told
             partitions = [entry for tp, entry in entries.items() if told.get(tp) != keys[tp]]
             forgotten = [{"topic": tp.topic, "partition": tp.partition}
                          for tp in told if tp not in entries]
@@ -394,20 +390,18 @@ class FetchSession:
         (then opened afresh), else True with the session moved on (or still
         none: a broker without room answers ``session_id`` 0)."""
         error = answer.get("error")
-        if isinstance(error, dict) and error.get("code") in FETCH_SESSION_ERRORS:
+        refused = isinstance(error, dict) and error.get("code") in FETCH_SESSION_ERRORS
+        if refused:
             logger.info("fetch session %s: %s", self.session_id, error.get("message"))
-            self.session_id = 0
-            self.reset()
-            return False
         session_id = answer.get("session_id", 0)
-        if not isinstance(session_id, int) or session_id <= 0:
+        if refused or not isinstance(session_id, int) or session_id <= 0:
             self.session_id = 0
             self.reset()
-            return True
+            return not refused
         if self.epoch == OPEN_SESSION or session_id != self.session_id:
             self.session_id, self.epoch = session_id, 1
         else:
-            self.epoch = 1 if self.epoch >= FETCH_SESSION_EPOCH_MAX else self.epoch + 1
+            self.epoch = next_fetch_session_epoch(self.epoch)
         self.told = keys
         return True
 
