@@ -50,6 +50,16 @@
  * and the mtime's age is measured against the real wall clock, whatever the
  * offset.
  *
+ * Power loss: with KRAFTLOG_FAULTYIO_SYNCS set to a file's path (on its own;
+ * it needs neither variable above), every successful fsync and fdatasync of
+ * a regular file appends "S <dev> <ino> <size>" to that file (its size
+ * before the call: what was written before the sync began is on disk after
+ * it), and every successful ftruncate or truncate appends "T <dev> <ino>
+ * <length>". ``chaos.faultyio.lose_unsynced`` reads them after the process
+ * is killed to cut each file back to what a power loss could leave (see
+ * there). Each line goes in one write to a file opened with O_APPEND, so
+ * lines of racing threads never interleave.
+ *
  * Which fds are under the directory: a per-fd cache (fds below FD_CACHE_SIZE)
  * of unknown / inside / outside. Every fd number that open*, creat, close,
  * close_range, dup* or fcntl(F_DUPFD*) hands out or frees goes back to
@@ -248,6 +258,8 @@ static char g_dir[PATH_MAX];           /* the directory, without a trailing '/' 
 static size_t g_dirlen;
 static char g_control[PATH_MAX];
 
+static int g_syncs_fd = -1;            /* KRAFTLOG_FAULTYIO_SYNCS, open for appending */
+
 static int g_faults;                   /* F_* bits now in force */
 static long long g_clock_ms;           /* wall-clock offset now in force, in ms */
 static long long g_next_check_ns;      /* CLOCK_MONOTONIC time of the next stat */
@@ -310,7 +322,10 @@ static void setup(void)
 {
     const char *dir = getenv("KRAFTLOG_FAULTYIO_DIR");
     const char *control = getenv("KRAFTLOG_FAULTYIO_CONTROL");
+    const char *syncs = getenv("KRAFTLOG_FAULTYIO_SYNCS");
     resolve_all();
+    if (syncs && syncs[0] && real_open())
+        g_syncs_fd = real_open()(syncs, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
     if (!dir || !control || dir[0] != '/' || !control[0])
         return;
     if (strlen(dir) >= sizeof g_dir || strlen(control) >= sizeof g_control)
@@ -885,31 +900,110 @@ FD_WRAPPER(ssize_t, pwritev64v2, K_WRITE,
            (int fd, const struct iovec *iov, int cnt, off64_t off, int flags),
            (fd, iov, cnt, off, flags))
 
-FD_WRAPPER(int, fsync, K_SYNC, (int fd), (fd))
-FD_WRAPPER(int, fdatasync, K_SYNC, (int fd), (fd))
+/* ---- the sync journal (power loss) ------------------------------------ */
+
+/* Whether syncs are journalled; sets up on first use. */
+static int journalling(void)
+{
+    ready();
+    return __atomic_load_n(&g_syncs_fd, __ATOMIC_RELAXED) >= 0;
+}
+
+/* Appends "<kind> <dev> <ino> <size>" for a regular file; errno kept. */
+static void journal(char kind, const struct stat *st, long long size)
+{
+    if (!S_ISREG(st->st_mode))
+        return;
+    char line[96];
+    int n = snprintf(line, sizeof line, "%c %llu %llu %lld\n", kind,
+                     (unsigned long long)st->st_dev, (unsigned long long)st->st_ino, size);
+    if (n <= 0 || (size_t)n >= sizeof line)
+        return;
+    int saved = errno;
+    if (real_write())
+        (void)real_write()(g_syncs_fd, line, (size_t)n);
+    errno = saved;
+}
+
+/* The file's identity and size before a sync, if syncs are journalled. */
+static int stat_for_journal(int fd, struct stat *st)
+{
+    if (!journalling())
+        return 0;
+    int saved = errno;
+    int ok = fstat(fd, st) == 0;
+    errno = saved;
+    return ok;
+}
+
+#define SYNC_WRAPPER(name)                                  \
+    int name(int fd)                                        \
+    {                                                       \
+        FAIL_IF(fd_fault(fd, K_SYNC));                      \
+        struct stat st;                                     \
+        int known = stat_for_journal(fd, &st);              \
+        int rc = CALL_REAL(name, (fd));                     \
+        if (rc == 0 && known)                               \
+            journal('S', &st, (long long)st.st_size);       \
+        return rc;                                          \
+    }
+
+SYNC_WRAPPER(fsync)
+SYNC_WRAPPER(fdatasync)
+
+/* After a truncation that succeeded: journalled, by fd or by path. */
+static void journal_truncation_fd(int fd, long long length)
+{
+    struct stat st;
+    if (stat_for_journal(fd, &st))
+        journal('T', &st, length);
+}
+
+static void journal_truncation_path(const char *path, long long length)
+{
+    if (!journalling())
+        return;
+    int saved = errno;
+    struct stat st;
+    if (stat(path, &st) == 0)
+        journal('T', &st, length);
+    errno = saved;
+}
 
 int ftruncate(int fd, off_t length)
 {
     FAIL_IF(ftruncate_fault(fd, length));
-    return CALL_REAL(ftruncate, (fd, length));
+    int rc = CALL_REAL(ftruncate, (fd, length));
+    if (rc == 0)
+        journal_truncation_fd(fd, (long long)length);
+    return rc;
 }
 
 int ftruncate64(int fd, off64_t length)
 {
     FAIL_IF(ftruncate_fault(fd, length));
-    return CALL_REAL(ftruncate64, (fd, length));
+    int rc = CALL_REAL(ftruncate64, (fd, length));
+    if (rc == 0)
+        journal_truncation_fd(fd, (long long)length);
+    return rc;
 }
 
 int truncate(const char *path, off_t length)
 {
     FAIL_IF(truncate_fault(path, length));
-    return CALL_REAL(truncate, (path, length));
+    int rc = CALL_REAL(truncate, (path, length));
+    if (rc == 0)
+        journal_truncation_path(path, (long long)length);
+    return rc;
 }
 
 int truncate64(const char *path, off64_t length)
 {
     FAIL_IF(truncate_fault(path, length));
-    return CALL_REAL(truncate64, (path, length));
+    int rc = CALL_REAL(truncate64, (path, length));
+    if (rc == 0)
+        journal_truncation_path(path, (long long)length);
+    return rc;
 }
 
 /* ---- wrappers: renaming ------------------------------------------------ */

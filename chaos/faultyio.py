@@ -31,6 +31,13 @@ Usage::
     faulty.shift_clock(-3_600_000)      # ... or an hour behind (faults stay)
     faulty.clear()              # the disk is healthy and the clock right again
 
+A power loss (``lose_unsynced``): run the process with ``env(syncs=path)``
+and the library journals, in ``path``, each file's size at every fsync and
+every truncation. After the process is killed, ``lose_unsynced`` cuts each
+file under the given directories back to what it had when last synced (a
+file never synced to nothing): what a machine that lost power would find,
+where ``kill -9`` alone keeps every write in the page cache.
+
 Only calls that go through the wrapped symbols are affected: I/O through
 mmap'ed memory, and files the C library opens for itself (fopen, opendir),
 are not; nor are clocks read inside the C library (timespec_get, ftime),
@@ -45,8 +52,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import subprocess
 import tempfile
+from dataclasses import dataclass, field
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faultyio.c")
 
@@ -143,19 +152,23 @@ class FaultyDir:
         self.control_path = os.path.abspath(control_path)
         self._library = library
 
-    def env(self) -> dict[str, str]:
+    def env(self, syncs: str | None = None) -> dict[str, str]:
         """The environment variables that put the process under this switch:
         ``LD_PRELOAD`` (the library first, then whatever this process's
         ``LD_PRELOAD`` already held) and the library's two settings. Merge
-        them into the child's environment: ``{**os.environ, **d.env()}``."""
+        them into the child's environment: ``{**os.environ, **d.env()}``.
+        ``syncs``: the path of the sync journal ``lose_unsynced`` reads."""
         if self._library is None:
             self._library = build()
         preload = self._library
         if os.environ.get("LD_PRELOAD"):
             preload = f"{preload}:{os.environ['LD_PRELOAD']}"
-        return {"LD_PRELOAD": preload,
-                "KRAFTLOG_FAULTYIO_DIR": self.directory,
-                "KRAFTLOG_FAULTYIO_CONTROL": self.control_path}
+        env = {"LD_PRELOAD": preload,
+               "KRAFTLOG_FAULTYIO_DIR": self.directory,
+               "KRAFTLOG_FAULTYIO_CONTROL": self.control_path}
+        if syncs is not None:
+            env["KRAFTLOG_FAULTYIO_SYNCS"] = os.path.abspath(syncs)
+        return env
 
     def inject(self, *faults: str) -> None:
         """Make file calls under the directory fail: each argument is one of
@@ -230,3 +243,85 @@ class FaultyDir:
             if os.path.exists(temp):
                 os.unlink(temp)
             raise
+
+
+# -- power loss ---------------------------------------------------------------------
+@dataclass
+class Loss:
+    """What ``lose_unsynced`` took: files cut and bytes dropped."""
+
+    files: int = 0
+    bytes: int = 0
+    #: The files cut, as (path, size before, size after).
+    cuts: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+def durable_sizes(syncs: str) -> dict[tuple[int, int], int]:
+    """(dev, inode) -> the bytes a power loss keeps of that file, from the
+    sync journal: its size at its last sync, lowered by every truncation
+    since (a truncation may reach the disk before the writes after it). A
+    file the journal does not name was never synced."""
+    durable: dict[tuple[int, int], int] = {}
+    try:
+        with open(syncs, encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return durable
+    for line in lines:
+        parts = line.split()
+        if len(parts) != 4 or parts[0] not in ("S", "T") \
+                or not all(p.isdigit() for p in parts[1:]):
+            continue  # a line cut short by the kill
+        key, size = (int(parts[1]), int(parts[2])), int(parts[3])
+        if parts[0] == "S":
+            durable[key] = size
+        elif key in durable:
+            durable[key] = min(durable[key], size)
+    return durable
+
+
+def lose_unsynced(directories: list[str], syncs: str) -> Loss:
+    """A power loss of the machine whose process (dead now: call this only
+    after it was killed) journalled its syncs in ``syncs``: every regular
+    file under ``directories`` is cut to what it had at its last fsync (to
+    nothing if it was never synced), which is one of the states a real
+    crash may leave. Directory entries (creations, renames, deletions) are
+    kept as they are, and data overwritten in place since the last sync is
+    not rolled back (kraftlog writes logs and indexes by appending and
+    replaces other files whole). A file whose inode number a deleted,
+    synced file had counts as synced to that size: this may lose less than
+    a real crash, never more. The journal is then rewritten to name every
+    file at its new size, which is what the disk now holds, for the next
+    incarnation to append to."""
+    durable = durable_sizes(syncs)
+    loss = Loss()
+    survivors: list[str] = []
+    for top in directories:
+        for root, _dirs, files in os.walk(top):
+            for name in files:
+                path = os.path.join(root, name)
+                try:
+                    st = os.lstat(path)
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                keep = durable.get((st.st_dev, st.st_ino), 0)
+                if st.st_size > keep:
+                    os.truncate(path, keep)
+                    loss.files += 1
+                    loss.bytes += st.st_size - keep
+                    loss.cuts.append((path, st.st_size, keep))
+                st = os.lstat(path)
+                survivors.append(f"S {st.st_dev} {st.st_ino} {st.st_size}\n")
+    directory = os.path.dirname(os.path.abspath(syncs))
+    fd, temp = tempfile.mkstemp(prefix=".syncs-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.writelines(survivors)
+        os.replace(temp, syncs)
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        raise
+    return loss

@@ -50,6 +50,14 @@ Faults, by name (``NEMESES``):
                         offline and the controller moves its replicas'
                         leadership away. Heal: the disk made healthy and the
                         broker restarted (SIGTERM), which brings the dir back
+``power``               a machine crash of a random broker: kill -9, then
+                        every file in its log dirs cut back to what it had
+                        at its last fsync (``chaos.faultyio.lose_unsynced``,
+                        from the syncs its preloaded library journalled),
+                        and a new boot id, as after power comes back. Heal:
+                        start it
+``power-all``           the same for every broker at once (a rack losing
+                        power; the controllers stay up)
 
 Partition nemeses need ``chaos.netns``; scenarios that use them are not run
 (and say why) where namespaces are unavailable.
@@ -60,6 +68,7 @@ its ``ssl_context`` (the CA and the client certificate of the run).
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import signal
@@ -73,6 +82,7 @@ from typing import Any
 from api.cli_support import CliError, at_active_controller
 from chaos import faultyio
 from chaos.cluster import ProcessCluster, http_json, wait_until
+from storage.manager import BOOT_ID_FILE
 
 #: How long ``pause-kill`` lets writes reach the leader while its followers
 #: are stopped (shorter than the session timeout, so they are not fenced).
@@ -118,6 +128,9 @@ class Target:
     #: Whether the ``clock`` nemesis has stepped a clock forward past
     #: retention.ms yet (its first step does).
     clock_stepped_far: bool = False
+    #: Per broker, the sync journal of its ``faultyio`` (the ``power``
+    #: nemeses cut its files back to it); empty without them.
+    syncs: dict[int, str] = field(default_factory=dict)
 
 
 # -- observation -------------------------------------------------------------------
@@ -395,6 +408,65 @@ def _offline_log_dirs(target: Target, broker: int) -> list[str] | None:
     return None
 
 
+# -- power loss ----------------------------------------------------------------------
+def power(target: Target) -> ActiveFault | None:
+    brokers = [b for b in running_brokers(target) if b in target.syncs
+               and b not in target.cluster.controller_ids]
+    if not brokers:
+        return None
+    victim = target.rng.choice(brokers)
+    return _power_loss(target, "power", [victim])
+
+
+def power_all(target: Target) -> ActiveFault | None:
+    brokers = [b for b in target.cluster.broker_ids if b in target.syncs
+               and b not in target.cluster.controller_ids]
+    if not brokers or any(not target.cluster.nodes[b].running for b in brokers):
+        return None
+    return _power_loss(target, "power-all", brokers)
+
+
+def _power_loss(target: Target, name: str, brokers: list[int]) -> ActiveFault:
+    """kill -9 ``brokers`` at once, then, for each, what its machine's power
+    loss would leave on disk: files cut back to their last fsync, and a boot
+    id of another boot recorded in its log dirs (the broker takes that as a
+    machine crash: it may have lost unflushed data)."""
+    _kill(target, brokers)
+    lost = []
+    for broker in brokers:
+        dirs = target.cluster.log_dirs_of(broker)
+        loss = faultyio.lose_unsynced(dirs, target.syncs[broker])
+        for directory in dirs:
+            _another_boot(os.path.join(directory, BOOT_ID_FILE))
+        lost.append(f"broker {broker} lost {loss.bytes:,} unsynced bytes of {loss.files} files")
+        for path, before, after in loss.cuts[:POWER_CUTS_LOGGED]:
+            target.log(f"power loss: {path} cut from {before:,} to {after:,} bytes")
+    return ActiveFault(name, brokers, f"power loss (kill -9, unsynced writes dropped, new boot) "
+                       f"of broker{'s' if len(brokers) > 1 else ''} "
+                       f"{', '.join(map(str, brokers))}: {'; '.join(lost)}",
+                       _restart(target, brokers))
+
+
+#: How many of one power loss's cut files the history names.
+POWER_CUTS_LOGGED = 20
+
+
+def _another_boot(path: str) -> None:
+    """The boot id a log dir recorded (first line), replaced by one no boot
+    had, as if the machine had booted since; a missing or empty record is
+    left as it is (the broker counts that as a loss already)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+    except FileNotFoundError:
+        return
+    if not lines or not lines[0]:
+        return
+    lines[0] = f"power-loss-{os.urandom(8).hex()}"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+
+
 # -- clock faults --------------------------------------------------------------------
 #: How far the ``clock`` nemesis steps a wall clock (ms): a few minutes, an
 #: hour, past producer.id.expiration.ms (a day), past retention.ms (a week).
@@ -644,6 +716,8 @@ NEMESES: dict[str, Callable[[Target], ActiveFault | None]] = {
     "partition-halves": partition_halves,
     "disk": disk,
     "clock": clock,
+    "power": power,
+    "power-all": power_all,
     "controller-membership": controller_membership,
 }
 NETWORK_NEMESES = frozenset({"partition-leader", "partition-controller", "partition-halves"})
@@ -698,12 +772,22 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "retention.ms and producer.id.expiration.ms) deletes nothing early, "
              "loses nothing and holds no lease past its time: nodes act on the clock "
              "they started with, moved on by the monotonic clock"),
+    Scenario("power", ("power",),
+             "a machine crash of one broker (everything it wrote since its last fsync "
+             "gone, a new boot) loses nothing acknowledged with acks=all: the others in "
+             "the ISR hold it, and the broker that lost its tail leads nothing until it "
+             "has caught up (KIP-903, KIP-966)"),
+    Scenario("power-all", ("power-all",),
+             "every broker losing power at once loses nothing acknowledged with acks=all "
+             "when topics fsync each append (flush.messages=1, which this scenario sets "
+             "unless --set gives log.flush.interval.messages); with the background "
+             "flush alone it may lose writes, and the checker shows it"),
     Scenario("membership", ("controller-membership", "kill-controller", "pause"),
              "controller voters removed and added back on a live cluster (KIP-853), "
              "with a controller killed or stopped in the middle of a change and "
              "controller and leader faults between changes: the metadata and the data "
              "lose nothing, and every change ends committed everywhere or nowhere",
              first="controller-membership"),
-    Scenario("mixed", tuple(n for n in NEMESES if n != "pause-kill"),
+    Scenario("mixed", tuple(n for n in NEMESES if n not in ("pause-kill", "power-all")),
              "any of the faults above, in a seeded random order"),
 )}

@@ -157,6 +157,10 @@ def node_settings(config: RunConfig) -> dict[str, Any]:
         settings["producer.id.expiration.check.interval.ms"] = 1000
         settings["log.segment.bytes"] = 65_536
         settings["log.retention.ms"] = 7 * 86_400_000  # a week, as Kafka's default
+    if scenario is not None and "power-all" in scenario.nemeses:
+        # What kraftlog promises when every replica loses power at once
+        # (docs/durability.md): with each append fsynced before it returns.
+        settings["log.flush.interval.messages"] = 1
     settings.update(config.settings)
     return settings
 
@@ -217,14 +221,19 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
     # chaos.faultyio in every node for the disk and clock nemeses: a
     # broker's second log dir can be given disk errors, any node's wall
     # clock stepped.
+    # The power nemeses: every broker journals its syncs, to be cut back to
+    # them when its machine "loses power".
     controls: dict[int, faultyio.FaultyDir] = {}
-    if "disk" in nemeses or "clock" in nemeses:
+    power = bool({"power", "power-all"} & set(nemeses))
+    syncs = ({b: os.path.join(config.out_dir, f"syncs-{b}") for b in cluster.broker_ids}
+             if power else {})
+    if "disk" in nemeses or "clock" in nemeses or power:
         for node_id in sorted(cluster.nodes):
             dirs = cluster.log_dirs_of(node_id)
             controls[node_id] = faultyio.FaultyDir(
                 dirs[1] if "disk" in nemeses and node_id in cluster.broker_ids else dirs[0],
                 os.path.join(config.out_dir, f"faultyio-{node_id}"))
-            cluster.env[node_id] = controls[node_id].env()
+            cluster.env[node_id] = controls[node_id].env(syncs=syncs.get(node_id))
     disks = ({b: controls[b] for b in cluster.broker_ids} if "disk" in nemeses else {})
     # The harness as administrator; the workload as itself (a SCRAM user).
     operator = security = ClientSecurity(cluster.client_security, cluster.ssl_context)
@@ -237,7 +246,8 @@ def _run(config: RunConfig, nemeses: list[str], network: Any,
     target = nemesis.Target(cluster, TOPIC, config.partitions, rng, network,
                             log=lambda line: history.record({"type": "nemesis",
                                                              "phase": "info", "detail": line}),
-                            disks=disks, clocks=controls if "clock" in nemeses else {})
+                            disks=disks, clocks=controls if "clock" in nemeses else {},
+                            syncs=syncs)
     history.record({"type": "run", "scenario": config.scenario, "seed": config.seed,
                     "duration_s": config.duration_s, "topic": TOPIC,
                     "partitions": config.partitions, "layout": config.layout,

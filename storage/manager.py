@@ -264,6 +264,12 @@ class LogManager:
             for directory in self.config.log_dirs)
         if self.nothing_unflushed_lost:
             self.record_boot()
+        elif self._logs:  # (a first start has nothing to lose)
+            log.warning("log dirs %s: the last stop was a crash of the machine or of an earlier "
+                        "boot (or the set of log dirs changed), so writes not yet fsynced may "
+                        "be lost: this broker registers as unclean and leaves every eligible "
+                        "leader replica set until it has caught up",
+                        ", ".join(self.config.log_dirs))
         for directory in self.config.log_dirs:
             boot_file = os.path.join(directory, BOOT_ID_FILE)
             if not self.nothing_unflushed_lost and os.path.exists(boot_file):
