@@ -38,7 +38,7 @@ test: $(STAMP) debian-tools
 CHAOS_DURATION ?= 600
 CHAOS_OUT      ?= chaos-runs
 CHAOS_SCENARIOS := kill-leader kill-random kill-two kill-controller restart-cluster pause \
-	pause-kill rolling-restart partition disk clock membership mixed
+	pause-kill rolling-restart partition disk clock power power-all membership mixed
 chaos: $(STAMP)
 	@mkdir -p $(CHAOS_OUT)
 	@for scenario in $(CHAOS_SCENARIOS); do \

@@ -82,7 +82,6 @@ from typing import Any
 from api.cli_support import CliError, at_active_controller
 from chaos import faultyio
 from chaos.cluster import ProcessCluster, http_json, wait_until
-from storage.manager import BOOT_ID_FILE
 
 #: How long ``pause-kill`` lets writes reach the leader while its followers
 #: are stopped (shorter than the session timeout, so they are not fenced).
@@ -447,6 +446,9 @@ def _power_loss(target: Target, name: str, brokers: list[int]) -> ActiveFault:
                        _restart(target, brokers))
 
 
+#: The file in each log dir where a broker records the boot it started in
+#: (docs/durability.md): another boot there means its machine crashed.
+BOOT_ID_FILE = ".kraftlog_boot_id"
 #: How many of one power loss's cut files the history names.
 POWER_CUTS_LOGGED = 20
 

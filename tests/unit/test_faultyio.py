@@ -485,3 +485,60 @@ def test_clock_api(faulty):
     with pytest.raises(ValueError, match="unknown fault"):
         faulty.inject("explode")
     assert (faulty.faults(), faulty.clock_offset_ms()) == ((), 7)  # rejected: no change
+
+
+# Runs in the child: files written, synced, truncated and written again the
+# ways a broker does, then killed by itself (no clean exit) before syncing
+# the rest. argv: directory.
+POWER_CHILD = r"""
+import os, signal, sys
+d = sys.argv[1]
+def make(name):
+    return os.open(os.path.join(d, name), os.O_RDWR | os.O_CREAT, 0o644)
+a = make("synced-then-more")
+os.write(a, b"a" * 100); os.fsync(a); os.write(a, b"b" * 50)
+b = make("never-synced")
+os.write(b, b"c" * 80)
+c = make("truncated-after-sync")
+os.write(c, b"d" * 100); os.fdatasync(c); os.ftruncate(c, 40); os.pwrite(c, b"e" * 30, 40)
+os.makedirs(os.path.join(d, "sub"))
+e = make("sub/synced")
+os.write(e, b"f" * 10); os.fsync(e)
+# A file replaced whole, as checkpoints are: written and synced, then renamed.
+t = make("checkpoint.tmp")
+os.write(t, b"g" * 20); os.fsync(t); os.rename(os.path.join(d, "checkpoint.tmp"),
+                                               os.path.join(d, "checkpoint"))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_power_loss_cuts_each_file_back_to_its_last_sync(library, tmp_path):
+    """A real process with the library preloaded journals its syncs;
+    lose_unsynced then leaves what a machine losing power could: each file
+    as at its last fsync or fdatasync, lowered by a truncation since, a file
+    never synced empty, a file renamed after its sync whole. Run again on
+    what it left, it cuts nothing (the journal now names the disk as is)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    syncs = str(tmp_path / "syncs")
+    faulty = FaultyDir(str(data), str(tmp_path / "control"), library=library)
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", POWER_CHILD, str(data)],
+                          env={**os.environ, **faulty.env(syncs=syncs)}, capture_output=True,
+                          timeout=CHILD_TIMEOUT)
+    assert proc.returncode == -9, proc.stderr
+    sizes = {p.relative_to(data).as_posix(): p.stat().st_size
+             for p in data.rglob("*") if p.is_file()}
+    assert sizes == {"synced-then-more": 150, "never-synced": 80,
+                     "truncated-after-sync": 70, "sub/synced": 10, "checkpoint": 20}
+
+    loss = faultyio.lose_unsynced([str(data)], syncs)
+
+    after = {p.relative_to(data).as_posix(): p.stat().st_size
+             for p in data.rglob("*") if p.is_file()}
+    assert after == {"synced-then-more": 100, "never-synced": 0,
+                     "truncated-after-sync": 40, "sub/synced": 10, "checkpoint": 20}
+    assert (data / "synced-then-more").read_bytes() == b"a" * 100
+    assert (data / "truncated-after-sync").read_bytes() == b"d" * 40
+    assert (loss.files, loss.bytes) == (3, 50 + 80 + 30)
+    again = faultyio.lose_unsynced([str(data)], syncs)
+    assert (again.files, again.bytes) == (0, 0)
