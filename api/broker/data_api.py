@@ -365,15 +365,15 @@ class DataApi:
             return wire.respond(request, await self._answer_follower(fetch))
         fields: dict = {}
         if fetch.session_epoch != NO_SESSION:
-            answered, fields = await self.replicas.fetch_in_session(fetch)
             if may_read is not None:
-                # The session's partitions not named this time, read as
-                # they were when named: each is judged again (an ACL
-                # removed since counts), and the records of one refused go.
-                for i, result in enumerate(answered):
-                    if not may_read(result["topic"]):
-                        answered[i] = dict(result, records=b"", error=auth.refusal(
-                            acl.READ, acl.TOPIC, result["topic"]))
+                # The session's partitions not named this time are judged
+                # again by the core as it answers them (an ACL removed since
+                # counts): the records of one refused go, and so does it.
+                def refusal(topic: str, may_read=may_read) -> Exception | None:
+                    return None if may_read(topic) else auth.refusal(acl.READ, acl.TOPIC,
+                                                                     topic)
+                fetch.refusal = refusal
+            answered, fields = await self.replicas.fetch_in_session(fetch)
         else:
             answered = await self.replicas.fetch(fetch) if fetch.specs or not refused else []
         results = self._render("fetch", answered + refused)

@@ -221,6 +221,11 @@ class FetchRequest:
     #: Who sends a consumer's fetch (its principal and client id): a
     #: consumer's session answers only the one that opened it.
     owner: str = ""
+    #: A consumer's fetch with ACLs: the error for a topic its sender may
+    #: not read now (None if it may), judged again for every partition a
+    #: session answers, named or not (an ACL removed since counts); a
+    #: partition refused leaves the session, as any answered with an error.
+    refusal: Callable[[str], Exception | None] | None = None
 
 
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
@@ -1486,6 +1491,11 @@ class ReplicationCore:
                     session.told[tp] = told
                     results.append(result)
             if not follower:
+                if request.refusal is not None:
+                    for i, result in enumerate(results):
+                        error = request.refusal(result["topic"])
+                        if error is not None:
+                            results[i] = dict(result, records=b"", error=error)
                 # A consumer names a partition that failed again once it
                 # retries (its leader moved, it was refused): the session
                 # keeps only partitions served here, and no name a client

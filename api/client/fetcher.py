@@ -351,7 +351,7 @@ class FetchSession:
     def __init__(self) -> None:
         self.session_id = 0
         self.epoch = OPEN_SESSION
-        self.told: dict[TopicPartition, tuple] = {}
+        self.told: dict[TopicPartition, tuple | None] = {}
         #: Until then, fetches name every partition without a session (a
         #: broker of an older version refused one).
         self.unsupported_until_ms = 0
@@ -364,7 +364,10 @@ class FetchSession:
                 state.generation, state)
 
     def untell(self, tp: TopicPartition) -> None:
-        self.told.pop(tp, None)
+        # Kept, with a key nothing matches: named again if still fetched
+        # here, else listed in ``forgotten`` (the broker may still hold it).
+        if tp in self.told:
+            self.told[tp] = None
 
     def request(self, body: dict, entries: dict[TopicPartition, dict],
                 keys: dict[TopicPartition, tuple]) -> dict:

@@ -505,3 +505,24 @@ async def test_a_broker_that_refuses_sessions_is_fetched_from_without_one():
     asked, *later = broker.fetches()
     assert asked[1]["session_epoch"] == 0  # offered once ...
     assert later and all("session_epoch" not in body for _, body in later)  # ... then not
+
+
+def test_a_partition_dropped_after_its_answer_failed_is_listed_as_forgotten():
+    """A partition whose answer the consumer could not take (unassigned while
+    the fetch was out, its records too large, refused) is no longer what the
+    broker's session holds: named again if still fetched there, and listed
+    in ``forgotten`` if not, so the broker stops reading it for nobody."""
+    session = fetcher.FetchSession()
+    other = TopicPartition("t", 1)
+    entries = {tp: {"topic": tp.topic, "partition": tp.partition, "offset": 0,
+                    "max_bytes": 1024} for tp in (TP, other)}
+    keys = {tp: (0, None, 1024, 0, None) for tp in entries}
+    session.request({}, entries, keys)
+    assert session.answered({"session_id": 7, "partitions": []}, keys)
+    session.untell(other)  # e.g. its records arrived after it was unassigned
+    body = session.request({}, {TP: entries[TP]}, {TP: keys[TP]})
+    assert body["partitions"] == []
+    assert body["forgotten"] == [{"topic": "t", "partition": 1}]
+    session.answered({"session_id": 7, "partitions": []}, {TP: keys[TP]})
+    session.untell(TP)  # still fetched: named again
+    assert session.request({}, {TP: entries[TP]}, {TP: keys[TP]})["partitions"] == [entries[TP]]

@@ -234,3 +234,29 @@ def test_consumer_session_ids_are_not_counted_up(leader):
         consumer.fetch(1)
         ids.add(consumer.session_id)
     assert len(ids) == 20 and ids != set(range(min(ids), min(ids) + 20))
+
+
+def test_a_partition_its_sender_may_no_longer_read_is_refused_and_leaves_the_session(leader):
+    """With ACLs the broker judges every partition a session answers, named
+    or not, at each fetch (``FetchRequest.refusal``): one refused is answered
+    with the refusal and no records, and leaves the session like any answer
+    with an error, so later appends to it cost the broker nothing."""
+    consumer = ConsumerLink(leader)
+    assert names(consumer.fetch(1)) == list(range(PARTITIONS))
+    session = leader._fetch_sessions[consumer.session_id]
+    produce(leader, 2, 3, 2)
+    refused_topics = {"c"}
+    body = {"max_wait_ms": 0, "session_id": consumer.session_id,
+            "session_epoch": consumer.epoch, "partitions": [], "forgotten": []}
+    request = decode_fetch(body)
+    request.owner = consumer.owner
+    request.refusal = lambda topic: PermissionError(f"may not read {topic}") \
+        if topic in refused_topics else None
+    request_id = leader.new_request_id()
+    leader.fetch(request_id, request, 3)
+    (respond,) = [r for r in of(leader.ready(), Respond) if r.request_id == request_id]
+    (result,) = respond.results
+    assert (result["partition"], result["records"]) == (2, b"")
+    assert isinstance(result["error"], PermissionError)
+    assert TopicPartition("c", 2) not in session.specs
+    assert len(session.specs) == PARTITIONS - 1
