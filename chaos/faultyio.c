@@ -318,6 +318,32 @@ static void normalize(char *path)
     *out = '\0';
 }
 
+/* The sync journal, appended to: on a high fd (a program closing the fds it
+ * did not open leaves it be). A last line a killed process left unfinished
+ * is ended with "!", which makes it unreadable, so it is ignored rather
+ * than taken for a smaller size or glued to the next line. */
+static void open_journal(const char *path)
+{
+    int fd = real_open()(path, O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    if (real_fcntl()) {
+        int high = real_fcntl()(fd, F_DUPFD_CLOEXEC, 1000);
+        if (high >= 0) {
+            if (real_close())
+                real_close()(fd);
+            fd = high;
+        }
+    }
+    struct stat st;
+    char last = '\n';
+    if (fstat(fd, &st) == 0 && st.st_size > 0 && real_pread())
+        (void)real_pread()(fd, &last, 1, st.st_size - 1);
+    if (last != '\n' && real_write())
+        (void)real_write()(fd, "!\n", 2);  /* spoils the cut line: never read */
+    g_syncs_fd = fd;
+}
+
 static void setup(void)
 {
     const char *dir = getenv("KRAFTLOG_FAULTYIO_DIR");
@@ -325,7 +351,7 @@ static void setup(void)
     const char *syncs = getenv("KRAFTLOG_FAULTYIO_SYNCS");
     resolve_all();
     if (syncs && syncs[0] && real_open())
-        g_syncs_fd = real_open()(syncs, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+        open_journal(syncs);
     if (!dir || !control || dir[0] != '/' || !control[0])
         return;
     if (strlen(dir) >= sizeof g_dir || strlen(control) >= sizeof g_control)

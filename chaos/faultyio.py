@@ -258,23 +258,26 @@ class Loss:
 
 def durable_sizes(syncs: str) -> dict[tuple[int, int], int]:
     """(dev, inode) -> the bytes a power loss keeps of that file, from the
-    sync journal: its size at its last sync, lowered by every truncation
-    since (a truncation may reach the disk before the writes after it). A
-    file the journal does not name was never synced."""
+    sync journal: the largest size a sync covered, lowered by every
+    truncation since (a truncation may reach the disk before the writes
+    after it). Two threads syncing one file may journal their sizes out of
+    order, hence the largest. A file the journal does not name was never
+    synced. Raises FileNotFoundError if there is no journal (the library was
+    not preloaded, or could not open it): cutting every file to nothing
+    would be a loss no crash makes."""
     durable: dict[tuple[int, int], int] = {}
-    try:
-        with open(syncs, encoding="ascii", errors="replace") as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        return durable
+    with open(syncs, encoding="ascii", errors="replace") as f:
+        text = f.read()
+    # A last line without its newline was cut short by the kill.
+    lines = text.split("\n")[:-1]
     for line in lines:
         parts = line.split()
         if len(parts) != 4 or parts[0] not in ("S", "T") \
                 or not all(p.isdigit() for p in parts[1:]):
-            continue  # a line cut short by the kill
+            continue
         key, size = (int(parts[1]), int(parts[2])), int(parts[3])
         if parts[0] == "S":
-            durable[key] = size
+            durable[key] = max(durable.get(key, 0), size)
         elif key in durable:
             durable[key] = min(durable[key], size)
     return durable
@@ -284,13 +287,16 @@ def lose_unsynced(directories: list[str], syncs: str) -> Loss:
     """A power loss of the machine whose process (dead now: call this only
     after it was killed) journalled its syncs in ``syncs``: every regular
     file under ``directories`` is cut to what it had at its last fsync (to
-    nothing if it was never synced), which is one of the states a real
-    crash may leave. Directory entries (creations, renames, deletions) are
-    kept as they are, and data overwritten in place since the last sync is
-    not rolled back (kraftlog writes logs and indexes by appending and
-    replaces other files whole). A file whose inode number a deleted,
-    synced file had counts as synced to that size: this may lose less than
-    a real crash, never more. The journal is then rewritten to name every
+    nothing if it was never synced), which is one of the states a crash
+    that keeps only what fsync promises may leave. Directory entries
+    (creations, renames, deletions) are kept as they are, and data
+    overwritten in place since the last sync is not rolled back (kraftlog
+    writes logs and indexes by appending and replaces other files whole).
+    A file whose inode number a deleted, synced file had counts as synced
+    to that size: this may lose less than such a crash, never more, for a
+    process that makes data durable only by fsync and fdatasync (writes
+    through O_SYNC or O_DSYNC, sync_file_range, syncfs or msync are not
+    journalled, and kraftlog uses none of them). The journal is then rewritten to name every
     file at its new size, which is what the disk now holds, for the next
     incarnation to append to."""
     durable = durable_sizes(syncs)
@@ -307,12 +313,15 @@ def lose_unsynced(directories: list[str], syncs: str) -> Loss:
                 if not stat.S_ISREG(st.st_mode):
                     continue
                 keep = durable.get((st.st_dev, st.st_ino), 0)
-                if st.st_size > keep:
-                    os.truncate(path, keep)
-                    loss.files += 1
-                    loss.bytes += st.st_size - keep
-                    loss.cuts.append((path, st.st_size, keep))
-                st = os.lstat(path)
+                try:
+                    if st.st_size > keep:
+                        os.truncate(path, keep)
+                        loss.files += 1
+                        loss.bytes += st.st_size - keep
+                        loss.cuts.append((path, st.st_size, keep))
+                    st = os.lstat(path)
+                except FileNotFoundError:
+                    continue  # removed meanwhile (a child process of the node's)
                 survivors.append(f"S {st.st_dev} {st.st_ino} {st.st_size}\n")
     directory = os.path.dirname(os.path.abspath(syncs))
     fd, temp = tempfile.mkstemp(prefix=".syncs-", suffix=".tmp", dir=directory)

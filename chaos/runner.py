@@ -173,6 +173,11 @@ def run(config: RunConfig, say: Callable[[str], None] = print) -> dict[str, Any]
                          f"{', '.join(nemesis.SCENARIOS)}")
     os.makedirs(config.out_dir, exist_ok=True)
     nemeses = list(scenario.nemeses)
+    if config.combined and set(nemeses) <= {"power", "power-all"}:
+        # A controller's machine crash is the simulation's to prove: with
+        # every broker a controller, these faults would have no target.
+        return _not_run(config, "power loss strikes brokers that are not controllers: run "
+                        "without --combined", say)
     use_network = config.namespaces or any(n in nemesis.NETWORK_NEMESES for n in nemeses)
     reason = netns.unavailable_reason() if use_network else None
     if reason is not None and config.namespaces:

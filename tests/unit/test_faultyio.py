@@ -542,3 +542,38 @@ def test_a_power_loss_cuts_each_file_back_to_its_last_sync(library, tmp_path):
     assert (loss.files, loss.bytes) == (3, 50 + 80 + 30)
     again = faultyio.lose_unsynced([str(data)], syncs)
     assert (again.files, again.bytes) == (0, 0)
+
+
+def test_the_sync_journal_is_read_as_a_crash_leaves_it(tmp_path):
+    """Sizes journalled out of order by two threads syncing one file keep
+    the largest; a truncation lowers it; a last line the kill cut short is
+    ignored; no journal at all is an error, not an emptied disk."""
+    journal = tmp_path / "syncs"
+    journal.write_text("S 1 7 200\nS 1 7 100\nS 1 8 50\nT 1 8 20\nS 1 9 10\nS 1 10 5678\n"
+                       "S 1 9 56", encoding="ascii")
+    assert faultyio.durable_sizes(str(journal)) == {(1, 7): 200, (1, 8): 20, (1, 9): 10,
+                                                   (1, 10): 5678}
+    with pytest.raises(FileNotFoundError):
+        faultyio.lose_unsynced([str(tmp_path)], str(tmp_path / "missing"))
+
+
+def test_a_process_started_after_a_torn_journal_line_starts_a_new_line(library, tmp_path):
+    journal = tmp_path / "syncs"
+    journal.write_bytes(b"S 1 2 3\nS 1 2 4")  # the last write of a killed process, cut
+    target = tmp_path / "f"
+    faulty = FaultyDir(str(tmp_path), str(tmp_path / "control"), library=library)
+    child = ("import os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+             "os.write(fd, b'x' * 9); os.fsync(fd)")
+    subprocess.run([sys.executable, "-I", "-S", "-c", child, str(target)], check=True,
+                   env={**os.environ, **faulty.env(syncs=str(journal))}, timeout=CHILD_TIMEOUT)
+    st = target.stat()
+    assert journal.read_text(encoding="ascii").splitlines()[1:] == [
+        "S 1 2 4!", f"S {st.st_dev} {st.st_ino} 9"]
+    # The cut line (perhaps "S 1 2 45" once) is not taken for a size of 4.
+    assert faultyio.durable_sizes(str(journal))[(1, 2)] == 3
+
+
+def test_the_nemesis_names_the_boot_record_the_broker_keeps():
+    from chaos import nemesis
+    from storage import manager
+    assert nemesis.BOOT_ID_FILE == manager.BOOT_ID_FILE
