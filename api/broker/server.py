@@ -122,6 +122,15 @@ def replication_settings(config: NodeConfig) -> ReplicationSettings:
         ack_before_replication=config.unsafe_ack_before_replication)
 
 
+def _quorum_progress(view: dict) -> tuple:
+    """How far along a controller's quorum view is: (term, commit index),
+    -1 where a field is missing or not a number."""
+    def number(key: str) -> int:
+        value = view.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else -1
+    return (number("term"), number("commit_index"))
+
+
 def _topics_named(body: dict) -> list[str]:
     """The topic names an admin request's ``topics`` list names (creations
     and partition additions name them so; other requests name none)."""
@@ -821,7 +830,10 @@ class BrokerServer:
 
     async def handle_quorum(self, request: web.Request) -> web.Response:
         """Ask the controllers; answer with the leader's view (it alone knows
-        every voter's match index), else any controller's."""
+        every voter's match index), else the view of the controller furthest
+        along (highest term, then commit index): a controller removed from
+        the voters may never hear of the changes made after it left, and
+        must not speak for the quorum when the leader is slow to answer."""
         answers = await asyncio.gather(*(self._quorum_of(nid) for nid in self.client.voter_urls))
         views = [a for a in answers if a is not None]
         if not views:
@@ -829,7 +841,7 @@ class BrokerServer:
                 "code": "NOT_CONTROLLER",
                 "message": f"no controller answered (voters {self.client.voter_urls})"}}, 503)
         leaders = [v for v in views if v.get("state") == "leader"]
-        return wire.respond(request, (leaders or views)[0])
+        return wire.respond(request, max(leaders or views, key=_quorum_progress))
 
     async def _quorum_of(self, node_id: int) -> dict | None:
         try:
