@@ -229,20 +229,26 @@ class FaultyDir:
         self._write(" ".join(tokens) + "\n" if tokens else "")
 
     def _write(self, text: str) -> None:
-        # Write a new file and rename it over the old one, so the library
-        # never reads a half-written control file. (It spots the change by
-        # the file's inode, size and mtime, and re-reads a file changed in the
-        # last 50 ms anyway, as two writes can share an mtime tick.)
-        directory = os.path.dirname(self.control_path)
-        fd, temp = tempfile.mkstemp(prefix=".faultyio-", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(temp, self.control_path)
-        except BaseException:
-            if os.path.exists(temp):
-                os.unlink(temp)
-            raise
+        # A new file renamed over the old one, so the library never reads a
+        # half-written control file. (It spots the change by the file's
+        # inode, size and mtime, and re-reads a file changed in the last 50
+        # ms anyway, as two writes can share an mtime tick.)
+        _replace_file(self.control_path, text)
+
+
+def _replace_file(path: str, text: str) -> None:
+    """Write ``text`` to a new file beside ``path`` and rename it over
+    ``path``: a reader sees the old file or the new one, never half."""
+    fd, temp = tempfile.mkstemp(prefix=".faultyio-", suffix=".tmp",
+                                dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        raise
 
 
 # -- power loss ---------------------------------------------------------------------
@@ -296,9 +302,9 @@ def lose_unsynced(directories: list[str], syncs: str) -> Loss:
     to that size: this may lose less than such a crash, never more, for a
     process that makes data durable only by fsync and fdatasync (writes
     through O_SYNC or O_DSYNC, sync_file_range, syncfs or msync are not
-    journalled, and kraftlog uses none of them). The journal is then rewritten to name every
-    file at its new size, which is what the disk now holds, for the next
-    incarnation to append to."""
+    journalled, and kraftlog uses none of them). The journal is then
+    rewritten to name every file at its new size, which is what the disk
+    now holds, for the next incarnation to append to."""
     durable = durable_sizes(syncs)
     loss = Loss()
     survivors: list[str] = []
@@ -323,14 +329,5 @@ def lose_unsynced(directories: list[str], syncs: str) -> Loss:
                 except FileNotFoundError:
                     continue  # removed meanwhile (a child process of the node's)
                 survivors.append(f"S {st.st_dev} {st.st_ino} {st.st_size}\n")
-    directory = os.path.dirname(os.path.abspath(syncs))
-    fd, temp = tempfile.mkstemp(prefix=".syncs-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.writelines(survivors)
-        os.replace(temp, syncs)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
+    _replace_file(syncs, "".join(survivors))
     return loss

@@ -265,8 +265,8 @@ class LogManager:
         if self.nothing_unflushed_lost:
             self.record_boot()
         elif self._logs:  # (a first start has nothing to lose)
-            log.warning("log dirs %s: the last stop was a crash of the machine or of an earlier "
-                        "boot (or the set of log dirs changed), so writes not yet fsynced may "
+            log.warning("log dirs %s: the last stop was not clean and the machine has booted "
+                        "since (or the set of log dirs changed), so writes not yet fsynced may "
                         "be lost: this broker registers as unclean and leaves every eligible "
                         "leader replica set until it has caught up",
                         ", ".join(self.config.log_dirs))

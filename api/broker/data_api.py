@@ -369,10 +369,8 @@ class DataApi:
                 # The session's partitions not named this time are judged
                 # again by the core as it answers them (an ACL removed since
                 # counts): the records of one refused go, and so does it.
-                def refusal(topic: str, may_read=may_read) -> Exception | None:
-                    return None if may_read(topic) else auth.refusal(acl.READ, acl.TOPIC,
-                                                                     topic)
-                fetch.refusal = refusal
+                fetch.refusal = lambda topic: None if may_read(topic) else auth.refusal(
+                    acl.READ, acl.TOPIC, topic)
             answered, fields = await self.replicas.fetch_in_session(fetch)
         else:
             answered = await self.replicas.fetch(fetch) if fetch.specs or not refused else []
