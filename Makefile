@@ -29,8 +29,11 @@ run: $(STAMP)
 spark-example: $(STAMP)
 	$(PY) -m spark_source.example $(ARGS)
 
+# Two pytest-xdist workers, a test file at a time each; the chaos scenarios
+# and the Spark tests are one unit each, handed out first (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: $(STAMP) debian-tools
-	$(PY) -m pytest -q --durations=15 tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
 
 # Every chaos scenario for CHAOS_DURATION seconds each (10 minutes by default;
 # about 2 h in all), then a fuzz campaign as long; results, reports and

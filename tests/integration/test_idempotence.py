@@ -115,8 +115,11 @@ def test_killing_leaders_under_an_idempotent_producer_loses_and_duplicates_nothi
     def load() -> None:
         with Producer(urls, linger_ms=2, request_timeout_ms=3000,
                       delivery_timeout_ms=60_000, retry_backoff_ms=50) as producer:
-            i = 0
-            while not stop.is_set() and i < 20_000:
+            # Until the test has killed and restarted both leaders (bounded in
+            # time, not in records: a count runs out before the second kill
+            # when the producer outpaces the restarts).
+            i, deadline = 0, time.monotonic() + 120
+            while not stop.is_set() and time.monotonic() < deadline:
                 handles = []
                 for _ in range(50):
                     value = b"%06d" % i
