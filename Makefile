@@ -30,7 +30,7 @@ spark-example: $(STAMP)
 	$(PY) -m spark_source.example $(ARGS)
 
 # Two pytest-xdist workers, a test file at a time each; the chaos scenarios
-# and the Spark tests are one unit each, handed out first (tests/conftest.py).
+# and the Spark tests are one unit, handed out first (tests/conftest.py).
 TEST_WORKERS ?= 2
 test: $(STAMP) debian-tools
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 tests

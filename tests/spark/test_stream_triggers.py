@@ -175,6 +175,8 @@ def test_a_batch_waits_for_min_offsets_per_trigger(spark, bootstrap, progress_ev
         produce_at_once(bootstrap, topic, 25, start=10)
         rows = wait_for_rows(spark, query, name, 35)
         assert len(rows) == 35
+        # The sink's rows show before the batch's progress is posted.
+        wait_until(lambda: batch_sizes(query), 60, "the batch's progress")
         assert batch_sizes(query) == [35]  # one batch, once 30 were there
     finally:
         query.stop()
