@@ -275,6 +275,19 @@ def error_response(request: web.Request, exc: Exception) -> web.Response:
     return respond(request, body, STATUS_BY_CODE.get(body["error"]["code"], 400))
 
 
+def error_answer(exc: Exception) -> tuple[dict, int]:
+    """(error body, HTTP status) for ``exc`` raised by a request's handler,
+    as ``error_middleware`` answers it: an error with a code is the
+    caller's (its status from ``STATUS_BY_CODE``), anything else is 500
+    UNKNOWN_SERVER_ERROR. For answers that are not HTTP responses (a
+    request off a client's stream)."""
+    if isinstance(getattr(exc, "code", None), str):
+        body = error_body(exc)
+        return body, STATUS_BY_CODE.get(body["error"]["code"], 400)
+    return {"error": {"code": "UNKNOWN_SERVER_ERROR",
+                      "message": f"internal error: {type(exc).__name__}: {exc}"}}, 500
+
+
 async def read_body(request: web.Request) -> dict:
     """The request body as a map. Refuses (INVALID_REQUEST) a body that is not
     msgpack or JSON as its Content-Type says, or is not a map."""

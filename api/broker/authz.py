@@ -27,6 +27,7 @@ BROKER_ROUTE_RULES: dict[tuple[str, str], RouteRule] = {
     ("POST", "/v1/produce"): _rule("Produce"),
     ("POST", "/v1/fetch"): _rule("Fetch"),
     ("GET", "/v1/replica/fetch-stream"): _rule("Fetch (a follower's stream)", CLUSTER_ACTION),
+    ("GET", "/v1/stream"): _rule("Produce and Fetch (a client's stream)"),
     ("POST", "/v1/offsets"): _rule("ListOffsets"),
     ("POST", "/v1/txn/markers"): _rule("WriteTxnMarkers", CLUSTER_ACTION),
     ("POST", "/v1/metadata"): _rule("Metadata"),

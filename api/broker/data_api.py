@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,14 +26,14 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from api.broker.metrics import BrokerMetrics
 from api.broker.partition import Partition
-from api.broker.quotas import QuotaManager, client_id_of, exempt_from_request_quota
+from api.broker.quotas import (QuotaManager, client_id_of, exempt_from_request_quota,
+                               run_counted)
 from api.broker.replica_manager import ReplicaManager
 from api.broker.replication import (PARTITIONS_PER_REQUEST_MAX, READ_COMMITTED,
                                     READ_UNCOMMITTED, FetchRequest, FetchSpec, MarkerItem,
                                     ProduceItem, broker_url, empty_fetch_result)
 from api.broker.authz import topic_filter
-from api.broker.fetcher import (REPLICA_STREAM_PATH, STREAM_CLOSE_S, STREAM_FETCHES_MAX,
-                                STREAM_HEARTBEAT_S)
+from api.broker.fetcher import REPLICA_STREAM_PATH, STREAM_FETCHES_MAX
 from kraft.authorizer import RequestAuth, auth_of
 from kraft.image import TopicImage
 from protocol import acl, wire
@@ -43,6 +44,8 @@ from protocol.errors import (CodedError, InvalidRequestError, InvalidRequiredAck
                              TransactionalIdAuthorizationFailedError)
 from protocol.fetch_session import NO_SESSION
 from protocol.fields import Fields
+from protocol.stream import (CLIENT_STREAM_PATH, STREAM_CLOSE_S, STREAM_HEARTBEAT_S,
+                             STREAMED_PATHS)
 from storage.batch import RecordFormatError, iter_batches, iter_records
 from storage.manager import TOPIC_NAME_MAX_CHARS, TopicPartition
 
@@ -52,6 +55,9 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 INT16_MAX = 2**15 - 1
 PRODUCE_TIMEOUT_MS_MAX = 300_000
+#: A client's stream: at most this many of its requests are handled at
+#: once; the broker reads no more of them meanwhile.
+CLIENT_STREAM_REQUESTS_MAX = 64
 FETCH_MAX_BYTES_DEFAULT = 50 * 1024 * 1024
 PARTITION_FETCH_BYTES_DEFAULT = 1024 * 1024
 EARLIEST_TIMESTAMP = -2
@@ -190,6 +196,7 @@ class DataApi:
         app.router.add_post("/v1/metadata", self.handle_metadata)
         app.router.add_get("/v1/metadata", self.handle_metadata)
         app.router.add_get(REPLICA_STREAM_PATH, self.handle_replica_stream)
+        app.router.add_get(CLIENT_STREAM_PATH, self.handle_client_stream)
         app.on_shutdown.append(self._close_streams)
 
     def _render(self, api: str, results: list[dict]) -> list[dict]:
@@ -199,7 +206,13 @@ class DataApi:
     # -- produce ---------------------------------------------------------------
     async def handle_produce(self, request: web.Request) -> web.Response:
         await self.wait_turn(request, PRODUCER_BYTE_RATE)
-        body = Fields(await wire.read_body(request), "")
+        return wire.respond(request, await self.produce(request, await wire.read_body(request)))
+
+    async def produce(self, request: web.Request, raw_body: dict) -> dict:
+        """The answer to a produce whose body is ``raw_body``, from the
+        client that made ``request`` (its POST, or the handshake of its
+        stream), its quota's hold already waited out."""
+        body = Fields(raw_body, "")
         acks = body.values.get("acks", 1)
         if acks == "all":
             acks = -1
@@ -231,8 +244,7 @@ class DataApi:
             self.metrics.messages_in.inc(info.record_count, topic)
         throttle_ms = self.throttle(request, PRODUCER_BYTE_RATE,
                                     sum(len(item.records) for item in items))
-        return wire.respond(request, {"partitions": self._render("produce", results),
-                                      "throttle_time_ms": throttle_ms})
+        return {"partitions": self._render("produce", results), "throttle_time_ms": throttle_ms}
 
     def refused_writes(self, auth: RequestAuth, tid: Any, items: list[ProduceItem]
                        ) -> dict[TopicPartition, Exception]:
@@ -339,30 +351,42 @@ class DataApi:
                 f"Accept: {wire.MSGPACK} (people can read records with GET "
                 "/topics/{topic}/partitions/{p}/records)")
         fetch = decode_fetch(await wire.read_body(request))
-        replica_id = fetch.replica_id
-        auth = auth_of(request)
-        refused: list[dict] = []
-        may_read = None
-        if replica_id < 0:
-            # A consumer's fetch session is its own: another client naming
-            # its id finds none.
-            fetch.owner = f"{principal_of(request)}\0{client_id_of(request)}"
+        if fetch.replica_id < 0:
             await self.wait_turn(request, CONSUMER_BYTE_RATE)
-            if auth.enabled:
-                may_read = topic_filter(auth, acl.READ)
-                for spec in fetch.specs:
-                    if not may_read(spec.tp.topic):
-                        refused.append(dict(empty_fetch_result(spec), error=auth.refusal(
-                            acl.READ, acl.TOPIC, spec.tp.topic)))
-                if refused:
-                    fetch.specs = [s for s in fetch.specs if may_read(s.tp.topic)]
-        elif auth.enabled:  # a follower's: unthrottled, and reads past the high watermark
+            return wire.respond(request, await self.consumer_fetch(request, fetch))
+        self._require_follower(request)
+        exempt_from_request_quota(request)
+        return wire.respond(request, await self._answer_follower(fetch))
+
+    @staticmethod
+    def _require_follower(request: web.Request) -> None:
+        """A follower's fetch (unthrottled, and it reads past the high
+        watermark) is for the cluster's nodes: CLUSTER_ACTION with ACLs;
+        without, no password user."""
+        auth = auth_of(request)
+        if auth.enabled:
             auth.require(acl.CLUSTER_ACTION, acl.CLUSTER, what="a follower's fetch")
         else:
             require_node_or_plain(request, "a follower's fetch (replica_id >= 0)")
-        if replica_id >= 0:
-            exempt_from_request_quota(request)
-            return wire.respond(request, await self._answer_follower(fetch))
+
+    async def consumer_fetch(self, request: web.Request, fetch: FetchRequest) -> dict:
+        """The answer to a consumer's ``fetch`` from the client that made
+        ``request`` (its POST, or the handshake of its stream), its quota's
+        hold already waited out."""
+        auth = auth_of(request)
+        refused: list[dict] = []
+        may_read = None
+        # A consumer's fetch session is its own: another client naming its
+        # id finds none.
+        fetch.owner = f"{principal_of(request)}\0{client_id_of(request)}"
+        if auth.enabled:
+            may_read = topic_filter(auth, acl.READ)
+            for spec in fetch.specs:
+                if not may_read(spec.tp.topic):
+                    refused.append(dict(empty_fetch_result(spec), error=auth.refusal(
+                        acl.READ, acl.TOPIC, spec.tp.topic)))
+            if refused:
+                fetch.specs = [s for s in fetch.specs if may_read(s.tp.topic)]
         fields: dict = {}
         if fetch.session_epoch != NO_SESSION:
             if may_read is not None:
@@ -385,8 +409,7 @@ class DataApi:
                     sum(header.record_count for header, _ in iter_batches(records)),
                     result["topic"])
         throttle_ms = self.throttle(request, CONSUMER_BYTE_RATE, fetched)
-        return wire.respond(request, {"partitions": results, "throttle_time_ms": throttle_ms,
-                                      **fields})
+        return {"partitions": results, "throttle_time_ms": throttle_ms, **fields}
 
     async def _answer_follower(self, fetch: FetchRequest) -> dict:
         """A follower's fetch answered (unthrottled: client quotas are for
@@ -414,33 +437,146 @@ class DataApi:
         if not auth.enabled:
             require_node_or_plain(request, "a follower's fetch stream")
         exempt_from_request_quota(request)
+        # A follower sends one fetch per fetcher at once.
+        return await self._serve_stream(
+            request, lambda stream, data: self._stream_fetch(stream, data, auth),
+            STREAM_FETCHES_MAX, idle_s=None)
+
+    def stream_counts(self) -> dict[str, int]:
+        """Streams open now: clients' and followers'."""
+        clients = sum(1 for request in self._streams.values()
+                      if request.path == CLIENT_STREAM_PATH)
+        return {"client_streams": clients, "follower_streams": len(self._streams) - clients}
+
+    async def _serve_stream(self, request: web.Request, answer: Callable[..., Any],
+                            in_flight_max: int, idle_s: float | None) -> web.WebSocketResponse:
+        """Accept the WebSocket ``request`` asks for and hand each binary
+        message to ``answer(stream, data)``, at most ``in_flight_max`` at
+        once: a caller that sends more (or stops reading the answers) waits,
+        instead of the broker buffering answers for it. A message of another
+        type closes the stream, and so does ``idle_s`` without a message
+        (None: never)."""
         stream = web.WebSocketResponse(
             compress=False, max_msg_size=request.app[wire.BODY_BYTES_MAX_KEY],
             heartbeat=STREAM_HEARTBEAT_S)
         await stream.prepare(request)
         self._streams[stream] = request
         answering: set[asyncio.Task] = set()
-        # At most this many fetches of one stream at once: a follower sends
-        # one per fetcher; one that sends more (or stops reading the
-        # answers) waits, instead of the leader buffering answers for it.
-        room = asyncio.Semaphore(STREAM_FETCHES_MAX)
+        room = asyncio.Semaphore(in_flight_max)
+        last_message = [time.monotonic()]
+        watch = None if idle_s is None else asyncio.create_task(
+            self._close_when_idle(stream, answering, last_message, idle_s))
         try:
             async for message in stream:
                 if message.type is not WSMsgType.BINARY:
                     await stream.close(code=WSCloseCode.UNSUPPORTED_DATA,
                                        message=b"binary msgpack messages only")
                     break
+                last_message[0] = time.monotonic()
                 await room.acquire()
-                task = asyncio.create_task(self._stream_fetch(stream, message.data, auth))
+                task = asyncio.create_task(answer(stream, message.data))
                 answering.add(task)
                 task.add_done_callback(answering.discard)
                 task.add_done_callback(lambda _task: room.release())
         finally:
             self._streams.pop(stream, None)
+            if watch is not None:
+                watch.cancel()
             for task in answering:
                 task.cancel()
             await asyncio.gather(*answering, return_exceptions=True)
         return stream
+
+    @staticmethod
+    async def _close_when_idle(stream: web.WebSocketResponse, answering: set,
+                               last_message: list[float], idle_s: float) -> None:
+        """Close ``stream`` once it has had no message for ``idle_s`` and
+        answers none (its pings do not count): connections.max.idle.ms, as
+        for an HTTP connection between requests."""
+        while not stream.closed:
+            await asyncio.sleep(max(0.0, last_message[0] + idle_s - time.monotonic()))
+            if not answering and time.monotonic() - last_message[0] >= idle_s:
+                await stream.close(code=WSCloseCode.OK,
+                                   message=b"idle for connections.max.idle.ms")
+                return
+            if answering:
+                last_message[0] = time.monotonic()  # busy: idle from now at the earliest
+
+    # -- clients' stream -------------------------------------------------------
+    async def handle_client_stream(self, request: web.Request) -> web.StreamResponse:
+        """GET /v1/stream: a client's produces and consumer fetches over one
+        WebSocket. Each binary message is msgpack ``{"id": int, "path":
+        "/v1/produce" | "/v1/fetch", "body": <the body of POST <path>>}``,
+        answered by ``{"id": int, "status": <the HTTP status POST <path>
+        would have>, "answer": <what it would answer>}`` once it is answered,
+        in any order. The same requests, checked the same way (the caller
+        is the one the handshake authenticated; ACLs, quotas and limits at
+        each request), without an HTTP exchange each. A message that is not
+        such a map closes the stream (1003), one over
+        socket.request.max.bytes too (1009), and so does
+        connections.max.idle.ms without one (1000)."""
+        return await self._serve_stream(
+            request, lambda stream, data: self._stream_request(stream, data, request),
+            CLIENT_STREAM_REQUESTS_MAX,
+            idle_s=request.app.get(wire.BODY_IDLE_MS_KEY, wire.BODY_IDLE_MS_DEFAULT) / 1000)
+
+    async def _stream_request(self, stream: web.WebSocketResponse, data: bytes,
+                              request: web.Request) -> None:
+        started = time.perf_counter()
+        try:
+            message = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        except (msgpack.UnpackException, ValueError):
+            message = None
+        request_id = message.get("id") if isinstance(message, dict) else None
+        if not isinstance(request_id, int) or isinstance(request_id, bool):
+            await stream.close(code=WSCloseCode.UNSUPPORTED_DATA, message=(
+                b'each message is a msgpack map {"id": int, "path": str, "body": map}'))
+            return
+        path = message.get("path")
+        api = path if path in STREAMED_PATHS else "unmatched"
+        try:
+            if api == "unmatched":
+                raise InvalidRequestError(
+                    f"the stream carries {' and '.join(sorted(STREAMED_PATHS))}, not "
+                    f"{path!r:.100}; send the others by POST")
+            body = message.get("body")
+            if not isinstance(body, dict):
+                raise InvalidRequestError(
+                    f"body must be a map (the body of POST {path}), got {type(body).__name__}")
+            answer = await self._streamed(request, path, body)
+            status = 200
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001  answered as POST <path> would be
+            answer, status = wire.error_answer(exc)
+            if status == 500:
+                logger.exception("a client's %s over its stream failed", path)
+        self.metrics.requests.inc(1, api, str(status))
+        self.metrics.latency.observe(time.perf_counter() - started, api)
+        if not stream.closed:
+            try:
+                await stream.send_bytes(msgpack.packb(
+                    {"id": request_id, "status": status, "answer": answer}, use_bin_type=True))
+            except ConnectionError:
+                pass  # the client went away; it asks again over a new stream or by POST
+
+    async def _streamed(self, request: web.Request, path: str, body: dict) -> dict:
+        """A produce or a consumer's fetch off a client's stream: held for
+        its quota, then answered, its time counted as a POST's would be."""
+        if path == "/v1/produce":
+            await self.wait_turn(request, PRODUCER_BYTE_RATE)
+            answering = self.produce(request, body)
+        else:
+            fetch = decode_fetch(body)
+            if fetch.replica_id >= 0:  # as over POST: a node's, not counted
+                self._require_follower(request)
+                return await self._answer_follower(fetch)
+            await self.wait_turn(request, CONSUMER_BYTE_RATE)
+            answering = self.consumer_fetch(request, fetch)
+        if self.quotas is None:
+            return await answering
+        return await run_counted(self.quotas, principal_of(request), client_id_of(request),
+                                 answering)
 
     async def _stream_fetch(self, stream: web.WebSocketResponse, data: bytes,
                             auth: RequestAuth) -> None:

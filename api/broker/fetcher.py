@@ -9,12 +9,13 @@ listener and the answer or the failure back to the ``ReplicaManager``. A
 anyway).
 
 The fetches to one leader travel over one WebSocket (``GET
-/v1/replica/fetch-stream``, answered by ``DataApi.handle_replica_stream``):
-a message each way per fetch, tagged with the request id, instead of an HTTP
-exchange each. On this machine an HTTP round trip costs 235 µs of CPU and a
-message pair 33 µs, and a follower fetches after every append it is woken
-for. A leader that has no stream (an older broker, during a rolling upgrade)
-is asked by ``POST /v1/fetch`` with ``replica_id``, the same fetch, and
+/v1/replica/fetch-stream``, answered by ``DataApi.handle_replica_stream``;
+``protocol.stream.TaggedStream``): a message each way per fetch, tagged
+with the request id, instead of an HTTP exchange each. On this machine an
+HTTP round trip costs 235 µs of CPU and a message pair 33 µs, and a
+follower fetches after every append it is woken for. A leader that has no
+stream (an older broker, during a rolling upgrade) is asked by ``POST
+/v1/fetch`` with ``replica_id``, the same fetch, and
 offered the stream again a minute later.
 """
 
@@ -30,6 +31,7 @@ import msgpack
 from api.broker.replica_manager import ReplicaManager, RequestTasks
 from api.broker.replication import SendFetch, broker_url
 from protocol import tls, wire
+from protocol.stream import STREAM_CLOSE_S, STREAM_HEARTBEAT_S, STREAM_IDLE_S, TaggedStream
 
 logger = logging.getLogger(__name__)
 
@@ -37,88 +39,12 @@ REPLICA_STREAM_PATH = "/v1/replica/fetch-stream"
 #: A leader that refused the stream (it has no such route) gets plain
 #: fetches for this long, then is offered the stream again.
 PLAIN_FETCH_S = 60.0
-#: How long closing a stream waits for the other side's closing frame.
-STREAM_CLOSE_S = 1.0
-#: Both sides ping a quiet stream this often and close it when no answer
-#: comes within half of it: a connection cut without a FIN (a host gone,
-#: a NAT's table dropped) is noticed in seconds, not TCP's minutes.
-STREAM_HEARTBEAT_S = 5.0
 #: The leader answers at most this many fetches of one stream at once (a
 #: follower sends one per fetcher); it reads no more meanwhile.
 STREAM_FETCHES_MAX = 16
 #: A cancel this close to a fetch's deadline is its timeout (the core's
 #: timer fires first): the stream it waited on is replaced.
 DEADLINE_SLACK_S = 0.1
-#: A stream that carried no fetch for this long (its leader leads nothing
-#: this broker follows now) is closed when another stream is opened.
-STREAM_IDLE_S = 60.0
-
-
-class StreamClosedError(ConnectionError):
-    """The stream to the leader closed before it answered a fetch."""
-
-
-class _Stream:
-    """One WebSocket to a leader, carrying any number of fetches at once,
-    each answer matched to its fetch by request id."""
-
-    def __init__(self, socket: aiohttp.ClientWebSocketResponse) -> None:
-        self.socket = socket
-        self.waiting: dict[int, asyncio.Future] = {}
-        self.reader = asyncio.create_task(self._read(), name="replica-fetch-stream")
-        self.last_used = asyncio.get_running_loop().time()
-        self.closed_because: str | None = None  # set once the reader stops
-
-    @property
-    def open(self) -> bool:
-        return (self.closed_because is None and not self.socket.closed
-                and not self.reader.done())
-
-    async def call(self, request_id: int, body: dict) -> dict:
-        if self.closed_because is not None:  # nothing would answer it
-            raise StreamClosedError(self.closed_because)
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self.waiting[request_id] = future
-        self.last_used = loop.time()
-        try:
-            await self.socket.send_bytes(msgpack.packb({"id": request_id, "fetch": body},
-                                                       use_bin_type=True))
-            answer = await future
-        finally:
-            self.waiting.pop(request_id, None)
-        if not isinstance(answer, dict):
-            raise ValueError(f"fetch answer is not a map: {answer!r:.100}")
-        return answer
-
-    async def _read(self) -> None:
-        reason = "the leader closed the fetch stream"
-        try:
-            async for message in self.socket:
-                if message.type is not aiohttp.WSMsgType.BINARY:
-                    reason = f"unexpected {message.type.name} message on the fetch stream"
-                    break
-                tagged = msgpack.unpackb(message.data, raw=False)
-                future = (self.waiting.pop(tagged.get("id"), None)
-                          if isinstance(tagged, dict) else None)
-                if future is not None and not future.done():
-                    future.set_result(tagged.get("answer"))
-        except (aiohttp.ClientError, msgpack.UnpackException, ValueError, TypeError,
-                OSError) as exc:
-            reason = f"fetch stream failed: {exc}"
-        finally:
-            self.closed_because = reason
-            waiting, self.waiting = self.waiting, {}
-            for future in waiting.values():
-                if not future.done():
-                    future.set_exception(StreamClosedError(reason))
-            if not self.socket.closed:
-                await self.socket.close()
-
-    async def close(self) -> None:
-        self.reader.cancel()
-        await asyncio.gather(self.reader, return_exceptions=True)
-        await self.socket.close()
 
 
 class FollowerFetchSender:
@@ -127,7 +53,7 @@ class FollowerFetchSender:
         self.peer_ssl = peer_ssl  # for leaders' SSL listeners
         self._requests = RequestTasks()
         self._session: aiohttp.ClientSession | None = None
-        self._streams: dict[str, _Stream] = {}  # by leader URL
+        self._streams: dict[str, TaggedStream] = {}  # by leader URL
         self._opening: dict[str, asyncio.Lock] = {}
         self._plain_until: dict[str, float] = {}  # leader URL -> loop time
         # Fetches out on a stream: request id -> (leader URL, deadline).
@@ -176,11 +102,16 @@ class FollowerFetchSender:
         deadline = asyncio.get_running_loop().time() + action.timeout_ms / 1000
         self._out[action.request_id] = (url, deadline)
         try:
-            return await stream.call(action.request_id, action.body)
+            tagged = await stream.call(action.request_id, msgpack.packb(
+                {"id": action.request_id, "fetch": action.body}, use_bin_type=True))
         finally:
             self._out.pop(action.request_id, None)
+        answer = tagged.get("answer")
+        if not isinstance(answer, dict):
+            raise ValueError(f"fetch answer is not a map: {answer!r:.100}")
+        return answer
 
-    async def _stream(self, url: str) -> _Stream | None:
+    async def _stream(self, url: str) -> TaggedStream | None:
         """The open stream to the leader at ``url``, opened if need be;
         None for a leader without one (asked by POST instead)."""
         stream = self._streams.get(url)
@@ -213,7 +144,7 @@ class FollowerFetchSender:
                 logger.info("broker %d: leader at %s refused the fetch stream: %d %s",
                             self.replicas.broker_id, url, exc.status, exc.message)
                 raise
-            stream = self._streams[url] = _Stream(socket)
+            stream = self._streams[url] = TaggedStream(socket, "replica-fetch-stream")
             idle_since = loop.time() - STREAM_IDLE_S
             for other, idle in list(self._streams.items()):
                 if idle.last_used < idle_since and not idle.waiting:

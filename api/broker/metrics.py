@@ -248,6 +248,12 @@ class BrokerMetrics:
         expands = r.add(Gauge("kraftlog_isr_expands_total",
                               "ISR expansions this broker made as leader.", one("isr_expands")))
         shrinks.kind = expands.kind = "counter"
+        r.add(Gauge("kraftlog_client_streams",
+                    "Clients' streams (GET /v1/stream: produces and fetches over one "
+                    "WebSocket) open on this broker now.", one("client_streams")))
+        r.add(Gauge("kraftlog_follower_fetch_streams",
+                    "Followers' fetch streams (GET /v1/replica/fetch-stream) open on this "
+                    "broker now.", one("follower_streams")))
         r.add(Gauge("kraftlog_consumer_fetch_sessions",
                     "Consumers' fetch sessions this broker keeps (at most "
                     "max.incremental.fetch.session.cache.slots).", one("consumer_sessions")))

@@ -285,8 +285,26 @@ class OnLoopTime:
 
 #: Routes only nodes and operators call (markers, KIP-890 checks, health
 #: probes, metrics scrapes): never held, never counted, whoever calls.
+async def run_counted(quotas: QuotaManager, user: str, client_id: str,
+                      request: Awaitable[Any]) -> Any:
+    """Await ``request`` (a request not sent over HTTP: one off a client's
+    stream) and count its time on the event loop against its entity's
+    ``request_percentage``, as the middleware counts an HTTP request's
+    (the holding is the handler's, as for HELD_BY_HANDLER routes)."""
+    if quotas.resolve(REQUEST_PERCENTAGE, user, client_id) is None:
+        return await request
+    timed = OnLoopTime(request)
+    try:
+        return await timed
+    finally:
+        quotas.record(REQUEST_PERCENTAGE, user, client_id, timed.busy_s * 100)
+
+
 EXEMPT_ROUTES = frozenset({"/v1/txn/markers", "/v1/transactions/verify",
-                           "/v1/replica/fetch-stream", "/healthz", "/metrics"})
+                           "/v1/replica/fetch-stream", "/healthz", "/metrics",
+                           # a client's stream: each request on it is counted
+                           # (``run_counted``), not the stream's whole life
+                           "/v1/stream"})
 #: Routes whose handler does the holding (``DataApi.wait_turn``): for
 #: clients only (a follower's fetch is not held), and once, for the longer
 #: of the byte-rate and request holds, as Kafka throttles by the larger.

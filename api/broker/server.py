@@ -432,6 +432,7 @@ class BrokerServer:
             "log_dirs_offline": len(self.log_manager.offline_dirs),
             "offline_replicas": len(self.replicas.core.offline),
             **self.replicas.core.fetch_session_figures(),
+            **self.data.stream_counts(),
         }
 
     # -- middlewares -------------------------------------------------------------

@@ -34,6 +34,8 @@ from api.client.errors import (BrokerNotAvailableError, KraftlogError, RequestTi
                                SslAuthenticationError, error_from)
 from protocol import DEFAULT_BOOTSTRAP, tls, wire
 from protocol.quotas import CLIENT_ID_CHARS_MAX, CLIENT_ID_HEADER
+from protocol.stream import (CLIENT_STREAM_PATH, STREAM_CLOSE_S, STREAM_HEARTBEAT_S,
+                             STREAM_IDLE_S, STREAMED_PATHS, StreamClosedError, TaggedStream)
 
 MSGPACK = "application/msgpack"
 #: Connections one client keeps open in all (aiohttp pools them per broker).
@@ -41,6 +43,14 @@ CONNECTIONS_MAX = 64
 #: Largest response body read; a fetch answer is bounded by its max_bytes
 #: (at most 50 MiB by default) plus framing, so this only stops runaways.
 RESPONSE_BYTES_MAX = 256 * 1024 * 1024
+#: Requests larger than this go by POST even to a broker with a stream:
+#: a big one gains nothing from it, and a broker refuses a message over
+#: its socket.request.max.bytes by closing the stream, where a POST is
+#: answered MESSAGE_TOO_LARGE.
+STREAM_REQUEST_BYTES_MAX = 1024 * 1024
+#: A broker that refused the stream (an older one without it, or a
+#: handshake refused: the POST then says why) is sent POSTs for this long.
+POST_ONLY_S = 60.0
 
 
 def monotonic_ms() -> int:
@@ -171,6 +181,14 @@ class Transport:
         self.connections_max = connections_max
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
+        #: Produces and fetches go over one WebSocket per broker
+        #: (protocol/stream.py) unless False: each by POST.
+        self.streams_enabled = True
+        self._streams: dict[str, TaggedStream] = {}  # by broker URL
+        self._opening: dict[str, asyncio.Lock] = {}
+        self._post_until: dict[str, float] = {}  # broker URL -> loop time
+        self._stream_ids = itertools.count(1)
+        self._closing: set[asyncio.Task] = set()  # streams being closed
 
     def _session_or_new(self) -> aiohttp.ClientSession:
         if self._closed:
@@ -208,6 +226,14 @@ class Transport:
                 f"{url} is a plain HTTP listener, and this client is configured for "
                 "security_protocol='SSL': it sends nothing unencrypted. Every broker's "
                 "listener must be SSL (listener.security.protocol.map)")
+        if method == "POST" and path in STREAMED_PATHS and self.streams_enabled:
+            request_id = next(self._stream_ids)
+            data = msgpack.packb({"id": request_id, "path": path, "body": body},
+                                 use_bin_type=True)
+            if len(data) <= STREAM_REQUEST_BYTES_MAX:
+                stream = await self._stream(base_url, timeout_s)
+                if stream is not None:
+                    return await self._call(stream, base_url, url, request_id, data, timeout_s)
         data = None
         headers = None
         if method == "POST":
@@ -254,8 +280,84 @@ class Transport:
             return answer
         raise _status_error(url, status, answer, raw)
 
+    async def _stream(self, base_url: str, timeout_s: float) -> TaggedStream | None:
+        """The open stream to the broker at ``base_url``, opened if need
+        be; None for one to send POSTs to instead. A stream unused for
+        STREAM_IDLE_S is replaced (the broker may be closing it as idle)."""
+        loop = asyncio.get_running_loop()
+        stream = self._streams.get(base_url)
+        if stream is not None and stream.open and (
+                stream.waiting or loop.time() - stream.last_used < STREAM_IDLE_S):
+            return stream
+        if self._post_until.get(base_url, 0.0) > loop.time():
+            return None
+        async with self._opening.setdefault(base_url, asyncio.Lock()):
+            stream = self._streams.get(base_url)
+            if stream is not None and stream.open and (
+                    stream.waiting or loop.time() - stream.last_used < STREAM_IDLE_S):
+                return stream
+            self._drop(base_url)
+            try:
+                async with asyncio.timeout(timeout_s):
+                    socket = await self._session_or_new().ws_connect(
+                        base_url + CLIENT_STREAM_PATH, compress=0,
+                        max_msg_size=RESPONSE_BYTES_MAX, autoping=True,
+                        heartbeat=STREAM_HEARTBEAT_S,
+                        timeout=aiohttp.ClientWSTimeout(ws_close=STREAM_CLOSE_S))
+            except aiohttp.WSServerHandshakeError:
+                # No stream there (404: an older broker) or refused (401,
+                # 403, 503...): POSTs, whose answers say why in full.
+                self._post_until[base_url] = loop.time() + POST_ONLY_S
+                return None
+            except asyncio.TimeoutError:
+                raise RequestTimedOutError(
+                    f"opening the stream to {base_url} took more than "
+                    f"{timeout_s * 1000:.0f} ms") from None
+            except (aiohttp.ClientError, OSError):
+                return None  # the POST meets the same failure and names it
+            stream = self._streams[base_url] = TaggedStream(socket, "client-stream")
+            return stream
+
+    async def _call(self, stream: TaggedStream, base_url: str, url: str, request_id: int,
+                    data: bytes, timeout_s: float) -> Any:
+        """One request over ``stream``: its answer, or the error a POST of
+        it would have raised."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                tagged = await stream.call(request_id, data)
+        except asyncio.TimeoutError:
+            self._drop(base_url)  # the broker may be gone: a fresh stream next time
+            raise RequestTimedOutError(
+                f"POST {url} (over the stream) got no answer within {timeout_s * 1000:.0f} ms"
+            ) from None
+        except StreamClosedError as exc:
+            if exc.close_code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG:
+                # Over the broker's socket.request.max.bytes: sent again by
+                # POST, it is answered MESSAGE_TOO_LARGE, by name.
+                self._post_until[base_url] = asyncio.get_running_loop().time() + POST_ONLY_S
+            raise BrokerNotAvailableError(f"POST {url} (over the stream) failed: {exc}") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            self._drop(base_url)
+            raise BrokerNotAvailableError(
+                f"POST {url} (over the stream) failed: {type(exc).__name__}: {exc}") from None
+        status, answer = tagged.get("status"), tagged.get("answer")
+        if isinstance(status, int) and 200 <= status < 300 and isinstance(answer, dict):
+            return answer
+        raise _status_error(url, status if isinstance(status, int) else 0, answer,
+                            repr(tagged).encode())
+
+    def _drop(self, base_url: str) -> None:
+        stream = self._streams.pop(base_url, None)
+        if stream is not None:
+            task = asyncio.get_running_loop().create_task(stream.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
     async def close(self) -> None:
         self._closed = True
+        streams, self._streams = list(self._streams.values()), {}
+        await asyncio.gather(*self._closing, *(stream.close() for stream in streams),
+                             return_exceptions=True)
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()

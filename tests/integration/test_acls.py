@@ -199,6 +199,12 @@ OFFSETS = [{"topic": "acl-orders", "partition": 0, "offset": 1}]
 TXN = {"transactional_id": "acl-txn", "producer_id": 1, "producer_epoch": 0}
 TXN_PARTS = [{"topic": "acl-orders", "partition": 0}]
 
+def not_an_upgrade(status: int, body: dict) -> None:
+    """Past authentication and the route's rule, refused for want of a
+    WebSocket upgrade: a 400 saying so, not an authorization failure."""
+    assert status == 400 and body["error"]["code"] == "INVALID_REQUEST", (status, body)
+
+
 def console_asset(status: int, body) -> None:
     """A console asset: served (HTML, script or style; never data)."""
     assert status == 200 and "text" in body, (status, body)
@@ -215,6 +221,10 @@ BROKER_CASES = {
     # (a plain GET past the checks is refused for want of an upgrade).
     ("GET", "/v1/replica/fetch-stream"): ("/v1/replica/fetch-stream", None, False,
                                           whole(CLUSTER_REFUSED)),
+    # A client's stream: open to any user; each request on it is checked as
+    # its POST is (a plain GET past the checks is refused for want of an
+    # upgrade).
+    ("GET", "/v1/stream"): ("/v1/stream", None, False, not_an_upgrade),
     ("POST", "/v1/offsets"): ("/v1/offsets", {"partitions": [
         {"topic": "acl-orders", "partition": 0, "timestamp": -1}]}, False,
         per_partition("partitions")),
@@ -686,6 +696,63 @@ def test_a_fetch_stream_stops_serving_once_its_cluster_action_acl_is_removed(clu
     served, refused_after = asyncio.run(talk())
     assert "error" not in served and len(served["partitions"]) == 1, served
     assert refused_after["error"]["code"] == "CLUSTER_AUTHORIZATION_FAILED", refused_after
+
+
+def test_a_clients_stream_checks_write_at_each_produce(cluster):
+    """A client's stream (GET /v1/stream) is opened by any user; each
+    produce on it is checked as POST /v1/produce is: refused per partition
+    without WRITE, served with it, refused again once it is removed."""
+    import asyncio
+
+    import aiohttp
+
+    with Admin(bootstrap(cluster), **cluster.client_security) as admin:
+        admin.upsert_user("grace", PASSWORD)
+    wait_for_login(cluster, "grace")
+    write = AclBinding(acl.TOPIC, "acl-orders", acl.LITERAL, "User:grace", "*", acl.WRITE,
+                       acl.ALLOW)
+    with Admin(bootstrap(cluster), **cluster.client_security) as admin:
+        broker = admin.describe_topics(["acl-orders"])["acl-orders"].partitions[0].leader
+
+    def in_broker(present: bool) -> None:
+        def seen() -> bool:
+            with Admin(cluster.nodes[broker].broker_url, **cluster.client_security) as admin:
+                return (write in admin.describe_acls()) == present
+        wait_until(seen, 30, f"grace's ACL {'on' if present else 'gone from'} the broker")
+
+    def allow() -> None:
+        grant(cluster, [write])
+        in_broker(True)
+
+    def revoke() -> None:
+        with Admin(bootstrap(cluster), **cluster.client_security) as admin:
+            admin.delete_acls([AclBindingFilter(principal="User:grace")])
+        in_broker(False)
+
+    async def talk() -> list[tuple[int, dict]]:
+        context = ssl.create_default_context(cafile=cluster.certs["ca"].certfile)
+        token = base64.b64encode(f"grace:{PASSWORD}".encode()).decode()
+        answers = []
+        async with aiohttp.ClientSession() as session:
+            stream = await session.ws_connect(
+                cluster.nodes[broker].broker_url + "/v1/stream", ssl=context,
+                headers={"Authorization": f"Basic {token}"})
+            for request_id, before in ((1, None), (2, allow), (3, revoke)):
+                if before is not None:
+                    await asyncio.get_running_loop().run_in_executor(None, before)
+                await stream.send_bytes(msgpack.packb(
+                    {"id": request_id, "path": "/v1/produce", "body": PRODUCE},
+                    use_bin_type=True))
+                message = await stream.receive(timeout=15)
+                tagged = msgpack.unpackb(message.data, raw=False)
+                assert tagged["id"] == request_id, tagged
+                answers.append((tagged["status"], tagged["answer"]))
+            await stream.close()
+        return answers
+
+    codes = [(status, [p["error"] and p["error"]["code"] for p in answer["partitions"]])
+             for status, answer in asyncio.run(talk())]
+    assert codes == [(200, [TOPIC_REFUSED]), (200, [None]), (200, [TOPIC_REFUSED])], codes
 
 
 def test_a_consumers_fetch_session_stops_serving_a_topic_once_its_read_acl_is_removed(cluster):

@@ -1628,3 +1628,112 @@ def test_a_follower_fetch_stream_answers_each_fetch_by_id_and_closes_on_bad_mess
     assert sorted(answers) == [7, 8, 9, *range(100, 140)]
     assert all(("error" in answers[i]) == (i % 2 == 0) for i in range(100, 140))
     assert produce_ok(leader_url, "streamed", 0, batch_of([(None, b"w", [], None)])) == 4
+
+
+def test_a_clients_stream_answers_produces_and_fetches_by_id_in_any_order(multi):
+    """GET /v1/stream: a client's produces and consumers' fetches over one
+    WebSocket, each answered with the status and body its POST would get,
+    in any order (a long-polling fetch does not hold the produce sent after
+    it); a bad request gets its error, a message of another shape closes the
+    stream (1003), and the broker serves on."""
+    import asyncio
+
+    import aiohttp
+
+    first = multi.nodes[multi.broker_ids[0]].broker_url
+    create_topic(first, "client-streamed")
+    (meta,) = wait_for_topic(first, "client-streamed")["partitions"]
+    leader_url = multi.nodes[meta["leader"]].broker_url
+    spec = {"topic": "client-streamed", "partition": 0, "offset": 0}
+
+    def tagged(request_id: int, path, body) -> bytes:
+        return msgpack.packb({"id": request_id, "path": path, "body": body}, use_bin_type=True)
+
+    def produce(values) -> dict:
+        return {"acks": -1, "partitions": [{"topic": "client-streamed", "partition": 0,
+                                            "records": batch_of([(None, v, [], None)
+                                                                 for v in values])}]}
+
+    async def talk() -> tuple[list, list, float]:
+        answers, closes = [], []
+        async with aiohttp.ClientSession() as session:
+            stream = await session.ws_connect(leader_url + "/v1/stream")
+            await stream.send_bytes(tagged(1, "/v1/produce", produce([b"a", b"b"])))
+            answers.append(msgpack.unpackb((await stream.receive(timeout=15)).data, raw=False))
+            # A fetch at the log end long-polls; the produce after it is
+            # answered first, and wakes it.
+            await stream.send_bytes(tagged(2, "/v1/fetch", {"max_wait_ms": 10_000, "partitions": [
+                dict(spec, offset=2)]}))
+            await stream.send_bytes(tagged(3, "/v1/produce", produce([b"c"])))
+            for bad_id, path, body in (
+                    (4, "/v1/offsets", {"partitions": []}),  # not carried
+                    (5, "/v1/produce", [1, 2]),  # not a map
+                    (6, "/v1/produce", dict(produce([b"x"]), acks=5)),
+                    (7, "/v1/fetch", {"replica_id": "two", "partitions": [spec]}),
+                    (8, "/v1/produce", {"partitions": [{"topic": "no-such-topic",
+                                                        "partition": 0,
+                                                        "records": batch_of([(None, b"x", [],
+                                                                              None)])}]})):
+                await stream.send_bytes(tagged(bad_id, path, body))
+            started = time.monotonic()
+            while len(answers) < 8:
+                message = await stream.receive(timeout=15)
+                assert message.type is aiohttp.WSMsgType.BINARY, message
+                answers.append(msgpack.unpackb(message.data, raw=False))
+            waited = time.monotonic() - started
+            for bad in ("a text message", b"\xc1 not msgpack",
+                        msgpack.packb({"path": "/v1/fetch", "body": {}})):
+                stream = await session.ws_connect(leader_url + "/v1/stream")
+                await (stream.send_str(bad) if isinstance(bad, str) else stream.send_bytes(bad))
+                message = await stream.receive(timeout=15)
+                closes.append((message.type, stream.close_code))
+                await stream.close()
+        return answers, closes, waited
+
+    answers, closes, waited = asyncio.run(talk())
+    by_id = {answer["id"]: answer for answer in answers}
+    assert sorted(by_id) == list(range(1, 9))
+    assert by_id[1]["status"] == 200 and by_id[1]["answer"]["partitions"][0]["base_offset"] == 0
+    order = [answer["id"] for answer in answers]
+    assert order.index(3) < order.index(2), order  # the fetch waited for the produce
+    assert waited < 10, "the fetch was woken by the produce, not by its 10 s deadline"
+    assert by_id[3]["answer"]["partitions"][0]["base_offset"] == 2
+    fetched = by_id[2]["answer"]["partitions"][0]
+    assert fetched["error"] is None and [r[3] for r in decode(fetched["records"])] == [b"c"]
+    for bad_id, code, words in ((4, "INVALID_REQUEST", "/v1/offsets"),
+                                (5, "INVALID_REQUEST", "must be a map"),
+                                (6, "INVALID_REQUIRED_ACKS", "acks"),
+                                (7, "INVALID_REQUEST", "replica_id")):
+        assert by_id[bad_id]["status"] == 400, by_id[bad_id]
+        error = by_id[bad_id]["answer"]["error"]
+        assert error["code"] == code and words in error["message"], error
+    unknown = by_id[8]["answer"]["partitions"][0]["error"]
+    assert by_id[8]["status"] == 200 and unknown["code"] == "UNKNOWN_TOPIC_OR_PARTITION"
+    assert closes == [(aiohttp.WSMsgType.CLOSE, 1003)] * 3
+    assert produce_ok(leader_url, "client-streamed", 0, batch_of([(None, b"d", [], None)])) == 3
+
+
+def test_a_stream_message_above_socket_request_max_bytes_closes_the_stream_1009(url):
+    """The broker reads no stream message larger than socket.request.max.bytes
+    (64 KiB here): it closes the stream with 1009 (message too big), and
+    serves on."""
+    import asyncio
+
+    import aiohttp
+
+    create_topic(url, "streamed-big")
+    wait_for_topic(url, "streamed-big")
+    body = {"acks": 1, "partitions": [{"topic": "streamed-big", "partition": 0,
+                                       "records": batch_of([(None, b"x" * REQUEST_BYTES_MAX,
+                                                             [], None)])}]}
+
+    async def talk() -> tuple:
+        async with aiohttp.ClientSession() as session:
+            stream = await session.ws_connect(url + "/v1/stream")
+            await stream.send_bytes(msgpack.packb({"id": 1, "path": "/v1/produce",
+                                                   "body": body}, use_bin_type=True))
+            message = await stream.receive(timeout=15)
+            return message.type, stream.close_code
+
+    assert asyncio.run(talk()) == (aiohttp.WSMsgType.CLOSE, 1009)
+    assert produce_ok(url, "streamed-big", 0, batch_of([(None, b"small", [], None)])) == 0

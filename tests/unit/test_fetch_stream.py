@@ -278,6 +278,7 @@ async def test_a_follower_that_stops_reading_holds_few_answers_and_never_the_shu
     app.router.add_get(REPLICA_STREAM_PATH, functools.partial(DataApi.handle_replica_stream, api))
     app.on_shutdown.append(functools.partial(DataApi._close_streams, api))
     api._stream_fetch = functools.partial(DataApi._stream_fetch, api)
+    api._serve_stream = functools.partial(DataApi._serve_stream, api)
     runner = web.AppRunner(app, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
