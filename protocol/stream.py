@@ -65,10 +65,10 @@ class TaggedStream:
         return (self.closed_because is None and not self.socket.closed
                 and not self.reader.done())
 
-    async def call(self, request_id: int, data: bytes) -> dict:
+    async def call(self, request_id: int, data: bytes) -> tuple[dict, int]:
         """Send ``data`` (a packed map whose ``id`` is ``request_id``, which
-        no other waiting call has) and return the map answering it. Raises
-        ``StreamClosedError`` if the stream ends first."""
+        no other waiting call has); the map answering it and its size in
+        bytes. Raises ``StreamClosedError`` if the stream ends first."""
         if self.closed_because is not None:  # nothing would answer it
             raise StreamClosedError(self.closed_because, self.close_code)
         loop = asyncio.get_running_loop()
@@ -93,7 +93,7 @@ class TaggedStream:
                 future = (self.waiting.pop(tagged.get("id"), None)
                           if isinstance(tagged, dict) else None)
                 if future is not None and not future.done():
-                    future.set_result(tagged)
+                    future.set_result((tagged, len(message.data)))
             else:
                 self.close_code = self.socket.close_code
                 if self.close_code is not None:

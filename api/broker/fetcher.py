@@ -102,7 +102,7 @@ class FollowerFetchSender:
         deadline = asyncio.get_running_loop().time() + action.timeout_ms / 1000
         self._out[action.request_id] = (url, deadline)
         try:
-            tagged = await stream.call(action.request_id, msgpack.packb(
+            tagged, _ = await stream.call(action.request_id, msgpack.packb(
                 {"id": action.request_id, "fetch": action.body}, use_bin_type=True))
         finally:
             self._out.pop(action.request_id, None)

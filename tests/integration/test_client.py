@@ -489,3 +489,41 @@ def _messages_in(cluster, broker_id, topic):
     prefix = f'kraftlog_messages_in_total{{topic="{topic}"}} '
     return sum(float(line[len(prefix):]) for line in text.splitlines()
                if line.startswith(prefix))
+
+
+def test_a_producer_and_a_consumer_each_hold_one_stream_to_the_broker(url, admin):
+    """Produces and fetches travel as messages on one WebSocket per client
+    and broker (GET /v1/stream), not an HTTP exchange each: the broker
+    counts one stream per client while they are open, each request under
+    its own path, and none once they close."""
+    tps = create(admin, "streamed", partitions=2)
+
+    def metrics() -> dict[str, float]:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+            lines = response.read().decode().splitlines()
+        return {name: float(value) for name, _, value in
+                (line.rpartition(" ") for line in lines if line and not line.startswith("#"))}
+
+    def produces(figures: dict[str, float]) -> float:
+        return sum(v for k, v in figures.items()
+                   if k.startswith("kraftlog_requests_total{") and '"/v1/produce"' in k)
+
+    before = metrics()
+    with Producer(url, linger_ms=0) as producer, \
+            Consumer(url, auto_offset_reset="earliest", fetch_max_wait_ms=100) as consumer:
+        for i in range(20):
+            producer.send("streamed", b"%d" % i, partition=i % 2).result(10)
+        consumer.assign(tps)
+        got = []
+        deadline = time.monotonic() + 20
+        while len(got) < 20:
+            assert time.monotonic() < deadline, f"only {len(got)} of 20 records"
+            got.extend(consumer.poll(timeout_ms=500))
+        during = metrics()
+        assert during["kraftlog_client_streams"] == 2, during
+    assert produces(during) - produces(before) >= 20
+    assert sorted(int(r.value) for r in got) == list(range(20))
+    deadline = time.monotonic() + 10
+    while metrics()["kraftlog_client_streams"] != 0:
+        assert time.monotonic() < deadline, "the clients' streams outlived the clients"
+        time.sleep(0.05)
