@@ -678,6 +678,7 @@ class Log:
         if active.is_empty:
             return active
         active.write_index_entries()
+        active.forget_recent_batches()
         segment = Segment.create(self.directory, self.log_end_offset,
                                  self.config.index_interval_bytes,
                                  gaps_below=_gaps_below(self.config, self.gaps_possible))

@@ -687,3 +687,42 @@ def test_an_epoch_write_taken_before_its_log_let_go_never_lands_after(log_dir):
     ticket.epoch_write()
     with open(path) as f:
         assert f.read() == "the new log's\n"
+
+
+def test_reads_near_the_end_find_the_batch_a_walk_of_the_headers_finds(log_dir):
+    """A segment remembers where its latest batches start, so a read at the
+    log end skips the walk from the last index entry: at every offset it
+    finds the batch that walk finds, while appending, after truncations,
+    across a roll and after a restart."""
+    config = LogConfig(segment_bytes=64 * 1024, index_interval_bytes=4096, flush_ms=-1)
+    log = open_log(log_dir, config)
+
+    def agree() -> None:
+        for segment in log.segments:
+            walked = list(segment.iter_batch_headers())
+            for offset in range(segment.base_offset, segment.next_offset + 3):
+                expected = next(((pos, h) for pos, h in walked if h.last_offset >= offset), None)
+                assert segment.find_batch(offset) == expected, (segment, offset)
+
+    def append(batches: int) -> None:
+        for i in range(batches):
+            log.append(make_batch(1 + i % 3, value_bytes=5), leader_epoch=0)
+
+    append(100)
+    agree()
+    log.truncate_to(log.log_end_offset - 7)  # into the remembered batches
+    agree()
+    append(5)
+    agree()
+    log.truncate_to(log.log_end_offset - 150)  # past them
+    agree()
+    append(40)
+    log.roll()
+    append(30)
+    agree()
+    log.close()
+    log = open_log(log_dir, config)
+    agree()
+    append(30)
+    agree()
+    assert read_all(log)[-1].offset == log.log_end_offset - 1
