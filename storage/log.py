@@ -157,6 +157,18 @@ def _io(method):
     return guarded
 
 
+def _make_directory(directory: str) -> bool:
+    """Make ``directory`` (and its parents) if missing; whether it was."""
+    try:
+        os.mkdir(directory)
+        return True
+    except FileExistsError:
+        return False
+    except FileNotFoundError:  # a parent is missing too
+        os.makedirs(directory, exist_ok=True)
+        return True
+
+
 class Log:
     """Segments of one partition, from ``log_start_offset`` to ``log_end_offset``."""
 
@@ -167,6 +179,8 @@ class Log:
                  gaps_possible: bool = False) -> None:
         # Use Log.open; this only wires loaded parts together.
         self.directory = directory
+        #: Whether ``open`` made the directory (nothing was there before).
+        self.fresh = False
         self._config = config
         self.clock = clock
         self._segments = segments
@@ -257,8 +271,12 @@ class Log:
         bounded by the unflushed bytes, not the log size.
         """
         config = config or LogConfig()
-        os.makedirs(directory, exist_ok=True)
-        names = cls._remove_leftovers(directory, complete_swaps(directory))
+        # A directory made here holds nothing: no listing, no leftovers to
+        # clear, no checkpoint, index or snapshot to read (a broker given
+        # thousands of new partitions makes each with a third of the system
+        # calls).
+        fresh = _make_directory(directory)
+        names = set() if fresh else cls._remove_leftovers(directory, complete_swaps(directory))
         epoch_checkpoint = LeaderEpochCheckpoint(os.path.join(directory, EPOCH_CHECKPOINT_NAME))
         try:
             epoch_cache = LeaderEpochCache(epoch_checkpoint)
@@ -271,7 +289,7 @@ class Log:
         bases = sorted(int(name[:-len(LOG_SUFFIX)]) for name in names
                        if name.endswith(LOG_SUFFIX) and name[:-len(LOG_SUFFIX)].isdigit())
         interval = config.index_interval_bytes
-        cleaner_state = CleanerState.load(directory)
+        cleaner_state = CleanerState(directory) if fresh else CleanerState.load(directory)
         gaps_possible = GAPS_MARKER in names
         gaps_below = _gaps_below(config, gaps_possible)
         segments: list[Segment] = []
@@ -300,7 +318,7 @@ class Log:
         created = not segments
         if created:
             segments.append(Segment.create(directory, log_start_offset or 0, interval,
-                                           gaps_below=gaps_below))
+                                           gaps_below=gaps_below, fresh=fresh))
         if rebuild_epochs:
             for segment in segments:
                 for _pos, header in segment.iter_batch_headers():
@@ -325,8 +343,12 @@ class Log:
         if created:  # its files' names reach the disk with the first flush
             instance._dir_dirty = True
         instance.cleaner_state.truncated(instance.log_end_offset)
-        instance.aborted_txns.load(instance._bases, instance.log_end_offset)
-        instance._load_producer_state()
+        instance.aborted_txns.load([] if fresh else instance._bases, instance.log_end_offset)
+        if fresh:
+            instance.producer_state.clear(instance.log_end_offset)
+        else:
+            instance._load_producer_state()
+        instance.fresh = fresh
         if recovered_any:
             # What recovery validated may still be only in the page cache.
             instance.flush()

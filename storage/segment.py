@@ -109,14 +109,16 @@ class Segment:
     # -- opening ---------------------------------------------------------
     @classmethod
     def create(cls, directory: str, base_offset: int, index_interval_bytes: int,
-               suffix: str = "", *, gaps_below: int = 0) -> "Segment":
+               suffix: str = "", *, gaps_below: int = 0, fresh: bool = False) -> "Segment":
         """A new, empty segment. Leftover files of the same name (from a
-        truncation that removed this segment earlier) are emptied."""
+        truncation that removed this segment earlier) are emptied, unless
+        ``fresh`` says the directory was just made (there are none)."""
         segment = cls(directory, base_offset, index_interval_bytes, suffix,
                       gaps_below=gaps_below)
-        os.ftruncate(segment._fd, 0)
-        segment.offset_index.clear()
-        segment.time_index.clear()
+        if not fresh:
+            os.ftruncate(segment._fd, 0)
+            segment.offset_index.clear()
+            segment.time_index.clear()
         return segment
 
     @classmethod

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import logging
 import os
 import time
@@ -72,8 +73,13 @@ def _write_topic_id(log: Log, topic_id: str) -> None:
     loop, for each of perhaps thousands of new logs): the file and its name
     reach the disk with the log's next flush."""
     path = os.path.join(log.directory, PARTITION_METADATA_FILE)
-    with open(path, "wb") as f:
-        f.write(f"version: 0\ntopic_id: {topic_id}\n".encode())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        data = f"version: 0\ntopic_id: {topic_id}\n".encode()
+        if os.write(fd, data) != len(data):
+            raise OSError(errno.EIO, f"short write of {path}")
+    finally:
+        os.close(fd)
     log.sync_later(path)
 
 
@@ -154,7 +160,7 @@ class DiskLogs:
 
         def make() -> Log:  # on the executor: only this partition's directory
             log = self.log_manager.open_new_log(tp, directory, config)
-            if read_topic_id(log.directory) is None:
+            if log.fresh or read_topic_id(log.directory) is None:
                 _write_topic_id(log, topic_id)
             return log
 

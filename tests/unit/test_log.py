@@ -726,3 +726,20 @@ def test_reads_near_the_end_find_the_batch_a_walk_of_the_headers_finds(log_dir):
     append(30)
     agree()
     assert read_all(log)[-1].offset == log.log_end_offset - 1
+
+
+def test_a_log_opened_where_nothing_was_is_fresh_and_reopened_is_not(log_dir):
+    """``Log.open`` making the directory reads nothing from it (there is
+    nothing), and says so (``fresh``: the broker then writes the topic id
+    without looking for one); the same log opened again reads what it
+    wrote, and is not fresh."""
+    log = open_log(log_dir)
+    assert log.fresh and log.log_end_offset == 0
+    fill(log, 3)
+    log.close()
+    again = open_log(log_dir)
+    assert not again.fresh and again.log_end_offset == 9
+    assert [r.offset for r in read_all(again)] == list(range(9))
+    again.close()
+    os.makedirs(log_dir + "-empty")  # made by someone else: looked at, not fresh
+    assert not open_log(log_dir + "-empty").fresh
