@@ -120,3 +120,50 @@ def test_a_connection_that_never_sends_a_request_is_closed_after_the_idle_time(n
                "the silent connection closed")
     silent.close()
     assert metric(node, "kraftlog_connections_idle_closed_total") == before + 1
+
+
+def test_a_clients_stream_with_no_request_for_the_idle_time_is_closed(node):
+    """A client's stream (GET /v1/stream) is one long request, so the idle
+    rule for connections between requests never sees it: the broker closes
+    it itself (1000) once no request came on it for connections.max.idle.ms.
+    Pings do not count; a long-polling fetch in flight keeps it open."""
+    import asyncio
+    import time
+
+    import aiohttp
+    import msgpack
+
+    from api.client import Admin, NewTopic
+
+    with Admin(node.broker_url) as admin:
+        admin.create_topics([NewTopic("idle-poll", 1, 1)])
+    settle(node)
+    url = node.broker_url
+    poll_ms = IDLE_MS + 2000
+
+    async def talk() -> tuple:
+        async with aiohttp.ClientSession() as session:
+            # The client's own pings every second: not requests.
+            quiet = await session.ws_connect(url + "/v1/stream", heartbeat=1.0)
+            busy = await session.ws_connect(url + "/v1/stream")
+            started = time.monotonic()
+            await busy.send_bytes(msgpack.packb({"id": 1, "path": "/v1/fetch", "body": {
+                "max_wait_ms": poll_ms, "partitions": [{"topic": "idle-poll", "partition": 0,
+                                                        "offset": 0}]}}))
+            closing = await quiet.receive(timeout=IDLE_MS / 1000 + 10)
+            quiet_after = time.monotonic() - started
+            answer = await busy.receive(timeout=poll_ms / 1000 + 10)
+            busy_answered = time.monotonic() - started
+            busy_closing = await busy.receive(timeout=IDLE_MS / 1000 + 10)
+            return (closing.type, quiet.close_code, quiet_after, answer, busy_answered,
+                    busy_closing.type, busy.close_code)
+
+    kind, code, quiet_s, answer, answered_s, busy_kind, busy_code = asyncio.run(talk())
+    assert kind is aiohttp.WSMsgType.CLOSE and code == 1000, (kind, code)
+    assert quiet_s >= IDLE_MS / 1000 - 0.5, quiet_s  # not before its idle time
+    # The long poll outlived the idle time on an open stream, and was answered.
+    assert answer.type is aiohttp.WSMsgType.BINARY, answer
+    tagged = msgpack.unpackb(answer.data, raw=False)
+    assert tagged["id"] == 1 and tagged["status"] == 200, tagged
+    assert answered_s >= poll_ms / 1000 - 0.5, answered_s
+    assert busy_kind is aiohttp.WSMsgType.CLOSE and busy_code == 1000
