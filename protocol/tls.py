@@ -197,6 +197,11 @@ PUBLIC_ROUTES = frozenset({"/ui", "/ui/", "/ui/static/{name}"})
 #: proven ("certificate", "password", "token"; absent: not at all).
 PRINCIPAL_KEY = "kraftlog.principal"
 PROOF_KEY = "kraftlog.proof"
+#: On a request authenticated by a password or a token: an async callable
+#: that checks the same credentials again and returns the user they prove
+#: now (None: no longer valid). A stream opened by the request checks each
+#: request it carries with it, as each POST is checked.
+RECHECK_KEY = "kraftlog.recheck"
 #: Proofs no node uses (a password, a delegation token): without ACLs, what
 #: only nodes and administrators may do is refused to them.
 NOT_A_NODE = frozenset({"password", "token"})
@@ -244,6 +249,10 @@ def authenticate_clients(app, mapper: "PrincipalMapper", require_certificate: bo
                     "`kraftlog tokens create` (as its owner), or renew it before it expires")
             request[PRINCIPAL_KEY] = owner
             request[PROOF_KEY] = "token"
+
+            async def recheck_token(credentials=credentials) -> str | None:
+                return verifier.authenticate_token(credentials)
+            request[RECHECK_KEY] = recheck_token
         elif not cert and verifier is not None:
             user = await verifier.authenticate(header)
             if user is None:
@@ -254,6 +263,11 @@ def authenticate_clients(app, mapper: "PrincipalMapper", require_certificate: bo
                     "or wrong")
             request[PRINCIPAL_KEY] = "User:" + user
             request[PROOF_KEY] = "password"
+
+            async def recheck_password(header=header) -> str | None:
+                again = await verifier.authenticate(header)
+                return None if again is None else "User:" + again
+            request[RECHECK_KEY] = recheck_password
         elif not cert:
             if require_certificate:
                 raise SslAuthenticationError(

@@ -165,8 +165,8 @@ def _make_directory(directory: str) -> bool:
     except FileExistsError:
         return False
     except FileNotFoundError:  # a parent is missing too
-        os.makedirs(directory, exist_ok=True)
-        return True
+        os.makedirs(os.path.dirname(directory) or ".", exist_ok=True)
+        return _make_directory(directory)
 
 
 class Log:

@@ -16,8 +16,10 @@ decisions (``api/broker/replication.py``), not this module's.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -38,10 +40,10 @@ from kraft.authorizer import RequestAuth, auth_of
 from kraft.image import TopicImage
 from protocol import acl, wire
 from protocol.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE
-from protocol.tls import principal_of, require_node_or_plain
-from protocol.errors import (CodedError, InvalidRequestError, InvalidRequiredAcksError,
-                             InvalidTopicError, KraftError,
-                             TransactionalIdAuthorizationFailedError)
+from protocol.tls import RECHECK_KEY, principal_of, require_node_or_plain
+from protocol.errors import (ClusterAuthorizationFailedError, CodedError, InvalidRequestError,
+                             InvalidRequiredAcksError, InvalidTopicError, KraftError,
+                             SaslAuthenticationError, TransactionalIdAuthorizationFailedError)
 from protocol.fetch_session import NO_SESSION
 from protocol.fields import Fields
 from protocol.stream import (CLIENT_STREAM_PATH, STREAM_CLOSE_S, STREAM_HEARTBEAT_S,
@@ -58,6 +60,50 @@ PRODUCE_TIMEOUT_MS_MAX = 300_000
 #: A client's stream: at most this many of its requests are handled at
 #: once; the broker reads no more of them meanwhile.
 CLIENT_STREAM_REQUESTS_MAX = 64
+#: Stopping, a client's stream gets this long for the requests it carries
+#: to be answered before it is closed.
+STREAM_DRAIN_S = 2.0
+
+
+class _OpenStream:
+    """A stream being served: the request that opened it, the requests it
+    carries being answered, and their bytes."""
+
+    __slots__ = ("request", "finish_requests", "answering", "bytes_in_flight", "last_message")
+
+    def __init__(self, request: web.Request, finish_requests: bool) -> None:
+        self.request = request
+        self.finish_requests = finish_requests
+        self.answering: set[asyncio.Task] = set()
+        self.bytes_in_flight = 0
+        self.last_message = time.monotonic()
+
+    def done(self, room: asyncio.Semaphore, size: int, _task: asyncio.Task) -> None:
+        self.bytes_in_flight -= size
+        room.release()
+
+
+def refuse_other_origins(request: web.Request) -> None:
+    """A WebSocket handshake from a web page (it carries ``Origin``) is
+    refused unless the page is the broker's own (its console): a browser
+    opens WebSockets across origins without asking the server first, as it
+    would for a POST of msgpack, so any page a user visits could otherwise
+    produce and fetch with the user's network reach and certificates."""
+    origin = request.headers.get("Origin")
+    if origin is not None and urllib.parse.urlsplit(origin).netloc != request.host:
+        raise ClusterAuthorizationFailedError(
+            f"a web page from {origin[:100]} may not open a stream to this broker; "
+            "streams are for clients (a page of the broker's own origin may)")
+
+
+async def still_authenticated(request: web.Request) -> bool:
+    """Whether the credentials ``request`` was authenticated with still
+    prove the same user (a stream's, checked at each request it carries,
+    as each POST is authenticated). Certificates and plain listeners: yes."""
+    recheck = request.get(RECHECK_KEY)
+    if recheck is None:
+        return True
+    return await recheck() == principal_of(request)
 FETCH_MAX_BYTES_DEFAULT = 50 * 1024 * 1024
 PARTITION_FETCH_BYTES_DEFAULT = 1024 * 1024
 EARLIEST_TIMESTAMP = -2
@@ -165,9 +211,9 @@ class DataApi:
         # (topic, eligible) -> (its registrations, its partitions rendered):
         # ``_partitions_of``'s cache.
         self._rendered: dict[tuple[str, bool], tuple[tuple, list[dict]]] = {}
-        #: Followers' fetch streams open now, with the request that opened
-        #: each (closed when the broker stops).
-        self._streams: dict[web.WebSocketResponse, web.Request] = {}
+        #: Streams open now (followers' and clients'), each with the
+        #: request that opened it (closed when the broker stops).
+        self._streams: dict[web.WebSocketResponse, _OpenStream] = {}
 
     async def wait_turn(self, request: web.Request, key: str) -> None:
         """Hold a produce (or a consumer's fetch) until its quota entity's
@@ -440,67 +486,78 @@ class DataApi:
         # A follower sends one fetch per fetcher at once.
         return await self._serve_stream(
             request, lambda stream, data: self._stream_fetch(stream, data, auth),
-            STREAM_FETCHES_MAX, idle_s=None)
+            STREAM_FETCHES_MAX, idle_s=None, finish_requests=False)
 
     def stream_counts(self) -> dict[str, int]:
         """Streams open now: clients' and followers'."""
-        clients = sum(1 for request in self._streams.values()
-                      if request.path == CLIENT_STREAM_PATH)
+        clients = sum(1 for open_ in self._streams.values() if open_.finish_requests)
         return {"client_streams": clients, "follower_streams": len(self._streams) - clients}
 
     async def _serve_stream(self, request: web.Request, answer: Callable[..., Any],
-                            in_flight_max: int, idle_s: float | None) -> web.WebSocketResponse:
+                            in_flight_max: int, idle_s: float | None,
+                            finish_requests: bool) -> web.WebSocketResponse:
         """Accept the WebSocket ``request`` asks for and hand each binary
         message to ``answer(stream, data)``, at most ``in_flight_max`` at
-        once: a caller that sends more (or stops reading the answers) waits,
-        instead of the broker buffering answers for it. A message of another
-        type closes the stream, and so does ``idle_s`` without a message
-        (None: never)."""
-        stream = web.WebSocketResponse(
-            compress=False, max_msg_size=request.app[wire.BODY_BYTES_MAX_KEY],
-            heartbeat=STREAM_HEARTBEAT_S)
+        once and, together, at most socket.request.max.bytes of them: a
+        caller that sends more (or stops reading the answers) waits, instead
+        of the broker buffering for it. A message of another type closes the
+        stream, and so does ``idle_s`` without a message (None: never). A
+        handshake from a web page of another origin is refused (browsers
+        open WebSockets across origins without asking). When the stream
+        closes, the requests still being answered are cancelled, or with
+        ``finish_requests`` carried out (as a POST whose client left is:
+        appended, counted against quotas), their answers dropped."""
+        refuse_other_origins(request)
+        bytes_max = request.app[wire.BODY_BYTES_MAX_KEY]
+        stream = web.WebSocketResponse(compress=False, max_msg_size=bytes_max,
+                                       heartbeat=STREAM_HEARTBEAT_S)
         await stream.prepare(request)
-        self._streams[stream] = request
-        answering: set[asyncio.Task] = set()
+        open_ = _OpenStream(request, finish_requests)
+        self._streams[stream] = open_
+        answering = open_.answering
         room = asyncio.Semaphore(in_flight_max)
-        last_message = [time.monotonic()]
         watch = None if idle_s is None else asyncio.create_task(
-            self._close_when_idle(stream, answering, last_message, idle_s))
+            self._close_when_idle(stream, open_, idle_s))
         try:
             async for message in stream:
                 if message.type is not WSMsgType.BINARY:
                     await stream.close(code=WSCloseCode.UNSUPPORTED_DATA,
                                        message=b"binary msgpack messages only")
                     break
-                last_message[0] = time.monotonic()
+                open_.last_message = time.monotonic()
+                size = len(message.data)
+                while answering and open_.bytes_in_flight + size > bytes_max:
+                    await asyncio.wait(list(answering), return_when=asyncio.FIRST_COMPLETED)
                 await room.acquire()
+                open_.bytes_in_flight += size
                 task = asyncio.create_task(answer(stream, message.data))
                 answering.add(task)
                 task.add_done_callback(answering.discard)
-                task.add_done_callback(lambda _task: room.release())
+                task.add_done_callback(functools.partial(open_.done, room, size))
         finally:
             self._streams.pop(stream, None)
             if watch is not None:
                 watch.cancel()
-            for task in answering:
-                task.cancel()
+            if not finish_requests:
+                for task in answering:
+                    task.cancel()
             await asyncio.gather(*answering, return_exceptions=True)
         return stream
 
     @staticmethod
-    async def _close_when_idle(stream: web.WebSocketResponse, answering: set,
-                               last_message: list[float], idle_s: float) -> None:
+    async def _close_when_idle(stream: web.WebSocketResponse, open_: "_OpenStream",
+                               idle_s: float) -> None:
         """Close ``stream`` once it has had no message for ``idle_s`` and
         answers none (its pings do not count): connections.max.idle.ms, as
         for an HTTP connection between requests."""
         while not stream.closed:
-            await asyncio.sleep(max(0.0, last_message[0] + idle_s - time.monotonic()))
-            if not answering and time.monotonic() - last_message[0] >= idle_s:
+            await asyncio.sleep(max(0.0, open_.last_message + idle_s - time.monotonic()))
+            if not open_.answering and time.monotonic() - open_.last_message >= idle_s:
                 await stream.close(code=WSCloseCode.OK,
                                    message=b"idle for connections.max.idle.ms")
                 return
-            if answering:
-                last_message[0] = time.monotonic()  # busy: idle from now at the earliest
+            if open_.answering:
+                open_.last_message = time.monotonic()  # busy: idle from now at the earliest
 
     # -- clients' stream -------------------------------------------------------
     async def handle_client_stream(self, request: web.Request) -> web.StreamResponse:
@@ -509,18 +566,31 @@ class DataApi:
         "/v1/produce" | "/v1/fetch", "body": <the body of POST <path>>}``,
         answered by ``{"id": int, "status": <the HTTP status POST <path>
         would have>, "answer": <what it would answer>}`` once it is answered,
-        in any order. The same requests, checked the same way (the caller
-        is the one the handshake authenticated; ACLs, quotas and limits at
-        each request), without an HTTP exchange each. A message that is not
-        such a map closes the stream (1003), one over
-        socket.request.max.bytes too (1009), and so does
+        in any order. The same requests, checked the same way (the caller's
+        credentials again, ACLs, quotas and limits, at each request),
+        without an HTTP exchange each. A message that is not such a map
+        closes the stream (1003), one over socket.request.max.bytes too
+        (1009), credentials no longer valid (1008), and so does
         connections.max.idle.ms without one (1000)."""
         return await self._serve_stream(
             request, lambda stream, data: self._stream_request(stream, data, request),
             CLIENT_STREAM_REQUESTS_MAX,
-            idle_s=request.app.get(wire.BODY_IDLE_MS_KEY, wire.BODY_IDLE_MS_DEFAULT) / 1000)
+            idle_s=request.app.get(wire.BODY_IDLE_MS_KEY, wire.BODY_IDLE_MS_DEFAULT) / 1000,
+            finish_requests=True)
 
     async def _stream_request(self, stream: web.WebSocketResponse, data: bytes,
+                              request: web.Request) -> None:
+        """One message off a client's stream, its time on the event loop
+        (decoding and encoding too) counted against the caller's
+        request_percentage, as an HTTP request's is."""
+        handling = self._stream_message(stream, data, request)
+        if self.quotas is None:
+            await handling
+        else:
+            await run_counted(self.quotas, principal_of(request), client_id_of(request),
+                              handling)
+
+    async def _stream_message(self, stream: web.WebSocketResponse, data: bytes,
                               request: web.Request) -> None:
         started = time.perf_counter()
         try:
@@ -534,7 +604,14 @@ class DataApi:
             return
         path = message.get("path")
         api = path if path in STREAMED_PATHS else "unmatched"
+        refused = False
         try:
+            refused = not await still_authenticated(request)
+            if refused:
+                raise SaslAuthenticationError(
+                    "the credentials this stream was opened with are no longer valid (a "
+                    "password changed, a user or delegation token deleted or expired): "
+                    "connect again with valid ones")
             if api == "unmatched":
                 raise InvalidRequestError(
                     f"the stream carries {' and '.join(sorted(STREAMED_PATHS))}, not "
@@ -557,26 +634,24 @@ class DataApi:
             try:
                 await stream.send_bytes(msgpack.packb(
                     {"id": request_id, "status": status, "answer": answer}, use_bin_type=True))
+                if refused:
+                    await stream.close(code=WSCloseCode.POLICY_VIOLATION,
+                                       message=b"credentials no longer valid")
             except ConnectionError:
                 pass  # the client went away; it asks again over a new stream or by POST
 
     async def _streamed(self, request: web.Request, path: str, body: dict) -> dict:
-        """A produce or a consumer's fetch off a client's stream: held for
-        its quota, then answered, its time counted as a POST's would be."""
+        """A produce or a fetch off a client's stream: held for its quota,
+        then answered, as its POST would be."""
         if path == "/v1/produce":
             await self.wait_turn(request, PRODUCER_BYTE_RATE)
-            answering = self.produce(request, body)
-        else:
-            fetch = decode_fetch(body)
-            if fetch.replica_id >= 0:  # as over POST: a node's, not counted
-                self._require_follower(request)
-                return await self._answer_follower(fetch)
-            await self.wait_turn(request, CONSUMER_BYTE_RATE)
-            answering = self.consumer_fetch(request, fetch)
-        if self.quotas is None:
-            return await answering
-        return await run_counted(self.quotas, principal_of(request), client_id_of(request),
-                                 answering)
+            return await self.produce(request, body)
+        fetch = decode_fetch(body)
+        if fetch.replica_id >= 0:  # as over POST: a node's
+            self._require_follower(request)
+            return await self._answer_follower(fetch)
+        await self.wait_turn(request, CONSUMER_BYTE_RATE)
+        return await self.consumer_fetch(request, fetch)
 
     async def _stream_fetch(self, stream: web.WebSocketResponse, data: bytes,
                             auth: RequestAuth) -> None:
@@ -611,10 +686,16 @@ class DataApi:
                 pass  # the follower went away; it asks again over a new stream
 
     async def _close_streams(self, app: web.Application) -> None:
-        """Stopping: close the followers' streams, which would otherwise
-        hold the server's shutdown (they ask again elsewhere or later). A
-        follower that does not read (paused) is cut off after a second."""
-        async def close(stream: web.WebSocketResponse, request: web.Request) -> None:
+        """Stopping: close the streams, which would otherwise hold the
+        server's shutdown (followers and clients ask again elsewhere or
+        later). A client's stream first gets up to STREAM_DRAIN_S for the
+        requests it carries to be answered, as an HTTP request in progress
+        gets the server's shutdown timeout. A caller that does not read
+        (paused) is cut off after a second."""
+        async def close(stream: web.WebSocketResponse, open_: _OpenStream) -> None:
+            request = open_.request
+            if open_.finish_requests and open_.answering:
+                await asyncio.wait(list(open_.answering), timeout=STREAM_DRAIN_S)
             try:
                 await asyncio.wait_for(stream.close(code=WSCloseCode.GOING_AWAY,
                                                     message=b"the broker is stopping"),
@@ -622,8 +703,8 @@ class DataApi:
             except (asyncio.TimeoutError, ConnectionError):
                 if request.transport is not None:
                     request.transport.abort()
-        await asyncio.gather(*(close(stream, request)
-                               for stream, request in list(self._streams.items())),
+        await asyncio.gather(*(close(stream, open_)
+                               for stream, open_ in list(self._streams.items())),
                              return_exceptions=True)
 
     # -- list offsets ------------------------------------------------------------

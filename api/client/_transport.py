@@ -232,7 +232,7 @@ class Transport:
                 "security_protocol='SSL': it sends nothing unencrypted. Every broker's "
                 "listener must be SSL (listener.security.protocol.map)")
         if method == "POST" and path in STREAMED_PATHS and self.streams_enabled \
-                and url not in self._bulk:
+                and url not in self._bulk and _records_bytes(body) <= STREAM_REQUEST_BYTES_MAX:
             request_id = next(self._stream_ids)
             data = msgpack.packb({"id": request_id, "path": path, "body": body},
                                  use_bin_type=True)
@@ -326,6 +326,18 @@ class Transport:
             stream = self._streams[base_url] = TaggedStream(socket, "client-stream")
             return stream
 
+    def _forget(self, base_url: str, stream: TaggedStream) -> None:
+        """``stream`` failed: closed, and no longer the one to ``base_url``
+        (unless another has replaced it already)."""
+        if self._streams.get(base_url) is stream:
+            del self._streams[base_url]
+        self._close_later(stream)
+
+    def _close_later(self, stream: TaggedStream) -> None:
+        task = asyncio.get_running_loop().create_task(stream.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
     async def _call(self, stream: TaggedStream, base_url: str, url: str, request_id: int,
                     data: bytes, timeout_s: float) -> Any:
         """One request over ``stream``: its answer, or the error a POST of
@@ -334,7 +346,8 @@ class Transport:
             async with asyncio.timeout(timeout_s):
                 tagged, size = await stream.call(request_id, data)
         except asyncio.TimeoutError:
-            self._drop(base_url)  # the broker may be gone: a fresh stream next time
+            # This request only: the others on the stream go on (a broker
+            # gone is noticed by the stream's heartbeat).
             raise RequestTimedOutError(
                 f"POST {url} (over the stream) got no answer within {timeout_s * 1000:.0f} ms"
             ) from None
@@ -345,7 +358,7 @@ class Transport:
                 self._post_until[base_url] = asyncio.get_running_loop().time() + POST_ONLY_S
             raise BrokerNotAvailableError(f"POST {url} (over the stream) failed: {exc}") from None
         except (aiohttp.ClientError, OSError) as exc:
-            self._drop(base_url)
+            self._forget(base_url, stream)
             raise BrokerNotAvailableError(
                 f"POST {url} (over the stream) failed: {type(exc).__name__}: {exc}") from None
         if size > STREAM_REQUEST_BYTES_MAX:
@@ -359,9 +372,7 @@ class Transport:
     def _drop(self, base_url: str) -> None:
         stream = self._streams.pop(base_url, None)
         if stream is not None:
-            task = asyncio.get_running_loop().create_task(stream.close())
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            self._close_later(stream)
 
     async def close(self) -> None:
         self._closed = True
@@ -371,6 +382,15 @@ class Transport:
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
+
+
+def _records_bytes(body: Any) -> int:
+    """The bytes of record batches in a produce body (0 for anything
+    else): a lower bound of its packed size, known without packing it."""
+    partitions = body.get("partitions") if isinstance(body, dict) else None
+    if not isinstance(partitions, list):
+        return 0
+    return sum(len(p.get("records") or b"") for p in partitions if isinstance(p, dict))
 
 
 _UNDECODABLE = object()

@@ -818,3 +818,52 @@ def test_a_partition_refused_at_its_first_fetch_is_served_once_read_is_granted(c
                                    acl.READ, acl.ALLOW)])
         consumer.seek(tp, 0)
         assert values_of(consumer, 1, timeout_s=15) == [b"x"]
+
+
+def test_a_clients_stream_stops_serving_once_its_user_is_deleted(cluster):
+    """A stream is opened with a password, and each request on it is
+    authenticated again, as each POST is: once the user is deleted the next
+    request is answered 401 SASL_AUTHENTICATION_FAILED and the stream is
+    closed (1008)."""
+    import asyncio
+
+    import aiohttp
+
+    with Admin(bootstrap(cluster), **cluster.client_security) as admin:
+        admin.upsert_user("heidi", PASSWORD)
+    wait_for_login(cluster, "heidi")
+    broker = cluster.broker_ids[0]
+    fetch = {"max_wait_ms": 0, "partitions": [{"topic": "acl-orders", "partition": 0,
+                                               "offset": 0}]}
+
+    def delete() -> None:
+        with Admin(bootstrap(cluster), **cluster.client_security) as admin:
+            admin.delete_user("heidi")
+
+        def refused() -> bool:
+            return call(cluster, "GET", "/healthz", None, user="heidi", broker=broker)[0] == 401
+        wait_until(refused, 30, "heidi refused by the broker")
+
+    async def talk() -> tuple[list, int | None]:
+        context = ssl.create_default_context(cafile=cluster.certs["ca"].certfile)
+        token = base64.b64encode(f"heidi:{PASSWORD}".encode()).decode()
+        answers = []
+        async with aiohttp.ClientSession() as session:
+            stream = await session.ws_connect(
+                cluster.nodes[broker].broker_url + "/v1/stream", ssl=context,
+                headers={"Authorization": f"Basic {token}"})
+            for request_id in (1, 2):
+                if request_id == 2:
+                    await asyncio.get_running_loop().run_in_executor(None, delete)
+                await stream.send_bytes(msgpack.packb(
+                    {"id": request_id, "path": "/v1/fetch", "body": fetch}, use_bin_type=True))
+                tagged = msgpack.unpackb((await stream.receive(timeout=15)).data, raw=False)
+                answers.append((tagged["status"], tagged["answer"]))
+            closing = await stream.receive(timeout=15)
+            assert closing.type is aiohttp.WSMsgType.CLOSE, closing
+            return answers, closing.data  # the code the broker closed with
+
+    (first, second), close_code = asyncio.run(talk())
+    assert first[0] == 200 and "error" not in first[1], first
+    assert second[0] == 401 and second[1]["error"]["code"] == "SASL_AUTHENTICATION_FAILED"
+    assert close_code == 1008

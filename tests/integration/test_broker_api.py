@@ -1686,7 +1686,7 @@ def test_a_clients_stream_answers_produces_and_fetches_by_id_in_any_order(multi)
                 stream = await session.ws_connect(leader_url + "/v1/stream")
                 await (stream.send_str(bad) if isinstance(bad, str) else stream.send_bytes(bad))
                 message = await stream.receive(timeout=15)
-                closes.append((message.type, stream.close_code))
+                closes.append((message.type, message.data))  # the code the broker sent
                 await stream.close()
         return answers, closes, waited
 
@@ -1733,7 +1733,37 @@ def test_a_stream_message_above_socket_request_max_bytes_closes_the_stream_1009(
             await stream.send_bytes(msgpack.packb({"id": 1, "path": "/v1/produce",
                                                    "body": body}, use_bin_type=True))
             message = await stream.receive(timeout=15)
-            return message.type, stream.close_code
+            return message.type, message.data  # the code the broker sent
 
     assert asyncio.run(talk()) == (aiohttp.WSMsgType.CLOSE, 1009)
     assert produce_ok(url, "streamed-big", 0, batch_of([(None, b"small", [], None)])) == 0
+
+
+def test_a_web_page_of_another_origin_may_not_open_a_stream(multi):
+    """Browsers open WebSockets across origins without asking the server
+    (unlike a POST of msgpack), so a handshake from a page of another origin
+    is refused (403), on both streams; the broker's own pages and programs
+    (no Origin) are not."""
+    import asyncio
+
+    import aiohttp
+
+    url = multi.nodes[multi.broker_ids[0]].broker_url
+    own = "http://" + urlsplit(url).netloc
+
+    async def talk() -> list:
+        outcomes = []
+        async with aiohttp.ClientSession() as session:
+            for path, origin in (("/v1/stream", "https://pages.example"),
+                                 ("/v1/replica/fetch-stream", "https://pages.example"),
+                                 ("/v1/stream", own), ("/v1/stream", None)):
+                headers = {} if origin is None else {"Origin": origin}
+                try:
+                    stream = await session.ws_connect(url + path, headers=headers)
+                    await stream.close()
+                    outcomes.append("open")
+                except aiohttp.WSServerHandshakeError as exc:
+                    outcomes.append(exc.status)
+        return outcomes
+
+    assert asyncio.run(talk()) == [403, 403, "open", "open"]

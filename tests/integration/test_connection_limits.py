@@ -155,8 +155,9 @@ def test_a_clients_stream_with_no_request_for_the_idle_time_is_closed(node):
             answer = await busy.receive(timeout=poll_ms / 1000 + 10)
             busy_answered = time.monotonic() - started
             busy_closing = await busy.receive(timeout=IDLE_MS / 1000 + 10)
-            return (closing.type, quiet.close_code, quiet_after, answer, busy_answered,
-                    busy_closing.type, busy.close_code)
+            # (the codes the broker sent)
+            return (closing.type, closing.data, quiet_after, answer, busy_answered,
+                    busy_closing.type, busy_closing.data)
 
     kind, code, quiet_s, answer, answered_s, busy_kind, busy_code = asyncio.run(talk())
     assert kind is aiohttp.WSMsgType.CLOSE and code == 1000, (kind, code)
