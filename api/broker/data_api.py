@@ -63,6 +63,10 @@ CLIENT_STREAM_REQUESTS_MAX = 64
 #: Stopping, a client's stream gets this long for the requests it carries
 #: to be answered before it is closed.
 STREAM_DRAIN_S = 2.0
+FETCH_MAX_BYTES_DEFAULT = 50 * 1024 * 1024
+PARTITION_FETCH_BYTES_DEFAULT = 1024 * 1024
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
 
 
 class _OpenStream:
@@ -86,9 +90,10 @@ class _OpenStream:
 def refuse_other_origins(request: web.Request) -> None:
     """A WebSocket handshake from a web page (it carries ``Origin``) is
     refused unless the page is the broker's own (its console): a browser
-    opens WebSockets across origins without asking the server first, as it
-    would for a POST of msgpack, so any page a user visits could otherwise
-    produce and fetch with the user's network reach and certificates."""
+    opens a WebSocket to another origin without asking the server first
+    (a POST of msgpack it asks about, CORS, and the broker never agrees), so
+    any page a user visits could otherwise produce and fetch with the
+    user's network reach and certificates."""
     origin = request.headers.get("Origin")
     if origin is not None and urllib.parse.urlsplit(origin).netloc != request.host:
         raise ClusterAuthorizationFailedError(
@@ -104,10 +109,6 @@ async def still_authenticated(request: web.Request) -> bool:
     if recheck is None:
         return True
     return await recheck() == principal_of(request)
-FETCH_MAX_BYTES_DEFAULT = 50 * 1024 * 1024
-PARTITION_FETCH_BYTES_DEFAULT = 1024 * 1024
-EARLIEST_TIMESTAMP = -2
-LATEST_TIMESTAMP = -1
 
 
 def partition_error(exc: Exception, what: str = "request") -> dict:
