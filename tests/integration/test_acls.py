@@ -140,6 +140,15 @@ def call(cluster: ProcessCluster, method: str, path: str, body, *, user: str | N
     return status, {"text": raw.decode(errors="replace")}
 
 
+async def user_stream(session, cluster: ProcessCluster, broker: int, user: str, path: str):
+    """A WebSocket to ``path`` on ``broker``, opened as ``user`` (with its
+    password, over TLS)."""
+    context = ssl.create_default_context(cafile=cluster.certs["ca"].certfile)
+    token = base64.b64encode(f"{user}:{PASSWORD}".encode()).decode()
+    return await session.ws_connect(cluster.nodes[broker].broker_url + path, ssl=context,
+                                    headers={"Authorization": f"Basic {token}"})
+
+
 def batch(value: bytes = b"x") -> bytes:
     builder = BatchBuilder()
     builder.append(None, value)
@@ -677,13 +686,9 @@ def test_a_fetch_stream_stops_serving_once_its_cluster_action_acl_is_removed(clu
         wait_until(gone, 30, "erin's ACL gone from the broker")
 
     async def talk() -> list[dict]:
-        context = ssl.create_default_context(cafile=cluster.certs["ca"].certfile)
-        token = base64.b64encode(f"erin:{PASSWORD}".encode()).decode()
         answers = []
         async with aiohttp.ClientSession() as session:
-            stream = await session.ws_connect(
-                cluster.nodes[broker].broker_url + "/v1/replica/fetch-stream", ssl=context,
-                headers={"Authorization": f"Basic {token}"})
+            stream = await user_stream(session, cluster, broker, "erin", "/v1/replica/fetch-stream")
             for request_id in (1, 2):
                 if request_id == 2:
                     await asyncio.get_running_loop().run_in_executor(None, revoke)
@@ -730,13 +735,9 @@ def test_a_clients_stream_checks_write_at_each_produce(cluster):
         in_broker(False)
 
     async def talk() -> list[tuple[int, dict]]:
-        context = ssl.create_default_context(cafile=cluster.certs["ca"].certfile)
-        token = base64.b64encode(f"grace:{PASSWORD}".encode()).decode()
         answers = []
         async with aiohttp.ClientSession() as session:
-            stream = await session.ws_connect(
-                cluster.nodes[broker].broker_url + "/v1/stream", ssl=context,
-                headers={"Authorization": f"Basic {token}"})
+            stream = await user_stream(session, cluster, broker, "grace", "/v1/stream")
             for request_id, before in ((1, None), (2, allow), (3, revoke)):
                 if before is not None:
                     await asyncio.get_running_loop().run_in_executor(None, before)
@@ -845,13 +846,9 @@ def test_a_clients_stream_stops_serving_once_its_user_is_deleted(cluster):
         wait_until(refused, 30, "heidi refused by the broker")
 
     async def talk() -> tuple[list, int | None]:
-        context = ssl.create_default_context(cafile=cluster.certs["ca"].certfile)
-        token = base64.b64encode(f"heidi:{PASSWORD}".encode()).decode()
         answers = []
         async with aiohttp.ClientSession() as session:
-            stream = await session.ws_connect(
-                cluster.nodes[broker].broker_url + "/v1/stream", ssl=context,
-                headers={"Authorization": f"Basic {token}"})
+            stream = await user_stream(session, cluster, broker, "heidi", "/v1/stream")
             for request_id in (1, 2):
                 if request_id == 2:
                     await asyncio.get_running_loop().run_in_executor(None, delete)
