@@ -302,3 +302,66 @@ async def test_a_follower_that_stops_reading_holds_few_answers_and_never_the_shu
     assert api.calls == STREAM_FETCHES_MAX
     await asyncio.wait_for(runner.cleanup(), 10)  # (it hung, before the bound)
     writer.close()
+
+
+# -- a stream that closes with requests in flight -------------------------------------------
+class Holding:
+    """Stands for the DataApi: each request on a stream is held until
+    ``release`` is set, then counted as finished (or as cancelled)."""
+
+    def __init__(self) -> None:
+        self._streams: dict = {}
+        self.release = asyncio.Event()
+        self.finished = 0
+        self.cancelled = 0
+
+    async def answer(self, stream, data: bytes) -> None:
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        self.finished += 1
+
+
+@pytest.mark.parametrize("finish_requests", [True, False])
+async def test_requests_in_flight_when_a_stream_closes_finish_or_are_cancelled_as_told(
+        finish_requests):
+    """A client's stream (finish_requests) carries its requests out after
+    the client closes it, as a POST whose client left is (a produce
+    appended is charged to its quotas); a follower's stream cancels its
+    fetches (their answers would be void)."""
+    import aiohttp
+
+    api = Holding()
+    app = web.Application()
+    app[wire.BODY_BYTES_MAX_KEY] = 1 << 20
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await DataApi._serve_stream(api, request, api.answer, 16, idle_s=None,
+                                           finish_requests=finish_requests)
+    app.router.add_get("/stream", handler)
+    runner = web.AppRunner(app, shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        async with aiohttp.ClientSession() as session:
+            stream = await session.ws_connect(f"http://127.0.0.1:{port}/stream")
+            for _ in range(3):
+                await stream.send_bytes(b"a request")
+            async with asyncio.timeout(10):
+                while sum(len(s.answering) for s in api._streams.values()) < 3:
+                    await asyncio.sleep(0.01)
+            await stream.close()
+        async with asyncio.timeout(10):
+            while api._streams:  # the broker saw the stream end
+                await asyncio.sleep(0.01)
+        api.release.set()
+        async with asyncio.timeout(10):
+            while api.finished + api.cancelled < 3:
+                await asyncio.sleep(0.01)
+        assert (api.finished, api.cancelled) == ((3, 0) if finish_requests else (0, 3))
+    finally:
+        await asyncio.wait_for(runner.cleanup(), 10)
