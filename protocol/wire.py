@@ -399,10 +399,8 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
     except ConnectionResetError as exc:  # the client left: normal traffic, said quietly
         logger.debug("%s %s: the client went away: %s", request.method, request.path, exc)
         return error_response(request, ClientGoneError(str(exc)))
-    except Exception as exc:
-        if hasattr(exc, "code") and isinstance(getattr(exc, "code"), str):
-            return error_response(request, exc)  # storage errors carry codes too
-        logger.exception("unexpected error handling %s %s", request.method, request.path)
-        body = {"error": {"code": "UNKNOWN_SERVER_ERROR",
-                          "message": f"internal error: {type(exc).__name__}: {exc}"}}
-        return respond(request, body, 500)
+    except Exception as exc:  # storage errors carry codes too
+        body, status = error_answer(exc)
+        if status == 500:
+            logger.exception("unexpected error handling %s %s", request.method, request.path)
+        return respond(request, body, status)

@@ -15,8 +15,8 @@ with the request id, instead of an HTTP exchange each. On this machine an
 HTTP round trip costs 235 µs of CPU and a message pair 33 µs, and a
 follower fetches after every append it is woken for. A leader that has no
 stream (an older broker, during a rolling upgrade) is asked by ``POST
-/v1/fetch`` with ``replica_id``, the same fetch, and
-offered the stream again a minute later.
+/v1/fetch`` with ``replica_id``, the same fetch, and offered the stream
+again a minute later.
 """
 
 from __future__ import annotations

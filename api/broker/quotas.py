@@ -283,8 +283,6 @@ class OnLoopTime:
                 sent, thrown = None, exc
 
 
-#: Routes only nodes and operators call (markers, KIP-890 checks, health
-#: probes, metrics scrapes): never held, never counted, whoever calls.
 async def run_counted(quotas: QuotaManager, user: str, client_id: str,
                       request: Awaitable[Any]) -> Any:
     """Await ``request`` (a request not sent over HTTP: one off a client's
@@ -300,6 +298,8 @@ async def run_counted(quotas: QuotaManager, user: str, client_id: str,
         quotas.record(REQUEST_PERCENTAGE, user, client_id, timed.busy_s * 100)
 
 
+#: Routes only nodes and operators call (markers, KIP-890 checks, health
+#: probes, metrics scrapes): never held, never counted, whoever calls.
 EXEMPT_ROUTES = frozenset({"/v1/txn/markers", "/v1/transactions/verify",
                            "/v1/replica/fetch-stream", "/healthz", "/metrics",
                            # a client's stream: each request on it is counted
