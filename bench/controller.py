@@ -270,13 +270,34 @@ def topic_creations(work: str, settings: dict, count: int, clients: int,
         for label, n_clients in (("sequential", 1), ("concurrent", clients)):
             progress(f"topic creations: {count} with {n_clients} client(s) ...")
             names = [f"{label}-{i}" for i in range(count)]
+            cpu_before = cluster.cpu_seconds()
             started = time.perf_counter()
             latencies = asyncio.run(_create_many(url, names, n_clients))
             elapsed = time.perf_counter() - started
             results[label] = {"clients": n_clients, "creations_per_s": round(count / elapsed, 1),
-                              **summary_ms(latencies)}
+                              **summary_ms(latencies),
+                              **_cpu_per_creation(cluster, active, cpu_before, count)}
     progress("")
     return results
+
+
+def _cpu_per_creation(cluster: ProcessCluster, active: int, before: dict[int, float] | None,
+                      count: int) -> dict:
+    """CPU ms per creation (from /proc) of the active controller, of the
+    other controllers (their mean) and of the brokers (their mean)."""
+    after = cluster.cpu_seconds()
+    if before is None or after is None:
+        return {}
+
+    def mean_ms(node_ids: list[int]) -> float:
+        spent = [after[n] - before[n] for n in node_ids if n in before and n in after]
+        return round(sum(spent) / len(spent) / count * 1000, 3) if spent else 0.0
+
+    return {"cpu_ms_per_creation": {
+        "active controller": mean_ms([active]),
+        "other controllers": mean_ms([n for n in cluster.nodes
+                                      if n != active and n not in cluster.broker_ids]),
+        "each broker": mean_ms(list(cluster.broker_ids))}}
 
 
 # -- report ----------------------------------------------------------------
@@ -302,6 +323,10 @@ def format_report(r: dict) -> str:
     for label, v in tc.items():
         lines.append(f"{'  ' + label + ' (' + str(v['clients']) + ' clients)':44} "
                      f"{v['creations_per_s']:>9.0f} {v['p50_ms']:>7.1f}ms {v['p99_ms']:>7.1f}ms")
+    for label, v in tc.items():
+        if v.get("cpu_ms_per_creation"):
+            lines.append(f"  CPU per creation, {label}: " + ", ".join(
+                f"{who} {ms:.2f} ms" for who, ms in v["cpu_ms_per_creation"].items()))
     lines += ["", f"reference: raw 4 KiB write+fsync {fs['fsyncs_per_s']:.0f}/s "
                   f"({fs['fsync_ms']:.2f} ms each); sequential creations are "
                   f"{tc['sequential']['creations_per_s'] / fs['fsyncs_per_s']:.2f}x that rate"]

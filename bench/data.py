@@ -41,6 +41,8 @@ LATENCY_SAMPLE_EVERY = 64
 PROGRESS_INTERVAL_S = 0.5
 BAR_WIDTH = 30
 STAMP = struct.Struct(">d")  # send time, seconds since the epoch, at the start of a value
+#: ``--transport``: the clients' stream (their default), or a POST a request.
+TRANSPORTS = ("stream", "post")
 
 
 def add_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
@@ -87,9 +89,20 @@ def add_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
         parser.add_argument("--producers", type=int, default=1,
                             help="producer processes sending in parallel, each with its share "
                                  "of --records (default %(default)s)")
+    if kind == "produce":
+        parser.add_argument("--flush-each", action="store_true",
+                            help="flush after every send: one record in flight at a time, so "
+                                 "the latency is one record's round trip (give a small "
+                                 "--records, for example 500)")
     if kind == "e2e":
         parser.add_argument("--rate", type=int, default=10_000,
                             help="records per second the producer sends (default %(default)s)")
+    if kind in ("produce", "consume", "e2e"):
+        parser.add_argument("--transport", choices=TRANSPORTS, default="stream",
+                            help="how the clients send produces and fetches: 'stream', tagged "
+                                 "messages on one WebSocket per broker (GET /v1/stream, the "
+                                 "clients' default), or 'post', one HTTP POST each (default "
+                                 "%(default)s)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -101,19 +114,22 @@ def run(args: argparse.Namespace) -> int:
     problem = _replication_flags_problem(args)
     if getattr(args, "send_batch", 0) < 0:
         problem = "--send-batch must be at least 1 (or 0: send one record a call)"
+    if getattr(args, "send_batch", 0) and getattr(args, "flush_each", False):
+        problem = "--flush-each sends one record at a time; it cannot be used with --send-batch"
     if problem:
         print(problem, file=sys.stderr)
         return 2
-    with _target(args) as bootstrap:
+    target = _target(args)
+    with target as bootstrap:
         topic = f"bench-{kind}-{uuid.uuid4().hex[:8]}"
         _create_topic(bootstrap, topic, args.partitions, args.replication_factor,
                       args.min_insync_replicas)
         if kind == "produce":
-            summary = bench_produce(bootstrap, topic, args)
+            summary = bench_produce(bootstrap, topic, args, cluster=target.cluster)
         elif kind == "consume":
-            summary = bench_consume(bootstrap, topic, args)
+            summary = bench_consume(bootstrap, topic, args, cluster=target.cluster)
         else:
-            summary = bench_e2e(bootstrap, topic, args)
+            summary = bench_e2e(bootstrap, topic, args, cluster=target.cluster)
         summary["reference_disk_mb_s"] = _disk_reference_mb_s(
             args.records * args.record_size, args.dir)
         if "mb_s" in summary:
@@ -231,8 +247,16 @@ def _producer(bootstrap: list[str], args: argparse.Namespace):
     acks = -1 if args.acks in ("all", "-1") else int(args.acks)
     idempotence = getattr(args, "idempotence", None)
     settings = {} if idempotence is None else {"enable_idempotence": idempotence == "on"}
-    return Producer(bootstrap=bootstrap, acks=acks, batch_size=args.batch_size,
-                    linger_ms=args.linger_ms, **settings)
+    producer = Producer(bootstrap=bootstrap, acks=acks, batch_size=args.batch_size,
+                        linger_ms=args.linger_ms, **settings)
+    _set_transport(producer._producer, getattr(args, "transport", "stream"))
+    return producer
+
+
+def _set_transport(client, transport: str) -> None:
+    """``--transport``: an ``AsyncProducer`` or ``AsyncConsumer`` sends its
+    produces or fetches on its stream (the default), or each by POST."""
+    client._transport.streams_enabled = transport == "stream"
 
 
 def _fill(producer, topic: str, count: int, size: int, label: str | None,
@@ -287,8 +311,32 @@ def _fill_bulk(producer, topic: str, count: int, size: int, per_call: int, label
             "mb_s": count * size / elapsed / 1e6, **_percentiles(latencies_ms)}
 
 
+def _round_trips(producer, topic: str, count: int, size: int, label: str | None,
+                 latencies_ms: list[float] | None = None) -> dict:
+    """``--flush-each``: send one record and flush, ``count`` times, after
+    one untimed record (the metadata); each latency is one round trip."""
+    value = os.urandom(size)
+    latencies_ms = [] if latencies_ms is None else latencies_ms
+    perf = time.perf_counter
+    producer.send(topic, value).result(30)
+    progress = _Progress(label, count) if label is not None else _NoProgress()
+    started = perf()
+    for i in range(count):
+        sent = perf()
+        producer.send(topic, value)
+        producer.flush()
+        latencies_ms.append((perf() - sent) * 1000)
+        progress.update(i + 1)
+    elapsed = perf() - started
+    progress.done(count)
+    return {"records": count, "seconds": elapsed, "records_s": count / elapsed,
+            "mb_s": count * size / elapsed / 1e6, **_percentiles(latencies_ms)}
+
+
 def _send_all(producer, topic: str, count: int, args: argparse.Namespace, label: str | None,
               latencies_ms: list[float] | None = None) -> dict:
+    if getattr(args, "flush_each", False):
+        return _round_trips(producer, topic, count, args.record_size, label, latencies_ms)
     per_call = getattr(args, "send_batch", 0)
     if per_call:
         return _fill_bulk(producer, topic, count, args.record_size, per_call, label,
@@ -297,12 +345,17 @@ def _send_all(producer, topic: str, count: int, args: argparse.Namespace, label:
 
 
 def bench_produce(bootstrap: list[str], topic: str, args: argparse.Namespace,
-                  label: str = "produce") -> dict:
+                  label: str = "produce", cluster: ProcessCluster | None = None) -> dict:
+    """Produce ``args.records``; with ``cluster``, the CPU of each process
+    too (``cpu_s``, ``cores_busy``)."""
     if args.producers == 1:
         with _producer(bootstrap, args) as producer:
+            window = _CpuWindow(cluster)
             cpu_started_s = time.process_time()  # this process, every thread
             figures = _send_all(producer, topic, args.records, args, label)
-            return {**figures, "client_cpu_s": time.process_time() - cpu_started_s}
+            client_cpu_s = time.process_time() - cpu_started_s
+            cpu = window.figures({"producer": client_cpu_s}) if cluster is not None else {}
+            return {**figures, "client_cpu_s": client_cpu_s, **cpu}
     # Several producer processes (as several producer-perf-test runs would
     # be): each sends its share once all are ready; the figure is the total
     # over the wall time from the start signal to the last flush.
@@ -318,9 +371,13 @@ def bench_produce(bootstrap: list[str], topic: str, args: argparse.Namespace,
     ready.wait(60)
     _status(f"{label}: {args.producers} producer processes sending {args.records:,} "
             "records ...")
+    window = _CpuWindow(cluster)
     started = time.time()
     go.set()
     results = [out.get(timeout=600) for _ in children]
+    cpu = (window.figures({f"producer {i + 1}": figures["cpu_s"]
+                           for i, (_, figures) in enumerate(results)})
+           if cluster is not None else {})
     for child in children:
         child.join(10)
     elapsed = max(finished for finished, _ in results) - started
@@ -328,7 +385,7 @@ def bench_produce(bootstrap: list[str], topic: str, args: argparse.Namespace,
     return {"records": args.records, "seconds": elapsed, "records_s": args.records / elapsed,
             "mb_s": args.records * args.record_size / elapsed / 1e6,
             "producers": args.producers, **_percentiles(latencies),
-            "client_cpu_s": sum(figures["cpu_s"] for _, figures in results)}
+            "client_cpu_s": sum(figures["cpu_s"] for _, figures in results), **cpu}
 
 
 def _produce_child(bootstrap: list[str], topic: str, args: argparse.Namespace, count: int,
@@ -345,18 +402,22 @@ def _produce_child(bootstrap: list[str], topic: str, args: argparse.Namespace, c
 
 
 # -- consume ------------------------------------------------------------------------
-def bench_consume(bootstrap: list[str], topic: str, args: argparse.Namespace) -> dict:
+def bench_consume(bootstrap: list[str], topic: str, args: argparse.Namespace,
+                  cluster: ProcessCluster | None = None) -> dict:
     from api.client import Consumer, TopicPartition
 
     with _producer(bootstrap, args) as producer:
         _fill(producer, topic, args.records, args.record_size, "filling")
     consumer = Consumer(bootstrap=bootstrap, auto_offset_reset="earliest")
+    _set_transport(consumer._consumer, args.transport)
     try:
         consumer.assign([TopicPartition(topic, p) for p in range(args.partitions)])
         consumer.seek_to_beginning()
         progress = _Progress("consume", args.records)
         got = 0
         value_bytes = 0
+        window = _CpuWindow(cluster)
+        cpu_started_s = time.process_time()
         started = time.perf_counter()
         deadline = started + max(60.0, args.records / 50_000)
         while got < args.records:
@@ -368,24 +429,29 @@ def bench_consume(bootstrap: list[str], topic: str, args: argparse.Namespace) ->
                 value_bytes += len(record.value)
             progress.update(got)
         elapsed = time.perf_counter() - started
+        client_cpu_s = time.process_time() - cpu_started_s
+        cpu = window.figures({"consumer": client_cpu_s}) if cluster is not None else {}
         progress.done(got)
     finally:
         consumer.close()
     return {"records": got, "seconds": elapsed, "records_s": got / elapsed,
-            "mb_s": value_bytes / elapsed / 1e6}
+            "mb_s": value_bytes / elapsed / 1e6, "client_cpu_s": client_cpu_s, **cpu}
 
 
 # -- end to end -----------------------------------------------------------------------
 def _e2e_consumer(bootstrap: list[str], topic: str, partitions: int, count: int,
-                  ready, out) -> None:
-    """Runs in a child process: read ``count`` records, send back latencies."""
+                  transport: str, ready, out) -> None:
+    """Runs in a child process: read ``count`` records, send back latencies
+    and the CPU seconds the reading took."""
     from api.client import Consumer, TopicPartition
 
     consumer = Consumer(bootstrap=bootstrap, auto_offset_reset="earliest",
                         fetch_max_wait_ms=100)
+    _set_transport(consumer._consumer, transport)
     consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
     consumer.seek_to_beginning()
     ready.set()
+    cpu_started_s = time.process_time()
     latencies_ms = []
     deadline = time.monotonic() + 120 + count / 1000
     while len(latencies_ms) < count and time.monotonic() < deadline:
@@ -393,15 +459,17 @@ def _e2e_consumer(bootstrap: list[str], topic: str, partitions: int, count: int,
         now = time.time()
         for record in records:
             latencies_ms.append((now - STAMP.unpack_from(record.value)[0]) * 1000)
+    cpu_s = time.process_time() - cpu_started_s
     consumer.close()
-    out.put(latencies_ms)
+    out.put((latencies_ms, cpu_s))
 
 
-def bench_e2e(bootstrap: list[str], topic: str, args: argparse.Namespace) -> dict:
+def bench_e2e(bootstrap: list[str], topic: str, args: argparse.Namespace,
+              cluster: ProcessCluster | None = None) -> dict:
     context = multiprocessing.get_context("spawn")
     ready, out = context.Event(), context.Queue()
     child = context.Process(target=_e2e_consumer, daemon=True, args=(
-        bootstrap, topic, args.partitions, args.records, ready, out))
+        bootstrap, topic, args.partitions, args.records, args.transport, ready, out))
     child.start()
     if not ready.wait(60):
         child.kill()
@@ -410,6 +478,8 @@ def bench_e2e(bootstrap: list[str], topic: str, args: argparse.Namespace) -> dic
     interval_s = 1 / args.rate
     progress = _Progress("e2e", args.records)
     with _producer(bootstrap, args) as producer:
+        window = _CpuWindow(cluster)
+        cpu_started_s = time.process_time()
         started = time.perf_counter()
         for i in range(args.records):
             target = started + i * interval_s
@@ -421,12 +491,15 @@ def bench_e2e(bootstrap: list[str], topic: str, args: argparse.Namespace) -> dic
                 progress.update(i)
         producer.flush()
         sent_s = time.perf_counter() - started
-    latencies_ms = out.get(timeout=120 + args.records / 1000)
+        producer_cpu_s = time.process_time() - cpu_started_s
+        latencies_ms, consumer_cpu_s = out.get(timeout=120 + args.records / 1000)
+        cpu = (window.figures({"producer": producer_cpu_s, "consumer": consumer_cpu_s})
+               if cluster is not None else {})
     child.join(10)
     progress.done(len(latencies_ms))
     return {"records": len(latencies_ms), "seconds": sent_s,
             "records_s": args.records / sent_s, "target_rate": args.rate,
-            **_percentiles(latencies_ms)}
+            **_percentiles(latencies_ms), **cpu}
 
 
 # -- replication: RF=3 acks=all next to RF=1 -------------------------------------------
@@ -534,16 +607,32 @@ def run_idempotence(args: argparse.Namespace) -> int:
 
 def _cluster_cpu_s(cluster: ProcessCluster | None) -> float | None:
     """CPU seconds (user + system) the cluster's node processes have used so
-    far, from /proc; None where there is no /proc."""
-    total_s = 0.0
-    for node in (cluster.nodes.values() if cluster is not None else ()):
-        try:
-            with open(f"/proc/{node.process.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()  # fields 3.. of proc(5)
-        except (OSError, AttributeError):
-            return None
-        total_s += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime+stime
-    return total_s
+    far, from /proc; None where there is no /proc (or no cluster of ours)."""
+    seconds = cluster.cpu_seconds() if cluster is not None else None
+    return None if seconds is None else sum(seconds.values())
+
+
+class _CpuWindow:
+    """The CPU each process of a run used from its start to ``figures()``:
+    every node process of ``cluster`` (from /proc) and the clients' own
+    figures, with the cores they kept busy together over the wall time."""
+
+    def __init__(self, cluster: ProcessCluster | None) -> None:
+        self.cluster = cluster
+        self.before = cluster.cpu_seconds() if cluster is not None else None
+        self.started = time.perf_counter()
+
+    def figures(self, clients_s: dict[str, float]) -> dict:
+        wall_s = time.perf_counter() - self.started
+        after = self.cluster.cpu_seconds() if self.cluster is not None else None
+        nodes = {}
+        if self.before is not None and after is not None:
+            for node_id, seconds in sorted(after.items()):
+                roles = "+".join(self.cluster.nodes[node_id].roles)
+                nodes[f"node {node_id} ({roles})"] = seconds - self.before.get(node_id, 0.0)
+        cpu_s = {**nodes, **clients_s}
+        return {"cpu_s": cpu_s, "cpu_wall_s": wall_s, "cores": os.cpu_count(),
+                "cores_busy": sum(cpu_s.values()) / wall_s if nodes else None}
 
 
 def _cpu_figures(cluster_before_s: float | None, cluster_after_s: float | None,
@@ -638,7 +727,11 @@ def _print_summary(kind: str, args: argparse.Namespace, summary: dict) -> None:
                             f"{args.min_insync_replicas}"),
             ("acks / batch / linger", f"{args.acks} / {args.batch_size} B / {args.linger_ms} ms"),
             ("sending", f"send_batch, {args.send_batch:,} records a call"
-                        if getattr(args, "send_batch", 0) else "send, one call a record"),
+                        if getattr(args, "send_batch", 0) else
+                        "send + flush, one record in flight" if getattr(args, "flush_each", False)
+                        else "send, one call a record"),
+            ("transport", "one WebSocket per broker (GET /v1/stream)"
+                          if args.transport == "stream" else "a POST a request"),
             ("records/s", f"{summary['records_s']:,.0f}")]
     if summary.get("producers"):
         rows.append(("producer processes", str(summary["producers"])))
@@ -654,6 +747,11 @@ def _print_summary(kind: str, args: argparse.Namespace, summary: dict) -> None:
                                    "(same bytes, sequential write + fsync)"))
     if "ratio_to_disk" in summary:
         rows.append(("ratio to disk", f"{summary['ratio_to_disk']:.2f}"))
+    for process, seconds in summary.get("cpu_s", {}).items():
+        rows.append((f"CPU {process}", f"{seconds:.2f} s ({seconds / summary['cpu_wall_s']:.2f} "
+                                       "cores)"))
+    if summary.get("cores_busy") is not None:
+        rows.append(("cores busy", f"{summary['cores_busy']:.2f} of {summary['cores']}"))
     width = max(len(label) for label, _ in rows)
     print(f"kraftlog bench {kind}")
     for label, value in rows:
@@ -662,7 +760,8 @@ def _print_summary(kind: str, args: argparse.Namespace, summary: dict) -> None:
 
 def vars_subset(args: argparse.Namespace) -> dict:
     keys = ("records", "record_size", "partitions", "acks", "batch_size", "linger_ms", "rate",
-            "producers", "brokers", "replication_factor", "min_insync_replicas", "send_batch")
+            "producers", "brokers", "replication_factor", "min_insync_replicas", "send_batch",
+            "flush_each", "transport")
     return {key: getattr(args, key) for key in keys if hasattr(args, key)}
 
 

@@ -516,6 +516,21 @@ class ProcessCluster:
         node.process.send_signal(signal.SIGCONT)
         node.paused = False
 
+    def cpu_seconds(self) -> dict[int, float] | None:
+        """CPU seconds (user + system) each running node process has used so
+        far, by node id, from /proc; None where there is no /proc."""
+        seconds = {}
+        for node_id, node in self.nodes.items():
+            if not node.running:
+                continue
+            try:
+                with open(f"/proc/{node.process.pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()  # fields 3.. of proc(5)
+            except OSError:
+                return None
+            seconds[node_id] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return seconds
+
     def stop(self) -> None:
         """Kill every node (SIGKILL: tests want speed, not grace)."""
         for node_id in self.nodes:

@@ -3,14 +3,16 @@
 This checks the program works end to end and reports every phase; it asserts
 no speed (figures belong in BENCHMARKS.md, measured at full size)."""
 
+import argparse
 import json
 import os
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
-from chaos.cluster import ProcessCluster, http_json
+from chaos.cluster import ProcessCluster, http_json, wait_until
 
 
 def test_bench_storage_runs_every_phase_and_writes_json(tmp_path):
@@ -123,10 +125,53 @@ def test_bench_e2e_reports_latency_at_the_requested_rate(node_url):
     assert records_in(node_url, "bench-e2e-") == (4, 500)
 
 
+def test_bench_produce_flush_each_times_round_trips_and_reports_each_process_cpu(tmp_path):
+    summary = bench("produce", "--records", "40", "--flush-each", "--transport", "post",
+                    "--acks", "all", env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert (summary["flush_each"], summary["transport"]) == (True, "post")
+    assert_latencies(summary, samples=40)  # every record is one round trip
+    # Its own node: the CPU of the node process and of the producer, and
+    # the cores both kept busy.
+    assert sorted(summary["cpu_s"]) == ["node 1 (broker+controller)", "producer"]
+    assert all(seconds > 0 for seconds in summary["cpu_s"].values())
+    assert 0 < summary["cores_busy"] <= summary["cores"] * 1.5
+
+
+def streams_open(url):
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        lines = response.read().decode().splitlines()
+    return next(float(line.rpartition(" ")[2]) for line in lines
+                if line.startswith("kraftlog_client_streams "))
+
+
+@pytest.mark.parametrize("transport, streams", [("stream", 1), ("post", 0)])
+def test_bench_transport_flag_chooses_how_the_clients_send(node_url, transport, streams):
+    """``--transport post`` makes the bench's clients send each request by
+    POST, so a broker counts no stream of theirs; the default uses one."""
+    from bench.data import _create_topic, _producer
+
+    _create_topic([node_url], f"bench-transport-{transport}", 1)
+    # No stream of an earlier test's client is still counted.
+    wait_until(lambda: streams_open(node_url) == 0, 10, "earlier clients' streams closed")
+    args = argparse.Namespace(acks="1", batch_size=16384, linger_ms=0, transport=transport)
+    with _producer([node_url], args) as producer:
+        producer.send(f"bench-transport-{transport}", b"x").result(30)
+        assert streams_open(node_url) == streams
+
+
+def test_bench_flush_each_and_send_batch_are_refused_together():
+    result = subprocess.run([sys.executable, "-m", "api.cli", "bench", "produce", "--flush-each",
+                             "--send-batch", "100"], capture_output=True, text=True, timeout=60,
+                            cwd=REPO_ROOT)
+    assert result.returncode == 2
+    assert "--flush-each" in result.stderr and "--send-batch" in result.stderr
+
+
 def test_bench_data_help_explains_each_flag():
-    for kind, extra, absent in (("produce", ("--producers", "acknowledgement"), "--rate"),
-                                ("consume", ("read",), "--rate"),
-                                ("e2e", ("--rate", "latency"), "--producers")):
+    for kind, extra, absent in (("produce", ("--producers", "acknowledgement", "--flush-each",
+                                             "--transport"), "--rate"),
+                                ("consume", ("read", "--transport"), "--rate"),
+                                ("e2e", ("--rate", "latency", "--transport"), "--producers")):
         result = subprocess.run([sys.executable, "-m", "api.cli", "bench", kind, "--help"],
                                 capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
         assert result.returncode == 0, result.stderr
