@@ -52,6 +52,9 @@ DELETE_SUFFIX = "-delete"
 CLEAN_RETRY_AFTER_FAILURE_S = 60
 #: Logs fsynced by one hand-over to the flush thread (``flush_logs_async``).
 FLUSH_BATCH_LOGS = 64
+#: Distinct topic-override sets whose LogConfig is kept (``_config_for``);
+#: past it the cache starts again (topics with one-off overrides).
+CONFIGS_KEPT = 4096
 
 
 def _abort_flushes(batch: list[tuple[Log, FlushTicket]]) -> None:
@@ -188,6 +191,7 @@ class LogManager:
         self._cleaner_executor: concurrent.futures.ProcessPoolExecutor | None = None
         self._cleaner_wakeup: asyncio.Event | None = None
         self.default_log_config = default_log_config or LogConfig()
+        self._configs: dict[tuple, LogConfig] = {}  # see _config_for
         self.clock = clock
         # What time-based retention deletes by (storage/clock.py): with the
         # default clock, the earlier of it and the system clock; an injected
@@ -411,7 +415,7 @@ class LogManager:
             return existing
         self._check_not_offline(tp)
         if existing is not None:
-            config = LogConfig.from_mapping(overrides or {}, base=self.default_log_config)
+            config = self._config_for(overrides)
             existing.config = config
             if config.compact:
                 self.wake_cleaner()  # perhaps compact only from now on
@@ -439,7 +443,7 @@ class LogManager:
         """Check the name, choose the least-loaded log dir and count the log
         in it; the dir and the log's config. Owner thread."""
         assert tp not in self._logs, tp
-        config = LogConfig.from_mapping(overrides or {}, base=self.default_log_config)
+        config = self._config_for(overrides)
         validate_topic_name(tp.topic)
         if tp.partition < 0:
             raise InvalidTopicError(f"partition {tp.partition} is negative")
@@ -450,6 +454,22 @@ class LogManager:
         directory = min(online, key=lambda d: self._logs_in_dir[d])
         self._logs_in_dir[directory] += 1
         return directory, config
+
+    def _config_for(self, overrides: Mapping[str, Any] | None) -> LogConfig:
+        """The config of a log with these topic-level ``overrides``: built
+        once per distinct set and shared (LogConfig is frozen), as the
+        partitions of one topic, thousands perhaps, have the same."""
+        try:
+            key = tuple(sorted(overrides.items())) if overrides else ()
+            config = self._configs.get(key)
+        except TypeError:  # a value that cannot be a key: built, not kept
+            return LogConfig.from_mapping(overrides or {}, base=self.default_log_config)
+        if config is None:
+            config = LogConfig.from_mapping(overrides or {}, base=self.default_log_config)
+            if len(self._configs) >= CONFIGS_KEPT:
+                self._configs.clear()
+            self._configs[key] = config
+        return config
 
     def log_offline(self, tp: TopicPartition, directory: str) -> None:
         """A log whose files are in the offline ``directory`` but that was

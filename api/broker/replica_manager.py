@@ -111,6 +111,9 @@ class DiskLogs:
         # error of one that failed, raised by the next ``open`` of it.
         self._creating: set[TopicPartition] = set()
         self._create_failed: dict[TopicPartition, tuple[str, BaseException]] = {}
+        # Logs ``_create`` made and hosted, by the topic id it wrote, until
+        # the core opens them (``open`` then trusts their files as made).
+        self._made: dict[TopicPartition, str] = {}
         self._stopped = False
 
     def stop(self) -> None:
@@ -128,6 +131,12 @@ class DiskLogs:
         if existing is None and self._create_on is not None:
             self._create(tp, topic_id, overrides)
             return LOG_PENDING
+        if existing is not None and self._made.get(tp) == topic_id \
+                and self._overrides.get(tp) == overrides:
+            # Its files were just made here, for this topic id and config
+            # (``_create``): nothing to read back or rebuild.
+            del self._made[tp]
+            return existing, self._load_checkpoints().get(tp)
         if existing is not None:
             recorded = read_topic_id(existing.directory)
             if recorded is not None and recorded != topic_id:
@@ -183,6 +192,7 @@ class DiskLogs:
                 try:
                     self.log_manager.adopt_new_log(tp, directory, future.result())
                     self._overrides[tp] = overrides
+                    self._made[tp] = topic_id
                 except LogDirectoryError as exc:  # its dir went offline meanwhile
                     self._create_failed[tp] = (topic_id, exc)
             if self._created is not None and not self._stopped:
@@ -210,6 +220,7 @@ class DiskLogs:
 
     def delete(self, tp: TopicPartition) -> None:
         self._overrides.pop(tp, None)
+        self._made.pop(tp, None)
         self._create_failed.pop(tp, None)
         self.log_manager.delete_log(tp)
 

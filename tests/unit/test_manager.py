@@ -360,6 +360,27 @@ def test_topic_overrides_survive_a_lookup_and_change_only_when_given(tmp_path):
     manager.shutdown()
 
 
+def test_logs_with_the_same_overrides_share_one_config_and_bad_ones_are_refused_each_time(
+        tmp_path):
+    """A topic's partitions, thousands perhaps, get one LogConfig built once
+    (it is frozen); other overrides get their own, and a bad value is
+    refused at every log, never remembered as good."""
+    manager = manager_for(tmp_path / "d1")
+    overrides = {"retention.ms": "5000", "cleanup.policy": "compact"}
+    logs = [manager.get_or_create_log(TopicPartition("orders", p), dict(overrides))
+            for p in range(3)]
+    assert logs[0].config is logs[1].config is logs[2].config
+    assert (logs[0].config.retention_ms, logs[0].config.compact) == (5000, True)
+    other = manager.get_or_create_log(TopicPartition("audit", 0), {"retention.ms": "7000"})
+    assert other.config.retention_ms == 7000 and other.config is not logs[0].config
+    plain = manager.get_or_create_log(TopicPartition("plain", 0))
+    assert plain.config == CONFIG
+    for partition in (0, 1):
+        with pytest.raises(InvalidConfigError):
+            manager.get_or_create_log(TopicPartition("bad", partition), {"retention.ms": "soon"})
+    manager.shutdown()
+
+
 def test_a_disk_error_takes_its_whole_dir_offline_and_nothing_touches_it_again(tmp_path):
     """fail_dir: the other logs of the dir go offline too, the listeners
     hear which partitions it held, no checkpoint or new log goes there, the

@@ -450,3 +450,39 @@ async def test_a_produce_right_after_a_partition_is_given_here_waits_for_its_log
         manager.stop()
         manager.wait_for_creations()
         log_manager.shutdown()
+
+
+async def test_a_log_made_on_the_executor_opens_without_its_files_read_back(tmp_path,
+                                                                              monkeypatch):
+    """A new log's files are made on another thread with its topic id; the
+    open that hosts it trusts them (a new topic's partitions cost no reads
+    each), while a later open with other settings or another topic id
+    reads and checks as before."""
+    import asyncio
+    import concurrent.futures
+
+    from api.broker import replica_manager
+    from api.broker.replication import LOG_PENDING
+
+    log_manager = LogManager(LogManagerConfig((str(tmp_path / "d"),)), LogConfig())
+    log_manager.startup()
+    created = asyncio.Event()
+    tp = TopicPartition("made", 0)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        disk = DiskLogs(ME, log_manager, create_on=pool, created=lambda tps: created.set())
+        assert disk.open(tp, "id-made", {"retention.ms": "1000"}, True) == LOG_PENDING
+        await asyncio.wait_for(created.wait(), 10)
+    reads = []
+    with monkeypatch.context() as patch:
+        patch.setattr(replica_manager, "read_topic_id", lambda d: reads.append(d))
+        log, _ = disk.open(tp, "id-made", {"retention.ms": "1000"}, True)
+    assert reads == [] and log.config.retention_ms == 1000
+    assert read_topic_id(log.directory) == "id-made"
+    # Opened again with new settings: read back, checked, reconfigured.
+    again, _ = disk.open(tp, "id-made", {"retention.ms": "2000"}, True)
+    assert again is log and log.config.retention_ms == 2000
+    # Another topic of the same name (recreated): its old log is replaced.
+    log.append(build_batch([(None, b"old")]), 0)
+    newer, _ = disk.open(tp, "id-newer", {}, True)
+    assert read_topic_id(newer.directory) == "id-newer" and newer.log_end_offset == 0
+    log_manager.shutdown()
