@@ -16,7 +16,11 @@ records (built before any timing starts, reused from a pool of distinct ones):
 5. opening after an unclean shutdown with ``--unflushed-mb`` MiB not yet
    fsynced, for the small and the big log, then twice as much unflushed, and
    a clean open, each 3 times: recovery time should follow unflushed bytes,
-   not log size.
+   not log size;
+6. ``Log.open`` of ``--new-logs`` new partitions (each a directory of its
+   own, as a broker makes for every partition it is given), against the
+   least a new log's files take: ``os.mkdir`` and one empty segment file.
+   It runs first, on a quiet disk, and is printed last.
 
 Sizes are in MiB (2**20 bytes) and rates in MiB/s throughout. Nothing drops
 the page cache: the logs fit in RAM, so reads are mostly served from memory
@@ -55,6 +59,7 @@ LOOKUP_TARGET_RATIO = 2.0  # big-log over small-log lookup latency, at most
 MAX_WRITE_CALLS_PER_BUFFER = 1000  # bound on short-write retries
 WRITE_ROUND_BYTES = 64 * MiB  # raw writes and appends alternate in rounds of this size
 RECOVERY_ROUNDS = 3  # each open scenario is timed this many times per log
+NEW_LOGS_ROUND = 250  # new logs made by each side before the other's turn (phase 6)
 
 
 # ---------------------------------------------------------------------------
@@ -80,6 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--unflushed-mb", type=_positive_int, default=64,
                         help="MiB left unflushed before a simulated crash (default 64); "
                              "recovery is also measured with twice as much")
+    parser.add_argument("--new-logs", type=_positive_int, default=2000,
+                        help="new partition logs made by Log.open in phase 6 (default 2000)")
     parser.add_argument("--seed", type=int, default=1,
                         help="seed of the record values and lookup offsets (default 1)")
     parser.add_argument("--json", metavar="PATH", default=None,
@@ -606,6 +613,9 @@ def run_phases(args: argparse.Namespace, workdir: str) -> dict:
     print_workload(args, pool, config)
     print_page_cache_note(facts, args.log_mb)
     results: dict = {"machine": facts, "params": params_json(args, pool)}
+    # First, on a quiet disk: the phases after it leave writeback behind
+    # that slows every metadata operation several times.
+    results["new_logs"] = run_new_logs_phase(workdir, config, args.new_logs)
     big_dir, small_dir = os.path.join(workdir, "big-0"), os.path.join(workdir, "small-0")
     big_batches = batches_for(pool, args.log_mb * MiB)
     results["writes"], big = run_write_phase(workdir, config, big_batches, big_dir)
@@ -620,6 +630,7 @@ def run_phases(args: argparse.Namespace, workdir: str) -> dict:
     finally:
         for log in logs.values():
             log.close()
+    print_new_logs(results["new_logs"])
     return results
 
 
@@ -645,7 +656,7 @@ def params_json(args: argparse.Namespace, pool: Sequence[bytes]) -> dict:
     return {"log_mib": args.log_mb, "small_mib": args.small_mb,
             "record_bytes": args.record_bytes, "batch_kib": args.batch_kb,
             "batch_bytes": [len(b) for b in pool], "lookups": args.lookups,
-            "unflushed_mib": args.unflushed_mb, "seed": args.seed,
+            "unflushed_mib": args.unflushed_mb, "new_logs": args.new_logs, "seed": args.seed,
             "segment_bytes": SEGMENT_BYTES_DEFAULT, "read_max_bytes": READ_MAX_BYTES}
 
 
@@ -746,6 +757,47 @@ def run_recovery_phase(logs: dict[str, Log], dirs: dict[str, str], config: LogCo
     return {"opens": [dataclasses.asdict(r) for r in results],
             "summary": [dataclasses.asdict(r) for r in rows],
             "rounds": RECOVERY_ROUNDS} | summary["ratios"]
+
+
+def run_new_logs_phase(workdir: str, config: LogConfig, count: int) -> dict:
+    """``count`` new partition logs by ``Log.open`` (each in a directory of
+    its own, in one parent, as a broker's log dir holds them), against
+    ``os.mkdir`` and one empty segment file per directory, alternating in
+    rounds of ROUND so that neither gets the emptier parent directory."""
+    parent = os.path.join(workdir, "new-logs")
+    os.mkdir(parent)
+    raw_s = log_s = 0.0
+    rounds = math.ceil(count / NEW_LOGS_ROUND)
+    for r in range(rounds):
+        names = range(r * NEW_LOGS_ROUND, min(count, (r + 1) * NEW_LOGS_ROUND))
+        started = time.perf_counter()
+        for i in names:
+            directory = os.path.join(parent, f"raw-{i}")
+            os.mkdir(directory)
+            os.close(os.open(os.path.join(directory, "00000000000000000000.log"),
+                             os.O_RDWR | os.O_CREAT, 0o644))
+        raw_s += time.perf_counter() - started
+        started = time.perf_counter()
+        opened = [Log.open(os.path.join(parent, f"topic-{i}"), config) for i in names]
+        log_s += time.perf_counter() - started
+        for log in opened:  # untimed; without the flush of a clean close, as the raw side
+            log.abandon()
+    raw_us, log_us = raw_s / count * 1e6, log_s / count * 1e6
+    return {"count": count, "raw_us": raw_us, "log_open_us": log_us,
+            "log_open_over_raw": ratio(log_us, raw_us)}
+
+
+def print_new_logs(figures: dict) -> None:
+    count, raw_us, log_us = figures["count"], figures["raw_us"], figures["log_open_us"]
+    print_section(f"6. New logs: Log.open of {count:,} new partitions vs mkdir + one empty "
+                  "file each")
+    print(format_table(["what", "per log µs", "logs/s"],
+                       [["os.mkdir + an empty .log file", f"{raw_us:.0f}",
+                         f"{1e6 / raw_us:,.0f}"],
+                        ["Log.open of a new partition", f"{log_us:.0f}",
+                         f"{1e6 / log_us:,.0f}"]]), flush=True)
+    print(f"Log.open / the least a new log takes: {figures['log_open_over_raw']:.2f}x "
+          "(measured before the other phases, on a quiet disk)", flush=True)
 
 
 def recovery_summary(rows: list[OpenSummary]) -> dict:

@@ -20,16 +20,18 @@ def test_bench_storage_runs_every_phase_and_writes_json(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "api.cli", "bench", "storage", "--dir", str(tmp_path),
          "--log-mb", "4", "--small-mb", "2", "--batch-kb", "64", "--unflushed-mb", "1",
-         "--lookups", "50", "--json", str(out)],
+         "--lookups", "50", "--new-logs", "30", "--json", str(out)],
         capture_output=True, text=True, timeout=120,
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert result.returncode == 0, result.stderr
-    for heading in ("Writes", "Sequential reads", "Random offset lookups", "Log.open"):
+    for heading in ("Writes", "Sequential reads", "Random offset lookups", "Log.open",
+                    "New logs"):
         assert heading in result.stdout
     report = json.loads(out.read_text())
     assert report["writes"]["append"]["bytes"] > 0
     assert report["recovery"]["lost_offsets"] == 0
     assert report["lookups"]["big"]["count"] == 50
+    assert report["new_logs"]["count"] == 30 and report["new_logs"]["log_open_us"] > 0
     # The benchmark cleans up after itself.
     assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]
 
