@@ -100,6 +100,11 @@ def add_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
                             help="flush after every send: one record in flight at a time, so "
                                  "the latency is one record's round trip (give a small "
                                  "--records, for example 500)")
+    if kind == "replication":
+        parser.add_argument("--rounds", type=int, default=REPLICATION_ROUNDS,
+                            help="rounds of the four runs, one after the other; each run's "
+                                 "figures are those of its median round (default "
+                                 "%(default)s)")
     if kind == "e2e":
         parser.add_argument("--rate", type=int, default=10_000,
                             help="records per second the producer sends (default %(default)s)")
@@ -522,33 +527,60 @@ REPLICATION_BROKERS = 3
 #: Issue 25's target (issue 17's was 0.5): RF=3 acks=all keeps at least
 #: this share of the RF=1 acks=1 throughput.
 REPLICATION_RATIO_TARGET = 0.8
+#: ``--rounds`` by default: each run's figure is its median round's.
+REPLICATION_ROUNDS = 3
 
 
 def run_replication(args: argparse.Namespace) -> int:
-    """``kraftlog bench replication``: every run of ``REPLICATION_RUNS`` on
-    one fresh cluster, each on a fresh topic of the same shape."""
-    runs = []
+    """``kraftlog bench replication``: ``--rounds`` rounds of every run of
+    ``REPLICATION_RUNS`` on one fresh cluster, each on a fresh topic of the
+    same shape; each run's figures are its median round's. Every other
+    round runs them in the opposite order, so a drift in the machine's speed
+    during the benchmark (this 2-core VM's producers vary by a third from
+    minute to minute, and each run leaves its data behind) reaches every
+    run alike."""
+    if args.rounds < 1:
+        print("--rounds must be at least 1", file=sys.stderr)
+        return 2
+    samples: dict[str, list[dict]] = {label: [] for label, *_ in REPLICATION_RUNS}
     target = _target(args, brokers=REPLICATION_BROKERS)
     with target as bootstrap:
-        for label, replication_factor, min_insync, acks in REPLICATION_RUNS:
-            topic = (f"bench-replication-rf{replication_factor}-acks{acks}-"
-                     f"{uuid.uuid4().hex[:8]}")
-            _create_topic(bootstrap, topic, args.partitions, replication_factor, min_insync)
-            run_args = argparse.Namespace(**{**vars(args), "acks": acks})
-            cluster_cpu_before_s = _cluster_cpu_s(target.cluster)
-            figures = bench_produce(bootstrap, topic, run_args, label=label)
-            figures.update(_cpu_figures(cluster_cpu_before_s, _cluster_cpu_s(target.cluster),
-                                        figures))
-            # After an acks=1 run the followers may still be copying; the next
-            # run must not pay for it (not timed, bounded).
-            _wait_for_replicas_in_sync(bootstrap, topic, args.partitions)
-            runs.append({"label": label, "replication_factor": replication_factor,
-                         "min_insync_replicas": min_insync, "acks": acks, **figures})
+        for round_no in range(args.rounds):
+            # Every other round backwards: each run comes early and late alike
+            # (the runs slow as the disk and the page cache fill).
+            order = REPLICATION_RUNS if round_no % 2 == 0 else REPLICATION_RUNS[::-1]
+            for label, replication_factor, min_insync, acks in order:
+                topic = (f"bench-replication-rf{replication_factor}-acks{acks}-"
+                         f"{uuid.uuid4().hex[:8]}")
+                _create_topic(bootstrap, topic, args.partitions, replication_factor,
+                              min_insync)
+                run_args = argparse.Namespace(**{**vars(args), "acks": acks})
+                cluster_cpu_before_s = _cluster_cpu_s(target.cluster)
+                figures = bench_produce(
+                    bootstrap, topic, run_args,
+                    label=label if args.rounds == 1 else
+                    f"{label} ({round_no + 1}/{args.rounds})")
+                figures.update(_cpu_figures(cluster_cpu_before_s,
+                                            _cluster_cpu_s(target.cluster), figures))
+                # After an acks=1 run the followers may still be copying; the
+                # next run must not pay for it (not timed, bounded).
+                _wait_for_replicas_in_sync(bootstrap, topic, args.partitions)
+                samples[label].append(figures)
+    runs = []
+    for label, replication_factor, min_insync, acks in REPLICATION_RUNS:
+        ordered = sorted(samples[label], key=lambda run: run["records_s"])
+        runs.append({"label": label, "replication_factor": replication_factor,
+                     "min_insync_replicas": min_insync, "acks": acks,
+                     "records_s_all": [run["records_s"] for run in samples[label]],
+                     **ordered[len(ordered) // 2]})
     for entry in runs:
         entry["ratio_to_reference"] = entry["records_s"] / runs[0]["records_s"]
+    reference, last = samples[runs[0]["label"]], samples[runs[-1]["label"]]
     summary = {"bench": "replication", **vars_subset(args), "brokers": REPLICATION_BROKERS,
                "reference": runs[0]["label"], "runs": runs,
                "ratio_rf3_acks_all_to_rf1": runs[-1]["ratio_to_reference"],
+               "ratio_each_round": [mine["records_s"] / theirs["records_s"]
+                                    for mine, theirs in zip(last, reference)],
                "ratio_target": REPLICATION_RATIO_TARGET}
     _print_replication(args, summary)
     return 0
@@ -664,6 +696,7 @@ def _print_replication(args: argparse.Namespace, summary: dict) -> None:
         return f"{run[key]:.1f}{unit}" if key in run else "-"
 
     rows = [(run["label"], str(run["min_insync_replicas"]), f"{run['records_s']:,.0f}",
+             " / ".join(f"{r:,.0f}" for r in run["records_s_all"]),
              f"{run['mb_s']:,.1f}", f"{run.get('latency_ms_p50', float('nan')):.1f}",
              f"{run.get('latency_ms_p99', float('nan')):.1f}",
              f"{run['ratio_to_reference']:.2f}", cpu(run, "cluster_cpu_s", " s"),
@@ -677,15 +710,20 @@ def _print_replication(args: argparse.Namespace, summary: dict) -> None:
           "a fresh topic per run")
     print(f"  workload  {args.records:,} records of {args.record_size} B, {args.partitions} "
           f"partitions, batch {args.batch_size} B, linger {args.linger_ms} ms, "
-          f"{args.producers} producer process{'es' if args.producers > 1 else ''}")
+          f"{args.producers} producer process{'es' if args.producers > 1 else ''}, "
+          f"{args.rounds} round{'s' if args.rounds > 1 else ''} of the four runs")
     print()
-    print(format_table(("run", "min ISR", "records/s", "MB/s", "p50 ms", "p99 ms",
+    print(format_table(("run", "min ISR", "records/s (median)", "each round", "MB/s",
+                        "p50 ms", "p99 ms",
                         f"vs {summary['reference']}", "cluster CPU", "client CPU",
                         "cores busy"), rows))
     print()
-    print("CPU: seconds used during the timed run by the four node processes and by the "
-          "producer(s); cores busy = both over the run's wall time.")
-    print(f"RF=3 acks=all / {summary['reference']} throughput: {ratio:.2f} "
+    print("Each run's figures are those of its median round. CPU: seconds used during the "
+          "timed run by the four node processes and by the producer(s); cores busy = both "
+          "over the run's wall time.")
+    print(f"RF=3 acks=all / {summary['reference']} throughput, each round: "
+          + ", ".join(f"{r:.2f}" for r in summary["ratio_each_round"]))
+    print(f"RF=3 acks=all / {summary['reference']} throughput (medians): {ratio:.2f} "
           f"(target >= {REPLICATION_RATIO_TARGET:.2f}: {verdict})")
 
 
@@ -766,6 +804,7 @@ def _print_summary(kind: str, args: argparse.Namespace, summary: dict) -> None:
 
 def vars_subset(args: argparse.Namespace) -> dict:
     keys = ("records", "record_size", "partitions", "acks", "batch_size", "linger_ms", "rate",
+            "rounds",
             "producers", "brokers", "replication_factor", "min_insync_replicas", "send_batch",
             "flush_each", "transport")
     return {key: getattr(args, key) for key in keys if hasattr(args, key)}

@@ -208,7 +208,7 @@ def test_bench_produce_refuses_replication_flags_that_do_not_fit():
 
 def test_bench_replication_measures_rf3_acks_all_next_to_rf1(tmp_path):
     summary = bench_json("replication", "--records", "2000", "--partitions", "2",
-                         env={**os.environ, "TMPDIR": str(tmp_path)})
+                         "--rounds", "2", env={**os.environ, "TMPDIR": str(tmp_path)})
     runs = {run["label"]: run for run in summary["runs"]}
     assert list(runs) == ["RF=1 acks=1", "RF=1 acks=all", "RF=3 acks=1", "RF=3 acks=all"]
     rf3 = runs["RF=3 acks=all"]
@@ -216,9 +216,14 @@ def test_bench_replication_measures_rf3_acks_all_next_to_rf1(tmp_path):
     for run in runs.values():
         assert run["records"] == 2000 and run["records_s"] > 0 and run["mb_s"] > 0
         assert_latencies(run, samples=2000 // 64 + 1)
+        # Two rounds each; the figures are the median (here the faster) round's.
+        assert len(run["records_s_all"]) == 2
+        assert run["records_s"] == sorted(run["records_s_all"])[1]
     assert summary["reference"] == "RF=1 acks=1"
     assert runs["RF=1 acks=1"]["ratio_to_reference"] == 1
     assert summary["ratio_rf3_acks_all_to_rf1"] == rf3["ratio_to_reference"] > 0
+    assert summary["rounds"] == 2 and len(summary["ratio_each_round"]) == 2
+    assert all(ratio > 0 for ratio in summary["ratio_each_round"])
     assert (summary["brokers"], summary["ratio_target"]) == (3, 0.8)
     assert list(tmp_path.iterdir()) == []
 
@@ -267,7 +272,8 @@ def test_bench_rebalance_overlap_check_catches_a_partition_held_twice():
 
 def test_bench_replication_and_failover_help():
     for kind, texts in (("replication", ("--records", "--producers", "RF=3 acks=all",
-                                         "min.insync.replicas=2", "0.80")),
+                                         "min.insync.replicas=2", "0.80", "--rounds",
+                                         "median")),
                         ("failover", ("--trials", "--session-timeout-ms",
                                       "Kill -9 the partition leader", "p99 <= 3 s",
                                       "--json"))):
