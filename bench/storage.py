@@ -763,25 +763,36 @@ def run_new_logs_phase(workdir: str, config: LogConfig, count: int) -> dict:
     """``count`` new partition logs by ``Log.open`` (each in a directory of
     its own, in one parent, as a broker's log dir holds them), against
     ``os.mkdir`` and one empty segment file per directory, alternating in
-    rounds of ROUND so that neither gets the emptier parent directory."""
+    rounds of NEW_LOGS_ROUND, each side first every other round, so that
+    neither gets the emptier parent directory."""
     parent = os.path.join(workdir, "new-logs")
     os.mkdir(parent)
     raw_s = log_s = 0.0
-    rounds = math.ceil(count / NEW_LOGS_ROUND)
-    for r in range(rounds):
-        names = range(r * NEW_LOGS_ROUND, min(count, (r + 1) * NEW_LOGS_ROUND))
+    def raw(names: range) -> float:
         started = time.perf_counter()
         for i in names:
             directory = os.path.join(parent, f"raw-{i}")
             os.mkdir(directory)
             os.close(os.open(os.path.join(directory, "00000000000000000000.log"),
                              os.O_RDWR | os.O_CREAT, 0o644))
-        raw_s += time.perf_counter() - started
+        return time.perf_counter() - started
+
+    def logs(names: range) -> float:
         started = time.perf_counter()
         opened = [Log.open(os.path.join(parent, f"topic-{i}"), config) for i in names]
-        log_s += time.perf_counter() - started
+        seconds = time.perf_counter() - started
         for log in opened:  # untimed; without the flush of a clean close, as the raw side
             log.abandon()
+        return seconds
+
+    for r in range(math.ceil(count / NEW_LOGS_ROUND)):
+        names = range(r * NEW_LOGS_ROUND, min(count, (r + 1) * NEW_LOGS_ROUND))
+        if r % 2 == 0:  # each side goes first every other round
+            raw_s += raw(names)
+            log_s += logs(names)
+        else:
+            log_s += logs(names)
+            raw_s += raw(names)
     raw_us, log_us = raw_s / count * 1e6, log_s / count * 1e6
     return {"count": count, "raw_us": raw_us, "log_open_us": log_us,
             "log_open_over_raw": ratio(log_us, raw_us)}

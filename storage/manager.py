@@ -460,7 +460,10 @@ class LogManager:
         once per distinct set and shared (LogConfig is frozen), as the
         partitions of one topic, thousands perhaps, have the same."""
         try:
-            key = tuple(sorted(overrides.items())) if overrides else ()
+            # Each value's type is part of the key: 1 == True == 1.0 in Python,
+            # and the parsers take one and refuse the others.
+            key = (tuple(sorted((name, type(value), value) for name, value in overrides.items()))
+                   if overrides else ())
             config = self._configs.get(key)
         except TypeError:  # a value that cannot be a key: built, not kept
             return LogConfig.from_mapping(overrides or {}, base=self.default_log_config)

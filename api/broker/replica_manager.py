@@ -131,11 +131,10 @@ class DiskLogs:
         if existing is None and self._create_on is not None:
             self._create(tp, topic_id, overrides)
             return LOG_PENDING
-        if existing is not None and self._made.get(tp) == topic_id \
-                and self._overrides.get(tp) == overrides:
-            # Its files were just made here, for this topic id and config
-            # (``_create``): nothing to read back or rebuild.
-            del self._made[tp]
+        made = self._made.pop(tp, None)  # trusted by this open only
+        if existing is not None and made == topic_id and self._overrides.get(tp) == overrides:
+            # Its files were just made here, holding this topic id, with
+            # this config (``_create``): nothing to read back or rebuild.
             return existing, self._load_checkpoints().get(tp)
         if existing is not None:
             recorded = read_topic_id(existing.directory)
@@ -167,11 +166,14 @@ class DiskLogs:
         directory, config = self.log_manager.reserve_new_log(tp, overrides)
         loop = asyncio.get_running_loop()
 
-        def make() -> Log:  # on the executor: only this partition's directory
+        def make() -> tuple[Log, bool]:  # on the executor: only this partition's directory
+            """The log, and whether its files hold ``topic_id``."""
             log = self.log_manager.open_new_log(tp, directory, config)
-            if log.fresh or read_topic_id(log.directory) is None:
+            recorded = None if log.fresh else read_topic_id(log.directory)
+            if recorded is None:
                 _write_topic_id(log, topic_id)
-            return log
+                recorded = topic_id
+            return log, recorded == topic_id
 
         def done(future: concurrent.futures.Future) -> None:  # on the loop
             self._creating.discard(tp)
@@ -185,14 +187,16 @@ class DiskLogs:
                     self.log_manager.fail_dir(directory, f"creating the log of {tp}: {error}")
                     self.log_manager.log_offline(tp, directory)  # its partial files are there
                 if error is None:
-                    future.result().abandon()
+                    future.result()[0].abandon()
                 else:
                     self._create_failed[tp] = (topic_id, error)
             else:
                 try:
-                    self.log_manager.adopt_new_log(tp, directory, future.result())
+                    log, holds_topic_id = future.result()
+                    self.log_manager.adopt_new_log(tp, directory, log)
                     self._overrides[tp] = overrides
-                    self._made[tp] = topic_id
+                    if holds_topic_id:
+                        self._made[tp] = topic_id
                 except LogDirectoryError as exc:  # its dir went offline meanwhile
                     self._create_failed[tp] = (topic_id, exc)
             if self._created is not None and not self._stopped:

@@ -378,6 +378,11 @@ def test_logs_with_the_same_overrides_share_one_config_and_bad_ones_are_refused_
     for partition in (0, 1):
         with pytest.raises(InvalidConfigError):
             manager.get_or_create_log(TopicPartition("bad", partition), {"retention.ms": "soon"})
+    # A value equal to a good one but of a type the parser refuses (True == 1
+    # in Python) is refused all the same.
+    manager.get_or_create_log(TopicPartition("one", 0), {"retention.ms": 1})
+    with pytest.raises(InvalidConfigError):
+        manager.get_or_create_log(TopicPartition("truth", 0), {"retention.ms": True})
     manager.shutdown()
 
 

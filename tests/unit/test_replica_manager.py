@@ -456,8 +456,9 @@ async def test_a_log_made_on_the_executor_opens_without_its_files_read_back(tmp_
                                                                               monkeypatch):
     """A new log's files are made on another thread with its topic id; the
     open that hosts it trusts them (a new topic's partitions cost no reads
-    each), while a later open with other settings or another topic id
-    reads and checks as before."""
+    each) only for that topic id and those settings: given other settings,
+    or another topic id (the topic recreated meanwhile), it reads and
+    checks as before."""
     import asyncio
     import concurrent.futures
 
@@ -466,23 +467,39 @@ async def test_a_log_made_on_the_executor_opens_without_its_files_read_back(tmp_
 
     log_manager = LogManager(LogManagerConfig((str(tmp_path / "d"),)), LogConfig())
     log_manager.startup()
-    created = asyncio.Event()
-    tp = TopicPartition("made", 0)
+    made: list[TopicPartition] = []
+    everything_made = asyncio.Event()
+    tps = [TopicPartition("made", p) for p in range(3)]
+
+    def created(done: list[TopicPartition]) -> None:
+        made.extend(done)
+        if len(made) == len(tps):
+            everything_made.set()
+
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        disk = DiskLogs(ME, log_manager, create_on=pool, created=lambda tps: created.set())
-        assert disk.open(tp, "id-made", {"retention.ms": "1000"}, True) == LOG_PENDING
-        await asyncio.wait_for(created.wait(), 10)
+        disk = DiskLogs(ME, log_manager, create_on=pool, created=created)
+        for tp in tps:
+            assert disk.open(tp, "id-made", {"retention.ms": "1000"}, True) == LOG_PENDING
+        await asyncio.wait_for(everything_made.wait(), 10)
     reads = []
-    with monkeypatch.context() as patch:
-        patch.setattr(replica_manager, "read_topic_id", lambda d: reads.append(d))
-        log, _ = disk.open(tp, "id-made", {"retention.ms": "1000"}, True)
+    real_read = replica_manager.read_topic_id
+    monkeypatch.setattr(replica_manager, "read_topic_id",
+                        lambda directory: reads.append(directory) or real_read(directory))
+    same, other_settings, other_id = tps
+    log, _ = disk.open(same, "id-made", {"retention.ms": "1000"}, True)
     assert reads == [] and log.config.retention_ms == 1000
-    assert read_topic_id(log.directory) == "id-made"
-    # Opened again with new settings: read back, checked, reconfigured.
-    again, _ = disk.open(tp, "id-made", {"retention.ms": "2000"}, True)
-    assert again is log and log.config.retention_ms == 2000
-    # Another topic of the same name (recreated): its old log is replaced.
-    log.append(build_batch([(None, b"old")]), 0)
-    newer, _ = disk.open(tp, "id-newer", {}, True)
-    assert read_topic_id(newer.directory) == "id-newer" and newer.log_end_offset == 0
+    # Its first open with other settings: read back, checked, reconfigured.
+    log, _ = disk.open(other_settings, "id-made", {"retention.ms": "2000"}, True)
+    assert reads and log.config.retention_ms == 2000
+    assert real_read(log.directory) == "id-made"
+    # Its first open for another topic id: the old log is replaced, empty.
+    reads.clear()
+    old = log_manager.get_log(other_id)
+    old.append(build_batch([(None, b"old")]), 0)
+    log, _ = disk.open(other_id, "id-newer", {}, True)
+    assert reads and real_read(log.directory) == "id-newer" and log.log_end_offset == 0
+    # Trusted once: a later open reads as any other.
+    reads.clear()
+    disk.open(same, "id-made", {"retention.ms": "1000"}, True)
+    assert reads
     log_manager.shutdown()
