@@ -231,9 +231,10 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "--records to a fresh topic per run: RF=1 acks=1 (the reference), RF=1 "
                     "acks=all, RF=3 acks=1 and RF=3 acks=all with min.insync.replicas=2. "
                     "--rounds rounds of the four, every other one in the opposite order; "
-                    "each run's figures are its median round's. Print records/s, MB/s and latency p50/p99 per run, and "
-                    "RF=3 acks=all throughput as a share of RF=1 acks=1, each round and of "
-                    "the medians (target, issue 25: at least 0.80).")
+                    "each run's figures are its median round's. Print records/s, MB/s and "
+                    "latency p50/p99 per run, and RF=3 acks=all throughput as a share of "
+                    "RF=1 acks=1 in each round and in the median round (target, issue 25: "
+                    "at least 0.80).")
     bench_data.add_arguments(replication_parser, "replication")
     replication_parser.set_defaults(handler=bench_data.run_replication)
     idempotence_parser = bench_kinds.add_parser(

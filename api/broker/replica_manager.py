@@ -111,8 +111,8 @@ class DiskLogs:
         # error of one that failed, raised by the next ``open`` of it.
         self._creating: set[TopicPartition] = set()
         self._create_failed: dict[TopicPartition, tuple[str, BaseException]] = {}
-        # Logs ``_create`` made and hosted, by the topic id it wrote, until
-        # the core opens them (``open`` then trusts their files as made).
+        # Logs ``_create`` made and hosted, by the topic id their files hold,
+        # until the next ``open`` of each (which then trusts them as made).
         self._made: dict[TopicPartition, str] = {}
         self._stopped = False
 
