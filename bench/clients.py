@@ -44,7 +44,7 @@ import urllib.request
 from typing import Any
 
 from api.table import format_table
-from chaos.cluster import REPO_ROOT, ProcessCluster, wait_until
+from chaos.cluster import REPO_ROOT, ProcessCluster, process_cpu_seconds, wait_until
 
 TOPIC = "bench-clients"
 RECORD_VALUE = bytes(100)
@@ -133,8 +133,8 @@ def _round(broker, clients: int, args: argparse.Namespace) -> dict:
             if line.strip() != "ready":
                 raise RuntimeError(f"a worker did not get ready: {line!r}")
         pid = broker.process.pid
-        cpu_before = _cpu_seconds(pid)
-        workers_cpu_before = sum(_cpu_seconds(w.pid) for w in workers)
+        cpu_before = process_cpu_seconds(pid)
+        workers_cpu_before = sum(process_cpu_seconds(w.pid) for w in workers)
         started = time.monotonic()
         for worker in workers:
             worker.stdin.write("go\n")
@@ -146,8 +146,8 @@ def _round(broker, clients: int, args: argparse.Namespace) -> dict:
         deadline = time.monotonic() + args.seconds + RESULTS_WAIT_S
         outputs = [json.loads(_read_line(worker, deadline)) for worker in workers]
         elapsed = time.monotonic() - started  # the schedule's length, or longer if late
-        cpu = _cpu_seconds(pid) - cpu_before
-        workers_cpu = sum(_cpu_seconds(w.pid) for w in workers) - workers_cpu_before
+        cpu = process_cpu_seconds(pid) - cpu_before
+        workers_cpu = sum(process_cpu_seconds(w.pid) for w in workers) - workers_cpu_before
     finally:
         for worker in workers:
             try:
@@ -235,12 +235,6 @@ def _metric(url: str, name: str) -> float:
             if line.startswith(name + " "):
                 return float(line.split()[-1])
     return float("nan")
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _rss_kib(pid: int) -> int:

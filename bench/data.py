@@ -33,6 +33,7 @@ import struct
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from typing import Any
 
@@ -103,8 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
                                  "--records, for example 500)")
     if kind == "replication":
         parser.add_argument("--rounds", type=int, default=REPLICATION_ROUNDS,
-                            help="rounds of the four runs, one after the other; each run's "
-                                 "figures are those of its median round (default "
+                            help="rounds of the four runs, every other round in the "
+                                 "opposite order; each run's figures are those of its median "
+                                 "round, the verdict the median round's ratio (default "
                                  "%(default)s)")
     if kind == "e2e":
         parser.add_argument("--rate", type=int, default=10_000,
@@ -491,6 +493,7 @@ def bench_e2e(bootstrap: list[str], topic: str, args: argparse.Namespace,
     interval_s = 1 / args.rate
     progress = _Progress("e2e", args.records)
     with _producer(bootstrap, args) as producer:
+        requests_before = _produce_requests(bootstrap)
         window = _CpuWindow(cluster)
         cpu_started_s = time.process_time()
         started = time.perf_counter()
@@ -508,11 +511,24 @@ def bench_e2e(bootstrap: list[str], topic: str, args: argparse.Namespace,
         latencies_ms, consumer_cpu_s = out.get(timeout=120 + args.records / 1000)
         cpu = (window.figures({"producer": producer_cpu_s, "consumer": consumer_cpu_s})
                if cluster is not None else {})
+        requests = _produce_requests(bootstrap) - requests_before
     child.join(10)
     progress.done(len(latencies_ms))
     return {"records": len(latencies_ms), "seconds": sent_s,
             "records_s": args.records / sent_s, "target_rate": args.rate,
-            **_percentiles(latencies_ms), **cpu}
+            "produce_requests_s": requests / sent_s, **_percentiles(latencies_ms), **cpu}
+
+
+def _produce_requests(bootstrap: list[str]) -> int:
+    """Produce requests the brokers at ``bootstrap`` have answered so far,
+    every outcome (``kraftlog_requests_total`` in their /metrics)."""
+    total = 0.0
+    for url in bootstrap:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith("kraftlog_requests_total{") and 'api="/v1/produce"' in line:
+                    total += float(line.rpartition(" ")[2])
+    return int(total)
 
 
 # -- replication: RF=3 acks=all next to RF=1 -------------------------------------------
@@ -557,13 +573,10 @@ def run_replication(args: argparse.Namespace) -> int:
                 _create_topic(bootstrap, topic, args.partitions, replication_factor,
                               min_insync)
                 run_args = argparse.Namespace(**{**vars(args), "acks": acks})
-                cluster_cpu_before_s = _cluster_cpu_s(target.cluster)
                 figures = bench_produce(
                     bootstrap, topic, run_args,
                     label=label if args.rounds == 1 else
-                    f"{label} ({round_no + 1}/{args.rounds})")
-                figures.update(_cpu_figures(cluster_cpu_before_s,
-                                            _cluster_cpu_s(target.cluster), figures))
+                    f"{label} ({round_no + 1}/{args.rounds})", cluster=target.cluster)
                 # After an acks=1 run the followers may still be copying; the
                 # next run must not pay for it (not timed, bounded).
                 _wait_for_replicas_in_sync(bootstrap, topic, args.partitions)
@@ -649,13 +662,6 @@ def run_idempotence(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cluster_cpu_s(cluster: ProcessCluster | None) -> float | None:
-    """CPU seconds (user + system) the cluster's node processes have used so
-    far, from /proc; None where there is no /proc (or no cluster of ours)."""
-    seconds = cluster.cpu_seconds() if cluster is not None else None
-    return None if seconds is None else sum(seconds.values())
-
-
 class _CpuWindow:
     """The CPU each process of a run used from its start to ``figures()``:
     every node process of ``cluster`` (from /proc) and the clients' own
@@ -667,6 +673,9 @@ class _CpuWindow:
         self.started = time.perf_counter()
 
     def figures(self, clients_s: dict[str, float]) -> dict:
+        """``cpu_s`` by process, ``cpu_wall_s``, ``cores``; with the node
+        processes' figures (a cluster of ours, /proc), ``cluster_cpu_s``
+        (theirs together) and ``cores_busy`` (everyone's over the wall)."""
         wall_s = time.perf_counter() - self.started
         after = self.cluster.cpu_seconds() if self.cluster is not None else None
         nodes = {}
@@ -675,20 +684,11 @@ class _CpuWindow:
                 roles = "+".join(self.cluster.nodes[node_id].roles)
                 nodes[f"node {node_id} ({roles})"] = seconds - self.before.get(node_id, 0.0)
         cpu_s = {**nodes, **clients_s}
-        return {"cpu_s": cpu_s, "cpu_wall_s": wall_s, "cores": os.cpu_count(),
-                "cores_busy": sum(cpu_s.values()) / wall_s if nodes else None}
-
-
-def _cpu_figures(cluster_before_s: float | None, cluster_after_s: float | None,
-                 figures: dict) -> dict:
-    """The cluster's CPU seconds during one run, and the cores the run kept
-    busy on average, cluster and client together (``cores``, the machine's
-    count, is the ceiling)."""
-    if cluster_before_s is None or cluster_after_s is None:
-        return {}
-    cluster_s = cluster_after_s - cluster_before_s
-    return {"cluster_cpu_s": cluster_s, "cores": os.cpu_count(),
-            "cores_busy": (cluster_s + figures["client_cpu_s"]) / figures["seconds"]}
+        figures = {"cpu_s": cpu_s, "cpu_wall_s": wall_s, "cores": os.cpu_count()}
+        if nodes:
+            figures.update(cluster_cpu_s=sum(nodes.values()),
+                           cores_busy=sum(cpu_s.values()) / wall_s)
+        return figures
 
 
 def _print_replication(args: argparse.Namespace, summary: dict) -> None:
@@ -789,6 +789,8 @@ def _print_summary(kind: str, args: argparse.Namespace, summary: dict) -> None:
         rows.append(("producer processes", str(summary["producers"])))
     if kind == "e2e":
         rows.append(("target rate", f"{summary['target_rate']:,} records/s"))
+        rows.append(("produce requests/s", f"{summary['produce_requests_s']:,.0f} (all "
+                                           "brokers; a request carries a batch per partition)"))
     if "mb_s" in summary:
         rows.append(("MB/s", f"{summary['mb_s']:,.1f}"))
     for key, label in (("latency_ms_p50", "latency p50"), ("latency_ms_p99", "latency p99"),
@@ -812,9 +814,8 @@ def _print_summary(kind: str, args: argparse.Namespace, summary: dict) -> None:
 
 def vars_subset(args: argparse.Namespace) -> dict:
     keys = ("records", "record_size", "partitions", "acks", "batch_size", "linger_ms", "rate",
-            "rounds",
-            "producers", "brokers", "replication_factor", "min_insync_replicas", "send_batch",
-            "flush_each", "transport")
+            "rounds", "producers", "brokers", "replication_factor", "min_insync_replicas",
+            "send_batch", "flush_each", "transport")
     return {key: getattr(args, key) for key in keys if hasattr(args, key)}
 
 

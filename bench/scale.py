@@ -60,7 +60,7 @@ import msgpack
 
 from api.table import format_table
 from bench.failover import live_urls
-from chaos.cluster import ProcessCluster, http_json, wait_until
+from chaos.cluster import ProcessCluster, http_json, process_cpu_seconds, wait_until
 from storage.batch import BatchBuilder
 
 BROKERS = 3
@@ -356,12 +356,8 @@ def gc_during(before: list[dict[str, float]], after: list[dict[str, float]]
 
 def brokers_cpu_s(cluster: ProcessCluster) -> float:
     """The brokers' CPU time so far (user + system, from /proc)."""
-    total = 0
-    for broker in cluster.broker_ids:
-        with open(f"/proc/{cluster.nodes[broker].process.pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+    return sum(process_cpu_seconds(cluster.nodes[broker].process.pid)
+               for broker in cluster.broker_ids)
 
 
 def tail_cost(cluster: ProcessCluster, topics: dict[str, int]) -> dict[str, float]:

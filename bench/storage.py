@@ -768,6 +768,7 @@ def run_new_logs_phase(workdir: str, config: LogConfig, count: int) -> dict:
     parent = os.path.join(workdir, "new-logs")
     os.mkdir(parent)
     raw_s = log_s = 0.0
+
     def raw(names: range) -> float:
         started = time.perf_counter()
         for i in names:

@@ -164,6 +164,14 @@ def write_raft_secret(path: str) -> str:
     return path
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far, from
+    /proc (``OSError`` where there is none, or the process is gone)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # fields 3.. of proc(5)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def node_roles(controllers: int, brokers: int, combined: bool
                ) -> dict[int, tuple[str, ...]]:
     """Node id -> roles for a layout: controllers 1..C and brokers C+1..C+B,
@@ -519,17 +527,11 @@ class ProcessCluster:
     def cpu_seconds(self) -> dict[int, float] | None:
         """CPU seconds (user + system) each running node process has used so
         far, by node id, from /proc; None where there is no /proc."""
-        seconds = {}
-        for node_id, node in self.nodes.items():
-            if not node.running:
-                continue
-            try:
-                with open(f"/proc/{node.process.pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()  # fields 3.. of proc(5)
-            except OSError:
-                return None
-            seconds[node_id] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return seconds
+        try:
+            return {node_id: process_cpu_seconds(node.process.pid)
+                    for node_id, node in self.nodes.items() if node.running}
+        except OSError:
+            return None
 
     def stop(self) -> None:
         """Kill every node (SIGKILL: tests want speed, not grace)."""

@@ -123,6 +123,8 @@ def test_bench_e2e_reports_latency_at_the_requested_rate(node_url):
     summary = bench("e2e", "--records", "500", "--rate", "2000", "--target", node_url)
     assert (summary["records"], summary["target_rate"], summary["rate"]) == (500, 2000, 2000)
     assert summary["records_s"] <= 2000 * 1.05  # paced, not flooded
+    # The producer's requests the broker counted: at least one, at most one a record.
+    assert 0 < summary["produce_requests_s"] * summary["seconds"] <= 500
     assert_latencies(summary, samples=500)  # every record, as the consumer polled it
     assert records_in(node_url, "bench-e2e-") == (4, 500)
 
@@ -228,6 +230,10 @@ def test_bench_replication_measures_rf3_acks_all_next_to_rf1(tmp_path):
     assert summary["ratio_each_round"] == each_round
     assert summary["ratio_rf3_acks_all_to_rf1"] == sum(each_round) / 2
     assert summary["ratio_of_medians"] == rf3["ratio_to_reference"] > 0
+    for run in runs.values():  # each process's CPU, the cluster's together
+        assert run["cluster_cpu_s"] == sum(seconds for name, seconds in run["cpu_s"].items()
+                                           if name.startswith("node "))
+        assert run["cores_busy"] > 0
     assert (summary["brokers"], summary["ratio_target"]) == (3, 0.8)
     assert list(tmp_path.iterdir()) == []
 
