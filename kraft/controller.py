@@ -1275,8 +1275,8 @@ class _Draft:
     will get. The shell's image is never touched.
 
     The copy (``MetadataImage.copy``) has its own broker registrations and
-    shares topics and configs copy-on-write, so it costs a few dict copies
-    whatever the number of partitions. A test checks that no controller
+    shares topics and configs copy-on-write, so its cost does not grow with
+    the number of topics or partitions. A test checks that no controller
     call changes the image it was given."""
 
     def __init__(self, image: MetadataImage, settings: ControllerSettings) -> None:

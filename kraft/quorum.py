@@ -1125,8 +1125,16 @@ class MetadataQuorum(GuardedSyncObj):
             if not history or history[0][0] > offset + 1:
                 return None, image_offset
             start = offset + 1 - history[0][0]
+            # The history's offsets are consecutive, and a broker asks from
+            # near its end: walk in from the nearer end, so a long-poll costs
+            # what it answers, not the history before it (50,000 records).
+            wanted = max(0, len(history) - start)
+            if start <= wanted:
+                newer = itertools.islice(history, start, None)
+            else:
+                newer = reversed(list(itertools.islice(reversed(history), wanted)))
             out, size = [], 0
-            for item in itertools.islice(history, start, None):
+            for item in newer:
                 if out and size + len(item[1]) > max_bytes:
                     break
                 out.append(item)

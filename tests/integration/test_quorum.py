@@ -84,6 +84,15 @@ async def test_three_replicas_apply_the_same_batches_at_the_same_offsets(tmp_pat
         assert len(snapshots) == 1
         records, _ = leader.records_after(start)
         assert [offset for offset, _ in records] == list(range(start + 1, start + 11))
+        # From any offset (read in from the history's nearer end): the
+        # records after it, oldest first, and the first alone when the byte
+        # budget holds less.
+        for after in range(start, start + 11):
+            records, end = leader.records_after(after)
+            assert end == start + 10
+            assert [offset for offset, _ in records] == list(range(after + 1, start + 11))
+            one, _ = leader.records_after(after, max_bytes=1)
+            assert [offset for offset, _ in one] == list(range(after + 1, start + 11))[:1]
 
 
 async def test_a_batch_computed_on_another_image_is_refused_everywhere(tmp_path, addresses):
