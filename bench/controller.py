@@ -51,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="topics to create for the write rate (default %(default)s)")
     parser.add_argument("--clients", type=int, default=8,
                         help="concurrent clients for the second write-rate run")
+    parser.add_argument("--existing-topics", type=int, default=0, metavar="N",
+                        help="create N topics (1 partition, RF 3) before the write-rate runs, "
+                             "untimed, to measure creations on a cluster that already holds "
+                             "many (default %(default)s)")
     parser.add_argument("--session-timeout-ms", type=int, default=3000,
                         help="broker.session.timeout.ms of the bench cluster")
     parser.add_argument("--election-timeout-ms", type=int, default=500,
@@ -72,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             print(f"--{name.replace('_', '-')} must be at least 1", file=sys.stderr)
             return 2
+    if args.existing_topics < 0:
+        print("--existing-topics must be 0 or more", file=sys.stderr)
+        return 2
     settings = dict(FAST_SETTINGS)
     settings["broker.session.timeout.ms"] = args.session_timeout_ms
     settings["broker.heartbeat.interval.ms"] = max(1, args.session_timeout_ms // 6)
@@ -88,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
         results["broker_failover"] = broker_failover(work, settings, args.broker_failovers,
                                                      secret)
         results["topic_creations"] = topic_creations(work, settings, args.creations,
-                                                     args.clients, secret)
+                                                     args.clients, secret, args.existing_topics)
+        results["existing_topics"] = args.existing_topics
     if args.nats_python:
         results["nats"] = run_nats_reference(args.nats_python, args.creations, args.failovers)
     if args.json:
@@ -259,7 +267,9 @@ async def _create_many(url: str, names: list[str], clients: int) -> list[float]:
 
 
 def topic_creations(work: str, settings: dict, count: int, clients: int,
-                    raft_secret: bool = True) -> dict:
+                    raft_secret: bool = True, existing: int = 0) -> dict:
+    """Creations per second, one client at a time and ``clients`` at once,
+    on a cluster already holding ``existing`` topics (made first, untimed)."""
     results = {}
     with ProcessCluster(os.path.join(work, "writes"), controllers=3, brokers=3,
                         settings=settings, raft_secret=raft_secret) as cluster:
@@ -267,6 +277,10 @@ def topic_creations(work: str, settings: dict, count: int, clients: int,
         cluster.wait_for_brokers_running(timeout_s=30)
         active = cluster.wait_for_active_controller()
         url = cluster.nodes[active].controller_url + CREATE_PATH
+        if existing:
+            progress(f"creating {existing} existing topics (untimed) ...")
+            asyncio.run(_create_many(url, [f"existing-{i}" for i in range(existing)],
+                                     clients))
         for label, n_clients in (("sequential", 1), ("concurrent", clients)):
             progress(f"topic creations: {count} with {n_clients} client(s) ...")
             names = [f"{label}-{i}" for i in range(count)]
@@ -320,6 +334,8 @@ def format_report(r: dict) -> str:
         "",
         f"{'topic creations (1 partition, RF 3)':44} {'per s':>9} {'p50':>9} {'p99':>9}",
     ]
+    if r.get("existing_topics"):
+        lines.insert(-1, f"on a cluster already holding {r['existing_topics']} topics:")
     for label, v in tc.items():
         lines.append(f"{'  ' + label + ' (' + str(v['clients']) + ' clients)':44} "
                      f"{v['creations_per_s']:>9.0f} {v['p50_ms']:>7.1f}ms {v['p99_ms']:>7.1f}ms")

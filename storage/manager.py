@@ -696,6 +696,12 @@ class LogManager:
         thousands of dirty partitions cost the event loop a few wake-ups,
         not thousands. The event loop keeps serving meanwhile."""
         loop = asyncio.get_running_loop()
+        # Tickets with names, producer snapshots or an epoch checkpoint to
+        # write go in batches of their own, not behind segments' fsyncs
+        # (they are durable sooner so; the next flush would sync them again
+        # meanwhile). A thousand partitions' first writes, each with a new
+        # leader epoch to checkpoint, are then a few trips, not a thousand.
+        first: list[tuple[Log, FlushTicket]] = []
         batch: list[tuple[Log, FlushTicket]] = []
         try:
             for part_log in logs:
@@ -705,23 +711,23 @@ class LogManager:
                     ticket = part_log.begin_flush()
                 except LogDirectoryError:
                     continue  # its dir went offline (begin_flush said why)
-                if ticket.directory is not None or ticket.files or \
-                        ticket.epoch_write is not None:
-                    # Names, producer snapshots or the epoch checkpoint:
-                    # synced at once, alone, not behind others' fsyncs (the
-                    # next flush would sync them again meanwhile, but they
-                    # are durable sooner so).
-                    await self._sync_flush_batch(loop, [(part_log, ticket)])
+                waiting = first if (ticket.directory is not None or ticket.files
+                                    or ticket.epoch_write is not None) else batch
+                waiting.append((part_log, ticket))
+                if len(waiting) < FLUSH_BATCH_LOGS:
                     continue
-                batch.append((part_log, ticket))
-                if len(batch) >= FLUSH_BATCH_LOGS:
-                    sending, batch = batch, []
+                for full in ((first, batch) if waiting is batch else (first,)):
+                    sending = full[:]  # ``first`` goes ahead of a full ``batch``
+                    full.clear()
+                    if sending:
+                        await self._sync_flush_batch(loop, sending)
+            for waiting in (first, batch):
+                sending = waiting[:]
+                waiting.clear()
+                if sending:
                     await self._sync_flush_batch(loop, sending)
-            sending, batch = batch, []
-            if sending:
-                await self._sync_flush_batch(loop, sending)
         finally:
-            _abort_flushes(batch)  # begun, never handed to the thread (cancelled)
+            _abort_flushes(first + batch)  # begun, never handed to the thread (cancelled)
 
     async def _sync_flush_batch(self, loop: asyncio.AbstractEventLoop,
                                 batch: list[tuple[Log, FlushTicket]]) -> None:
