@@ -58,7 +58,7 @@ class CheckpointFormatError(ValueError):
 
 def _format(entries: list[tuple]) -> bytes:
     lines = [str(VERSION), str(len(entries))]
-    lines.extend(" ".join(str(field) for field in entry) for entry in entries)
+    lines.extend(" ".join(map(str, entry)) for entry in entries)
     return ("\n".join(lines) + "\n").encode()
 
 

@@ -204,6 +204,9 @@ class Log:
         self._checkpoint_before_write = False
         self._unflushed_messages = 0
         self._first_unflushed_ms: int | None = None
+        #: Called when the log comes to hold data its last flush did not
+        #: cover (its owner's list of logs to look at for ``flush_due``).
+        self.on_unflushed: Callable[[], None] | None = None
         self._dir_dirty = False
         # Counts truncations from the end; a flush ticket taken before one
         # must not advance the recovery point (see end_flush).
@@ -669,6 +672,8 @@ class Log:
         self.active_segment.append(pieces, metas)
         if self._first_unflushed_ms is None:
             self._first_unflushed_ms = now_ms
+            if self.on_unflushed is not None:
+                self.on_unflushed()
         self._unflushed_messages += messages
         first, last = entries[0][1], entries[-1][1]
         return AppendInfo(first.base_offset, last.last_offset, now_ms, messages,
@@ -931,6 +936,12 @@ class Log:
     # ------------------------------------------------------------------
     # Flushing
     # ------------------------------------------------------------------
+    @property
+    def unflushed(self) -> bool:
+        """Whether it holds data no flush has covered yet (taken by a flush
+        in progress counts as covered)."""
+        return self._first_unflushed_ms is not None
+
     def flush_due(self, now_ms: int | None = None) -> bool:
         """Whether ``flush.messages`` or ``flush.ms`` asks for an fsync now."""
         if self._first_unflushed_ms is None:
@@ -995,6 +1006,8 @@ class Log:
         self._unsynced_snapshots.extend(ticket.taken_files)
         if self._first_unflushed_ms is None:
             self._first_unflushed_ms = self.clock()
+            if self.on_unflushed is not None:
+                self.on_unflushed()
 
     def _let_go(self, ticket: FlushTicket) -> None:
         for path in ticket.taken_files:

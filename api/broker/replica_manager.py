@@ -252,17 +252,17 @@ class DiskLogs:
         """Event loop: ``{log dir: {(topic, partition): high watermark}}``
         for every log on disk (hosted ones as they are now, others as last
         checkpointed), to hand to ``write_high_watermarks`` on any thread."""
-        dirs = {os.path.abspath(d): d for d in self.log_manager.online_dirs()}
-        snapshot: dict[str, dict[tuple[str, int], int]] = {d: {} for d in dirs.values()}
+        snapshot: dict[str, dict[tuple[str, int], int]] = {
+            d: {} for d in self.log_manager.online_dirs()}
         # Read first, so a checkpoint written before any partition is hosted
         # keeps what the last one held.
         checkpointed = self._load_checkpoints()
-        for tp, part_log in self.log_manager.logs.items():
+        for tp, directory in self.log_manager.log_dirs().items():
             part = partitions.get(tp)
             hw = part.high_watermark if part is not None else checkpointed.get(tp)
-            directory = dirs.get(os.path.dirname(os.path.abspath(part_log.directory)))
-            if hw is not None and directory is not None:
-                snapshot[directory][(tp.topic, tp.partition)] = hw
+            offsets = snapshot.get(directory)
+            if hw is not None and offsets is not None:
+                offsets[(tp.topic, tp.partition)] = hw
         return snapshot
 
     @staticmethod

@@ -546,3 +546,38 @@ def test_a_flush_that_fails_but_not_the_disk_is_tried_again_whole(tmp_path, monk
     assert after.directory is None and after.files == []
     part_log.end_flush(after)
     manager.abandon()
+
+
+def test_the_flush_scheduler_looks_only_at_logs_written_since_their_last_flush(
+        tmp_path, monkeypatch):
+    """200 hosted partitions, 3 written to: a flush tick asks those 3 whether
+    they are due, not all 200 (a broker of 10,000 quiet partitions spends
+    nothing on them every log.flush.scheduler.interval.ms). Flushed, they
+    drop out; written again, or a flush given back (abort), they are back."""
+    from storage.log import Log
+
+    manager = manager_for(tmp_path / "d0", config=LogConfig(segment_bytes=4096, flush_ms=1000))
+    logs = [manager.get_or_create_log(TopicPartition("quiet", p)) for p in range(200)]
+    asked = []
+    real_due = Log.flush_due
+    monkeypatch.setattr(Log, "flush_due", lambda self, now_ms=None: (
+        asked.append(self), real_due(self, now_ms))[1])
+    later = 2**62  # past any flush.ms
+    assert manager.logs_due_for_flush(later) == [] and asked == []
+    for log in (logs[7], logs[70], logs[170]):
+        log.append(make_batch(2), leader_epoch=0)
+    logs[70].append(make_batch(1), leader_epoch=0)  # still one to look at
+    assert manager.logs_due_for_flush(later) == [logs[7], logs[70], logs[170]]
+    assert asked == [logs[7], logs[70], logs[170]]
+    asyncio.run(manager.flush_logs_async([logs[7], logs[70]]))
+    asked.clear()
+    assert manager.logs_due_for_flush(later) == [logs[170]] and asked == [logs[170]]
+    asked.clear()
+    ticket = logs[170].begin_flush()  # taken, then given back (a cancelled flush)
+    assert manager.logs_due_for_flush(later) == [] and asked == []
+    logs[170].abort_flush(ticket)
+    logs[7].append(make_batch(1), leader_epoch=0)
+    assert manager.logs_due_for_flush(later) == [logs[170], logs[7]]
+    manager.delete_log(TopicPartition("quiet", 7))
+    assert manager.logs_due_for_flush(later) == [logs[170]]
+    manager.abandon()
