@@ -23,7 +23,9 @@ every broker holds a replica of each), and the report gives the ratio:
   (``fetch_max_wait_ms`` 500) for ``TAIL_S`` with nothing produced: the
   bytes of each fetch request after the first, and the brokers' CPU above
   what they use idle (``/proc``), in percent of a core (fetch sessions:
-  flat, not O(partitions) per fetch);
+  flat, not O(partitions) per fetch); and that idle use itself, the
+  brokers at rest in the seconds after the load (flushes, checkpoints and
+  timers over every partition they hold);
 - **garbage collection**: the brokers' full collections during the
   produce and consume load (``kraftlog_gc_full_collection_seconds``): how
   many, their mean, and the bucket bound of the longest;
@@ -395,7 +397,7 @@ def tail_cost(cluster: ProcessCluster, topics: dict[str, int]) -> dict[str, floa
         busy = (brokers_cpu_s(cluster) - started) / (time.monotonic() - begun)
     later = [size for size in sizes[opened:] if size >= 0] or [0]
     return {"request_bytes": statistics.mean(later),
-            "broker_cpu_pct": max(0.0, busy - idle) * 100}
+            "broker_cpu_pct": max(0.0, busy - idle) * 100, "idle_cpu_pct": idle * 100}
 
 
 # -- restart and failover ----------------------------------------------------------
@@ -561,6 +563,7 @@ def summarize(reference: dict, big: dict, layout: dict[str, int],
             "gc_full_longest_ms_at_most": figures["gc"]["longest_ms_at_most"],
             "tail_request_bytes": round(figures["tail"]["request_bytes"]),
             "tail_broker_cpu_pct": round(figures["tail"]["broker_cpu_pct"], 1),
+            "at_rest_broker_cpu_pct": round(figures["tail"]["idle_cpu_pct"], 1),
             "broker_rss_mib": round(statistics.mean(rss.values()) / 2**20, 1),
             "created_kib_per_replica": round(
                 statistics.mean(figures["rss_created_per_replica"].values()) / 1024, 2),
@@ -621,6 +624,8 @@ def format_report(summary: dict) -> str:
             many["tail_request_bytes"], ",.0f"),
         row("tail: brokers' CPU above idle (% of a core)", small["tail_broker_cpu_pct"],
             many["tail_broker_cpu_pct"], ",.1f"),
+        row("brokers at rest after the load (% of a core, all)",
+            small["at_rest_broker_cpu_pct"], many["at_rest_broker_cpu_pct"], ",.1f"),
         row("broker resident set (MiB)", small["broker_rss_mib"], many["broker_rss_mib"],
             ",.1f"),
         ("memory per partition replica, created (KiB)", "",

@@ -47,7 +47,8 @@ class LeaderEpochCache:
     skipped (each change has a version, and an older one never overwrites
     a newer)."""
 
-    def __init__(self, checkpoint: LeaderEpochCheckpoint | None) -> None:
+    def __init__(self, checkpoint: LeaderEpochCheckpoint | None, *,
+                 fresh: bool = False) -> None:
         self._checkpoint = checkpoint
         # Whether assign leaves the write to the log's flush (defer_writes).
         self._deferred = False
@@ -57,7 +58,10 @@ class LeaderEpochCache:
         self._written_version = 0
         self._write_lock = threading.Lock()
         self._closed = False  # (under _write_lock) its log let go of its files
-        self._entries: list[tuple[int, int]] = checkpoint.read() if checkpoint else []
+        # ``fresh``: its log's directory was made a moment ago, so it holds
+        # no checkpoint to read (a broker given thousands of new partitions).
+        self._entries: list[tuple[int, int]] = (
+            checkpoint.read() if checkpoint and not fresh else [])
         self._epochs = [epoch for epoch, _ in self._entries]
         for (e1, s1), (e2, s2) in zip(self._entries, self._entries[1:]):
             if e1 >= e2 or s1 > s2:

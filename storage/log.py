@@ -282,7 +282,7 @@ class Log:
         names = set() if fresh else cls._remove_leftovers(directory, complete_swaps(directory))
         epoch_checkpoint = LeaderEpochCheckpoint(os.path.join(directory, EPOCH_CHECKPOINT_NAME))
         try:
-            epoch_cache = LeaderEpochCache(epoch_checkpoint)
+            epoch_cache = LeaderEpochCache(epoch_checkpoint, fresh=fresh)
             rebuild_epochs = False
         except CheckpointFormatError as exc:
             log.warning("%s; rebuilding the leader-epoch cache from the log", exc)

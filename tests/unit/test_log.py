@@ -728,17 +728,27 @@ def test_reads_near_the_end_find_the_batch_a_walk_of_the_headers_finds(log_dir):
     assert read_all(log)[-1].offset == log.log_end_offset - 1
 
 
-def test_a_log_opened_where_nothing_was_is_fresh_and_reopened_is_not(log_dir):
+def test_a_log_opened_where_nothing_was_is_fresh_and_reopened_is_not(log_dir, monkeypatch):
     """``Log.open`` making the directory reads nothing from it (there is
-    nothing), and says so (``fresh``: the broker then writes the topic id
-    without looking for one); the same log opened again reads what it
-    wrote, and is not fresh."""
+    nothing: not even a leader-epoch checkpoint is looked for), and says so
+    (``fresh``: the broker then writes the topic id without looking for
+    one); the same log opened again reads what it wrote, its epochs too,
+    and is not fresh."""
+    from storage.checkpoint import LeaderEpochCheckpoint
+
+    reads = []
+    real_read = LeaderEpochCheckpoint.read
+    monkeypatch.setattr(LeaderEpochCheckpoint, "read",
+                        lambda self: (reads.append(self.path), real_read(self))[1])
     log = open_log(log_dir)
-    assert log.fresh and log.log_end_offset == 0
+    assert log.fresh and log.log_end_offset == 0 and reads == []
     fill(log, 3)
+    epochs = log.epoch_cache.entries
+    assert epochs
     log.close()
     again = open_log(log_dir)
     assert not again.fresh and again.log_end_offset == 9
+    assert len(reads) == 1 and again.epoch_cache.entries == epochs
     assert [r.offset for r in read_all(again)] == list(range(9))
     again.close()
     os.makedirs(log_dir + "-empty")  # made by someone else: looked at, not fresh
