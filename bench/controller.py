@@ -291,6 +291,7 @@ def topic_creations(work: str, settings: dict, count: int, clients: int,
             results[label] = {"clients": n_clients, "creations_per_s": round(count / elapsed, 1),
                               **summary_ms(latencies),
                               **_cpu_per_creation(cluster, active, cpu_before, count)}
+        results["topics_at_end"] = len(cluster.metadata(active)["topics"])
     progress("")
     return results
 
@@ -336,10 +337,11 @@ def format_report(r: dict) -> str:
     ]
     if r.get("existing_topics"):
         lines.insert(-1, f"on a cluster already holding {r['existing_topics']} topics:")
-    for label, v in tc.items():
+    runs = {label: v for label, v in tc.items() if isinstance(v, dict)}
+    for label, v in runs.items():
         lines.append(f"{'  ' + label + ' (' + str(v['clients']) + ' clients)':44} "
                      f"{v['creations_per_s']:>9.0f} {v['p50_ms']:>7.1f}ms {v['p99_ms']:>7.1f}ms")
-    for label, v in tc.items():
+    for label, v in runs.items():
         if v.get("cpu_ms_per_creation"):
             lines.append(f"  CPU per creation, {label}: " + ", ".join(
                 f"{who} {ms:.2f} ms" for who, ms in v["cpu_ms_per_creation"].items()))

@@ -363,3 +363,36 @@ def test_a_benchmark_killed_with_sigterm_stops_the_cluster_it_started(tmp_path):
         if bench.poll() is None:
             bench.kill()
             bench.wait()
+
+
+# -- bench controller -----------------------------------------------------------------------
+def test_bench_controller_creations_on_a_cluster_that_already_holds_topics(tmp_path):
+    """The write-rate runs of `kraftlog bench controller` after
+    ``--existing-topics`` made first: both runs answered, each role's CPU
+    per creation reported, the report says how many topics were there."""
+    from bench import controller
+    from chaos.cluster import FAST_SETTINGS
+
+    results = controller.topic_creations(str(tmp_path), dict(FAST_SETTINGS), count=4,
+                                         clients=2, existing=6)
+    assert results.pop("topics_at_end") == 6 + 4 + 4
+    assert sorted(results) == ["concurrent", "sequential"]
+    for run in results.values():
+        assert run["count"] == 4 and run["creations_per_s"] > 0
+        assert set(run["cpu_ms_per_creation"]) == {"active controller", "other controllers",
+                                                   "each broker"}
+    report = controller.format_report({
+        "settings": {}, "raft_secret": True, "existing_topics": 6, "topic_creations": results,
+        "fsync": {"fsyncs_per_s": 1000.0, "fsync_ms": 1.0},
+        "controller_failover": {key: {"p50_ms": 1.0, "max_ms": 1.0, "count": 1}
+                                for key in ("to_active", "to_topic_created")},
+        "broker_failover": {"to_new_leaders": {"p50_ms": 1.0, "max_ms": 1.0, "count": 1},
+                            "session_timeout_ms": 3000}})
+    assert "on a cluster already holding 6 topics:" in report
+
+
+def test_bench_controller_refuses_a_negative_existing_topics():
+    result = subprocess.run([sys.executable, "-m", "api.cli", "bench", "controller",
+                             "--existing-topics", "-1"], capture_output=True, text=True,
+                            timeout=60, cwd=REPO_ROOT)
+    assert result.returncode == 2 and "--existing-topics must be 0 or more" in result.stderr
