@@ -34,12 +34,6 @@ __all__ = ["BrokerLifecycle", "BrokerState", "RE_REGISTER_CODES", "RETRY_BACKOFF
 
 #: Longest wait of one metadata long-poll.
 METADATA_POLL_MS = 5000
-#: After an answer that brought records and caught up, the next long-poll
-#: waits this long first: while the metadata keeps changing (topics created
-#: by the hundred a second) each poll brings several batches, not one; a
-#: quiet cluster's first change still arrives at once, and a broker behind
-#: asks again at once.
-METADATA_POLL_PAUSE_S = 0.01
 #: The pause before the presence stream (``brokers/presence``) is asked for
 #: again after a refusal or a failure to connect.
 PRESENCE_RETRY_S = 0.1
@@ -230,8 +224,6 @@ class BrokerLifecycle:
                     timeout_ms=METADATA_POLL_MS + self.config.session_timeout_ms,
                     request_timeout_ms=METADATA_POLL_MS + 2000)
                 self._apply(answer)
-                if answer.get("records") and answer.get("offset") == self.image.offset:
-                    await asyncio.sleep(METADATA_POLL_PAUSE_S)  # caught up: let more gather
             except KraftError as exc:
                 if getattr(exc, "code", None) == "OFFSET_OUT_OF_RANGE":
                     # The metadata log is shorter than our copy (a controller
