@@ -257,7 +257,7 @@ class DiskLogs:
         # Read first, so a checkpoint written before any partition is hosted
         # keeps what the last one held.
         checkpointed = self._load_checkpoints()
-        for tp, directory in self.log_manager.log_dirs().items():
+        for tp, directory in list(self.log_manager.log_dirs().items()):
             part = partitions.get(tp)
             hw = part.high_watermark if part is not None else checkpointed.get(tp)
             offsets = snapshot.get(directory)
