@@ -604,7 +604,9 @@ class Controller:
         if spec.name in draft.image.topics:
             raise TopicAlreadyExistsError(f"topic {spec.name!r} already exists")
         creation.check_collision(spec.name)
-        configs = validate_topic_configs(spec.configs, self.settings.topic_config_defaults)
+        # No overrides: the defaults alone, checked when the settings were made.
+        configs = (validate_topic_configs(spec.configs, self.settings.topic_config_defaults)
+                   if spec.configs else {})
         assignment = (self._manual_assignment(creation, spec) if spec.assignments is not None
                       else self._placed_assignment(creation, spec))
         self._check_writable(spec.name, len(assignment[0]), configs, creating=True)

@@ -344,3 +344,29 @@ def test_a_failed_log_dir_lets_go_of_its_partitions_and_refuses_them_from_then_o
     leader.apply_image(image, 5)
     assert leader.offline == set() and manager.offline_logs() == {TP: directory}
     assert os.path.isdir(os.path.join(directory, "t-0"))
+
+
+def test_the_leaderships_one_metadata_change_brings_are_logged_on_one_line(tmp_path, caplog):
+    """A broker given the leadership of three new partitions at once says
+    so in one line naming each with its epoch and log end; one given a
+    single one says it as before."""
+    image = image_with(LEADER, [LEADER, FOLLOWER])
+    leader = broker(tmp_path, LEADER, image)
+    image = image.copy()
+    image.apply(TopicRecord("u", "id-2"), image.offset + 1)
+    for number in range(3):
+        image.apply(PartitionRecord("id-2", number, [LEADER, FOLLOWER], [LEADER, FOLLOWER],
+                                    LEADER, 4, 0), image.offset + 1)
+    with caplog.at_level("INFO", logger="api.broker.replication"):
+        leader.apply_image(image, 10, {"u": None})
+    lines = [r.getMessage() for r in caplog.records if "leader of" in r.getMessage()]
+    assert lines == ["broker 1: leader of 3 partitions: u-0 in epoch 4 (log end 0), "
+                     "u-1 in epoch 4 (log end 0), u-2 in epoch 4 (log end 0)"]
+    caplog.clear()
+    image = image.copy()
+    image.apply(PartitionRecord("id-2", 3, [LEADER, FOLLOWER], [LEADER, FOLLOWER], LEADER, 5, 0),
+                image.offset + 1)
+    with caplog.at_level("INFO", logger="api.broker.replication"):
+        leader.apply_image(image, 20, {"u": {3}})
+    assert [r.getMessage() for r in caplog.records if "leader of" in r.getMessage()] == [
+        "broker 1: leader of u-3 in epoch 5 (log end 0)"]
