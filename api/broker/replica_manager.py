@@ -27,6 +27,7 @@ import concurrent.futures
 import errno
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
@@ -115,6 +116,11 @@ class DiskLogs:
         # until the next ``open`` of each (which then trusts them as made).
         self._made: dict[TopicPartition, str] = {}
         self._stopped = False
+        # Creations the executor finished, waiting for the owner's loop
+        # (``_hand_back``): taken together, so a burst of new logs wakes the
+        # loop once and reaches ``created`` as one list, not one call each.
+        self._finished: list[tuple[TopicPartition, Callable, concurrent.futures.Future]] = []
+        self._finished_lock = threading.Lock()
 
     def stop(self) -> None:
         """Creations still running are closed, not hosted, when they end."""
@@ -175,11 +181,12 @@ class DiskLogs:
                 recorded = topic_id
             return log, recorded == topic_id
 
-        def done(future: concurrent.futures.Future) -> None:  # on the loop
+        def done(future: concurrent.futures.Future) -> bool:  # on the loop
+            """Host or give up the log; whether ``created`` should hear of it."""
             self._creating.discard(tp)
             if future.cancelled():
                 self.log_manager.release_new_log(directory)
-                return
+                return False
             error = future.exception()
             if error is not None or self._stopped:
                 self.log_manager.release_new_log(directory)
@@ -199,8 +206,7 @@ class DiskLogs:
                         self._made[tp] = topic_id
                 except LogDirectoryError as exc:  # its dir went offline meanwhile
                     self._create_failed[tp] = (topic_id, exc)
-            if self._created is not None and not self._stopped:
-                self._created([tp])
+            return True
 
         self._creating.add(tp)
         try:
@@ -209,13 +215,37 @@ class DiskLogs:
             self._creating.discard(tp)
             self.log_manager.release_new_log(directory)
             raise
-        def hand_back(f: concurrent.futures.Future) -> None:  # on the executor
+        future.add_done_callback(lambda f: self._hand_back(loop, tp, done, f))
+
+    def _hand_back(self, loop: asyncio.AbstractEventLoop, tp: TopicPartition,
+                   done: Callable[[concurrent.futures.Future], bool],
+                   future: concurrent.futures.Future) -> None:
+        """On the executor: queue a finished creation for the loop, waking
+        it only if nothing was queued already (it takes them all then)."""
+        with self._finished_lock:
+            first = not self._finished
+            self._finished.append((tp, done, future))
+        if first:
             try:
-                loop.call_soon_threadsafe(done, f)
+                loop.call_soon_threadsafe(self._take_finished)
             except RuntimeError:
                 pass  # the loop is closed: the broker stopped, nothing to host it
 
-        future.add_done_callback(hand_back)
+    def _take_finished(self) -> None:
+        """On the loop: every creation finished since the last call, hosted
+        (or given up), then told to ``created`` in one list."""
+        with self._finished_lock:
+            finished, self._finished = self._finished, []
+        created = []
+        for tp, done, future in finished:
+            try:
+                if done(future):
+                    created.append(tp)
+            except Exception:  # one log's trouble does not keep the others
+                logger.exception("broker %d: hosting the new log of %s failed",
+                                 self.broker_id, tp)
+        if created and self._created is not None and not self._stopped:
+            self._created(created)
 
     def reconfigure(self, tp: TopicPartition, overrides: dict) -> None:
         if overrides != self._overrides.get(tp):

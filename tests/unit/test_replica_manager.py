@@ -452,6 +452,37 @@ async def test_a_produce_right_after_a_partition_is_given_here_waits_for_its_log
         log_manager.shutdown()
 
 
+async def test_logs_made_while_the_loop_was_busy_are_hosted_together(tmp_path):
+    """New logs whose files the executor finished while the event loop was
+    busy reach ``created`` in one list (one wake-up of the loop and one
+    pass of the core for the burst, not one each), every one hosted."""
+    import asyncio
+    import concurrent.futures
+
+    from api.broker.replication import LOG_PENDING
+
+    log_manager = LogManager(LogManagerConfig((str(tmp_path / "d"),)), LogConfig())
+    log_manager.startup()
+    calls: list[list[TopicPartition]] = []
+    arrived = asyncio.Event()
+    tps = [TopicPartition("burst", p) for p in range(5)]
+
+    def created(done: list[TopicPartition]) -> None:
+        calls.append(list(done))
+        if sum(map(len, calls)) == len(tps):
+            arrived.set()
+
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    disk = DiskLogs(ME, log_manager, create_on=pool, created=created)
+    for tp in tps:
+        assert disk.open(tp, "id-burst", {}, True) == LOG_PENDING
+    pool.shutdown(wait=True)  # the loop is held here until every file is made
+    await asyncio.wait_for(arrived.wait(), 10)
+    assert calls == [tps]
+    assert all(log_manager.get_log(tp) is not None for tp in tps)
+    log_manager.shutdown()
+
+
 async def test_a_log_made_on_the_executor_opens_without_its_files_read_back(tmp_path,
                                                                               monkeypatch):
     """A new log's files are made on another thread with its topic id; the
