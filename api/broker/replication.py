@@ -966,9 +966,9 @@ class ReplicationCore:
 
     def _log_new_leaderships(self, parts: list[Partition]) -> None:
         """One line for the leaderships one metadata change brought, each
-        partition named with its epoch and log end (a line each cost a
-        broker a tenth of its CPU while topics were created by hundreds a
-        second, and a failover brings thousands at once)."""
+        partition named with its epoch and log end (a line each was a tenth
+        of a broker's Python time in a profile while topics were created by
+        hundreds a second; a failover brings thousands at once)."""
         if not logger.isEnabledFor(logging.INFO):
             return
         named = ", ".join(f"{part.tp} in epoch {part.leader_epoch} (log end "
