@@ -726,6 +726,13 @@ class LogManager:
         # leader epoch to checkpoint, are then a few trips, not a thousand.
         first: list[tuple[Log, FlushTicket]] = []
         batch: list[tuple[Log, FlushTicket]] = []
+
+        async def send(waiting: list[tuple[Log, FlushTicket]]) -> None:
+            sending = waiting[:]
+            waiting.clear()
+            if sending:
+                await self._sync_flush_batch(loop, sending)
+
         try:
             for part_log in logs:
                 if part_log.closed or part_log.offline:
@@ -737,18 +744,12 @@ class LogManager:
                 waiting = first if (ticket.directory is not None or ticket.files
                                     or ticket.epoch_write is not None) else batch
                 waiting.append((part_log, ticket))
-                if len(waiting) < FLUSH_BATCH_LOGS:
-                    continue
-                for full in ((first, batch) if waiting is batch else (first,)):
-                    sending = full[:]  # ``first`` goes ahead of a full ``batch``
-                    full.clear()
-                    if sending:
-                        await self._sync_flush_batch(loop, sending)
-            for waiting in (first, batch):
-                sending = waiting[:]
-                waiting.clear()
-                if sending:
-                    await self._sync_flush_batch(loop, sending)
+                if len(waiting) >= FLUSH_BATCH_LOGS:
+                    await send(first)  # ``first`` goes ahead of a full ``batch``
+                    if waiting is batch:
+                        await send(batch)
+            await send(first)
+            await send(batch)
         finally:
             _abort_flushes(first + batch)  # begun, never handed to the thread (cancelled)
 
