@@ -517,10 +517,12 @@ class ClusterMetadata:
         self._update_requested = True
 
     # -- pure updates -----------------------------------------------------------
-    def apply(self, answer: dict, now_ms: int, *, all_topics: bool = False) -> None:
+    def apply(self, answer: dict, now_ms: int, *, all_topics: bool = False,
+              partial: bool = False) -> None:
         """Take in a ``/v1/metadata`` answer. Topics it does not mention keep
         their entries unless ``all_topics`` says the answer lists every topic
-        (then they were deleted)."""
+        (then they were deleted). A ``partial`` answer (some topics only)
+        leaves the refresh that is due, due."""
         brokers = {}
         for broker in answer.get("brokers") or ():
             brokers[broker["id"]] = str(broker["url"]).rstrip("/")
@@ -549,8 +551,9 @@ class ClusterMetadata:
         if all_topics:
             for name in [n for n in self.partition_counts if n not in seen]:
                 self._forget(name)
-        self.updated_ms = now_ms
-        self._update_requested = False
+        if not partial:
+            self.updated_ms = now_ms
+            self._update_requested = False
         self.version += 1
 
     def _forget(self, topic: str) -> None:
@@ -627,12 +630,20 @@ class ClusterMetadata:
         raise last
 
     async def refresh(self, topics: Iterable[str] | None = None, *,
-                      all_topics: bool = False) -> None:
+                      all_topics: bool = False, only: bool = False) -> None:
         """Ask a broker for the metadata of ``topics`` plus every topic
-        wanted before (or of all topics), and apply the answer."""
+        wanted before (or of all topics), and apply the answer. ``only``:
+        of ``topics`` alone, as Kafka's clients learn a new topic (KIP-526),
+        so a client taking up topics one at a time does not ask again for
+        all it knows each time; the periodic refresh still asks for all."""
         if topics is not None:
+            topics = set(topics)
             self.topics_wanted.update(topics)
         async with self._refresh_lock:
-            wanted = None if all_topics else sorted(self.topics_wanted)
+            if only and topics:
+                wanted = sorted(topics)
+            else:
+                wanted = None if all_topics else sorted(self.topics_wanted)
             answer = await self.request_any("/v1/metadata", {"topics": wanted})
-            self.apply(answer, monotonic_ms(), all_topics=all_topics)
+            self.apply(answer, monotonic_ms(), all_topics=all_topics,
+                       partial=only and bool(topics))

@@ -471,7 +471,7 @@ class AsyncConsumer:
         """The partitions of ``topic``; raises ``UnknownTopicOrPartitionError``
         for a topic that does not exist."""
         self._check_open()
-        await self._metadata.refresh([topic])
+        await self._metadata.refresh([topic], only=True)
         partitions = self._metadata.partitions(topic)
         if partitions is None:
             raise self._metadata.topic_errors.get(topic) or UnknownTopicOrPartitionError(

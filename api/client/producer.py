@@ -389,7 +389,7 @@ class AsyncProducer:
         """The partitions of ``topic`` (asks the brokers when not cached);
         raises the topic's error (e.g. unknown) if there is one."""
         if self._metadata.partition_counts.get(topic) is None:
-            await self._metadata.refresh([topic])
+            await self._metadata.refresh([topic], only=True)
         partitions = self._metadata.partitions(topic)
         if partitions is None:
             raise self._metadata.topic_errors.get(topic) or KraftlogError(

@@ -114,9 +114,15 @@ class Sender:
         busy = {url for url, n in self._in_flight.items() if n >= self.config.max_in_flight}
         ready, next_ms, missing = self.acc.drain(
             now, self.metadata.leader_url, busy, self.config.max_request_bytes)
-        if missing or self.acc.pending_topics():
-            self.metadata.request_update()
-        refresh_wait = self._maybe_refresh(now)
+        # A partition without a leader: everything is asked for again, but a
+        # topic this producer has no metadata for yet is asked for alone.
+        new = self.acc.pending_topics()
+        for topic in missing:
+            if self.metadata.partition_counts.get(topic) is None:
+                new.append(topic)
+            else:
+                self.metadata.request_update()
+        refresh_wait = self._maybe_refresh(now, new)
         for wait in (refresh_wait, init_wait):
             if wait is not None:
                 next_ms = wait if next_ms is None else min(next_ms, wait)
@@ -137,10 +143,13 @@ class Sender:
         return True
 
     # -- metadata ------------------------------------------------------------------
-    def _maybe_refresh(self, now_ms: int) -> int | None:
-        """Start a refresh if one is due and none runs; ms until the next may
-        start when one is due but held back by ``retry_backoff_ms``."""
-        if not self.metadata.needs_update(now_ms) or self._refresh_task is not None:
+    def _maybe_refresh(self, now_ms: int, new: list[str]) -> int | None:
+        """Start a refresh if one is due (or records wait for the metadata of
+        ``new`` topics) and none runs; ms until the next may start when one
+        is due but held back by ``retry_backoff_ms``. Topics new to the
+        producer are asked for alone while the rest is current (KIP-526)."""
+        due = self.metadata.needs_update(now_ms)
+        if not (due or new) or self._refresh_task is not None:
             return None
         if not self.acc.wanted_topics():
             return None
@@ -148,12 +157,16 @@ class Sender:
         if wait > 0:
             return wait
         self._last_refresh_ms = now_ms
-        self._refresh_task = asyncio.get_running_loop().create_task(self._refresh())
+        self._refresh_task = asyncio.get_running_loop().create_task(
+            self._refresh(None if due else new))
         return None
 
-    async def _refresh(self) -> None:
+    async def _refresh(self, only: list[str] | None = None) -> None:
         try:
-            await self.metadata.refresh(self.acc.wanted_topics())
+            if only:
+                await self.metadata.refresh(only, only=True)
+            else:
+                await self.metadata.refresh(self.acc.wanted_topics())
         except KraftlogError as exc:
             logger.debug("metadata refresh failed: %s", exc)
         else:

@@ -654,6 +654,25 @@ async def test_records_sent_before_the_topic_exists_are_delivered_once_it_does()
     assert [(m.partition, m.offset) for m in metadata] == [(partition, i) for i in range(3)]
 
 
+async def test_a_new_topic_is_asked_for_alone_and_the_periodic_refresh_asks_for_all():
+    # KIP-526: a producer taking up its topics one at a time (by send or by
+    # partitions_for) asks for each new one alone, not again for all it
+    # knows; a refresh a lost leader makes due asks for every topic.
+    broker = FakeBroker({f"t{i}": 2 for i in range(4)})
+
+    def asked():
+        return [body["topics"] for _, path, body in broker.requests if path == "/v1/metadata"]
+    async with fake_producer(broker) as producer:
+        await producer.send_and_wait("t0", b"v", partition=0)
+        await producer.send_and_wait("t1", b"v")
+        assert await producer.partitions_for("t2") == {0, 1}
+        assert await producer.partitions_for("t3") == {0, 1}
+        assert asked() == [["t0"], ["t1"], ["t2"], ["t3"]]
+        broker.fail[("t0", 0)] = [{"code": "NOT_LEADER_OR_FOLLOWER", "message": "moved"}]
+        assert (await producer.send_and_wait("t0", b"v", partition=0)).offset == 1
+    assert asked()[4:] == [["t0", "t1", "t2", "t3"]]
+
+
 async def test_acks_zero_resolves_without_waiting_for_the_answer():
     broker = FakeBroker({"t": 1})
     broker.hold = asyncio.Event()

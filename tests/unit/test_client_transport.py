@@ -91,6 +91,9 @@ def test_refresh_is_due_when_asked_for_or_older_than_max_age():
     md.apply(answer(), now_ms=6000)
     md.request_update()
     assert md.needs_update(6001)
+    # An answer about a new topic alone leaves the refresh of all due.
+    md.apply(answer(topic("new", [1])), now_ms=6002, partial=True)
+    assert md.needs_update(6003) and md.leader_url(("new", 0)) == A
 
 
 def test_a_not_leader_hint_moves_the_leader_at_once():
