@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from api.broker.lifecycle_core import LifecycleCore
 from api.broker.partition import Partition
@@ -40,6 +40,7 @@ from api.broker.replication import (LOG_PENDING, Action, CancelRequest, FetchReq
 from kraft.image import MetadataImage
 from storage.checkpoint import CheckpointFormatError, OffsetCheckpoint
 from storage.errors import LogDirectoryError
+from storage.config import LogConfig
 from storage.log import AppendInfo, Log
 from storage.manager import LogManager, TopicPartition
 
@@ -84,6 +85,20 @@ def _write_topic_id(log: Log, topic_id: str) -> None:
     log.sync_later(path)
 
 
+class _NewLog(NamedTuple):
+    """A log ``DiskLogs._create`` makes on the executor."""
+    tp: TopicPartition
+    topic_id: str
+    overrides: dict
+    directory: str
+    config: LogConfig
+
+
+#: What making one new log gave: the log, whether its files hold the topic
+#: id asked for, or the error that stopped it.
+_Made = tuple[Log | None, bool, Exception | None]
+
+
 class DiskLogs:
     """``HostedLogs`` over a ``LogManager``: partition logs on disk, their
     topic ids and high-watermark checkpoints.
@@ -119,8 +134,11 @@ class DiskLogs:
         # Creations the executor finished, waiting for the owner's loop
         # (``_hand_back``): taken together, so a burst of new logs wakes the
         # loop once and reaches ``created`` as one list, not one call each.
-        self._finished: list[tuple[TopicPartition, Callable, concurrent.futures.Future]] = []
+        self._finished: list[tuple[list[_NewLog], concurrent.futures.Future]] = []
         self._finished_lock = threading.Lock()
+        # Logs ``_create`` was asked for in this turn of the loop, not yet
+        # handed to the executor (``_submit_new_logs``).
+        self._to_make: list[_NewLog] = []
 
     def stop(self) -> None:
         """Creations still running are closed, not hosted, when they end."""
@@ -168,63 +186,54 @@ class DiskLogs:
         return log, self._load_checkpoints().get(tp)
 
     def _create(self, tp: TopicPartition, topic_id: str, overrides: dict) -> None:
-        """Make a new log's files on ``create_on`` (see the class doc)."""
+        """Make a new log's files on ``create_on`` (see the class doc): the
+        logs asked for in one turn of the loop go to the executor as one job,
+        one hand-over for a metadata change that brings several."""
         directory, config = self.log_manager.reserve_new_log(tp, overrides)
-        loop = asyncio.get_running_loop()
-
-        def make() -> tuple[Log, bool]:  # on the executor: only this partition's directory
-            """The log, and whether its files hold ``topic_id``."""
-            log = self.log_manager.open_new_log(tp, directory, config)
-            recorded = None if log.fresh else read_topic_id(log.directory)
-            if recorded is None:
-                _write_topic_id(log, topic_id)
-                recorded = topic_id
-            return log, recorded == topic_id
-
-        def done(future: concurrent.futures.Future) -> bool:  # on the loop
-            """Host or give up the log; whether ``created`` should hear of it."""
-            self._creating.discard(tp)
-            if future.cancelled():
-                self.log_manager.release_new_log(directory)
-                return False
-            error = future.exception()
-            if error is not None or self._stopped:
-                self.log_manager.release_new_log(directory)
-                if isinstance(error, OSError):
-                    self.log_manager.fail_dir(directory, f"creating the log of {tp}: {error}")
-                    self.log_manager.log_offline(tp, directory)  # its partial files are there
-                if error is None:
-                    future.result()[0].abandon()
-                else:
-                    self._create_failed[tp] = (topic_id, error)
-            else:
-                try:
-                    log, holds_topic_id = future.result()
-                    self.log_manager.adopt_new_log(tp, directory, log)
-                    self._overrides[tp] = overrides
-                    if holds_topic_id:
-                        self._made[tp] = topic_id
-                except LogDirectoryError as exc:  # its dir went offline meanwhile
-                    self._create_failed[tp] = (topic_id, exc)
-            return True
-
         self._creating.add(tp)
-        try:
-            future = self._create_on.submit(make)
-        except BaseException:
-            self._creating.discard(tp)
-            self.log_manager.release_new_log(directory)
-            raise
-        future.add_done_callback(lambda f: self._hand_back(loop, tp, done, f))
+        self._to_make.append(_NewLog(tp, topic_id, overrides, directory, config))
+        if len(self._to_make) == 1:
+            asyncio.get_running_loop().call_soon(self._submit_new_logs)
 
-    def _hand_back(self, loop: asyncio.AbstractEventLoop, tp: TopicPartition,
-                   done: Callable[[concurrent.futures.Future], bool],
+    def _submit_new_logs(self) -> None:
+        """On the loop: the logs ``_create`` queued, to the executor at once."""
+        jobs, self._to_make = self._to_make, []
+        if not jobs:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            future = self._create_on.submit(self._make_logs, jobs)
+        except RuntimeError:  # the executor was shut down: the broker stops
+            for job in jobs:
+                self._creating.discard(job.tp)
+                self.log_manager.release_new_log(job.directory)
+            return
+        future.add_done_callback(lambda f: self._hand_back(loop, jobs, f))
+
+    def _make_logs(self, jobs: list[_NewLog]) -> list[_Made]:
+        """On the executor: each job's log (touching only its partition's
+        directory), whether its files hold the job's topic id, or its error;
+        one log's failure does not stop the others."""
+        made = []
+        for job in jobs:
+            try:
+                log = self.log_manager.open_new_log(job.tp, job.directory, job.config)
+                recorded = None if log.fresh else read_topic_id(log.directory)
+                if recorded is None:
+                    _write_topic_id(log, job.topic_id)
+                    recorded = job.topic_id
+                made.append((log, recorded == job.topic_id, None))
+            except Exception as exc:  # noqa: BLE001  handed back to the loop
+                made.append((None, False, exc))
+        return made
+
+    def _hand_back(self, loop: asyncio.AbstractEventLoop, jobs: list[_NewLog],
                    future: concurrent.futures.Future) -> None:
-        """On the executor: queue a finished creation for the loop, waking
-        it only if nothing was queued already (it takes them all then)."""
+        """On the executor: queue a finished job for the loop, waking it only
+        if nothing was queued already (it takes them all then)."""
         with self._finished_lock:
             first = not self._finished
-            self._finished.append((tp, done, future))
+            self._finished.append((jobs, future))
         if first:
             try:
                 loop.call_soon_threadsafe(self._take_finished)
@@ -237,15 +246,51 @@ class DiskLogs:
         with self._finished_lock:
             finished, self._finished = self._finished, []
         created = []
-        for tp, done, future in finished:
-            try:
-                if done(future):
-                    created.append(tp)
-            except Exception:  # one log's trouble does not keep the others
-                logger.exception("broker %d: hosting the new log of %s failed",
-                                 self.broker_id, tp)
+        for jobs, future in finished:
+            if future.cancelled():
+                outcomes = None
+            else:
+                try:
+                    outcomes = future.result()
+                except BaseException as exc:  # noqa: BLE001  the job itself failed
+                    outcomes = [(None, False, exc)] * len(jobs)
+            for i, job in enumerate(jobs):
+                try:
+                    if self._host_new_log(job, None if outcomes is None else outcomes[i]):
+                        created.append(job.tp)
+                except Exception:  # one log's trouble does not keep the others
+                    logger.exception("broker %d: hosting the new log of %s failed",
+                                     self.broker_id, job.tp)
         if created and self._created is not None and not self._stopped:
             self._created(created)
+
+    def _host_new_log(self, job: _NewLog, outcome: _Made | None) -> bool:
+        """On the loop: host the made log or give it up (``outcome`` None:
+        the job was cancelled); whether ``created`` should hear of it."""
+        tp, directory = job.tp, job.directory
+        self._creating.discard(tp)
+        if outcome is None:
+            self.log_manager.release_new_log(directory)
+            return False
+        log, holds_topic_id, error = outcome
+        if error is not None or self._stopped:
+            self.log_manager.release_new_log(directory)
+            if isinstance(error, OSError):
+                self.log_manager.fail_dir(directory, f"creating the log of {tp}: {error}")
+                self.log_manager.log_offline(tp, directory)  # its partial files are there
+            if error is None:
+                log.abandon()
+            else:
+                self._create_failed[tp] = (job.topic_id, error)
+            return True
+        try:
+            self.log_manager.adopt_new_log(tp, directory, log)
+            self._overrides[tp] = job.overrides
+            if holds_topic_id:
+                self._made[tp] = job.topic_id
+        except LogDirectoryError as exc:  # its dir went offline meanwhile
+            self._create_failed[tp] = (job.topic_id, exc)
+        return True
 
     def reconfigure(self, tp: TopicPartition, overrides: dict) -> None:
         if overrides != self._overrides.get(tp):

@@ -453,9 +453,10 @@ async def test_a_produce_right_after_a_partition_is_given_here_waits_for_its_log
 
 
 async def test_logs_made_while_the_loop_was_busy_are_hosted_together(tmp_path):
-    """New logs whose files the executor finished while the event loop was
-    busy reach ``created`` in one list (one wake-up of the loop and one
-    pass of the core for the burst, not one each), every one hosted."""
+    """New logs asked for in one turn of the event loop go to the executor
+    as one job, and those it finished while the loop was busy reach
+    ``created`` in one list (one wake-up of the loop and one pass of the
+    core for the burst, not one each), every one hosted."""
     import asyncio
     import concurrent.futures
 
@@ -472,14 +473,63 @@ async def test_logs_made_while_the_loop_was_busy_are_hosted_together(tmp_path):
         if sum(map(len, calls)) == len(tps):
             arrived.set()
 
-    pool = concurrent.futures.ThreadPoolExecutor(1)
+    class Pool(concurrent.futures.ThreadPoolExecutor):
+        jobs = 0
+
+        def submit(self, *args, **kwargs):
+            self.jobs += 1
+            return super().submit(*args, **kwargs)
+
+    pool = Pool(1)
     disk = DiskLogs(ME, log_manager, create_on=pool, created=created)
     for tp in tps:
         assert disk.open(tp, "id-burst", {}, True) == LOG_PENDING
+    await asyncio.sleep(0)  # the loop's turn ends: the burst goes to the executor
     pool.shutdown(wait=True)  # the loop is held here until every file is made
     await asyncio.wait_for(arrived.wait(), 10)
+    assert pool.jobs == 1
     assert calls == [tps]
     assert all(log_manager.get_log(tp) is not None for tp in tps)
+    log_manager.shutdown()
+
+
+async def test_a_new_log_that_fails_to_be_made_does_not_keep_the_others_of_its_job(
+        tmp_path, monkeypatch):
+    """One job makes a turn's new logs; one of them failing leaves the
+    others hosted, and the next open of the failed one raises its error
+    (the core retries it with the next metadata change)."""
+    import asyncio
+    import concurrent.futures
+
+    from api.broker.replication import LOG_PENDING
+
+    log_manager = LogManager(LogManagerConfig((str(tmp_path / "d"),)), LogConfig())
+    log_manager.startup()
+    tps = [TopicPartition("job", p) for p in range(3)]
+    real_open = log_manager.open_new_log
+
+    def open_new_log(tp, directory, config):
+        if tp.partition == 1:
+            raise ValueError("made up")
+        return real_open(tp, directory, config)
+    monkeypatch.setattr(log_manager, "open_new_log", open_new_log)
+    calls: list[list[TopicPartition]] = []
+    arrived = asyncio.Event()
+
+    def created(done):
+        calls.append(list(done))
+        arrived.set()
+
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    disk = DiskLogs(ME, log_manager, create_on=pool, created=created)
+    for tp in tps:
+        assert disk.open(tp, "id-job", {}, True) == LOG_PENDING
+    await asyncio.wait_for(arrived.wait(), 10)
+    pool.shutdown(wait=True)
+    assert calls == [tps]
+    assert [log_manager.get_log(tp) is not None for tp in tps] == [True, False, True]
+    with pytest.raises(ValueError, match="made up"):
+        disk.open(tps[1], "id-job", {}, True)
     log_manager.shutdown()
 
 
