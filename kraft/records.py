@@ -15,6 +15,7 @@ before it reaches the quorum.
 
 import dataclasses
 import typing
+from collections.abc import Callable
 from typing import Any, ClassVar, Optional
 
 import msgpack
@@ -270,41 +271,58 @@ def from_fields(cls: type[Record], fields: Any) -> Record:
     """Build ``cls`` from a field dict, checking names and types."""
     if not isinstance(fields, dict):
         raise InvalidRecordError(f"{cls.TYPE} record fields must be a map")
-    hints = _HINTS[cls]
-    expected = [f.name for f in dataclasses.fields(cls)]
-    unknown = set(fields) - set(expected)
-    if unknown:
+    names, checks = _CHECKS[cls]
+    if not names.issuperset(fields):
+        unknown = set(fields) - names
         raise InvalidRecordError(f"{cls.TYPE} record has unknown fields {sorted(unknown)}")
-    for f in dataclasses.fields(cls):
-        if f.name not in fields:
-            if f.default is dataclasses.MISSING:
-                raise InvalidRecordError(f"{cls.TYPE} record lacks field {f.name!r}")
+    for name, required, check in checks:
+        if name not in fields:
+            if required:
+                raise InvalidRecordError(f"{cls.TYPE} record lacks field {name!r}")
             continue
-        if not _has_type(fields[f.name], hints[f.name]):
+        if not check(fields[name]):
+            hint = _HINTS[cls][name]
             raise InvalidRecordError(
-                f"{cls.TYPE}.{f.name} must be {_type_name(hints[f.name])}, "
-                f"got {fields[f.name]!r}")
+                f"{cls.TYPE}.{name} must be {_type_name(hint)}, got {fields[name]!r}")
     return cls(**fields)
 
 
-def _has_type(value: Any, hint: Any) -> bool:
+def _checker(hint: Any) -> Callable[[Any], bool]:
+    """A function telling whether a decoded value has the type ``hint``
+    names (bool is not an int here), built once per field: every broker
+    and controller checks every metadata record it reads."""
     origin = typing.get_origin(hint)
     if origin is typing.Union:
-        return any(_has_type(value, arg) for arg in typing.get_args(hint))
+        args = typing.get_args(hint)
+        if len(args) == 2 and type(None) in args:  # Optional[X]: the common case
+            inner = _checker(next(a for a in args if a is not type(None)))
+            return lambda v: v is None or inner(v)
+        checks = [_checker(arg) for arg in args]
+        return lambda v: any(check(v) for check in checks)
     if hint is type(None):
-        return value is None
+        return lambda v: v is None
     if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return lambda v: isinstance(v, int) and not isinstance(v, bool)
     if hint in (str, bool):
-        return isinstance(value, hint)
+        return lambda v: isinstance(v, hint)
     if origin is list:
         (item,) = typing.get_args(hint)
-        return isinstance(value, list) and all(_has_type(v, item) for v in value)
+        check_item = _checker(item)
+        return lambda v: isinstance(v, list) and all(check_item(x) for x in v)
     if origin is dict:
         key, item = typing.get_args(hint)
-        return isinstance(value, dict) and all(
-            _has_type(k, key) and _has_type(v, item) for k, v in value.items())
+        check_key, check_value = _checker(key), _checker(item)
+        return lambda v: isinstance(v, dict) and all(
+            check_key(k) and check_value(x) for k, x in v.items())
     raise TypeError(f"unsupported field type {hint!r}")  # a bug in a record definition
+
+
+#: Per record type: its field names, and each field's (name, required, check).
+_CHECKS = {
+    cls: (frozenset(f.name for f in dataclasses.fields(cls)),
+          [(f.name, f.default is dataclasses.MISSING, _checker(_HINTS[cls][f.name]))
+           for f in dataclasses.fields(cls)])
+    for cls in RECORD_TYPES.values()}
 
 
 def _type_name(hint: Any) -> str:
