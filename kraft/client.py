@@ -194,7 +194,55 @@ class ControllerClient:
         Tries the believed leader first and follows a not-the-leader hint at
         once; raises ``ControllerError`` for a refusal that retrying will
         not change, ``ControllerUnavailableError`` when no voter held it."""
-        payload = msgpack.packb(dict(body), use_bin_type=True)
+        async def consume(node_id: int, content: aiohttp.StreamReader) -> None:
+            if opened is not None:
+                opened(node_id)
+            while not release(node_id):
+                try:
+                    chunk = await asyncio.wait_for(content.read(4096), 0.5)
+                except asyncio.TimeoutError:
+                    continue
+                if not chunk:
+                    return  # the controller ended it: no longer active
+
+        await self._stream(path, lambda: body, consume, connect_s)
+
+    async def follow(self, path: str, body: Callable[[], Mapping[str, Any]],
+                     on_answer: Callable[[Any], bool], *, silence_s: float,
+                     connect_s: float = 1.0) -> None:
+        """POST ``body()`` to ``path`` on the active controller and hand each
+        frame of the answer's stream (``metadata/stream``: a 4-byte
+        big-endian length, then msgpack) to ``on_answer``, until the
+        controller ends it, it breaks, ``on_answer`` returns False, or
+        nothing comes for ``silence_s`` (that controller is then tried last
+        next time: it may be paused). Finding the controller and refusals:
+        as ``hold``."""
+        async def consume(node_id: int, content: aiohttp.StreamReader) -> None:
+            while True:
+                try:
+                    head = await asyncio.wait_for(content.readexactly(4), silence_s)
+                    frame = await asyncio.wait_for(
+                        content.readexactly(int.from_bytes(head, "big")), silence_s)
+                except asyncio.IncompleteReadError:
+                    return  # the controller ended it: no longer active
+                except asyncio.TimeoutError:
+                    logger.info("controller %d sent nothing on %s for %.1f s; finding the "
+                                "active controller again", node_id, path, silence_s)
+                    self._failed_at[node_id] = time.monotonic()
+                    if self.leader_id == node_id:
+                        self.leader_id = None
+                    return
+                if not on_answer(msgpack.unpackb(frame, raw=False, strict_map_key=False)):
+                    return
+
+        await self._stream(path, body, consume, connect_s)
+
+    async def _stream(self, path: str, body: Callable[[], Mapping[str, Any]],
+                      consume: Callable[[int, aiohttp.StreamReader], Any],
+                      connect_s: float) -> None:
+        """``hold`` and ``follow``: POST ``body()`` to each voter in turn
+        until one answers with a stream, then ``consume(node_id, content)``
+        it; returns when that returns or the stream breaks."""
         tried: set[int] = set()
         last_error: Exception | None = None
         while True:
@@ -206,7 +254,8 @@ class ControllerClient:
             held = False
             try:
                 async with self._session_or_new().post(
-                        self.voter_urls[node_id] + path, data=payload,
+                        self.voter_urls[node_id] + path,
+                        data=msgpack.packb(dict(body()), use_bin_type=True),
                         timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_s),
                         headers={"Content-Type": "application/msgpack",
                                  "Accept": "application/msgpack"}) as response:
@@ -221,16 +270,9 @@ class ControllerClient:
                             self.leader_id = hint
                         continue
                     held = True
+                    self.leader_id = node_id
                     self._failed_at.pop(node_id, None)
-                    if opened is not None:
-                        opened(node_id)
-                    while not release(node_id):
-                        try:
-                            chunk = await asyncio.wait_for(response.content.read(4096), 0.5)
-                        except asyncio.TimeoutError:
-                            continue
-                        if not chunk:
-                            return  # the controller ended it: no longer active
+                    await consume(node_id, response.content)
                     return
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
                 if held:

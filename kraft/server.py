@@ -40,6 +40,7 @@ Endpoints (controller listener; msgpack or JSON bodies, see protocol/wire.py):
   POST /v1/controller/brokers/heartbeat    lease renewal, fence/unfence, shutdown
   POST /v1/controller/brokers/presence     held open by a live broker (see handle_presence)
   POST /v1/controller/metadata             long-poll for records after an offset
+  POST /v1/controller/metadata/stream      held open by a broker: records as they commit
   POST /v1/controller/topics/create        create topics
   POST /v1/controller/topics/delete        delete topics
   POST /v1/controller/partitions/create    add partitions
@@ -74,6 +75,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import msgpack
 from aiohttp import web
 
 from kraft.authorizer import (AllowAll, Authorizer, RouteRule, authorization_middleware,
@@ -98,7 +100,8 @@ from storage.clock import expiry_clock_ms, wall_clock_ms
 #: CLUSTER_ACTION (a forwarded admin request is an Envelope, checked at the
 #: broker the client called, whose certificate then calls here).
 _CLUSTER_ACTION_PATHS = (
-    "brokers/register", "brokers/heartbeat", "brokers/presence", "metadata", "topics/create",
+    "brokers/register", "brokers/heartbeat", "brokers/presence", "metadata", "metadata/stream",
+    "topics/create",
     "topics/delete", "partitions/create", "configs/alter", "quotas/alter", "quotas/describe",
     "users/alter", "users/describe", "acls/create", "acls/delete", "tokens/create", "tokens/renew",
     "tokens/expire", "partitions/alter", "partitions/alter-many", "leaders/elect",
@@ -140,6 +143,10 @@ GROUP_WRITES_MAX = 64
 GROUP_RECORDS_MAX = 20_000
 #: Longest long-poll a broker may ask for.
 METADATA_WAIT_MS_MAX = 30_000
+#: A broker's metadata stream (``metadata/stream``): a frame with no records
+#: at least this often, so the broker can tell a quiet controller from a
+#: dead or paused one (api/broker/lifecycle.py gives up after 5 s).
+METADATA_STREAM_KEEPALIVE_S = 1.0
 #: A broker's presence stream (``brokers/presence``): how often the active
 #: controller looks whether the broker's connection closed, and writes a
 #: byte so the broker can tell a dead controller from a quiet one.
@@ -346,6 +353,7 @@ class ControllerServer:
             "brokers/heartbeat": self.handle_heartbeat,
             "brokers/presence": self.handle_presence,
             "metadata": self.handle_metadata,
+            "metadata/stream": self.handle_metadata_stream,
             "topics/create": self._writer(lambda c: c.create_topics),
             "topics/delete": self._writer(lambda c: c.delete_topics),
             "partitions/create": self._writer(lambda c: c.create_partitions),
@@ -915,6 +923,57 @@ class ControllerServer:
             return wire.respond(request, {"offset": image_offset, "records": shown})
         return wire.respond(request, {"offset": image_offset,
                                       "records": [[offset, raw] for offset, raw in records]})
+
+    async def handle_metadata_stream(self, request: web.Request) -> web.StreamResponse:
+        """A broker's metadata stream: from ``after_offset`` (as for the
+        long-poll; too old gets a snapshot first) every record as it
+        commits, until this controller stops being active (the broker then
+        finds the one that is). Each frame is a 4-byte big-endian length and
+        a msgpack answer of the long-poll's form; one with no records goes
+        out every METADATA_STREAM_KEEPALIVE_S when nothing else does. One
+        held request per broker: a change reaches every broker without an
+        HTTP exchange each, as Kafka's brokers keep fetching the metadata
+        log from the active controller."""
+        body = Fields(await wire.read_body(request), "")
+        after = body.integer("after_offset", -1, INT64_MAX)
+        await self._await_active()
+        term = self._active_term
+        answer, after = self._metadata_since(after)  # an offset beyond the log: refused here
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await response.prepare(request)
+        try:
+            while not self._stopping and self.is_active and self._active_term == term:
+                if answer is None:
+                    changed = self._changed  # taken before any wait: no change is missed
+                    try:
+                        await asyncio.wait_for(changed.wait(), METADATA_STREAM_KEEPALIVE_S)
+                    except asyncio.TimeoutError:
+                        answer = {"offset": after, "records": []}
+                    else:
+                        answer, after = self._metadata_since(after)
+                        continue
+                frame = msgpack.packb(answer, use_bin_type=True)
+                await response.write(len(frame).to_bytes(4, "big") + frame)
+                answer, after = self._metadata_since(after)
+        except (ConnectionError, MetadataOffsetOutOfRangeError):
+            pass  # the broker went, or must start over: it opens a new stream
+        return response
+
+    def _metadata_since(self, after: int) -> tuple[dict | None, int]:
+        """The metadata stream's next answer after ``after`` (None: nothing
+        new yet) and the offset it ends at."""
+        records, image_offset = self.quorum.records_after(after)
+        if after > image_offset:
+            raise MetadataOffsetOutOfRangeError(
+                f"after_offset {after} is beyond the metadata log's end {image_offset}; "
+                "fetch from -1 to get a snapshot")
+        if records is None:
+            snapshot, image_offset = self.quorum.snapshot()
+            return {"offset": image_offset, "snapshot": snapshot}, image_offset
+        if not records:
+            return None, after
+        return ({"offset": image_offset, "records": [[offset, raw] for offset, raw in records]},
+                records[-1][0])
 
     async def handle_quorum(self, request: web.Request) -> web.Response:
         status = self.quorum.status()

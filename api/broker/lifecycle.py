@@ -32,8 +32,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["BrokerLifecycle", "BrokerState", "RE_REGISTER_CODES", "RETRY_BACKOFF_MS"]
 
-#: Longest wait of one metadata long-poll.
-METADATA_POLL_MS = 5000
+#: How long the metadata stream may stay silent before the broker looks for
+#: the active controller again (the controller writes an empty frame every
+#: second when nothing commits: ``METADATA_STREAM_KEEPALIVE_S``).
+METADATA_STREAM_SILENCE_S = 5.0
 #: The pause before the presence stream (``brokers/presence``) is asked for
 #: again after a refusal or a failure to connect.
 PRESENCE_RETRY_S = 0.1
@@ -216,14 +218,15 @@ class BrokerLifecycle:
 
     # -- metadata ---------------------------------------------------------
     async def _metadata_loop(self) -> None:
+        """Follow the metadata log on the active controller's stream
+        (``metadata/stream``), opened again from this image's offset each
+        time it ends: the controller changed, or went quiet."""
         while not self._stopping:
             try:
-                answer = await self.client.call(
-                    "/v1/controller/metadata",
-                    {"after_offset": self.image.offset, "max_wait_ms": METADATA_POLL_MS},
-                    timeout_ms=METADATA_POLL_MS + self.config.session_timeout_ms,
-                    request_timeout_ms=METADATA_POLL_MS + 2000)
-                self._apply(answer)
+                await self.client.follow(
+                    "/v1/controller/metadata/stream",
+                    lambda: {"after_offset": self.image.offset}, self._apply,
+                    silence_s=METADATA_STREAM_SILENCE_S)
             except KraftError as exc:
                 if getattr(exc, "code", None) == "OFFSET_OUT_OF_RANGE":
                     # The metadata log is shorter than our copy (a controller
@@ -242,7 +245,9 @@ class BrokerLifecycle:
         self.image = MetadataImage()
         self.core.metadata_reset()
 
-    def _apply(self, answer: dict) -> None:
+    def _apply(self, answer: dict) -> bool:
+        """Take in one answer of the metadata stream; False when the image
+        was reset (the stream is then opened again from the start)."""
         changed: dict[str, set[int] | None] | None = {}
         if "snapshot" in answer:
             self.image = MetadataImage.from_snapshot(answer["snapshot"])
@@ -258,7 +263,7 @@ class BrokerLifecycle:
                 logger.critical("broker %d: metadata record refused (%s); reloading",
                                 self.broker_id, exc)
                 self._reset_image()
-                return
+                return False
         controller_offset = answer.get("offset", self.image.offset)
         if not isinstance(controller_offset, int):
             controller_offset = 0
@@ -268,7 +273,7 @@ class BrokerLifecycle:
                 own.broker_epoch if own else None, own.offline_log_dirs if own else [],
                 own.offline_replicas if own else {}, self.image.topic_names_by_id)
         if not self.core.metadata_applied(self.image.offset, controller_offset, monotonic_ms()):
-            return  # nothing new to act on (catching up is news: replication may start)
+            return True  # nothing new to act on (catching up is news: replication may start)
         self._wake.set()  # a heartbeat may be due at once (to be unfenced)
         self.changed_topics = changed
         for listener in self._listeners:
@@ -276,4 +281,5 @@ class BrokerLifecycle:
                 listener(self.image)
             except Exception:
                 logger.exception("broker %d: metadata listener failed", self.broker_id)
+        return True
 

@@ -4,9 +4,11 @@ with SIGSTOP, stopped with SIGTERM. Every wait has a deadline
 (``wait_until``); times quoted in test names are checked as deadlines, and
 measured properly by ``kraftlog bench controller``."""
 
+import asyncio
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -14,6 +16,8 @@ import msgpack
 import pytest
 
 from chaos.cluster import FAST_SETTINGS, ProcessCluster, http_json, wait_until
+from kraft.client import ControllerClient
+from kraft.records import TopicRecord, decode
 
 SESSION_TIMEOUT_S = 1.5  # chaos.cluster.FAST_SETTINGS
 
@@ -373,6 +377,12 @@ def test_duplicates_and_partition_decreases_are_refused(shared):
      "INVALID_REQUEST"),
     ("/v1/controller/metadata", msgpack.packb({"after_offset": 10**9}),
      "application/msgpack", "OFFSET_OUT_OF_RANGE"),
+    ("/v1/controller/metadata/stream", msgpack.packb({"after_offset": -7}),
+     "application/msgpack", "INVALID_REQUEST"),
+    ("/v1/controller/metadata/stream", msgpack.packb({"after_offset": "0"}),
+     "application/msgpack", "INVALID_REQUEST"),
+    ("/v1/controller/metadata/stream", msgpack.packb({"after_offset": 10**9}),
+     "application/msgpack", "OFFSET_OUT_OF_RANGE"),
     ("/v1/controller/nothing-here", msgpack.packb({}), "application/msgpack", "NOT_FOUND"),
     ("/v1/controller/topics/create", b"\x00" * (9 * 1024 * 1024), "application/msgpack",
      "MESSAGE_TOO_LARGE"),
@@ -385,6 +395,49 @@ def test_malformed_requests_get_a_clear_error_never_a_500(shared, path, data,
     assert 400 <= status < 500, (status, body)
     assert body["error"]["code"] == code, body
     assert shared.quorum(active)["active"]  # and the controller carries on
+
+
+def test_the_metadata_stream_brings_each_change_as_it_commits(shared):
+    """A broker's metadata stream (``metadata/stream``) from an offset: the
+    records after it, then each change as it commits, and a frame with no
+    records at least every second when nothing commits; from a non-active
+    controller's URL it is found at the active one (a NOT_CONTROLLER hint)."""
+    active = shared.wait_for_active_controller()
+    since = shared.quorum(active)["metadata_offset"]
+    others = [n for n in shared.controller_ids if n != active]
+    # The client believes a follower leads: the refusal's hint finds the active one.
+    client = ControllerClient({n: shared.nodes[n].controller_url for n in shared.controller_ids})
+    client.leader_id = others[0]
+    frames: list[tuple[float, dict]] = []
+
+    def on_answer(answer: dict) -> bool:  # False ends the stream
+        frames.append((time.monotonic(), answer))
+        records = [decode(raw) for _, raw in answer.get("records", [])]
+        return not any(isinstance(r, TopicRecord) and r.name == "streamed" for r in records)
+
+    async def follow() -> None:
+        async with client:
+            await asyncio.wait_for(client.follow(
+                "/v1/controller/metadata/stream", lambda: {"after_offset": since}, on_answer,
+                silence_s=5.0), 30)
+
+    def create_later() -> None:
+        # Once the stream has sent nothing but keepalives for a while.
+        wait_until(lambda: len(frames) >= 2, 10, "two frames of the stream")
+        create_topic(shared, "streamed", partitions=1, replication_factor=3)
+
+    creator = threading.Thread(target=create_later)
+    creator.start()
+    asyncio.run(follow())
+    creator.join(30)
+    assert client.leader_id == active
+    offsets = [answer["offset"] for _, answer in frames]
+    assert offsets == sorted(offsets) and offsets[-1] > since
+    quiet_frames = [at for at, answer in frames if not answer.get("records")]
+    assert quiet_frames, "no keepalive frame while nothing committed"
+    # Keepalives about once a second: a broker can tell a quiet controller from a dead one.
+    gaps = [b - a for a, b in zip([at for at, _ in frames], [at for at, _ in frames][1:])]
+    assert max(gaps) < 2.5, gaps
 
 
 def test_alter_partition_is_checked_against_epochs(shared):
