@@ -220,9 +220,12 @@ class ControllerClient:
         async def consume(node_id: int, content: aiohttp.StreamReader) -> None:
             while True:
                 try:
-                    head = await asyncio.wait_for(content.readexactly(4), silence_s)
-                    frame = await asyncio.wait_for(
-                        content.readexactly(int.from_bytes(head, "big")), silence_s)
+                    # (Not wait_for: on 3.11 it can swallow a cancellation that
+                    # lands as a frame arrives, and a stopping broker would
+                    # then follow on.)
+                    async with asyncio.timeout(silence_s):
+                        head = await content.readexactly(4)
+                        frame = await content.readexactly(int.from_bytes(head, "big"))
                 except asyncio.IncompleteReadError:
                     return  # the controller ended it: no longer active
                 except asyncio.TimeoutError:

@@ -895,12 +895,8 @@ class ControllerServer:
         await self._await_active()
         deadline = time.monotonic() + wait_ms / 1000
         while True:
-            records, image_offset = self.quorum.records_after(after)
-            if after > image_offset:
-                raise MetadataOffsetOutOfRangeError(
-                    f"after_offset {after} is beyond the metadata log's end {image_offset}; "
-                    "fetch from -1 to get a snapshot")
-            if records is None or records or time.monotonic() >= deadline:
+            answer, _ = self._metadata_since(after)
+            if answer is not None or time.monotonic() >= deadline:
                 break
             changed = self._changed
             try:
@@ -909,20 +905,17 @@ class ControllerServer:
                 pass
             if not self.is_active:
                 raise self.not_controller("lost leadership")
-        if records is None:
-            if wire.response_type(request) == wire.JSON:
+        if answer is None:
+            answer = {"offset": after, "records": []}
+        if wire.response_type(request) == wire.JSON:  # for people: the image, records decoded
+            if "snapshot" in answer:
                 with self.quorum.image_lock:
                     shown = image_as_json(self.quorum.image)
                 return wire.respond(request, {"offset": shown["offset"], "snapshot": shown})
-            snapshot, image_offset = self.quorum.snapshot()
-            return wire.respond(request, {"offset": image_offset, "snapshot": snapshot})
-        if wire.response_type(request) == wire.JSON:
-            # For people: records decoded.
-            shown = [{"offset": offset, "type": decode(raw).TYPE,
-                      "fields": dataclasses.asdict(decode(raw))} for offset, raw in records]
-            return wire.respond(request, {"offset": image_offset, "records": shown})
-        return wire.respond(request, {"offset": image_offset,
-                                      "records": [[offset, raw] for offset, raw in records]})
+            answer = {"offset": answer["offset"], "records": [
+                {"offset": offset, "type": decode(raw).TYPE,
+                 "fields": dataclasses.asdict(decode(raw))} for offset, raw in answer["records"]]}
+        return wire.respond(request, answer)
 
     async def handle_metadata_stream(self, request: web.Request) -> web.StreamResponse:
         """A broker's metadata stream: from ``after_offset`` (as for the

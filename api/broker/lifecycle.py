@@ -225,7 +225,8 @@ class BrokerLifecycle:
             try:
                 await self.client.follow(
                     "/v1/controller/metadata/stream",
-                    lambda: {"after_offset": self.image.offset}, self._apply,
+                    lambda: {"after_offset": self.image.offset},
+                    lambda answer: self._apply(answer) and not self._stopping,
                     silence_s=METADATA_STREAM_SILENCE_S)
             except KraftError as exc:
                 if getattr(exc, "code", None) == "OFFSET_OUT_OF_RANGE":
