@@ -75,6 +75,11 @@ class Role(enum.Enum):
     FOLLOWER = "follower"
 
 
+# The members by plain names: on 3.11 reading ``Role.LEADER`` costs 6x a
+# global's read, and the role is looked at per partition of every request.
+LEADER, FOLLOWER = Role.LEADER, Role.FOLLOWER
+
+
 @dataclasses.dataclass
 class ReplicaState:
     """What a leader knows of one follower, from its fetches."""
@@ -122,7 +127,9 @@ class Partition:
         #: marker removes it (so a write that was verified before the
         #: transaction ended cannot open a hanging one).
         self.txn_guards: dict[int, int] = {}
-        self.role = Role.FOLLOWER
+        self.role = FOLLOWER
+        #: ``role is LEADER``, kept beside it (asked per partition of each request).
+        self.is_leader = False
         self.leader_id = -1
         self.leader_epoch = -1
         self.partition_epoch = -1
@@ -157,7 +164,7 @@ class Partition:
         if (leader_epoch, partition_epoch) < (self.leader_epoch, self.partition_epoch):
             return False
         became_leader = leader == self.broker_id and (
-            self.role is not Role.LEADER or leader_epoch != self.leader_epoch)
+            self.role is not LEADER or leader_epoch != self.leader_epoch)
         members_changed = sorted(isr) != sorted(self.isr)
         if partition_epoch != self.partition_epoch:
             self.pending_isr = None  # answered, or overtaken by another change
@@ -168,10 +175,11 @@ class Partition:
         self.replicas = list(replicas)
         self.isr = list(isr)
         self.leader_recovery_state = leader_recovery_state
-        self.role = Role.LEADER if leader == self.broker_id else Role.FOLLOWER
+        self.is_leader = leader == self.broker_id
+        self.role = LEADER if self.is_leader else FOLLOWER
         if became_leader:
             self._become_leader(now_ms)
-        elif self.role is Role.FOLLOWER:
+        elif not self.is_leader:
             self.replica_states = {}
         if self.is_leader:
             # Replicas added by a reassignment get a state; removed ones lose it.
@@ -194,10 +202,6 @@ class Partition:
         # follower with data of an epoch between the previous one and this
         # one learns where to truncate (Kafka's makeLeader does the same).
         self.log.epoch_cache.assign(self.leader_epoch, self.log_end_offset)
-
-    @property
-    def is_leader(self) -> bool:
-        return self.role is Role.LEADER
 
     # -- data ----------------------------------------------------------------
     @property
