@@ -1093,8 +1093,9 @@ class MetadataQuorum(GuardedSyncObj):
         else:
             self.apply_batch(expected_offset, payload, after, token, callback=settle)
         try:
-            result, error = await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout_s):
+                result, error = await future
+        except TimeoutError:
             raise RequestTimedOutError(
                 f"the controller quorum did not commit within {timeout_s:.1f} s; the "
                 "change may still be applied: check before retrying") from None

@@ -478,8 +478,9 @@ class ControllerServer:
         if self._committer is None or self._committer.done():
             self._committer = asyncio.create_task(self._commit_loop(), name="controller-commit")
         try:
-            return await asyncio.wait_for(asyncio.shield(entry.future), COMMIT_TIMEOUT_MS / 1000)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(COMMIT_TIMEOUT_MS / 1000):
+                return await asyncio.shield(entry.future)
+        except TimeoutError:
             if not entry.taken:
                 entry.dropped = True
                 raise RequestTimedOutError(
@@ -939,8 +940,9 @@ class ControllerServer:
                 if answer is None:
                     changed = self._changed  # taken before any wait: no change is missed
                     try:
-                        await asyncio.wait_for(changed.wait(), METADATA_STREAM_KEEPALIVE_S)
-                    except asyncio.TimeoutError:
+                        async with asyncio.timeout(METADATA_STREAM_KEEPALIVE_S):
+                            await changed.wait()
+                    except TimeoutError:
                         answer = {"offset": after, "records": []}
                     else:
                         answer, after = self._metadata_since(after)
