@@ -88,6 +88,7 @@ from kraft.image import MetadataImage
 from kraft.membership import MembershipRefused, Voter, stale_state_message
 from kraft.quorum import ApplyStatus, MetadataQuorum, RaftSettings
 from kraft.records import NoOpRecord, decode
+from protocol.aio import wait_event
 from protocol import acl, tls, wire
 from protocol.errors import (CodedError, InvalidRequestError, KraftError, NotControllerError,
                              RequestTimedOutError, StaleBrokerEpochError, UnknownServerError)
@@ -457,10 +458,7 @@ class ControllerServer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise self.not_controller("elected but not yet active")
-            try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._changed, remaining)
 
     # -- writing ----------------------------------------------------------
     async def write(self, compute: Callable[[MetadataImage], ControllerResult]) -> dict:
@@ -900,10 +898,7 @@ class ControllerServer:
             if answer is not None or time.monotonic() >= deadline:
                 break
             changed = self._changed
-            try:
-                await asyncio.wait_for(changed.wait(), max(0.0, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(changed, max(0.0, deadline - time.monotonic()))
             if not self.is_active:
                 raise self.not_controller("lost leadership")
         if answer is None:
@@ -939,14 +934,10 @@ class ControllerServer:
             while not self._stopping and self.is_active and self._active_term == term:
                 if answer is None:
                     changed = self._changed  # taken before any wait: no change is missed
-                    try:
-                        async with asyncio.timeout(METADATA_STREAM_KEEPALIVE_S):
-                            await changed.wait()
-                    except TimeoutError:
-                        answer = {"offset": after, "records": []}
-                    else:
+                    if await wait_event(changed, METADATA_STREAM_KEEPALIVE_S):
                         answer, after = self._metadata_since(after)
                         continue
+                    answer = {"offset": after, "records": []}
                 frame = msgpack.packb(answer, use_bin_type=True)
                 await response.write(len(frame).to_bytes(4, "big") + frame)
                 answer, after = self._metadata_since(after)

@@ -26,6 +26,7 @@ from kraft.client import ControllerClient
 from kraft.config import NodeConfig
 from kraft.image import MetadataImage
 from kraft.records import decode
+from protocol.aio import wait_event
 from protocol.errors import KraftError, MetadataApplyError
 
 logger = logging.getLogger(__name__)
@@ -172,10 +173,7 @@ class BrokerLifecycle:
                 continue
             wake_ms = self.core.next_wake_ms()
             timeout_s = None if wake_ms is None else max(0.0, (wake_ms - monotonic_ms()) / 1000)
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout_s)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._wake, timeout_s)
 
     # -- presence ---------------------------------------------------------
     async def _presence_loop(self) -> None:

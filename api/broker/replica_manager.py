@@ -38,6 +38,7 @@ from api.broker.replication import (LOG_PENDING, Action, CancelRequest, FetchReq
                                     ProduceItem, ReplicationCore, ReplicationSettings,
                                     Respond, SendAlterPartition, SendFetch)
 from kraft.image import MetadataImage
+from protocol.aio import wait_event
 from storage.checkpoint import CheckpointFormatError, OffsetCheckpoint
 from storage.errors import LogDirectoryError
 from storage.config import LogConfig
@@ -564,9 +565,7 @@ class ReplicaManager:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return  # the core answers for them as they are
-            try:
-                await asyncio.wait_for(self._passed.wait(), remaining)
-            except asyncio.TimeoutError:
+            if not await wait_event(self._passed, remaining):
                 return
 
     def _note_pass(self) -> None:

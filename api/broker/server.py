@@ -51,6 +51,7 @@ from kraft.client import ControllerClient
 from kraft.config import BROKER_LISTENER, KAFKA_LISTENER, NodeConfig
 from kraft.image import MetadataImage
 from kraft.topic_config import defaults_from_broker_config
+from protocol.aio import wait_event
 from protocol import acl, gc_pauses, tls, tokens, wire
 from protocol.errors import (ClusterAuthorizationFailedError, DelegationTokenAuthDisabledError,
                              DelegationTokenNotFoundError,
@@ -391,9 +392,7 @@ class BrokerServer:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
-            try:
-                await asyncio.wait_for(self._metadata_changed.wait(), remaining)
-            except asyncio.TimeoutError:
+            if not await wait_event(self._metadata_changed, remaining):
                 return False
         return True
 

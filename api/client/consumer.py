@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 from api.client.config import ConsumerConfig
 from api.client.fetcher import (_RESET_TIMESTAMPS, EARLIEST, LATEST, FetchBuffer, Fetcher,
                                 FetchedBatch, PartitionState)
+from protocol.aio import wait_event
 
 
 def first_offsets(records: Iterable[ConsumerRecord]) -> dict[TopicPartition, int]:
@@ -535,9 +536,7 @@ class AsyncConsumer:
             if remaining <= 0:
                 return []
             self._wakeup.set()
-            try:
-                await asyncio.wait_for(self._data.wait(), remaining)
-            except asyncio.TimeoutError:
+            if not await wait_event(self._data, remaining):
                 return []
 
     def wake_poll(self) -> None:

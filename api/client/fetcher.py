@@ -32,6 +32,7 @@ from api.client._types import ConsumerRecord, TopicPartition
 from api.client.config import ConsumerConfig
 from api.client.errors import (METADATA_CODES, CorruptRecordError, KraftlogError,
                                OffsetOutOfRangeError, error_from)
+from protocol.aio import wait_event
 from protocol.fetch_session import (FETCH_SESSION_ERRORS, NO_SESSION, OPEN_SESSION,
                                      next_fetch_session_epoch)
 from protocol.columns import build_records  # None if not built: see decode_batch
@@ -475,11 +476,7 @@ class Fetcher:
             except Exception:  # never let the fetcher die silently
                 logger.exception("consumer fetch loop error")
                 next_ms = config.retry_backoff_ms
-            try:
-                await asyncio.wait_for(self.wakeup.wait(),
-                                       None if next_ms is None else max(next_ms, 1) / 1000)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self.wakeup, None if next_ms is None else max(next_ms, 1) / 1000)
 
     def _start_fetches(self, now_ms: int) -> int | None:
         """Start a fetch to each leader that has none in flight; ms until a

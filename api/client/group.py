@@ -52,6 +52,7 @@ from typing import Any, Protocol
 from api.client._transport import ClusterMetadata, Transport, monotonic_ms
 from api.client._types import TopicPartition
 from api.client.errors import KraftlogError
+from protocol.aio import wait_event
 
 
 class GroupConsumer(Protocol):
@@ -275,10 +276,7 @@ class GroupMember:
             except Exception:
                 logger.exception("group %s: heartbeat loop error", self.group_id)
                 wait_ms = self.retry_backoff_ms
-            try:
-                await asyncio.wait_for(self._wake.wait(), wait_ms / 1000)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._wake, wait_ms / 1000)
 
     async def _watch_loop(self) -> None:
         """Keep a watch open while this member is in the group; heartbeat at

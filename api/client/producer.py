@@ -63,6 +63,7 @@ from api.client.idempotence import IdempotenceState
 from api.client.transactions import (ABORTABLE_ERROR, FATAL_ERROR, IN_TRANSACTION, PREPARED,
                                      READY, TransactionManager)
 from api.client.sender import Sender
+from protocol.aio import wait_event
 
 logger = logging.getLogger(__name__)
 
@@ -257,10 +258,7 @@ class AsyncProducer:
             handle = append(*record)
             if handle is not None:
                 return handle
-            try:
-                await asyncio.wait_for(self._sender.space.wait(), remaining_ms / 1000)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._sender.space, remaining_ms / 1000)
 
     async def send_and_wait(self, topic: str, value: Any = None, key: Any = None,
                             partition: int | None = None, timestamp_ms: int | None = None,

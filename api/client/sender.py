@@ -22,6 +22,7 @@ from api.client.errors import (METADATA_CODES, ClientClosedError, KraftlogError,
                                RequestTimedOutError, error_from)
 from api.client.idempotence import SEQUENCE_CODES
 from api.client.transactions import ABORTABLE_ERROR
+from protocol.aio import wait_event
 from storage.batch import Compression
 
 logger = logging.getLogger(__name__)
@@ -135,11 +136,7 @@ class Sender:
             return False
         if ready:
             return True  # more may be ready (per-request byte cap): drain again at once
-        try:
-            timeout = None if next_ms is None else next_ms / 1000
-            await asyncio.wait_for(self._wakeup.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
+        await wait_event(self._wakeup, None if next_ms is None else next_ms / 1000)
         return True
 
     # -- metadata ------------------------------------------------------------------

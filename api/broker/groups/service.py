@@ -24,6 +24,7 @@ from api.broker.coordinator_shards import (WRITE_TIMEOUT_MS, Shard,  # noqa: F40
 from api.broker.groups import records as group_records
 from api.broker.groups.coordinator import GroupCoordinatorCore, GroupError
 from api.broker.replication import broker_url
+from protocol.aio import wait_event
 from protocol import tls
 from protocol.errors import CodedError, KraftError, NotCoordinatorError
 from storage.batch import BatchBuilder, ControlType, iter_records, parse_control_batch
@@ -110,10 +111,7 @@ class GroupService(ShardedCoordinator):
         waiting = self.watchers.setdefault(group_id, {}).setdefault(member_id, set())
         waiting.add(event)
         try:
-            await asyncio.wait_for(event.wait(), max_wait_ms / 1000)
-            return True
-        except asyncio.TimeoutError:
-            return False
+            return await wait_event(event, max_wait_ms / 1000)
         finally:
             waiting.discard(event)
             if not waiting:
