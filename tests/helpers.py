@@ -1,6 +1,8 @@
-"""Small builders shared by the storage tests."""
+"""Small builders shared by the tests."""
 
 from __future__ import annotations
+
+import contextlib
 
 from storage.batch import HEADER_SIZE, BatchBuilder, decode_batches
 
@@ -43,3 +45,19 @@ def read_all(log, start: int | None = None, upper: int | None = None) -> list:
         records.extend(batch_records)
         offset = batch_records[-1].offset + 1
     return records
+
+
+@contextlib.asynccontextmanager
+async def served(app, shutdown_timeout: float = 0.1):
+    """``app`` (an aiohttp application) on an ephemeral loopback port for
+    the test's duration; yields its base URL."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    finally:
+        await runner.cleanup()

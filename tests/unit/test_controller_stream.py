@@ -10,6 +10,7 @@ import pytest
 from aiohttp import web
 
 from kraft.client import ControllerClient, ControllerError
+from tests.helpers import served
 
 
 def frame(answer) -> bytes:
@@ -51,13 +52,8 @@ async def controller():
     app.router.add_post("/stream", stream)
     app.router.add_post("/quiet", quiet)
     app.router.add_post("/refuse", refuse)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", settings
-    await runner.cleanup()
+    async with served(app) as url:
+        yield url, settings
 
 
 async def test_frames_are_handed_on_in_order_until_the_stream_ends(controller):
