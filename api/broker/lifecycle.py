@@ -70,6 +70,9 @@ class BrokerLifecycle:
         self.on_registered: list[Callable[[], None]] = []
         # Set when the core may have a request due sooner than it said.
         self._wake = asyncio.Event()
+        # Set by each accepted registration: the presence stream opens at
+        # once, before the heartbeats that unfence this broker.
+        self._registered = asyncio.Event()
         # Set by stop(): the loops end even if a cancellation is lost (in
         # Python 3.11, wait_for swallows one that races its own result).
         self._stopping = False
@@ -168,6 +171,7 @@ class BrokerLifecycle:
                 else:
                     self.core.answered(request.kind, answer, monotonic_ms())
                     if request.kind == "register" and self.core.broker_epoch is not None:
+                        self._registered.set()
                         for callback in self.on_registered:
                             callback()
                 continue
@@ -185,9 +189,10 @@ class BrokerLifecycle:
         controller or a new registration (silence does not: a broker cut
         off for a while must not look dead when the network heals)."""
         while not self._stopping:
+            self._registered.clear()
             epoch = self.core.broker_epoch
             if epoch is None:
-                await asyncio.sleep(PRESENCE_RETRY_S)
+                await wait_event(self._registered, PRESENCE_RETRY_S)
                 continue
 
             def release(node_id: int, epoch: int = epoch) -> bool:

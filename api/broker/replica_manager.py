@@ -40,8 +40,8 @@ from api.broker.replication import (LOG_PENDING, Action, CancelRequest, FetchReq
 from kraft.image import MetadataImage
 from protocol.aio import wait_event
 from storage.checkpoint import CheckpointFormatError, OffsetCheckpoint
-from storage.errors import LogDirectoryError
 from storage.config import LogConfig
+from storage.errors import LogDirectoryError
 from storage.log import AppendInfo, Log
 from storage.manager import LogManager, TopicPartition
 
