@@ -364,7 +364,9 @@ class KafkaListener:
         try:
             caller = self._caller(writer)
             while caller is not None:
-                size_bytes = await asyncio.wait_for(reader.readexactly(4), self.idle_s)
+                # (asyncio.timeout, not wait_for: no task per read, see protocol/aio.py)
+                async with asyncio.timeout(self.idle_s):
+                    size_bytes = await reader.readexactly(4)
                 (size,) = _SIZE.unpack(size_bytes)
                 if not (0 if caller.bare_sasl else FRAME_MIN) <= size <= self.frame_bytes_max:
                     logger.debug("kafka listener: %s sent a frame of %d bytes: closing",
@@ -374,7 +376,8 @@ class KafkaListener:
                     logger.debug("kafka listener: %s sent %d bytes before authenticating: "
                                  "closing", caller.peer, size)
                     return
-                frame = await asyncio.wait_for(reader.readexactly(size), self.idle_s)
+                async with asyncio.timeout(self.idle_s):
+                    frame = await reader.readexactly(size)
                 if size > FRAME_BYTES_MAX_NOT_PRODUCE and \
                         _HEADER.unpack_from(frame)[0] != PRODUCE:
                     logger.debug("kafka listener: %s sent a %d-byte request that is not a "
@@ -389,7 +392,8 @@ class KafkaListener:
                     writer.write(answer)
                     # A client that stops reading is cut off like an idle one
                     # (its answers would otherwise stay in memory).
-                    await asyncio.wait_for(writer.drain(), self.idle_s)
+                    async with asyncio.timeout(self.idle_s):
+                        await writer.drain()
                 if caller.close_after:
                     return
         except (asyncio.IncompleteReadError, asyncio.TimeoutError, OSError):
