@@ -199,8 +199,9 @@ class ControllerClient:
                 opened(node_id)
             while not release(node_id):
                 try:
-                    chunk = await asyncio.wait_for(content.read(4096), 0.5)
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(0.5):  # (not wait_for: see protocol/aio.py)
+                        chunk = await content.read(4096)
+                except TimeoutError:
                     continue
                 if not chunk:
                     return  # the controller ended it: no longer active

@@ -88,8 +88,8 @@ from kraft.image import MetadataImage
 from kraft.membership import MembershipRefused, Voter, stale_state_message
 from kraft.quorum import ApplyStatus, MetadataQuorum, RaftSettings
 from kraft.records import NoOpRecord, decode
-from protocol.aio import wait_event
 from protocol import acl, tls, wire
+from protocol.aio import wait_event
 from protocol.errors import (CodedError, InvalidRequestError, KraftError, NotControllerError,
                              RequestTimedOutError, StaleBrokerEpochError, UnknownServerError)
 from protocol.fields import Fields

@@ -51,8 +51,8 @@ from kraft.client import ControllerClient
 from kraft.config import BROKER_LISTENER, KAFKA_LISTENER, NodeConfig
 from kraft.image import MetadataImage
 from kraft.topic_config import defaults_from_broker_config
-from protocol.aio import wait_event
 from protocol import acl, gc_pauses, tls, tokens, wire
+from protocol.aio import wait_event
 from protocol.errors import (ClusterAuthorizationFailedError, DelegationTokenAuthDisabledError,
                              DelegationTokenNotFoundError,
                              DelegationTokenRequestNotAllowedError, SecurityDisabledError,

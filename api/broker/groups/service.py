@@ -24,8 +24,8 @@ from api.broker.coordinator_shards import (WRITE_TIMEOUT_MS, Shard,  # noqa: F40
 from api.broker.groups import records as group_records
 from api.broker.groups.coordinator import GroupCoordinatorCore, GroupError
 from api.broker.replication import broker_url
-from protocol.aio import wait_event
 from protocol import tls
+from protocol.aio import wait_event
 from protocol.errors import CodedError, KraftError, NotCoordinatorError
 from storage.batch import BatchBuilder, ControlType, iter_records, parse_control_batch
 from storage.manager import TopicPartition
