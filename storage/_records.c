@@ -616,8 +616,46 @@ static PyObject *crc32c(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(out);
 }
 
+/* -- Records counted from batch headers (storage/batch.py count_records): a
+ * batch is a 61-byte header (batch length at byte 8, record count at 57). */
+
+#define BATCH_HEADER_SIZE 61
+
+PyDoc_STRVAR(count_records_doc,
+    "count_records(data) -> int: the record counts of the whole batches in data added up "
+    "(a partial batch at the end is not counted); ValueError for a batch length below "
+    "the header's.");
+
+static uint32_t be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static PyObject *count_records(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *p = view.buf;
+    Py_ssize_t total = view.len, pos = 0;
+    long long count = 0;
+    while (total - pos >= BATCH_HEADER_SIZE) {
+        int32_t length = (int32_t)be32(p + pos + 8);
+        if (length < BATCH_HEADER_SIZE - 12) {
+            PyBuffer_Release(&view);
+            PyErr_Format(PyExc_ValueError, "batch length %d below minimum at position %zd",
+                         (int)length, pos);
+            return NULL;
+        }
+        Py_ssize_t end = pos + 12 + (Py_ssize_t)length;
+        if (end > total) break;
+        count += (int32_t)be32(p + pos + 57);
+        pos = end;
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromLongLong(count);
+}
+
 static PyMethodDef methods[] = {
     {"crc32c", crc32c, METH_VARARGS, crc32c_doc},
+    {"count_records", count_records, METH_O, count_records_doc},
     {"scan", scan, METH_VARARGS, scan_doc},
     {"pick", pick, METH_VARARGS, pick_doc},
     {NULL, NULL, 0, NULL},

@@ -38,6 +38,10 @@ from typing import Any, Iterator, NamedTuple, Sequence
 
 import msgpack
 
+try:  # the record count of a fetch answer, in C (storage/_records.c)
+    from storage._records import count_records as _count_records
+except ImportError:  # not built: the Python loop in count_records
+    _count_records = None
 try:  # CRC-32 with the CPU's carry-less multiply: over ten times zlib's speed
     from isal.isal_zlib import crc32
 except ImportError:  # a platform without an isal wheel: same checksum, slower
@@ -78,6 +82,9 @@ assert (LENGTH_OFFSET, LEADER_EPOCH_OFFSET, MAGIC_OFFSET, CRC_OFFSET, ATTRIBUTES
 # offset delta (i) and the two timestamps (qq).
 PRODUCER_ID_OFFSET = ATTRIBUTES_OFFSET + struct.calcsize(">hiqq")  # 43
 assert PRODUCER_ID_OFFSET == 43
+# record_count: the header's last field.
+RECORD_COUNT_OFFSET = HEADER_SIZE - struct.calcsize(">i")  # 57
+_LENGTH = struct.Struct(">i")  # batch_length and record_count alike
 
 # The two leading fields every batch has regardless of version; batch_length
 # counts the bytes after them.
@@ -294,6 +301,30 @@ def stamped_prefix(header: BatchHeader, base_offset: int, leader_epoch: int) -> 
     """The first MAGIC_OFFSET bytes of a batch re-stamped with a new base offset
     and leader epoch. The remainder of the batch, CRC included, is unchanged."""
     return STAMP.pack(base_offset, header.batch_length, leader_epoch)
+
+
+def count_records(buf) -> int:
+    """The records in the whole batches of ``buf`` (a fetch answer's
+    records), from their headers alone; a partial batch at the end is not
+    counted. In C when built: a broker counts every answer it sends."""
+    if _count_records is not None:
+        try:
+            return _count_records(buf)
+        except ValueError as exc:
+            raise CorruptRecordError(str(exc)) from None
+    view = memoryview(buf)
+    total = len(view)
+    pos = count = 0
+    while total - pos >= HEADER_SIZE:
+        length, = _LENGTH.unpack_from(view, pos + LENGTH_OFFSET)
+        if length < MIN_BATCH_LENGTH:
+            raise CorruptRecordError(f"batch length {length} below minimum at position {pos}")
+        end = pos + LOG_OVERHEAD + length
+        if end > total:
+            break
+        count += _LENGTH.unpack_from(view, pos + RECORD_COUNT_OFFSET)[0]
+        pos = end
+    return count
 
 
 def iter_batches(buf, *, allow_partial_tail: bool = True

@@ -750,6 +750,31 @@ class Log:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     @_io
+    def bytes_between(self, offset: int, upper_bound_offset: int) -> int:
+        """The bytes ``read(offset, ..., upper_bound_offset)`` would return
+        with no byte limit, from the batches' positions instead of their
+        bytes: what a waiting fetch asks at each append (Kafka's
+        ``DelayedFetch`` compares positions the same way). Near the log end
+        this reads nothing from disk."""
+        end = self.log_end_offset
+        if offset < self.log_start_offset or offset > end:
+            raise OffsetOutOfRangeError(offset, self.log_start_offset, end)
+        upper = min(upper_bound_offset, end)
+        total = 0
+        segments = self._segments
+        index = max(bisect.bisect_right(self._bases, offset) - 1, 0)
+        for segment in segments[index:]:
+            if offset >= upper:
+                break
+            if offset < segment.next_offset:
+                start = segment.position_of(offset) if offset > segment.base_offset else 0
+                stop = (segment.position_of(upper) if upper < segment.next_offset
+                        else segment.size_bytes)
+                total += max(0, stop - start)
+            offset = segment.next_offset
+        return total
+
+    @_io
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         """Offset of the first record whose timestamp is >= ``timestamp_ms``
         (at or after the log start), or None if there is none."""

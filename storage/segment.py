@@ -46,6 +46,9 @@ SCAN_CHUNK_BYTES = 64 * 1024  # largest read-ahead when walking batch headers
 #: walking up to index.interval.bytes of headers from the last index entry
 #: (over half the leader's core work for a one-record produce, by cProfile).
 RECENT_BATCHES = 8
+#: Positions of offsets further back that ``Segment.position_of`` keeps: the
+#: offsets long-polling consumers wait at (forgotten all at once when full).
+LOOKED_UP_POSITIONS = 64
 RECOVERY_CHUNK_BYTES = 4 * 1024 * 1024  # read size when validating whole batches
 IOV_MAX = 512  # pieces per writev call, well under Linux's 1024
 
@@ -105,6 +108,8 @@ class Segment:
         self._recent_last: list[int] = []
         self._recent_pos: list[int] = []
         self._recent_floor: int | None = None
+        #: Positions ``position_of`` found by walking, by offset (None: none).
+        self._looked_up: dict[int, int] | None = None
 
     # -- opening ---------------------------------------------------------
     @classmethod
@@ -357,8 +362,10 @@ class Segment:
 
     def forget_recent_batches(self) -> None:
         """Drop what ``append`` remembered (a segment rolled over: reads
-        near the log end go to the next one)."""
+        near the log end go to the next one), and the positions looked up
+        (a truncation may put other batches there)."""
         self._recent_last, self._recent_pos, self._recent_floor = [], [], None
+        self._looked_up = None
 
     def _index_batch(self, pos: int, base_offset: int, next_offset: int,
                      max_timestamp: int, size_bytes: int) -> None:
@@ -433,6 +440,29 @@ class Segment:
             if header.last_offset >= offset:
                 return pos, header
         return None
+
+    def position_of(self, offset: int) -> int:
+        """Where a read from ``offset`` starts: the position of the first
+        batch whose last offset is >= ``offset``, or the end of the data.
+        Among the latest batches a lookup in memory, without reading."""
+        floor = self._recent_floor
+        if floor is not None and offset > floor:
+            j = bisect.bisect_left(self._recent_last, offset)
+            return self._recent_pos[j] if j < len(self._recent_last) else self.size_bytes
+        looked_up = self._looked_up
+        if looked_up is not None:
+            pos = looked_up.get(offset)
+            if pos is not None:
+                return pos
+        found = self.find_batch(offset)
+        if found is None:
+            return self.size_bytes
+        # A batch's position holds until a truncation (which forgets these):
+        # fetches waiting at the same offsets ask again at every append.
+        if looked_up is None or len(looked_up) >= LOOKED_UP_POSITIONS:
+            looked_up = self._looked_up = {}
+        looked_up[offset] = found[0]
+        return found[0]
 
     def read(self, offset: int, max_bytes: int, upper_bound_offset: int,
              min_one_batch: bool) -> tuple[bytes, int]:

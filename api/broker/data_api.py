@@ -48,7 +48,7 @@ from protocol.fetch_session import NO_SESSION
 from protocol.fields import Fields
 from protocol.stream import (CLIENT_STREAM_PATH, STREAM_CLOSE_S, STREAM_HEARTBEAT_S,
                              STREAMED_PATHS)
-from storage.batch import RecordFormatError, iter_batches, iter_records
+from storage.batch import RecordFormatError, count_records, iter_batches, iter_records
 from storage.manager import TOPIC_NAME_MAX_CHARS, TopicPartition
 
 logger = logging.getLogger(__name__)
@@ -452,9 +452,7 @@ class DataApi:
             if records:
                 fetched += len(records)
                 self.metrics.bytes_out.inc(len(records), result["topic"])
-                self.metrics.messages_out.inc(
-                    sum(header.record_count for header, _ in iter_batches(records)),
-                    result["topic"])
+                self.metrics.messages_out.inc(count_records(records), result["topic"])
         throttle_ms = self.throttle(request, CONSUMER_BYTE_RATE, fetched)
         return {"partitions": results, "throttle_time_ms": throttle_ms, **fields}
 

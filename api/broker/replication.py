@@ -1442,14 +1442,12 @@ class ReplicationCore:
         if not specs:
             return False
         request = parked.request
-        read, _, any_error = self._read_all(
-            specs, request.max_bytes, follower=request.replica_id >= 0,
-            committed=request.isolation_level == READ_COMMITTED)
-        if any_error:
+        available = self._available(specs, follower=request.replica_id >= 0,
+                                    committed=request.isolation_level == READ_COMMITTED)
+        if available is None:
             return True
         seen = parked.seen_bytes
-        for spec, result in zip(specs, read):
-            found = len(result["records"])
+        for spec, found in zip(specs, available):
             parked.seen_total += found - seen.get(spec.tp, 0)
             if found:
                 seen[spec.tp] = found
@@ -1585,6 +1583,27 @@ class ReplicationCore:
         registered = self.image.brokers.get(replica_id)
         return (replica_epoch >= 0 and registered is not None
                 and registered.broker_epoch > replica_epoch)
+
+    def _available(self, specs: list[FetchSpec], follower: bool, committed: bool
+                   ) -> list[int] | None:
+        """The bytes each partition of ``specs`` would bring a read now (at
+        most its ``max_bytes``), counted from positions without reading the
+        records; None if any would fail (the fetch is then answered). A
+        parked fetch asks this at every touch of its partitions, so with
+        many consumers waiting on a partition it must not read the log."""
+        found = []
+        try:
+            for spec in specs:
+                part = self.leader_partition(spec.tp.topic, spec.tp.partition,
+                                             spec.current_leader_epoch)
+                upper_bound = (part.log_end_offset if follower
+                               else part.last_stable_offset if committed
+                               else part.high_watermark)
+                found.append(min(spec.max_bytes,
+                                 part.log.bytes_between(spec.offset, upper_bound)))
+        except Exception:  # noqa: BLE001  the read at the answer says what failed
+            return None
+        return found
 
     def _read_all(self, specs: list[FetchSpec], max_bytes: int, follower: bool,
                   committed: bool = False, *, until_full: bool = False, first: bool = True

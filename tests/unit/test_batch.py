@@ -521,6 +521,26 @@ def test_iter_batches_refuses_a_length_below_minimum_even_when_lenient():
         list(iter_batches(buf))
 
 
+@pytest.mark.parametrize("accelerated", [True, False], ids=["c", "python"])
+@pytest.mark.parametrize("tail_bytes", [0, 1, fmt.HEADER_SIZE - 1, fmt.HEADER_SIZE,
+                                        len(GOOD) - 1])
+def test_count_records_adds_up_whole_batches_as_iter_batches_sees_them(
+        accelerated, tail_bytes, monkeypatch):
+    if not accelerated:
+        monkeypatch.setattr(fmt, "_count_records", None)
+    else:
+        assert fmt._count_records is not None, "the C extension is built by make install"
+    five = build_batch([(None, b"v%d" % i) for i in range(5)])
+    buf = stamp(GOOD, 0, 0) + stamp(five, 3, 0) + stamp(GOOD, 8, 0)[:tail_bytes]
+    expected = sum(header.record_count for header, _ in iter_batches(buf))
+    assert expected == 8
+    assert fmt.count_records(buf) == expected
+    assert fmt.count_records(memoryview(buf)) == expected
+    assert fmt.count_records(b"") == 0
+    with pytest.raises(CorruptRecordError, match="below minimum"):
+        fmt.count_records(GOOD + patch_header(GOOD, batch_length=10))
+
+
 # ---------------------------------------------------------------------------
 # BatchBuilder input checks and sizing.
 # ---------------------------------------------------------------------------

@@ -497,10 +497,12 @@ def test_a_burst_of_isr_answers_costs_what_it_touched_not_what_the_fetches_name(
         "max_wait_ms": 500}), now)
     assert not [a for a in of(leader.ready(), Respond) if a.request_id == consumer_id]
 
-    read = []  # how many partitions each read of the leader covered
-    real_read_all = leader._read_all
+    read = []  # how many partitions each read (or count of bytes) of the leader covered
+    real_read_all, real_available = leader._read_all, leader._available
     leader._read_all = lambda specs, *args, **kwargs: (
         read.append(len(specs)), real_read_all(specs, *args, **kwargs))[1]
+    leader._available = lambda specs, *args, **kwargs: (
+        read.append(len(specs)), real_available(specs, *args, **kwargs))[1]
     for p, proposal in sorted(proposals.items()):
         leader.alter_partition_answered(proposal.request_id, {
             "leader_epoch": 0, "partition_epoch": 1, "isr": [LEADER, FOLLOWER],
@@ -542,3 +544,41 @@ def test_a_waiting_fetch_counts_the_bytes_found_before_towards_min_bytes(tmp_pat
     produce(leader, m1, 3, 3)
     (answer,) = [a for a in of(leader.ready(), Respond) if a.request_id == request_id]
     assert [bool(r["records"]) for r in answer.results] == [True, True]
+
+
+def test_many_consumers_waiting_on_a_partition_cost_an_append_no_reads(tmp_path):
+    """Fifty consumers long-poll one partition for more bytes than one
+    batch (fetch.min.bytes): each append asks how much each now finds from
+    the batches' positions, not by reading the log (which made an append
+    cost waiters x batches read, a quarter of a broker's CPU with 500
+    consumers); once enough is there, every one is answered with it."""
+    meta = MetadataImage()
+    meta.apply(RegisterBrokerRecord(LEADER, "inc", {"BROKER": "127.0.0.1:9001"}, None),
+               meta.offset + 1)
+    meta.apply(TopicRecord("m", "id-m"), meta.offset + 1)
+    meta.apply(PartitionRecord("id-m", 0, [LEADER], [LEADER], LEADER, 0, 0), meta.offset + 1)
+    leader = broker(tmp_path, LEADER, meta)
+    leader.ready()
+    tp = TopicPartition("m", 0)
+    produce(leader, tp, 1, 1)
+    batch = leader.partitions[tp].log.size_bytes
+    waiting = []
+    for _ in range(50):
+        waiting.append(leader.new_request_id())
+        leader.fetch(waiting[-1], decode_fetch({
+            "partitions": [{"topic": "m", "partition": 0, "offset": 1}],
+            "max_wait_ms": 10_000, "min_bytes": batch * 5}), 2)
+    assert not [a for a in of(leader.ready(), Respond) if a.request_id in waiting]
+    log = leader.partitions[tp].log
+    reads = []
+    real_read = log.read
+    log.read = lambda *args, **kwargs: (reads.append(args), real_read(*args, **kwargs))[1]
+    for now in range(3, 7):  # four batches: not yet enough for any of them
+        produce(leader, tp, 1, now)
+        assert not [a for a in of(leader.ready(), Respond) if a.request_id in waiting]
+    assert reads == []
+    produce(leader, tp, 1, 7)  # the fifth: every one answered, with all five
+    answers = [a for a in of(leader.ready(), Respond) if a.request_id in waiting]
+    assert sorted(a.request_id for a in answers) == sorted(waiting)
+    assert all(len(a.results[0]["records"]) == batch * 5 for a in answers)
+    assert len(reads) == len(waiting)

@@ -753,3 +753,50 @@ def test_a_log_opened_where_nothing_was_is_fresh_and_reopened_is_not(log_dir, mo
     again.close()
     os.makedirs(log_dir + "-empty")  # made by someone else: looked at, not fresh
     assert not open_log(log_dir + "-empty").fresh
+
+
+def test_bytes_between_counts_what_a_read_would_return_without_reading_it(log_dir):
+    """A waiting fetch asks how many bytes a read would bring at every
+    append; the answer from positions is the length of that read, for every
+    start and upper bound, across segments, near the end and far from it
+    (a restarted log has no recent batches in memory), after a truncation
+    and new batches in its place, and refuses the offsets a read refuses."""
+    config = LogConfig(segment_bytes=2048, index_interval_bytes=256, flush_ms=-1)
+    log = open_log(log_dir, config)
+
+    def agree() -> None:
+        end = log.log_end_offset
+        for offset in range(log.log_start_offset, end + 1):
+            for upper in range(offset - 1, end + 2, 3):
+                expected = len(log.read(offset, 10**9, upper_bound_offset=upper))
+                assert log.bytes_between(offset, upper) == expected, (offset, upper)
+
+    for i in range(60):
+        log.append(make_batch(1 + i % 4, value_bytes=7), leader_epoch=0)
+    assert len(log.segments) > 3
+    agree()
+    log.truncate_to(log.log_end_offset - 5)
+    agree()
+    for i in range(6):  # other batch boundaries where the truncated ones were
+        log.append(make_batch(5 - i % 4, value_bytes=3), leader_epoch=0)
+    agree()
+    # Positions found by a walk are kept; a truncation forgets them.
+    single = open_log(log_dir + "-single", LogConfig(index_interval_bytes=256, flush_ms=-1))
+    for _ in range(30):
+        single.append(make_batch(1, value_bytes=7), leader_epoch=0)
+    walked = {o: single.bytes_between(o, 30) for o in range(30)}
+    single.truncate_to(10)
+    for _ in range(30):  # past what the segment remembers of its latest batches
+        single.append(make_batch(3, value_bytes=1), leader_epoch=0)
+    for offset in range(10, 100):
+        assert single.bytes_between(offset, 100) == len(single.read(offset, 10**9)), offset
+    assert walked[11] != single.bytes_between(11, 30)
+    log.close()
+    log = open_log(log_dir, config)
+    agree()
+    log.delete_records_before(20)
+    agree()
+    with pytest.raises(OffsetOutOfRangeError):
+        log.bytes_between(log.log_end_offset + 1, log.log_end_offset + 1)
+    with pytest.raises(OffsetOutOfRangeError):
+        log.bytes_between(log.log_start_offset - 1, log.log_end_offset)
