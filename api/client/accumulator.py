@@ -339,6 +339,9 @@ class RecordAccumulator:
         self._custom_partitioner = partitioner
         self._sticky = sticky or StickyPartitioner()
         self._key_hashes: dict[bytes, int] = {}
+        #: The partitions with batches queued, and only those (a queue
+        #: drained empty goes): a sender's round walks them, so it costs
+        #: the partitions with records waiting, not every one written to.
         self._queues: dict[tuple[str, int], deque[ProducerBatch]] = {}
         self._open: dict[tuple[str, int], ProducerBatch] = {}
         # Requests in flight per partition. Without idempotence a partition's
@@ -581,7 +584,7 @@ class RecordAccumulator:
     def partitions_with_data(self) -> list[tuple[str, int]]:
         """Partitions with a queued batch."""
         with self.lock:
-            return [tp for tp, queue in self._queues.items() if queue]
+            return list(self._queues)
 
     def pending_topics(self) -> list[str]:
         with self.lock:
@@ -590,11 +593,11 @@ class RecordAccumulator:
     def wanted_topics(self) -> set[str]:
         """Topics with records waiting: the metadata the sender needs."""
         with self.lock:
-            return {tp[0] for tp, q in self._queues.items() if q} | set(self._pending)
+            return {tp[0] for tp in self._queues} | set(self._pending)
 
     def has_unsent(self) -> bool:
         with self.lock:
-            return bool(self._pending) or any(self._queues.values())
+            return bool(self._pending) or bool(self._queues)
 
     def has_incomplete(self) -> bool:
         with self.lock:
@@ -664,9 +667,8 @@ class RecordAccumulator:
             for group in self._pending.values():
                 wait = group.created_ms + self.delivery_timeout_ms - now_ms
                 next_ms = wait if next_ms is None or wait < next_ms else next_ms
+            emptied = []
             for tp, queue in self._queues.items():
-                if not queue:
-                    continue
                 head = queue[0]
                 expiry = head.created_ms + self.delivery_timeout_ms - now_ms
                 if next_ms is None or expiry < next_ms:
@@ -724,8 +726,12 @@ class RecordAccumulator:
                             batch.stamp(*stamp)
                         idem.sending(tp, url)
                         break
+                if not queue:
+                    emptied.append(tp)
                 if not taken:
                     del out[url]
+            for tp in emptied:
+                del self._queues[tp]
         if next_ms is not None and next_ms < 0:
             next_ms = 0
         return out, next_ms, missing
@@ -766,12 +772,17 @@ class RecordAccumulator:
         with self.lock:
             for topic in [t for t, g in self._pending.items() if g.created_ms <= deadline_ms]:
                 out.append(self._pending.pop(topic))
+            emptied = []
             for tp, queue in self._queues.items():
                 while queue and queue[0].created_ms <= deadline_ms:
                     batch = queue.popleft()
                     if self._open.get(tp) is batch:
                         del self._open[tp]
                     out.append(batch)
+                if not queue:
+                    emptied.append(tp)
+            for tp in emptied:
+                del self._queues[tp]
         return out
 
     def fail_pending(self, topic: str) -> _PendingGroup | None:
@@ -787,7 +798,7 @@ class RecordAccumulator:
             self._pending.clear()
             for queue in self._queues.values():
                 out.extend(queue)
-                queue.clear()
+            self._queues.clear()
             self._open.clear()
             return out
 

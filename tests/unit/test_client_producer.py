@@ -71,6 +71,32 @@ def test_batches_stay_under_batch_size_and_keep_send_order():
         assert records_of(handle._batch)[handle._index].value[:4] == b"v%03d" % i
 
 
+def test_a_round_asks_only_the_partitions_with_records_waiting():
+    """A producer that wrote to 2,000 partitions once: its sender's next
+    round looks at the partitions with records waiting, not at every one
+    written to (a round per send at linger 0 walked them all)."""
+    acc = accumulator(counts={"t": 2000})
+    for p in range(2000):
+        acc.append("t", b"v", partition=p)
+    first = drain_all(acc)
+    assert len(first) == 2000
+    acc.sent(first)
+    assert not acc._queues  # what a round walks: nothing is left waiting
+    acc.append("t", b"late", partition=7)
+    asked = []
+    batches = drain_all(acc, leader_url=lambda tp: asked.append(tp) or A)
+    assert [(b.partition, b.builder.record_count) for b in batches] == [(7, 1)]
+    assert asked == [("t", 7)] and acc.partitions_with_data() == []
+    assert acc.wanted_topics() == set() and not acc.has_unsent()
+    acc.append("t", b"old", partition=3)  # expiry: what waits too long goes, the rest stay
+    acc._clock_ms.now_ms += 60_000
+    acc.append("t", b"new", partition=4)
+    acc._clock_ms.now_ms += 60_001
+    assert [(b.partition, b.builder.record_count) for b in acc.expired(acc._clock_ms())] == [
+        (3, 1)]
+    assert acc.partitions_with_data() == [("t", 4)]
+
+
 def test_a_record_larger_than_batch_size_travels_alone():
     acc = accumulator(batch_size=200)
     acc.append("t", b"small", partition=0)
