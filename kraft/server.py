@@ -893,8 +893,9 @@ class ControllerServer:
         wait_ms = min(max(wait_ms, 0), METADATA_WAIT_MS_MAX)
         await self._await_active()
         deadline = time.monotonic() + wait_ms / 1000
+        as_json = wire.response_type(request) == wire.JSON
         while True:
-            answer, _ = self._metadata_since(after)
+            answer, _ = self._metadata_since(after, packed_snapshot=not as_json)
             if answer is not None or time.monotonic() >= deadline:
                 break
             changed = self._changed
@@ -903,7 +904,7 @@ class ControllerServer:
                 raise self.not_controller("lost leadership")
         if answer is None:
             answer = {"offset": after, "records": []}
-        if wire.response_type(request) == wire.JSON:  # for people: the image, records decoded
+        if as_json:  # for people: the image, records decoded
             if "snapshot" in answer:
                 with self.quorum.image_lock:
                     shown = image_as_json(self.quorum.image)
@@ -945,15 +946,20 @@ class ControllerServer:
             pass  # the broker went, or must start over: it opens a new stream
         return response
 
-    def _metadata_since(self, after: int) -> tuple[dict | None, int]:
+    def _metadata_since(self, after: int, packed_snapshot: bool = True
+                        ) -> tuple[dict | None, int]:
         """The metadata stream's next answer after ``after`` (None: nothing
-        new yet) and the offset it ends at."""
+        new yet) and the offset it ends at. Without ``packed_snapshot`` an
+        answer that must be a snapshot says so (``"snapshot": None``) without
+        packing one: a JSON reader is shown the image instead."""
         records, image_offset = self.quorum.records_after(after)
         if after > image_offset:
             raise MetadataOffsetOutOfRangeError(
                 f"after_offset {after} is beyond the metadata log's end {image_offset}; "
                 "fetch from -1 to get a snapshot")
         if records is None:
+            if not packed_snapshot:
+                return {"offset": image_offset, "snapshot": None}, image_offset
             snapshot, image_offset = self.quorum.snapshot()
             return {"offset": image_offset, "snapshot": snapshot}, image_offset
         if not records:

@@ -113,3 +113,34 @@ async def test_a_cancelled_follow_ends_even_while_frames_keep_coming(controller)
             done, _ = await asyncio.wait({task}, timeout=5)
             assert done, "the follow went on after it was cancelled"
             assert task.cancelled()
+
+
+class _Quorum:
+    """What ``ControllerServer._metadata_since`` asks of the quorum: a
+    history that no longer reaches back, and a snapshot that counts how
+    often it is packed."""
+
+    def __init__(self) -> None:
+        self.packed = 0
+
+    def records_after(self, after):
+        return None, 42
+
+    def snapshot(self):
+        self.packed += 1
+        return b"packed image", 42
+
+
+def test_a_reader_shown_the_image_does_not_pay_for_a_packed_snapshot():
+    from types import SimpleNamespace
+
+    from kraft.server import ControllerServer
+
+    quorum = _Quorum()
+    server = SimpleNamespace(quorum=quorum)
+    answer, after = ControllerServer._metadata_since(server, -1)
+    assert answer == {"offset": 42, "snapshot": b"packed image"} and after == 42
+    assert quorum.packed == 1
+    answer, after = ControllerServer._metadata_since(server, -1, packed_snapshot=False)
+    assert answer == {"offset": 42, "snapshot": None} and after == 42
+    assert quorum.packed == 1
