@@ -616,26 +616,28 @@ static PyObject *crc32c(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(out);
 }
 
-/* -- Records counted from batch headers (storage/batch.py count_records): a
- * batch is a 61-byte header (batch length at byte 8, record count at 57). */
+/* -- Whole batches walked by their headers (storage/batch.py scan_batches): a
+ * batch is a 61-byte header (base offset at byte 0, batch length at 8, last
+ * offset delta at 23, record count at 57). */
 
 #define BATCH_HEADER_SIZE 61
 
-PyDoc_STRVAR(count_records_doc,
-    "count_records(data) -> int: the record counts of the whole batches in data added up "
-    "(a partial batch at the end is not counted); ValueError for a batch length below "
-    "the header's.");
+PyDoc_STRVAR(scan_batches_doc,
+    "scan_batches(data) -> (end, batches, records, next_offset): how far the whole batches "
+    "at the start of data reach, how many there are, their record counts added up and the "
+    "offset after the last (-1 when none is whole); a partial batch at the end is left out. "
+    "ValueError for a batch length below the header's.");
 
 static uint32_t be32(const unsigned char *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 
-static PyObject *count_records(PyObject *self, PyObject *arg) {
+static PyObject *scan_batches(PyObject *self, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     const unsigned char *p = view.buf;
-    Py_ssize_t total = view.len, pos = 0;
-    long long count = 0;
+    Py_ssize_t total = view.len, pos = 0, batches = 0;
+    long long records = 0, next_offset = -1;
     while (total - pos >= BATCH_HEADER_SIZE) {
         int32_t length = (int32_t)be32(p + pos + 8);
         if (length < BATCH_HEADER_SIZE - 12) {
@@ -646,16 +648,19 @@ static PyObject *count_records(PyObject *self, PyObject *arg) {
         }
         Py_ssize_t end = pos + 12 + (Py_ssize_t)length;
         if (end > total) break;
-        count += (int32_t)be32(p + pos + 57);
+        int64_t base = (int64_t)(((uint64_t)be32(p + pos) << 32) | be32(p + pos + 4));
+        next_offset = base + (int32_t)be32(p + pos + 23) + 1;
+        records += (int32_t)be32(p + pos + 57);
+        batches++;
         pos = end;
     }
     PyBuffer_Release(&view);
-    return PyLong_FromLongLong(count);
+    return Py_BuildValue("(nnLL)", pos, batches, records, next_offset);
 }
 
 static PyMethodDef methods[] = {
     {"crc32c", crc32c, METH_VARARGS, crc32c_doc},
-    {"count_records", count_records, METH_O, count_records_doc},
+    {"scan_batches", scan_batches, METH_O, scan_batches_doc},
     {"scan", scan, METH_VARARGS, scan_doc},
     {"pick", pick, METH_VARARGS, pick_doc},
     {NULL, NULL, 0, NULL},

@@ -38,10 +38,10 @@ from typing import Any, Iterator, NamedTuple, Sequence
 
 import msgpack
 
-try:  # the record count of a fetch answer, in C (storage/_records.c)
-    from storage._records import count_records as _count_records
-except ImportError:  # not built: the Python loop in count_records
-    _count_records = None
+try:  # a fetch answer's batches walked in C (storage/_records.c)
+    from storage._records import scan_batches as _scan_batches
+except ImportError:  # not built: the Python loop in scan_batches
+    _scan_batches = None
 try:  # CRC-32 with the CPU's carry-less multiply: over ten times zlib's speed
     from isal.isal_zlib import crc32
 except ImportError:  # a platform without an isal wheel: same checksum, slower
@@ -82,9 +82,11 @@ assert (LENGTH_OFFSET, LEADER_EPOCH_OFFSET, MAGIC_OFFSET, CRC_OFFSET, ATTRIBUTES
 # offset delta (i) and the two timestamps (qq).
 PRODUCER_ID_OFFSET = ATTRIBUTES_OFFSET + struct.calcsize(">hiqq")  # 43
 assert PRODUCER_ID_OFFSET == 43
-# record_count: the header's last field.
+# last_offset_delta: after attributes; record_count: the header's last field.
+LAST_OFFSET_DELTA_OFFSET = ATTRIBUTES_OFFSET + struct.calcsize(">h")  # 23
 RECORD_COUNT_OFFSET = HEADER_SIZE - struct.calcsize(">i")  # 57
-_LENGTH = struct.Struct(">i")  # batch_length and record_count alike
+_LENGTH = struct.Struct(">i")  # batch_length, last_offset_delta and record_count alike
+_BASE_OFFSET = struct.Struct(">q")
 
 # The two leading fields every batch has regardless of version; batch_length
 # counts the bytes after them.
@@ -303,18 +305,23 @@ def stamped_prefix(header: BatchHeader, base_offset: int, leader_epoch: int) -> 
     return STAMP.pack(base_offset, header.batch_length, leader_epoch)
 
 
-def count_records(buf) -> int:
-    """The records in the whole batches of ``buf`` (a fetch answer's
-    records), from their headers alone; a partial batch at the end is not
-    counted. In C when built: a broker counts every answer it sends."""
-    if _count_records is not None:
+def scan_batches(buf) -> tuple[int, int, int, int]:
+    """``(end, batches, records, next_offset)`` of the whole batches at the
+    start of ``buf`` (a fetch answer's records), from their headers alone
+    and making no object per batch: where they end, how many there are,
+    their records and the offset after the last (-1 when none is whole). A
+    partial batch at the end is left out, as ``iter_batches`` leaves it; a
+    length below the header's raises ``CorruptRecordError``. In C when
+    built: a broker counts every answer it sends, a consumer walks each."""
+    if _scan_batches is not None:
         try:
-            return _count_records(buf)
+            return _scan_batches(buf)
         except ValueError as exc:
             raise CorruptRecordError(str(exc)) from None
     view = memoryview(buf)
     total = len(view)
-    pos = count = 0
+    pos = batches = records = 0
+    next_offset = -1
     while total - pos >= HEADER_SIZE:
         length, = _LENGTH.unpack_from(view, pos + LENGTH_OFFSET)
         if length < MIN_BATCH_LENGTH:
@@ -322,9 +329,17 @@ def count_records(buf) -> int:
         end = pos + LOG_OVERHEAD + length
         if end > total:
             break
-        count += _LENGTH.unpack_from(view, pos + RECORD_COUNT_OFFSET)[0]
+        base, = _BASE_OFFSET.unpack_from(view, pos)
+        next_offset = base + _LENGTH.unpack_from(view, pos + LAST_OFFSET_DELTA_OFFSET)[0] + 1
+        records += _LENGTH.unpack_from(view, pos + RECORD_COUNT_OFFSET)[0]
+        batches += 1
         pos = end
-    return count
+    return pos, batches, records, next_offset
+
+
+def count_records(buf) -> int:
+    """The records in the whole batches of ``buf`` (``scan_batches``)."""
+    return scan_batches(buf)[2]
 
 
 def iter_batches(buf, *, allow_partial_tail: bool = True

@@ -169,24 +169,45 @@ class PartitionState:
 
 
 class _CompletedFetch:
-    """The records a fetch returned for one partition, decoded a batch at a
-    time as ``poll`` asks."""
+    """The records a fetch returned for one partition, its batches parsed
+    and decoded one at a time as ``poll`` asks: what waits in the buffer is
+    one object per partition and its bytes, not one per batch (a fetch of
+    thousands of partitions held long enough for the garbage collector to
+    move them all to its oldest generation, and collect that again)."""
 
-    __slots__ = ("state", "generation", "data", "batches", "records", "index",
-                 "batch_next_offset", "size_bytes", "current")
+    __slots__ = ("state", "generation", "data", "batches", "cursor", "end", "records",
+                 "index", "batch_next_offset", "size_bytes", "current")
 
-    def __init__(self, state: PartitionState, data: bytes,
-                 batches: list[tuple[batch_format.BatchHeader, memoryview]]) -> None:
+    def __init__(self, state: PartitionState, data: bytes, end: int,
+                 batches: list[tuple[batch_format.BatchHeader, memoryview | None]] | None = None
+                 ) -> None:
         self.state = state
         self.generation = state.generation
         self.data = data
-        self.batches = deque(batches)
+        #: Parsed ahead only when some must be skipped unread (read_committed
+        #: with aborted transactions); else taken from ``data`` at ``cursor``
+        #: up to ``end`` (where the whole batches end).
+        self.batches = None if batches is None else deque(batches)
+        self.cursor = 0
+        self.end = end
         self.records: list[ConsumerRecord] = []
         self.index = 0
         self.batch_next_offset = -1
         self.size_bytes = len(data)
         #: The batch ``records`` were decoded from, as (header, bytes).
         self.current: tuple | None = None
+
+    def next_batch(self) -> tuple[batch_format.BatchHeader, memoryview | None] | None:
+        """The next batch, as (header, bytes; None for one to skip unread),
+        or None when none is left. Lengths were checked as it was buffered."""
+        if self.batches is not None:
+            return self.batches.popleft() if self.batches else None
+        pos = self.cursor
+        if pos >= self.end:
+            return None
+        header = batch_format.parse_header(self.data, pos)
+        stop = self.cursor = pos + header.size_bytes
+        return header, memoryview(self.data)[pos:stop]
 
 
 class FetchBuffer:
@@ -207,14 +228,16 @@ class FetchBuffer:
         last whole batch (the next fetch offset), or None if none was whole.
         ``aborted`` (read_committed): the answer's aborted transactions,
         whose batches are dropped here."""
-        batches = list(batch_format.iter_batches(data))
-        if not batches:
+        end, count, _records, next_offset = batch_format.scan_batches(data)
+        if not count:
             return None
+        batches = None
         if aborted:
-            batches = batch_format.without_aborted(batches, aborted)
-        self._fetches.append(_CompletedFetch(state, data, batches))
+            batches = batch_format.without_aborted(list(batch_format.iter_batches(data)),
+                                                   aborted)
+        self._fetches.append(_CompletedFetch(state, data, end, batches))
         self.buffered_bytes += len(data)
-        return batches[-1][0].next_offset
+        return next_offset
 
     def discard(self, tp: TopicPartition | None = None) -> None:
         """Drop buffered data of ``tp`` (all data for None)."""
@@ -265,10 +288,11 @@ class FetchBuffer:
                 continue
             if fetch.batch_next_offset > state.position:
                 state.position = fetch.batch_next_offset
-            if not fetch.batches:
+            batch = fetch.next_batch()
+            if batch is None:
                 self._pop()
                 continue
-            header, view = fetch.batches.popleft()
+            header, view = batch
             if header.next_offset <= state.position or header.is_control or view is None:
                 state.position = max(state.position, header.next_offset)
                 continue
@@ -299,8 +323,8 @@ class FetchBuffer:
         """Decode the next batch of ``fetch`` holding records at or after the
         position; False when none is left."""
         state = fetch.state
-        while fetch.batches:
-            header, view = fetch.batches.popleft()
+        while (batch := fetch.next_batch()) is not None:
+            header, view = batch
             if header.next_offset <= state.position or header.is_control or view is None:
                 # Below the position (a fetch may start mid-batch), a
                 # control batch (transaction markers) or an aborted

@@ -524,21 +524,24 @@ def test_iter_batches_refuses_a_length_below_minimum_even_when_lenient():
 @pytest.mark.parametrize("accelerated", [True, False], ids=["c", "python"])
 @pytest.mark.parametrize("tail_bytes", [0, 1, fmt.HEADER_SIZE - 1, fmt.HEADER_SIZE,
                                         len(GOOD) - 1])
-def test_count_records_adds_up_whole_batches_as_iter_batches_sees_them(
+def test_scan_batches_sees_the_whole_batches_iter_batches_sees(
         accelerated, tail_bytes, monkeypatch):
     if not accelerated:
-        monkeypatch.setattr(fmt, "_count_records", None)
+        monkeypatch.setattr(fmt, "_scan_batches", None)
     else:
-        assert fmt._count_records is not None, "the C extension is built by make install"
+        assert fmt._scan_batches is not None, "the C extension is built by make install"
     five = build_batch([(None, b"v%d" % i) for i in range(5)])
-    buf = stamp(GOOD, 0, 0) + stamp(five, 3, 0) + stamp(GOOD, 8, 0)[:tail_bytes]
-    expected = sum(header.record_count for header, _ in iter_batches(buf))
-    assert expected == 8
-    assert fmt.count_records(buf) == expected
-    assert fmt.count_records(memoryview(buf)) == expected
-    assert fmt.count_records(b"") == 0
+    whole = stamp(GOOD, 0, 0) + stamp(five, 3, 0)
+    buf = whole + stamp(GOOD, 8, 0)[:tail_bytes]
+    headers = [header for header, _ in iter_batches(buf)]
+    assert fmt.scan_batches(buf) == (len(whole), 2, 8, headers[-1].next_offset) == (
+        len(whole), len(headers), sum(h.record_count for h in headers), 8)
+    assert fmt.scan_batches(memoryview(buf)) == fmt.scan_batches(buf)
+    assert fmt.count_records(buf) == 8
+    assert fmt.scan_batches(b"") == (0, 0, 0, -1)
+    assert fmt.scan_batches(stamp(GOOD, 2**40, 0)) == (len(GOOD), 1, 3, 2**40 + 3)
     with pytest.raises(CorruptRecordError, match="below minimum"):
-        fmt.count_records(GOOD + patch_header(GOOD, batch_length=10))
+        fmt.scan_batches(GOOD + patch_header(GOOD, batch_length=10))
 
 
 # ---------------------------------------------------------------------------

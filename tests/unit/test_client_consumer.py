@@ -180,6 +180,25 @@ def test_buffered_bytes_count_what_waits_and_discard_frees_it():
     assert {r.partition for r in buffer.drain(100)} == {1}
 
 
+def test_buffered_data_is_one_object_per_partition_not_one_per_batch():
+    """What waits in the buffer until polled lives long enough for the
+    garbage collector to move it to its oldest generation, which every full
+    collection walks: 500 batches buffered add a handful of objects it
+    tracks, not one or more per batch; polling them still yields them all,
+    in order, a partial batch at the end left for the next fetch."""
+    import gc
+
+    buffer = FetchBuffer()
+    s = state(0)
+    data = b"".join(stored_batch(i, values(i, i + 1)) for i in range(500))
+    partial = stored_batch(500, values(500, 501))[:-3]
+    gc.collect()
+    before = len(gc.get_objects())
+    assert buffer.add(s, data + partial) == 500
+    assert len(gc.get_objects()) - before < 20
+    assert [r.offset for r in buffer.drain(1000)] == list(range(500)) and s.position == 500
+
+
 def test_a_corrupt_batch_stops_its_partition_with_an_error():
     buffer = FetchBuffer()
     s = state(0)
