@@ -239,6 +239,7 @@ class AsyncConsumer:
         # In place: the fetcher holds this same dict.
         self._states.clear()
         self._states.update(states)
+        self._fetch.assignment_changed()
         self._metadata.topics_wanted = {tp.topic for tp in states}
         self._metadata.request_update()
         self._wakeup.set()

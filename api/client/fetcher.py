@@ -463,6 +463,8 @@ class Fetcher:
         self.reset_positions = reset_positions
         self.refresh_metadata = refresh_metadata
         self.in_flight: dict[str, asyncio.Task] = {}
+        self._by_leader: dict[str | None, list[PartitionState]] | None = None
+        self._by_leader_version = -1
         # The partitions each in-flight fetch asks for, by leader URL.
         self.in_flight_tps: dict[str, frozenset[TopicPartition]] = {}
         #: Each broker's fetch session, by URL.
@@ -502,23 +504,52 @@ class Fetcher:
                 next_ms = config.retry_backoff_ms
             await wait_event(self.wakeup, None if next_ms is None else max(next_ms, 1) / 1000)
 
+    def assignment_changed(self) -> None:
+        """The consumer's partitions changed (``states``, edited in place)."""
+        self._by_leader = None
+
+    def _leader_groups(self) -> dict[str | None, list[PartitionState]]:
+        """The assigned partitions by their leader's URL (None: unknown),
+        grouped again only when the metadata or the assignment changed."""
+        version = self.metadata.version
+        if self._by_leader is None or self._by_leader_version != version:
+            groups: dict[str | None, list[PartitionState]] = {}
+            url_of = self.metadata.leader_url
+            for state in self.states.values():
+                url = url_of(state.tp)
+                group = groups.get(url)
+                if group is None:
+                    groups[url] = [state]
+                else:
+                    group.append(state)
+            self._by_leader, self._by_leader_version = groups, version
+        return self._by_leader
+
     def _start_fetches(self, now_ms: int) -> int | None:
         """Start a fetch to each leader that has none in flight; ms until a
-        partition backing off may be fetched again."""
+        partition backing off may be fetched again. The partitions of a
+        leader with a fetch in flight are not looked at: they wait for it
+        anyway, and its end wakes the loop (so a consumer of thousands of
+        partitions does not walk them all each time it looks)."""
         by_url: dict[str, list[PartitionState]] = {}
         next_ms = None
-        for state in self.states.values():
-            if not state.fetchable(now_ms):
-                if state.retry_at_ms > now_ms and state.error is None:
-                    wait = state.retry_at_ms - now_ms
-                    next_ms = wait if next_ms is None else min(next_ms, wait)
+        for url, group in self._leader_groups().items():
+            if url is not None and url in self.in_flight:
                 continue
-            url = self.metadata.leader_url(state.tp)
+            ready = []
+            for state in group:
+                if not state.fetchable(now_ms):
+                    if state.retry_at_ms > now_ms and state.error is None:
+                        wait = state.retry_at_ms - now_ms
+                        next_ms = wait if next_ms is None else min(next_ms, wait)
+                    continue
+                ready.append(state)
+            if not ready:
+                continue
             if url is None:
                 self.metadata.request_update()
                 continue
-            if url not in self.in_flight:
-                by_url.setdefault(url, []).append(state)
+            by_url[url] = ready
         for url, states in by_url.items():
             self.in_flight_tps[url] = frozenset(state.tp for state in states)
             task = asyncio.get_running_loop().create_task(self._fetch(url, states))

@@ -186,8 +186,6 @@ def test_buffered_data_is_one_object_per_partition_not_one_per_batch():
     collection walks: 500 batches buffered add a handful of objects it
     tracks, not one or more per batch; polling them still yields them all,
     in order, a partial batch at the end left for the next fetch."""
-    import gc
-
     buffer = FetchBuffer()
     s = state(0)
     data = b"".join(stored_batch(i, values(i, i + 1)) for i in range(500))
@@ -545,3 +543,53 @@ def test_a_partition_dropped_after_its_answer_failed_is_listed_as_forgotten():
     session.answered({"session_id": 7, "partitions": []}, {TP: keys[TP]})
     session.untell(TP)  # still fetched: named again
     assert session.request({}, {TP: entries[TP]}, {TP: keys[TP]})["partitions"] == [entries[TP]]
+
+
+async def test_the_partitions_of_a_leader_with_a_fetch_in_flight_are_not_looked_at(
+        monkeypatch):
+    """A consumer of 2,000 partitions led by A and one led by B: while A's
+    fetch is in flight, starting B's looks at B's partition alone; the
+    partitions are grouped by leader again when the metadata moves one, and
+    when the assignment changes."""
+    broker = FakeBroker()
+    async with fake_consumer(broker) as consumer:
+        def answer(leader_of):
+            return {"brokers": [{"id": 1, "url": A}, {"id": 2, "url": B}], "topics": [
+                {"name": "t", "error": None, "partitions": [
+                    {"partition": p, "leader": leader_of(p), "leader_epoch": 0}
+                    for p in range(2001)]}]}
+
+        consumer._metadata.apply(answer(lambda p: 2 if p == 2000 else 1), 0)
+        consumer.assign([TopicPartition("t", p) for p in range(2001)])
+        for s in consumer._states.values():
+            s.seek(0)
+        fetcher_ = consumer._fetch
+        looked = []
+        real = PartitionState.fetchable
+        monkeypatch.setattr(PartitionState, "fetchable",
+                            lambda self, now: looked.append(self.tp.partition) or real(self, now))
+        in_flight_elsewhere = asyncio.get_running_loop().create_future()
+
+        def start(urls_in_flight):
+            for url in list(fetcher_.in_flight):
+                fetcher_.in_flight.pop(url).cancel()
+                fetcher_.in_flight_tps.pop(url, None)
+            for url in urls_in_flight:
+                fetcher_.in_flight[url] = in_flight_elsewhere
+            looked.clear()
+            fetcher_._start_fetches(0)
+            started = {url: sorted(tp.partition for tp in tps)
+                       for url, tps in fetcher_.in_flight_tps.items()}
+            return started, sorted(looked)
+
+        assert start([A]) == ({B: [2000]}, [2000])
+        consumer._metadata.apply(answer(lambda p: 2 if p in (0, 2000) else 1), 0)
+        assert start([A]) == ({B: [0, 2000]}, [0, 2000])
+        assert start([B])[0] == {A: list(range(1, 2000))}
+        consumer.assign([TopicPartition("t", p) for p in (1, 2, 2000)])
+        for s in consumer._states.values():
+            s.seek(0)
+        assert start([B]) == ({A: [1, 2]}, [1, 2])
+        for task in fetcher_.in_flight.values():
+            task.cancel()
+        fetcher_.in_flight.clear()
