@@ -18,6 +18,7 @@ watermark and any error ``poll`` must raise.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from bisect import bisect_left
 from collections import deque
@@ -129,6 +130,9 @@ def decode_batch(topic: str, partition: int, view: memoryview, *, check_crc: boo
             f"decode: {exc}") from None
 
 
+_state_serials = itertools.count()
+
+
 class PartitionState:
     """What the consumer knows of one assigned partition.
 
@@ -140,10 +144,13 @@ class PartitionState:
     """
 
     __slots__ = ("tp", "position", "fetch_position", "generation", "reset", "error",
-                 "high_watermark", "log_start_offset", "retry_at_ms", "fetch_entry")
+                 "high_watermark", "log_start_offset", "retry_at_ms", "fetch_entry", "serial")
 
     def __init__(self, tp: TopicPartition, reset: str) -> None:
         self.tp = tp
+        #: Tells this state from an earlier one of the same partition (an
+        #: assignment taken away and given back) as a plain int.
+        self.serial = next(_state_serials)
         self.position: int | None = None
         self.fetch_position: int | None = None
         self.generation = 0
@@ -384,9 +391,11 @@ class FetchSession:
     @staticmethod
     def key(state: "PartitionState", entry: dict) -> tuple:
         # The state and its generation: a seek (even back to the offset
-        # last named) or a new assignment names the partition again.
+        # last named) or a new assignment names the partition again. Plain
+        # values only: the collector stops tracking such a tuple, and one is
+        # kept per partition from fetch to fetch.
         return (entry["offset"], entry.get("current_leader_epoch"), entry["max_bytes"],
-                state.generation, state)
+                state.generation, state.serial)
 
     def untell(self, tp: TopicPartition) -> None:
         # Kept, with a key nothing matches: named again if still fetched
@@ -438,6 +447,15 @@ class FetchSession:
         frees it)."""
         self.epoch = OPEN_SESSION
         self.told = {}
+
+
+class _Asked(NamedTuple):
+    """A fetch's partitions: ``index`` by partition into ``states``, and
+    the generation and position each was asked at."""
+    index: dict[TopicPartition, int]
+    states: list[PartitionState]
+    generations: list[int]
+    offsets: list[int]
 
 
 class Fetcher:
@@ -611,7 +629,11 @@ class Fetcher:
 
     async def _fetch(self, url: str, states: list[PartitionState]) -> None:
         config = self.config
-        asked = {state.tp: (state, state.generation, state.fetch_position) for state in states}
+        # What each partition was asked from, by index: no object per
+        # partition lives while the fetch is out.
+        asked = _Asked({state.tp: i for i, state in enumerate(states)}, states,
+                       [state.generation for state in states],
+                       [state.fetch_position for state in states])
         entries: dict[TopicPartition, dict] = {}
         # Each partition's entry is one map, updated in place: a fetch of
         # thousands of partitions makes none afresh, so none lives on for
@@ -670,7 +692,7 @@ class Fetcher:
             retry_at = monotonic_ms() + config.retry_backoff_ms
             if exc.code == "BROKER_NOT_AVAILABLE":
                 self.metadata.forget_broker_url(url)
-            for state, generation, _offset in asked.values():
+            for state, generation in zip(asked.states, asked.generations):
                 if state.generation != generation:
                     continue
                 if exc.retriable:
@@ -689,17 +711,19 @@ class Fetcher:
             del self.in_flight_tps[url]
         self.wakeup.set()
 
-    def _take_fetch_answer(self, url: str, asked: dict, answer: dict,
+    def _take_fetch_answer(self, url: str, asked: "_Asked", answer: dict,
                            session: FetchSession | None = None) -> None:
         now = monotonic_ms()
         got_data = False
+        index = asked.index
         for entry in answer.get("partitions") or ():
             tp = TopicPartition(entry.get("topic"), entry.get("partition"))
-            if tp not in asked:
+            i = index.get(tp)
+            if i is None:
                 continue
-            state, generation, offset = asked[tp]
-            if (self.states.get(tp) is not state or state.generation != generation
-                    or state.fetch_position != offset):
+            state = asked.states[i]
+            if (self.states.get(tp) is not state or state.generation != asked.generations[i]
+                    or state.fetch_position != asked.offsets[i]):
                 if session is not None:
                     session.untell(tp)  # what it answered was dropped: name it again
                 continue  # seeked or unassigned while the fetch was in flight
