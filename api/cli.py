@@ -667,6 +667,8 @@ def main(argv: list[str] | None = None) -> int:
         # A benchmark stopped with kill (SIGTERM) unwinds as from Ctrl-C,
         # so the cluster it started is stopped, not left running.
         signal.signal(signal.SIGTERM, _interrupt)
+        if isinstance(getattr(args, "dir", None), str):
+            os.makedirs(args.dir, exist_ok=True)  # each makes its run's directory in it
     try:
         configure_security(args)
         from api.console import resolve_topic_arguments

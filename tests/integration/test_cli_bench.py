@@ -17,8 +17,9 @@ from chaos.cluster import ProcessCluster, http_json, wait_until
 
 def test_bench_storage_runs_every_phase_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
+    work = tmp_path / "made" / "by-the-bench"  # a --dir that does not exist yet is made
     result = subprocess.run(
-        [sys.executable, "-m", "api.cli", "bench", "storage", "--dir", str(tmp_path),
+        [sys.executable, "-m", "api.cli", "bench", "storage", "--dir", str(work),
          "--log-mb", "4", "--small-mb", "2", "--batch-kb", "64", "--unflushed-mb", "1",
          "--lookups", "50", "--new-logs", "30", "--json", str(out)],
         capture_output=True, text=True, timeout=120,
