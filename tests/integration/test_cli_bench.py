@@ -33,8 +33,9 @@ def test_bench_storage_runs_every_phase_and_writes_json(tmp_path):
     assert report["recovery"]["lost_offsets"] == 0
     assert report["lookups"]["big"]["count"] == 50
     assert report["new_logs"]["count"] == 30 and report["new_logs"]["log_open_us"] > 0
-    # The benchmark cleans up after itself.
-    assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]
+    # The benchmark cleans up after itself, and leaves the --dir it made.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "made"]
+    assert list(work.iterdir()) == []
 
 
 def test_cli_help_lists_the_commands():
