@@ -31,11 +31,14 @@ def fsync_directory(path: str) -> None:
         os.close(fd)
 
 
-def write_atomically(path: str, data: bytes, *, sync: bool = True) -> None:
+def write_atomically(path: str, data: bytes, *, sync: bool = True,
+                     sync_directory: bool = True) -> None:
     """Replace ``path`` with ``data`` (old or new after a crash, never a
     mix). ``sync=False`` skips both fsyncs: the caller makes the file and
     its name durable later (fsync the file, then its directory) and copes
-    with finding the old content, or none, after a crash meanwhile."""
+    with finding the old content, or none, after a crash meanwhile.
+    ``sync_directory=False`` skips the second only: the caller fsyncs the
+    directory next anyway (for other names in it)."""
     tmp_path = path + ".tmp"
     fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -47,7 +50,7 @@ def write_atomically(path: str, data: bytes, *, sync: bool = True) -> None:
     finally:
         os.close(fd)
     os.replace(tmp_path, path)
-    if sync:
+    if sync and sync_directory:
         fsync_directory(os.path.dirname(os.path.abspath(path)))
 
 
@@ -118,8 +121,10 @@ class LeaderEpochCheckpoint:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def write(self, entries: list[tuple[int, int]], *, sync: bool = True) -> None:
-        write_atomically(self.path, _format(entries), sync=sync)
+    def write(self, entries: list[tuple[int, int]], *, sync: bool = True,
+              sync_directory: bool = True) -> None:
+        write_atomically(self.path, _format(entries), sync=sync,
+                         sync_directory=sync_directory)
 
     def read(self) -> list[tuple[int, int]]:
         if not os.path.exists(self.path):

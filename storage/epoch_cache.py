@@ -142,18 +142,22 @@ class LeaderEpochCache:
         new epoch's start."""
         self._deferred = True
 
-    def take_pending_write(self) -> Callable[[], None] | None:
+    def take_pending_write(self, directory_synced_after: bool = False
+                           ) -> Callable[[], None] | None:
         """Owner thread: None if the file holds every change; else a call
         (for any thread) that writes the entries as they are now, durably,
         unless a newer change was written first. A partition directory
-        gone meanwhile (deleted) is no error: there is nothing to keep."""
+        gone meanwhile (deleted) is no error: there is nothing to keep.
+        ``directory_synced_after``: the caller fsyncs the partition's
+        directory right after the call (a flush of new segment files), so
+        the new name is made durable by that, not by a fsync of its own."""
         if self._checkpoint is None or self._written_version == self._version:
             return None
         version, entries = self._version, list(self._entries)
 
         def write() -> None:
             try:
-                self._write_version(version, entries)
+                self._write_version(version, entries, not directory_synced_after)
             except FileNotFoundError:
                 pass
         return write
@@ -165,11 +169,12 @@ class LeaderEpochCache:
         with self._write_lock:
             self._closed = True
 
-    def _write_version(self, version: int, entries: list[tuple[int, int]]) -> None:
+    def _write_version(self, version: int, entries: list[tuple[int, int]],
+                       sync_directory: bool = True) -> None:
         with self._write_lock:
             if self._closed or version <= self._written_version:
                 return
-            self._checkpoint.write(entries)
+            self._checkpoint.write(entries, sync_directory=sync_directory)
             self._written_version = version
 
     def learn_from_recovery(self, header) -> None:

@@ -1006,8 +1006,10 @@ class Log:
         self._snapshots_out.extend(taken)
         if directory is not None:
             self._dir_syncs_out += 1
+        # The epoch checkpoint's new name is made durable by the directory's
+        # fsync when the ticket does one (a new log's first flush): one, not two.
         return FlushTicket(todo, target, directory, self._truncations, files,
-                           self.epoch_cache.take_pending_write(), taken)
+                           self.epoch_cache.take_pending_write(directory is not None), taken)
 
     def end_flush(self, ticket: FlushTicket) -> None:
         """Owner thread: the ticket's data is durable; advance the recovery

@@ -231,7 +231,7 @@ def test_reopened_cache_answers_like_the_original(checkpoint):
 def test_no_op_changes_do_not_rewrite_the_checkpoint(checkpoint, monkeypatch):
     cache = cache_with([(2, 0), (4, 10)], checkpoint)
     writes = []
-    monkeypatch.setattr(checkpoint, "write", lambda entries: writes.append(list(entries)))
+    monkeypatch.setattr(checkpoint, "write", lambda entries, **_: writes.append(list(entries)))
     assert not cache.assign(4, 15)       # same epoch
     assert not cache.assign(1, 20)       # stale epoch
     cache.truncate_from_end(11)          # nothing starts at or after 11
