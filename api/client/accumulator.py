@@ -95,7 +95,9 @@ class _Completion:
     def __init__(self, created_ms: int) -> None:
         self.done = False
         self.error: KraftlogError | None = None
-        self._event = threading.Event()
+        #: Made by the first sync waiter (most batches have none: async
+        #: senders, callbacks, ``flush``), not for every batch.
+        self._event: threading.Event | None = None
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] | None = None
         self.callbacks: list[tuple[RecordHandle, DeliveryCallback]] | None = None
         self.forwarded_to: list[ProducerBatch] | None = None
@@ -103,7 +105,19 @@ class _Completion:
         self.buffered_bytes = 0
 
     def wait(self, timeout_s: float | None) -> bool:
-        return self._event.wait(timeout_s)
+        if self.done:
+            return True
+        event = self._event
+        if event is None:
+            with _EVENT_LOCK:
+                event = self._event
+                if event is None:
+                    event = self._event = threading.Event()
+            # ``_finish`` sets ``done`` and then reads ``_event``: finished
+            # before the event was there, it set none, so look again.
+            if self.done:
+                event.set()
+        return event.wait(timeout_s)
 
     async def wait_async(self) -> None:
         if self.done:
@@ -119,7 +133,9 @@ class _Completion:
 
     def _finish(self) -> None:
         self.done = True
-        self._event.set()
+        event = self._event
+        if event is not None:
+            event.set()
         if self._waiters:
             for loop, future in self._waiters:
                 if loop is _running_loop():
@@ -129,6 +145,10 @@ class _Completion:
         if self.callbacks:
             for handle, callback in self.callbacks:
                 _run_callback(handle, callback)
+
+
+#: Guards the making of a completion's event by concurrent sync waiters.
+_EVENT_LOCK = threading.Lock()
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -849,3 +849,28 @@ async def test_a_real_sequence_gap_bumps_the_epoch_and_restarts_the_sequence():
     assert [s[:3] for s in stamps(broker)] == [(1001, 0, 0), (1001, 0, 1), (1001, 1, 0)]
     assert producer._acc.idempotence.bumps == 1
     assert [r.value for r in broker.logs[("t", 0)]] == [b"a", b"b"]
+
+
+def test_a_sync_wait_racing_the_completion_always_returns():
+    """A completion makes its threading event only for a sync waiter (a
+    batch of an async sender never needs one). Waiters and the finishing
+    thread racing each other: every wait returns True, none waits out its
+    timeout, whichever comes first."""
+    from api.client.accumulator import _Completion
+
+    for i in range(300):
+        done = _Completion(0)
+        results = []
+        waiters = [threading.Thread(target=lambda: results.append(done.wait(10)))
+                   for _ in range(2)]
+        if i % 2:
+            done._finish()
+        for t in waiters:
+            t.start()
+        if not i % 2:
+            time.sleep(0.0001 * (i % 3))
+            done._finish()
+        for t in waiters:
+            t.join(timeout=10)
+        assert results == [True, True], i
+    assert _Completion(0)._event is None  # none made until someone waits
