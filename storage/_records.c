@@ -648,8 +648,10 @@ static PyObject *scan_batches(PyObject *self, PyObject *arg) {
         }
         Py_ssize_t end = pos + 12 + (Py_ssize_t)length;
         if (end > total) break;
-        int64_t base = (int64_t)(((uint64_t)be32(p + pos) << 32) | be32(p + pos + 4));
-        next_offset = base + (int32_t)be32(p + pos + 23) + 1;
+        uint64_t base = ((uint64_t)be32(p + pos) << 32) | be32(p + pos + 4);
+        /* In unsigned arithmetic: a corrupt header cannot overflow a signed
+         * sum; the reader checks each batch before it is used. */
+        next_offset = (long long)(base + (uint64_t)(int64_t)(int32_t)be32(p + pos + 23) + 1u);
         records += (int32_t)be32(p + pos + 57);
         batches++;
         pos = end;

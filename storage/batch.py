@@ -25,7 +25,8 @@ compressed as a whole::
 ``base_timestamp`` and ``base_offset``.
 
 This module is imported by the client (``api/client``), so it depends on
-nothing of ours and does no I/O.
+nothing of ours but the optional C walk of batch headers in its own
+package (``storage._records``), and does no I/O.
 """
 
 from __future__ import annotations
