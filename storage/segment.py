@@ -424,16 +424,22 @@ class Segment:
         boundary), in order (no CRC checks)."""
         return self._iter_headers(start_pos)
 
+    def _recent_position(self, offset: int) -> int | None:
+        """For an offset among the latest batches appended, or past them:
+        the position of the batch holding it (or of the next), the end of
+        the data when none does; None for an offset further back."""
+        floor = self._recent_floor
+        if floor is None or offset <= floor:
+            return None
+        j = bisect.bisect_left(self._recent_last, offset)
+        return self._recent_pos[j] if j < len(self._recent_last) else self.size_bytes
+
     def find_batch(self, offset: int) -> tuple[int, BatchHeader] | None:
         """Position and header of the first batch whose last offset is
         >= ``offset`` (the batch holding it, or the next one), else None."""
-        floor = self._recent_floor
-        if floor is not None and offset > floor:  # among the latest batches, or past them
-            j = bisect.bisect_left(self._recent_last, offset)
-            if j == len(self._recent_last):
-                return None
-            pos = self._recent_pos[j]
-            return pos, self._header_at(pos)
+        pos = self._recent_position(offset)
+        if pos is not None:
+            return None if pos == self.size_bytes else (pos, self._header_at(pos))
         i = self.offset_index.floor(offset - self.base_offset)
         start = self.offset_index.entry(i)[1] if i >= 0 else 0
         for pos, header in self._iter_headers(start):
@@ -445,10 +451,9 @@ class Segment:
         """Where a read from ``offset`` starts: the position of the first
         batch whose last offset is >= ``offset``, or the end of the data.
         Among the latest batches a lookup in memory, without reading."""
-        floor = self._recent_floor
-        if floor is not None and offset > floor:
-            j = bisect.bisect_left(self._recent_last, offset)
-            return self._recent_pos[j] if j < len(self._recent_last) else self.size_bytes
+        pos = self._recent_position(offset)
+        if pos is not None:
+            return pos
         looked_up = self._looked_up
         if looked_up is not None:
             pos = looked_up.get(offset)
