@@ -24,7 +24,7 @@
  *   enospc  write-family calls and growing ftruncate/truncate fail with ENOSPC
  *           (with "write" too, ENOSPC wins for writes and shrinking gets EIO)
  *   read    read-family calls fail with EIO
- *   fsync   fsync and fdatasync fail with EIO
+ *   fsync   fsync, fdatasync and syncfs fail with EIO
  *   open    open, openat, creat and rename of paths under the directory
  *           fail with EIO
  *   clock=<N>  N a signed decimal integer of milliseconds ("clock=172800000",
@@ -55,7 +55,13 @@
  * a regular file appends "S <dev> <ino> <size>" to that file (its size
  * before the call: what was written before the sync began is on disk after
  * it), and every successful ftruncate or truncate appends "T <dev> <ino>
- * <length>". ``chaos.faultyio.lose_unsynced`` reads them after the process
+ * <length>". A syncfs through an fd under a directory D (kraftlog's group
+ * flush, through the lock file of a log dir) first appends "P <token> <dev>
+ * <ino> <size>" for every regular file under D, then "C <token>" once the
+ * call succeeded: those files are durable at those sizes only if the "C"
+ * line is there (a kill during the call leaves the "P" lines alone; the
+ * token, "<pid>.<n>", is unique across incarnations appending to one
+ * journal). ``chaos.faultyio.lose_unsynced`` reads them after the process
  * is killed to cut each file back to what a power loss could leave (see
  * there). Each line goes in one write to a file opened with O_APPEND, so
  * lines of racing threads never interleave.
@@ -96,6 +102,7 @@
 #define _GNU_SOURCE
 #undef _FORTIFY_SOURCE /* its inline wrappers would clash with our definitions */
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -188,6 +195,7 @@ REAL(ssize_t, pwritev2, (int, const struct iovec *, int, off_t, int))
 REAL(ssize_t, pwritev64v2, (int, const struct iovec *, int, off64_t, int))
 REAL(int, fsync, (int))
 REAL(int, fdatasync, (int))
+REAL(int, syncfs, (int))
 REAL(int, ftruncate, (int, off_t))
 REAL(int, ftruncate64, (int, off64_t))
 REAL(int, truncate, (const char *, off_t))
@@ -976,6 +984,73 @@ static int stat_for_journal(int fd, struct stat *st)
 
 SYNC_WRAPPER(fsync)
 SYNC_WRAPPER(fdatasync)
+
+/* "P <token> <dev> <ino> <size>" for each regular file under `dir`. */
+static void journal_tree(const char *token, const char *dir, int depth)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        struct stat st;
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+            continue;
+        if (S_ISDIR(st.st_mode)) {
+            char sub[PATH_MAX + 1];
+            int n = snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);
+            if (n > 0 && (size_t)n < sizeof sub && depth < 16)
+                journal_tree(token, sub, depth + 1);
+        } else if (S_ISREG(st.st_mode)) {
+            char line[160];
+            int n = snprintf(line, sizeof line, "P %s %llu %llu %lld\n", token,
+                             (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
+                             (long long)st.st_size);
+            if (n > 0 && (size_t)n < sizeof line && real_write())
+                (void)real_write()(g_syncs_fd, line, (size_t)n);
+        }
+    }
+    closedir(d);
+}
+
+static unsigned long g_syncfs_count;
+
+/* syncfs: faulted as fsync; journalled as a sync of every file under the
+ * directory holding `fd` (see the top comment), sizes taken before the call. */
+int syncfs(int fd)
+{
+    FAIL_IF(fd_fault(fd, K_SYNC));
+    char token[48] = "";
+    if (journalling()) {
+        int saved = errno;
+        char path[PATH_MAX + 1];
+        struct stat st;
+        ssize_t len = fstat(fd, &st) == 0 ? fd_path(fd, path, sizeof path) : -1;
+        if (len > 0) {
+            if (!S_ISDIR(st.st_mode)) {  /* a file: its directory */
+                char *slash = strrchr(path, '/');
+                if (slash && slash != path)
+                    *slash = '\0';
+            }
+            snprintf(token, sizeof token, "%ld.%lu", (long)getpid(),
+                     __atomic_add_fetch(&g_syncfs_count, 1, __ATOMIC_RELAXED));
+            journal_tree(token, path, 0);
+        }
+        errno = saved;
+    }
+    int rc = CALL_REAL(syncfs, (fd));
+    if (rc == 0 && token[0]) {
+        int saved = errno;
+        char line[64];
+        int n = snprintf(line, sizeof line, "C %s\n", token);
+        if (n > 0 && (size_t)n < sizeof line && real_write())
+            (void)real_write()(g_syncs_fd, line, (size_t)n);
+        errno = saved;
+    }
+    return rc;
+}
 
 /* After a truncation that succeeded: journalled, by fd or by path. */
 static void journal_truncation_fd(int fd, long long length)

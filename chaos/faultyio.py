@@ -276,8 +276,13 @@ def durable_sizes(syncs: str) -> dict[tuple[int, int], int]:
         text = f.read()
     # A last line without its newline was cut short by the kill.
     lines = text.split("\n")[:-1]
+    # A syncfs's "P" lines count, as syncs where they stand, once its "C"
+    # line says the call succeeded.
+    committed = {line[2:] for line in lines if line.startswith("C ")}
     for line in lines:
         parts = line.split()
+        if len(parts) == 5 and parts[0] == "P" and parts[1] in committed:
+            parts = ["S", *parts[2:]]
         if len(parts) != 4 or parts[0] not in ("S", "T") \
                 or not all(p.isdigit() for p in parts[1:]):
             continue
@@ -300,9 +305,10 @@ def lose_unsynced(directories: list[str], syncs: str) -> Loss:
     writes logs and indexes by appending and replaces other files whole).
     A file whose inode number a deleted, synced file had counts as synced
     to that size: this may lose less than such a crash, never more, for a
-    process that makes data durable only by fsync and fdatasync (writes
-    through O_SYNC or O_DSYNC, sync_file_range, syncfs or msync are not
-    journalled, and kraftlog uses none of them). The journal is then
+    process that makes data durable only by fsync, fdatasync and syncfs
+    (a syncfs counts for the files under the directory of the fd it was
+    given; writes through O_SYNC or O_DSYNC, sync_file_range or msync are
+    not journalled, and kraftlog uses none of them). The journal is then
     rewritten to name every file at its new size, which is what the disk
     now holds, for the next incarnation to append to."""
     durable = durable_sizes(syncs)

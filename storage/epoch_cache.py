@@ -143,21 +143,26 @@ class LeaderEpochCache:
         self._deferred = True
 
     def take_pending_write(self, directory_synced_after: bool = False
-                           ) -> Callable[[], None] | None:
+                           ) -> Callable[..., None] | None:
         """Owner thread: None if the file holds every change; else a call
         (for any thread) that writes the entries as they are now, durably,
         unless a newer change was written first. A partition directory
         gone meanwhile (deleted) is no error: there is nothing to keep.
         ``directory_synced_after``: the caller fsyncs the partition's
         directory right after the call (a flush of new segment files), so
-        the new name is made durable by that, not by a fsync of its own."""
+        the new name is made durable by that, not by a fsync of its own.
+        Called with ``durable=False`` it writes and renames without an
+        fsync: the caller syncs the whole filesystem after (a group flush);
+        a crash before that leaves the old file or the new one, maybe
+        empty, which the log rebuilds from its batches when it opens."""
         if self._checkpoint is None or self._written_version == self._version:
             return None
         version, entries = self._version, list(self._entries)
 
-        def write() -> None:
+        def write(durable: bool = True) -> None:
             try:
-                self._write_version(version, entries, not directory_synced_after)
+                self._write_version(version, entries, durable,
+                                    durable and not directory_synced_after)
             except FileNotFoundError:
                 pass
         return write
@@ -170,11 +175,11 @@ class LeaderEpochCache:
             self._closed = True
 
     def _write_version(self, version: int, entries: list[tuple[int, int]],
-                       sync_directory: bool = True) -> None:
+                       sync: bool = True, sync_directory: bool = True) -> None:
         with self._write_lock:
             if self._closed or version <= self._written_version:
                 return
-            self._checkpoint.write(entries, sync_directory=sync_directory)
+            self._checkpoint.write(entries, sync=sync, sync_directory=sync_directory)
             self._written_version = version
 
     def learn_from_recovery(self, header) -> None:

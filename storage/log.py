@@ -95,8 +95,8 @@ class FlushTicket:
     directory: str | None  # fsync it too when segment files were created
     truncations: int  # the log's truncation count when the ticket was taken
     files: list[str] = dataclasses.field(default_factory=list)  # producer snapshots
-    #: Writes the leader-epoch checkpoint durably (LeaderEpochCache.take_pending_write).
-    epoch_write: Callable[[], None] | None = None
+    #: Writes the leader-epoch checkpoint (LeaderEpochCache.take_pending_write).
+    epoch_write: Callable[..., None] | None = None
     #: The snapshots this ticket took from the log (``files`` also holds
     #: those of tickets still out); ``end_flush`` lets go of them.
     taken_files: list[str] = dataclasses.field(default_factory=list)
@@ -117,6 +117,13 @@ class FlushTicket:
                 os.close(fd)
         if self.directory is not None:
             fsync_directory(self.directory)
+
+    def write_unsynced(self) -> None:
+        """What ``sync`` writes, without its fsyncs: the caller makes the
+        ticket durable by syncing the filesystem (``sync_filesystem``),
+        which covers the segments, snapshots and names as well."""
+        if self.epoch_write is not None:
+            self.epoch_write(False)
 
 
 #: OS errors that say the process ran out of something (file descriptors,

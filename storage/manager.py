@@ -32,7 +32,8 @@ import uuid
 from typing import Any, Callable, Iterable, Mapping
 
 from storage import cleaner
-from storage.checkpoint import OffsetCheckpoint, fsync_directory, write_atomically
+from storage.checkpoint import (SYNCFS_AVAILABLE, OffsetCheckpoint, fsync_directory,
+                                sync_filesystem, write_atomically)
 from storage.config import NO_LIMIT, LogConfig
 from storage.errors import InvalidConfigError, InvalidTopicError, LogDirectoryError
 from storage.clock import retention_clock_ms
@@ -65,16 +66,34 @@ def _abort_flushes(batch: list[tuple[Log, FlushTicket]]) -> None:
             part_log.abort_flush(ticket)
 
 
-def _sync_tickets(tickets: list[FlushTicket]) -> list[Exception | None]:
-    """Flush thread: fsync each ticket in turn; each one's error, or None.
-    One failing does not stop the others (their logs may be in other dirs)."""
-    failures: list[Exception | None] = []
-    for ticket in tickets:
+def _sync_tickets(tickets: list[FlushTicket], group_fds: list[int | None] | None = None
+                  ) -> list[Exception | None]:
+    """Flush thread: make each ticket durable; each one's error, or None.
+    One failing does not stop the others (their logs may be in other dirs).
+
+    A ticket whose ``group_fds`` entry is None is fsynced file by file.
+    Those given a file descriptor are written without fsyncs, and then one
+    ``sync_filesystem`` per descriptor makes them all durable at once; if it
+    fails, every ticket of that descriptor fails with it (which file lost
+    its data is unknown: their dir goes offline, as for any fsync error)."""
+    failures: list[Exception | None] = [None] * len(tickets)
+    groups: dict[int, list[int]] = {}
+    for i, ticket in enumerate(tickets):
+        fd = group_fds[i] if group_fds is not None else None
         try:
-            ticket.sync()
-            failures.append(None)
+            if fd is None:
+                ticket.sync()
+            else:
+                ticket.write_unsynced()
+                groups.setdefault(fd, []).append(i)
         except Exception as exc:  # noqa: BLE001  each ticket answers for itself
-            failures.append(exc)
+            failures[i] = exc
+    for fd, members in groups.items():
+        try:
+            sync_filesystem(fd)
+        except OSError as exc:
+            for i in members:
+                failures[i] = exc
     return failures
 
 
@@ -121,6 +140,9 @@ class LogManagerConfig:
     producer_id_expiration_ms: int = 86_400_000
     # producer.id.expiration.check.interval.ms (Kafka: 600000)
     producer_id_expiration_check_interval_ms: int = 600_000
+    # log.flush.syncfs.min.logs (kraftlog's): a flush of this many logs of one
+    # dir syncs its filesystem once instead of fsyncing each file; 0: never
+    flush_syncfs_min_logs: int = 8
 
     def __post_init__(self) -> None:
         if not self.log_dirs:
@@ -130,6 +152,8 @@ class LogManagerConfig:
                      "producer_id_expiration_check_interval_ms"):
             if getattr(self, name) < 1:
                 raise InvalidConfigError(f"{name} must be at least 1 ms")
+        if self.flush_syncfs_min_logs < 0:
+            raise InvalidConfigError("log.flush.syncfs.min.logs must be 0 or more")
 
     @classmethod
     def from_broker_config(cls, settings: Mapping[str, Any]) -> "LogManagerConfig":
@@ -151,6 +175,8 @@ class LogManagerConfig:
             producer_id_expiration_check_interval_ms=int(settings.get(
                 "producer.id.expiration.check.interval.ms",
                 cls.producer_id_expiration_check_interval_ms)),
+            flush_syncfs_min_logs=int(settings.get(
+                "log.flush.syncfs.min.logs", cls.flush_syncfs_min_logs)),
         )
 
 
@@ -204,7 +230,10 @@ class LogManager:
         self._logs_in_dir: collections.Counter[str] = collections.Counter()
         # Log dirs with new partition directories whose names are not fsynced.
         self._unsynced_dirs: set[str] = set()
-        self._lock_fds: list[int] = []
+        # Each log dir's lock file, open while this process owns the dir; a
+        # group flush syncs the dir's filesystem through it (opened before
+        # anything was written there, it is told of every write-back error).
+        self._lock_fds: dict[str, int] = {}
         self._tasks: list[asyncio.Task] = []
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         # Checkpoint snapshots are numbered on the owner thread; a write
@@ -316,7 +345,7 @@ class LogManager:
             raise LogDirectoryError(
                 f"log dir {directory} is in use by another process; stop it or choose "
                 "another log.dirs") from None
-        self._lock_fds.append(fd)
+        self._lock_fds[directory] = fd
 
     def _load_dir(self, directory: str) -> None:
         clean = os.path.exists(os.path.join(directory, CLEAN_SHUTDOWN_FILE))
@@ -757,7 +786,8 @@ class LogManager:
                                 batch: list[tuple[Log, FlushTicket]]) -> None:
         try:
             failures = await loop.run_in_executor(self._flush_executor(), _sync_tickets,
-                                                  [ticket for _, ticket in batch])
+                                                  [ticket for _, ticket in batch],
+                                                  self._group_fds(batch))
         except BaseException:
             _abort_flushes(batch)  # cancelled, or the executor is shut down
             raise
@@ -775,6 +805,27 @@ class LogManager:
                 part_log.io_failed(failure, "fsync")
                 continue
             part_log.end_flush(ticket)
+
+    def _group_fds(self, batch: list[tuple[Log, FlushTicket]]) -> list[int | None] | None:
+        """Per ticket, the descriptor whose filesystem one ``syncfs`` makes it
+        durable by (its dir has at least ``flush_syncfs_min_logs`` tickets in
+        the batch), or None: fsync its files. A flush of a few logs fsyncs
+        them (a filesystem shared with other writers is not synced for
+        them); thousands of partitions' flushes (``flush.ms`` of a broker
+        with thousands written to, their first flushes after a creation)
+        cost a journal commit per batch, not several per log."""
+        least = self.config.flush_syncfs_min_logs
+        if not SYNCFS_AVAILABLE or least <= 0 or len(batch) < least:
+            return None
+        dirs = [os.path.dirname(part_log.directory) for part_log, _ in batch]
+        counts = collections.Counter(dirs)
+        fds = self._sync_fds()
+        return [fds.get(d) if counts[d] >= least else None for d in dirs]
+
+    def _sync_fds(self) -> dict[str, int]:
+        """Lock file descriptors by a log's dir as ``os.path.dirname`` of the
+        log's directory gives it."""
+        return {os.path.dirname(os.path.join(d, "x")): fd for d, fd in self._lock_fds.items()}
 
     def _flush_executor(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._executor is None:
@@ -1025,9 +1076,9 @@ class LogManager:
         # Cleaner processes first: none may write into a log dir once its
         # lock is free for another broker.
         self._stop_cleaner_pool()
-        for fd in self._lock_fds:
+        for fd in self._lock_fds.values():
             os.close(fd)
-        self._lock_fds = []
+        self._lock_fds = {}
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None

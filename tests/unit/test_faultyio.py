@@ -544,6 +544,57 @@ def test_a_power_loss_cuts_each_file_back_to_its_last_sync(library, tmp_path):
     assert (again.files, again.bytes) == (0, 0)
 
 
+# Runs in the child: a group flush as the broker's (kraftlog's own
+# sync_filesystem through a log dir's lock file), then more writes, killed
+# before any other sync. argv: log dir, "fail" to have the fsync fault on.
+SYNCFS_CHILD = r"""
+import os, signal, sys
+from storage.checkpoint import sync_filesystem
+d = sys.argv[1]
+lock = os.open(os.path.join(d, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+os.makedirs(os.path.join(d, "t-0"))
+seg = os.open(os.path.join(d, "t-0", "0.log"), os.O_RDWR | os.O_CREAT, 0o644)
+os.write(seg, b"a" * 100)
+try:
+    sync_filesystem(lock)
+except OSError as exc:
+    print(exc.errno, flush=True)
+os.write(seg, b"b" * 50)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_filesystem_sync_is_journalled_and_faulted_as_an_fsync(library, tmp_path):
+    """syncfs through a log dir's fd makes every file under that dir durable
+    at its size when the call began: a power loss keeps those sizes. With
+    the fsync fault on, syncfs fails with EIO and nothing counts as synced;
+    a syncfs the kill interrupted (its sizes journalled, no commit line)
+    counts for nothing either."""
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[2])
+    for fail in (False, True):
+        data = tmp_path / f"data-{fail}"
+        data.mkdir()
+        syncs = str(tmp_path / f"syncs-{fail}")
+        faulty = FaultyDir(str(data), str(tmp_path / f"control-{fail}"), library=library)
+        if fail:
+            faulty.inject("fsync")
+        proc = subprocess.run([sys.executable, "-c", SYNCFS_CHILD, str(data)],
+                              env={**os.environ, **faulty.env(syncs=syncs), "PYTHONPATH": repo},
+                              capture_output=True, text=True, timeout=CHILD_TIMEOUT)
+        assert proc.returncode == -9, proc.stderr
+        assert proc.stdout.split() == (["5"] if fail else [])  # EIO
+        assert (data / "t-0" / "0.log").stat().st_size == 150
+        faultyio.lose_unsynced([str(data)], syncs)
+        assert (data / "t-0" / "0.log").stat().st_size == (0 if fail else 100)
+
+    journal = tmp_path / "torn"
+    journal.write_text("P 7.1 1 5 100\nP 7.1 1 6 30\nC 7.1\nP 7.2 1 5 900\n"
+                       "P 8.1 1 9 40\nC 8.", encoding="ascii")
+    assert faultyio.durable_sizes(str(journal)) == {(1, 5): 100, (1, 6): 30}
+
+
 def test_the_sync_journal_is_read_as_a_crash_leaves_it(tmp_path):
     """Sizes journalled out of order by two threads syncing one file keep
     the largest; a truncation lowers it; a last line the kill cut short is

@@ -488,9 +488,9 @@ def test_many_dirty_logs_are_fsynced_in_a_few_hand_overs_to_the_flush_thread(
     trips = []
     real_sync = manager_module._sync_tickets
 
-    def counted(tickets):
+    def counted(tickets, *group):
         trips.append(len(tickets))
-        return real_sync(tickets)
+        return real_sync(tickets, *group)
     monkeypatch.setattr(manager_module, "_sync_tickets", counted)
     asyncio.run(manager.flush_logs_async(logs))  # new logs: their names and epochs too
     assert trips == [64, 64, 64, 8] and all(log.recovery_point == 2 for log in logs)
@@ -505,8 +505,8 @@ def test_many_dirty_logs_are_fsynced_in_a_few_hand_overs_to_the_flush_thread(
         log.append(make_batch(1), leader_epoch=0)
     failing = logs[70]
 
-    def one_fails(tickets):
-        failures = real_sync(tickets)
+    def one_fails(tickets, *group):
+        failures = real_sync(tickets, *group)
         return [OSError(5, "EIO (test)") if t.segments[0] in failing._segments else f
                 for t, f in zip(tickets, failures)]
     monkeypatch.setattr(manager_module, "_sync_tickets", one_fails)
@@ -514,6 +514,113 @@ def test_many_dirty_logs_are_fsynced_in_a_few_hand_overs_to_the_flush_thread(
     assert failing.offline and set(manager.offline_dirs) == {str(tmp_path / "d0")}
     assert all(log.recovery_point == 4 for log in logs[:64])  # the trip before
     manager.abandon()
+
+
+def _count_fsyncs(monkeypatch) -> list[int]:
+    fsyncs = []
+    real_fsync = os.fsync
+
+    def counted(fd):
+        fsyncs.append(fd)
+        return real_fsync(fd)
+    monkeypatch.setattr(os, "fsync", counted)
+    return fsyncs
+
+
+def test_a_flush_of_many_logs_of_a_dir_syncs_its_filesystem_once_not_each_file(
+        tmp_path, monkeypatch):
+    """40 new logs flushed together (their data, new names and leader-epoch
+    checkpoints): no fsync of any file, one filesystem sync per trip to the
+    flush thread, every recovery point at its log end. Reopened, each log
+    has its records and its epochs from the checkpoint written without an
+    fsync of its own. A flush of fewer logs than log.flush.syncfs.min.logs
+    fsyncs file by file; 0 turns the group sync off."""
+    from storage import manager as manager_module
+    from storage.checkpoint import SYNCFS_AVAILABLE, LeaderEpochCheckpoint
+    from storage.log import EPOCH_CHECKPOINT_NAME
+
+    assert SYNCFS_AVAILABLE, "this test needs Linux 5.8 or later (syncfs reports errors)"
+    manager = manager_for(tmp_path / "d0", flush_syncfs_min_logs=8)
+    logs = [manager.get_or_create_log(TopicPartition("g", p)) for p in range(40)]
+    for log in logs:
+        log.append(make_batch(3), leader_epoch=4)
+    syncs = []
+    real_sync = manager_module.sync_filesystem
+    monkeypatch.setattr(manager_module, "sync_filesystem",
+                        lambda fd: (syncs.append(fd), real_sync(fd))[1])
+    fsyncs = _count_fsyncs(monkeypatch)
+    asyncio.run(manager.flush_logs_async(logs))
+    assert fsyncs == [] and len(syncs) == 1
+    assert all(log.recovery_point == 3 for log in logs)
+
+    for log in logs[:3]:  # fewer than 8: fsynced file by file
+        log.append(make_batch(1), leader_epoch=4)
+    syncs.clear()
+    asyncio.run(manager.flush_logs_async(logs[:3]))
+    assert syncs == [] and len(fsyncs) >= 3
+    assert [log.recovery_point for log in logs[:4]] == [4, 4, 4, 3]
+    manager.abandon()
+
+    again = manager_for(tmp_path / "d0", flush_syncfs_min_logs=0)
+    reopened = [again.get_log(TopicPartition("g", p)) for p in range(40)]
+    assert [log.log_end_offset for log in reopened] == [4] * 3 + [3] * 37
+    assert all(LeaderEpochCheckpoint(os.path.join(log.directory, EPOCH_CHECKPOINT_NAME)).read()
+               == [(4, 0)] for log in reopened)
+    for log in reopened:
+        log.append(make_batch(1), leader_epoch=5)
+    fsyncs.clear()
+    asyncio.run(again.flush_logs_async(reopened))
+    assert syncs == [] and len(fsyncs) >= 40  # 0: never the group sync
+    again.abandon()
+
+
+def test_a_failed_filesystem_sync_takes_the_dir_offline_with_the_logs_it_covered(
+        tmp_path, monkeypatch):
+    """syncfs reports a write-back error of the filesystem, not of a file:
+    no log of the group may count its data durable, so their dir goes
+    offline, recovery points where they were; a dir with no group (too few
+    of its logs in the flush) is fsynced file by file and stays."""
+    from storage import manager as manager_module
+
+    manager = manager_for(tmp_path / "d0", tmp_path / "d1", flush_syncfs_min_logs=4)
+    many = [manager.get_or_create_log(TopicPartition("m", p)) for p in range(12)]
+    in_d0 = [log for log in many if log.directory.startswith(str(tmp_path / "d0"))]
+    in_d1 = [log for log in many if log.directory.startswith(str(tmp_path / "d1"))]
+    assert len(in_d0) >= 4
+    for log in many:
+        log.append(make_batch(2), leader_epoch=0)
+    for log in in_d1[3:]:
+        log.append(make_batch(1), leader_epoch=0)
+    flushed = in_d0 + in_d1[:3]  # d1's three: no group
+
+    def failing(fd):
+        raise OSError(5, "syncfs: Input/output error (test)")
+    monkeypatch.setattr(manager_module, "sync_filesystem", failing)
+    asyncio.run(manager.flush_logs_async(flushed))
+    assert all(log.offline and log.recovery_point == 0 for log in in_d0)
+    assert set(manager.offline_dirs) == {str(tmp_path / "d0")}
+    assert all(not log.offline and log.recovery_point == 2 for log in in_d1[:3])
+    manager.abandon()
+
+
+def test_syncfs_is_used_only_where_it_reports_write_back_errors(monkeypatch):
+    """Before Linux 5.8 syncfs returned 0 after a failed write-back: a flush
+    would pass for durable when it was not, so it is not used there."""
+    from storage import checkpoint
+
+    class Uname:
+        def __init__(self, release):
+            self.release = release
+
+    monkeypatch.setattr(checkpoint.sys, "platform", "linux")
+    for release, usable in (("5.4.0-150-generic", False), ("5.8.0", True),
+                            ("6.18.44-fc", True), ("4.19.0", False), ("weird", False)):
+        monkeypatch.setattr(checkpoint.os, "uname", lambda r=release: Uname(r))
+        assert (checkpoint._find_syncfs() is not None) is usable, release
+    monkeypatch.setattr(checkpoint.sys, "platform", "darwin")
+    assert checkpoint._find_syncfs() is None
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        checkpoint.sync_filesystem(987_654)
 
 
 def test_a_flush_that_fails_but_not_the_disk_is_tried_again_whole(tmp_path, monkeypatch):
@@ -528,14 +635,14 @@ def test_a_flush_that_fails_but_not_the_disk_is_tried_again_whole(tmp_path, monk
     part_log.roll()
     real_sync = manager_module._sync_tickets
     monkeypatch.setattr(manager_module, "_sync_tickets",
-                        lambda tickets: [ValueError("a bug")] * len(tickets))
+                        lambda tickets, *group: [ValueError("a bug")] * len(tickets))
     asyncio.run(manager.flush_logs_async([part_log]))
     assert part_log.recovery_point == 0 and not part_log.offline
     seen = []
 
-    def recorded(tickets):
+    def recorded(tickets, *group):
         seen.extend(tickets)
-        return real_sync(tickets)
+        return real_sync(tickets, *group)
     monkeypatch.setattr(manager_module, "_sync_tickets", recorded)
     asyncio.run(manager.flush_logs_async([part_log]))
     (again,) = seen
