@@ -142,7 +142,7 @@ class LogManagerConfig:
     producer_id_expiration_check_interval_ms: int = 600_000
     # log.flush.syncfs.min.logs (kraftlog's): a flush of this many logs of one
     # dir syncs its filesystem once instead of fsyncing each file; 0: never
-    flush_syncfs_min_logs: int = 8
+    flush_syncfs_min_logs: int = 0
 
     def __post_init__(self) -> None:
         if not self.log_dirs:

@@ -67,6 +67,9 @@ RUNS: dict[str, tuple[str, dict]] = {
     # scenario's default) nothing is lost; with the background flush at the
     # product's defaults the checker must see the loss.
     "power-all": ("power-all", {"duration_s": SCENARIO_S}),
+    # A machine crash of one broker whose flushes sync the filesystem
+    # (log.flush.syncfs.min.logs=1: every flush, through syncfs).
+    "syncfs-power": ("power", {"settings": {"log.flush.syncfs.min.logs": 1}}),
     "unflushed-power-all": ("power-all", {"settings": {
         "log.flush.interval.messages": -1, "log.flush.interval.ms": 1000,
         "log.flush.scheduler.interval.ms": 200}}),
@@ -103,6 +106,8 @@ RUN_OF_TEST = {
         lambda: "planted-bug",
     "test_the_same_faults_pass_on_a_correct_broker": lambda: "secure-pause-kill",
     "test_a_broker_losing_power_loses_nothing": lambda: "secure-power",
+    "test_a_broker_whose_flushes_sync_the_filesystem_loses_nothing_to_power_loss":
+        lambda: "syncfs-power",
     "test_every_broker_losing_power_at_once_loses_nothing_with_flush_messages_1":
         lambda: "power-all",
     "test_the_checker_catches_what_every_broker_losing_power_loses_without_fsync":
@@ -282,6 +287,26 @@ def test_a_broker_losing_power_loses_nothing(runs):
     losses = power_losses(events)
     # The faults met unsynced data (the chaos config fsyncs every 100 ms):
     # at least one cut a file.
+    assert any(" lost 0 unsynced bytes" not in d for d in losses), losses
+    assert unclean_starts(out) >= len(losses) > 0
+
+
+def test_a_broker_whose_flushes_sync_the_filesystem_loses_nothing_to_power_loss(runs):
+    """The same machine crashes with every background flush made durable by
+    one syncfs of the log dir's filesystem instead of fsyncs: the journal
+    counts those syncs (chaos/faultyio.c), the crashes cut what they did
+    not cover, and nothing acknowledged is lost."""
+    results, events, out = runs("syncfs-power")
+    assert_passed(results, "power")
+    (run,) = [e for e in events if e["type"] == "run"]
+    assert run["settings"]["log.flush.syncfs.min.logs"] == 1
+    committed = 0
+    for name in os.listdir(out):
+        if name.startswith("syncs-"):
+            with open(os.path.join(out, name), encoding="ascii", errors="replace") as f:
+                committed += sum(line.startswith("C ") for line in f)
+    assert committed > 0  # the flushes went through syncfs
+    losses = power_losses(events)
     assert any(" lost 0 unsynced bytes" not in d for d in losses), losses
     assert unclean_starts(out) >= len(losses) > 0
 
