@@ -292,6 +292,20 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "issue 25's targets.")
     bench_scale.add_arguments(scale_parser)
     scale_parser.set_defaults(handler=bench_scale.run)
+    from bench import flush as bench_flush
+
+    flush_parser = bench_kinds.add_parser(
+        "flush", help="produce rounds over many partitions, and how long until all of it "
+                      "is fsynced",
+        description="Start a fresh cluster (1 controller + 3 brokers, replication factor 3, "
+                    "shipped defaults plus --set) with --partitions partitions. Produce "
+                    "--records records spread over them --rounds times back to back "
+                    "(records/s and the brokers' CPU of each), then wait until every broker "
+                    "reports every log fsynced (kraftlog_log_unflushed_logs 0): how far the "
+                    "disk lags the acknowledgements, and the CPU it takes. Run it with and "
+                    "without --set log.flush.syncfs.min.logs=8 to compare.")
+    bench_flush.add_arguments(flush_parser)
+    flush_parser.set_defaults(handler=bench_flush.run)
     from bench import kafka as bench_kafka
 
     kafka_parser = bench_kinds.add_parser(

@@ -742,6 +742,13 @@ class LogManager:
                 due.append(part_log)
         return due
 
+    def unflushed_log_count(self) -> int:
+        """Hosted logs holding data not fsynced yet (recovery point below the
+        log end): waiting for ``flush.ms``, or for the flush thread. O(logs):
+        for a metrics scrape, not a hot path."""
+        return sum(1 for part_log in self._logs.values()
+                   if part_log.recovery_point < part_log.log_end_offset)
+
     async def flush_logs_async(self, logs: Iterable[Log]) -> None:
         """fsync ``logs`` on the flush thread, ``FLUSH_BATCH_LOGS`` at a
         time: one trip to the thread and back per batch, not per log, so

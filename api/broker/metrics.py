@@ -240,6 +240,9 @@ class BrokerMetrics:
         r.add(Gauge("kraftlog_log_dirs_offline",
                     "This broker's log directories taken offline after disk errors (until a "
                     "restart).", one("log_dirs_offline")))
+        r.add(Gauge("kraftlog_log_unflushed_logs",
+                    "This broker's logs holding data not fsynced yet (waiting for flush.ms, "
+                    "or for the flush thread to get to them).", one("unflushed_logs")))
         r.add(Gauge("kraftlog_offline_replicas",
                     "This broker's replicas whose logs are in an offline log directory.",
                     one("offline_replicas")))

@@ -429,6 +429,7 @@ class BrokerServer:
             "isr_shrinks": self.replicas.isr_shrinks,
             "isr_expands": self.replicas.isr_expands,
             "log_dirs_offline": len(self.log_manager.offline_dirs),
+            "unflushed_logs": self.log_manager.unflushed_log_count(),
             "offline_replicas": len(self.replicas.core.offline),
             **self.replicas.core.fetch_session_figures(),
             **self.data.stream_counts(),

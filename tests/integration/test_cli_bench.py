@@ -258,6 +258,19 @@ def test_bench_failover_times_a_leader_kill(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_bench_flush_times_rounds_and_waits_until_every_log_is_fsynced(tmp_path):
+    """A small run: 40 partitions, two rounds, every flush through syncfs:
+    each round's throughput and the brokers' CPU, then every broker reports
+    every log fsynced, and the cluster's files are gone."""
+    summary = bench_json("flush", "--partitions", "40", "--records", "4000", "--rounds", "2",
+                         "--set", "log.flush.syncfs.min.logs=2", "--dir", str(tmp_path))
+    assert summary["settings"] == {"log.flush.syncfs.min.logs": 2}
+    assert len(summary["rounds"]) == 2
+    assert all(r["records_per_s"] > 0 and r["broker_user_s"] > 0 for r in summary["rounds"])
+    assert summary["flushed_after_s"] is not None and summary["unflushed_left"] == [0, 0, 0]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_bench_rebalance_times_joins_and_leaves_of_a_group_in_several_processes(tmp_path):
     """A small run of the program: members in two processes, every
     partition owned once after each join and leave, no overlap seen."""

@@ -549,9 +549,11 @@ def test_a_flush_of_many_logs_of_a_dir_syncs_its_filesystem_once_not_each_file(
     monkeypatch.setattr(manager_module, "sync_filesystem",
                         lambda fd: (syncs.append(fd), real_sync(fd))[1])
     fsyncs = _count_fsyncs(monkeypatch)
+    assert manager.unflushed_log_count() == 40  # (the metric's count)
     asyncio.run(manager.flush_logs_async(logs))
     assert fsyncs == [] and len(syncs) == 1
     assert all(log.recovery_point == 3 for log in logs)
+    assert manager.unflushed_log_count() == 0
 
     for log in logs[:3]:  # fewer than 8: fsynced file by file
         log.append(make_batch(1), leader_epoch=4)
