@@ -14,6 +14,7 @@ import asyncio
 import faulthandler
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Callable
@@ -94,10 +95,29 @@ class Node:
             await self.controller.stop()
 
 
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit of open files to its hard limit (a
+    broker holds a descriptor per segment of every partition, and a client
+    connection each; many systems start processes at 1,024). Returns the
+    limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (OSError, ValueError) as exc:
+            logger.warning("cannot raise the open files limit from %d to %d: %s",
+                           soft, hard, exc)
+    return soft
+
+
 async def run_node(config: NodeConfig) -> int:
     # `kill -USR1 <pid>` writes every thread's stack to the node's stderr:
     # how a node that hangs (say, in its shutdown) tells where.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    limit = raise_open_files_limit()
+    logger.info("open files limit: %s", "unlimited" if limit == resource.RLIM_INFINITY
+                else f"{limit:,}")
     keep_freed_memory()  # fetch and produce buffers reused, not faulted in afresh
     # Full garbage collections scan what changed, not every partition's state.
     gc_pauses = asyncio.get_running_loop().create_task(GcPauses().run())

@@ -40,8 +40,14 @@ class SparseIndex:
     """Sorted ``(key, value)`` pairs persisted as fixed-size entries.
 
     Owned by one thread (the log's owner) except ``sync``, which a flush
-    worker calls under ``lock``; ``close`` takes the same lock so a file is
-    never closed while it is being synced.
+    worker calls under ``lock``; ``close`` takes the same lock.
+
+    The file is opened only for each write, read and fsync, never kept
+    open: a broker of 10,000 partitions would otherwise hold three
+    descriptors per partition (the segment, its two indexes) and run out
+    of them (30,000 against a common limit of 20,000 or less), where it
+    holds one. Entries are written at flush, once per
+    ``index.interval.bytes`` of log, so the opens cost little.
     """
 
     def __init__(self, path: str, entry: struct.Struct, *, lazy: bool = False) -> None:
@@ -52,33 +58,47 @@ class SparseIndex:
         # Entries [0, persisted_count) are in the file (maybe not yet fsynced).
         self._persisted_count = 0
         self.lock = threading.Lock()
-        # The file's descriptor; None while not opened yet (``lazy``: the
-        # file is created when the first entry is written, so a segment
-        # that never gets one, as most of a quiet partition's do not, costs
-        # one file and one descriptor instead of three); -1 once closed.
-        self._fd: int | None = None
+        # Whether the file exists (made here or found by ``load``). ``lazy``:
+        # it is created when the first entry is written, so a segment that
+        # never gets one, as most of a quiet partition's do not, costs one
+        # file instead of three.
+        self._exists = False
+        self._closed = False
+        # Changes written to the file, and how many of them the last fsync
+        # covered (``sync`` skips a file with nothing new).
+        self._writes = 0
+        self._synced_writes = 0
         if not lazy:
-            self._opened()
+            self._write_at(b"", 0)
 
-    def _opened(self) -> int:
-        """The descriptor, opening (creating) the file if it is not yet."""
-        if self._fd is None:
-            with self.lock:
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        return self._fd
+    def _write_at(self, data: bytes, position: int) -> None:
+        """Write ``data`` at ``position``, creating the file if need be."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            if data:
+                os.pwrite(fd, data, position)
+        finally:
+            os.close(fd)
+        self._exists = True
+        self._writes += 1
 
     # -- loading ---------------------------------------------------------
     def load(self) -> None:
         """Read the file into memory. Raises ``IndexCorruptError`` when the
         file is not a whole number of entries or not sorted."""
-        if self._fd is None and not os.path.exists(self.path):
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
             return  # never written: no entries (a lost one is rebuilt alike)
-        fd = self._opened()
-        size = os.fstat(fd).st_size
-        if size % self._entry.size:
-            raise IndexCorruptError(
-                f"{self.path}: size {size} is not a multiple of {self._entry.size}")
-        data = os.pread(fd, size, 0)
+        try:
+            self._exists = True
+            size = os.fstat(fd).st_size
+            if size % self._entry.size:
+                raise IndexCorruptError(
+                    f"{self.path}: size {size} is not a multiple of {self._entry.size}")
+            data = os.pread(fd, size, 0)
+        finally:
+            os.close(fd)
         keys, values = array.array("q"), array.array("q")
         for key, value in self._entry.iter_unpack(data):
             if keys and (key <= keys[-1] or value < values[-1]):
@@ -126,17 +146,17 @@ class SparseIndex:
         del self._values[count:]
         if self._persisted_count > count:
             self._persisted_count = count
-            os.ftruncate(self._opened(), count * self._entry.size)
+            os.truncate(self.path, count * self._entry.size)
+            self._writes += 1
 
     def clear(self) -> None:
         self.truncate_entries(0)
-        if self._fd is not None:
-            os.ftruncate(self._fd, 0)
-            return
-        try:  # not opened: empty a leftover file of this name, if any
+        try:  # (a leftover file of this name, if not made here)
             os.truncate(self.path, 0)
         except FileNotFoundError:
-            pass
+            return
+        self._exists = True
+        self._writes += 1
 
     def write_pending(self) -> bool:
         """Write entries not yet in the file (to the page cache; ``sync``
@@ -146,28 +166,39 @@ class SparseIndex:
         end = len(self._keys)
         if start == end:
             return False
-        created = self._fd is None
+        created = not self._exists
         pack = self._entry.pack
         data = b"".join(pack(self._keys[i], self._values[i]) for i in range(start, end))
-        os.pwrite(self._opened(), data, start * self._entry.size)
+        self._write_at(data, start * self._entry.size)
         self._persisted_count = end
         return created
 
     @property
     def on_disk(self) -> bool:
-        """Whether the file exists (opened, or found by ``load``)."""
-        return self._fd is not None
+        """Whether the file exists (made here, or found by ``load``)."""
+        return self._exists
 
     def sync(self) -> None:
+        """fsync what was written to the file since the last sync (any
+        thread). A file gone meanwhile (its segment deleted or truncated
+        away) has nothing left to keep."""
         with self.lock:
-            if self._fd is not None and self._fd >= 0:
-                os.fsync(self._fd)
+            writes = self._writes
+            if self._closed or not self._exists or writes == self._synced_writes:
+                return
+            try:
+                fd = os.open(self.path, os.O_RDONLY)
+            except FileNotFoundError:
+                return
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self._synced_writes = writes
 
     def close(self) -> None:
         with self.lock:
-            if self._fd is not None and self._fd >= 0:
-                os.close(self._fd)
-            self._fd = -1
+            self._closed = True
 
     def check_invariants(self) -> None:
         assert len(self._keys) == len(self._values)

@@ -59,3 +59,44 @@ def test_out_of_order_append_is_a_bug_not_an_input_error(tmp_path):
     index = filled(tmp_path / "i", [(10, 100)])
     with pytest.raises(AssertionError):
         index.append(10, 200)
+
+
+def test_an_index_holds_no_open_file_and_fsyncs_only_what_is_new(tmp_path, monkeypatch):
+    """A broker of 10,000 partitions must not hold three descriptors for
+    each (its segment and two indexes: 30,000, past a common limit of
+    20,000, where a flush met EMFILE and took the log dir offline): 300
+    written indexes leave no descriptor open. A sync fsyncs a file with
+    new writes (entries, a truncation) once, and nothing otherwise."""
+    import os
+
+    def open_fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    indexes = [filled(tmp_path / f"i{n}", [(1, 0), (5, 64)]) for n in range(300)]
+    for index in indexes:
+        index.write_pending()
+        assert index.on_disk
+    assert open_fds() == before
+    fsyncs = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
+    index = indexes[0]
+    index.sync()
+    index.sync()  # nothing new: no fsync
+    assert len(fsyncs) == 1
+    index.append(9, 128)
+    index.write_pending()
+    index.sync()
+    index.truncate_entries(1)
+    index.sync()
+    assert len(fsyncs) == 3 and open_fds() == before
+    assert (tmp_path / "i0").stat().st_size == OFFSET_ENTRY.size
+    index.close()
+    index.append(12, 256)
+    index.write_pending()
+    index.sync()  # closed (its segment let go): nothing synced
+    assert len(fsyncs) == 3
+    (tmp_path / "i1").unlink()  # deleted meanwhile: nothing to keep
+    indexes[1].sync()
+    assert len(fsyncs) == 3

@@ -153,3 +153,21 @@ def test_per_address_connection_limits_parse_as_kafka_writes_them():
     assert parse_connection_overrides(" 10.0.0.5:500, [::1]:3 ,127.0.0.1:0,") == {
         "10.0.0.5": 500, "::1": 3, "127.0.0.1": 0}
     assert parse_connection_overrides("") == {}
+
+
+def test_a_node_raises_its_open_files_limit_to_the_hard_limit():
+    """A broker holds a descriptor per segment of every partition: a node
+    started with a low soft limit (1,024 on many systems) takes the hard
+    limit it is allowed."""
+    import resource
+
+    from api.node import raise_open_files_limit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        limit = raise_open_files_limit()
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard)
+        assert limit == hard
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
