@@ -40,7 +40,7 @@ from chaos.local_cluster import ClusterError, parse_settings
 
 BROKERS = 3
 #: How often the brokers' unflushed logs are read after the load (seconds).
-POLL_S = 0.25
+POLL_S = 1.0
 UNFLUSHED_METRIC = "kraftlog_log_unflushed_logs"
 #: Bound of the wait for the created logs to settle before the first round.
 SETTLE_S = 120.0

@@ -12,6 +12,7 @@ import bisect
 import functools
 import math
 from collections.abc import Callable, Iterable
+from typing import Any
 
 #: Full garbage collections' buckets in seconds: 5 ms to 5 s.
 GC_BUCKETS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
@@ -99,12 +100,27 @@ class Histogram:
 class Registry:
     def __init__(self) -> None:
         self.metrics: list = []
+        self.scrapes = 0
 
     def add(self, metric):
         self.metrics.append(metric)
         return metric
 
+    def per_scrape(self, read: Callable[[], Any]) -> Callable[[], Any]:
+        """``read`` called at most once per ``render``, however many gauges
+        show its figures (a broker's replication figures walk every
+        partition it holds: once a scrape, not once a gauge)."""
+        taken: list = [-1, None]  # the scrape it was read in, its value
+
+        def cached() -> Any:
+            if taken[0] != self.scrapes:
+                taken[1] = read()
+                taken[0] = self.scrapes
+            return taken[1]
+        return cached
+
     def render(self) -> str:
+        self.scrapes += 1
         lines = []
         for metric in self.metrics:
             lines.append(f"# HELP {metric.name} {metric.help}")
@@ -169,7 +185,7 @@ class BrokerMetrics:
     def add_cleaner_gauges(self, read: Callable[[], dict[str, float]]) -> None:
         """The log cleaner (compacted topics), read at scrape time."""
         r = self.registry
-        one = functools.partial(_one, read)
+        one = functools.partial(_one, r.per_scrape(read))
         r.add(Gauge("kraftlog_cleaner_max_dirty_percent",
                     "Highest share of a compacted log not cleaned yet, in percent.",
                     one("max_dirty_percent")))
@@ -203,7 +219,7 @@ class BrokerMetrics:
     def add_connection_gauges(self, read: Callable[[], dict[str, float]]) -> None:
         """Connections held and closed by the limits (api/broker/connections.py)."""
         r = self.registry
-        one = functools.partial(_one, read)
+        one = functools.partial(_one, r.per_scrape(read))
         r.add(Gauge("kraftlog_connections", "Connections this broker holds now, over all its "
                     "listeners.", one("total")))
         r.add(Gauge("kraftlog_connections_refused_total",
@@ -226,7 +242,7 @@ class BrokerMetrics:
 
     @staticmethod
     def _add_replication(r: Registry, read: Callable[[], dict[str, float]]) -> None:
-        one = functools.partial(_one, read)
+        one = functools.partial(_one, r.per_scrape(read))
 
         r.add(Gauge("kraftlog_under_replicated_partitions",
                     "Partitions this broker leads whose ISR is smaller than their replicas.",
