@@ -263,7 +263,7 @@ SCHEMA: tuple[Key, ...] = (
        "A flush of at least this many logs of one log dir makes them durable with one sync "
        "of its filesystem (Linux syncfs, kernel 5.8 or later) instead of an fsync of each "
        "file: one journal commit, not several per log, so thousands of partitions are "
-       "flushed within seconds, for half the CPU. It also writes back whatever else is "
+       "flushed within seconds, for a fraction of the CPU. It also writes back whatever else is "
        "dirty on that filesystem, which costs produce throughput where brokers share a "
        "disk (docs/durability.md). 0 (the default): always fsync file by file.",
        _MANAGER, 0, INT32_MAX),
