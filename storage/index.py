@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import array
 import bisect
+import errno
 import os
 import struct
 import threading
@@ -72,7 +73,9 @@ class SparseIndex:
             self._write_at(b"", 0)
 
     def _write_at(self, data: bytes, position: int) -> None:
-        """Write ``data`` at ``position``, creating the file if need be."""
+        """Write ``data`` at ``position``, creating the file if need be (not
+        once closed: its segment let go of it, and the path may be gone)."""
+        self._check_open()
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             if data:
@@ -81,6 +84,10 @@ class SparseIndex:
             os.close(fd)
         self._exists = True
         self._writes += 1
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise OSError(errno.EBADF, f"{self.path}: the index is closed")
 
     # -- loading ---------------------------------------------------------
     def load(self) -> None:
@@ -145,6 +152,7 @@ class SparseIndex:
         del self._keys[count:]
         del self._values[count:]
         if self._persisted_count > count:
+            self._check_open()
             self._persisted_count = count
             os.truncate(self.path, count * self._entry.size)
             self._writes += 1

@@ -93,9 +93,10 @@ def test_an_index_holds_no_open_file_and_fsyncs_only_what_is_new(tmp_path, monke
     assert len(fsyncs) == 3 and open_fds() == before
     assert (tmp_path / "i0").stat().st_size == OFFSET_ENTRY.size
     index.close()
-    index.append(12, 256)
-    index.write_pending()
     index.sync()  # closed (its segment let go): nothing synced
+    index.append(12, 256)
+    with pytest.raises(OSError, match="closed"):  # nor written, as with a closed fd
+        index.write_pending()
     assert len(fsyncs) == 3
     (tmp_path / "i1").unlink()  # deleted meanwhile: nothing to keep
     indexes[1].sync()
