@@ -13,6 +13,7 @@ import asyncio
 import base64
 import functools
 import os
+import socket
 import struct
 
 import msgpack
@@ -283,8 +284,17 @@ async def test_a_follower_that_stops_reading_holds_few_answers_and_never_the_shu
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    listening = site._server.sockets[0]
+    port = listening.getsockname()[1]
+    # Small fixed socket buffers on both ends (an accepted socket takes the
+    # listener's): the kernel's autotuned ones (megabytes on loopback, more
+    # under load) could take in a whole 4 MiB answer and free its slot.
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 256 << 10)
+    client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    client.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(client, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=client)
     key = base64.b64encode(os.urandom(16)).decode()
     writer.write(f"GET {REPLICA_STREAM_PATH} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
                  f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
