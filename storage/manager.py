@@ -1080,15 +1080,16 @@ class LogManager:
         self._release()
 
     def _release(self) -> None:
-        # Cleaner processes first: none may write into a log dir once its
-        # lock is free for another broker.
+        # Cleaner processes and the flush thread first: none may write into
+        # a log dir once its lock is free for another broker, and a group
+        # flush syncs through the lock's descriptor.
         self._stop_cleaner_pool()
-        for fd in self._lock_fds.values():
-            os.close(fd)
-        self._lock_fds = {}
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        for fd in self._lock_fds.values():
+            os.close(fd)
+        self._lock_fds = {}
         self.started = False
 
     def _stop_cleaner_pool(self) -> None:
