@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -35,15 +34,13 @@ from typing import Any
 from api.table import format_table
 from bench.failover import live_urls
 from bench.scale import create_layout, elect_preferred, layout_topics, produce_spread
-from chaos.cluster import ProcessCluster
+from chaos.cluster import ProcessCluster, process_cpu_times
 from chaos.local_cluster import ClusterError, parse_settings
 
 BROKERS = 3
 #: How often the brokers' unflushed logs are read after the load (seconds).
 POLL_S = 1.0
 UNFLUSHED_METRIC = "kraftlog_log_unflushed_logs"
-#: Bound of the wait for the created logs to settle before the first round.
-SETTLE_S = 120.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,9 +79,7 @@ def run(args: argparse.Namespace) -> int:
     except ClusterError as exc:
         print(exc, file=sys.stderr)
         return 2
-    if args.dir:
-        os.makedirs(args.dir, exist_ok=True)
-    layout = layout_topics(args.partitions) if args.partitions > 1 else {"flush-1": 1}
+    layout = layout_topics(args.partitions)
     with tempfile.TemporaryDirectory(prefix="kraftlog-bench-flush-", dir=args.dir) as work, \
             ProcessCluster(work, controllers=1, brokers=BROKERS, settings=settings) as cluster:
         status(f"starting 1 controller + {BROKERS} brokers in {work} ...")
@@ -122,14 +117,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def brokers_cpu(cluster: ProcessCluster) -> list[tuple[float, float]]:
-    """Each broker's (user, system) CPU seconds so far, from /proc."""
-    readings = []
-    for broker in cluster.broker_ids:
-        with open(f"/proc/{cluster.nodes[broker].process.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        tick = os.sysconf("SC_CLK_TCK")
-        readings.append((int(fields[11]) / tick, int(fields[12]) / tick))
-    return readings
+    """Each broker's (user, system) CPU seconds so far."""
+    return [process_cpu_times(cluster.nodes[broker].process.pid)
+            for broker in cluster.broker_ids]
 
 
 def cpu_since(cluster: ProcessCluster, before: list[tuple[float, float]]

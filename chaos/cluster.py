@@ -164,12 +164,18 @@ def write_raft_secret(path: str) -> str:
     return path
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) process ``pid`` has used so far, from
+def process_cpu_times(pid: int) -> tuple[float, float]:
+    """CPU seconds (user, system) process ``pid`` has used so far, from
     /proc (``OSError`` where there is none, or the process is gone)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()  # fields 3.. of proc(5)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far."""
+    return sum(process_cpu_times(pid))
 
 
 def node_roles(controllers: int, brokers: int, combined: bool

@@ -230,7 +230,8 @@ class LogManager:
         self._logs_in_dir: collections.Counter[str] = collections.Counter()
         # Log dirs with new partition directories whose names are not fsynced.
         self._unsynced_dirs: set[str] = set()
-        # Each log dir's lock file, open while this process owns the dir; a
+        # Each log dir's lock file, open while this process owns the dir, by
+        # the dir as ``os.path.dirname`` of its logs' directories gives it; a
         # group flush syncs the dir's filesystem through it (opened before
         # anything was written there, it is told of every write-back error).
         self._lock_fds: dict[str, int] = {}
@@ -345,7 +346,7 @@ class LogManager:
             raise LogDirectoryError(
                 f"log dir {directory} is in use by another process; stop it or choose "
                 "another log.dirs") from None
-        self._lock_fds[directory] = fd
+        self._lock_fds[os.path.dirname(os.path.join(directory, "x"))] = fd
 
     def _load_dir(self, directory: str) -> None:
         clean = os.path.exists(os.path.join(directory, CLEAN_SHUTDOWN_FILE))
@@ -826,13 +827,7 @@ class LogManager:
             return None
         dirs = [os.path.dirname(part_log.directory) for part_log, _ in batch]
         counts = collections.Counter(dirs)
-        fds = self._sync_fds()
-        return [fds.get(d) if counts[d] >= least else None for d in dirs]
-
-    def _sync_fds(self) -> dict[str, int]:
-        """Lock file descriptors by a log's dir as ``os.path.dirname`` of the
-        log's directory gives it."""
-        return {os.path.dirname(os.path.join(d, "x")): fd for d, fd in self._lock_fds.items()}
+        return [self._lock_fds.get(d) if counts[d] >= least else None for d in dirs]
 
     def _flush_executor(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._executor is None:
