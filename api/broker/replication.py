@@ -313,6 +313,8 @@ class _ParkedFetch:
     by_tp: dict[TopicPartition, FetchSpec] = dataclasses.field(default_factory=dict)
     seen_bytes: dict[TopicPartition, int] = dataclasses.field(default_factory=dict)
     seen_total: int = 0
+    #: Its session's partitions it named further on than the fetch before.
+    advanced: set[TopicPartition] = dataclasses.field(default_factory=set)
 
 
 class _LeaderFetchSession:
@@ -338,6 +340,9 @@ class _LeaderFetchSession:
         # An ordered set: those left behind by the byte budget lead.
         self.dirty: dict[TopicPartition, None] = {}
         self.parked: int | None = None  # its fetch waiting for records
+        # The partitions its latest fetch named further on than the fetch
+        # before, in the same leader epoch (``_ParkedFetch.advanced``).
+        self.advanced: set[TopicPartition] = set()
         self.last_fetch_ms = 0
         self.replica_epoch = -1  # the follower's broker epoch, as its last fetch said
 
@@ -1234,7 +1239,8 @@ class ReplicationCore:
         if session is not None and self._still_expected(request.replica_id, request, now_ms):
             wait_ms = min(wait_ms, EXPECTED_WAIT_MS)
         parked = _ParkedFetch(request_id, request, answered, to_read, now_ms + wait_ms,
-                              session, {"session_id": 0} if no_room else {})
+                              session, {"session_id": 0} if no_room else {},
+                              advanced=session.advanced if session is not None else set())
         if not self._answer_fetch(parked, final=wait_ms <= 0):
             parked.by_tp = {spec.tp: spec for spec in to_read}
             self._parked_fetches[request_id] = parked
@@ -1302,8 +1308,10 @@ class ReplicationCore:
             session.next_epoch = next_fetch_session_epoch(session.next_epoch)
         session.last_fetch_ms = now_ms
         session.replica_epoch = request.replica_epoch
+        advanced = session.advanced = set()
         for spec in request.specs:
-            if spec.tp not in session.specs:
+            before = session.specs.get(spec.tp)
+            if before is None:
                 holders = self._fetch_sessions_of.setdefault(spec.tp, set())
                 # A partition is fetched by one session of a follower: an
                 # older one (a restarted follower's, another fetcher's
@@ -1313,6 +1321,9 @@ class ReplicationCore:
                         if other.replica_id == replica_id:
                             self._forget_in_session(other, spec.tp)
                 self._fetch_sessions_of.setdefault(spec.tp, set()).add(session.session_id)
+            elif (spec.offset > before.offset
+                  and spec.current_leader_epoch == before.current_leader_epoch):
+                advanced.add(spec.tp)
             session.specs[spec.tp] = spec
         return session
 
@@ -1503,9 +1514,23 @@ class ReplicationCore:
                         and _readable_end(result, follower, committed) > spec.offset):
                     dirty[spec.tp] = None
             session.dirty = dirty
-            for result in results:
+            # A partition named further on than before (a follower naming
+            # its new log end after the records it fetched, a consumer its
+            # new position) with nothing new since the session last told of
+            # it is left out, as Kafka's incremental answers do: the fetcher
+            # keeps what it was told, and the session reads it again once it
+            # is touched. One named where it was (a fetcher that dropped an
+            # answer asks again) is answered.
+            told = session.told
+            advanced = parked.advanced
+            quiet = set()
+            for i, result in enumerate(results):
                 tp = TopicPartition(result["topic"], result["partition"])
-                session.told[tp] = _news(result, follower)
+                news = _news(result, follower)
+                if (tp in advanced and not result["records"] and result["error"] is None
+                        and i not in parked.answered and told.get(tp) == news):
+                    quiet.add(i)
+                told[tp] = news
             for result in read_others:  # the others: those with news
                 tp = TopicPartition(result["topic"], result["partition"])
                 told = _news(result, follower)
@@ -1527,6 +1552,9 @@ class ReplicationCore:
                     if result["error"] is not None:
                         self._forget_in_session(
                             session, TopicPartition(result["topic"], result["partition"]))
+            if quiet:
+                results = [result for i, result in enumerate(results)
+                           if i not in quiet or result["error"] is not None]
             if session.parked == parked.request_id:
                 session.parked = None
             fields = {"session_id": session.session_id}
@@ -1615,8 +1643,9 @@ class ReplicationCore:
         results = []
         total_bytes = 0
         any_error = False
+        spent = False  # a batch found did not fit what is left: none is read further
         for spec in specs:
-            if until_full and total_bytes >= max_bytes:
+            if until_full and (spent or total_bytes >= max_bytes):
                 break
             result = empty_fetch_result(spec)
             try:
@@ -1637,13 +1666,19 @@ class ReplicationCore:
                 if spec.offset < part.log_start_offset or spec.offset > part.log_end_offset:
                     raise OffsetOutOfRangeError(spec.offset, part.log_start_offset,
                                                 part.log_end_offset)
-                if spec.offset < upper_bound and budget > 0:
+                if spec.offset < upper_bound and budget > 0 and not spent:
                     # KIP-74: the first batch of the response comes whole even
                     # when larger than the limits, so a consumer always moves.
                     data = part.log.read(spec.offset, budget, upper_bound,
                                          min_one_batch=first and total_bytes == 0)
                     result["records"] = data
                     total_bytes += len(data)
+                    # Records there that did not fit: the answer is full. The
+                    # partitions after it are not read (each read would look
+                    # up a batch only to find it too big); the session reads
+                    # them at the next fetch, and a fetch without one is
+                    # asked again by its fetcher.
+                    spent = budget < spec.max_bytes and not data
                     if committed:
                         result["aborted_transactions"] = [
                             {"producer_id": txn.producer_id, "first_offset": txn.first_offset}

@@ -16,6 +16,7 @@ from api.broker.replication import ProduceItem, Respond
 from kraft.image import MetadataImage
 from kraft.records import PartitionRecord, RegisterBrokerRecord, TopicRecord
 from storage.batch import build_batch, iter_batches
+from storage.log import Log
 from storage.manager import TopicPartition
 from tests.unit.test_replication_core import FOLLOWER, LEADER, broker, of
 
@@ -109,9 +110,10 @@ def test_a_consumers_session_names_and_answers_only_what_moved(leader):
     opening = consumer.fetch(2)
     assert opening["session_id"] > 0 and names(opening) == list(range(PARTITIONS))
     assert consumer.positions[1] == 3
-    quiet = consumer.fetch(3)  # names only 1, which moved; nothing else has news
-    assert consumer.sent[0] == [1] and names(quiet) == [1] and not quiet["partitions"][0][
-        "records"]
+    # Names only 1, which moved; nothing has news, 1 included (Kafka's
+    # incremental answers: a partition named with nothing new is left out).
+    quiet = consumer.fetch(3)
+    assert consumer.sent[0] == [1] and names(quiet) == []
     produce(leader, 4, 2, 4)
     answer = consumer.fetch(5)  # names nothing; 4 has records
     assert consumer.sent[0] == [] and names(answer) == [4]
@@ -185,6 +187,44 @@ def test_a_fetch_reads_its_sessions_others_only_until_its_bytes_are_spent(leader
     assert all(offset == 1 for offset in consumer.positions.values())
     quiet = consumer.fetch(10)  # nothing left: only the last one named, no news
     assert [e for e in quiet["partitions"] if e["records"]] == []
+
+
+def test_a_partition_named_again_where_it_was_is_answered_though_nothing_is_new(leader):
+    """One named further on with nothing new is left out of the answer; a
+    fetcher that dropped an answer names the partition again where it was,
+    and is told what the session holds for it (the simulation found a
+    follower stuck at an old high watermark without this)."""
+    consumer = ConsumerLink(leader)
+    produce(leader, 1, 3, 1)
+    consumer.fetch(2)  # opens: 1's records
+    assert names(consumer.fetch(3)) == []  # 1 named at 3, its new position: nothing new
+    consumer.told[1] = None  # as if that answer was dropped: 1 is named again, at 3
+    again = consumer.fetch(4)
+    assert consumer.sent[0] == [1] and names(again) == [1]
+    assert again["partitions"][0]["high_watermark"] == 3 and not again["partitions"][0][
+        "records"]
+
+
+def test_an_answer_whose_bytes_are_spent_reads_no_further_partition(leader, monkeypatch):
+    """Once a partition's next batch does not fit what is left of a fetch's
+    bytes, the partitions after it are not read (each would look a batch up
+    only to find it too big, thousands of times in a fetch of thousands of
+    partitions); the session reads them at the next fetch."""
+    value = b"x" * 1000
+    for p in range(PARTITIONS):
+        produce(leader, p, 1, 1, value)
+    one_batch = len(build_batch([(None, value)]))
+    reads = []
+    read = Log.read
+    monkeypatch.setattr(Log, "read", lambda log, *args, **kwargs: (
+        reads.append(log) or read(log, *args, **kwargs)))
+    consumer = ConsumerLink(leader, max_bytes=one_batch + one_batch // 2)
+    answer = consumer.fetch(2)  # names all six
+    assert [e["partition"] for e in answer["partitions"] if e["records"]] == [0]
+    assert len(reads) == 2  # the batch that fits, and the one that did not
+    for now in range(3, 3 + PARTITIONS):
+        consumer.fetch(now)
+    assert all(offset == 1 for offset in consumer.positions.values())
 
 
 def test_a_partition_answered_with_an_error_leaves_the_session_and_made_up_names_do_not_stay(
