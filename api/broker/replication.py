@@ -1011,6 +1011,19 @@ class ReplicationCore:
                     f"than this broker's {part.leader_epoch}; retry")
         return part
 
+    def _led(self, tp: TopicPartition, current_leader_epoch: int | None,
+             serving: bool) -> Partition:
+        """``leader_partition`` for a partition named by a fetch of perhaps
+        thousands: one lookup when this broker serves (``serving``, asked
+        once per fetch) and leads it in that epoch; the full checks, and
+        the error they raise, otherwise."""
+        part = self.partitions.get(tp)
+        if (serving and part is not None and part.is_leader
+                and (current_leader_epoch is None or current_leader_epoch < 0
+                     or current_leader_epoch == part.leader_epoch)):
+            return part
+        return self.leader_partition(tp.topic, tp.partition, current_leader_epoch)
+
     def _not_leader(self, topic: str, partition: int) -> Exception:
         reg = self.image.partition(topic, partition)
         if reg is None:
@@ -1571,10 +1584,10 @@ class ReplicationCore:
         decided (errors, diverging epochs) by position."""
         answered: dict[int, dict] = {}
         stale = self._stale_registration(replica_id, replica_epoch)
+        serving = self.lifecycle.not_serving_reason() is None
         for i, spec in enumerate(specs):
             try:
-                part = self.leader_partition(spec.tp.topic, spec.tp.partition,
-                                             spec.current_leader_epoch)
+                part = self._led(spec.tp, spec.current_leader_epoch, serving)
                 if replica_id not in part.replicas or replica_id == part.broker_id:
                     raise NotLeaderOrFollowerError(
                         f"broker {replica_id} is not a follower of {spec.tp} (replicas "
@@ -1620,10 +1633,10 @@ class ReplicationCore:
         parked fetch asks this at every touch of its partitions, so with
         many consumers waiting on a partition it must not read the log."""
         found = []
+        serving = self.lifecycle.not_serving_reason() is None
         try:
             for spec in specs:
-                part = self.leader_partition(spec.tp.topic, spec.tp.partition,
-                                             spec.current_leader_epoch)
+                part = self._led(spec.tp, spec.current_leader_epoch, serving)
                 upper_bound = (part.log_end_offset if follower
                                else part.last_stable_offset if committed
                                else part.high_watermark)
@@ -1644,33 +1657,34 @@ class ReplicationCore:
         total_bytes = 0
         any_error = False
         spent = False  # a batch found did not fit what is left: none is read further
+        serving = self.lifecycle.not_serving_reason() is None
         for spec in specs:
             if until_full and (spent or total_bytes >= max_bytes):
                 break
-            result = empty_fetch_result(spec)
+            tp = spec.tp
+            result = None
             try:
-                part = self.leader_partition(spec.tp.topic, spec.tp.partition,
-                                             spec.current_leader_epoch)
+                part = self._led(tp, spec.current_leader_epoch, serving)
+                log = part.log
                 high_watermark = part.high_watermark
                 stable = part.last_stable_offset
+                start, end = log.log_start_offset, log.log_end_offset
+                result = {"topic": tp.topic, "partition": tp.partition, "error": None,
+                          "high_watermark": high_watermark, "log_start_offset": start,
+                          "log_end_offset": end, "records": b"",
+                          "last_stable_offset": stable}
                 # Followers read everything the leader has; consumers only
                 # what is committed, and read_committed ones only what no
                 # open transaction holds back (the LSO).
-                upper_bound = (part.log_end_offset if follower
-                               else stable if committed else high_watermark)
-                result.update(high_watermark=high_watermark,
-                              log_start_offset=part.log_start_offset,
-                              log_end_offset=part.log_end_offset,
-                              last_stable_offset=stable)
+                upper_bound = end if follower else stable if committed else high_watermark
                 budget = min(spec.max_bytes, max_bytes - total_bytes)
-                if spec.offset < part.log_start_offset or spec.offset > part.log_end_offset:
-                    raise OffsetOutOfRangeError(spec.offset, part.log_start_offset,
-                                                part.log_end_offset)
+                if spec.offset < start or spec.offset > end:
+                    raise OffsetOutOfRangeError(spec.offset, start, end)
                 if spec.offset < upper_bound and budget > 0 and not spent:
                     # KIP-74: the first batch of the response comes whole even
                     # when larger than the limits, so a consumer always moves.
-                    data = part.log.read(spec.offset, budget, upper_bound,
-                                         min_one_batch=first and total_bytes == 0)
+                    data = log.read(spec.offset, budget, upper_bound,
+                                    min_one_batch=first and total_bytes == 0)
                     result["records"] = data
                     total_bytes += len(data)
                     # Records there that did not fit: the answer is full. The
@@ -1682,8 +1696,10 @@ class ReplicationCore:
                     if committed:
                         result["aborted_transactions"] = [
                             {"producer_id": txn.producer_id, "first_offset": txn.first_offset}
-                            for txn in part.log.collect_aborted(spec.offset, upper_bound)]
+                            for txn in log.collect_aborted(spec.offset, upper_bound)]
             except Exception as exc:  # noqa: BLE001  each partition answers for itself
+                if result is None:  # (one found out of range keeps what it was told)
+                    result = empty_fetch_result(spec)
                 result["error"] = exc
                 any_error = True
             results.append(result)
