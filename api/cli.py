@@ -306,6 +306,20 @@ def _add_bench_commands(commands: argparse._SubParsersAction) -> None:
                     "without --set log.flush.syncfs.min.logs=8 to compare.")
     bench_flush.add_arguments(flush_parser)
     flush_parser.set_defaults(handler=bench_flush.run)
+    from bench import cores as bench_cores
+
+    cores_parser = bench_kinds.add_parser(
+        "cores", help="the replication path's CPU per partition, on the shipped cores alone",
+        description="Three brokers' replication cores (with real logs under --dir) in this "
+                    "one process, wired as the simulator wires them: --partitions partitions "
+                    "led by broker 1 and followed by 2 and 3. Produce rounds of one batch per "
+                    "partition (acks=all), carried until the followers hold the new high "
+                    "watermark, then consumer rounds reading every partition from offset 0: "
+                    "each core's CPU, microseconds per partition, and the answers and "
+                    "per-partition entries the followers got. No sockets or event loop: the "
+                    "cores' own cost, steadier run to run than bench scale's.")
+    bench_cores.add_arguments(cores_parser)
+    cores_parser.set_defaults(handler=bench_cores.run)
     from bench import kafka as bench_kafka
 
     kafka_parser = bench_kinds.add_parser(

@@ -271,6 +271,26 @@ def test_bench_flush_times_rounds_and_waits_until_every_log_is_fsynced(tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
+def test_bench_cores_carries_every_round_through_the_shipped_cores(tmp_path):
+    """A small run: every produce round is answered with the followers holding
+    every partition's batch once and the new high watermark (the program
+    checks the latter and fails otherwise); every consumer round reads every
+    partition; the logs are gone after."""
+    summary = bench_json("cores", "--partitions", "30", "--rounds", "2",
+                         "--records-per-partition", "10", "--dir", str(tmp_path))
+    assert summary["partitions"] == 30 and len(summary["produce_rounds"]) == 2
+    for produced in summary["produce_rounds"]:
+        assert produced["with_records"] == 2 * 30  # each follower fetched each batch once
+        assert produced["entries"] >= produced["with_records"] and produced["answers"] > 0
+        assert produced["leader_ms"] > 0 and all(ms > 0 for ms in produced["follower_ms"])
+    assert [c["with_records"] for c in summary["consumer_rounds"]] == [30, 30]
+    assert list(tmp_path.iterdir()) == []
+    refused = subprocess.run([sys.executable, "-m", "api.cli", "bench", "cores",
+                              "--partitions", "0"], capture_output=True, text=True,
+                             timeout=60, cwd=REPO_ROOT)
+    assert refused.returncode == 2 and "--partitions must be at least 1" in refused.stderr
+
+
 def test_bench_rebalance_times_joins_and_leaves_of_a_group_in_several_processes(tmp_path):
     """A small run of the program: members in two processes, every
     partition owned once after each join and leave, no overlap seen."""
