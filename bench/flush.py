@@ -28,19 +28,16 @@ import json
 import sys
 import tempfile
 import time
-import urllib.request
 from typing import Any
 
 from api.table import format_table
-from bench.failover import live_urls
-from bench.scale import create_layout, elect_preferred, layout_topics, produce_spread
+from bench.scale import create_layout, elect_preferred, layout_topics, produce_spread, unflushed
 from chaos.cluster import ProcessCluster, process_cpu_times
 from chaos.local_cluster import ClusterError, parse_settings
 
 BROKERS = 3
 #: How often the brokers' unflushed logs are read after the load (seconds).
 POLL_S = 1.0
-UNFLUSHED_METRIC = "kraftlog_log_unflushed_logs"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -127,18 +124,6 @@ def cpu_since(cluster: ProcessCluster, before: list[tuple[float, float]]
     after = brokers_cpu(cluster)
     return (sum(a[0] - b[0] for a, b in zip(after, before)),
             sum(a[1] - b[1] for a, b in zip(after, before)))
-
-
-def unflushed(cluster: ProcessCluster) -> list[int]:
-    """Each live broker's logs holding data not fsynced yet."""
-    counts = []
-    for url in live_urls(cluster):
-        with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-            text = response.read().decode()
-        values = [line.rsplit(" ", 1)[1] for line in text.splitlines()
-                  if line.startswith(UNFLUSHED_METRIC + " ")]
-        counts.append(int(float(values[0])) if values else -1)
-    return counts
 
 
 def format_report(summary: dict[str, Any]) -> str:

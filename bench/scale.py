@@ -18,7 +18,11 @@ every broker holds a replica of each), and the report gives the ratio:
   ``metadata_offset``), p50/p99 over ``--probes`` changes;
 - **produce / consume**: the same ``--records`` records of 100 B spread
   evenly over the partitions (``Producer.send_batch``, one call per
-  partition, acks=all), then read back by one consumer assigned them all;
+  partition, acks=all), then read back by one consumer assigned them all,
+  right away (the target's figure: the read shares the brokers with the
+  background flush of what was just written); then the seconds from the
+  end of the produce until every broker reports every log fsynced
+  (``kraftlog_log_unflushed_logs`` 0), and the same read again after it;
 - **tail**: one consumer assigned every partition at its end, long-polling
   (``fetch_max_wait_ms`` 500) for ``TAIL_S`` with nothing produced: the
   bytes of each fetch request after the first, and the brokers' CPU above
@@ -84,6 +88,10 @@ TARGET_FAILOVER_S = 5.0
 CREATE_WAIT_S = 600.0
 RESTART_WAIT_S = 300.0
 FAILOVER_WAIT_S = 120.0
+FLUSH_WAIT_S = 180.0
+#: How often the brokers' unflushed logs are read while waiting (seconds).
+FLUSH_POLL_S = 1.0
+UNFLUSHED_METRIC = "kraftlog_log_unflushed_logs"
 PROBE_WAIT_S = 30.0
 PRODUCE_TIMEOUT_MS = 2000
 #: Seconds the idle tail (and the brokers' idle reference) is measured.
@@ -166,10 +174,22 @@ def measure(cluster: ProcessCluster, label: str, topics: dict[str, int],
            f"producing {args.records:,} records ...")
     gc_before = gc_pauses(cluster)
     figures["produce_rps"] = produce_spread(cluster, topics, args.records)
+    produced_at = time.monotonic()
     status(f"[{label}] produce {figures['produce_rps']:,.0f} records/s; consuming ...")
     figures["consume_rps"] = consume_all(cluster, topics, args.records)
     figures["gc"] = gc_during(gc_before, gc_pauses(cluster))
-    status(f"[{label}] consume {figures['consume_rps']:,.0f} records/s; tailing ...")
+    status(f"[{label}] consume {figures['consume_rps']:,.0f} records/s; waiting for every "
+           "log to be fsynced ...")
+    # The same read again once the brokers' background flush of the load is
+    # done: the read alone, not the read sharing the brokers with the flush.
+    figures["flushed_s"] = wait_flushed(cluster, produced_at)
+    figures["consume_flushed_rps"] = (consume_all(cluster, topics, args.records)
+                                      if figures["flushed_s"] is not None else None)
+    status(f"[{label}] every log fsynced "
+           + (f"{figures['flushed_s']:.1f} s after the produce; consume then "
+              f"{figures['consume_flushed_rps']:,.0f} records/s"
+              if figures["flushed_s"] is not None else f"NOT within {FLUSH_WAIT_S:.0f} s")
+           + "; tailing ...")
     figures["tail"] = tail_cost(cluster, {**existing, **topics})
     status(f"[{label}] tail: {figures['tail']['request_bytes']:,.0f} B per fetch, brokers "
            f"+{figures['tail']['broker_cpu_pct']:.1f}% of a core")
@@ -316,6 +336,29 @@ def consume_all(cluster: ProcessCluster, topics: dict[str, int], records: int) -
                 raise RuntimeError(f"read {read:,} of {records:,} records in 600 s")
             read += len(consumer.poll(timeout_ms=1000, max_records=100_000))
         return records / (time.monotonic() - started)
+
+
+def unflushed(cluster: ProcessCluster) -> list[int]:
+    """Each live broker's logs holding data not fsynced yet (-1: not told)."""
+    counts = []
+    for url in live_urls(cluster):
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+        values = [line.rsplit(" ", 1)[1] for line in text.splitlines()
+                  if line.startswith(UNFLUSHED_METRIC + " ")]
+        counts.append(int(float(values[0])) if values else -1)
+    return counts
+
+
+def wait_flushed(cluster: ProcessCluster, since: float) -> float | None:
+    """Seconds from ``since`` (monotonic) until every broker reports every
+    log fsynced; None if not within ``FLUSH_WAIT_S`` of now."""
+    deadline = time.monotonic() + FLUSH_WAIT_S
+    while time.monotonic() < deadline:
+        if all(count == 0 for count in unflushed(cluster)):
+            return time.monotonic() - since
+        time.sleep(FLUSH_POLL_S)
+    return None
 
 
 def gc_pauses(cluster: ProcessCluster) -> list[dict[str, float]]:
@@ -562,6 +605,10 @@ def summarize(reference: dict, big: dict, layout: dict[str, int],
             "metadata_answer_ms_p50": round(statistics.median(figures["metadata_answer_ms"]), 1),
             "produce_rps": round(figures["produce_rps"]),
             "consume_rps": round(figures["consume_rps"]),
+            "flushed_s": (round(figures["flushed_s"], 1) if figures["flushed_s"] is not None
+                          else None),
+            "consume_flushed_rps": (round(figures["consume_flushed_rps"])
+                                    if figures["consume_flushed_rps"] is not None else None),
             "gc_full_collections": round(figures["gc"]["count"]),
             "gc_full_mean_ms": round(figures["gc"]["mean_ms"], 1),
             "gc_full_longest_ms_at_most": figures["gc"]["longest_ms_at_most"],
@@ -598,6 +645,13 @@ def format_report(summary: dict) -> str:
         ratio = f"{b / a:.2f}" if a else "-"
         return (what, format(a, fmt), format(b, fmt), ratio, target)
 
+    def optional_row(what: str, a: float | None, b: float | None, fmt: str,
+                     missing: str) -> tuple:
+        if a is None or b is None:
+            return (what, missing if a is None else format(a, fmt),
+                    missing if b is None else format(b, fmt), "-", "")
+        return row(what, a, b, fmt)
+
     t = summary["targets_met"]
 
     def verdict(key: str, text: str) -> str:
@@ -617,8 +671,12 @@ def format_report(summary: dict) -> str:
             many["metadata_answer_ms_p50"], ",.1f"),
         row("produce, acks=all (records/s)", small["produce_rps"], many["produce_rps"], ",.0f",
             verdict("produce_ratio", ">= 0.7x")),
-        row("consume (records/s)", small["consume_rps"], many["consume_rps"], ",.0f",
-            verdict("consume_ratio", ">= 0.7x")),
+        row("consume, right after the produce (records/s)", small["consume_rps"],
+            many["consume_rps"], ",.0f", verdict("consume_ratio", ">= 0.7x")),
+        optional_row("every log fsynced, after the produce (s)", small["flushed_s"],
+                     many["flushed_s"], ",.1f", f"not within {FLUSH_WAIT_S:.0f} s"),
+        optional_row("consume, every log fsynced (records/s)", small["consume_flushed_rps"],
+                     many["consume_flushed_rps"], ",.0f", "-"),
         row("full GCs of the brokers during the load", small["gc_full_collections"],
             many["gc_full_collections"], ",.0f"),
         row("  their mean (ms)", small["gc_full_mean_ms"], many["gc_full_mean_ms"], ",.1f"),
