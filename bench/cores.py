@@ -263,7 +263,11 @@ def run(args: argparse.Namespace) -> int:
     batch = build_batch([(None, RECORD)] * args.records_per_partition)
     with tempfile.TemporaryDirectory(prefix="kraftlog-bench-cores-", dir=args.dir) as work:
         status(f"opening {args.partitions:,} partitions on each of 3 cores in {work} ...")
-        cores = Cores(work, args.partitions)
+        try:
+            cores = Cores(work, args.partitions)
+        except RuntimeError as exc:
+            print(f"bench cores: {exc}", file=sys.stderr)
+            return 1
         try:
             produce, consume = [], []
             for number in range(1, args.rounds + 1):
@@ -274,6 +278,9 @@ def run(args: argparse.Namespace) -> int:
                 status(f"consumer round {number}/{args.rounds} ...")
                 result, session_id = consumer_round(cores, session_id)
                 consume.append(result)
+        except RuntimeError as exc:  # a round that did not complete: say which way
+            print(f"bench cores: {exc}", file=sys.stderr)
+            return 1
         finally:
             cores.close()
     summary = {"bench": "cores", "partitions": args.partitions,
