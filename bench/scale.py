@@ -29,8 +29,8 @@ every broker holds a replica of each), and the report gives the ratio:
   what they use idle (``/proc``), in percent of a core (fetch sessions:
   flat, not O(partitions) per fetch); and that idle use itself, the
   brokers at rest once the load is read and flushed (checkpoints and
-  timers over every partition they hold; the flush itself is the row
-  before);
+  timers over every partition they hold; the flush itself has a row of
+  its own);
 - **garbage collection**: the brokers' full collections during the
   produce and consume load (``kraftlog_gc_full_collection_seconds``): how
   many, their mean, and the bucket bound of the longest;
