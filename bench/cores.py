@@ -16,12 +16,13 @@ broker 1 and followed by 2 and 3: by default 3,333, the share of 10,000
 each broker of ``bench scale`` leads. Each produce round is one request of
 one batch of ``--records-per-partition`` records of 100 B for every
 partition, acks=all, carried until it is answered and the followers have
-fetched the new high watermark: the CPU each core spent (``time.process_time``
-around each call into it, packing included), its microseconds per
-partition, and how many answers and per-partition entries the followers
-got (a full garbage collection runs before each round, outside it). Then
+fetched the new high watermark: the CPU each core spent
+(``time.process_time`` around each call into it, and around the packing
+and unpacking its side of the wire does), its microseconds per partition,
+and how many answers and per-partition entries the followers got. Then
 consumer rounds: a fetch opening a session over every partition from
-offset 0 (50 MiB at most), answered and packed: the leader's CPU.
+offset 0 (50 MiB at most), unpacked, answered and packed: the leader's
+CPU. A full garbage collection runs before each round, outside it.
 """
 
 from __future__ import annotations
@@ -165,17 +166,24 @@ class Cores:
 
     def _fetch(self, follower: int, fetch: SendFetch) -> None:
         leader = self.cores[fetch.leader_id]
-        body = msgpack.unpackb(msgpack.packb(fetch.body, use_bin_type=True))
+        # Packed by the follower, unpacked by the leader, as on the wire.
+        packed = self.call(follower, lambda: msgpack.packb(fetch.body, use_bin_type=True))
+        body = self.call(fetch.leader_id, lambda: msgpack.unpackb(packed))
         request_id = self.call(fetch.leader_id, leader.new_request_id)
         self.in_flight[request_id] = (follower, fetch.request_id)
         self.call(fetch.leader_id,
                   lambda: leader.fetch(request_id, decode_fetch(body), self.now_ms))
         self.ready(fetch.leader_id)
 
-    def _answer(self, respond: Respond, follower: int, request_id: int) -> None:
-        packed = self.call(LEADER, lambda: b"".join(pack_pieces(
+    def pack_answer(self, respond: Respond) -> bytes:
+        """``respond`` as the leader packs it (charged to the leader); the
+        pieces joined as the socket would carry them (charged to no one)."""
+        return b"".join(self.call(LEADER, lambda: pack_pieces(
             {"partitions": render_results("fetch", respond.results), **respond.fields})))
-        answer = msgpack.unpackb(packed)
+
+    def _answer(self, respond: Respond, follower: int, request_id: int) -> None:
+        packed = self.pack_answer(respond)
+        answer = self.call(follower, lambda: msgpack.unpackb(packed))
         entries = answer.get("partitions") or []
         self.counts["answers"] += 1
         self.counts["entries"] += len(entries)
@@ -232,21 +240,22 @@ def produce_round(cores: Cores, batch: bytes) -> dict[str, Any]:
 def consumer_round(cores: Cores, session_id: int) -> tuple[dict[str, Any], int]:
     """A consumer's fetch opening a session over every partition from 0
     (closing the one before, as a new consumer of the same owner would)."""
+    gc.collect()  # a full collection now, not inside the round
     cores.reset_counts()
     leader = cores.cores[LEADER]
-    body = msgpack.unpackb(msgpack.packb({
+    request = msgpack.packb({
         "max_wait_ms": 0, "min_bytes": 1, "max_bytes": CONSUMER_MAX_BYTES,
         "session_id": session_id, "session_epoch": 0,
         "partitions": [{"topic": tp.topic, "partition": tp.partition, "offset": 0,
                         "max_bytes": PARTITION_MAX_BYTES, "current_leader_epoch": 0}
-                       for tp in cores.tps]}))
+                       for tp in cores.tps]})
+    body = cores.call(LEADER, lambda: msgpack.unpackb(request))
     request_id = cores.call(LEADER, leader.new_request_id)
     cores.call(LEADER, lambda: leader.fetch(request_id, decode_fetch(body), cores.now_ms))
     actions = cores.call(LEADER, leader.ready)
     (respond,) = [a for a in actions if isinstance(a, Respond) and a.request_id == request_id]
     cores.queue.extend((LEADER, a) for a in actions if a is not respond)
-    packed = cores.call(LEADER, lambda: b"".join(pack_pieces(
-        {"partitions": render_results("fetch", respond.results), **respond.fields})))
+    packed = cores.pack_answer(respond)
     answer = msgpack.unpackb(packed)
     entries = answer.get("partitions") or []
     return ({"leader_ms": cores.cpu[LEADER] * 1000,

@@ -13,7 +13,7 @@ and names; later rounds share the disk with the flushes of the ones before.
 
 After the last round: the seconds until every broker reports every log
 fsynced (``kraftlog_log_unflushed_logs`` 0 on ``/metrics``, polled every
-``POLL_S``), bounded by ``--tail``, and the brokers' CPU (user and system)
+second), bounded by ``--tail``, and the brokers' CPU (user and system)
 meanwhile. With the default ``flush.ms`` (1 s) that is how far the disk's
 durability lags the acknowledgements, and its price.
 
@@ -31,13 +31,12 @@ import time
 from typing import Any
 
 from api.table import format_table
-from bench.scale import create_layout, elect_preferred, layout_topics, produce_spread, unflushed
+from bench.scale import (create_layout, elect_preferred, layout_topics, produce_spread,
+                         unflushed, wait_flushed)
 from chaos.cluster import ProcessCluster, process_cpu_times
 from chaos.local_cluster import ClusterError, parse_settings
 
 BROKERS = 3
-#: How often the brokers' unflushed logs are read after the load (seconds).
-POLL_S = 1.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,14 +94,7 @@ def run(args: argparse.Namespace) -> int:
                            "broker_system_s": system})
         status("waiting for every log to be fsynced ...")
         cpu_before = brokers_cpu(cluster)
-        started = time.monotonic()
-        flushed_s = None
-        deadline = started + args.tail
-        while time.monotonic() < deadline:
-            if all(count == 0 for count in unflushed(cluster)):
-                flushed_s = time.monotonic() - started
-                break
-            time.sleep(POLL_S)
+        flushed_s = wait_flushed(cluster, time.monotonic(), args.tail)
         left = unflushed(cluster)
         user, system = cpu_since(cluster, cpu_before)
     summary = {"bench": "flush", "partitions": args.partitions, "records": args.records,

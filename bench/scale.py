@@ -351,10 +351,11 @@ def unflushed(cluster: ProcessCluster) -> list[int]:
     return counts
 
 
-def wait_flushed(cluster: ProcessCluster, since: float) -> float | None:
+def wait_flushed(cluster: ProcessCluster, since: float,
+                 timeout_s: float = FLUSH_WAIT_S) -> float | None:
     """Seconds from ``since`` (monotonic) until every broker reports every
-    log fsynced; None if not within ``FLUSH_WAIT_S`` of now."""
-    deadline = time.monotonic() + FLUSH_WAIT_S
+    log fsynced; None if not within ``timeout_s`` of now."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if all(count == 0 for count in unflushed(cluster)):
             return time.monotonic() - since
