@@ -98,7 +98,8 @@ SCHEMA: tuple[Key, ...] = (
     _k("broker.heartbeat.interval.ms", "int", 2000,
        "How often a broker heartbeats (below the session timeout).", _CONFIG, 1, INT32_MAX),
     _k("controller.quorum.election.timeout.ms", "int", 500,
-       "A controller that hears no leader for this long (to twice it) starts an election.",
+       "A controller that hears no leader for this long (to twice it) asks the voters for a "
+       "pre-vote, and stands for election if a majority no longer hears a leader either.",
        _CONFIG, 1, INT32_MAX),
     _k("controller.quorum.fetch.timeout.ms", "int", 2000,
        "A Raft leader that hears from no majority for this long steps down.", _CONFIG, 1,

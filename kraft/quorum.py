@@ -35,6 +35,10 @@ cut to line up with it at start-up (``_trim_journal_to_snapshot``).
 Safety. The base class is ``GuardedSyncObj`` (kraft/raft_guard.py), which
 stops pysyncobj's follower from truncating committed entries on a stale
 AppendEntries.
+Its base, ``PreVoteSyncObj`` (kraft/raft_prevote.py), adds Raft's pre-vote
+(KIP-996): a follower that was paused or starved past its election timeout
+stands only if a majority no longer hears a leader, so it cannot depose a
+healthy one.
 
 Membership (KIP-853). The voter set is in the log (``kraft/membership.py``):
 pysyncobj's membership entries, which its leader and followers act on when
@@ -84,7 +88,7 @@ from kraft import membership
 from kraft import records as metadata_records
 from kraft.image import MetadataImage
 from kraft.membership import Change, MembershipRefused, Voter
-from kraft.raft_guard import GuardedSyncObj
+from kraft.raft_prevote import PreVoteSyncObj, raft_clock
 from protocol.errors import NotControllerError, RequestTimedOutError
 
 logger = logging.getLogger(__name__)
@@ -291,7 +295,7 @@ if not callable(getattr(SyncObj, "_SyncObj__onNodeDisconnected", None)):
                       "early election hooks it (see MetadataQuorum)")
 
 
-class MetadataQuorum(GuardedSyncObj):
+class MetadataQuorum(PreVoteSyncObj):
     """One controller's Raft replica of the metadata log.
 
     ``raft_addresses`` maps every voter of the static config to its Raft
@@ -399,6 +403,9 @@ class MetadataQuorum(GuardedSyncObj):
         self._snapshot_voters, snapshot_index = self._snapshot_on_disk()
         self._adopt_log_voters(after_index=snapshot_index)
 
+    def _may_stand(self) -> bool:
+        return self._is_voter and super()._may_stand()
+
     # -- an early election when the leader's process is gone -------------
     def _SyncObj__onNodeDisconnected(self, node: Any) -> None:  # noqa: N802 (pysyncobj's)
         """pysyncobj's hook for a voter's connection ending (tick thread),
@@ -411,8 +418,8 @@ class MetadataQuorum(GuardedSyncObj):
         leader that is paused or cut off closes nothing: its followers wait
         out the timeout as before (pysyncobj also drops a connection silent
         for ``connectionTimeout``, longer than the election timeout)."""
-        SyncObj._SyncObj__onNodeDisconnected(self, node)
         leader = self._SyncObj__raftLeader
+        super()._SyncObj__onNodeDisconnected(node)
         if (self._stopping.is_set() or leader is None or node != leader
                 or self._SyncObj__raftState != _FOLLOWER):
             return
@@ -423,12 +430,12 @@ class MetadataQuorum(GuardedSyncObj):
         if self.self_address not in rest:
             return
         rank = rest.index(self.self_address)
-        at = time.monotonic() + rank * EARLY_ELECTION_STAGGER_S + random.uniform(0, 0.01)
+        at = raft_clock() + rank * EARLY_ELECTION_STAGGER_S + random.uniform(0, 0.01)
         if at < self._SyncObj__raftElectionDeadline:
             self._SyncObj__raftElectionDeadline = at
             logger.info("controller %d: the Raft leader %s closed its connection; standing "
                         "for election in %d ms", self.node_id, leader,
-                        max(0, int((at - time.monotonic()) * 1000)))
+                        max(0, int((at - raft_clock()) * 1000)))
 
     # -- membership: the voter set from the log (tick thread) --------------
     def _snapshot_on_disk(self) -> tuple[dict[int, Voter] | None, int]:
@@ -539,7 +546,7 @@ class MetadataQuorum(GuardedSyncObj):
                         "now a voter" if is_voter else "not a voter: an observer from now on")
             if is_voter:  # stand only after a full election timeout, as on start-up
                 conf = self._SyncObj__conf
-                self._SyncObj__raftElectionDeadline = time.monotonic() + random.uniform(
+                self._SyncObj__raftElectionDeadline = raft_clock() + random.uniform(
                     conf.raftMinTimeout, conf.raftMaxTimeout)
         self._is_voter = is_voter
         if sync:
@@ -555,7 +562,7 @@ class MetadataQuorum(GuardedSyncObj):
         SyncObj._SyncObj__updateClusterConfiguration(self, sorted(wanted))
         if self._isLeader():
             for node in self._SyncObj__otherNodes:
-                self._SyncObj__lastResponseTime.setdefault(node, time.monotonic())
+                self._SyncObj__lastResponseTime.setdefault(node, raft_clock())
 
     def _uncommitted_change(self) -> tuple[int, Change] | None:
         """The newest membership entry above the commit index, if any."""
@@ -633,7 +640,7 @@ class MetadataQuorum(GuardedSyncObj):
         refused: changes go through the active controller's API (its ACLs,
         its learner catch-up), which never forwards one."""
         if not isinstance(message, dict):
-            GuardedSyncObj._SyncObj__onMessageReceived(self, node, message)
+            PreVoteSyncObj._SyncObj__onMessageReceived(self, node, message)
             return
         kind = message.get("type")
         if node in self._learners.values() and kind != "next_node_idx":
@@ -655,7 +662,7 @@ class MetadataQuorum(GuardedSyncObj):
                     "type": "apply_command_response", "request_id": message["request_id"],
                     "error": FAIL_REASON.REQUEST_DENIED})
             return
-        GuardedSyncObj._SyncObj__onMessageReceived(self, node, message)
+        PreVoteSyncObj._SyncObj__onMessageReceived(self, node, message)
 
     def _stop_learner(self, address: str) -> None:
         self._stale_learners.pop(address, None)
@@ -918,7 +925,7 @@ class MetadataQuorum(GuardedSyncObj):
                 if not self._is_voter:
                     # An observer (joining, or removed) never stands for
                     # election: its deadline stays ahead of it.
-                    self._SyncObj__raftElectionDeadline = time.monotonic() + 3600
+                    self._SyncObj__raftElectionDeadline = raft_clock() + 3600
                 self.doTick(0.0 if kicked else 0.05)
                 log = self._SyncObj__raftLog
                 self._last_log_index = log[-1][1] if len(log) else 0
@@ -1189,6 +1196,7 @@ class MetadataQuorum(GuardedSyncObj):
             "voter": self._is_voter,
             "voters": voters,
             "pending_voter_change": self._pending_change_seen,
+            "pre_votes": dict(self.pre_vote_counts),
         }
 
 

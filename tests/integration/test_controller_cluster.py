@@ -281,6 +281,33 @@ def test_pausing_the_active_controller_fences_no_live_broker(cluster):
         cluster.resume(old)
 
 
+def test_a_follower_controller_paused_past_its_election_timeout_deposes_nobody(cluster):
+    """A follower controller paused for five election timeouts (a long GC
+    pause, a starved machine) wakes with its election timer long run out.
+    pysyncobj alone would raise the term at once and depose the healthy
+    active controller. With pre-vote (KIP-996) it stands only if a majority
+    no longer hears the leader: the active controller keeps its leadership
+    and its term, and what was written meanwhile reaches the follower."""
+    pause_s = 5 * FAST_SETTINGS["controller.quorum.election.timeout.ms"] / 1000
+    active = cluster.wait_for_active_controller()
+    term = cluster.quorum(active)["term"]
+    for n, follower in enumerate(c for c in cluster.controller_ids if c != active):
+        cluster.pause(follower)
+        try:
+            paused_at = time.monotonic()
+            create_topic(cluster, f"written-while-paused-{n}")
+            offset = cluster.quorum(active)["metadata_offset"]
+            time.sleep(max(0.0, pause_s - (time.monotonic() - paused_at)))
+        finally:
+            cluster.resume(follower)
+        wait_until(lambda: (status := cluster.quorum(follower) or {}).get("metadata_offset", -1)
+                   >= offset and status.get("leader_id") == active, 10,
+                   f"controller {follower} following {active} again, caught up")
+        assert cluster.active_controller() == active
+        assert {c: cluster.quorum(c)["term"] for c in cluster.controller_ids} == \
+            dict.fromkeys(cluster.controller_ids, term)
+
+
 # -- requests answered by one shared cluster (nothing destructive) ------------
 
 @pytest.fixture(scope="module")
