@@ -24,9 +24,12 @@ false election failed a topic creation with NOT_CONTROLLER.
    follower asks again after a heartbeat period, and stops asking as soon
    as it hears from a leader.
 
-A follower that saw its leader's connection close (kill -9 of the leader)
-forgets that leader at once, so an early election after a crash is not
-held up by stickiness. A leadership transfer (``timeout_now``) skips the
+A voter that sees its leader's connection close (kill -9 of the leader)
+forgets that leader at once, so an early election after a crash is not held
+up by stickiness. The asker's pre-vote says its leader is gone; a voter that
+still hears a leader answers it only after the other messages of the same
+poll (the close may be among them), and the asker asks again four times as
+often as otherwise. A leadership transfer (``timeout_now``) skips the
 pre-vote: the leader asked for the election.
 
 Because terms no longer rise without a majority's agreement, a voter that
@@ -104,6 +107,11 @@ class PreVoteSyncObj(GuardedSyncObj):
         self._pre_vote_yeses: set[Any] = set()
         #: The term a majority agreed this replica may stand in.
         self._pre_vote_won: int | None = None
+        #: Whether the connection to the last leader closed since it was heard.
+        self._leader_gone = False
+        #: Pre-votes from askers whose leader is gone, answered after the
+        #: messages that came with them (the close among them, perhaps).
+        self._pre_vote_deferred: list[tuple[Any, dict]] = []
         self.pre_vote_counts = {"asked": 0, "won": 0, "granted": 0, "refused": 0,
                                 "term_notices": 0}
         super().__init__(*args, **kwargs)
@@ -121,6 +129,10 @@ class PreVoteSyncObj(GuardedSyncObj):
     # -- the gate before pysyncobj's election (tick thread) -----------------
 
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N803 (pysyncobj's name)
+        if self._pre_vote_deferred:
+            deferred, self._pre_vote_deferred = self._pre_vote_deferred, []
+            for node, message in deferred:
+                self._answer_pre_vote(node, message, may_defer=False)
         self._pre_vote_gate()
         super()._onTick(timeToWait)
 
@@ -148,10 +160,15 @@ class PreVoteSyncObj(GuardedSyncObj):
         self.pre_vote_counts["asked"] += 1
         request = {"type": PRE_VOTE, "term": term,
                    "last_log_index": self._SyncObj__getCurrentLogIndex(),
-                   "last_log_term": self._SyncObj__getCurrentLogTerm()}
+                   "last_log_term": self._SyncObj__getCurrentLogTerm(),
+                   "leader_gone": self._leader_gone}
         for node in list(self._SyncObj__otherNodes):
             self._SyncObj__transport.send(node, request)
         period = self._SyncObj__conf.appendEntriesPeriod
+        if self._leader_gone:
+            # The others see the same connection close within moments:
+            # ask again soon rather than after a heartbeat period.
+            period /= 4
         self._SyncObj__raftElectionDeadline = raft_clock() + period * (
             1 + random.random())
 
@@ -173,6 +190,7 @@ class PreVoteSyncObj(GuardedSyncObj):
                 if message["term"] >= self.raftCurrentTerm:
                     # A leader of this term or a later one: no election.
                     self._leader_heard = raft_clock()
+                    self._leader_gone = False
                     self._pre_vote_term = None
                     self._pre_vote_won = None
                 elif self._may_stand() and node in self._SyncObj__otherNodes:
@@ -186,7 +204,7 @@ class PreVoteSyncObj(GuardedSyncObj):
         return (self._SyncObj__raftLeader is not None and raft_clock() - self._leader_heard
                 < self._SyncObj__conf.raftMinTimeout)
 
-    def _answer_pre_vote(self, node: Any, message: dict) -> None:
+    def _answer_pre_vote(self, node: Any, message: dict, may_defer: bool = True) -> None:
         term = message.get("term")
         last_index = message.get("last_log_index")
         last_term = message.get("last_log_term")
@@ -194,11 +212,17 @@ class PreVoteSyncObj(GuardedSyncObj):
             return
         if node not in self._SyncObj__otherNodes:
             return  # not a voter here: its yes or no is nobody's business
+        heard = self._leader_is_heard()
         granted = (term > self.raftCurrentTerm
                    and self._SyncObj__raftState != _LEADER
-                   and not self._leader_is_heard()
+                   and not heard
                    and (last_term, last_index) >= (self._SyncObj__getCurrentLogTerm(),
                                                    self._SyncObj__getCurrentLogIndex()))
+        if heard and may_defer and message.get("leader_gone") is True:
+            # The asker saw its leader's connection close; the same close
+            # may be among the messages this poll has yet to hand over.
+            self._pre_vote_deferred.append((node, message))
+            return
         self.pre_vote_counts["granted" if granted else "refused"] += 1
         self._SyncObj__transport.send(node, {
             "type": PRE_VOTE_RESPONSE, "term": term, "granted": granted,
@@ -236,6 +260,7 @@ class PreVoteSyncObj(GuardedSyncObj):
         self._SyncObj__setState(_FOLLOWER)
         self._SyncObj__raftLeader = None
         self._leader_heard = -math.inf
+        self._leader_gone = False
         self._pre_vote_term = None
         self._pre_vote_won = None
 
@@ -244,4 +269,5 @@ class PreVoteSyncObj(GuardedSyncObj):
             # Its process is gone or it hung up: no leader is heard, so this
             # replica's yes does not wait out the timeout.
             self._leader_heard = -math.inf
+            self._leader_gone = True
         super()._SyncObj__onNodeDisconnected(node)

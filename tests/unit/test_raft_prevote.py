@@ -156,6 +156,29 @@ def test_when_the_leaders_process_is_gone_a_follower_is_elected_at_once():
     cluster.destroy()
 
 
+def test_a_pre_vote_that_comes_before_the_close_it_follows_is_answered_after_it():
+    """b saw a's connection close and asks; c gets the ask before its own
+    copy of the close (one poll hands both over, in any order). c answers
+    once the poll's messages are handled, by then without a leader: yes."""
+    cluster = Cluster(PreVoteKV)
+    cluster.elect("a")
+    cluster.net.down.add("a")
+    cluster.net.transports["b"]._onNodeDisconnected(Node("a"))
+    cluster.time_out("b")
+    cluster.tick("b")
+    [(_, _, ask)] = [m for m in sent(cluster.net, PRE_VOTE) if m[1] == "c"]
+    assert ask["leader_gone"] is True
+    cluster.net.deliver(lambda src, dst, m: dst == "c")
+    assert not sent(cluster.net, PRE_VOTE_RESPONSE)  # held back, not refused
+    cluster.net.transports["c"]._onNodeDisconnected(Node("a"))
+    cluster.tick("c")
+    [(_, _, answer)] = sent(cluster.net, PRE_VOTE_RESPONSE)
+    assert answer["granted"] is True
+    cluster.settle()
+    assert cluster.leaders() == ["b"] and cluster["b"].raftCurrentTerm == 2
+    cluster.destroy()
+
+
 def test_a_voter_whose_log_is_behind_gets_no_yes():
     """c missed entries while cut off; its pre-vote is refused by a voter
     holding more, even with no leader heard, so it never raises a term it
