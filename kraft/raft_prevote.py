@@ -48,8 +48,10 @@ Private pysyncobj names used, beyond those of ``kraft.raft_guard``:
 ``__raftState``, ``__raftElectionDeadline``, ``__transferInProgress``,
 ``__raftLeader``, ``__otherNodes``, ``__selfNode``, ``__transport``,
 ``__conf``, ``__setCurrentTerm``, ``__setState``, ``__getCurrentLogIndex``,
-``__getCurrentLogTerm``, ``__onNodeDisconnected`` and the public ``_poller``.
-They are checked at import. Every time compared with pysyncobj's timers is
+``__getCurrentLogTerm``, ``__onNodeDisconnected`` and the public ``_poller``
+are checked at import; the TCP transport's ``_connections``,
+``_lastConnectAttempt`` and ``TcpConnection.__lastReadTime`` (see
+``_freshen_links``) are used where present. Every time compared with pysyncobj's timers is
 read from pysyncobj's own clock (``raft_clock``: CLOCK_MONOTONIC_RAW, which
 drifts from ``time.monotonic``: they were 0.26 s apart on the machine this
 was written on).
@@ -63,6 +65,7 @@ from typing import Any
 
 from pysyncobj import SyncObj
 from pysyncobj.monotonic import monotonic as raft_clock
+from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 
 from kraft.raft_guard import GuardedSyncObj
 
@@ -81,6 +84,12 @@ for _name in _PRIVATE_METHODS:
     if not callable(getattr(SyncObj, _name, None)):
         raise ImportError(f"pysyncobj has no SyncObj.{_name}: kraft.raft_prevote cannot "
                           "put a pre-vote before its elections")
+
+#: How often an election without a link to a voter tries to connect to it.
+RECONNECT_EVERY_S = 0.1
+
+#: Where pysyncobj's TCP connection keeps the time it last read anything.
+_LAST_READ = "_TcpConnection__lastReadTime"
 
 #: Instance attributes read or set; checked once a replica is constructed.
 PRIVATE_ATTRIBUTES = ("_SyncObj__raftState", "_SyncObj__raftElectionDeadline",
@@ -141,9 +150,10 @@ class PreVoteSyncObj(GuardedSyncObj):
         majority's pre-vote; otherwise ask for one and put the timer off."""
         if (self._SyncObj__raftState == _LEADER or not self._may_stand()
                 or self._SyncObj__raftElectionDeadline >= raft_clock()
-                or self._SyncObj__transferInProgress or not self._SyncObj__otherNodes):
-            return  # no election due, or one pysyncobj may hold at once
-        if self._pre_vote_won == self.raftCurrentTerm + 1:
+                or not self._SyncObj__otherNodes):
+            return  # no election due, or a lone voter's, which pysyncobj holds
+        if self._SyncObj__transferInProgress or self._pre_vote_won == self.raftCurrentTerm + 1:
+            self._freshen_links()  # pysyncobj asks for votes during this tick
             return
         if self._SyncObj__transport.ready:
             # Heartbeats that waited in the socket while this thread was
@@ -158,6 +168,7 @@ class PreVoteSyncObj(GuardedSyncObj):
         self._pre_vote_term = term
         self._pre_vote_yeses = set()
         self.pre_vote_counts["asked"] += 1
+        self._freshen_links()
         request = {"type": PRE_VOTE, "term": term,
                    "last_log_index": self._SyncObj__getCurrentLogIndex(),
                    "last_log_term": self._SyncObj__getCurrentLogTerm(),
@@ -171,6 +182,39 @@ class PreVoteSyncObj(GuardedSyncObj):
             period /= 4
         self._SyncObj__raftElectionDeadline = raft_clock() + period * (
             1 + random.random())
+
+    def _freshen_links(self) -> None:
+        """pysyncobj closes a connection on which it sends after reading
+        nothing for ``connectionTimeout`` (``TcpConnection.__trySendBuffer``),
+        and the message with it. That is meant for a peer that stopped
+        answering; but two followers never speak to each other while a leader
+        is heard, so the first message of an election would always find their
+        link idle, be dropped, and wait for a reconnection (up to
+        ``connectionRetryTime``). A connected link is counted as read from
+        when an election starts talking on it; a dead peer still shows as a
+        send error, or through TCP keepalive and the timeout after this.
+
+        A link that is down (a voter restarted moments ago) is tried again at
+        the transport's next tick rather than after ``connectionRetryTime``,
+        at most every ``RECONNECT_EVERY_S``: the side that connects is asking
+        too, and its asks reach the other side once it has."""
+        transport = self._SyncObj__transport
+        connections = getattr(transport, "_connections", None)
+        attempts = getattr(transport, "_lastConnectAttempt", None)
+        if not connections:
+            return  # not pysyncobj's TCP transport
+        now = raft_clock()
+        for node in self._SyncObj__otherNodes:
+            connection = connections.get(node)
+            if not isinstance(connection, TcpConnection) or node == self._SyncObj__raftLeader:
+                continue  # the leader whose connection closed is not called again sooner
+            if connection.state == CONNECTION_STATE.CONNECTED:
+                if hasattr(connection, _LAST_READ):
+                    setattr(connection, _LAST_READ, now)
+            elif (connection.state == CONNECTION_STATE.DISCONNECTED
+                    and isinstance(attempts, dict)
+                    and now - attempts.get(node, now) > RECONNECT_EVERY_S):
+                del attempts[node]
 
     # -- messages (tick thread) ---------------------------------------------
 
@@ -213,11 +257,19 @@ class PreVoteSyncObj(GuardedSyncObj):
         if node not in self._SyncObj__otherNodes:
             return  # not a voter here: its yes or no is nobody's business
         heard = self._leader_is_heard()
+        theirs = (last_term, last_index)
+        mine = (self._SyncObj__getCurrentLogTerm(), self._SyncObj__getCurrentLogIndex())
+        # Two voters asking about the same term with the same log would both
+        # win if each said yes to the other, and split the real vote (a
+        # random 1-2 election timeouts more). The lower id keeps its own; one
+        # that has won already stands in that term and votes for itself.
+        contending = self._pre_vote_won == term or (
+            self._pre_vote_term == term and theirs == mine
+            and str(self._SyncObj__selfNode.id) < str(node.id))
         granted = (term > self.raftCurrentTerm
                    and self._SyncObj__raftState != _LEADER
                    and not heard
-                   and (last_term, last_index) >= (self._SyncObj__getCurrentLogTerm(),
-                                                   self._SyncObj__getCurrentLogIndex()))
+                   and theirs >= mine and not contending)
         if heard and may_defer and message.get("leader_gone") is True:
             # The asker saw its leader's connection close; the same close
             # may be among the messages this poll has yet to hand over.

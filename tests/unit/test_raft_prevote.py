@@ -8,12 +8,16 @@ what plain pysyncobj does, both classes run it and the test asserts each.
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from kraft import raft_prevote
 from kraft.raft_prevote import PRE_VOTE, PRE_VOTE_RESPONSE, TERM_NOTICE, PreVoteSyncObj
 from pysyncobj import SyncObj
 from pysyncobj.node import Node
+from pysyncobj.poller import createPoller
+from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 from tests.unit.test_pysyncobj_stale_append import FakeNet, handle, kv_class
 
 PlainKV = kv_class(SyncObj)
@@ -177,6 +181,81 @@ def test_a_pre_vote_that_comes_before_the_close_it_follows_is_answered_after_it(
     cluster.settle()
     assert cluster.leaders() == ["b"] and cluster["b"].raftCurrentTerm == 2
     cluster.destroy()
+
+
+def test_two_voters_asking_at_once_with_the_same_log_do_not_both_win():
+    """b and c both ask about term 2 and their asks cross (a link that came
+    up with both waiting). Were each to say yes, both would stand and split
+    the vote. The lower id keeps its own: exactly one wins and is elected."""
+    cluster = Cluster(PreVoteKV)
+    cluster.elect("a")
+    cluster.net.down.add("a")
+    for name in ("b", "c"):
+        cluster.net.transports[name]._onNodeDisconnected(Node("a"))
+        cluster.time_out(name)
+    cluster.tick("b")
+    cluster.tick("c")
+    assert len(sent(cluster.net, PRE_VOTE)) == 2  # each asks the other (a is down)
+    cluster.settle()
+    assert cluster["b"].pre_vote_counts["won"] + cluster["c"].pre_vote_counts["won"] == 1
+    assert cluster.leaders() == ["b"]
+    assert cluster.terms()["b"] == cluster.terms()["c"] == 2
+    cluster.destroy()
+
+
+def test_a_voter_that_won_its_pre_vote_says_no_to_another_for_the_same_term():
+    """c won its pre-vote for term 2 and stands at its next tick; b's ask
+    for term 2, arriving first, is refused whatever the ids: c will vote
+    for itself in that term."""
+    cluster = Cluster(PreVoteKV)
+    cluster.elect("a")
+    cluster.net.down.add("a")
+    for name in ("b", "c"):
+        cluster.net.transports[name]._onNodeDisconnected(Node("a"))
+    cluster.time_out("c")
+    cluster.tick("c")
+    cluster.net.deliver(lambda src, dst, m: m["type"] == PRE_VOTE)  # b answers c
+    handle(cluster["c"], "b", cluster.net.take(
+        lambda src, dst, m: m["type"] == PRE_VOTE_RESPONSE)[0][2])
+    assert cluster["c"]._pre_vote_won == 2  # stands at its next tick
+    handle(cluster["c"], "b", {"type": PRE_VOTE, "term": 2, "last_log_index": 2,
+                               "last_log_term": 1, "leader_gone": True})
+    [(_, _, answer)] = sent(cluster.net, PRE_VOTE_RESPONSE)
+    assert answer["granted"] is False
+    cluster.settle()
+    assert cluster.leaders() == ["c"] and cluster.terms()["c"] == 2
+    cluster.destroy()
+
+
+def test_an_idle_link_carries_the_first_message_of_an_election():
+    """pysyncobj closes a connection it sends on after reading nothing for
+    its timeout, dropping the message: what two followers' link always looks
+    like. The pre-vote counts a connected link as read from first."""
+    poller = createPoller("auto")
+    mine, theirs = socket.socketpair()
+    try:
+        idle = TcpConnection(poller, socket=mine, timeout=1.0)
+        setattr(idle, raft_prevote._LAST_READ, raft_prevote.raft_clock() - 5)
+        idle.send({"type": PRE_VOTE})
+        assert idle.state == CONNECTION_STATE.DISCONNECTED  # pysyncobj's own behaviour
+    finally:
+        theirs.close()
+    cluster = Cluster(PreVoteKV)
+    cluster.elect("a")
+    mine, theirs = socket.socketpair()
+    try:
+        link = TcpConnection(poller, socket=mine, timeout=1.0)
+        setattr(link, raft_prevote._LAST_READ, raft_prevote.raft_clock() - 5)
+        cluster.net.transports["b"]._connections = {Node("c"): link}
+        cluster["b"]._freshen_links()
+        link.send({"type": PRE_VOTE})
+        assert link.state == CONNECTION_STATE.CONNECTED
+        theirs.settimeout(5)
+        assert theirs.recv(4)  # the message's length prefix arrived
+        link.disconnect()
+    finally:
+        theirs.close()
+        cluster.destroy()
 
 
 def test_a_voter_whose_log_is_behind_gets_no_yes():
