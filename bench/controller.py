@@ -6,7 +6,11 @@ loopback (chaos/cluster.py), next to references measured in the same run:
 1. Controller failover: kill -9 the active controller and time until
    another one is active, and until a topic creation succeeds through it.
    Repeated ``--failovers`` times; the killed controller is restarted and
-   caught up before the next kill.
+   caught up before the next kill. Then, ``--pauses`` times, a follower
+   controller is paused (SIGSTOP) for five election timeouts and resumed:
+   for four election timeouts after SIGCONT, whether the term changed (an
+   election: none should, with pre-vote) and the longest time no controller
+   was active (what an election costs the clients of the control plane).
 2. Broker failure to new leader: a topic with replication factor 3, kill -9
    the broker leading its partition 0, and time until every partition it
    led has a new leader. Bounded below by the session timeout (the lease
@@ -45,6 +49,9 @@ CREATE_PATH = "/v1/controller/topics/create"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--failovers", type=int, default=10,
                         help="controller kills to time (default %(default)s)")
+    parser.add_argument("--pauses", type=int, default=5,
+                        help="follower controller pauses of five election timeouts each "
+                             "(default %(default)s)")
     parser.add_argument("--broker-failovers", type=int, default=5,
                         help="broker kills to time (default %(default)s)")
     parser.add_argument("--creations", type=int, default=500,
@@ -76,8 +83,9 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             print(f"--{name.replace('_', '-')} must be at least 1", file=sys.stderr)
             return 2
-    if args.existing_topics < 0:
-        print("--existing-topics must be 0 or more", file=sys.stderr)
+    if args.existing_topics < 0 or args.pauses < 0:
+        print(f"--{'pauses' if args.pauses < 0 else 'existing-topics'} must be 0 or more",
+              file=sys.stderr)
         return 2
     settings = dict(FAST_SETTINGS)
     settings["broker.session.timeout.ms"] = args.session_timeout_ms
@@ -91,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         secret = args.raft_secret == "on"
         results["raft_secret"] = secret
         results["controller_failover"] = controller_failover(work, settings, args.failovers,
-                                                             secret)
+                                                             secret, args.pauses)
         results["broker_failover"] = broker_failover(work, settings, args.broker_failovers,
                                                      secret)
         results["topic_creations"] = topic_creations(work, settings, args.creations,
@@ -179,9 +187,11 @@ def wait_for_full_quorum(cluster: ProcessCluster, timeout_s: float = 20) -> None
     wait_until(whole, timeout_s, "every controller connected and caught up")
 
 
-def controller_failover(work: str, settings: dict, rounds: int, raft_secret: bool = True
-                        ) -> dict:
+def controller_failover(work: str, settings: dict, rounds: int, raft_secret: bool = True,
+                        pauses: int = 0) -> dict:
     durations_active, durations_created = [], []
+    paused_s = 5 * settings["controller.quorum.election.timeout.ms"] / 1000
+    elections, stretches_without_active = 0, []
     with ProcessCluster(os.path.join(work, "controllers"), controllers=3, brokers=1,
                         settings=settings, raft_secret=raft_secret) as cluster:
         cluster.start()
@@ -201,9 +211,37 @@ def controller_failover(work: str, settings: dict, rounds: int, raft_secret: boo
                      f"{durations_active[-1] * 1000:.0f} ms, topic created after "
                      f"{durations_created[-1] * 1000:.0f} ms")
             cluster.start([old])
+        for i in range(pauses):
+            wait_for_full_quorum(cluster)
+            active = cluster.wait_for_active_controller()
+            term = cluster.quorum(active)["term"]
+            follower = next(c for c in cluster.controller_ids if c != active)
+            cluster.pause(follower)
+            time.sleep(paused_s)
+            cluster.resume(follower)
+            window_end = time.monotonic() + 4 * paused_s / 5
+            without = longest = 0.0
+            last = time.monotonic()
+            while (now := time.monotonic()) < window_end:
+                without = 0.0 if cluster.active_controller() is not None else \
+                    without + (now - last)
+                longest = max(longest, without)
+                last = now
+                time.sleep(0.01)
+            stretches_without_active.append(longest)
+            now_term = cluster.quorum(cluster.wait_for_active_controller())["term"]
+            elections += now_term != term
+            progress(f"follower pause {i + 1}/{pauses}: {paused_s:.1f} s, "
+                     f"{'an election' if now_term != term else 'no election'}, "
+                     f"{longest * 1000:.0f} ms without an active controller")
     progress("")
-    return {"to_active": summary_ms(durations_active),
-            "to_topic_created": summary_ms(durations_created)}
+    result = {"to_active": summary_ms(durations_active),
+              "to_topic_created": summary_ms(durations_created)}
+    if pauses:
+        result["follower_pauses"] = {"paused_s": paused_s, "count": pauses,
+                                     "elections": elections,
+                                     "without_active": summary_ms(stretches_without_active)}
+    return result
 
 
 # -- 2. broker failure to new leader ---------------------------------------
@@ -332,6 +370,16 @@ def format_report(r: dict) -> str:
         f"{'broker kill -9 -> new partition leaders':44} "
         f"{bf['to_new_leaders']['p50_ms']:>7.0f}ms {bf['to_new_leaders']['max_ms']:>7.0f}ms "
         f"{bf['to_new_leaders']['count']:>4}   (session timeout {bf['session_timeout_ms']} ms)",
+    ]
+    pauses = cf.get("follower_pauses")
+    if pauses:
+        back = pauses["without_active"]
+        lines += [
+            f"{'follower paused: no active controller':44} {back['p50_ms']:>7.0f}ms "
+            f"{back['max_ms']:>7.0f}ms {back['count']:>4}   (paused "
+            f"{pauses['paused_s']:.1f} s; elections caused: {pauses['elections']} of "
+            f"{pauses['count']})"]
+    lines += [
         "",
         f"{'topic creations (1 partition, RF 3)':44} {'per s':>9} {'p50':>9} {'p99':>9}",
     ]

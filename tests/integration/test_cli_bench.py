@@ -426,6 +426,33 @@ def test_bench_controller_creations_on_a_cluster_that_already_holds_topics(tmp_p
     assert "on a cluster already holding 6 topics:" in report
 
 
+def test_bench_controller_times_a_failover_and_pauses_a_follower_without_an_election(tmp_path):
+    """`kraftlog bench controller`'s failover part on a real cluster: one
+    kill -9 of the active controller timed, then a follower paused for five
+    election timeouts, which causes no election: a controller is active
+    throughout the four election timeouts watched after it."""
+    from bench import controller
+    from chaos.cluster import FAST_SETTINGS
+
+    result = controller.controller_failover(str(tmp_path), dict(FAST_SETTINGS), rounds=1,
+                                            pauses=1)
+    assert result["to_active"]["count"] == result["to_topic_created"]["count"] == 1
+    pauses = result["follower_pauses"]
+    assert pauses["count"] == 1 and pauses["elections"] == 0
+    assert pauses["paused_s"] == 5 * FAST_SETTINGS["controller.quorum.election.timeout.ms"] / 1000
+    assert pauses["without_active"]["count"] == 1
+    assert pauses["without_active"]["max_ms"] == 0
+    report = controller.format_report({
+        "settings": {}, "raft_secret": True, "fsync": {"fsyncs_per_s": 1000.0, "fsync_ms": 1.0},
+        "topic_creations": {"sequential": {"clients": 1, "creations_per_s": 1.0, "p50_ms": 1.0,
+                                           "p99_ms": 1.0}},
+        "controller_failover": result,
+        "broker_failover": {"to_new_leaders": {"p50_ms": 1.0, "max_ms": 1.0, "count": 1},
+                            "session_timeout_ms": 3000}})
+    assert "follower paused: no active controller" in report
+    assert "elections caused: 0 of 1" in report
+
+
 def test_bench_controller_refuses_a_negative_existing_topics():
     result = subprocess.run([sys.executable, "-m", "api.cli", "bench", "controller",
                              "--existing-topics", "-1"], capture_output=True, text=True,
