@@ -400,6 +400,29 @@ def test_a_benchmark_killed_with_sigterm_stops_the_cluster_it_started(tmp_path):
             bench.wait()
 
 
+# -- bench clients --------------------------------------------------------------------------
+def test_bench_clients_reports_the_clients_and_the_brokers_own_produce_latency(tmp_path):
+    """Both rounds of `kraftlog bench clients` on a real broker, small: each
+    round's records acknowledged in the clients, and the broker's own
+    produce handling time read from its latency histogram over the round
+    (a bucket bound, as many requests as records at linger 0)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "api.cli", "bench", "clients", "--clients", "4",
+         "--reference-clients", "2", "--processes", "2", "--seconds", "2", "--rate", "100",
+         "--dir", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=180,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert result.returncode == 0, result.stderr
+    rounds = json.loads(result.stdout)["rounds"]
+    assert [r["clients"] for r in rounds] == [2, 4]
+    for r in rounds:
+        produced = r["produced"]
+        assert r["failed"] == 0 and produced > 0 and r["p99_ms"] is not None
+        # Every send was one produce request the histogram saw, and no other.
+        assert abs(r["broker_produces"] - produced) <= max(2, produced // 20), r
+        assert 0 < r["broker_p50_ms"] <= r["broker_p99_ms"] < float("inf")
+
+
 # -- bench controller -----------------------------------------------------------------------
 def test_bench_controller_creations_on_a_cluster_that_already_holds_topics(tmp_path):
     """The write-rate runs of `kraftlog bench controller` after
