@@ -17,6 +17,8 @@ from typing import Any
 #: Full garbage collections' buckets in seconds: 5 ms to 5 s.
 GC_BUCKETS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 #: Request latency buckets in seconds: 0.5 ms to 10 s.
+#: How often the broker measures its event loop's lag.
+LOOP_LAG_PERIOD_S = 0.1
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                      1.0, 2.5, 5.0, 10.0)
 
@@ -158,6 +160,10 @@ class BrokerMetrics:
         self.partition_errors = r.add(Counter(
             "kraftlog_partition_errors_total", "Per-partition errors, by API and code.",
             ("api", "code")))
+        self.loop_lag = r.add(Histogram(
+            "kraftlog_event_loop_lag_seconds", "How late the broker's event loop ran a timer "
+            f"due every {LOOP_LAG_PERIOD_S:g} s: about as long as a request that arrives then "
+            "waits before the loop reads it."))
         self.gc_full_pauses = r.add(Histogram(
             "kraftlog_gc_full_collection_seconds", "Full (oldest-generation) garbage "
             "collections of the broker process and how long each stopped it.",

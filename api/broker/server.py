@@ -36,7 +36,7 @@ from api.broker.groups.api import GroupApi
 from api.broker.groups.service import OFFSETS_TOPIC, GroupService
 from api.broker.isr import AlterPartitionSender
 from api.broker.lifecycle import BrokerLifecycle
-from api.broker.metrics import BrokerMetrics
+from api.broker.metrics import LOOP_LAG_PERIOD_S, BrokerMetrics
 from api.broker.producers import ProducerApi, ProducerIdManager
 from api.broker.kafka_listener import KafkaListener
 from api.broker.console import Console
@@ -164,6 +164,7 @@ class BrokerServer:
         self.hw_checkpoint_interval_ms = config.settings[
             "replica.high.watermark.checkpoint.interval.ms"]
         self._hw_task: asyncio.Task | None = None
+        self._lag_task: asyncio.Task | None = None
         # One high-watermark checkpoint write at a time (they share a temp file).
         self._hw_lock = asyncio.Lock()
         self.metrics = BrokerMetrics(self._partition_counts, self._leader_counts,
@@ -244,6 +245,7 @@ class BrokerServer:
         self.transactions.start()
         self._hw_task = asyncio.create_task(self._checkpoint_high_watermarks_loop(),
                                             name="high-watermark-checkpoint")
+        self._lag_task = asyncio.create_task(self._measure_loop_lag(), name="event-loop-lag")
         self._session = tls.session(self.config.tls.peer if self.config.tls else None)
         app = web.Application(middlewares=[self._metrics_middleware, wire.error_middleware,
                                            self._size_middleware],
@@ -298,7 +300,19 @@ class BrokerServer:
             await self.kafka.start()
             logger.info("broker %d speaks Kafka's protocol on %s", self.config.node_id, kafka)
 
+    async def _measure_loop_lag(self) -> None:
+        """``kraftlog_event_loop_lag_seconds``: how late a timer runs."""
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + LOOP_LAG_PERIOD_S
+            await asyncio.sleep(LOOP_LAG_PERIOD_S)
+            self.metrics.loop_lag.observe(max(0.0, loop.time() - due))
+
     async def stop(self) -> None:
+        if self._lag_task is not None:
+            self._lag_task.cancel()
+            await asyncio.gather(self._lag_task, return_exceptions=True)
+            self._lag_task = None
         if self.metrics.gc_full_pauses.observe in gc_pauses.observers:
             gc_pauses.observers.remove(self.metrics.gc_full_pauses.observe)
         if self.kafka is not None:

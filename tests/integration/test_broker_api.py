@@ -1039,6 +1039,20 @@ def test_metrics_count_requests_bytes_and_messages_exactly(url):
     assert sample(scrape(url), "kraftlog_requests_total", api="/v1/produce", code="400") >= 1
 
 
+def test_the_event_loop_lag_is_measured_ten_times_a_second(url):
+    """`kraftlog_event_loop_lag_seconds`: how late the broker's event loop
+    runs a timer due every 100 ms (what a request arriving then waits before
+    it is read); an idle broker's lag sits in the low buckets."""
+    before = scrape(url)
+    count = "kraftlog_event_loop_lag_seconds_count"
+    wait_until(lambda: sample(scrape(url), count) >= sample(before, count) + 5, 10,
+               "five more measurements of the event loop's lag")
+    after = scrape(url)
+    total = sample(after, count)
+    assert sample(after, "kraftlog_event_loop_lag_seconds_bucket", le="+Inf") == total
+    assert sample(after, "kraftlog_event_loop_lag_seconds_bucket", le="1.0") >= total * 0.9
+
+
 # == 10. REST proxy (single node) ======================================================
 
 def rest_produce(url: str, topic: str, records: list[dict], content_type: str = JSON_V2,
