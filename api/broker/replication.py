@@ -586,12 +586,15 @@ class ReplicationCore:
                     session.dirty[tp] = None
                     if session.parked is not None:
                         ids.add(session.parked)
+            # Waiting fetches at one position of one partition (consumers
+            # that all read from its end) count its bytes once per pass.
+            counted: dict[tuple, int | None] = {}
             for request_id in sorted(ids):
                 if request_id in self._parked_produces:
                     self._check_produce(self._parked_produces[request_id])
                 elif request_id in self._parked_fetches:
                     parked = self._parked_fetches[request_id]
-                    if self._brings_enough(parked, touched):
+                    if self._brings_enough(parked, touched, counted):
                         self._answer_fetch(parked, final=False)
         for session in self._sessions.values():
             self._maybe_fetch(session, now_ms)
@@ -1446,14 +1449,16 @@ class ReplicationCore:
             return False
         return True
 
-    def _brings_enough(self, parked: _ParkedFetch, touched: set[TopicPartition]) -> bool:
+    def _brings_enough(self, parked: _ParkedFetch, touched: set[TopicPartition],
+                       counted: dict[tuple, int | None] | None = None) -> bool:
         """Whether the partitions of ``touched`` that the waiting fetch
         ``parked`` reads (named, or its session's others) bring it to its
         ``min_bytes``, or fail. Only those are read, so a burst of touches
         one at a time (a thousand ISR answers, metadata changes) costs what
         it touched, not the fetch's partitions each time; bytes found by
         earlier touches count. A partition whose only news is a high
-        watermark or log start waits for the fetch's deadline, as before."""
+        watermark or log start waits for the fetch's deadline, as before.
+        ``counted``: bytes already counted in this pass (``_available``)."""
         by_tp = parked.by_tp
         small, big = (touched, by_tp) if len(touched) <= len(by_tp) else (by_tp, touched)
         specs = [by_tp[tp] for tp in small if tp in big]
@@ -1467,7 +1472,8 @@ class ReplicationCore:
             return False
         request = parked.request
         available = self._available(specs, follower=request.replica_id >= 0,
-                                    committed=request.isolation_level == READ_COMMITTED)
+                                    committed=request.isolation_level == READ_COMMITTED,
+                                    counted=counted)
         if available is None:
             return True
         seen = parked.seen_bytes
@@ -1625,25 +1631,36 @@ class ReplicationCore:
         return (replica_epoch >= 0 and registered is not None
                 and registered.broker_epoch > replica_epoch)
 
-    def _available(self, specs: list[FetchSpec], follower: bool, committed: bool
-                   ) -> list[int] | None:
+    def _available(self, specs: list[FetchSpec], follower: bool, committed: bool,
+                   counted: dict[tuple, int | None] | None = None) -> list[int] | None:
         """The bytes each partition of ``specs`` would bring a read now (at
         most its ``max_bytes``), counted from positions without reading the
         records; None if any would fail (the fetch is then answered). A
         parked fetch asks this at every touch of its partitions, so with
-        many consumers waiting on a partition it must not read the log."""
+        many consumers waiting on a partition it must not read the log.
+        ``counted`` keeps each (partition, leader epoch, offset, bound)
+        counted, for the other fetches waiting there in the same pass."""
         found = []
-        serving = self.lifecycle.not_serving_reason() is None
-        try:
-            for spec in specs:
-                part = self._led(spec.tp, spec.current_leader_epoch, serving)
-                upper_bound = (part.log_end_offset if follower
-                               else part.last_stable_offset if committed
-                               else part.high_watermark)
-                found.append(min(spec.max_bytes,
-                                 part.log.bytes_between(spec.offset, upper_bound)))
-        except Exception:  # noqa: BLE001  the read at the answer says what failed
-            return None
+        serving = None
+        for spec in specs:
+            key = (spec.tp, spec.current_leader_epoch, spec.offset, follower, committed)
+            count = counted.get(key, -1) if counted is not None else -1
+            if count == -1:
+                if serving is None:
+                    serving = self.lifecycle.not_serving_reason() is None
+                try:
+                    part = self._led(spec.tp, spec.current_leader_epoch, serving)
+                    upper_bound = (part.log_end_offset if follower
+                                   else part.last_stable_offset if committed
+                                   else part.high_watermark)
+                    count = part.log.bytes_between(spec.offset, upper_bound)
+                except Exception:  # noqa: BLE001  the read at the answer says what failed
+                    count = None
+                if counted is not None:
+                    counted[key] = count
+            if count is None:
+                return None
+            found.append(min(spec.max_bytes, count))
         return found
 
     def _read_all(self, specs: list[FetchSpec], max_bytes: int, follower: bool,
