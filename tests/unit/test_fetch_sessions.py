@@ -551,7 +551,8 @@ def test_many_consumers_waiting_on_a_partition_cost_an_append_no_reads(tmp_path)
     batch (fetch.min.bytes): each append asks how much each now finds from
     the batches' positions, not by reading the log (which made an append
     cost waiters x batches read, a quarter of a broker's CPU with 500
-    consumers); once enough is there, every one is answered with it."""
+    consumers), and counts them once for all fetches waiting at one offset;
+    once enough is there, every one is answered with it."""
     meta = MetadataImage()
     meta.apply(RegisterBrokerRecord(LEADER, "inc", {"BROKER": "127.0.0.1:9001"}, None),
                meta.offset + 1)
@@ -570,13 +571,16 @@ def test_many_consumers_waiting_on_a_partition_cost_an_append_no_reads(tmp_path)
             "max_wait_ms": 10_000, "min_bytes": batch * 5}), 2)
     assert not [a for a in of(leader.ready(), Respond) if a.request_id in waiting]
     log = leader.partitions[tp].log
-    reads = []
-    real_read = log.read
+    reads, counts = [], []
+    real_read, real_count = log.read, log.bytes_between
     log.read = lambda *args, **kwargs: (reads.append(args), real_read(*args, **kwargs))[1]
+    log.bytes_between = lambda *args: (counts.append(args), real_count(*args))[1]
     for now in range(3, 7):  # four batches: not yet enough for any of them
         produce(leader, tp, 1, now)
         assert not [a for a in of(leader.ready(), Respond) if a.request_id in waiting]
     assert reads == []
+    # All fifty wait at one offset: each append counts its bytes once for them.
+    assert len(counts) <= 2 * 4, counts
     produce(leader, tp, 1, 7)  # the fifth: every one answered, with all five
     answers = [a for a in of(leader.ready(), Respond) if a.request_id in waiting]
     assert sorted(a.request_id for a in answers) == sorted(waiting)
