@@ -18,6 +18,7 @@ from pysyncobj import SyncObj
 from pysyncobj.node import Node
 from pysyncobj.poller import createPoller
 from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
+from tests.unit import test_pysyncobj_stale_append as stale_append
 from tests.unit.test_pysyncobj_stale_append import FakeNet, handle, kv_class
 
 PlainKV = kv_class(SyncObj)
@@ -25,23 +26,9 @@ PreVoteKV = kv_class(PreVoteSyncObj)
 BOTH = pytest.mark.parametrize("kv", [PlainKV, PreVoteKV], ids=["pysyncobj", "pre-vote"])
 
 
-class Cluster:
-    """Voters a, b, c of class ``kv`` on one FakeNet, every pair connected."""
-
-    def __init__(self, kv: type) -> None:
-        self.net = FakeNet()
-        names = ["a", "b", "c"]
-        self.nodes = {n: kv(n, [o for o in names if o != n], self.net) for n in names}
-        for transport in self.net.transports.values():
-            transport.connect_all()
-
-    def __getitem__(self, name: str):
-        return self.nodes[name]
-
-    def tick(self, *names: str) -> None:
-        for name in names or tuple(self.nodes):
-            if name not in self.net.down:
-                self.nodes[name].doTick(0)
+class Cluster(stale_append.Cluster):
+    """Voters a, b, c of class ``kv`` on one FakeNet, every pair connected;
+    elections go through the pre-vote, so they take several deliveries."""
 
     def settle(self, rounds: int = 6) -> None:
         """Deliver everything and tick everybody, a few times over."""
@@ -61,10 +48,14 @@ class Cluster:
         self.round(name)
 
     def round(self, leader: str) -> None:
-        self.nodes[leader]._SyncObj__sendAppendEntries()
+        super().round(leader)
         self.net.deliver()
-        self.tick()
-        self.net.deliver()
+
+    def crash(self, name: str, seen_by: tuple[str, ...]) -> None:
+        """kill -9 of ``name``: down, and its connections close at ``seen_by``."""
+        self.net.down.add(name)
+        for other in seen_by:
+            self.net.transports[other]._onNodeDisconnected(Node(name))
 
     def terms(self) -> dict[str, int]:
         return {n: node.raftCurrentTerm for n, node in self.nodes.items()}
@@ -72,10 +63,6 @@ class Cluster:
     def leaders(self) -> list[str]:
         return [n for n, node in self.nodes.items()
                 if n not in self.net.down and node._isLeader()]
-
-    def destroy(self) -> None:
-        for node in self.nodes.values():
-            node.destroy()
 
 
 def sent(net: FakeNet, kind: str) -> list[tuple[str, str, dict]]:
@@ -147,9 +134,7 @@ def test_when_the_leaders_process_is_gone_a_follower_is_elected_at_once():
     elected in the next term."""
     cluster = Cluster(PreVoteKV)
     cluster.elect("a")
-    cluster.net.down.add("a")
-    for name in ("b", "c"):
-        cluster.net.transports[name]._onNodeDisconnected(Node("a"))
+    cluster.crash("a", seen_by=("b", "c"))
     granted = cluster["c"].pre_vote_counts["granted"]
     cluster.time_out("b")
     cluster.settle()
@@ -166,8 +151,7 @@ def test_a_pre_vote_that_comes_before_the_close_it_follows_is_answered_after_it(
     once the poll's messages are handled, by then without a leader: yes."""
     cluster = Cluster(PreVoteKV)
     cluster.elect("a")
-    cluster.net.down.add("a")
-    cluster.net.transports["b"]._onNodeDisconnected(Node("a"))
+    cluster.crash("a", seen_by=("b",))
     cluster.time_out("b")
     cluster.tick("b")
     [(_, _, ask)] = [m for m in sent(cluster.net, PRE_VOTE) if m[1] == "c"]
@@ -189,10 +173,9 @@ def test_two_voters_asking_at_once_with_the_same_log_do_not_both_win():
     the vote. The lower id keeps its own: exactly one wins and is elected."""
     cluster = Cluster(PreVoteKV)
     cluster.elect("a")
-    cluster.net.down.add("a")
-    for name in ("b", "c"):
-        cluster.net.transports[name]._onNodeDisconnected(Node("a"))
-        cluster.time_out(name)
+    cluster.crash("a", seen_by=("b", "c"))
+    cluster.time_out("b")
+    cluster.time_out("c")
     cluster.tick("b")
     cluster.tick("c")
     assert len(sent(cluster.net, PRE_VOTE)) == 2  # each asks the other (a is down)
@@ -209,9 +192,7 @@ def test_a_voter_that_won_its_pre_vote_says_no_to_another_for_the_same_term():
     for itself in that term."""
     cluster = Cluster(PreVoteKV)
     cluster.elect("a")
-    cluster.net.down.add("a")
-    for name in ("b", "c"):
-        cluster.net.transports[name]._onNodeDisconnected(Node("a"))
+    cluster.crash("a", seen_by=("b", "c"))
     cluster.time_out("c")
     cluster.tick("c")
     cluster.net.deliver(lambda src, dst, m: m["type"] == PRE_VOTE)  # b answers c
@@ -268,9 +249,8 @@ def test_a_voter_whose_log_is_behind_gets_no_yes():
     cluster["a"].put("k", "v")
     cluster.tick("a")
     cluster.round("a")
-    cluster.net.down = {"a"}
-    cluster.net.transports["b"]._onNodeDisconnected(Node("a"))
-    cluster.net.transports["c"]._onNodeDisconnected(Node("a"))
+    cluster.net.down = set()
+    cluster.crash("a", seen_by=("b", "c"))
     cluster.time_out("c")
     cluster.tick("c")
     cluster.net.deliver()
