@@ -114,8 +114,9 @@ class PreVoteSyncObj(GuardedSyncObj):
         #: The term the pre-vote in progress asks about (None: none asked).
         self._pre_vote_term: int | None = None
         self._pre_vote_yeses: set[Any] = set()
-        #: The term a majority agreed this replica may stand in.
+        #: The term a majority agreed this replica may stand in, and when.
         self._pre_vote_won: int | None = None
+        self._pre_vote_won_at = -math.inf
         #: Whether the connection to the last leader closed since it was heard.
         self._leader_gone = False
         #: Pre-votes from askers whose leader is gone, answered after the
@@ -152,6 +153,11 @@ class PreVoteSyncObj(GuardedSyncObj):
                 or self._SyncObj__raftElectionDeadline >= raft_clock()
                 or not self._SyncObj__otherNodes):
             return  # no election due, or a lone voter's, which pysyncobj holds
+        if (self._pre_vote_won is not None and raft_clock() - self._pre_vote_won_at
+                > self._SyncObj__conf.raftMinTimeout):
+            # Won, but not stood on in time (connected to nobody meanwhile):
+            # the yeses describe a cluster that may have moved on. Ask again.
+            self._pre_vote_won = None
         if self._SyncObj__transferInProgress or self._pre_vote_won == self.raftCurrentTerm + 1:
             self._freshen_links()  # pysyncobj asks for votes during this tick
             return
@@ -294,6 +300,7 @@ class PreVoteSyncObj(GuardedSyncObj):
         if len(self._pre_vote_yeses) + 1 > (len(self._SyncObj__otherNodes) + 1) / 2:
             self.pre_vote_counts["won"] += 1
             self._pre_vote_won = self._pre_vote_term
+            self._pre_vote_won_at = raft_clock()
             self._pre_vote_term = None
             self._SyncObj__raftElectionDeadline = 0.0  # stand at the next tick
 

@@ -208,6 +208,29 @@ def test_a_voter_that_won_its_pre_vote_says_no_to_another_for_the_same_term():
     cluster.destroy()
 
 
+def test_a_pre_vote_won_but_not_stood_on_in_time_is_asked_again():
+    """b won its pre-vote but could not stand (connected to nobody, say)
+    for longer than the election timeout: those yeses may be stale, so b
+    asks again before it stands."""
+    cluster = Cluster(PreVoteKV)
+    cluster.elect("a")
+    cluster.crash("a", seen_by=("b", "c"))
+    b = cluster["b"]
+    cluster.time_out("b")
+    cluster.tick("b")
+    cluster.net.deliver(lambda src, dst, m: m["type"] == PRE_VOTE)
+    cluster.net.deliver(lambda src, dst, m: m["type"] == PRE_VOTE_RESPONSE)
+    assert b._pre_vote_won == 2
+    b._pre_vote_won_at -= 2 * b._SyncObj__conf.raftMinTimeout  # as if that long ago
+    asked = b.pre_vote_counts["asked"]
+    cluster.tick("b")
+    assert b.pre_vote_counts["asked"] == asked + 1
+    assert not sent(cluster.net, "request_vote") and b.raftCurrentTerm == 1
+    cluster.settle()
+    assert cluster.leaders() == ["b"] and b.raftCurrentTerm == 2
+    cluster.destroy()
+
+
 def test_an_idle_link_carries_the_first_message_of_an_election():
     """pysyncobj closes a connection it sends on after reading nothing for
     its timeout, dropping the message: what two followers' link always looks
