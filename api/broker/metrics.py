@@ -16,9 +16,9 @@ from typing import Any
 
 #: Full garbage collections' buckets in seconds: 5 ms to 5 s.
 GC_BUCKETS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
-#: Request latency buckets in seconds: 0.5 ms to 10 s.
 #: How often the broker measures its event loop's lag.
 LOOP_LAG_PERIOD_S = 0.1
+#: Request latency buckets in seconds: 0.5 ms to 10 s.
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                      1.0, 2.5, 5.0, 10.0)
 
