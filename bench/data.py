@@ -91,8 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
                             help="the topic's min.insync.replicas: acks=all writes are "
                                  "refused while fewer replicas are in sync (default "
                                  "%(default)s)")
-    parser.add_argument("--dir", help="where the fresh node keeps its data "
-                                      "(default: a temporary directory, removed after)")
+    parser.add_argument("--dir", help="where the fresh node's temporary directory is made "
+                                      "(removed after; default: the system's temporary "
+                                      "directory)")
     if kind == "produce":
         parser.add_argument("--send-batch", type=int, default=0, metavar="N",
                             help="send through Producer.send_batch, N records per call (the "
@@ -192,10 +193,12 @@ class _target:
     def __enter__(self) -> list[str]:
         if getattr(self.args, "cluster_url", None):
             return [self.args.cluster_url]
-        base = self.args.dir
-        if base is None:
-            self.tmp = tempfile.TemporaryDirectory(prefix="kraftlog-bench-")
-            base = self.tmp.name
+        # A fresh directory each run, removed after: a --dir given is where
+        # it is made (a run must not start on, nor leave, another's data).
+        if self.args.dir is not None:
+            os.makedirs(self.args.dir, exist_ok=True)
+        self.tmp = tempfile.TemporaryDirectory(prefix="kraftlog-bench-", dir=self.args.dir)
+        base = self.tmp.name
         if self.brokers == 1:
             _status(f"starting a single node in {base} ...")
             self.cluster = ProcessCluster(base, controllers=1, brokers=0, combined=True,

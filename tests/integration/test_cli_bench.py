@@ -106,6 +106,18 @@ def test_bench_produce_starts_its_own_node_and_reports_json(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_bench_produce_in_a_given_dir_starts_fresh_and_leaves_nothing_behind(tmp_path):
+    """`--dir` is where the fresh node's temporary directory is made (and
+    the dir itself if missing): a second run does not start on the first's
+    data, and nothing is left in the dir after either."""
+    given = tmp_path / "made" / "here"
+    for _ in range(2):
+        summary = bench("produce", "--records", "500", "--partitions", "1",
+                        "--dir", str(given))
+        assert summary["records"] == 500
+        assert list(given.iterdir()) == []
+
+
 def test_bench_produce_with_several_producer_processes(node_url):
     summary = bench("produce", "--records", "2000", "--partitions", "2", "--producers", "2",
                     "--target", node_url)
