@@ -36,8 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="records in a small transaction (default %(default)s)")
     parser.add_argument("--large", type=int, default=TRANSACTION_SIZES_DEFAULT[1],
                         help="records in a large transaction (default %(default)s)")
-    parser.add_argument("--dir", help="where the fresh node keeps its data "
-                                      "(default: a temporary directory, removed after)")
+    parser.add_argument("--dir", help="where the fresh node's temporary directory is made "
+                                      "(removed after; default: the system's temporary "
+                                      "directory)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
