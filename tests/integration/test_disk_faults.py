@@ -98,10 +98,12 @@ def test_a_disk_error_takes_one_log_dir_offline_and_nothing_acknowledged_is_lost
         # dir all the time; writes: it appends to them as their leader;
         # fsync: flush.ms=100 fsyncs them within a few hundred ms.
         disk.inject(fault)
-        wait_until(lambda: broker_entry(cluster, FAULTY)["offline_log_dirs"] == [bad], 30,
-                   f"broker {FAULTY} reports {bad} offline after a {fault} fault")
-        entry = broker_entry(cluster, FAULTY)
-        assert entry["offline_replicas"] == in_bad and not entry["fenced"]
+        # Its heartbeats report the dir, and the replicas in it, offline.
+        wait_until(lambda: (entry := broker_entry(cluster, FAULTY))["offline_log_dirs"] == [bad]
+                   and entry["offline_replicas"] == in_bad, 30,
+                   f"broker {FAULTY} reports {bad} and its {in_bad} replicas offline after "
+                   f"a {fault} fault")
+        assert not broker_entry(cluster, FAULTY)["fenced"]
 
         def moved() -> bool:
             parts = {p["partition"]: p for p in describe(cluster, topic)}
