@@ -49,7 +49,8 @@ Private pysyncobj names used, beyond those of ``kraft.raft_guard``:
 ``__raftLeader``, ``__otherNodes``, ``__selfNode``, ``__transport``,
 ``__conf``, ``__setCurrentTerm``, ``__setState``, ``__getCurrentLogIndex``,
 ``__getCurrentLogTerm``, ``__onNodeDisconnected`` and the public ``_poller``
-are checked at import; the TCP transport's ``_connections``,
+are checked (the methods at import, the attributes once a replica is
+constructed); the TCP transport's ``_connections``,
 ``_lastConnectAttempt`` and ``TcpConnection.__lastReadTime`` (see
 ``_freshen_links``) are used where present. Every time compared with pysyncobj's timers is
 read from pysyncobj's own clock (``raft_clock``: CLOCK_MONOTONIC_RAW, which
