@@ -17,6 +17,14 @@ loopback (chaos/cluster.py), next to references measured in the same run:
    must lapse), so the figure is given next to it.
 3. Metadata writes: topic creations per second, one client at a time and
    ``--clients`` at once, with latency percentiles.
+4. Metadata writes while the disk is flooded: for ``--disk-flood``
+   seconds another process writes large files to the disk the cluster
+   lives on (fsynced, removed, again), as brokers flushing their logs do,
+   while one client creates a topic every 50 ms. Whether the leadership
+   moved (an election: a leader's Raft thread held up by a slow disk past
+   the election timeout looks dead to its followers), the creations'
+   latency, and the longest each controller's Raft thread went without
+   reading its sockets (``busy_max_ms`` of ``/v1/quorum``).
 
 References: the raw fsync rate of the disk the metadata log lives on (each
 committed metadata write waits for the leader's and a follower's fsync, so it
@@ -62,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="create N topics (1 partition, RF 3) before the write-rate runs, "
                              "untimed, to measure creations on a cluster that already holds "
                              "many (default %(default)s)")
+    parser.add_argument("--disk-flood", type=float, default=20, metavar="SECONDS",
+                        help="seconds of topic creations while another process floods the "
+                             "cluster's disk with writes; 0 skips it (default %(default)s)")
     parser.add_argument("--session-timeout-ms", type=int, default=3000,
                         help="broker.session.timeout.ms of the bench cluster")
     parser.add_argument("--election-timeout-ms", type=int, default=500,
@@ -83,10 +94,10 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             print(f"--{name.replace('_', '-')} must be at least 1", file=sys.stderr)
             return 2
-    if args.existing_topics < 0 or args.pauses < 0:
-        print(f"--{'pauses' if args.pauses < 0 else 'existing-topics'} must be 0 or more",
-              file=sys.stderr)
-        return 2
+    for name in ("existing_topics", "pauses", "disk_flood"):
+        if getattr(args, name) < 0:
+            print(f"--{name.replace('_', '-')} must be 0 or more", file=sys.stderr)
+            return 2
     settings = dict(FAST_SETTINGS)
     settings["broker.session.timeout.ms"] = args.session_timeout_ms
     settings["broker.heartbeat.interval.ms"] = max(1, args.session_timeout_ms // 6)
@@ -105,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
         results["topic_creations"] = topic_creations(work, settings, args.creations,
                                                      args.clients, secret, args.existing_topics)
         results["existing_topics"] = args.existing_topics
+        if args.disk_flood:
+            results["disk_flood"] = disk_flood(work, settings, args.disk_flood, secret)
     if args.nats_python:
         results["nats"] = run_nats_reference(args.nats_python, args.creations, args.failovers)
     if args.json:
@@ -353,6 +366,69 @@ def _cpu_per_creation(cluster: ProcessCluster, active: int, before: dict[int, fl
         "each broker": mean_ms(list(cluster.broker_ids))}}
 
 
+# -- 4. metadata writes on a flooded disk ---------------------------------
+
+#: The flood: files of FLOOD_FILE_MB written 4 MiB at a time, fsynced and
+#: removed, one after another, until the deadline (argv: dir, seconds).
+FLOOD_FILE_MB = 1024
+_FLOOD = """
+import os, sys, time
+where, deadline = sys.argv[1], time.monotonic() + float(sys.argv[2])
+block = b"\\0" * (4 << 20)
+n = 0
+while time.monotonic() < deadline:
+    path = os.path.join(where, f"flood-{n}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for _ in range(int(sys.argv[3]) // 4):
+            if time.monotonic() >= deadline:
+                break
+            os.write(fd, block)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    n += 1
+"""
+
+
+def disk_flood(work: str, settings: dict, seconds: float, raft_secret: bool = True) -> dict:
+    latencies, failed = [], 0
+    with ProcessCluster(os.path.join(work, "flood"), controllers=3, brokers=1,
+                        settings=settings, raft_secret=raft_secret) as cluster:
+        cluster.start()
+        cluster.wait_for_brokers_running(timeout_s=30)
+        wait_for_full_quorum(cluster)
+        term = cluster.quorum(cluster.wait_for_active_controller())["term"]
+        flood_dir = os.path.join(work, "flood-files")
+        os.makedirs(flood_dir, exist_ok=True)
+        flood = subprocess.Popen([sys.executable, "-c", _FLOOD, flood_dir, str(seconds),
+                                  str(FLOOD_FILE_MB)])
+        try:
+            deadline = time.monotonic() + seconds
+            i = 0
+            while time.monotonic() < deadline:
+                started = time.monotonic()
+                created = try_create(cluster, f"flood-{i}", timeout_s=10)
+                if created:
+                    latencies.append(time.monotonic() - started)
+                else:
+                    failed += 1
+                i += 1
+                progress(f"disk flood: {i} creations, {failed} failed")
+                time.sleep(0.05)
+        finally:
+            flood.kill()
+            flood.wait()
+        statuses = {c: cluster.quorum(c) for c in cluster.controller_ids}
+        active = cluster.wait_for_active_controller()
+        terms = cluster.quorum(active)["term"] - term
+    progress("")
+    return {"seconds": seconds, "elections": terms, "failed": failed,
+            "creations": summary_ms(latencies) if latencies else None,
+            "busy_max_ms": {c: (s or {}).get("busy_max_ms") for c, s in statuses.items()}}
+
+
 # -- report ----------------------------------------------------------------
 
 def format_report(r: dict) -> str:
@@ -393,6 +469,19 @@ def format_report(r: dict) -> str:
         if v.get("cpu_ms_per_creation"):
             lines.append(f"  CPU per creation, {label}: " + ", ".join(
                 f"{who} {ms:.2f} ms" for who, ms in v["cpu_ms_per_creation"].items()))
+    flood = r.get("disk_flood")
+    if flood:
+        made = flood["creations"] or {}
+        lines += [
+            "",
+            f"disk flooded for {flood['seconds']:.0f} s (another process writing 1 GiB files "
+            "and fsyncing them):",
+            f"  topic creations: {made.get('count', 0)} (p50 {made.get('p50_ms', 0):.0f} ms, "
+            f"p99 {made.get('p99_ms', 0):.0f} ms, max {made.get('max_ms', 0):.0f} ms), "
+            f"{flood['failed']} failed; elections: {flood['elections']}",
+            "  longest a Raft thread went without reading its sockets: " + ", ".join(
+                f"controller {c} {ms:.0f} ms" for c, ms in flood["busy_max_ms"].items()
+                if ms is not None)]
     lines += ["", f"reference: raw 4 KiB write+fsync {fs['fsyncs_per_s']:.0f}/s "
                   f"({fs['fsync_ms']:.2f} ms each); sequential creations are "
                   f"{tc['sequential']['creations_per_s'] / fs['fsyncs_per_s']:.2f}x that rate"]

@@ -150,43 +150,110 @@ class RaftSettings:
 class _DurableMetaStorer:
     """Stores pysyncobj's ``.meta`` (term, vote, commit index) durably:
     temp file, fsync, rename, fsync of the directory. Replaces FileJournal's
-    own storer, which renames an unsynced file."""
+    own storer, which renames an unsynced file.
+
+    A new term or vote is stored before ``storeMeta`` returns: Raft needs
+    them on disk before any message that reflects them leaves. The commit
+    index alone (FileJournal stores it once a second from the tick thread)
+    is stored by a thread of its own: Raft keeps it in memory only, a
+    replica that restarts with an older one learns the newer from the
+    leader, and its fsyncs, queued behind the rest of the disk's writes,
+    took up to 300 ms under a flood of broker writes, long enough for a
+    leader's followers to stop hearing it and elect another. A background
+    store writes only on top of the term and vote already on disk, so it
+    can never put back an older term."""
 
     def __init__(self, path: str) -> None:
         self._path = path
+        self._write_lock = threading.Lock()   # one writer of the file at a time
+        self._durable_vote: tuple[Any, Any] | None = None  # (term, vote) on disk
+        self._wanted = threading.Condition()
+        self._pending: dict | None = None     # the live meta to store in the background
+        self._closed = False
+        self._thread: threading.Thread | None = None
 
     def getMeta(self) -> dict:  # noqa: N802 (pysyncobj's name)
         try:
             with open(self._path, "rb") as f:
-                return _pysyncobj_pickle.loads(f.read())
+                meta = _pysyncobj_pickle.loads(f.read())
         except FileNotFoundError:
             return {}
+        self._durable_vote = (meta.get("currentTerm"), meta.get("votedForNodeId"))
+        return meta
 
     def storeMeta(self, meta: dict) -> None:  # noqa: N802
-        tmp = self._path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(_pysyncobj_pickle.dumps(meta))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._path)
-        _fsync_path(os.path.dirname(self._path) or ".")
+        vote = (meta.get("currentTerm"), meta.get("votedForNodeId"))
+        if vote != self._durable_vote or self._closed:
+            with self._wanted:
+                self._pending = None  # this store writes the newest state
+            self._write(meta, background=False)
+            return
+        with self._wanted:
+            self._pending = meta
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="raft-meta-store")
+                self._thread.start()
+            self._wanted.notify()
+
+    def _write(self, meta: dict, background: bool) -> None:
+        with self._write_lock:
+            snapshot = dict(meta)  # the tick thread may change it meanwhile
+            vote = (snapshot.get("currentTerm"), snapshot.get("votedForNodeId"))
+            if background and vote != self._durable_vote:
+                return  # a new term or vote is being stored by its own call
+            tmp = self._path + ".tmp"
+            with open(tmp, "wb") as f:
+                f.write(_pysyncobj_pickle.dumps(snapshot))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._path)
+            _fsync_path(os.path.dirname(self._path) or ".")
+            self._durable_vote = vote
+
+    def _run(self) -> None:
+        while True:
+            with self._wanted:
+                while self._pending is None and not self._closed:
+                    self._wanted.wait()
+                meta, self._pending = self._pending, None
+            if meta is None:
+                return  # closed, nothing left
+            try:
+                self._write(meta, background=True)
+            except OSError as exc:  # the next second tries again
+                logger.error("storing the Raft commit index in %s failed: %s", self._path, exc)
+
+    def close(self) -> None:
+        """Store what is pending and end the thread."""
+        with self._wanted:
+            self._closed = True
+            self._wanted.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
 
     def getPath(self) -> str:  # noqa: N802
         return self._path
 
 
-def _open_file_journal(path: str) -> Any:
+def _open_file_journal(path: str, storer: _DurableMetaStorer) -> Any:
     journal = FileJournal(path)
-    journal._FileJournal__metaStorer = _DurableMetaStorer(path + ".meta")
+    journal._FileJournal__metaStorer = storer
     return journal
+
+
+#: Zeros written per call when the journal's new tail is filled.
+JOURNAL_FILL_CHUNK = 1 << 20
 
 
 class _DurableJournal:
     """pysyncobj's FileJournal made durable and crash-safe:
 
-    - fsync after every change of the log (Raft acknowledges an entry only
-      once it is on disk), through a second descriptor of the same file;
-    - term, vote and commit index stored with fsync (``_DurableMetaStorer``);
+    - fdatasync after every change of the log (Raft acknowledges an entry
+      only once it is on disk), through a second descriptor of the same
+      file, onto blocks written beforehand (``_fill_tail``);
+    - term and vote stored with fsync before pysyncobj goes on, the commit
+      index in the background (``_DurableMetaStorer``);
     - dropping the head of the log after a snapshot (``deleteEntriesTo``)
       rewrites the journal into a new file and renames it into place, where
       FileJournal would clear the file and re-add the entries one by one, so
@@ -198,20 +265,41 @@ class _DurableJournal:
 
     def __init__(self, path: str) -> None:
         self._path = path
-        self._inner = _open_file_journal(path)
-        self._fd = os.open(path, os.O_RDONLY)
+        self._meta_storer = _DurableMetaStorer(path + ".meta")
+        self._inner = _open_file_journal(path, self._meta_storer)
+        self._fd = os.open(path, os.O_RDWR)
+        self._filled_to = 0
+        self._fill_tail()
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         self._inner.add(command, idx, term)
-        os.fsync(self._fd)
+        self._fill_tail()
+        os.fdatasync(self._fd)
+
+    def _fill_tail(self) -> None:
+        """Write zeros over the file's tail beyond the log's end, once. When
+        pysyncobj grows the journal (doubling it with ``mmap.resize``) the
+        new part is a hole, so each append would allocate blocks and its
+        sync would wait for a commit of the file system's journal, which on
+        ext4 (data=ordered) waits in turn for other files' data being
+        written out: 100-300 ms while brokers flush. Appends to blocks
+        already written need only their own pages synced."""
+        size = os.fstat(self._fd).st_size
+        if size <= self._filled_to:
+            return
+        position = max(self._filled_to, self._inner._FileJournal__currentOffset)
+        zeros = bytes(min(JOURNAL_FILL_CHUNK, size - position))
+        while position < size:
+            position += os.pwrite(self._fd, zeros[:size - position], position)
+        self._filled_to = size
 
     def clear(self) -> None:
         self._inner.clear()
-        os.fsync(self._fd)
+        os.fdatasync(self._fd)
 
     def deleteEntriesFrom(self, entry_from: int) -> None:  # noqa: N802 (pysyncobj's name)
         self._inner.deleteEntriesFrom(entry_from)
-        os.fsync(self._fd)
+        os.fdatasync(self._fd)
 
     def deleteEntriesTo(self, entry_to: int) -> None:  # noqa: N802
         _fsync_path(os.path.dirname(self._path) or ".")
@@ -233,10 +321,14 @@ class _DurableJournal:
         _fsync_path(os.path.dirname(self._path) or ".")
         self._inner._destroy()
         os.close(self._fd)
-        self._inner = _open_file_journal(self._path)
-        self._fd = os.open(self._path, os.O_RDONLY)
+        self._inner = _open_file_journal(self._path, self._meta_storer)
+        self._fd = os.open(self._path, os.O_RDWR)
+        self._filled_to = 0
+        self._fill_tail()
 
     def _destroy(self) -> None:
+        self._inner.onOneSecondTimer()  # the last commit index, if pending
+        self._meta_storer.close()
         self._inner._destroy()
         os.close(self._fd)
 
@@ -399,12 +491,37 @@ class MetadataQuorum(PreVoteSyncObj):
         self._SyncObj__raftLog = _DurableJournal(os.path.join(metadata_dir, JOURNAL_FILE))
         self._trim_journal_to_snapshot()
         self._last_log_index = self._SyncObj__raftLog[-1][1]
+        # The longest this replica's Raft thread went without reading its
+        # sockets (a leader that long sends no heartbeat; followers that
+        # hear none for an election timeout ask for a pre-vote).
+        self.busy_max_s = 0.0
+        self._time_polls()
         # The log's voter set, before the first tick can use the static one.
         self._snapshot_voters, snapshot_index = self._snapshot_on_disk()
         self._adopt_log_voters(after_index=snapshot_index)
 
     def _may_stand(self) -> bool:
         return self._is_voter and super()._may_stand()
+
+    def _time_polls(self) -> None:
+        """Measure the time between the end of one poll of the sockets and
+        the start of the next (``busy_max_s``): the work of one tick,
+        journal fsyncs included, when nothing is read."""
+        poll = self._poller.poll
+        last_end: float | None = None
+
+        def timed_poll(timeout: float) -> Any:
+            nonlocal last_end
+            if last_end is not None:
+                busy = time.monotonic() - last_end
+                if busy > self.busy_max_s:
+                    self.busy_max_s = busy
+            try:
+                return poll(timeout)
+            finally:
+                last_end = time.monotonic()
+
+        self._poller.poll = timed_poll
 
     # -- an early election when the leader's process is gone -------------
     def _SyncObj__onNodeDisconnected(self, node: Any) -> None:  # noqa: N802 (pysyncobj's)
@@ -1197,6 +1314,7 @@ class MetadataQuorum(PreVoteSyncObj):
             "voters": voters,
             "pending_voter_change": self._pending_change_seen,
             "pre_votes": dict(self.pre_vote_counts),
+            "busy_max_ms": round(self.busy_max_s * 1000, 1),
         }
 
 

@@ -491,6 +491,35 @@ def test_bench_controller_times_a_failover_and_pauses_a_follower_without_an_elec
     assert "elections caused: 0 of 1" in report
 
 
+def test_bench_controller_creates_topics_on_a_flooded_disk_and_reports_the_raft_threads_stalls(
+        tmp_path, monkeypatch):
+    """`kraftlog bench controller`'s disk-flood part, short: creations keep
+    succeeding while another process writes and fsyncs files beside the
+    cluster, the flood's files are gone after, and each controller reports
+    the longest its Raft thread went without reading its sockets."""
+    from bench import controller
+    from chaos.cluster import FAST_SETTINGS
+
+    monkeypatch.setattr(controller, "FLOOD_FILE_MB", 16)
+    result = controller.disk_flood(str(tmp_path), dict(FAST_SETTINGS), seconds=2)
+    assert result["creations"]["count"] >= 1
+    assert result["elections"] >= 0 and result["failed"] >= 0
+    stalls = result["busy_max_ms"]
+    assert len(stalls) == 3 and all(ms > 0 for ms in stalls.values()), stalls
+    assert os.listdir(tmp_path / "flood-files") == []
+    report = controller.format_report({
+        "settings": {}, "raft_secret": True, "fsync": {"fsyncs_per_s": 1000.0, "fsync_ms": 1.0},
+        "topic_creations": {"sequential": {"clients": 1, "creations_per_s": 1.0, "p50_ms": 1.0,
+                                           "p99_ms": 1.0}},
+        "controller_failover": {key: {"p50_ms": 1.0, "max_ms": 1.0, "count": 1}
+                                for key in ("to_active", "to_topic_created")},
+        "broker_failover": {"to_new_leaders": {"p50_ms": 1.0, "max_ms": 1.0, "count": 1},
+                            "session_timeout_ms": 3000},
+        "disk_flood": result})
+    assert "disk flooded for 2 s" in report
+    assert "longest a Raft thread went without reading its sockets: controller" in report
+
+
 def test_bench_controller_refuses_a_negative_existing_topics():
     result = subprocess.run([sys.executable, "-m", "api.cli", "bench", "controller",
                              "--existing-topics", "-1"], capture_output=True, text=True,

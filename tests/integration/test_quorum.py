@@ -223,16 +223,16 @@ async def test_a_restarted_quorum_has_every_committed_record(tmp_path, addresses
             q.stop()
 
 
-async def test_the_journal_is_fsynced_on_every_append(tmp_path, addresses, monkeypatch):
+async def test_the_journal_is_synced_on_every_append(tmp_path, addresses, monkeypatch):
     import kraft.quorum as quorum_module
 
     quorums = make_quorums(tmp_path, addresses)
     try:
         leader = await leader_of(quorums)
         calls = []
-        real_fsync = os.fsync
-        monkeypatch.setattr(quorum_module.os, "fsync",
-                            lambda fd: (calls.append(fd), real_fsync(fd)))
+        real_fdatasync = os.fdatasync
+        monkeypatch.setattr(quorum_module.os, "fdatasync",
+                            lambda fd: (calls.append(fd), real_fdatasync(fd)))
         await create_topic(leader, "synced")
         # the leader's own append, and each follower's, before it acknowledged
         assert len(calls) >= 2
