@@ -260,6 +260,17 @@ class _DurableJournal:
       that a crash in between loses the tail; the directory is synced first,
       so the snapshot's rename is durable before its entries leave the log.
 
+    - on the leader (``lead(True)``), an append's sync runs on a thread of
+      its own while pysyncobj sends the entry to the followers, as the Raft
+      thesis allows (section 10.2.1): the leader counts itself towards a
+      majority only for entries on its disk, so its commit index is held
+      at the last synced entry, and raised only to an entry of its own
+      term (Raft's rule for counting replicas): ``setRaftCommitIndex``,
+      which pysyncobj calls right after raising it, sets it back through
+      ``hold_commit_index``. A leader whose disk is slow then still sends
+      heartbeats, instead of looking dead to its followers until its sync
+      returns; and its sync and the followers' overlap.
+
     Every other call goes straight to the wrapped journal. pysyncobj calls
     it only from its tick thread."""
 
@@ -270,11 +281,93 @@ class _DurableJournal:
         self._fd = os.open(path, os.O_RDWR)
         self._filled_to = 0
         self._fill_tail()
+        # The leader's appends, synced in the background (see the class doc).
+        self._leading = False
+        self._appended = self._inner[-1][1] if len(self._inner) else 0
+        self._synced = self._appended       # every entry up to it is on disk
+        self._committed = self._inner.getRaftCommitIndex()  # as last set
+        self._sync_lock = threading.Lock()  # the descriptor, between syncs and rewrites
+        self._sync_wanted = threading.Condition()
+        self._syncer: threading.Thread | None = None
+        self._closed = False
+        #: Set by the owner: put pysyncobj's commit index back to a lower one,
+        #: and wake the tick thread once an entry is synced.
+        self.hold_commit_index: Callable[[int], None] | None = None
+        self.on_synced: Callable[[], None] | None = None
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         self._inner.add(command, idx, term)
         self._fill_tail()
-        os.fdatasync(self._fd)
+        self._appended = idx
+        if not self._leading:
+            os.fdatasync(self._fd)
+            self._synced = idx
+            return
+        with self._sync_wanted:
+            if self._syncer is None:
+                self._syncer = threading.Thread(target=self._sync_in_background,
+                                                daemon=True, name="raft-journal-sync")
+                self._syncer.start()
+            self._sync_wanted.notify()
+
+    def lead(self, leading: bool) -> None:
+        """Sync appends in the background (a leader) or before ``add``
+        returns (a follower: it acknowledges what it holds). Leaving the
+        lead syncs everything first."""
+        if not leading and self._leading:
+            with self._sync_lock:
+                appended = self._appended
+                os.fdatasync(self._fd)
+                self._synced = max(self._synced, appended)
+        self._leading = leading
+
+    @property
+    def synced_index(self) -> int:
+        return self._synced
+
+    def setRaftCommitIndex(self, index: int) -> None:  # noqa: N802 (pysyncobj's name)
+        if self._leading and index > self._synced:
+            held = max(self._committed, min(index, self._synced_own_term()))
+            if held != index:
+                index = held
+                if self.hold_commit_index is not None:
+                    self.hold_commit_index(index)
+        self._committed = index
+        self._inner.setRaftCommitIndex(index)
+
+    def _synced_own_term(self) -> int:
+        """The last synced entry, if it is of the leader's term (that of
+        its last entry: the no-op it appends when elected), else 0."""
+        log = self._inner
+        if not len(log):
+            return 0
+        position = self._synced - log[0][1]
+        if position < 0 or position >= len(log) or log[position][2] != log[-1][2]:
+            return 0
+        return self._synced
+
+    def _sync_in_background(self) -> None:
+        while True:
+            with self._sync_wanted:
+                while self._synced >= self._appended and not self._closed:
+                    self._sync_wanted.wait()
+                if self._closed:
+                    return
+            with self._sync_lock:
+                if self._closed:
+                    return
+                appended = self._appended  # written to the mapping before it was set
+                try:
+                    os.fdatasync(self._fd)
+                except OSError as exc:
+                    # Nothing counts as synced; the next append tries again.
+                    logger.error("syncing the Raft journal failed: %s", exc)
+                    with self._sync_wanted:
+                        self._sync_wanted.wait(0.1)
+                    continue
+                self._synced = max(self._synced, appended)
+            if self.on_synced is not None:
+                self.on_synced()
 
     def _fill_tail(self) -> None:
         """Write zeros over the file's tail beyond the log's end, once. When
@@ -317,20 +410,29 @@ class _DurableJournal:
             staging.add(*entry)
         staging._destroy()  # flushes the mapping
         _fsync_path(tmp)
-        os.replace(tmp, self._path)
-        _fsync_path(os.path.dirname(self._path) or ".")
-        self._inner._destroy()
-        os.close(self._fd)
-        self._inner = _open_file_journal(self._path, self._meta_storer)
-        self._fd = os.open(self._path, os.O_RDWR)
-        self._filled_to = 0
-        self._fill_tail()
+        with self._sync_lock:
+            os.replace(tmp, self._path)
+            _fsync_path(os.path.dirname(self._path) or ".")
+            self._inner._destroy()
+            os.close(self._fd)
+            self._inner = _open_file_journal(self._path, self._meta_storer)
+            self._fd = os.open(self._path, os.O_RDWR)
+            self._filled_to = 0
+            self._fill_tail()
+            self._appended = self._inner[-1][1] if len(self._inner) else 0
+            self._synced = self._appended  # the new file was synced whole
 
     def _destroy(self) -> None:
+        with self._sync_wanted:
+            self._closed = True
+            self._sync_wanted.notify()
+        if self._syncer is not None:
+            self._syncer.join(timeout=10)
         self._inner.onOneSecondTimer()  # the last commit index, if pending
         self._meta_storer.close()
-        self._inner._destroy()
-        os.close(self._fd)
+        with self._sync_lock:
+            self._inner._destroy()
+            os.close(self._fd)
 
     def __getitem__(self, index: Any) -> Any:
         return self._inner[index]
@@ -488,7 +590,12 @@ class MetadataQuorum(PreVoteSyncObj):
         # autoTick is off, so nothing has touched the journal since __init__
         # opened it: swap in the durable one and line it up with the snapshot.
         self._SyncObj__raftLog._destroy()
-        self._SyncObj__raftLog = _DurableJournal(os.path.join(metadata_dir, JOURNAL_FILE))
+        journal = _DurableJournal(os.path.join(metadata_dir, JOURNAL_FILE))
+        journal.hold_commit_index = self._hold_commit_index
+        # A synced append may let the leader commit: wake its poll.
+        notifier = getattr(self, "_SyncObj__pipeNotifier", None)
+        journal.on_synced = notifier.notify if notifier is not None else self._kick.set
+        self._SyncObj__raftLog = journal
         self._trim_journal_to_snapshot()
         self._last_log_index = self._SyncObj__raftLog[-1][1]
         # The longest this replica's Raft thread went without reading its
@@ -502,6 +609,11 @@ class MetadataQuorum(PreVoteSyncObj):
 
     def _may_stand(self) -> bool:
         return self._is_voter and super()._may_stand()
+
+    def _hold_commit_index(self, index: int) -> None:
+        """The journal's hook: the leader's commit index back to ``index``
+        (its own log is synced only that far; see ``_DurableJournal``)."""
+        self._SyncObj__raftCommitIndex = index
 
     def _time_polls(self) -> None:
         """Measure the time between the end of one poll of the sockets and
@@ -1115,6 +1227,9 @@ class MetadataQuorum(PreVoteSyncObj):
     def _on_state_changed(self, old_state: int, new_state: int) -> None:
         logger.info("controller %d: raft %s -> %s", self.node_id,
                     _STATE_NAMES.get(old_state), _STATE_NAMES.get(new_state))
+        # pysyncobj calls this before the new leader appends its no-op, and
+        # before a deposed one acknowledges anything as a follower.
+        self._SyncObj__raftLog.lead(new_state == _LEADER)
         if new_state != _LEADER and self._learners:
             # Only a leader replicates to learners; dropped between ticks,
             # outside pysyncobj's own call.

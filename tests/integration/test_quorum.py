@@ -355,3 +355,58 @@ def test_the_raft_port_listens_on_its_own_address_only(tmp_path):
             socket.create_connection(("127.0.0.2", port), timeout=5).close()
     finally:
         quorum.stop()
+
+
+async def test_a_leader_whose_disk_stalls_keeps_leading_and_commits_only_what_it_synced(
+        tmp_path, addresses, monkeypatch):
+    """The leader syncs its appends on a thread of its own: while its disk
+    holds a sync for several election timeouts, it goes on sending
+    heartbeats (no election: the followers still hear it) and the entry
+    reaches the followers, but it is committed, applied and answered only
+    once it is on the leader's own disk too (Raft counts the leader towards
+    a majority only for what it has stored)."""
+    import threading
+
+    import kraft.quorum as quorum_module
+
+    with running(tmp_path, addresses) as quorums:
+        leader = await leader_of(quorums)
+        term = leader.raftCurrentTerm
+        journal = leader._SyncObj__raftLog
+        release, held = threading.Event(), threading.Event()
+        real_fdatasync = os.fdatasync
+
+        def stalling_fdatasync(fd):
+            if fd == journal._fd:
+                held.set()
+                release.wait(30)
+            real_fdatasync(fd)
+
+        monkeypatch.setattr(quorum_module.os, "fdatasync", stalling_fdatasync)
+        try:
+            creation = asyncio.ensure_future(create_topic(leader, "stalled"))
+            await wait_for(held.is_set, 5, "the leader's sync to stall")
+            index = leader._last_log_index
+
+            def followers_hold_it():
+                voters = leader.status()["voters"]
+                return all(v["match_index"] is not None and v["match_index"] >= index
+                           for v in voters if v["id"] != leader.node_id)
+
+            await wait_for(followers_hold_it, 5, "both followers to acknowledge the entry")
+            stalled_since = asyncio.get_running_loop().time()
+            # Three election timeouts with the leader's disk stalled ...
+            await wait_for(lambda: asyncio.get_running_loop().time() - stalled_since > 0.6,
+                           2, "three election timeouts")
+            assert leader.is_leader and leader.raftCurrentTerm == term
+            assert all(q.raftCurrentTerm == term for q in quorums), "an election was held"
+            assert leader.raftCommitIndex < index <= journal.synced_index + 1
+            assert not creation.done()
+            assert "stalled" not in leader.image.topics
+        finally:
+            release.set()
+        result = await creation
+        assert result.status is ApplyStatus.APPLIED
+        assert journal.synced_index >= index and leader.raftCommitIndex >= index
+        await wait_for(lambda: all("stalled" in q.image.topics for q in quorums), 5,
+                       "every replica to apply it")
