@@ -88,6 +88,11 @@ def test_all_controllers_killed_and_restarted_keep_every_topic_and_assignment(cl
 def test_a_lone_controller_cut_off_from_the_others_cannot_change_metadata(cluster):
     lone = cluster.wait_for_active_controller()  # the worst case: it was the leader
     others = [c for c in cluster.controller_ids if c != lone]
+    # Every broker live in its image: the creation below could only be
+    # refused for want of a quorum, not answered from the image at once
+    # (no live broker to place it on needs no commit).
+    wait_until(lambda: all(not b["fenced"] for b in cluster.metadata(lone)["brokers"]), 10,
+               "every broker unfenced")
     before = cluster.quorum(lone)
     for other in others:
         cluster.pause(other)
