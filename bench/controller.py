@@ -418,8 +418,13 @@ def disk_flood(work: str, settings: dict, seconds: float, raft_secret: bool = Tr
                 progress(f"disk flood: {i} creations, {failed} failed")
                 time.sleep(0.05)
         finally:
-            flood.kill()
-            flood.wait()
+            try:  # it stops by itself at the same deadline, removing its file
+                flood.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                flood.kill()
+                flood.wait()
+            for leftover in os.listdir(flood_dir):  # killed, or failed half way
+                os.unlink(os.path.join(flood_dir, leftover))
         statuses = {c: cluster.quorum(c) for c in cluster.controller_ids}
         active = cluster.wait_for_active_controller()
         terms = cluster.quorum(active)["term"] - term
