@@ -389,10 +389,19 @@ class _DurableJournal:
     def clear(self) -> None:
         self._inner.clear()
         os.fdatasync(self._fd)
+        self._cut_back()
 
     def deleteEntriesFrom(self, entry_from: int) -> None:  # noqa: N802 (pysyncobj's name)
         self._inner.deleteEntriesFrom(entry_from)
         os.fdatasync(self._fd)
+        self._cut_back()
+
+    def _cut_back(self) -> None:
+        """After a truncation: an index above the log's end is not synced
+        (the next entry there will be another one)."""
+        last = self._inner[-1][1] if len(self._inner) else 0
+        self._appended = min(self._appended, last)
+        self._synced = min(self._synced, last)
 
     def deleteEntriesTo(self, entry_to: int) -> None:  # noqa: N802
         _fsync_path(os.path.dirname(self._path) or ".")

@@ -102,7 +102,7 @@ def test_a_journal_truncated_and_appended_again_reads_back_as_written(tmp_path, 
     journal = _DurableJournal(path)
     for index in range(1, 301):
         journal.add(b"a%d" % index, index, 1)
-    journal.deleteEntriesFrom(cut)
+    journal.deleteEntriesFrom(cut)          # a position: entries above index cut go
     for index in range(cut + 1, cut + 51):
         journal.add(b"b%d" % index, index, 2)
     journal._destroy()
@@ -112,3 +112,28 @@ def test_a_journal_truncated_and_appended_again_reads_back_as_written(tmp_path, 
     assert held[-1] == (b"b%d" % (cut + 50), cut + 50, 2)
     assert holes(path) == []
     reopened._destroy()
+
+
+def test_a_truncated_log_counts_nothing_above_its_end_as_synced(tmp_path):
+    """A follower whose log was cut back and that is then elected must sync
+    the entries it appends at those indexes again before they count."""
+    journal = _DurableJournal(str(tmp_path / "raft.journal"))
+    for index in range(1, 11):
+        journal.add(b"x", index, 1)
+    assert journal.synced_index == 10
+    journal.deleteEntriesFrom(7)            # from position 7: entries 8-10 gone
+    assert journal.synced_index == 7
+    journal.lead(True)
+    held = []
+    journal.hold_commit_index = held.append
+    journal._sync_lock.acquire()            # the leader's sync cannot run yet
+    try:
+        journal.add(b"noop", 8, 2)
+        assert journal.synced_index == 7
+        journal.setRaftCommitIndex(8)       # pysyncobj: a majority holds 8
+        assert held == [journal._committed] and journal._committed < 8
+    finally:
+        journal._sync_lock.release()
+    journal.lead(False)                     # syncs what is left
+    assert journal.synced_index == 8
+    journal._destroy()
