@@ -280,11 +280,17 @@ class _DurableJournal:
         self._inner = _open_file_journal(path, self._meta_storer)
         self._fd = os.open(path, os.O_RDWR)
         self._filled_to = 0
+        #: Set by the owner: what to do when a sync fails (see ``_sync``).
+        self.on_fatal: Callable[[str], None] = _halt
         self._fill_tail()
+        # What a killed leader appended may be in the page cache only: read
+        # back, it would be acknowledged as a follower's without a sync.
+        self._sync()
         # The leader's appends, synced in the background (see the class doc).
         self._leading = False
         self._appended = self._inner[-1][1] if len(self._inner) else 0
         self._synced = self._appended       # every entry up to it is on disk
+        self._truncations = 0               # a sync counts only if none came between
         self._committed = self._inner.getRaftCommitIndex()  # as last set
         self._sync_lock = threading.Lock()  # the descriptor, between syncs and rewrites
         self._sync_wanted = threading.Condition()
@@ -300,7 +306,7 @@ class _DurableJournal:
         self._fill_tail()
         self._appended = idx
         if not self._leading:
-            os.fdatasync(self._fd)
+            self._sync()
             self._synced = idx
             return
         with self._sync_wanted:
@@ -314,12 +320,14 @@ class _DurableJournal:
         """Sync appends in the background (a leader) or before ``add``
         returns (a follower: it acknowledges what it holds). Leaving the
         lead syncs everything first."""
-        if not leading and self._leading:
+        was_leading, self._leading = self._leading, leading
+        if leading:
+            self._synced = min(self._synced, self._appended)
+        elif was_leading:
             with self._sync_lock:
                 appended = self._appended
-                os.fdatasync(self._fd)
+                self._sync()
                 self._synced = max(self._synced, appended)
-        self._leading = leading
 
     @property
     def synced_index(self) -> int:
@@ -357,17 +365,26 @@ class _DurableJournal:
                 if self._closed:
                     return
                 appended = self._appended  # written to the mapping before it was set
-                try:
-                    os.fdatasync(self._fd)
-                except OSError as exc:
-                    # Nothing counts as synced; the next append tries again.
-                    logger.error("syncing the Raft journal failed: %s", exc)
-                    with self._sync_wanted:
-                        self._sync_wanted.wait(0.1)
-                    continue
-                self._synced = max(self._synced, appended)
+                truncations = self._truncations
+                self._sync()
+                if truncations == self._truncations:
+                    self._synced = max(self._synced, appended)
             if self.on_synced is not None:
-                self.on_synced()
+                try:
+                    self.on_synced()
+                except OSError as exc:  # the tick thread's next poll sees it anyway
+                    logger.warning("could not wake the Raft thread: %s", exc)
+
+    def _sync(self) -> None:
+        """fdatasync the journal, or stop: after a failed sync the kernel
+        may have dropped the pages it could not write and report the next
+        sync a success (Linux does), so retrying could count lost entries
+        as stored. Kafka halts a controller whose metadata log fails too."""
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            self.on_fatal(f"syncing the Raft journal {self._path} failed: {exc}")
+            raise
 
     def _fill_tail(self) -> None:
         """Write zeros over the file's tail beyond the log's end, once. When
@@ -387,21 +404,26 @@ class _DurableJournal:
         self._filled_to = size
 
     def clear(self) -> None:
-        self._inner.clear()
-        os.fdatasync(self._fd)
-        self._cut_back()
+        with self._sync_lock:
+            self._inner.clear()
+            self._sync()
+            self._cut_back()
 
     def deleteEntriesFrom(self, entry_from: int) -> None:  # noqa: N802 (pysyncobj's name)
-        self._inner.deleteEntriesFrom(entry_from)
-        os.fdatasync(self._fd)
-        self._cut_back()
+        with self._sync_lock:
+            self._inner.deleteEntriesFrom(entry_from)
+            self._sync()
+            self._cut_back()
 
     def _cut_back(self) -> None:
-        """After a truncation: an index above the log's end is not synced
-        (the next entry there will be another one)."""
+        """After a truncation (``_sync_lock`` held): an index above the
+        log's end is not synced (the next entry there will be another one),
+        and a background sync that read the log's end before it counts for
+        nothing."""
         last = self._inner[-1][1] if len(self._inner) else 0
         self._appended = min(self._appended, last)
         self._synced = min(self._synced, last)
+        self._truncations += 1
 
     def deleteEntriesTo(self, entry_to: int) -> None:  # noqa: N802
         _fsync_path(os.path.dirname(self._path) or ".")
@@ -451,6 +473,13 @@ class _DurableJournal:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+def _halt(reason: str) -> None:
+    """A controller whose Raft journal cannot be synced stops at once."""
+    logger.critical("%s: stopping this controller", reason)
+    logging.shutdown()
+    os._exit(70)
 
 
 def _fsync_path(path: str) -> None:

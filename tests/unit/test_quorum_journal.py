@@ -137,3 +137,51 @@ def test_a_truncated_log_counts_nothing_above_its_end_as_synced(tmp_path):
     journal.lead(False)                     # syncs what is left
     assert journal.synced_index == 8
     journal._destroy()
+
+
+def test_a_background_sync_that_ends_after_a_truncation_counts_nothing_above_the_cut(
+        tmp_path, monkeypatch):
+    import threading
+
+    import kraft.quorum as quorum_module
+
+    journal = _DurableJournal(str(tmp_path / "raft.journal"))
+    journal.lead(True)
+    real, started, release = os.fdatasync, threading.Event(), threading.Event()
+
+    def slow(fd):
+        if threading.current_thread().name == "raft-journal-sync":
+            started.set()
+            release.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(quorum_module.os, "fdatasync", slow)
+    for index in range(1, 8):
+        journal.add(b"x", index, 1)
+    assert started.wait(5)
+    journal._leading = False      # stepped down (as lead(False), without its own sync)
+    cut = threading.Thread(target=journal.deleteEntriesFrom, args=(3,))
+    cut.start()                   # waits for the sync in flight
+    release.set()
+    cut.join(5)
+    assert not cut.is_alive()
+    assert journal.synced_index == 3, journal.synced_index
+    journal._destroy()
+
+
+def test_a_journal_that_cannot_be_synced_stops_the_controller(tmp_path, monkeypatch):
+    import kraft.quorum as quorum_module
+
+    journal = _DurableJournal(str(tmp_path / "raft.journal"))
+    reasons = []
+    journal.on_fatal = reasons.append
+
+    def failing(fd):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(quorum_module.os, "fdatasync", failing)
+    with pytest.raises(OSError):
+        journal.add(b"x", 1, 1)
+    assert len(reasons) == 1 and "syncing the Raft journal" in reasons[0]
+    monkeypatch.undo()
+    journal._destroy()
