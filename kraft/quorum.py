@@ -147,6 +147,45 @@ class RaftSettings:
     snapshot_min_interval_s: int = 300
 
 
+class _Wakeable:
+    """A daemon thread, started at the first ``wake()``, that runs
+    ``work()`` once for every wake (wakes that come while it works fold
+    into one more run). ``close()`` lets it run for a wake already given,
+    then ends it."""
+
+    def __init__(self, name: str, work: Callable[[], None]) -> None:
+        self._name, self._work = name, work
+        self._condition = threading.Condition()
+        self._woken = False
+        self.closed = False
+        self._thread: threading.Thread | None = None
+
+    def wake(self) -> None:
+        with self._condition:
+            self._woken = True
+            if self._thread is None and not self.closed:
+                self._thread = threading.Thread(target=self._run, daemon=True, name=self._name)
+                self._thread.start()
+            self._condition.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                while not self._woken and not self.closed:
+                    self._condition.wait()
+                if not self._woken:
+                    return
+                self._woken = False
+            self._work()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        with self._condition:
+            self.closed = True
+            self._condition.notify()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+
 class _DurableMetaStorer:
     """Stores pysyncobj's ``.meta`` (term, vote, commit index) durably:
     temp file, fsync, rename, fsync of the directory. Replaces FileJournal's
@@ -167,10 +206,9 @@ class _DurableMetaStorer:
         self._path = path
         self._write_lock = threading.Lock()   # one writer of the file at a time
         self._durable_vote: tuple[Any, Any] | None = None  # (term, vote) on disk
-        self._wanted = threading.Condition()
+        self._pending_lock = threading.Lock()
         self._pending: dict | None = None     # the live meta to store in the background
-        self._closed = False
-        self._thread: threading.Thread | None = None
+        self._storer = _Wakeable("raft-meta-store", self._store_pending)
 
     def getMeta(self) -> dict:  # noqa: N802 (pysyncobj's name)
         try:
@@ -183,18 +221,14 @@ class _DurableMetaStorer:
 
     def storeMeta(self, meta: dict) -> None:  # noqa: N802
         vote = (meta.get("currentTerm"), meta.get("votedForNodeId"))
-        if vote != self._durable_vote or self._closed:
-            with self._wanted:
+        if vote != self._durable_vote or self._storer.closed:
+            with self._pending_lock:
                 self._pending = None  # this store writes the newest state
             self._write(meta, background=False)
             return
-        with self._wanted:
+        with self._pending_lock:
             self._pending = meta
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name="raft-meta-store")
-                self._thread.start()
-            self._wanted.notify()
+        self._storer.wake()
 
     def _write(self, meta: dict, background: bool) -> None:
         with self._write_lock:
@@ -211,26 +245,19 @@ class _DurableMetaStorer:
             _fsync_path(os.path.dirname(self._path) or ".")
             self._durable_vote = vote
 
-    def _run(self) -> None:
-        while True:
-            with self._wanted:
-                while self._pending is None and not self._closed:
-                    self._wanted.wait()
-                meta, self._pending = self._pending, None
-            if meta is None:
-                return  # closed, nothing left
-            try:
-                self._write(meta, background=True)
-            except OSError as exc:  # the next second tries again
-                logger.error("storing the Raft commit index in %s failed: %s", self._path, exc)
+    def _store_pending(self) -> None:
+        with self._pending_lock:
+            meta, self._pending = self._pending, None
+        if meta is None:
+            return  # stored meanwhile by a term change
+        try:
+            self._write(meta, background=True)
+        except OSError as exc:  # the next second tries again
+            logger.error("storing the Raft commit index in %s failed: %s", self._path, exc)
 
     def close(self) -> None:
         """Store what is pending and end the thread."""
-        with self._wanted:
-            self._closed = True
-            self._wanted.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        self._storer.close()
 
     def getPath(self) -> str:  # noqa: N802
         return self._path
@@ -293,9 +320,8 @@ class _DurableJournal:
         self._truncations = 0               # a sync counts only if none came between
         self._committed = self._inner.getRaftCommitIndex()  # as last set
         self._sync_lock = threading.Lock()  # the descriptor, between syncs and rewrites
-        self._sync_wanted = threading.Condition()
-        self._syncer: threading.Thread | None = None
-        self._closed = False
+        self._syncer = _Wakeable("raft-journal-sync", self._sync_appended)
+        self._closed = False                # destroyed: the descriptor is gone
         #: Set by the owner: put pysyncobj's commit index back to a lower one,
         #: and wake the tick thread once an entry is synced.
         self.hold_commit_index: Callable[[int], None] | None = None
@@ -309,12 +335,7 @@ class _DurableJournal:
             self._sync()
             self._synced = idx
             return
-        with self._sync_wanted:
-            if self._syncer is None:
-                self._syncer = threading.Thread(target=self._sync_in_background,
-                                                daemon=True, name="raft-journal-sync")
-                self._syncer.start()
-            self._sync_wanted.notify()
+        self._syncer.wake()
 
     def lead(self, leading: bool) -> None:
         """Sync appends in the background (a leader) or before ``add``
@@ -354,22 +375,17 @@ class _DurableJournal:
             return 0
         return self._synced
 
-    def _sync_in_background(self) -> None:
-        while True:
-            with self._sync_wanted:
-                while self._synced >= self._appended and not self._closed:
-                    self._sync_wanted.wait()
-                if self._closed:
-                    return
-            with self._sync_lock:
-                if self._closed:
-                    return
-                appended = self._appended  # written to the mapping before it was set
-                truncations = self._truncations
-                self._sync()
-                if truncations == self._truncations:
-                    self._synced = max(self._synced, appended)
-            if self.on_synced is not None:
+    def _sync_appended(self) -> None:
+        """The leader's background sync (``raft-journal-sync``)."""
+        with self._sync_lock:
+            if self._closed or self._synced >= self._appended:
+                return
+            appended = self._appended  # written to the mapping before it was set
+            truncations = self._truncations
+            self._sync()
+            if truncations == self._truncations:
+                self._synced = max(self._synced, appended)
+        if self.on_synced is not None:
                 try:
                     self.on_synced()
                 except OSError as exc:  # the tick thread's next poll sees it anyway
@@ -454,14 +470,11 @@ class _DurableJournal:
             self._synced = self._appended  # the new file was synced whole
 
     def _destroy(self) -> None:
-        with self._sync_wanted:
-            self._closed = True
-            self._sync_wanted.notify()
-        if self._syncer is not None:
-            self._syncer.join(timeout=10)
+        self._syncer.close()
         self._inner.onOneSecondTimer()  # the last commit index, if pending
         self._meta_storer.close()
         with self._sync_lock:
+            self._closed = True
             self._inner._destroy()
             os.close(self._fd)
 
