@@ -429,7 +429,7 @@ def disk_flood(work: str, settings: dict, seconds: float, raft_secret: bool = Tr
         active = cluster.wait_for_active_controller()
         terms = cluster.quorum(active)["term"] - term
     progress("")
-    return {"seconds": seconds, "elections": terms, "failed": failed,
+    return {"seconds": seconds, "file_mb": FLOOD_FILE_MB, "elections": terms, "failed": failed,
             "creations": summary_ms(latencies) if latencies else None,
             "busy_max_ms": {c: (s or {}).get("busy_max_ms") for c, s in statuses.items()}}
 
@@ -479,8 +479,8 @@ def format_report(r: dict) -> str:
         made = flood["creations"] or {}
         lines += [
             "",
-            f"disk flooded for {flood['seconds']:.0f} s (another process writing 1 GiB files "
-            "and fsyncing them):",
+            f"disk flooded for {flood['seconds']:g} s (another process writing "
+            f"{flood.get('file_mb', FLOOD_FILE_MB)} MiB files and fsyncing them):",
             f"  topic creations: {made.get('count', 0)} (p50 {made.get('p50_ms', 0):.0f} ms, "
             f"p99 {made.get('p99_ms', 0):.0f} ms, max {made.get('max_ms', 0):.0f} ms), "
             f"{flood['failed']} failed; elections: {flood['elections']}",
