@@ -417,7 +417,7 @@ def test_bench_clients_reports_the_clients_and_the_brokers_own_produce_latency(t
     """Both rounds of `kraftlog bench clients` on a real broker, small: each
     round's records acknowledged in the clients, and the broker's own
     produce handling time read from its latency histogram over the round
-    (a bucket bound, as many requests as records at linger 0), and its
+    (a bucket bound, at most as many requests as records), and its
     event loop's lag."""
     result = subprocess.run(
         [sys.executable, "-m", "api.cli", "bench", "clients", "--clients", "4",
@@ -431,8 +431,11 @@ def test_bench_clients_reports_the_clients_and_the_brokers_own_produce_latency(t
     for r in rounds:
         produced = r["produced"]
         assert r["failed"] == 0 and produced > 0 and r["p99_ms"] is not None
-        # Every send was one produce request the histogram saw, and no other.
-        assert abs(r["broker_count"] - produced) <= max(2, produced // 20), r
+        # The histogram saw the round's produce requests and no other: one
+        # per send at linger 0, fewer when a loaded machine lets records
+        # gather behind a request in flight (189 requests for 200 records
+        # in one CI run), never more.
+        assert 0 < r["broker_count"] <= produced, r
         assert 0 < r["broker_p50_ms"] <= r["broker_p99_ms"] < float("inf")
         # The event loop's lag, measured every 100 ms through the round.
         assert r["loop_lag_count"] >= 10 and r["loop_lag_p99_ms"] < float("inf")
