@@ -278,7 +278,11 @@ def test_bench_flush_times_rounds_and_waits_until_every_log_is_fsynced(tmp_path)
                          "--set", "log.flush.syncfs.min.logs=2", "--dir", str(tmp_path))
     assert summary["settings"] == {"log.flush.syncfs.min.logs": 2}
     assert len(summary["rounds"]) == 2
-    assert all(r["records_per_s"] > 0 and r["broker_user_s"] > 0 for r in summary["rounds"])
+    assert all(r["records_per_s"] > 0 and r["broker_user_s"] >= 0 and r["broker_system_s"] >= 0
+               for r in summary["rounds"])
+    # /proc counts CPU in 10 ms ticks: one small round's user time can read
+    # 0 (it did once in CI), the two rounds' time together cannot.
+    assert sum(r["broker_user_s"] + r["broker_system_s"] for r in summary["rounds"]) > 0
     assert summary["flushed_after_s"] is not None and summary["unflushed_left"] == [0, 0, 0]
     assert list(tmp_path.iterdir()) == []
 
