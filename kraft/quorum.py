@@ -386,10 +386,10 @@ class _DurableJournal:
             if truncations == self._truncations:
                 self._synced = max(self._synced, appended)
         if self.on_synced is not None:
-                try:
-                    self.on_synced()
-                except OSError as exc:  # the tick thread's next poll sees it anyway
-                    logger.warning("could not wake the Raft thread: %s", exc)
+            try:
+                self.on_synced()
+            except OSError as exc:  # the tick thread's next poll sees it anyway
+                logger.warning("could not wake the Raft thread: %s", exc)
 
     def _sync(self) -> None:
         """fdatasync the journal, or stop: after a failed sync the kernel
