@@ -285,8 +285,7 @@ class _DurableJournal:
       rewrites the journal into a new file and renames it into place, where
       FileJournal would clear the file and re-add the entries one by one, so
       that a crash in between loses the tail; the directory is synced first,
-      so the snapshot's rename is durable before its entries leave the log.
-
+      so the snapshot's rename is durable before its entries leave the log;
     - on the leader (``lead(True)``), an append's sync runs on a thread of
       its own while pysyncobj sends the entry to the followers, as the Raft
       thesis allows (section 10.2.1): the leader counts itself towards a
@@ -304,19 +303,10 @@ class _DurableJournal:
     def __init__(self, path: str) -> None:
         self._path = path
         self._meta_storer = _DurableMetaStorer(path + ".meta")
-        self._inner = _open_file_journal(path, self._meta_storer)
-        self._fd = os.open(path, os.O_RDWR)
-        self._filled_to = 0
         #: Set by the owner: what to do when a sync fails (see ``_sync``).
         self.on_fatal: Callable[[str], None] = _halt
-        self._fill_tail()
-        # What a killed leader appended may be in the page cache only: read
-        # back, it would be acknowledged as a follower's without a sync.
-        self._sync()
-        # The leader's appends, synced in the background (see the class doc).
-        self._leading = False
-        self._appended = self._inner[-1][1] if len(self._inner) else 0
-        self._synced = self._appended       # every entry up to it is on disk
+        self._open()
+        self._leading = False               # syncs in the background (the class doc)
         self._truncations = 0               # a sync counts only if none came between
         self._committed = self._inner.getRaftCommitIndex()  # as last set
         self._sync_lock = threading.Lock()  # the descriptor, between syncs and rewrites
@@ -326,6 +316,18 @@ class _DurableJournal:
         #: and wake the tick thread once an entry is synced.
         self.hold_commit_index: Callable[[int], None] | None = None
         self.on_synced: Callable[[], None] | None = None
+
+    def _open(self) -> None:
+        """Open the journal file, write its tail ahead and sync it whole:
+        what a killed leader appended may be in the page cache only, and
+        read back it would be acknowledged as a follower's without a sync."""
+        self._inner = _open_file_journal(self._path, self._meta_storer)
+        self._fd = os.open(self._path, os.O_RDWR)
+        self._filled_to = 0
+        self._fill_tail()
+        self._sync()
+        self._appended = self._inner[-1][1] if len(self._inner) else 0
+        self._synced = self._appended       # every entry up to it is on disk
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         self._inner.add(command, idx, term)
@@ -447,7 +449,9 @@ class _DurableJournal:
 
     def rewrite(self, entries: list) -> None:
         """Replace the log with ``entries``, atomically."""
-        self._inner.onOneSecondTimer()  # store any pending meta first
+        # The commit index the journal object being replaced holds, if not
+        # stored yet: to the store now (the new object reads it from disk).
+        self._inner.onOneSecondTimer()
         tmp = self._path + ".rewrite"
         for leftover in (tmp, tmp + ".meta"):
             if os.path.exists(leftover):
@@ -462,12 +466,7 @@ class _DurableJournal:
             _fsync_path(os.path.dirname(self._path) or ".")
             self._inner._destroy()
             os.close(self._fd)
-            self._inner = _open_file_journal(self._path, self._meta_storer)
-            self._fd = os.open(self._path, os.O_RDWR)
-            self._filled_to = 0
-            self._fill_tail()
-            self._appended = self._inner[-1][1] if len(self._inner) else 0
-            self._synced = self._appended  # the new file was synced whole
+            self._open()
 
     def _destroy(self) -> None:
         self._syncer.close()
